@@ -1,0 +1,11 @@
+//! shardlm-engine: tokenizer, chat template, sampler and the generation loop.
+
+pub mod chat_template;
+pub mod error;
+pub mod generate;
+pub mod sampler;
+pub mod tokenizer;
+
+pub use chat_template::ChatTemplate;
+pub use error::EngineError;
+pub use tokenizer::{StreamDecoder, Tokenizer};

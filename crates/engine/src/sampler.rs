@@ -1,0 +1,1 @@
+//! Sampling (filled in by the engine work).

@@ -1,0 +1,102 @@
+//! Weight tensors backed by a memory map (or, after load-time quantization, owned bytes).
+
+use crate::FormatError;
+use kernels::{DType, MatRef};
+use memmap2::Mmap;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Where a tensor's bytes live. Cloning is cheap (reference counted).
+#[derive(Clone)]
+pub enum TensorData {
+    /// `len` bytes at `offset` in a shared memory map; pages are read on first touch.
+    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    /// Bytes produced at load time (e.g. `--quantize`).
+    Owned(Arc<Vec<u8>>),
+}
+
+impl TensorData {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            TensorData::Mapped { map, offset, len } => &map[*offset..*offset + *len],
+            TensorData::Owned(v) => v,
+        }
+    }
+}
+
+impl std::fmt::Debug for TensorData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TensorData::Mapped { offset, len, .. } => write!(f, "Mapped({offset}+{len})"),
+            TensorData::Owned(v) => write!(f, "Owned({})", v.len()),
+        }
+    }
+}
+
+/// One named weight. `shape` is in PyTorch order: outermost first, so a linear
+/// weight is `[out_features, in_features]` and each row is contiguous.
+#[derive(Debug, Clone)]
+pub struct WeightTensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub data: TensorData,
+}
+
+impl WeightTensor {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.data.bytes()
+    }
+
+    /// The tensor as a `[rows, cols]` matrix (1-D tensors are one row).
+    pub fn mat(&self) -> MatRef<'_> {
+        let cols = *self.shape.last().unwrap_or(&1);
+        let rows = self.numel() / cols.max(1);
+        MatRef { dtype: self.dtype, rows, cols, data: self.bytes() }
+    }
+
+    /// All elements widened to f32 (for norms, biases and small tensors).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.numel()];
+        kernels::quant::dequantize_row(self.dtype, self.bytes(), &mut out);
+        out
+    }
+}
+
+/// All tensors of a model by HF-style name, plus the file they came from (for errors).
+#[derive(Debug, Default)]
+pub struct TensorStore {
+    pub path: PathBuf,
+    pub tensors: BTreeMap<String, WeightTensor>,
+}
+
+impl TensorStore {
+    pub fn get(&self, name: &str) -> Result<&WeightTensor, FormatError> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Like [`get`](Self::get) but also checks the shape.
+    pub fn get_shaped(&self, name: &str, expected: &[usize]) -> Result<&WeightTensor, FormatError> {
+        let t = self.get(name)?;
+        if t.shape != expected {
+            return Err(FormatError::ShapeMismatch {
+                path: self.path.clone(),
+                tensor: name.to_string(),
+                expected: expected.to_vec(),
+                got: t.shape.clone(),
+            });
+        }
+        Ok(t)
+    }
+}

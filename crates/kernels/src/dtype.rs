@@ -1,0 +1,139 @@
+//! Storage types of weights and their block geometry.
+
+use std::fmt;
+
+/// A weight storage type. Quantized types store `block_elems()` values in
+/// `block_bytes()` bytes; float types have a block of one element.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+impl DType {
+    pub const ALL: [DType; 11] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ];
+
+    /// Elements per block.
+    pub const fn block_elems(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
+        }
+    }
+
+    /// Bytes per block (see FORMATS.md / ggml-common.h).
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q8_0 => 34,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
+        }
+    }
+
+    pub const fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+
+    /// Bytes of `elems` contiguous elements; `None` if `elems` is not a whole
+    /// number of blocks.
+    pub const fn bytes_for(self, elems: usize) -> Option<usize> {
+        if elems % self.block_elems() != 0 {
+            return None;
+        }
+        Some(elems / self.block_elems() * self.block_bytes())
+    }
+
+    /// GGML type id as stored in GGUF tensor infos.
+    pub const fn ggml_id(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
+            DType::Q8_0 => 8,
+            DType::Q4_K => 12,
+            DType::Q5_K => 13,
+            DType::Q6_K => 14,
+            DType::BF16 => 30,
+        }
+    }
+
+    pub fn from_ggml_id(id: u32) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.ggml_id() == id)
+    }
+
+    /// Lower-case name as users type it (`q4_0`, `bf16`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_K => "q4_k",
+            DType::Q5_K => "q5_k",
+            DType::Q6_K => "q6_k",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DType> {
+        let l = s.to_ascii_lowercase();
+        DType::ALL.into_iter().find(|d| d.name() == l)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn ids_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_ggml_id(d.ggml_id()), Some(d));
+            assert_eq!(DType::parse(d.name()), Some(d));
+        }
+        assert_eq!(DType::from_ggml_id(99), None);
+        assert_eq!(DType::Q4_K.bytes_for(512), Some(288));
+        assert_eq!(DType::Q4_0.bytes_for(33), None);
+    }
+}
