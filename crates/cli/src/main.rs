@@ -1,3 +1,39 @@
-fn main() -> anyhow::Result<()> {
-    Ok(())
+//! `shardlm`: run, inspect and (later) serve, bench and launch sharded models.
+
+mod inspect;
+mod model_source;
+mod run;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "shardlm", version, about = "Run one large language model across several machines")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt.
+    Run(run::RunArgs),
+    /// Show a model's architecture, size, tensor types and template.
+    Inspect(inspect::InspectArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("SHARDLM_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Inspect(a) => inspect::inspect(a),
+    };
+    if let Err(e) = result {
+        // One line: the chain of causes joined by ": ".
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
 }

@@ -1,1 +1,297 @@
-//! The generation loop.
+//! The generation loop: chunked prefill, then decode one token at a time, sampling,
+//! stop conditions (EOS ids, stop strings, length) and streamed UTF-8 text.
+
+use crate::sampler::{Sampler, SamplingParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::EngineError;
+use model::{AllReduce, KvCache, LogitsMode, Model, NoComm, SeqStep, Workspace};
+use std::time::Instant;
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation stops when the text contains one of these; the text is cut before it.
+    pub stop_strings: Vec<String>,
+    /// Don't stop at EOS ids (benchmarks).
+    pub ignore_eos: bool,
+    /// Keep the logits of every prompt position (`--dump-logits`).
+    pub want_prompt_logits: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateOutput {
+    pub output_ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    /// Time to first token (prefill plus the first sample), ms.
+    pub ttft_ms: f64,
+    pub prefill_tok_s: f64,
+    /// Tokens after the first, per second of decode time.
+    pub decode_tok_s: f64,
+    /// `prompt_len × vocab` when requested.
+    pub prompt_logits: Option<Vec<f32>>,
+}
+
+/// A model shard plus what rank 0 needs to talk to it.
+pub struct Engine {
+    pub model: Model,
+    pub tokenizer: Option<Tokenizer>,
+    pub pool: kernels::ThreadPool,
+    pub eos_ids: Vec<u32>,
+    /// Prompt tokens per prefill step.
+    pub prefill_chunk: usize,
+    ws: Workspace,
+    logits: Vec<f32>,
+}
+
+impl Engine {
+    pub fn new(model: Model, tokenizer: Option<Tokenizer>, threads: usize) -> Engine {
+        let mut eos_ids = model.config.eos_token_ids.clone();
+        if let Some(e) = tokenizer.as_ref().and_then(|t| t.eos_id()) {
+            if !eos_ids.contains(&e) {
+                eos_ids.push(e);
+            }
+        }
+        Engine {
+            model,
+            tokenizer,
+            pool: kernels::ThreadPool::new(threads.max(1)),
+            eos_ids,
+            prefill_chunk: 512,
+            ws: Workspace::default(),
+            logits: Vec::new(),
+        }
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.model.config.max_position_embeddings
+    }
+
+    /// Runs `tokens` through the model in chunks; returns the logits of the last
+    /// token (and of every token if `all`).
+    pub fn prefill(
+        &mut self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        all: bool,
+        comm: &dyn AllReduce,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>), EngineError> {
+        let vocab = self.model.config.vocab_size;
+        let mut all_logits = if all { Some(Vec::with_capacity(tokens.len() * vocab)) } else { None };
+        let chunk = self.prefill_chunk.max(1);
+        let n_chunks = tokens.len().div_ceil(chunk);
+        for (ci, part) in tokens.chunks(chunk).enumerate() {
+            let last = ci + 1 == n_chunks;
+            let mode = if all {
+                LogitsMode::All
+            } else if last {
+                LogitsMode::Last
+            } else {
+                LogitsMode::None
+            };
+            let mut steps = [SeqStep { tokens: part, cache, mode, logits: &mut self.logits }];
+            self.model.forward(&self.pool, &mut self.ws, &mut steps, comm)?;
+            if let Some(a) = all_logits.as_mut() {
+                a.extend_from_slice(&self.logits);
+            }
+        }
+        let last = self.logits[self.logits.len() - vocab..].to_vec();
+        Ok((last, all_logits))
+    }
+
+    /// Generates for one request. `on_text` receives text as soon as it is complete
+    /// UTF-8 and cannot be the start of a stop string.
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<GenerateOutput, EngineError> {
+        self.generate_with(req, on_text, &NoComm)
+    }
+
+    pub fn generate_with(
+        &mut self,
+        req: &GenerateRequest,
+        on_text: &mut dyn FnMut(&str),
+        comm: &dyn AllReduce,
+    ) -> Result<GenerateOutput, EngineError> {
+        req.sampling.validate().map_err(EngineError::BadArgument)?;
+        let prompt = &req.prompt_ids;
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let vocab = self.model.config.vocab_size;
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab });
+        }
+        let ctx = self.context_length();
+        if prompt.len() + req.max_tokens > ctx {
+            return Err(EngineError::PromptTooLong { prompt: prompt.len(), generate: req.max_tokens, ctx });
+        }
+        let mut cache = self.model.new_cache(prompt.len() + req.max_tokens);
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let mut history = prompt.clone();
+        let mut out_ids = Vec::with_capacity(req.max_tokens);
+        let mut stream = TextStream::new(&req.stop_strings);
+        let mut decoder = StreamDecoder::new();
+
+        let t0 = Instant::now();
+        let (mut logits, prompt_logits) = self.prefill(&mut cache, prompt, req.want_prompt_logits, comm)?;
+        let prefill_s = t0.elapsed().as_secs_f64();
+        let mut ttft_ms = 0.0;
+        let mut t_first = None;
+        let mut finish = FinishReason::Length;
+        let mut token_buf = [0u32; 1];
+        while out_ids.len() < req.max_tokens {
+            let id = sampler.sample(&mut logits, &history);
+            if t_first.is_none() {
+                ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
+                t_first = Some(Instant::now());
+            }
+            if !req.ignore_eos && self.eos_ids.contains(&id) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            out_ids.push(id);
+            history.push(id);
+            if let Some(tok) = &self.tokenizer {
+                let piece = decoder.push(tok, id);
+                if stream.push(&piece, on_text) {
+                    finish = FinishReason::Stop;
+                    break;
+                }
+            }
+            if out_ids.len() == req.max_tokens {
+                break;
+            }
+            token_buf[0] = id;
+            let mut steps =
+                [SeqStep { tokens: &token_buf, cache: &mut cache, mode: LogitsMode::Last, logits: &mut self.logits }];
+            self.model.forward(&self.pool, &mut self.ws, &mut steps, comm)?;
+            logits.copy_from_slice(&self.logits[..vocab]);
+        }
+        let decode_s = t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        if stream.stopped.is_none() {
+            let tail = decoder.finish();
+            stream.push(&tail, on_text);
+        }
+        stream.flush(on_text);
+        let decoded = out_ids.len().saturating_sub(1);
+        Ok(GenerateOutput {
+            output_ids: out_ids,
+            text: stream.text,
+            finish_reason: finish,
+            ttft_ms,
+            prefill_tok_s: prompt.len() as f64 / prefill_s.max(1e-9),
+            decode_tok_s: if decoded > 0 { decoded as f64 / decode_s.max(1e-9) } else { 0.0 },
+            prompt_logits,
+        })
+    }
+}
+
+/// Accumulates generated text, holding back any tail that could begin a stop string.
+struct TextStream<'a> {
+    stops: &'a [String],
+    text: String,
+    /// Bytes of `text` already given to the caller.
+    emitted: usize,
+    stopped: Option<usize>,
+}
+
+impl<'a> TextStream<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        TextStream { stops, text: String::new(), emitted: 0, stopped: None }
+    }
+
+    /// Adds a piece; returns true when a stop string appeared (text is cut before it).
+    fn push(&mut self, piece: &str, on_text: &mut dyn FnMut(&str)) -> bool {
+        if self.stopped.is_some() {
+            return true;
+        }
+        self.text.push_str(piece);
+        let search_from = self.emitted.saturating_sub(self.stops.iter().map(|s| s.len()).max().unwrap_or(0));
+        let search_from = (0..=search_from).rev().find(|&i| self.text.is_char_boundary(i)).unwrap_or(0);
+        let hit = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.text[search_from..].find(s.as_str()).map(|p| p + search_from))
+            .min();
+        if let Some(pos) = hit {
+            self.text.truncate(pos);
+            self.stopped = Some(pos);
+            self.flush(on_text);
+            return true;
+        }
+        // Hold back the longest suffix that is a prefix of some stop string.
+        let mut safe = self.text.len();
+        for s in self.stops {
+            for k in (1..s.len()).rev() {
+                if self.text.len() >= k && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
+                    safe = safe.min(self.text.len() - k);
+                    break;
+                }
+            }
+        }
+        if safe > self.emitted {
+            on_text(&self.text[self.emitted..safe]);
+            self.emitted = safe;
+        }
+        false
+    }
+
+    fn flush(&mut self, on_text: &mut dyn FnMut(&str)) {
+        if self.text.len() > self.emitted {
+            on_text(&self.text[self.emitted..]);
+            self.emitted = self.text.len();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_string_across_pieces_is_cut_and_never_emitted() {
+        let stops = vec!["STOP".to_string()];
+        let mut s = TextStream::new(&stops);
+        let mut got = String::new();
+        let mut cb = |t: &str| got.push_str(t);
+        assert!(!s.push("hello S", &mut cb));
+        assert!(!s.push("T", &mut cb));
+        assert!(s.push("OP world", &mut cb));
+        assert_eq!(s.text, "hello ");
+        assert_eq!(got, "hello ");
+    }
+
+    #[test]
+    fn held_back_prefix_is_released_when_it_diverges() {
+        let stops = vec!["</end>".to_string()];
+        let mut s = TextStream::new(&stops);
+        let mut got = String::new();
+        let mut cb = |t: &str| got.push_str(t);
+        s.push("a </", &mut cb);
+        assert_eq!(got, "a ");
+        s.push("b>", &mut cb);
+        s.flush(&mut cb);
+        assert_eq!(got, "a </b>");
+    }
+}

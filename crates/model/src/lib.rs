@@ -1,7 +1,39 @@
-//! shardlm-model: layers, KV cache, architectures and the shard plan.
+//! shardlm-model: layers, KV cache, one file per architecture, and the shard plan.
+//!
+//! A [`Model`] is always a *shard*: a range of layers and a tensor-parallel slice of
+//! each ([`ShardSpec`]). A single process is the shard that owns everything, with a
+//! size-1 group ([`NoComm`]), so there is one code path.
+
+pub mod arch;
+pub mod decoder;
+pub mod kv_cache;
+pub mod linear;
+pub mod model;
+pub mod registry;
+pub mod rope;
+pub mod shard;
+pub mod workspace;
+
+pub use kv_cache::KvCache;
+pub use model::{LoadOptions, LogitsMode, Model, SeqStep};
+pub use registry::Arch;
+pub use shard::{AllReduce, NoComm, ShardSpec};
+pub use workspace::Workspace;
+
+use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
     Format(#[from] formats::FormatError),
+    #[error(transparent)]
+    Kernel(#[from] kernels::KernelError),
+    #[error("{path}: unknown architecture '{arch}' (supported: {supported})")]
+    UnknownArchitecture { path: PathBuf, arch: String, supported: String },
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("context overflow: {needed} positions needed, the KV cache holds {capacity}")]
+    ContextOverflow { needed: usize, capacity: usize },
+    #[error("communication failed: {0}")]
+    Comm(String),
 }

@@ -1,0 +1,190 @@
+//! `shardlm run`: one prompt in, text out (streamed, or one JSON object).
+
+use crate::model_source;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use engine::generate::{Engine, GenerateRequest};
+use engine::sampler::SamplingParams;
+use engine::{ChatTemplate, Tokenizer};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Prompt text (or use --prompt / --prompt-ids).
+    prompt_pos: Option<String>,
+    /// GGUF file, HF directory, or alias (default: smollm2-135m).
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long, conflicts_with = "prompt_pos")]
+    prompt: Option<String>,
+    /// Comma-separated token ids (for models without a tokenizer).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt_pos", "prompt"])]
+    prompt_ids: Option<Vec<u32>>,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    chat: bool,
+    /// System message (with --chat).
+    #[arg(long)]
+    system: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when the output contains this text (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Don't stop at end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    threads: Option<u64>,
+    /// Prompt tokens per prefill step.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    prefill_chunk: u64,
+    /// Re-encode float weights at load: q8_0 or q4_0.
+    #[arg(long, value_parser = parse_quantize)]
+    quantize: Option<kernels::DType>,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    /// Write the logits of every prompt position to this safetensors file.
+    #[arg(long)]
+    dump_logits: Option<PathBuf>,
+}
+
+fn parse_quantize(s: &str) -> Result<kernels::DType, String> {
+    match kernels::DType::parse(s) {
+        Some(d @ (kernels::DType::Q8_0 | kernels::DType::Q4_0)) => Ok(d),
+        _ => Err(format!("'{s}' is not a load-time quantization (use q8_0 or q4_0)")),
+    }
+}
+
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// Loads a model for a single process: files, tokenizer and the full shard.
+pub fn load_engine(model: Option<&str>, threads: usize, quantize: Option<kernels::DType>) -> Result<(Engine, formats::ModelFiles, String)> {
+    let path = model_source::resolve(model)?;
+    let files = formats::open_model(&path)?;
+    let tokenizer = Tokenizer::from_source(&files.tokenizer)?;
+    let shard = model::ShardSpec::full(files.config.n_layers);
+    let m = model::Model::load(&files, &shard, &model::LoadOptions { quantize })?;
+    let name = model.unwrap_or(model_source::DEFAULT_MODEL).to_string();
+    Ok((Engine::new(m, tokenizer, threads), files, name))
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed,
+    };
+    sampling.validate().map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
+    let threads = a.threads.map_or_else(default_threads, |t| t as usize);
+    let (mut engine, files, model_name) = load_engine(a.model.as_deref(), threads, a.quantize)?;
+    engine.prefill_chunk = a.prefill_chunk as usize;
+
+    let prompt_ids = match (&a.prompt_ids, a.prompt.as_ref().or(a.prompt_pos.as_ref())) {
+        (Some(ids), _) => {
+            if a.chat {
+                bail!("--chat needs a text prompt, not --prompt-ids");
+            }
+            ids.clone()
+        }
+        (None, Some(text)) => {
+            let tok = engine.tokenizer.as_ref().context("this model has no tokenizer: pass --prompt-ids")?;
+            if a.chat {
+                let src = files.chat_template.as_deref().context("this model has no chat template (drop --chat)")?;
+                let tpl = ChatTemplate::new(src, files.bos_token.as_deref(), files.eos_token.as_deref())?;
+                let mut msgs = Vec::new();
+                if let Some(s) = &a.system {
+                    msgs.push(serde_json::json!({"role": "system", "content": s}));
+                }
+                msgs.push(serde_json::json!({"role": "user", "content": text}));
+                let rendered = tpl.render(&serde_json::Value::Array(msgs), None, true, None)?;
+                let has_bos = files.bos_token.as_deref().is_some_and(|b| !b.is_empty() && rendered.starts_with(b));
+                tok.encode(&rendered, !has_bos)?
+            } else {
+                tok.encode(text, true)?
+            }
+        }
+        (None, None) => bail!("no prompt: give PROMPT, --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    if prompt_ids.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let ctx = engine.context_length();
+    if prompt_ids.len() >= ctx {
+        bail!("prompt of {} tokens exceeds the context length {ctx}", prompt_ids.len());
+    }
+    let max_tokens = a.max_tokens.min(ctx - prompt_ids.len());
+    let req = GenerateRequest {
+        prompt_ids: prompt_ids.clone(),
+        max_tokens,
+        sampling,
+        stop_strings: a.stop.clone(),
+        ignore_eos: a.ignore_eos,
+        want_prompt_logits: a.dump_logits.is_some(),
+    };
+    let stream = !a.json;
+    let mut stdout = std::io::stdout();
+    let out = engine.generate(&req, &mut |t| {
+        if stream {
+            let _ = stdout.write_all(t.as_bytes());
+            let _ = stdout.flush();
+        }
+    })?;
+    if let (Some(path), Some(logits)) = (&a.dump_logits, &out.prompt_logits) {
+        write_logits(path, logits, prompt_ids.len(), engine.model.config.vocab_size)?;
+    }
+    if a.json {
+        let j = serde_json::json!({
+            "model": model_name,
+            "prompt_ids": prompt_ids,
+            "output_ids": out.output_ids,
+            "text": out.text,
+            "finish_reason": out.finish_reason.as_str(),
+            "ttft_ms": out.ttft_ms,
+            "prefill_tok_s": out.prefill_tok_s,
+            "decode_tok_s": out.decode_tok_s,
+        });
+        println!("{j}");
+    } else {
+        println!();
+        eprintln!(
+            "[{} prompt tokens, {} generated, ttft {:.1} ms, prefill {:.1} tok/s, decode {:.1} tok/s, finish: {}]",
+            prompt_ids.len(),
+            out.output_ids.len(),
+            out.ttft_ms,
+            out.prefill_tok_s,
+            out.decode_tok_s,
+            out.finish_reason.as_str()
+        );
+    }
+    Ok(())
+}
+
+/// Writes `logits` (`rows × vocab`, f32) as the single tensor `logits` of a safetensors file.
+pub fn write_logits(path: &PathBuf, logits: &[f32], rows: usize, vocab: usize) -> Result<()> {
+    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], &bytes)?;
+    let data = safetensors::serialize([("logits", view)], None)?;
+    std::fs::write(path, data).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

@@ -1,0 +1,66 @@
+//! A linear layer over a weight stored in any dtype (as mapped from the file, or
+//! quantized at load). One type for float and quantized weights: the kernel reads
+//! the storage directly.
+
+use formats::{TensorData, WeightTensor};
+use kernels::matmul::MatmulScratch;
+use kernels::{DType, ThreadPool};
+
+#[derive(Debug, Clone)]
+pub struct Linear {
+    pub weight: WeightTensor,
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    pub fn new(weight: WeightTensor, bias: Option<Vec<f32>>) -> Linear {
+        Linear { weight, bias }
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.weight.shape[0]
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.weight.shape[1]
+    }
+
+    /// `y = x · Wᵀ + b` for `m` rows of `x` (`m × in`) into `y` (`m × out`).
+    pub fn forward(&self, pool: &ThreadPool, x: &[f32], m: usize, y: &mut [f32], scratch: &mut MatmulScratch) {
+        let (i, o) = (self.in_features(), self.out_features());
+        kernels::matmul(pool, self.weight.mat(), &x[..m * i], m, &mut y[..m * o], scratch);
+        if let Some(b) = &self.bias {
+            for row in y[..m * o].chunks_exact_mut(o) {
+                kernels::ops::add_inplace(row, b);
+            }
+        }
+    }
+
+    /// Bytes read per forward call (for cost accounting).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight.bytes().len()
+    }
+
+    /// FLOPs of one forward call over `m` rows.
+    pub fn flops(&self, m: usize) -> usize {
+        2 * m * self.in_features() * self.out_features()
+    }
+}
+
+/// Re-encodes a float weight as `target` (Q8_0 or Q4_0) at load time. Weights that
+/// are already quantized, or whose rows are not whole blocks, are left as they are.
+pub fn quantize_weight(w: WeightTensor, target: DType) -> Result<WeightTensor, kernels::KernelError> {
+    if w.dtype.is_quantized() || w.shape.len() != 2 || w.shape[1] % target.block_elems() != 0 {
+        return Ok(w);
+    }
+    let (rows, cols) = (w.shape[0], w.shape[1]);
+    let row_bytes = target.bytes_for(cols).expect("checked block multiple");
+    let mut out = vec![0u8; rows * row_bytes];
+    let mut tmp = vec![0f32; cols];
+    let src_row = w.dtype.bytes_for(cols).expect("float types have block 1");
+    for r in 0..rows {
+        kernels::quant::dequantize_row(w.dtype, &w.bytes()[r * src_row..(r + 1) * src_row], &mut tmp);
+        kernels::quant::quantize_row(target, &tmp, &mut out[r * row_bytes..(r + 1) * row_bytes])?;
+    }
+    Ok(WeightTensor { name: w.name, dtype: target, shape: w.shape, data: TensorData::Owned(std::sync::Arc::new(out)) })
+}

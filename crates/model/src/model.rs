@@ -1,0 +1,280 @@
+//! A loaded model shard and its forward pass over a batch of sequences.
+
+use crate::arch::ArchSpec;
+use crate::decoder::DecoderLayer;
+use crate::linear::{quantize_weight, Linear};
+use crate::registry::Arch;
+use crate::rope::Rope;
+use crate::shard::{AllReduce, ShardSpec};
+use crate::workspace::{grow, Workspace};
+use crate::{KvCache, ModelError};
+use formats::{ModelConfig, ModelFiles, WeightTensor};
+use kernels::{ops, DType, ThreadPool};
+
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Re-encode float weights at load (`--quantize q8_0|q4_0`).
+    pub quantize: Option<DType>,
+}
+
+/// Which logits a sequence wants from a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsMode {
+    /// None (a prefill chunk that is not the last).
+    None,
+    /// The last token's logits only (generation).
+    Last,
+    /// Every token's logits (`--dump-logits`, teacher forcing).
+    All,
+}
+
+/// One sequence's share of a forward step.
+pub struct SeqStep<'a> {
+    /// New tokens; they take positions `cache.len ..`.
+    pub tokens: &'a [u32],
+    pub cache: &'a mut KvCache,
+    pub mode: LogitsMode,
+    /// Filled with `rows × vocab` logits (rows = 0, 1 or `tokens.len()`).
+    pub logits: &'a mut Vec<f32>,
+}
+
+#[derive(Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub arch: Arch,
+    pub spec: ArchSpec,
+    pub shard: ShardSpec,
+    embed: Option<WeightTensor>,
+    layers: Vec<DecoderLayer>,
+    final_norm: Option<Vec<f32>>,
+    lm_head: Option<Linear>,
+    rope: Rope,
+}
+
+impl Model {
+    /// Builds the shard `shard` of the model in `files`. Only the weights the shard
+    /// owns are referenced, so only their pages are ever read.
+    pub fn load(files: &ModelFiles, shard: &ShardSpec, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let cfg = files.config.clone();
+        let arch = Arch::from_name(&cfg.arch).ok_or_else(|| ModelError::UnknownArchitecture {
+            path: files.path.clone(),
+            arch: cfg.arch.clone(),
+            supported: Arch::supported().join(", "),
+        })?;
+        let spec = arch.spec(&cfg);
+        let store = &files.tensors;
+        let (h, vocab) = (cfg.hidden_size, cfg.vocab_size);
+        let embed_name = "model.embed_tokens.weight";
+        let need_embed = shard.has_embed || (shard.has_head && cfg.tie_word_embeddings);
+        let embed_full = if need_embed { Some(store.get_shaped(embed_name, &[vocab, h])?.clone()) } else { None };
+        let mut layers = Vec::with_capacity(shard.layers.len());
+        for l in shard.layers.clone() {
+            layers.push(DecoderLayer::load(store, &cfg, &spec, l, opts)?);
+        }
+        let (final_norm, lm_head) = if shard.has_head {
+            let norm = store.get_shaped("model.norm.weight", &[h])?.to_f32();
+            let w = if cfg.tie_word_embeddings && !store.contains("lm_head.weight") {
+                embed_full.clone().expect("loaded above")
+            } else {
+                store.get_shaped("lm_head.weight", &[vocab, h])?.clone()
+            };
+            let w = match opts.quantize {
+                Some(t) => quantize_weight(w, t)?,
+                None => w,
+            };
+            (Some(norm), Some(Linear::new(w, None)))
+        } else {
+            (None, None)
+        };
+        let embed = if shard.has_embed { embed_full } else { None };
+        let style = spec.rope_style;
+        let rope = Rope::new(cfg.rope_theta, cfg.rope_dim, &cfg.rope_scaling, cfg.max_position_embeddings, style);
+        Ok(Model { config: cfg, arch, spec, shard: shard.clone(), embed, layers, final_norm, lm_head, rope })
+    }
+
+    /// A KV cache for one sequence of up to `capacity` positions.
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        KvCache::new(self.layers.len(), self.config.n_kv_heads * self.config.head_dim, capacity)
+    }
+
+    /// Bytes of weights read per decoded token by this shard.
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let layers: usize = self.layers.iter().map(|l| l.weight_bytes()).sum();
+        layers + self.lm_head.as_ref().map_or(0, |l| l.weight_bytes())
+    }
+
+    /// Runs one step for a batch of sequences: embed (first stage), the owned
+    /// layers, and the head (last stage).
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        seqs: &mut [SeqStep<'_>],
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        self.embed_tokens(ws, seqs)?;
+        self.run_layers(pool, ws, seqs, comm)?;
+        self.head(pool, ws, seqs);
+        Ok(())
+    }
+
+    /// Writes the embeddings of every sequence's tokens, concatenated, into `ws.x`.
+    pub fn embed_tokens(&self, ws: &mut Workspace, seqs: &[SeqStep<'_>]) -> Result<(), ModelError> {
+        let Some(embed) = &self.embed else { return Ok(()) };
+        let h = self.config.hidden_size;
+        let t_total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        grow(&mut ws.x, t_total * h);
+        let row_bytes = embed.dtype.bytes_for(h).expect("hidden is a block multiple");
+        let bytes = embed.bytes();
+        for (t, &id) in seqs.iter().flat_map(|s| s.tokens.iter()).enumerate() {
+            if id as usize >= self.config.vocab_size {
+                return Err(ModelError::TokenOutOfRange { id, vocab: self.config.vocab_size });
+            }
+            let row = &bytes[id as usize * row_bytes..][..row_bytes];
+            kernels::quant::dequantize_row(embed.dtype, row, &mut ws.x[t * h..(t + 1) * h]);
+        }
+        Ok(())
+    }
+
+    /// Runs the owned layers over `ws.x` and advances every sequence's cache.
+    pub fn run_layers(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        seqs: &mut [SeqStep<'_>],
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.config;
+        let t_total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        for s in seqs.iter() {
+            let needed = s.cache.len + s.tokens.len();
+            if needed > s.cache.capacity {
+                return Err(ModelError::ContextOverflow { needed, capacity: s.cache.capacity });
+            }
+        }
+        let (h, hd, ffn) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+        let (hq, hkv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+        let half = cfg.rope_dim / 2;
+        for (buf, w) in [(&mut ws.x, h), (&mut ws.xn, h), (&mut ws.o, h), (&mut ws.q, hq), (&mut ws.attn, hq)] {
+            grow(buf, t_total * w);
+        }
+        for (buf, w) in [(&mut ws.k, hkv), (&mut ws.v, hkv), (&mut ws.gate, ffn), (&mut ws.up, ffn)] {
+            grow(buf, t_total * w);
+        }
+        grow(&mut ws.cos, t_total * half);
+        grow(&mut ws.sin, t_total * half);
+        let mut t = 0;
+        for s in seqs.iter() {
+            for i in 0..s.tokens.len() {
+                let (c, sn) = (&mut ws.cos[t * half..(t + 1) * half], &mut ws.sin[t * half..(t + 1) * half]);
+                self.rope.cos_sin(s.cache.len + i, c, sn);
+                t += 1;
+            }
+        }
+        let eps = cfg.rms_norm_eps;
+        let n = t_total;
+        for (li, layer) in self.layers.iter().enumerate() {
+            // Attention block.
+            ops::rms_norm(&ws.x[..n * h], &layer.attn_norm, eps, h, &mut ws.xn[..n * h]);
+            layer.q.forward(pool, &ws.xn, n, &mut ws.q, &mut ws.scratch);
+            layer.k.forward(pool, &ws.xn, n, &mut ws.k, &mut ws.scratch);
+            layer.v.forward(pool, &ws.xn, n, &mut ws.v, &mut ws.scratch);
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                ops::rms_norm_inplace(&mut ws.q[..n * hq], qn, eps, hd);
+                ops::rms_norm_inplace(&mut ws.k[..n * hkv], kn, eps, hd);
+            }
+            for t in 0..n {
+                let (c, sn) = (&ws.cos[t * half..(t + 1) * half], &ws.sin[t * half..(t + 1) * half]);
+                ops::rope(&mut ws.q[t * hq..(t + 1) * hq], hd, c, sn, self.rope.style);
+                ops::rope(&mut ws.k[t * hkv..(t + 1) * hkv], hd, c, sn, self.rope.style);
+            }
+            let mut row = 0;
+            for s in seqs.iter_mut() {
+                let len = s.tokens.len();
+                let start = s.cache.len;
+                let (kc, vc) = &mut s.cache.layers[li];
+                kc[start * hkv..(start + len) * hkv].copy_from_slice(&ws.k[row * hkv..(row + len) * hkv]);
+                vc[start * hkv..(start + len) * hkv].copy_from_slice(&ws.v[row * hkv..(row + len) * hkv]);
+                self.attend(pool, &ws.q[row * hq..(row + len) * hq], kc, vc, len, start, &mut ws.attn[row * hq..]);
+                row += len;
+            }
+            layer.o.forward(pool, &ws.attn, n, &mut ws.o, &mut ws.scratch);
+            comm.all_reduce_sum(&mut ws.o[..n * h])?;
+            ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
+
+            // MLP block.
+            ops::rms_norm(&ws.x[..n * h], &layer.mlp_norm, eps, h, &mut ws.xn[..n * h]);
+            layer.gate.forward(pool, &ws.xn, n, &mut ws.gate, &mut ws.scratch);
+            layer.up.forward(pool, &ws.xn, n, &mut ws.up, &mut ws.scratch);
+            ops::silu_mul(&mut ws.gate[..n * ffn], &ws.up[..n * ffn]);
+            layer.down.forward(pool, &ws.gate, n, &mut ws.o, &mut ws.scratch);
+            comm.all_reduce_sum(&mut ws.o[..n * h])?;
+            ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
+        }
+        for s in seqs.iter_mut() {
+            s.cache.len += s.tokens.len();
+        }
+        Ok(())
+    }
+
+    /// Causal attention of `len` new tokens at positions `start..` against the cache,
+    /// honoring a sliding window.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(&self, pool: &ThreadPool, q: &[f32], kc: &[f32], vc: &[f32], len: usize, start: usize, out: &mut [f32]) {
+        let cfg = &self.config;
+        let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+        let (hq, hkv) = (nh * hd, nkv * hd);
+        let scale = 1.0 / (hd as f32).sqrt();
+        match self.spec.sliding_window {
+            Some(w) if start + len > w => {
+                for i in 0..len {
+                    let p = start + i;
+                    let lo = (p + 1).saturating_sub(w);
+                    let (qi, oi) = (&q[i * hq..(i + 1) * hq], &mut out[i * hq..(i + 1) * hq]);
+                    ops::attention(pool, qi, &kc[lo * hkv..], &vc[lo * hkv..], 1, p - lo, nh, nkv, hd, scale, oi);
+                }
+            }
+            _ => ops::attention(pool, q, kc, vc, len, start, nh, nkv, hd, scale, &mut out[..len * hq]),
+        }
+    }
+
+    /// Final norm and lm_head for the rows each sequence asked for.
+    pub fn head(&self, pool: &ThreadPool, ws: &mut Workspace, seqs: &mut [SeqStep<'_>]) {
+        let (Some(norm), Some(lm_head)) = (&self.final_norm, &self.lm_head) else { return };
+        let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
+        let mut rows = 0;
+        let mut t = 0;
+        for s in seqs.iter() {
+            let len = s.tokens.len();
+            let range = match s.mode {
+                LogitsMode::None => 0..0,
+                LogitsMode::Last => len.saturating_sub(1)..len,
+                LogitsMode::All => 0..len,
+            };
+            grow(&mut ws.head_in, (rows + range.len()) * h);
+            for r in range {
+                ws.head_in[rows * h..(rows + 1) * h].copy_from_slice(&ws.x[(t + r) * h..(t + r + 1) * h]);
+                rows += 1;
+            }
+            t += len;
+        }
+        if rows == 0 {
+            return;
+        }
+        grow(&mut ws.xn, rows * h);
+        ops::rms_norm(&ws.head_in[..rows * h], norm, self.config.rms_norm_eps, h, &mut ws.xn[..rows * h]);
+        grow(&mut ws.logits, rows * vocab);
+        lm_head.forward(pool, &ws.xn, rows, &mut ws.logits, &mut ws.scratch);
+        let mut r = 0;
+        for s in seqs.iter_mut() {
+            let n = match s.mode {
+                LogitsMode::None => 0,
+                LogitsMode::Last => usize::from(!s.tokens.is_empty()),
+                LogitsMode::All => s.tokens.len(),
+            };
+            s.logits.clear();
+            s.logits.extend_from_slice(&ws.logits[r * vocab..(r + n) * vocab]);
+            r += n;
+        }
+    }
+}

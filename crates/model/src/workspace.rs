@@ -1,0 +1,29 @@
+//! Scratch buffers for one forward step, grown on demand and then reused, so
+//! decode does not allocate.
+
+use kernels::matmul::MatmulScratch;
+
+#[derive(Default)]
+pub struct Workspace {
+    /// Residual stream, `T × hidden`. Pipeline stages pass this between ranks.
+    pub x: Vec<f32>,
+    pub(crate) xn: Vec<f32>,
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    pub(crate) attn: Vec<f32>,
+    pub(crate) o: Vec<f32>,
+    pub(crate) gate: Vec<f32>,
+    pub(crate) up: Vec<f32>,
+    pub(crate) cos: Vec<f32>,
+    pub(crate) sin: Vec<f32>,
+    pub(crate) head_in: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
+    pub(crate) scratch: MatmulScratch,
+}
+
+pub(crate) fn grow(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+}
