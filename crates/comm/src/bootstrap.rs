@@ -1,0 +1,158 @@
+//! Joining a world from the environment a launcher sets.
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `SHARDLM_RANK` | this process's rank, `0..size` |
+//! | `SHARDLM_SIZE` | number of ranks; unset or `1` means a single process |
+//! | `SHARDLM_PEERS` | comma-separated `host:port` of every rank, in rank order (TCP) |
+//! | `SHARDLM_SECRET` | the shared cluster secret (required when size > 1) |
+//! | `SHARDLM_SHM` | optional: use the shared-memory transport with this segment name instead of TCP |
+//! | `SHARDLM_CONNECTIONS` | optional: TCP connections per peer (default 1) |
+//! | `SHARDLM_BIND` | optional: listen address if not our entry of `SHARDLM_PEERS` |
+
+use crate::error::{CommError, Result};
+use crate::group::Group;
+use crate::transport::shm::ShmConfig;
+use crate::transport::tcp::TcpConfig;
+
+pub const ENV_RANK: &str = "SHARDLM_RANK";
+pub const ENV_SIZE: &str = "SHARDLM_SIZE";
+pub const ENV_PEERS: &str = "SHARDLM_PEERS";
+pub const ENV_SECRET: &str = "SHARDLM_SECRET";
+pub const ENV_SHM: &str = "SHARDLM_SHM";
+pub const ENV_CONNECTIONS: &str = "SHARDLM_CONNECTIONS";
+pub const ENV_BIND: &str = "SHARDLM_BIND";
+
+/// What the environment asks for.
+#[derive(Debug, Clone)]
+pub enum Bootstrap {
+    /// No distributed environment: a group of one.
+    Single,
+    Tcp(TcpConfig),
+    Shm(ShmConfig),
+}
+
+impl Bootstrap {
+    /// Reads the process environment.
+    pub fn from_env(fingerprint: u64) -> Result<Bootstrap> {
+        Self::from_vars(|k| std::env::var(k).ok(), fingerprint)
+    }
+
+    /// Reads variables through `get` (for tests and for launchers that stage them).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>, fingerprint: u64) -> Result<Bootstrap> {
+        let number = |key: &str| -> Result<Option<usize>> {
+            match get(key) {
+                None => Ok(None),
+                Some(v) => v
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| CommError::Env(format!("{key}={v:?} is not a non-negative integer"))),
+            }
+        };
+        let size = number(ENV_SIZE)?.unwrap_or(1);
+        if size == 0 {
+            return Err(CommError::Env(format!("{ENV_SIZE} must be at least 1")));
+        }
+        if size == 1 {
+            return Ok(Bootstrap::Single);
+        }
+        let rank =
+            number(ENV_RANK)?.ok_or_else(|| CommError::Env(format!("{ENV_SIZE}={size} but {ENV_RANK} is not set")))?;
+        if rank >= size {
+            return Err(CommError::Env(format!("{ENV_RANK}={rank} is not below {ENV_SIZE}={size}")));
+        }
+        let secret = get(ENV_SECRET).filter(|s| !s.is_empty()).ok_or_else(|| {
+            CommError::Env(format!("{ENV_SECRET} is not set; every rank needs the same cluster secret"))
+        })?;
+        if let Some(name) = get(ENV_SHM).filter(|s| !s.is_empty()) {
+            return Ok(Bootstrap::Shm(ShmConfig::new(name, rank, size, secret, fingerprint)));
+        }
+        let peers_var = get(ENV_PEERS).ok_or_else(|| CommError::Env(format!("{ENV_PEERS} is not set")))?;
+        let peers: Vec<String> = peers_var.split(',').map(|p| p.trim().to_string()).collect();
+        if peers.len() != size {
+            return Err(CommError::Env(format!("{ENV_PEERS} lists {} addresses but {ENV_SIZE}={size}", peers.len())));
+        }
+        if let Some(bad) = peers
+            .iter()
+            .find(|p| p.rsplit_once(':').is_none_or(|(h, port)| h.is_empty() || port.parse::<u16>().is_err()))
+        {
+            return Err(CommError::Env(format!("{ENV_PEERS} entry {bad:?} is not host:port")));
+        }
+        let mut cfg = TcpConfig::new(rank, peers, secret, fingerprint);
+        if let Some(n) = number(ENV_CONNECTIONS)? {
+            cfg.connections_per_peer = n;
+        }
+        cfg.bind = get(ENV_BIND).filter(|s| !s.is_empty());
+        Ok(Bootstrap::Tcp(cfg))
+    }
+
+    /// Connects as asked.
+    pub fn connect(&self) -> Result<Group> {
+        match self {
+            Bootstrap::Single => Ok(Group::single()),
+            Bootstrap::Tcp(cfg) => Group::connect_tcp(cfg),
+            Bootstrap::Shm(cfg) => Group::connect_shm(cfg),
+        }
+    }
+}
+
+/// The variables a launcher sets for rank `rank` of a TCP world.
+pub fn launcher_env(rank: usize, peers: &[String], secret: &str) -> Vec<(String, String)> {
+    vec![
+        (ENV_RANK.into(), rank.to_string()),
+        (ENV_SIZE.into(), peers.len().to_string()),
+        (ENV_PEERS.into(), peers.join(",")),
+        (ENV_SECRET.into(), secret.into()),
+    ]
+}
+
+impl Group {
+    /// Joins the world described by the `SHARDLM_*` environment (a group of one
+    /// when none is set). `fingerprint` identifies the model all ranks serve.
+    pub fn from_env(fingerprint: u64) -> Result<Group> {
+        Bootstrap::from_env(fingerprint)?.connect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn unset_means_single() {
+        assert!(matches!(Bootstrap::from_vars(vars(&[]), 1).unwrap(), Bootstrap::Single));
+    }
+
+    #[test]
+    fn tcp_from_launcher_env() {
+        let peers = vec!["10.0.0.1:5000".to_string(), "10.0.0.2:5000".to_string()];
+        let env = launcher_env(1, &peers, "s3");
+        let map: HashMap<String, String> = env.into_iter().collect();
+        let b = Bootstrap::from_vars(|k| map.get(k).cloned(), 9).unwrap();
+        let Bootstrap::Tcp(cfg) = b else { panic!("expected tcp") };
+        assert_eq!((cfg.rank, cfg.size, cfg.fingerprint), (1, 2, 9));
+        assert_eq!(cfg.peers, peers);
+        assert_eq!(cfg.secret, b"s3");
+    }
+
+    #[test]
+    fn errors_are_clear() {
+        let e = Bootstrap::from_vars(vars(&[("SHARDLM_SIZE", "2"), ("SHARDLM_RANK", "0")]), 1).unwrap_err();
+        assert_eq!(e.to_string(), "environment: SHARDLM_SECRET is not set; every rank needs the same cluster secret");
+        let e = Bootstrap::from_vars(
+            vars(&[("SHARDLM_SIZE", "2"), ("SHARDLM_RANK", "0"), ("SHARDLM_SECRET", "x"), ("SHARDLM_PEERS", "a:1,b")]),
+            1,
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "environment: SHARDLM_PEERS entry \"b\" is not host:port");
+        let e = Bootstrap::from_vars(vars(&[("SHARDLM_SIZE", "two")]), 1).unwrap_err();
+        assert!(e.to_string().contains("SHARDLM_SIZE=\"two\""));
+    }
+}

@@ -1,0 +1,550 @@
+//! TCP transport: authenticated connections between ranks anywhere.
+//!
+//! Bootstrap is by rank order: every rank listens on its own address, accepts
+//! connections from higher ranks and connects to lower ones, so there is no
+//! rendezvous server and no race on who connects to whom. Each link is
+//! `connections_per_peer` sockets; every socket runs the handshake of
+//! [`crate::handshake`] (protocol version, model fingerprint, rank, and an
+//! HMAC-SHA256 challenge-response over the cluster secret in both directions).
+//!
+//! Messages shorter than `stripe_threshold` travel on the first socket of a
+//! link; longer ones are cut into one stripe per socket, each driven by its own
+//! thread, which is how two cables (or two NIC queues) add up. All sockets are
+//! `TCP_NODELAY`, non-blocking, and use short keep-alive probes so that a
+//! silently dead host is noticed in seconds, not hours.
+//!
+//! When anything fails, the transport sends an `ABORT` frame with the one-line
+//! reason to every peer it can and closes all sockets: the other ranks then
+//! fail fast with a message that names the rank that really failed.
+
+use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, SendJob};
+use super::{validate_ops, BusyGuard, RecvOp, SendOp, Transport};
+use crate::error::{CommError, PeerId, Result};
+use crate::handshake::{handshake, HandshakeIo, Hello, PROTOCOL_VERSION};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Which ranks hold direct connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Topology {
+    /// Every pair of ranks is connected (needed for the latency-optimised paths).
+    #[default]
+    FullMesh,
+    /// Each rank connects only to `rank - 1` and `rank + 1` (mod size); the
+    /// collectives then use ring algorithms only.
+    Ring,
+}
+
+/// Everything needed to join a TCP world.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    pub rank: usize,
+    pub size: usize,
+    /// `host:port` of every rank, indexed by rank (our own entry is where we listen).
+    pub peers: Vec<String>,
+    /// Listen here instead of `peers[rank]` (e.g. `0.0.0.0:5000`).
+    pub bind: Option<String>,
+    /// Shared cluster secret; proven by HMAC, never sent.
+    pub secret: Vec<u8>,
+    /// Identifies the model (and shard plan); all ranks must agree.
+    pub fingerprint: u64,
+    pub connections_per_peer: usize,
+    pub topology: Topology,
+    /// Deadline for establishing all connections, retries included.
+    pub connect_timeout: Duration,
+    /// Deadline for one connection's handshake.
+    pub handshake_timeout: Duration,
+    /// Fail an operation when a peer sent nothing for this long. `None` waits
+    /// forever (idle workers wait for the next request); dead peers are still
+    /// detected by closed connections and keep-alive probes.
+    pub op_timeout: Option<Duration>,
+    /// Keep-alive idle time before probing (then 1 s apart, 3 probes);
+    /// also bounds how long unacknowledged data may wait. `None` disables.
+    pub keepalive: Option<Duration>,
+    /// Largest message accepted, in bytes.
+    pub max_message_bytes: usize,
+    /// Messages at least this long are striped across the connections of a link.
+    pub stripe_threshold: usize,
+    /// Busy-poll for this long before parking in `poll`.
+    pub spin: Duration,
+    /// Protocol version announced in the handshake (tests only).
+    #[doc(hidden)]
+    pub protocol_version: u32,
+}
+
+impl TcpConfig {
+    /// A config with default tuning; fill in the rest with struct update syntax.
+    pub fn new(rank: usize, peers: Vec<String>, secret: impl Into<Vec<u8>>, fingerprint: u64) -> TcpConfig {
+        TcpConfig {
+            rank,
+            size: peers.len(),
+            peers,
+            bind: None,
+            secret: secret.into(),
+            fingerprint,
+            connections_per_peer: 1,
+            topology: Topology::FullMesh,
+            connect_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            op_timeout: None,
+            keepalive: Some(Duration::from_secs(2)),
+            max_message_bytes: 1 << 30,
+            stripe_threshold: 256 << 10,
+            spin: Duration::from_micros(50),
+            protocol_version: PROTOCOL_VERSION,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.size == 0 || self.rank >= self.size {
+            return Err(CommError::invalid(format!("rank {} is outside a world of {}", self.rank, self.size)));
+        }
+        if self.peers.len() != self.size {
+            return Err(CommError::invalid(format!(
+                "{} peer addresses given for a world of {}",
+                self.peers.len(),
+                self.size
+            )));
+        }
+        if self.connections_per_peer == 0 || self.connections_per_peer > 64 {
+            return Err(CommError::invalid("connections_per_peer must be between 1 and 64"));
+        }
+        Ok(())
+    }
+
+    fn neighbours(&self) -> Vec<bool> {
+        let (r, n) = (self.rank, self.size);
+        (0..n)
+            .map(|p| {
+                p != r
+                    && match self.topology {
+                        Topology::FullMesh => true,
+                        Topology::Ring => p == (r + 1) % n || p == (r + n - 1) % n,
+                    }
+            })
+            .collect()
+    }
+}
+
+/// One rank of a TCP world. Build it with [`TcpTransport::connect`].
+pub struct TcpTransport {
+    rank: usize,
+    size: usize,
+    peers: Vec<PeerId>,
+    /// `links[p]` holds the connections to rank `p` (empty when not a neighbour).
+    links: Vec<Vec<Conn>>,
+    op_timeout: Option<Duration>,
+    spin: Duration,
+    stripe_threshold: usize,
+    max_message: usize,
+    topology: Topology,
+    busy: AtomicBool,
+    failed: Mutex<Option<CommError>>,
+}
+
+impl TcpTransport {
+    /// Binds `cfg.bind` (or our entry of `cfg.peers`) and connects to the world.
+    pub fn connect(cfg: &TcpConfig) -> Result<TcpTransport> {
+        cfg.validate()?;
+        if cfg.size == 1 {
+            return Ok(Self::assemble(cfg, Vec::new()));
+        }
+        let bind = cfg.bind.clone().unwrap_or_else(|| cfg.peers[cfg.rank].clone());
+        let listener = TcpListener::bind(&bind).map_err(|e| CommError::io(format!("listening on {bind}"), e))?;
+        Self::connect_with_listener(cfg, listener)
+    }
+
+    /// Like [`TcpTransport::connect`] with a listener the caller already bound
+    /// (useful with port 0 in tests).
+    pub fn connect_with_listener(cfg: &TcpConfig, listener: TcpListener) -> Result<TcpTransport> {
+        cfg.validate()?;
+        let peers: Vec<PeerId> = cfg.peers.iter().enumerate().map(|(r, a)| PeerId::new(r, a.clone())).collect();
+        let neighbours = cfg.neighbours();
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let stop = AtomicBool::new(false);
+        let mut slots: Vec<Vec<Option<TcpStream>>> =
+            (0..cfg.size).map(|_| (0..cfg.connections_per_peer).map(|_| None).collect()).collect();
+        let expected_accepts = neighbours[cfg.rank + 1..].iter().filter(|&&n| n).count() * cfg.connections_per_peer;
+
+        let (accepted, connected) = std::thread::scope(|s| {
+            let acceptor = s.spawn(|| {
+                let r = accept_all(cfg, &listener, &peers, &neighbours, expected_accepts, deadline, &stop);
+                if r.is_err() {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                r
+            });
+            let connected = connect_down(cfg, &peers, &neighbours, deadline, &stop);
+            if connected.is_err() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            (acceptor.join().expect("acceptor thread panicked"), connected)
+        });
+        // Report the first real failure; a side stopped by the other is not one.
+        let (accepted, connected) = match (accepted, connected) {
+            (Ok(a), Ok(c)) => (a, c),
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),
+            (Err(a), Err(c)) => return Err(if a == stopped() { c } else { a }),
+        };
+        for (rank, conn, stream) in accepted.into_iter().chain(connected) {
+            slots[rank][conn] = Some(stream);
+        }
+        let links = slots
+            .into_iter()
+            .map(|conns| conns.into_iter().map_while(|c| c.map(Conn::new)).collect::<Vec<_>>())
+            .collect::<Vec<_>>();
+        for (p, link) in links.iter().enumerate() {
+            for conn in link {
+                tune_socket(&conn.stream, cfg.keepalive)
+                    .map_err(|e| CommError::io(format!("tuning socket to {p}"), e))?;
+            }
+        }
+        Ok(Self::assemble(cfg, links))
+    }
+
+    fn assemble(cfg: &TcpConfig, links: Vec<Vec<Conn>>) -> TcpTransport {
+        TcpTransport {
+            rank: cfg.rank,
+            size: cfg.size,
+            peers: cfg.peers.iter().enumerate().map(|(r, a)| PeerId::new(r, a.clone())).collect(),
+            links,
+            op_timeout: cfg.op_timeout,
+            spin: cfg.spin,
+            stripe_threshold: cfg.stripe_threshold.max(1),
+            max_message: cfg.max_message_bytes,
+            topology: cfg.topology,
+            busy: AtomicBool::new(false),
+            failed: Mutex::new(None),
+        }
+    }
+
+    /// Records the first failure, tells every peer, and closes all sockets.
+    fn fail(&self, err: CommError) -> CommError {
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if failed.is_none() {
+            *failed = Some(err.clone());
+            let reason = err.to_string();
+            for conn in self.links.iter().flatten() {
+                conn.abort(&reason);
+            }
+        }
+        err
+    }
+
+    fn run(&self, sends: &[SendOp<'_>], recvs: &mut [RecvOp<'_>]) -> Result<()> {
+        let nconn = self.links.iter().map(Vec::len).max().unwrap_or(1);
+        let stripe = |len: usize| nconn > 1 && len >= self.stripe_threshold;
+        let cancel = AtomicBool::new(false);
+        let ctx = PumpCtx { peers: &self.peers, op_timeout: self.op_timeout, spin: self.spin, cancel: &cancel };
+        let any_striped = sends.iter().any(|s| stripe(s.data.len())) || recvs.iter().any(|r| stripe(r.buf.len()));
+        if !any_striped {
+            let mut sj: Vec<SendJob> =
+                sends.iter().map(|s| SendJob::new(&self.links[s.peer][0], s.peer, s.data)).collect();
+            let mut rj: Vec<RecvJob> =
+                recvs.iter_mut().map(|r| RecvJob::new(&self.links[r.peer][0], r.peer, r.buf)).collect();
+            return pump(&mut sj, &mut rj, &ctx);
+        }
+        // One job list per connection index; small messages stay on connection 0.
+        let mut per_conn: Vec<(Vec<SendJob>, Vec<RecvJob>)> = (0..nconn).map(|_| (Vec::new(), Vec::new())).collect();
+        for s in sends {
+            if stripe(s.data.len()) {
+                for c in 0..nconn {
+                    let part = &s.data[crate::chunk_range(s.data.len(), nconn, c)];
+                    per_conn[c].0.push(SendJob::new(&self.links[s.peer][c], s.peer, part));
+                }
+            } else {
+                per_conn[0].0.push(SendJob::new(&self.links[s.peer][0], s.peer, s.data));
+            }
+        }
+        for r in recvs.iter_mut() {
+            if stripe(r.buf.len()) {
+                let len = r.buf.len();
+                let mut rest: &mut [u8] = r.buf;
+                for (c, jobs) in per_conn.iter_mut().enumerate() {
+                    let (part, tail) = rest.split_at_mut(crate::chunk_range(len, nconn, c).len());
+                    rest = tail;
+                    jobs.1.push(RecvJob::new(&self.links[r.peer][c], r.peer, part));
+                }
+            } else {
+                per_conn[0].1.push(RecvJob::new(&self.links[r.peer][0], r.peer, r.buf));
+            }
+        }
+        let ctx = &ctx;
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let mut iter = per_conn.into_iter();
+            let (mut s0, mut r0) = iter.next().expect("at least one connection");
+            let handles: Vec<_> = iter
+                .map(|(mut sj, mut rj)| {
+                    s.spawn(move || {
+                        let r = pump(&mut sj, &mut rj, ctx);
+                        if r.is_err() {
+                            ctx.cancel.store(true, Ordering::Relaxed);
+                        }
+                        r
+                    })
+                })
+                .collect();
+            let first = pump(&mut s0, &mut r0, ctx);
+            if first.is_err() {
+                ctx.cancel.store(true, Ordering::Relaxed);
+            }
+            std::iter::once(first)
+                .chain(handles.into_iter().map(|h| h.join().expect("stripe thread panicked")))
+                .collect()
+        });
+        let mut errors = results.into_iter().filter_map(Result::err);
+        match errors.next() {
+            None => Ok(()),
+            Some(first) => {
+                Err(std::iter::once(first).chain(errors).find(|e| *e != cancelled()).unwrap_or_else(cancelled))
+            }
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn peer_addr(&self, peer: usize) -> String {
+        self.peers[peer].addr.clone()
+    }
+
+    fn connected(&self, peer: usize) -> bool {
+        peer < self.size && !self.links[peer].is_empty()
+    }
+
+    fn full_mesh(&self) -> bool {
+        self.topology == Topology::FullMesh || self.size <= 3
+    }
+
+    fn exchange(&self, sends: &[SendOp<'_>], recvs: &mut [RecvOp<'_>]) -> Result<()> {
+        validate_ops(self, sends, recvs, self.max_message)?;
+        let _busy = BusyGuard::enter(&self.busy)?;
+        if let Some(err) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(err);
+        }
+        self.run(sends, recvs).map_err(|e| self.fail(e))
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        for conn in self.links.iter().flatten() {
+            let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn stopped() -> CommError {
+    CommError::invalid("bootstrap stopped")
+}
+
+/// Blocking socket with timeouts, used during the handshake only.
+struct HandshakeStream<'a> {
+    stream: &'a mut TcpStream,
+    peer: PeerId,
+    timeout: Duration,
+}
+
+impl HandshakeStream<'_> {
+    fn map(&self, e: std::io::Error) -> CommError {
+        match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => self.peer.timeout(self.timeout, "during the handshake"),
+            ErrorKind::UnexpectedEof => self.peer.lost("it closed the connection during the handshake"),
+            _ => self.peer.lost(format!("{e} during the handshake")),
+        }
+    }
+}
+
+impl HandshakeIo for HandshakeStream<'_> {
+    fn write_all(&mut self, data: &[u8]) -> Result<()> {
+        self.stream.write_all(data).map_err(|e| self.map(e))
+    }
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
+        self.stream.read_exact(buf).map_err(|e| self.map(e))
+    }
+}
+
+fn run_handshake(
+    cfg: &TcpConfig,
+    stream: &mut TcpStream,
+    conn: usize,
+    fallback: PeerId,
+    peer_of: &dyn Fn(Option<usize>) -> Result<PeerId>,
+) -> Result<(usize, usize)> {
+    let set = |s: &TcpStream| -> std::io::Result<()> {
+        s.set_nonblocking(false)?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(cfg.handshake_timeout))?;
+        s.set_write_timeout(Some(cfg.handshake_timeout))
+    };
+    set(stream).map_err(|e| fallback.lost(format!("{e} while preparing the socket")))?;
+    let ours = Hello::new(cfg.protocol_version, cfg.rank, cfg.size, conn, cfg.connections_per_peer, cfg.fingerprint)?;
+    let mut io = HandshakeStream { stream, peer: fallback, timeout: cfg.handshake_timeout };
+    let (theirs, _) = handshake(&mut io, &ours, &cfg.secret, peer_of)?;
+    Ok((theirs.rank as usize, theirs.conn as usize))
+}
+
+/// Accepts `expected` connections from higher ranks and handshakes each.
+fn accept_all(
+    cfg: &TcpConfig,
+    listener: &TcpListener,
+    peers: &[PeerId],
+    neighbours: &[bool],
+    expected: usize,
+    deadline: Instant,
+    stop: &AtomicBool,
+) -> Result<Vec<(usize, usize, TcpStream)>> {
+    let mut got: Vec<(usize, usize, TcpStream)> = Vec::new();
+    listener.set_nonblocking(true).map_err(|e| CommError::io("configuring listener", e))?;
+    while got.len() < expected {
+        if stop.load(Ordering::Relaxed) {
+            return Err(stopped());
+        }
+        let (mut stream, remote) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing = missing_ranks(cfg, neighbours, &got);
+                    let p = &peers[missing[0]];
+                    return Err(CommError::Connect {
+                        rank: p.rank,
+                        addr: p.addr.clone(),
+                        waited: cfg.connect_timeout,
+                        detail: format!("ranks {missing:?} never connected to us"),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(e) => return Err(CommError::io("accepting a connection", e)),
+        };
+        let stranger = PeerId::new(usize::MAX, remote.to_string());
+        let peer_of = |claimed: Option<usize>| match claimed {
+            Some(r) if r < cfg.size && r > cfg.rank && neighbours[r] => Ok(peers[r].clone()),
+            Some(r) if r < cfg.size => Err(peers[r].handshake(format!(
+                "it connected to rank {} but should not (rank order or topology differ)",
+                cfg.rank
+            ))),
+            Some(_) | None => Err(stranger.handshake("not a shardlm process")),
+        };
+        match run_handshake(cfg, &mut stream, 0, stranger.clone(), &peer_of) {
+            Ok((rank, conn)) => {
+                if got.iter().any(|(r, c, _)| *r == rank && *c == conn) {
+                    return Err(peers[rank].handshake(format!("it opened connection {conn} twice")));
+                }
+                got.push((rank, conn, stream));
+            }
+            // Strangers (port scanners, health checks) are dropped, not fatal.
+            Err(e) if e.peer() == Some(usize::MAX) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+fn missing_ranks(cfg: &TcpConfig, neighbours: &[bool], got: &[(usize, usize, TcpStream)]) -> Vec<usize> {
+    (cfg.rank + 1..cfg.size)
+        .filter(|&r| neighbours[r] && got.iter().filter(|(g, _, _)| *g == r).count() < cfg.connections_per_peer)
+        .collect()
+}
+
+/// Connects to every lower-ranked neighbour, retrying until the deadline.
+fn connect_down(
+    cfg: &TcpConfig,
+    peers: &[PeerId],
+    neighbours: &[bool],
+    deadline: Instant,
+    stop: &AtomicBool,
+) -> Result<Vec<(usize, usize, TcpStream)>> {
+    let mut out = Vec::new();
+    for p in (0..cfg.rank).filter(|&p| neighbours[p]) {
+        for conn in 0..cfg.connections_per_peer {
+            let mut stream = dial(&peers[p], deadline, stop)?;
+            let peer_of = |claimed: Option<usize>| match claimed {
+                Some(r) if r == p => Ok(peers[p].clone()),
+                Some(r) => Err(peers[p].handshake(format!("it claims rank {r}; check the order of the peer list"))),
+                None => Err(peers[p].handshake("it is not a shardlm process (bad magic)")),
+            };
+            // The acceptor learns our connection index from our hello and checks
+            // it against its own, so both sides announce the same index.
+            run_handshake(cfg, &mut stream, conn, peers[p].clone(), &peer_of)?;
+            out.push((p, conn, stream));
+        }
+    }
+    Ok(out)
+}
+
+fn dial(peer: &PeerId, deadline: Instant, stop: &AtomicBool) -> Result<TcpStream> {
+    let start = Instant::now();
+    let mut last_err = String::from("no address");
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(stopped());
+        }
+        let addrs: Vec<SocketAddr> = match peer.addr.to_socket_addrs() {
+            Ok(a) => a.collect(),
+            Err(e) => {
+                last_err = format!("cannot resolve: {e}");
+                Vec::new()
+            }
+        };
+        for addr in addrs {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+            match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
+                Ok(s) => return Ok(s),
+                Err(e) => last_err = e.to_string(),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(CommError::Connect {
+                rank: peer.rank,
+                addr: peer.addr.clone(),
+                waited: start.elapsed(),
+                detail: last_err,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Non-blocking, no Nagle, and keep-alive probes tight enough to notice a
+/// silently dead host within a few seconds.
+fn tune_socket(stream: &TcpStream, keepalive: Option<Duration>) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    stream.set_nonblocking(true)?;
+    if let Some(idle) = keepalive {
+        let fd = stream.as_raw_fd();
+        let idle_s = idle.as_secs().max(1) as libc::c_int;
+        let user_timeout_ms = (idle_s as libc::c_uint + 3) * 1000;
+        let set = |level, name, value: libc::c_int| -> std::io::Result<()> {
+            // SAFETY: `value` is a valid c_int for the duration of the call.
+            let rc = unsafe {
+                libc::setsockopt(fd, level, name, (&value as *const libc::c_int).cast(), size_of::<libc::c_int>() as _)
+            };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+        set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle_s)?;
+        set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1)?;
+        set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3)?;
+        set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, user_timeout_ms as libc::c_int)?;
+    }
+    Ok(())
+}
