@@ -67,7 +67,7 @@ impl DType {
     /// Bytes of `elems` contiguous elements; `None` if `elems` is not a whole
     /// number of blocks.
     pub const fn bytes_for(self, elems: usize) -> Option<usize> {
-        if elems % self.block_elems() != 0 {
+        if !elems.is_multiple_of(self.block_elems()) {
             return None;
         }
         Some(elems / self.block_elems() * self.block_bytes())

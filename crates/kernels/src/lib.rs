@@ -14,12 +14,16 @@
 //! Every SIMD kernel has a scalar reference and is tested against it. Set
 //! `SHARDLM_ISA=scalar|avx2|avx512` to force a lower ISA level (see [`isa`]).
 
+#![allow(clippy::needless_range_loop)]
+
 pub mod dtype;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+pub mod simd;
 
 pub use dtype::DType;
 pub use matmul::{matmul, MatRef};
@@ -30,6 +34,8 @@ pub use pool::ThreadPool;
 pub enum KernelError {
     #[error("row of {elems} elements is not a multiple of the {dtype} block size {block}")]
     BadRowLength { dtype: DType, elems: usize, block: usize },
+    #[error("expected {expected} bytes, got {actual}")]
+    BadDataLength { expected: usize, actual: usize },
     #[error("cannot quantize to {0}: only q8_0 and q4_0 are produced at load time")]
     UnsupportedQuantizeTarget(DType),
 }

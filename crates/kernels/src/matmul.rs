@@ -4,8 +4,24 @@
 //! quantized once per call to the weight's vec-dot type (Q8_0 for Q4_0/Q5_0/Q8_0,
 //! Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants) and dot products run on integers.
 //! Float weights (F32/F16/BF16) are widened to f32 and multiplied in f32.
+//!
+//! Work split: output rows are cut into one contiguous range per pool thread
+//! (multiples of [`ROW_GRAIN`] rows). For `m > 1` each thread walks its rows in
+//! chunks of about [`W_CHUNK_BYTES`] and, for each chunk, every activation row
+//! of a tile of [`ACT_TILE`] rows, so a weight row is read from memory once per
+//! activation tile and then served from cache.
 
+use crate::isa::{self, Isa};
+use crate::quant::{self, DotFn, VecDotType};
 use crate::{DType, KernelError, ThreadPool};
+
+/// Output rows per unit of work split between threads (keeps each thread's slice
+/// of `y` on its own cache lines and suits multi-row kernels).
+pub const ROW_GRAIN: usize = 16;
+/// Activation rows per tile for `m > 1`.
+pub const ACT_TILE: usize = 64;
+/// Weight bytes per row chunk for `m > 1` (fits in L1/L2 while the tile runs).
+pub const W_CHUNK_BYTES: usize = 24 * 1024;
 
 /// A row-major weight matrix: `rows` output features, each a contiguous run of
 /// `cols` input features stored as `dtype`. Shape in PyTorch order `[rows, cols]`.
@@ -20,19 +36,34 @@ pub struct MatRef<'a> {
 impl<'a> MatRef<'a> {
     /// Checks that `data` holds exactly `rows` rows of `cols` elements.
     pub fn new(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
-        let _ = (dtype, rows, cols, data);
-        todo!("kernels helper")
+        let row = dtype.bytes_for(cols).ok_or(KernelError::BadRowLength {
+            dtype,
+            elems: cols,
+            block: dtype.block_elems(),
+        })?;
+        let expected = row * rows;
+        if data.len() != expected {
+            return Err(KernelError::BadDataLength { expected, actual: data.len() });
+        }
+        Ok(MatRef { dtype, rows, cols, data })
     }
 
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
-        todo!("kernels helper")
+        self.cols / self.dtype.block_elems() * self.dtype.block_bytes()
     }
 
     /// The contiguous rows `start..end` (a tensor-parallel shard of output features).
     pub fn rows_range(&self, start: usize, end: usize) -> MatRef<'a> {
-        let _ = (start, end);
-        todo!("kernels helper")
+        assert!(start <= end && end <= self.rows, "rows_range {start}..{end} of {} rows", self.rows);
+        let rb = self.row_bytes();
+        MatRef { dtype: self.dtype, rows: end - start, cols: self.cols, data: &self.data[start * rb..end * rb] }
+    }
+
+    /// Bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
     }
 }
 
@@ -40,7 +71,56 @@ impl<'a> MatRef<'a> {
 /// allocate. One per thread of control that calls [`matmul`].
 #[derive(Default)]
 pub struct MatmulScratch {
-    _private: (),
+    /// Quantized activations; u64 storage keeps it 8-aligned (Q8_K needs 4).
+    act: Vec<u64>,
+}
+
+impl MatmulScratch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Zeroed-on-growth buffer of at least `len` bytes.
+    fn bytes(&mut self, len: usize) -> &mut [u8] {
+        let words = len.div_ceil(8);
+        if self.act.len() < words {
+            self.act.resize(words, 0);
+        }
+        &mut bytemuck::cast_slice_mut(&mut self.act)[..len]
+    }
+}
+
+/// A raw pointer shared with pool workers; users guarantee disjoint writes.
+#[derive(Clone, Copy)]
+struct SyncPtr<T>(*mut T);
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
+impl<T> SyncPtr<T> {
+    #[inline(always)]
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Row range of thread `t` of `nt` over `rows` rows, in units of `grain`.
+#[inline]
+pub(crate) fn split_range(rows: usize, t: usize, nt: usize, grain: usize) -> (usize, usize) {
+    let units = rows.div_ceil(grain);
+    let a = (units * t / nt * grain).min(rows);
+    let b = (units * (t + 1) / nt * grain).min(rows);
+    (a, b)
+}
+
+fn check_shapes(w: &MatRef<'_>, x: &[f32], m: usize, y: &[f32]) {
+    assert!(
+        w.cols.is_multiple_of(w.dtype.block_elems()),
+        "{} cols is not a whole number of {} blocks",
+        w.cols,
+        w.dtype
+    );
+    assert!(w.data.len() >= w.rows * w.row_bytes(), "weight data too short");
+    assert_eq!(x.len(), m * w.cols, "x must be m × cols");
+    assert_eq!(y.len(), m * w.rows, "y must be m × rows");
 }
 
 /// `y[i, r] = Σ_k x[i, k] · W[r, k]` for `i < m`, `r < w.rows`.
@@ -50,20 +130,144 @@ pub struct MatmulScratch {
 ///
 /// Work is split across `pool` by output rows (and, for large `m`, by tiles).
 pub fn matmul(pool: &ThreadPool, w: MatRef<'_>, x: &[f32], m: usize, y: &mut [f32], scratch: &mut MatmulScratch) {
-    let _ = (pool, w, x, m, y, scratch);
-    todo!("kernels helper")
+    matmul_isa(isa::active(), pool, w, x, m, y, scratch)
+}
+
+/// [`matmul`] with an explicit ISA level (lowered to what the CPU supports), so
+/// tests and benchmarks can compare levels in one process.
+pub fn matmul_isa(
+    isa: Isa,
+    pool: &ThreadPool,
+    w: MatRef<'_>,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
+    check_shapes(&w, x, m, y);
+    if m == 0 || w.rows == 0 {
+        return;
+    }
+    let isa = isa::clamp(isa);
+    let cols = w.cols;
+    let vdt = VecDotType::of(w.dtype);
+    let a: &[u8] = if vdt == VecDotType::F32 {
+        bytemuck::cast_slice(x)
+    } else {
+        let arb = vdt.row_bytes(cols);
+        let buf = scratch.bytes(m * arb);
+        let q = quant::quantize_act_fn(vdt, isa);
+        if m >= 4 && pool.n_threads() > 1 {
+            let bp = SyncPtr(buf.as_mut_ptr());
+            pool.run(|t, nt| {
+                let (i0, i1) = split_range(m, t, nt, 1);
+                for i in i0..i1 {
+                    // SAFETY: rows i0..i1 of the buffer belong to this thread only.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(bp.get().add(i * arb), arb) };
+                    q(&x[i * cols..(i + 1) * cols], dst);
+                }
+            });
+        } else {
+            for i in 0..m {
+                q(&x[i * cols..(i + 1) * cols], &mut buf[i * arb..(i + 1) * arb]);
+            }
+        }
+        buf
+    };
+    let a_stride = a.len() / m;
+    let dot = quant::dot_fn(w.dtype, isa);
+    let yp = SyncPtr(y.as_mut_ptr());
+    let rows = w.rows;
+    pool.run(|t, nt| {
+        let (r0, r1) = split_range(rows, t, nt, ROW_GRAIN);
+        if r0 < r1 {
+            // SAFETY: this thread writes only y[i, r0..r1]; pointers stay in bounds
+            // (checked shapes), and `dot` matches the CPU (clamped ISA).
+            unsafe { rows_kernel(dot, &w, r0, r1, a, a_stride, m, yp.get()) };
+        }
+    });
+}
+
+/// Computes `y[i, r]` for `r in r0..r1`, all `i < m`.
+///
+/// # Safety
+/// `y` must be valid for `m × w.rows` writes with no other writer of these rows;
+/// `a` holds `m` activation rows of `a_stride` bytes for `dot`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_kernel(
+    dot: DotFn,
+    w: &MatRef<'_>,
+    r0: usize,
+    r1: usize,
+    a: &[u8],
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+) {
+    let rb = w.row_bytes();
+    let wp = w.data.as_ptr();
+    let n = w.cols;
+    if m == 1 {
+        let ap = a.as_ptr();
+        for r in r0..r1 {
+            *y.add(r) = dot(n, wp.add(r * rb), ap);
+        }
+        return;
+    }
+    let chunk = (W_CHUNK_BYTES / rb.max(1)).clamp(1, 256);
+    let mut i0 = 0;
+    while i0 < m {
+        let i1 = (i0 + ACT_TILE).min(m);
+        let mut c0 = r0;
+        while c0 < r1 {
+            let c1 = (c0 + chunk).min(r1);
+            for i in i0..i1 {
+                let ap = a.as_ptr().add(i * a_stride);
+                let yi = y.add(i * w.rows);
+                for r in c0..c1 {
+                    *yi.add(r) = dot(n, wp.add(r * rb), ap);
+                }
+            }
+            c0 = c1;
+        }
+        i0 = i1;
+    }
 }
 
 /// Single-threaded scalar reference with the same numerics as [`matmul`]
 /// (including activation quantization). SIMD paths are tested against it.
 pub fn matmul_reference(w: MatRef<'_>, x: &[f32], m: usize, y: &mut [f32]) {
-    let _ = (w, x, m, y);
-    todo!("kernels helper")
+    check_shapes(&w, x, m, y);
+    let cols = w.cols;
+    let vdt = VecDotType::of(w.dtype);
+    let arb = vdt.row_bytes(cols);
+    let mut act = vec![0u64; (m * arb).div_ceil(8)];
+    let act: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut act)[..m * arb];
+    let q = quant::quantize_act_fn(vdt, Isa::Scalar);
+    for i in 0..m {
+        q(&x[i * cols..(i + 1) * cols], &mut act[i * arb..(i + 1) * arb]);
+    }
+    let dot = quant::scalar::dot_fn(w.dtype);
+    for i in 0..m {
+        for r in 0..w.rows {
+            // SAFETY: the row and activation slices hold exactly `cols` elements.
+            y[i * w.rows + r] = unsafe { dot(cols, w.row(r).as_ptr(), act[i * arb..].as_ptr()) };
+        }
+    }
 }
 
 /// Exact reference: dequantize the weight and accumulate in f64, with no
 /// activation quantization. Used to bound the error of the fast path.
 pub fn matmul_f64_reference(w: MatRef<'_>, x: &[f32], m: usize, y: &mut [f32]) {
-    let _ = (w, x, m, y);
-    todo!("kernels helper")
+    check_shapes(&w, x, m, y);
+    let cols = w.cols;
+    let mut wr = vec![0f32; cols];
+    for r in 0..w.rows {
+        quant::dequantize_row(w.dtype, w.row(r), &mut wr);
+        for i in 0..m {
+            let xi = &x[i * cols..(i + 1) * cols];
+            let s: f64 = xi.iter().zip(&wr).map(|(&a, &b)| a as f64 * b as f64).sum();
+            y[i * w.rows + r] = s as f32;
+        }
+    }
 }

@@ -1,18 +1,269 @@
 //! Block formats. One file per format: the block struct (with a size assert),
 //! reference dequantize, reference quantize where we produce it, and the scalar
 //! dot product against its activation type. Layouts: FORMATS.md §1(d).
+//!
+//! Weight formats: [`q4_0`], [`q4_1`], [`q5_0`], [`q5_1`], [`q8_0`], [`q4_k`],
+//! [`q5_k`], [`q6_k`] and [`float`] (F32/F16/BF16). Activation formats (what the
+//! f32 activations are quantized to before an integer dot product, exactly as
+//! llama.cpp's CPU backend does): [`q8_0`] (for Q4_0/Q5_0/Q8_0), [`q8_1`] (for
+//! Q4_1/Q5_1) and [`q8_k`] (for the K-quants).
+//!
+//! Every block struct has alignment 1 except [`q8_k::BlockQ8K`] (alignment 4, it
+//! only ever lives in our own scratch buffers), so weight bytes straight from a
+//! memory map can be viewed as blocks with [`bytemuck::cast_slice`].
 
+pub mod float;
+pub mod q4_0;
+pub mod q4_1;
+pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
+pub mod q5_k;
+pub mod q6_k;
+pub mod q8_0;
+pub mod q8_1;
+pub mod q8_k;
+
+use crate::isa::Isa;
 use crate::{DType, KernelError};
+use bytemuck::{Pod, Zeroable};
+use half::f16;
+
+/// An IEEE half stored as two little-endian bytes (alignment 1, so blocks that
+/// contain it can be read from any byte offset).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct F16Le(pub [u8; 2]);
+
+impl F16Le {
+    #[inline(always)]
+    pub fn to_f32(self) -> f32 {
+        f16::from_bits(u16::from_le_bytes(self.0)).to_f32()
+    }
+
+    /// Round-to-nearest-even conversion (what `_mm_cvtps_ph(.., 0)` and ggml do).
+    #[inline(always)]
+    pub fn from_f32(v: f32) -> Self {
+        F16Le(f16::from_f32(v).to_bits().to_le_bytes())
+    }
+
+    #[inline(always)]
+    pub fn bits(self) -> u16 {
+        u16::from_le_bytes(self.0)
+    }
+}
+
+/// The activation encoding a weight type's dot product consumes.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VecDotType {
+    /// Plain f32 activations (float weights).
+    F32,
+    Q8_0,
+    Q8_1,
+    Q8_K,
+}
+
+impl VecDotType {
+    /// The activation type llama.cpp pairs with `dtype` (`type_traits_cpu[..].vec_dot_type`),
+    /// except that float weights keep f32 activations.
+    pub const fn of(dtype: DType) -> VecDotType {
+        match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => VecDotType::F32,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => VecDotType::Q8_0,
+            DType::Q4_1 | DType::Q5_1 => VecDotType::Q8_1,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => VecDotType::Q8_K,
+        }
+    }
+
+    pub const fn block_elems(self) -> usize {
+        match self {
+            VecDotType::F32 => 1,
+            VecDotType::Q8_0 | VecDotType::Q8_1 => 32,
+            VecDotType::Q8_K => 256,
+        }
+    }
+
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            VecDotType::F32 => 4,
+            VecDotType::Q8_0 => std::mem::size_of::<q8_0::BlockQ8_0>(),
+            VecDotType::Q8_1 => std::mem::size_of::<q8_1::BlockQ8_1>(),
+            VecDotType::Q8_K => std::mem::size_of::<q8_k::BlockQ8K>(),
+        }
+    }
+
+    /// Bytes of one activation row of `cols` elements (`cols` must be a whole
+    /// number of blocks).
+    pub const fn row_bytes(self, cols: usize) -> usize {
+        cols / self.block_elems() * self.block_bytes()
+    }
+}
+
+/// Signature of an activation quantizer: one row of f32 into activation blocks.
+/// `dst` is `VecDotType::row_bytes(src.len())` bytes; for Q8_K it must be 4-aligned.
+pub type QuantizeActFn = fn(src: &[f32], dst: &mut [u8]);
+
+/// The activation quantizer for `vdt` at ISA level `isa`. All levels produce
+/// bit-identical output. `VecDotType::F32` copies the floats.
+pub fn quantize_act_fn(vdt: VecDotType, isa: Isa) -> QuantizeActFn {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        match vdt {
+            VecDotType::Q8_0 => return crate::simd::avx2::quantize_act_q8_0,
+            VecDotType::Q8_1 => return crate::simd::avx2::quantize_act_q8_1,
+            _ => {}
+        }
+    }
+    let _ = isa;
+    match vdt {
+        VecDotType::F32 => |src, dst| dst.copy_from_slice(bytemuck::cast_slice(src)),
+        VecDotType::Q8_0 => |src, dst| q8_0::quantize_activations(src, bytemuck::cast_slice_mut(dst)),
+        VecDotType::Q8_1 => |src, dst| q8_1::quantize(src, bytemuck::cast_slice_mut(dst)),
+        VecDotType::Q8_K => |src, dst| q8_k::quantize(src, bytemuck::cast_slice_mut(dst)),
+    }
+}
+
+/// Dot product of one weight row with one activation row.
+///
+/// `n` is the number of elements (a whole number of blocks of both the weight type
+/// and its [`VecDotType`]); `w` points at the row's weight bytes (any alignment);
+/// `a` at its activation row (f32 for float weights, 4-aligned for Q8_K).
+///
+/// # Safety
+/// Both pointers must be valid for the bytes implied by `n`, and the function
+/// must only be used on a CPU that supports the ISA it was selected for.
+pub type DotFn = unsafe fn(n: usize, w: *const u8, a: *const u8) -> f32;
+
+macro_rules! scalar_dot {
+    ($name:ident, $wblk:ty, $ablk:ty, $f:path) => {
+        /// Scalar reference dot (see [`DotFn`]).
+        ///
+        /// # Safety
+        /// As for [`DotFn`].
+        pub unsafe fn $name(n: usize, w: *const u8, a: *const u8) -> f32 {
+            let nb = n / <$wblk>::ELEMS;
+            let w = std::slice::from_raw_parts(w as *const $wblk, nb);
+            let a = std::slice::from_raw_parts(a as *const $ablk, n / <$ablk>::ELEMS);
+            $f(w, a)
+        }
+    };
+}
+
+/// Scalar [`DotFn`]s, one per weight type.
+pub mod scalar {
+    use super::*;
+    scalar_dot!(dot_q4_0, q4_0::BlockQ4_0, q8_0::BlockQ8_0, q4_0::vec_dot);
+    scalar_dot!(dot_q4_1, q4_1::BlockQ4_1, q8_1::BlockQ8_1, q4_1::vec_dot);
+    scalar_dot!(dot_q5_0, q5_0::BlockQ5_0, q8_0::BlockQ8_0, q5_0::vec_dot);
+    scalar_dot!(dot_q5_1, q5_1::BlockQ5_1, q8_1::BlockQ8_1, q5_1::vec_dot);
+    scalar_dot!(dot_q8_0, q8_0::BlockQ8_0, q8_0::BlockQ8_0, q8_0::vec_dot);
+    scalar_dot!(dot_q4_k, q4_k::BlockQ4K, q8_k::BlockQ8K, q4_k::vec_dot);
+    scalar_dot!(dot_q5_k, q5_k::BlockQ5K, q8_k::BlockQ8K, q5_k::vec_dot);
+    scalar_dot!(dot_q6_k, q6_k::BlockQ6K, q8_k::BlockQ8K, q6_k::vec_dot);
+
+    /// # Safety
+    /// As for [`DotFn`].
+    pub unsafe fn dot_f32(n: usize, w: *const u8, a: *const u8) -> f32 {
+        float::dot_f32(std::slice::from_raw_parts(w, n * 4), std::slice::from_raw_parts(a as *const f32, n))
+    }
+
+    /// # Safety
+    /// As for [`DotFn`].
+    pub unsafe fn dot_f16(n: usize, w: *const u8, a: *const u8) -> f32 {
+        float::dot_f16(std::slice::from_raw_parts(w, n * 2), std::slice::from_raw_parts(a as *const f32, n))
+    }
+
+    /// # Safety
+    /// As for [`DotFn`].
+    pub unsafe fn dot_bf16(n: usize, w: *const u8, a: *const u8) -> f32 {
+        float::dot_bf16(std::slice::from_raw_parts(w, n * 2), std::slice::from_raw_parts(a as *const f32, n))
+    }
+
+    /// The scalar dot for `dtype`.
+    pub fn dot_fn(dtype: DType) -> DotFn {
+        match dtype {
+            DType::F32 => dot_f32,
+            DType::F16 => dot_f16,
+            DType::BF16 => dot_bf16,
+            DType::Q4_0 => dot_q4_0,
+            DType::Q4_1 => dot_q4_1,
+            DType::Q5_0 => dot_q5_0,
+            DType::Q5_1 => dot_q5_1,
+            DType::Q8_0 => dot_q8_0,
+            DType::Q4_K => dot_q4_k,
+            DType::Q5_K => dot_q5_k,
+            DType::Q6_K => dot_q6_k,
+        }
+    }
+}
+
+/// The dot kernel for `dtype` at ISA level `isa` (falls back to scalar where no
+/// SIMD kernel exists). `isa` must be supported by this CPU (see [`crate::isa`]).
+pub fn dot_fn(dtype: DType, isa: Isa) -> DotFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512 {
+            if let Some(f) = crate::simd::avx512::dot_fn(dtype) {
+                return f;
+            }
+        }
+        if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+            if let Some(f) = crate::simd::avx2::dot_fn(dtype) {
+                return f;
+            }
+        }
+    }
+    let _ = isa;
+    scalar::dot_fn(dtype)
+}
 
 /// Dequantizes `dst.len()` elements (a whole number of blocks) from `src`.
 pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
-    let _ = (dtype, src, dst);
-    todo!("kernels helper")
+    let need = dtype
+        .bytes_for(dst.len())
+        .unwrap_or_else(|| panic!("dequantize_row: {} elements is not a whole number of {dtype} blocks", dst.len()));
+    assert!(src.len() >= need, "dequantize_row: {dtype} source has {} bytes, need {need}", src.len());
+    let src = &src[..need];
+    match dtype {
+        DType::F32 => float::dequantize_f32(src, dst),
+        DType::F16 => float::dequantize_f16(src, dst),
+        DType::BF16 => float::dequantize_bf16(src, dst),
+        DType::Q4_0 => q4_0::dequantize(bytemuck::cast_slice(src), dst),
+        DType::Q4_1 => q4_1::dequantize(bytemuck::cast_slice(src), dst),
+        DType::Q5_0 => q5_0::dequantize(bytemuck::cast_slice(src), dst),
+        DType::Q5_1 => q5_1::dequantize(bytemuck::cast_slice(src), dst),
+        DType::Q8_0 => q8_0::dequantize(bytemuck::cast_slice(src), dst),
+        DType::Q4_K => q4_k::dequantize(bytemuck::cast_slice(src), dst),
+        DType::Q5_K => q5_k::dequantize(bytemuck::cast_slice(src), dst),
+        DType::Q6_K => q6_k::dequantize(bytemuck::cast_slice(src), dst),
+    }
 }
 
 /// Quantizes `src` (a whole number of blocks) into `dst`. Supports the load-time
 /// targets Q8_0 and Q4_0, plus the float types F32/F16/BF16.
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
-    let _ = (dtype, src, dst);
-    todo!("kernels helper")
+    let need = dtype.bytes_for(src.len()).ok_or(KernelError::BadRowLength {
+        dtype,
+        elems: src.len(),
+        block: dtype.block_elems(),
+    })?;
+    if dst.len() != need {
+        return Err(KernelError::BadDataLength { expected: need, actual: dst.len() });
+    }
+    match dtype {
+        DType::F32 => float::quantize_f32(src, dst),
+        DType::F16 => float::quantize_f16(src, dst),
+        DType::BF16 => float::quantize_bf16(src, dst),
+        DType::Q4_0 => q4_0::quantize(src, bytemuck::cast_slice_mut(dst)),
+        DType::Q8_0 => q8_0::quantize(src, bytemuck::cast_slice_mut(dst)),
+        other => return Err(KernelError::UnsupportedQuantizeTarget(other)),
+    }
+    Ok(())
+}
+
+/// Largest absolute value of `x` (0 for an empty slice).
+#[inline]
+pub(crate) fn amax(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
 }

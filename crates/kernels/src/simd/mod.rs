@@ -1,0 +1,6 @@
+//! x86-64 SIMD kernels. Each function is `#[target_feature]`-gated and only
+//! reachable through [`crate::quant::dot_fn`] / [`crate::quant::quantize_act_fn`]
+//! after [`crate::isa`] confirmed the CPU supports it.
+
+pub mod avx2;
+pub mod avx512;

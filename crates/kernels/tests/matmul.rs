@@ -1,0 +1,101 @@
+//! matmul (every ISA level available, several thread counts) against the scalar
+//! reference and the f64 reference.
+
+mod common;
+
+use common::*;
+use shardlm_kernels::isa::{self, Isa};
+use shardlm_kernels::matmul::{matmul_f64_reference, matmul_isa, matmul_reference, MatmulScratch};
+use shardlm_kernels::quant::VecDotType;
+use shardlm_kernels::{DType, MatRef, ThreadPool};
+
+/// Relative error of `got` against `want`, scaled by the magnitude of the products.
+fn check_close(got: &[f32], want: &[f32], scale: &[f32], tol: f32, what: &str) {
+    for (k, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let err = (g - w).abs();
+        assert!(err <= tol * s.max(1e-6), "{what}: element {k}: got {g}, want {w} (|err| {err}, scale {s})");
+    }
+}
+
+/// Σ|x|·|w| per output: the natural magnitude to bound rounding errors by.
+fn abs_scale(w: &MatRef<'_>, x: &[f32], m: usize) -> Vec<f32> {
+    let xa: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+    let mut wa = vec![0f32; w.rows * w.cols];
+    shardlm_kernels::quant::dequantize_row(w.dtype, w.data, &mut wa);
+    wa.iter_mut().for_each(|v| *v = v.abs());
+    let wabs = pack(DType::F32, &wa);
+    let wm = MatRef::new(DType::F32, w.rows, w.cols, &wabs).unwrap();
+    let mut y = vec![0f32; m * w.rows];
+    matmul_f64_reference(wm, &xa, m, &mut y);
+    y
+}
+
+/// The 8-bit activation quantization moves each x by at most half a step
+/// (`amax_block/254`, plus f16 rounding of the scale), so
+/// `|y − y_exact| ≤ Σ_k |w_k|·amax(block of k)/254·(1+ε)` plus float rounding.
+fn check_quantization_error(w: &MatRef<'_>, x: &[f32], m: usize, got: &[f32], exact: &[f32], scale: &[f32]) {
+    let blk = VecDotType::of(w.dtype).block_elems();
+    let step: Vec<f32> = x
+        .chunks(blk)
+        .flat_map(|b| {
+            let a = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            std::iter::repeat_n(if blk == 1 { 0.0 } else { a / 254.0 }, b.len())
+        })
+        .collect();
+    let bound = abs_scale(w, &step, m);
+    for k in 0..got.len() {
+        let tol = bound[k] * 1.01 + 1e-3 * scale[k] + 1e-6;
+        let err = (got[k] - exact[k]).abs();
+        assert!(err <= tol, "{} quantization error at {k}: {} vs {} (tol {tol})", w.dtype, got[k], exact[k]);
+    }
+}
+
+#[test]
+fn matmul_matches_reference_every_isa() {
+    let mut rng = rng(7);
+    let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
+    for dtype in DType::ALL {
+        let cols = if dtype.block_elems() == 256 { 512 } else { 96 };
+        for &(rows, m) in &[(1usize, 1usize), (37, 1), (33, 3), (19, 17), (40, 64)] {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
+            let x = random_acts(&mut rng, m * cols);
+            let mut want = vec![0f32; m * rows];
+            matmul_reference(wm, &x, m, &mut want);
+            let scale = abs_scale(&wm, &x, m);
+            let mut exact = vec![0f32; m * rows];
+            matmul_f64_reference(wm, &x, m, &mut exact);
+            check_quantization_error(&wm, &x, m, &want, &exact, &scale);
+            for isa in isa::available() {
+                for pool in &pools {
+                    let mut scratch = MatmulScratch::default();
+                    let mut got = vec![f32::NAN; m * rows];
+                    matmul_isa(isa, pool, wm, &x, m, &mut got, &mut scratch);
+                    let what = format!("{dtype} {isa} rows={rows} m={m} threads={}", pool.n_threads());
+                    check_close(&got, &want, &scale, 2e-5, &what);
+                }
+            }
+        }
+    }
+    let _ = Isa::Scalar;
+}
+
+#[test]
+fn rows_range_is_a_shard() {
+    let mut rng = rng(3);
+    let w = random_weight(&mut rng, DType::Q4_1, 50, 64);
+    let wm = MatRef::new(DType::Q4_1, 50, 64, &w).unwrap();
+    let x = random_acts(&mut rng, 2 * 64);
+    let mut full = vec![0f32; 2 * 50];
+    matmul_reference(wm, &x, 2, &mut full);
+    let shard = wm.rows_range(10, 30);
+    assert_eq!(shard.rows, 20);
+    let mut part = vec![0f32; 2 * 20];
+    matmul_reference(shard, &x, 2, &mut part);
+    for i in 0..2 {
+        assert_eq!(&part[i * 20..(i + 1) * 20], &full[i * 50 + 10..i * 50 + 30]);
+    }
+    assert!(MatRef::new(DType::Q4_0, 2, 33, &[0u8; 36]).is_err());
+    assert!(MatRef::new(DType::Q4_0, 2, 32, &[0u8; 35]).is_err());
+    assert_eq!(MatRef::new(DType::Q4_0, 2, 64, &[0u8; 72]).unwrap().row_bytes(), 36);
+}
