@@ -12,6 +12,8 @@
 pub mod config;
 pub mod error;
 pub mod gguf;
+mod gguf_load;
+pub mod gguf_writer;
 pub mod hf;
 pub mod names;
 pub mod tensor;

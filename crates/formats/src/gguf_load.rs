@@ -1,0 +1,211 @@
+//! A parsed [`GgufFile`] → [`ModelFiles`]: config from `<arch>.*` keys, tensors under
+//! HF names, tokenizer from `tokenizer.ggml.*`.
+
+use crate::gguf::{GgufFile, GgufValue};
+use crate::names::gguf_to_hf;
+use crate::{
+    FormatError, GgufTokenizer, ModelConfig, ModelFiles, RopeScaling, SourceFormat, TensorData, TensorStore,
+    TokenizerSource, WeightTensor,
+};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// Arrays longer than this are left out of `ModelConfig::raw` (tokenizer vocabularies).
+const RAW_ARRAY_LIMIT: usize = 64;
+
+pub(crate) fn model_files(mut g: GgufFile) -> Result<ModelFiles, FormatError> {
+    let tensors = tensor_store(&g)?;
+    let config = model_config(&g)?;
+    let chat_template = g.get_str("tokenizer.chat_template").map(str::to_string);
+    let tokenizer = tokenizer(&mut g)?;
+    let token_str = |id: Option<u32>| match &tokenizer {
+        TokenizerSource::Gguf(t) => id.and_then(|i| t.tokens.get(i as usize)).cloned(),
+        _ => None,
+    };
+    let (bos_token, eos_token) = match &tokenizer {
+        TokenizerSource::Gguf(t) => (token_str(t.bos_id), token_str(t.eos_id)),
+        _ => (None, None),
+    };
+    Ok(ModelFiles { path: g.path.clone(), config, tensors, tokenizer, chat_template, bos_token, eos_token })
+}
+
+fn tensor_store(g: &GgufFile) -> Result<TensorStore, FormatError> {
+    let mut tensors = BTreeMap::new();
+    for t in &g.tensors {
+        let dtype = t.dtype().ok_or_else(|| FormatError::UnsupportedTensorType {
+            path: g.path.clone(),
+            tensor: t.name.clone(),
+            type_name: t.type_name(),
+        })?;
+        let name = gguf_to_hf(&t.name);
+        let data = TensorData::Mapped { map: g.map().clone(), offset: g.tensor_file_offset(t), len: t.n_bytes };
+        let w = WeightTensor { name: name.clone(), dtype, shape: t.shape(), data };
+        if tensors.insert(name.clone(), w).is_some() {
+            return Err(FormatError::Corrupt {
+                path: g.path.clone(),
+                what: format!("two tensors map to the same name '{name}'"),
+            });
+        }
+    }
+    Ok(TensorStore { path: g.path.clone(), tensors })
+}
+
+/// GGUF `general.architecture` → HF `model_type`.
+pub fn hf_arch_name(gguf_arch: &str) -> String {
+    match gguf_arch {
+        "qwen2moe" => "qwen2_moe".to_string(),
+        "qwen3moe" => "qwen3_moe".to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
+    let bad = |what: String| FormatError::BadConfig { path: g.path.clone(), what };
+    let arch = g
+        .architecture()
+        .ok_or_else(|| bad("missing metadata key 'general.architecture' (string)".to_string()))?
+        .to_string();
+    let key = |k: &str| format!("{arch}.{k}");
+    // Integer keys; some converters store per-layer arrays (take the first entry).
+    let int = |k: &str| -> Option<usize> {
+        match g.get(&key(k))? {
+            GgufValue::Array(_, items) => items.first()?.as_usize(),
+            v => v.as_usize(),
+        }
+    };
+    let req = |k: &str| int(k).ok_or_else(|| bad(format!("missing or invalid metadata key '{}'", key(k))));
+    let float = |k: &str| g.get_f32(&key(k));
+
+    let n_layers = req("block_count")?;
+    let hidden_size = req("embedding_length")?;
+    let n_heads = req("attention.head_count")?;
+    if n_heads == 0 {
+        return Err(bad(format!("'{}' is 0", key("attention.head_count"))));
+    }
+    let n_kv_heads = int("attention.head_count_kv").unwrap_or(n_heads);
+    let intermediate_size = int("feed_forward_length")
+        .or_else(|| int("expert_feed_forward_length"))
+        .ok_or_else(|| bad(format!("missing or invalid metadata key '{}'", key("feed_forward_length"))))?;
+    let head_dim = int("attention.key_length").unwrap_or(hidden_size / n_heads);
+    let rope_dim = int("rope.dimension_count").unwrap_or(head_dim);
+    let max_position_embeddings = int("context_length").unwrap_or(2048);
+    let vocab_size = int("vocab_size")
+        .or_else(|| g.get_array("tokenizer.ggml.tokens").map(<[_]>::len))
+        .or_else(|| g.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&d| d as usize))
+        .ok_or_else(|| {
+            bad(format!("cannot tell the vocabulary size: no '{}' or tokenizer.ggml.tokens", key("vocab_size")))
+        })?;
+
+    let rope_scaling = match g.get_str(&key("rope.scaling.type")).unwrap_or("none") {
+        "none" | "" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: float("rope.scaling.factor").unwrap_or(1.0) },
+        "yarn" => RopeScaling::Yarn {
+            factor: float("rope.scaling.factor").unwrap_or(1.0),
+            original_max_position_embeddings: int("rope.scaling.original_context_length")
+                .unwrap_or(max_position_embeddings),
+            beta_fast: float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+            beta_slow: float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+            attention_factor: float("rope.scaling.attn_factor"),
+            mscale: None,
+            mscale_all_dim: None,
+        },
+        other => return Err(bad(format!("unsupported rope scaling type '{other}' in '{}'", key("rope.scaling.type")))),
+    };
+
+    let bos_token_id = g.get_u64("tokenizer.ggml.bos_token_id").and_then(|v| u32::try_from(v).ok());
+    let mut eos_token_ids = Vec::new();
+    for k in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+        if let Some(id) = g.get_u64(k).and_then(|v| u32::try_from(v).ok()) {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+    }
+
+    let mut raw = Map::new();
+    for (k, v) in &g.metadata {
+        if v.as_array().is_some_and(|a| a.len() > RAW_ARRAY_LIMIT) {
+            continue;
+        }
+        raw.insert(k.clone(), v.to_json());
+    }
+
+    Ok(ModelConfig {
+        arch: hf_arch_name(&arch),
+        source: SourceFormat::Gguf,
+        hidden_size,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        intermediate_size,
+        vocab_size,
+        rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+        rope_theta: float("rope.freq_base").unwrap_or(10000.0),
+        rope_scaling,
+        rope_dim,
+        max_position_embeddings,
+        tie_word_embeddings: g.tensor("output.weight").is_none(),
+        attention_bias: g.tensor("blk.0.attn_q.bias").is_some(),
+        sliding_window: int("attention.sliding_window").filter(|&w| w > 0),
+        bos_token_id,
+        eos_token_ids,
+        raw: Value::Object(raw),
+    })
+}
+
+/// Moves the `tokenizer.ggml.*` arrays out of the metadata (they can be large).
+fn tokenizer(g: &mut GgufFile) -> Result<TokenizerSource, FormatError> {
+    let Some(model) = g.get_str("tokenizer.ggml.model").map(str::to_string) else {
+        return Ok(TokenizerSource::None);
+    };
+    let path = g.path.clone();
+    let bad = |key: &str, want: &str| FormatError::BadConfig { path: path.clone(), what: format!("'{key}' {want}") };
+    let mut take_array = |key: &str| match g.metadata.remove(key) {
+        None => Ok(Vec::new()),
+        Some(GgufValue::Array(_, items)) => Ok(items),
+        Some(_) => Err(bad(key, "must be an array")),
+    };
+    let tokens = take_array("tokenizer.ggml.tokens")?
+        .into_iter()
+        .map(|v| match v {
+            GgufValue::String(s) => Ok(s),
+            _ => Err(bad("tokenizer.ggml.tokens", "must hold strings")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let merges = take_array("tokenizer.ggml.merges")?
+        .into_iter()
+        .map(|v| match v {
+            GgufValue::String(s) => Ok(s),
+            _ => Err(bad("tokenizer.ggml.merges", "must hold strings")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let token_types = take_array("tokenizer.ggml.token_type")?
+        .iter()
+        .map(|v| {
+            v.as_i64()
+                .and_then(|i| i32::try_from(i).ok())
+                .ok_or_else(|| bad("tokenizer.ggml.token_type", "must hold integers"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let scores = take_array("tokenizer.ggml.scores")?
+        .iter()
+        .map(|v| v.as_f64().map(|f| f as f32).ok_or_else(|| bad("tokenizer.ggml.scores", "must hold numbers")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let id = |k: &str| g.get_u64(k).and_then(|v| u32::try_from(v).ok());
+    Ok(TokenizerSource::Gguf(GgufTokenizer {
+        model,
+        pre: g.get_str("tokenizer.ggml.pre").map(str::to_string),
+        tokens,
+        token_types,
+        scores,
+        merges,
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_id: id("tokenizer.ggml.eos_token_id"),
+        unk_id: id("tokenizer.ggml.unknown_token_id"),
+        pad_id: id("tokenizer.ggml.padding_token_id"),
+        add_bos: g.get_bool("tokenizer.ggml.add_bos_token"),
+        add_eos: g.get_bool("tokenizer.ggml.add_eos_token"),
+        add_space_prefix: g.get_bool("tokenizer.ggml.add_space_prefix"),
+    }))
+}
