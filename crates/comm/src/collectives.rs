@@ -53,6 +53,10 @@ fn disjoint_mut<'a>(buf: &'a mut [u8], ranges: &[Range<usize>]) -> Vec<&'a mut [
     let (mut rest, mut base) = (buf, 0);
     for i in order {
         let r = &ranges[i];
+        if r.is_empty() {
+            out[i] = Some(&mut []);
+            continue;
+        }
         assert!(r.start >= base, "overlapping ranges");
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - base);
         let (mine, tail) = tail.split_at_mut(r.len());
