@@ -30,6 +30,9 @@ const PREFIX_LEN: usize = 16; // magic, version, rank: fixed in every version
 /// Length of a version-1 hello.
 pub(crate) const HELLO_LEN: usize = PREFIX_LEN + 16 + 8 + 32;
 const PROOF_LEN: usize = 32;
+/// Connection index announced by an accepting side, which learns the index
+/// from the connecting side's hello.
+pub(crate) const CONN_ANY: usize = u32::MAX as usize;
 const LABEL: &[u8] = b"shardlm-auth/1";
 
 const VERDICT_OK: u8 = 1;
@@ -189,7 +192,9 @@ fn check_hello(ours: &Hello, theirs: &Hello, peer: &PeerId) -> Option<CommError>
             ours: ours.fingerprint,
         });
     }
-    if theirs.conns != ours.conns || theirs.conn != ours.conn {
+    let any = CONN_ANY as u32;
+    let index_differs = ours.conn != any && theirs.conn != any && theirs.conn != ours.conn;
+    if theirs.conns != ours.conns || index_differs || (theirs.conn != any && theirs.conn >= theirs.conns) {
         return Some(peer.handshake(format!(
             "it opened connection {} of {}, we expected connection {} of {}",
             theirs.conn, theirs.conns, ours.conn, ours.conns

@@ -20,7 +20,7 @@
 use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, SendJob};
 use super::{validate_ops, BusyGuard, RecvOp, SendOp, Transport};
 use crate::error::{CommError, PeerId, Result};
-use crate::handshake::{handshake, HandshakeIo, Hello, PROTOCOL_VERSION};
+use crate::handshake::{handshake, HandshakeIo, Hello, CONN_ANY, PROTOCOL_VERSION};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -438,7 +438,7 @@ fn accept_all(
             ))),
             Some(_) | None => Err(stranger.handshake("not a shardlm process")),
         };
-        match run_handshake(cfg, &mut stream, 0, stranger.clone(), &peer_of) {
+        match run_handshake(cfg, &mut stream, CONN_ANY, stranger.clone(), &peer_of) {
             Ok((rank, conn)) => {
                 if got.iter().any(|(r, c, _)| *r == rank && *c == conn) {
                     return Err(peers[rank].handshake(format!("it opened connection {conn} twice")));
