@@ -531,20 +531,20 @@ fn parse(path: &Path, map: Arc<Mmap>) -> Result<GgufFile, FormatError> {
         },
     };
 
-    // Re-check the tensor count now that we know how much is left: each tensor info
-    // takes at least 24 bytes (name length, n_dims, type, offset).
+    // Each tensor info takes at least 24 bytes (name length, n_dims, type, offset), so
+    // the count can be checked against what is left; a count that cannot fit is still
+    // parsed (never allocating for more than fits) so the error names where it ends.
     let fits = n_tensors.checked_mul(24).is_some_and(|b| b <= r.remaining() as u64);
-    if !fits {
-        return Err(corrupt(format!(
-            "header (tensor count): {n_tensors} tensor infos cannot fit in the {} bytes left after the metadata",
-            r.remaining()
-        )));
-    }
-    let mut tensors = Vec::with_capacity(n_tensors as usize);
+    let claim = if fits {
+        String::new()
+    } else {
+        format!(" (the header claims {n_tensors} tensors, more than the {} bytes left can hold)", r.remaining())
+    };
+    let mut tensors = Vec::with_capacity((n_tensors as usize).min(r.remaining() / 24));
     let mut seen = std::collections::HashSet::new();
-    for i in 0..n_tensors as usize {
-        let name = r.string().map_err(|e| corrupt(format!("tensor info #{i} (name): {e}")))?;
-        let ctx = |field: &str, e: String| corrupt(format!("tensor info #{i} ('{name}') {field}: {e}"));
+    for i in 0..n_tensors {
+        let name = r.string().map_err(|e| corrupt(format!("tensor info #{i} (name): {e}{claim}")))?;
+        let ctx = |field: &str, e: String| corrupt(format!("tensor info #{i} ('{name}') {field}: {e}{claim}"));
         let n_dims = r.u32().map_err(|e| ctx("n_dims", e))? as usize;
         if n_dims > MAX_DIMS {
             return Err(ctx("n_dims", format!("{n_dims} dimensions (at most {MAX_DIMS} allowed)")));
