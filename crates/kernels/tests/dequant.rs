@@ -1,6 +1,7 @@
 //! Dequantization of hand-written blocks against hand-computed values, plus
-#![allow(clippy::neg_multiply)] // the hand computations keep their factors visible
 //! hand-checked quantization of the formats we produce.
+
+#![allow(clippy::neg_multiply)] // the hand computations keep their factors visible
 
 use shardlm_kernels::quant::{self, q8_0, q8_1, q8_k};
 use shardlm_kernels::DType;

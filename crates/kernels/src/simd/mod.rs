@@ -3,4 +3,5 @@
 //! after [`crate::isa`] confirmed the CPU supports it.
 
 pub mod avx2;
+pub mod avx2_k;
 pub mod avx512;

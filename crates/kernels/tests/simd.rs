@@ -1,0 +1,132 @@
+//! Every ISA level's dot kernels and activation quantizers against the scalar
+//! reference, called directly (not through `SHARDLM_ISA`).
+
+mod common;
+
+use common::*;
+use shardlm_kernels::isa::{self, Isa};
+use shardlm_kernels::quant::{self, VecDotType};
+use shardlm_kernels::DType;
+
+fn quantize_acts(vdt: VecDotType, isa: Isa, x: &[f32]) -> Vec<u8> {
+    let mut buf = vec![0u64; vdt.row_bytes(x.len()).div_ceil(8)];
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut buf);
+    let out = &mut bytes[..vdt.row_bytes(x.len())];
+    quant::quantize_act_fn(vdt, isa)(x, out);
+    out.to_vec()
+}
+
+#[test]
+fn reports_isa() {
+    eprintln!("detected {} active {} available {:?}", isa::detected(), isa::active(), isa::available());
+    assert!(isa::available().contains(&isa::active()));
+}
+
+#[test]
+fn activation_quantizers_bit_identical() {
+    let mut rng = rng(21);
+    for vdt in [VecDotType::Q8_0, VecDotType::Q8_1, VecDotType::Q8_K] {
+        for n in [256, 512, 2048] {
+            let mut x = random_acts(&mut rng, n);
+            x[0..32].iter_mut().for_each(|v| *v = 0.0);
+            x[40] = -1e4;
+            let want = quantize_acts(vdt, Isa::Scalar, &x);
+            for isa in isa::available() {
+                assert_eq!(quantize_acts(vdt, isa, &x), want, "{vdt:?} at {isa}");
+            }
+        }
+    }
+}
+
+#[test]
+fn dot_kernels_match_scalar() {
+    let mut rng = rng(22);
+    for dtype in DType::ALL {
+        let vdt = VecDotType::of(dtype);
+        let sizes: &[usize] = if dtype.block_elems() == 256 { &[256, 512, 1536] } else { &[32, 64, 96, 576, 1536] };
+        for &n in sizes {
+            let mut sizes_f = vec![n];
+            if !dtype.is_quantized() {
+                sizes_f.extend([1, 7, 9, 33, n + 3]); // float tails
+            }
+            for n in sizes_f {
+                for _ in 0..20 {
+                    let w = random_weight(&mut rng, dtype, 1, n);
+                    let x = random_acts(&mut rng, n);
+                    let xq: Vec<u8> = if vdt == VecDotType::F32 {
+                        bytemuck::cast_slice(&x).to_vec()
+                    } else {
+                        quantize_acts(vdt, Isa::Scalar, &x)
+                    };
+                    // Realign to 8 bytes for Q8_K.
+                    let mut abuf = vec![0u64; xq.len().div_ceil(8)];
+                    bytemuck::cast_slice_mut::<u64, u8>(&mut abuf)[..xq.len()].copy_from_slice(&xq);
+                    let a = bytemuck::cast_slice::<u64, u8>(&abuf).as_ptr();
+                    let want = unsafe { quant::scalar::dot_fn(dtype)(n, w.as_ptr(), a) };
+                    let mut wd = vec![0f32; n];
+                    quant::dequantize_row(dtype, &w, &mut wd);
+                    let mut xd = vec![0f32; n];
+                    if vdt == VecDotType::F32 {
+                        xd.copy_from_slice(&x);
+                    } else {
+                        dequant_acts(vdt, &xq, &mut xd);
+                    }
+                    let mag: f32 = wd.iter().zip(&xd).map(|(a, b)| (a * b).abs()).sum();
+                    for isa in isa::available() {
+                        let got = unsafe { quant::dot_fn(dtype, isa)(n, w.as_ptr(), a) };
+                        assert!(
+                            (got - want).abs() <= 1e-5 * mag + 1e-6,
+                            "{dtype} n={n} {isa}: {got} vs scalar {want} (mag {mag})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn dequant_acts(vdt: VecDotType, q: &[u8], out: &mut [f32]) {
+    match vdt {
+        VecDotType::Q8_0 => quant::dequantize_row(DType::Q8_0, q, out),
+        VecDotType::Q8_1 => quant::q8_1::dequantize(bytemuck::cast_slice(q), out),
+        VecDotType::Q8_K => {
+            let blocks: Vec<quant::q8_k::BlockQ8K> = q
+                .chunks_exact(292)
+                .map(|c| {
+                    let mut b = quant::q8_k::BlockQ8K { d: 0.0, qs: [0; 256], bsums: [0; 16] };
+                    bytemuck::bytes_of_mut(&mut b).copy_from_slice(c);
+                    b
+                })
+                .collect();
+            quant::q8_k::dequantize(&blocks, out)
+        }
+        VecDotType::F32 => unreachable!(),
+    }
+}
+
+/// Unaligned weight rows (a memory map gives no alignment guarantee).
+#[test]
+fn unaligned_weights() {
+    let mut rng = rng(23);
+    for dtype in DType::ALL {
+        let n = 512;
+        let w = random_weight(&mut rng, dtype, 1, n);
+        let mut shifted = vec![0u8; w.len() + 1];
+        shifted[1..].copy_from_slice(&w);
+        let x = random_acts(&mut rng, n);
+        let vdt = VecDotType::of(dtype);
+        let xq = if vdt == VecDotType::F32 {
+            bytemuck::cast_slice(&x).to_vec()
+        } else {
+            quantize_acts(vdt, Isa::Scalar, &x)
+        };
+        let mut abuf = vec![0u64; xq.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut abuf)[..xq.len()].copy_from_slice(&xq);
+        let a = bytemuck::cast_slice::<u64, u8>(&abuf).as_ptr();
+        for isa in isa::available() {
+            let f = quant::dot_fn(dtype, isa);
+            let (p, q) = unsafe { (f(n, w.as_ptr(), a), f(n, shifted[1..].as_ptr(), a)) };
+            assert_eq!(p.to_bits(), q.to_bits(), "{dtype} {isa}");
+        }
+    }
+}
