@@ -83,6 +83,9 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
         return Err(bad(format!("'{}' is 0", key("attention.head_count"))));
     }
     let n_kv_heads = int("attention.head_count_kv").unwrap_or(n_heads);
+    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        return Err(bad(format!("{n_heads} attention heads cannot be shared by {n_kv_heads} key/value heads")));
+    }
     let intermediate_size = int("feed_forward_length")
         .or_else(|| int("expert_feed_forward_length"))
         .ok_or_else(|| bad(format!("missing or invalid metadata key '{}'", key("feed_forward_length"))))?;

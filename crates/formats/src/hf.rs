@@ -135,6 +135,9 @@ pub fn parse_config(path: &Path, cfg: &Value, gen: Option<&Value>) -> Result<Mod
         return Err(bad("'num_attention_heads' is 0".to_string()));
     }
     let n_kv_heads = get("num_key_value_heads").and_then(as_usize).unwrap_or(n_heads);
+    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        return Err(bad(format!("{n_heads} attention heads cannot be shared by {n_kv_heads} key/value heads")));
+    }
     let head_dim = get("head_dim").and_then(as_usize).unwrap_or(hidden_size / n_heads);
     let intermediate_size = req("intermediate_size")?;
     let vocab_size = req("vocab_size")?;

@@ -216,6 +216,8 @@ fn hf_missing_files() {
     assert_contains(&err_of(d), &["config.json: bad config: invalid JSON: "]);
     write_json(&d.join("config.json"), &serde_json::json!({"model_type": "llama"}));
     assert_contains(&err_of(d), &["config.json: bad config: missing or invalid 'hidden_size'"]);
+    write_json(&d.join("config.json"), &llama_config(serde_json::json!({"num_key_value_heads": 3})));
+    assert_contains(&err_of(d), &["bad config: 2 attention heads cannot be shared by 3 key/value heads"]);
     let cfg = llama_config(serde_json::json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}));
     write_json(&d.join("config.json"), &cfg);
     assert_contains(&err_of(d), &["bad config: unsupported rope type 'dynamic'"]);
