@@ -2,7 +2,7 @@
 //! bf16 weights): logits of every prompt position within 1e-3, and the greedy
 //! continuation identical (decoded incrementally through the KV cache).
 
-use model::{LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
+use shardlm_model::{LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
