@@ -13,21 +13,35 @@ llama.cpp (through llama-cpp-python) gives with
 * `spm`: a SentencePiece ("llama") vocabulary derived from SmolLM2's by the rule in
   `spm_vocab` (the Rust test rebuilds it the same way), with and without BOS.
 
-Usage: python3 scripts/make_tokenizer_refs.py [path/to/SmolLM2-135M-Instruct.Q4_1.gguf]
+It also renders the chat templates in tests/data/tokenizer/templates/ (plus SmolLM2's,
+taken from the GGUF) with Python jinja2 set up as transformers does
+(`_compile_jinja_template`: ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
+loopcontrols, tojson = json.dumps(ensure_ascii=False, ...), raise_exception,
+strftime_now) into tests/data/tokenizer/chat_template_refs.json. Differences from
+transformers: `tools` is passed only when given (transformers passes tools=None), and
+for templates that cannot read list-form content the text parts are joined with
+newlines first (`flattened`), as the Rust side does.
+
+Usage: python3 scripts/make_tokenizer_refs.py [--only tokens|templates] [model.gguf]
 The model defaults to $SHARDLM_CACHE/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf with
-SHARDLM_CACHE defaulting to ~/.cache/shardlm.
+SHARDLM_CACHE defaulting to ~/.cache/shardlm. Needs `pip install llama-cpp-python gguf
+jinja2`.
 """
 
+import argparse
+import datetime
+import importlib.metadata
 import json
 import os
-import sys
+import re
 import tempfile
 
 import gguf
-import llama_cpp
 
 COMMAND = "python3 scripts/make_tokenizer_refs.py"
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "tokenizer", "smollm2_tokens.json")
+DATA = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "tokenizer"))
+OUT = os.path.join(DATA, "smollm2_tokens.json")
+TEMPLATE_OUT = os.path.join(DATA, "chat_template_refs.json")
 
 TEXTS = [
     "Hello world",
@@ -147,12 +161,23 @@ def write_vocab_gguf(reader, path, arch, skip, extra):
 
 
 def tokenize_all(path, add_bos=False):
+    import llama_cpp
+
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     return [llm.tokenize(t.encode(), add_bos=add_bos, special=True) for t in TEXTS], llm
 
 
-def main():
-    model = sys.argv[1] if len(sys.argv) > 1 else default_model()
+def dump_compact(obj):
+    """Indented JSON with every list of integers on one line."""
+    text = json.dumps(obj, ensure_ascii=False, indent=1)
+    text = re.sub(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]", lambda m: "[" + ", ".join(re.split(r",\s*", m.group(1))) + "]", text)
+    assert json.loads(text) == obj
+    return text + "\n"
+
+
+def make_tokens(model):
+    import llama_cpp
+
     reader = gguf.GGUFReader(model)
     arch = reader.fields["general.architecture"].contents()
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
@@ -191,8 +216,8 @@ def main():
         del spm_llm
 
     out = {
-        "command": COMMAND + " " + os.path.relpath(model, os.path.expanduser("~")).join(["~/", ""]),
-        "generator": f"llama-cpp-python {llama_cpp.__version__}, gguf-py {getattr(gguf, '__version__', '?')}",
+        "command": COMMAND + " --only tokens " + os.path.relpath(model, os.path.expanduser("~")).join(["~/", ""]),
+        "generator": f"llama-cpp-python {llama_cpp.__version__}, gguf-py {importlib.metadata.version('gguf')}",
         "tokenize_call": "llm.tokenize(text.encode(), add_bos=False, special=True)",
         "model": "smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
         "cases": [{"text": t, "ids": i, "llama_cpp_detokenize": d} for t, i, d in zip(TEXTS, ids, decoded)],
@@ -208,9 +233,245 @@ def main():
     }
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+        f.write(dump_compact(out))
     print(f"wrote {os.path.normpath(OUT)}: {len(TEXTS)} texts, {len(variants)} pre variants, spm vocab {len(vocab)}")
+
+
+# ---------------------------------------------------------------------------------
+# Chat templates
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the <b>current</b> weather & more for a city (°C)",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": 'City name, e.g. "Zürich" or \'東京\''},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Web search\nreturns\ttop hits",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "top_k": {"type": "integer", "default": 5, "maximum": 12345678901234567890},
+                "threshold": {"type": "number", "default": 0.5, "minimum": 1e-06},
+                "lang": {"type": ["string", "null"], "default": None},
+            },
+        },
+    },
+}
+TOOLS = [WEATHER_TOOL, SEARCH_TOOL]
+
+CONVERSATIONS = {
+    "basic": [
+        {"role": "system", "content": "You are a pirate.  "},
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": "Arr, hello matey!"},
+        {"role": "user", "content": "  What's the weather like? 🌧  "},
+    ],
+    "no_system": [{"role": "user", "content": "Hi there"}],
+    "tool_calls": [
+        {"role": "system", "content": "You can call tools."},
+        {"role": "user", "content": "What's the weather in Zürich?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21.5, "sky": "<clear>"}'},
+        {"role": "assistant", "content": "It is 21.5 °C & clear."},
+        {"role": "user", "content": "Thanks!"},
+    ],
+    "two_tool_results": [
+        {"role": "user", "content": "Search twice"},
+        {
+            "role": "assistant",
+            "content": "Sure.",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "search", "arguments": {"query": "a", "top_k": 2}}},
+                {"type": "function", "function": {"name": "search", "arguments": '{"query": "b"}'}},
+            ],
+        },
+        {"role": "tool", "content": "result a"},
+        {"role": "tool", "content": "result b"},
+    ],
+    "thinking": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nsimple sum\n</think>\n\n4"},
+        {"role": "user", "content": "and 3+3?"},
+        {"role": "assistant", "content": "<think>\nagain\n</think>\n\n6"},
+    ],
+    "typed": [
+        {"role": "system", "content": "Look closely."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Describe"},
+                {"type": "image", "image": "cat.png"},
+                {"type": "text", "text": "this picture."},
+            ],
+        },
+    ],
+    "not_alternating": [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}],
+    "bad_role": [{"role": "user", "content": "one"}, {"role": "tool", "content": "two"}],
+}
+
+# (template, conversation, tools, add_generation_prompt, extra)
+TEMPLATE_CASES = [
+    ("smollm2", "basic", False, True, None),
+    ("smollm2", "no_system", False, True, None),
+    ("smollm2", "no_system", False, False, None),
+    ("smollm2", "typed", False, True, None),
+    ("qwen2_5", "basic", False, True, None),
+    ("qwen2_5", "no_system", True, True, None),
+    ("qwen2_5", "tool_calls", True, True, None),
+    ("qwen2_5", "two_tool_results", True, False, None),
+    ("qwen2_5", "typed", False, True, None),
+    ("qwen3", "basic", False, True, None),
+    ("qwen3", "tool_calls", True, True, None),
+    ("qwen3", "two_tool_results", True, True, None),
+    ("qwen3", "thinking", False, False, None),
+    ("qwen3", "thinking", False, True, {"enable_thinking": False}),
+    ("qwen3", "typed", False, True, None),
+    ("llama3_1", "basic", False, True, None),
+    ("llama3_1", "tool_calls", True, True, None),
+    ("llama3_1", "tool_calls", True, False, {"tools_in_user_message": False, "date_string": "01 Jan 2025"}),
+    ("llama3_1", "two_tool_results", True, True, None),
+    ("llama3_1", "no_system", False, False, None),
+    ("mistral_like", "basic", False, False, None),
+    ("mistral_like", "no_system", False, True, {"metadata": {"_hidden": 0, "a": 1, "b": "two", "stop": True, "c": 3}}),
+    ("mistral_like", "not_alternating", False, True, None),
+    ("mistral_like", "bad_role", False, True, None),
+    ("zephyr", "basic", False, True, None),
+    ("zephyr", "no_system", False, False, None),
+    ("typed_content", "typed", False, True, None),
+    ("typed_content", "basic", False, False, None),
+    ("tojson_options", "no_system", True, False, {"numbers": [1, 2.5, 1e20, 0.1, -3, 1.0, 12345678901234567890, 1e-07]}),
+]
+
+BOS, EOS = "<s>", "</s>"
+FIXED_NOW = datetime.datetime(2024, 7, 26, 12, 0, 0)
+
+
+def template_env(strftime_calls):
+    import jinja2
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        out = FIXED_NOW.strftime(format)
+        strftime_calls.append([format, out])
+        return out
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def flatten(messages):
+    out = []
+    for m in messages:
+        m = dict(m)
+        if isinstance(m.get("content"), list):
+            m["content"] = "\n".join(p["text"] for p in m["content"] if p.get("type", "text") == "text")
+        out.append(m)
+    return out
+
+
+def make_templates(model):
+    import jinja2
+
+    sources = {}
+    for name in sorted(os.listdir(os.path.join(DATA, "templates"))):
+        if name.endswith(".jinja"):
+            with open(os.path.join(DATA, "templates", name), encoding="utf-8") as f:
+                sources[name[: -len(".jinja")]] = f.read()
+    reader = gguf.GGUFReader(model)
+    sources["smollm2"] = reader.fields["tokenizer.chat_template"].contents()
+
+    cases = []
+    for tmpl, conv, with_tools, agp, extra in TEMPLATE_CASES:
+        messages = CONVERSATIONS[conv]
+        calls = []
+        env = template_env(calls)
+        compiled = env.from_string(sources[tmpl])
+        kwargs = dict(extra or {})
+        if with_tools:
+            kwargs["tools"] = TOOLS
+        typed = any(isinstance(m.get("content"), list) for m in messages)
+        # Like the Rust side: a template that does not print a probe text part
+        # gets flattened content.
+        probe = [{"role": "user", "content": [{"type": "text", "text": "PROBE-7d1c4e2a"}]}]
+        try:
+            out = template_env([]).from_string(sources[tmpl]).render(messages=probe, add_generation_prompt=True, bos_token=BOS, eos_token=EOS)
+            handles_parts = "PROBE-7d1c4e2a" in out and '"text"' not in out and "'text'" not in out
+        except Exception:
+            handles_parts = False
+        used = messages if handles_parts else flatten(messages)
+        case = {
+            "template": tmpl,
+            "conversation": conv,
+            "messages": messages,
+            "tools": TOOLS if with_tools else None,
+            "add_generation_prompt": agp,
+            "extra": extra,
+            "flattened": typed and not handles_parts,
+        }
+        try:
+            case["expected"] = compiled.render(messages=used, add_generation_prompt=agp, bos_token=BOS, eos_token=EOS, **kwargs)
+        except jinja2.exceptions.TemplateError as e:
+            case["error"] = str(e)
+        case["strftime_calls"] = calls
+        cases.append(case)
+
+    out = {
+        "command": COMMAND + " --only templates",
+        "generator": f"jinja2 {jinja2.__version__} (transformers-style environment, see the script)",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "fixed_now": FIXED_NOW.isoformat(),
+        "smollm2_template": sources["smollm2"],
+        "cases": cases,
+    }
+    with open(TEMPLATE_OUT, "w", encoding="utf-8") as f:
+        f.write(dump_compact(out))
+    print(f"wrote {TEMPLATE_OUT}: {len(cases)} cases")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", choices=["tokens", "templates"])
+    ap.add_argument("model", nargs="?", default=default_model())
+    args = ap.parse_args()
+    if args.only in (None, "tokens"):
+        make_tokens(args.model)
+    if args.only in (None, "templates"):
+        make_templates(args.model)
 
 
 if __name__ == "__main__":
