@@ -197,3 +197,54 @@ fn sentencepiece_ids_match_llama_cpp() {
     }
     eprintln!("{} texts match llama.cpp (SentencePiece)", texts.len());
 }
+
+/// SmolLM2's `tokenizer.json` recreated from the GGUF (BPE, individual digits, then
+/// GPT-2 byte-level splitting) and loaded through the `tokenizer.json` path.
+#[test]
+fn tokenizer_json_path_matches_llama_cpp() {
+    use tokenizers::models::bpe::{Vocab, BPE};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::digits::Digits;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+    use tokenizers::{AddedToken, PreTokenizerWrapper};
+
+    let Some(path) = model_path() else { return };
+    let r = refs();
+    let g = gguf_tokenizer(&path);
+    let vocab: Vocab = g.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let merges = g.merges.iter().map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).unwrap());
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges.collect()).build().unwrap();
+    let mut hf = tokenizers::Tokenizer::new(bpe);
+    hf.with_pre_tokenizer(Some(Sequence::new(vec![
+        PreTokenizerWrapper::Digits(Digits::new(true)),
+        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+    ])));
+    hf.with_decoder(Some(ByteLevel::default()));
+    let specials: Vec<AddedToken> = (0..g.tokens.len())
+        .filter(|&i| g.token_types[i] == 3)
+        .map(|i| AddedToken::from(g.tokens[i].clone(), true))
+        .collect();
+    hf.add_special_tokens(&specials);
+
+    let dir = std::env::temp_dir().join(format!("shardlm-smollm2-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("tokenizer.json");
+    hf.save(&json, false).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), r#"{"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}"#)
+        .unwrap();
+    let tok = Tokenizer::from_source(&TokenizerSource::HfJson(json)).unwrap().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    assert_eq!((tok.bos_id(), tok.eos_id()), (Some(1), Some(2)));
+    let texts = texts(&r);
+    let cases = r["cases"].as_array().unwrap();
+    let want: Vec<Value> = cases.iter().map(|c| c["ids"].clone()).collect();
+    let bad = mismatches(&tok, &texts, &want, false);
+    assert!(bad.is_empty(), "{} of {} texts differ:\n{}", bad.len(), texts.len(), bad.join("\n"));
+    for (text, case) in texts.iter().zip(cases) {
+        let ids = ids(&case["ids"]);
+        assert_eq!(&tok.decode(&ids, false), text);
+        let bytes: Vec<u8> = ids.iter().flat_map(|&id| tok.token_bytes(id)).collect();
+        assert_eq!(bytes, text.as_bytes());
+    }
+}
