@@ -214,6 +214,9 @@ impl ShmTransport {
             let mut io = ShmHandshake { t: &t, peer, deadline };
             let result = handshake(&mut io, &ours, &cfg.secret, &|_| Ok(id.clone()));
             if let Err(e) = result {
+                if cfg.rank == 0 {
+                    let _ = std::fs::remove_file(cfg.path());
+                }
                 return Err(t.fail(e));
             }
         }

@@ -1,0 +1,152 @@
+//! Failure handling with real processes: a rank is killed (SIGKILL) in the
+//! middle of a stream of all-reduces, and every survivor must fail within
+//! 5 seconds with an error that names the dead rank, never hang.
+//!
+//! The test binary re-runs itself as the ranks: `rank_process` does nothing
+//! unless `SHARDLM_TEST_ROLE` is set, in which case it joins the world from the
+//! `SHARDLM_*` environment and all-reduces until an error, which it prints.
+
+mod common;
+
+use common::*;
+use shardlm_comm::{Bootstrap, Group};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE: &str = "SHARDLM_TEST_ROLE";
+
+#[test]
+fn rank_process() {
+    if std::env::var(ROLE).is_err() {
+        return;
+    }
+    let group = match Bootstrap::from_env(FINGERPRINT).and_then(|b| b.connect()) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("CONNECT-ERROR {e}");
+            std::process::exit(2);
+        }
+    };
+    println!("READY {}", group.rank());
+    let start = Instant::now();
+    let mut i = 0u64;
+    loop {
+        // Never outlive a broken parent test.
+        if start.elapsed() > Duration::from_secs(60) {
+            std::process::exit(4);
+        }
+        let mut x = vec![1.0f32; 2048];
+        if let Err(e) = group.all_reduce_sum_f32(&mut x) {
+            println!("ERROR {e}");
+            std::process::exit(3);
+        }
+        assert_eq!(x[0], group.size() as f32);
+        i += 1;
+        if i % 1000 == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn spawn_rank(env: &[(String, String)]) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
+        .env(ROLE, "1")
+        .envs(env.iter().cloned())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn rank")
+}
+
+/// Reads lines from a child's stdout until one starts with `prefix`.
+fn wait_line(reader: &mut BufReader<ChildStdout>, prefix: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            panic!("rank exited before printing {prefix}");
+        }
+        // libtest prints "test rank_process ... " before our first line.
+        if let Some(at) = line.find(prefix).or_else(|| line.find("CONNECT-ERROR")) {
+            return line[at..].trim().to_string();
+        }
+    }
+}
+
+/// Kills every rank still running when the test ends, passed or not.
+struct Ranks(Vec<(Child, BufReader<ChildStdout>)>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for (c, _) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn kill_one_of_three(envs: Vec<Vec<(String, String)>>) {
+    let mut ranks = Ranks(Vec::new());
+    let kids = &mut ranks.0;
+    *kids = envs
+        .iter()
+        .map(|e| {
+            let mut c = spawn_rank(e);
+            let out = BufReader::new(c.stdout.take().unwrap());
+            (c, out)
+        })
+        .collect();
+    for (_, out) in kids.iter_mut() {
+        let line = wait_line(out, "READY");
+        assert!(line.starts_with("READY"), "{line}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    kids[2].0.kill().unwrap();
+    kids[2].0.wait().unwrap();
+    let killed = Instant::now();
+    for (rank, (k, out)) in kids.iter_mut().take(2).enumerate() {
+        let line = wait_line(out, "ERROR");
+        let waited = killed.elapsed();
+        let status = k.wait().unwrap();
+        assert_eq!(status.code(), Some(3), "rank {rank}: {line}");
+        assert!(waited < Duration::from_secs(5), "rank {rank} noticed after {waited:?}");
+        assert!(line.contains("peer 2"), "rank {rank} must name the dead rank: {line}");
+        eprintln!("rank {rank} after {waited:?}: {line}");
+    }
+}
+
+#[test]
+fn tcp_peer_killed_mid_collective() {
+    let addrs = free_addrs(3);
+    let envs = (0..3)
+        .map(|r| shardlm_comm::bootstrap::launcher_env(r, &addrs, std::str::from_utf8(SECRET).unwrap()))
+        .collect();
+    kill_one_of_three(envs);
+}
+
+#[test]
+fn shm_peer_killed_mid_collective() {
+    let name = shm_name("kill");
+    let envs = (0..3)
+        .map(|r| {
+            let mut e = shardlm_comm::bootstrap::launcher_env(r, &[], std::str::from_utf8(SECRET).unwrap());
+            e.retain(|(k, _)| k != "SHARDLM_SIZE" && k != "SHARDLM_PEERS");
+            e.push(("SHARDLM_SIZE".into(), "3".into()));
+            e.push(("SHARDLM_SHM".into(), name.clone()));
+            e
+        })
+        .collect();
+    kill_one_of_three(envs);
+}
+
+#[test]
+fn local_peer_thread_gone() {
+    let mut groups = Group::local(2);
+    let g1 = groups.pop().unwrap();
+    let g0 = groups.pop().unwrap();
+    drop(g1);
+    let err = g0.all_reduce_sum_f32(&mut [1.0]).unwrap_err();
+    assert_eq!(err.to_string(), "peer 1 at local:1 is gone: its thread ended");
+}
