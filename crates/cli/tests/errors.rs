@@ -143,7 +143,7 @@ fn prompt_longer_than_context() {
 fn bad_flag_values() {
     let m = fixture("llama");
     let m = m.to_str().unwrap();
-    let o = shardlm(&["run", "--model", m, "--prompt-ids", "1,2", "--temperature", "-1"]);
+    let o = shardlm(&["run", "--model", m, "--prompt-ids", "1,2", "--temperature=-1"]);
     assert_fails_with(&o, "temperature must be ≥ 0");
     let o = shardlm(&["run", "--model", m, "--prompt-ids", "1,2", "--top-p", "1.5"]);
     assert_fails_with(&o, "top-p must be in (0, 1]");
