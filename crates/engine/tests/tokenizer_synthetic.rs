@@ -56,6 +56,7 @@ fn byte_level_bpe() {
     assert_eq!(tok.vocab_size(), 261);
     assert_eq!(tok.encode(" hi", false).unwrap(), vec![257]);
     assert_eq!(tok.encode(" hi", true).unwrap(), vec![257], "gpt2 vocabularies add no BOS by default");
+    assert!(!tok.adds_bos());
     assert_eq!(tok.encode("<|im_start|> hi<tool>!", false).unwrap(), vec![IM_START, 257, TOOL, b'!' as u32]);
     // "smollm" splits digits one by one; bytes stand for themselves.
     assert_eq!(tok.encode("12", false).unwrap(), vec![b'1' as u32, b'2' as u32]);
@@ -127,6 +128,7 @@ fn sentencepiece() {
     // A space goes in front; "▁h" (-3) beats "hi" (-9), then "▁hi" forms.
     assert_eq!(tok.encode("hi", false).unwrap(), vec![sp_hi]);
     assert_eq!(tok.encode("hi", true).unwrap(), vec![1, sp_hi], "llama vocabularies add BOS by default");
+    assert!(tok.adds_bos());
     assert_eq!(tok.encode("", true).unwrap(), vec![1]);
     // Unknown characters become byte tokens: é = C3 A9.
     assert_eq!(tok.encode("hé", false).unwrap(), vec![sp_h, 3 + 0xC3, 3 + 0xA9]);
@@ -209,4 +211,12 @@ fn tokenizer_json() {
     assert_eq!(tok.token_bytes(0xA9), vec![0xA9]);
     assert_eq!(tok.token_bytes(tool), b"<tool>");
     assert_eq!(tok.token_to_id("<tool>"), Some(tool));
+    assert!(!tok.adds_bos(), "no post-processor, so no BOS");
+}
+
+#[test]
+fn tokenizers_and_templates_can_be_shared_across_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Tokenizer>();
+    shared::<shardlm_engine::ChatTemplate>();
 }

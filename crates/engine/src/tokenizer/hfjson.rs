@@ -39,12 +39,16 @@ pub(crate) fn load(path: &Path) -> Result<Tokenizer, EngineError> {
         let text = v.as_str().or_else(|| v.get("content").and_then(Value::as_str))?;
         ids.get(text).copied()
     };
-    let flag = |key: &str| config.as_ref().and_then(|c| c.get(key)).and_then(Value::as_bool);
+    let (bos, eos) = (special_id("bos_token"), special_id("eos_token"));
+    // What the post-processor adds (it, not the config flags, decides in `encode`).
+    let framing = hf.encode("", true).map(|e| e.get_ids().to_vec()).unwrap_or_default();
+    let add_bos = bos.is_some() && framing.first().copied() == bos;
+    let add_eos = eos.is_some() && framing.last().copied() == eos;
     Ok(Tokenizer {
-        bos: special_id("bos_token"),
-        eos: special_id("eos_token"),
-        add_bos: flag("add_bos_token").unwrap_or(false),
-        add_eos: flag("add_eos_token").unwrap_or(false),
+        bos,
+        eos,
+        add_bos,
+        add_eos,
         kind: Kind::HfJson(Box::new(hf)),
         pieces,
         special,

@@ -153,11 +153,14 @@ mod tests {
         ]);
         let spm = Spm::new(&t, &s, &ids, Some(0));
         let mut out = vec![];
-        // "bc" (-2) beats "ab" (-5); then "a"+"bc" is not a token.
+        // "bc" (-2) beats "ab" (-5), then "a" + "bc" makes "abc".
         spm.tokenize("abc", &ids, &mut out);
-        assert_eq!(out, vec![2, 6]);
+        assert_eq!(out, vec![7]);
         out.clear();
-        // Ties go to the leftmost pair: "ab" then "c"... both -5; leftmost wins.
+        spm.tokenize("cab", &ids, &mut out);
+        assert_eq!(out, vec![4, 5]);
+        out.clear();
+        // Equal scores: the leftmost pair merges first.
         spm.tokenize("abab", &ids, &mut out);
         assert_eq!(out, vec![5, 5]);
         out.clear();
