@@ -9,7 +9,9 @@ llama.cpp (through llama-cpp-python) gives with
 * `pre_variants[name]`: the same vocabulary with `tokenizer.ggml.pre` set to another
   llama.cpp pre-tokenizer name (a vocab-only copy of the GGUF is written for each), so
   every supported regex set is checked against llama.cpp; stored as
-  {text index: ids} for the texts whose ids differ from `ids`;
+  {text index: ids} for the texts whose ids differ from `ids` (indices past the
+  fixed texts refer to `fuzz`);
+* `fuzz`: seeded random strings over tricky characters, with their ids;
 * `spm`: a SentencePiece ("llama") vocabulary derived from SmolLM2's by the rule in
   `spm_vocab` (the Rust test rebuilds it the same way), with and without BOS.
 
@@ -77,6 +79,25 @@ TEXTS = [
     "   \n  \n\t \n",
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
 ]
+
+# Random strings over characters that stress the pre-tokenizer regexes (Unicode
+# categories, whitespace kinds, apostrophes, marks, digits of other scripts).
+FUZZ_SEED = 1234
+FUZZ_COUNT = 40
+FUZZ_POOL = (
+    list("aZ09 .,;:!?'\"-_/\\()[]{}<>@#$%^&*+=|~`")
+    + ["'s", "'LL", "’t", "  ", "\t", "\n", "\r\n", "\n\n", "\u00a0", "\u2009", "\u3000", "\u0085", "\u200b"]
+    + ["é", "ß", "Ä", "ǅ", "中文", "か", "ア", "한", "Ж", "Ω", "𝔘", "e\u0301", "क्ष", "ا", "١٢", "Ⅻ", "½", "²", "٣"]
+    + ["😀", "👍🏽", "👨\u200d👩", "\u2014", "\u2026", "«", "€", "™", "\ufeff", "123", "4567", "<|im_start|>", "<|im_end|>"]
+)
+
+
+def fuzz_texts():
+    import random
+
+    rng = random.Random(FUZZ_SEED)
+    return ["".join(rng.choice(FUZZ_POOL) for _ in range(rng.randint(3, 25))) for _ in range(FUZZ_COUNT)]
+
 
 # Every llama.cpp pre-tokenizer name the Rust side supports (crates/engine/src/
 # tokenizer/pretok.rs), checked with SmolLM2's vocabulary.
@@ -164,7 +185,7 @@ def tokenize_all(path, add_bos=False):
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
-    return [llm.tokenize(t.encode(), add_bos=add_bos, special=True) for t in TEXTS], llm
+    return [llm.tokenize(t.encode(), add_bos=add_bos, special=True) for t in TEXTS + fuzz_texts()], llm
 
 
 def dump_compact(obj):
@@ -184,6 +205,8 @@ def make_tokens(model):
     types = reader.fields["tokenizer.ggml.token_type"].contents()
 
     ids, llm = tokenize_all(model)
+    fuzz = fuzz_texts()
+    ids, fuzz_ids = ids[: len(TEXTS)], ids[len(TEXTS) :]
     decoded = [llm.detokenize(i, special=True).decode("utf-8", errors="replace") for i in ids]
     del llm
 
@@ -194,8 +217,9 @@ def make_tokens(model):
             path = os.path.join(tmp, f"pre-{pre}.gguf")
             write_vocab_gguf(reader, path, arch, {"tokenizer.ggml.pre"}, [("tokenizer.ggml.pre", pre, S.STRING, None)])
             got, _ = tokenize_all(path)
-            # Only the texts whose ids differ from the "smollm" ones are stored.
-            variants[pre] = {str(k): v for k, (v, base) in enumerate(zip(got, ids)) if v != base}
+            # Only the texts whose ids differ from the "smollm" ones are stored
+            # (indices past the fixed texts are the fuzz texts).
+            variants[pre] = {str(k): v for k, (v, base) in enumerate(zip(got, ids + fuzz_ids)) if v != base}
 
         vocab = spm_vocab(tokens, types)
         path = os.path.join(tmp, "spm.gguf")
@@ -211,6 +235,7 @@ def make_tokens(model):
         ]
         write_vocab_gguf(reader, path, arch, skip, extra)
         spm_ids, spm_llm = tokenize_all(path)
+        spm_ids = spm_ids[: len(TEXTS)]
         spm_bos = [spm_llm.tokenize(t.encode(), add_bos=True, special=True) for t in TEXTS]
         spm_decoded = [spm_llm.detokenize(i, special=False).decode("utf-8", errors="replace") for i in spm_ids]
         del spm_llm
@@ -221,6 +246,7 @@ def make_tokens(model):
         "tokenize_call": "llm.tokenize(text.encode(), add_bos=False, special=True)",
         "model": "smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
         "cases": [{"text": t, "ids": i, "llama_cpp_detokenize": d} for t, i, d in zip(TEXTS, ids, decoded)],
+        "fuzz": {"seed": FUZZ_SEED, "cases": [{"text": t, "ids": i} for t, i in zip(fuzz, fuzz_ids)]},
         "pre_variants": variants,
         "spm_vocab": {
             "rule": spm_vocab.__doc__.split("\n")[0] + " (see scripts/make_tokenizer_refs.py)",

@@ -51,6 +51,13 @@ fn texts(r: &Value) -> Vec<String> {
     r["cases"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap().to_string()).collect()
 }
 
+/// The fixed texts and then the seeded random ones, with llama.cpp's ids.
+fn all_cases(r: &Value) -> (Vec<String>, Vec<Value>) {
+    let fixed = r["cases"].as_array().unwrap().iter();
+    let fuzz = r["fuzz"]["cases"].as_array().unwrap().iter();
+    fixed.chain(fuzz).map(|c| (c["text"].as_str().unwrap().to_string(), c["ids"].clone())).unzip()
+}
+
 /// Encodes every text and lists the ones that differ from `want`.
 fn mismatches(tok: &Tokenizer, texts: &[String], want: &[Value], add_special: bool) -> Vec<String> {
     let mut bad = Vec::new();
@@ -87,7 +94,13 @@ fn smollm2_ids_match_llama_cpp() {
         streamed.push_str(&stream.finish());
         assert_eq!(streamed, tok.decode(&ids, true), "{text:?}");
     }
-    eprintln!("{} texts match llama.cpp", texts.len());
+    let (all, want) = all_cases(&r);
+    let bad = mismatches(&tok, &all, &want, false);
+    assert!(bad.is_empty(), "{} of {} texts (fuzz included) differ:\n{}", bad.len(), all.len(), bad.join("\n"));
+    for (text, want) in all.iter().zip(&want) {
+        assert_eq!(&tok.decode(&ids(want), false), text);
+    }
+    eprintln!("{} texts match llama.cpp", all.len());
 }
 
 #[test]
@@ -111,9 +124,8 @@ fn pre_tokenizer_variants_match_llama_cpp() {
     let Some(path) = model_path() else { return };
     let r = refs();
     let g = gguf_tokenizer(&path);
-    let texts = texts(&r);
+    let (texts, base) = all_cases(&r);
     let mut failed = Vec::new();
-    let base: Vec<Value> = r["cases"].as_array().unwrap().iter().map(|c| c["ids"].clone()).collect();
     let variants = r["pre_variants"].as_object().unwrap();
     for (pre, diff) in variants {
         // Stored are only the texts whose ids differ from the "smollm" ones.
