@@ -12,7 +12,7 @@
 //! activation tile and then served from cache.
 
 use crate::isa::{self, Isa};
-use crate::quant::{self, DotFn, VecDotType};
+use crate::quant::{self, Dot4Fn, DotFn, VecDotType};
 use crate::{DType, KernelError, ThreadPool};
 
 /// Output rows per unit of work split between threads (keeps each thread's slice
@@ -176,6 +176,7 @@ pub fn matmul_isa(
     };
     let a_stride = a.len() / m;
     let dot = quant::dot_fn(w.dtype, isa);
+    let dot4 = quant::dot4_fn(w.dtype, isa);
     let yp = SyncPtr(y.as_mut_ptr());
     let rows = w.rows;
     pool.run(|t, nt| {
@@ -183,7 +184,7 @@ pub fn matmul_isa(
         if r0 < r1 {
             // SAFETY: this thread writes only y[i, r0..r1]; pointers stay in bounds
             // (checked shapes), and `dot` matches the CPU (clamped ISA).
-            unsafe { rows_kernel(dot, &w, r0, r1, a, a_stride, m, yp.get()) };
+            unsafe { rows_kernel(dot, dot4, &w, r0, r1, a, a_stride, m, yp.get()) };
         }
     });
 }
@@ -196,6 +197,7 @@ pub fn matmul_isa(
 #[allow(clippy::too_many_arguments)]
 unsafe fn rows_kernel(
     dot: DotFn,
+    dot4: Option<Dot4Fn>,
     w: &MatRef<'_>,
     r0: usize,
     r1: usize,
@@ -207,14 +209,25 @@ unsafe fn rows_kernel(
     let rb = w.row_bytes();
     let wp = w.data.as_ptr();
     let n = w.cols;
-    if m == 1 {
-        let ap = a.as_ptr();
-        for r in r0..r1 {
-            *y.add(r) = dot(n, wp.add(r * rb), ap);
+    // y[i, c0..c1] for one activation row at `ap`, output row at `yi`.
+    let row_run = |ap: *const u8, yi: *mut f32, c0: usize, c1: usize| {
+        let mut r = c0;
+        if let Some(d4) = dot4 {
+            while r + 4 <= c1 {
+                d4(n, wp.add(r * rb), rb, ap, yi.add(r));
+                r += 4;
+            }
         }
+        while r < c1 {
+            *yi.add(r) = dot(n, wp.add(r * rb), ap);
+            r += 1;
+        }
+    };
+    if m == 1 {
+        row_run(a.as_ptr(), y, r0, r1);
         return;
     }
-    let chunk = (W_CHUNK_BYTES / rb.max(1)).clamp(1, 256);
+    let chunk = (W_CHUNK_BYTES / rb.max(1)).clamp(4, 256) / 4 * 4;
     let mut i0 = 0;
     while i0 < m {
         let i1 = (i0 + ACT_TILE).min(m);
@@ -222,11 +235,7 @@ unsafe fn rows_kernel(
         while c0 < r1 {
             let c1 = (c0 + chunk).min(r1);
             for i in i0..i1 {
-                let ap = a.as_ptr().add(i * a_stride);
-                let yi = y.add(i * w.rows);
-                for r in c0..c1 {
-                    *yi.add(r) = dot(n, wp.add(r * rb), ap);
-                }
+                row_run(a.as_ptr().add(i * a_stride), y.add(i * w.rows), c0, c1);
             }
             c0 = c1;
         }

@@ -130,3 +130,44 @@ fn unaligned_weights() {
         }
     }
 }
+
+/// Four-row kernels against the scalar dot of each row.
+#[test]
+fn dot4_kernels_match_scalar() {
+    let mut rng = rng(24);
+    for dtype in DType::ALL {
+        let vdt = VecDotType::of(dtype);
+        let n = if dtype.block_elems() == 256 { 512 } else { 576 };
+        let rb = dtype.bytes_for(n).unwrap();
+        for _ in 0..20 {
+            let w = random_weight(&mut rng, dtype, 4, n);
+            let x = random_acts(&mut rng, n);
+            let xq = if vdt == VecDotType::F32 {
+                bytemuck::cast_slice(&x).to_vec()
+            } else {
+                quantize_acts(vdt, Isa::Scalar, &x)
+            };
+            let mut abuf = vec![0u64; xq.len().div_ceil(8)];
+            bytemuck::cast_slice_mut::<u64, u8>(&mut abuf)[..xq.len()].copy_from_slice(&xq);
+            let a = bytemuck::cast_slice::<u64, u8>(&abuf).as_ptr();
+            let want: Vec<f32> =
+                (0..4).map(|r| unsafe { quant::scalar::dot_fn(dtype)(n, w[r * rb..].as_ptr(), a) }).collect();
+            let mut wd = vec![0f32; 4 * n];
+            quant::dequantize_row(dtype, &w, &mut wd);
+            for isa in isa::available() {
+                let Some(f) = quant::dot4_fn(dtype, isa) else { continue };
+                let mut got = [f32::NAN; 4];
+                unsafe { f(n, w.as_ptr(), rb, a, got.as_mut_ptr()) };
+                for r in 0..4 {
+                    let mag: f32 = wd[r * n..(r + 1) * n].iter().zip(&x).map(|(a, b)| (a * b).abs()).sum::<f32>() * 1.1;
+                    assert!(
+                        (got[r] - want[r]).abs() <= 1e-5 * mag + 1e-6,
+                        "{dtype} {isa} row {r}: {} vs {}",
+                        got[r],
+                        want[r]
+                    );
+                }
+            }
+        }
+    }
+}

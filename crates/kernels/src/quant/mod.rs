@@ -135,6 +135,31 @@ pub fn quantize_act_fn(vdt: VecDotType, isa: Isa) -> QuantizeActFn {
 /// must only be used on a CPU that supports the ISA it was selected for.
 pub type DotFn = unsafe fn(n: usize, w: *const u8, a: *const u8) -> f32;
 
+/// Four weight rows (at `w`, `w + stride`, `w + 2·stride`, `w + 3·stride`) against
+/// one activation row; writes the four dots to `out[0..4]`.
+///
+/// # Safety
+/// As for [`DotFn`], for each of the four rows; `out` valid for 4 writes.
+pub type Dot4Fn = unsafe fn(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32);
+
+/// The four-row kernel for `dtype` at `isa`, where one exists (callers fall back
+/// to [`dot_fn`] row by row).
+pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa == Isa::Avx512 {
+            if let Some(f) = crate::simd::avx512::dot4_fn(dtype) {
+                return Some(f);
+            }
+        }
+        if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+            return crate::simd::avx2_rows::dot4_fn(dtype);
+        }
+    }
+    let _ = (dtype, isa);
+    None
+}
+
 macro_rules! scalar_dot {
     ($name:ident, $wblk:ty, $ablk:ty, $f:path) => {
         /// Scalar reference dot (see [`DotFn`]).

@@ -4,4 +4,5 @@
 
 pub mod avx2;
 pub mod avx2_k;
+pub mod avx2_rows;
 pub mod avx512;
