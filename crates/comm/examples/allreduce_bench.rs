@@ -205,8 +205,8 @@ fn main() {
         println!(
             "{:<6} {:>9} {:>7} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
             r["transport"].as_str().unwrap(),
-            r["bytes"],
-            r["iters"],
+            r["bytes"].as_u64().unwrap(),
+            r["iters"].as_u64().unwrap(),
             r["p10_us"].as_f64().unwrap(),
             r["median_us"].as_f64().unwrap(),
             r["p90_us"].as_f64().unwrap(),

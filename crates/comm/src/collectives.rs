@@ -157,6 +157,9 @@ impl Group {
     /// One exchange: everyone sends its (encoded) vector to everyone, and
     /// every rank adds the n contributions in rank order.
     fn all_reduce_direct(&self, buf: &mut [f32], wire: Wire) -> Result<()> {
+        if wire == Wire::F32 {
+            return self.all_reduce_direct_f32(buf);
+        }
         let n = self.size();
         let mine = encode(wire, buf);
         let mut got: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; mine.len()]).collect();
@@ -168,6 +171,40 @@ impl Group {
         wire.decode(&got[0], buf);
         for bytes in &got[1..] {
             wire.decode_add(bytes, buf);
+        }
+        Ok(())
+    }
+
+    /// The direct path without encoding: send straight from `buf`, receive into
+    /// one scratch block, then add block by block in rank order (in place).
+    fn all_reduce_direct_f32(&self, buf: &mut [f32]) -> Result<()> {
+        const BLOCK: usize = 512;
+        let (n, me, len) = (self.size(), self.rank, buf.len());
+        let mut scratch = vec![0f32; (n - 1) * len];
+        {
+            let mine: &[u8] = bytemuck::cast_slice(buf);
+            let sends: Vec<(usize, &[u8])> = (0..n).filter(|&p| p != me).map(|p| (p, mine)).collect();
+            let mut recvs: Vec<(usize, &mut [u8])> = (0..n)
+                .filter(|&p| p != me)
+                .zip(scratch.chunks_mut(len))
+                .map(|(p, s)| (p, bytemuck::cast_slice_mut(s)))
+                .collect();
+            self.xchg(&sends, &mut recvs)?;
+        }
+        let slot = |j: usize| if j < me { j } else { j - 1 } * len;
+        let mut acc = [0f32; BLOCK];
+        for start in (0..len).step_by(BLOCK) {
+            let end = (start + BLOCK).min(len);
+            let acc = &mut acc[..end - start];
+            for j in 0..n {
+                let x = if j == me { &buf[start..end] } else { &scratch[slot(j) + start..slot(j) + end] };
+                if j == 0 {
+                    acc.copy_from_slice(x);
+                } else {
+                    acc.iter_mut().zip(x).for_each(|(a, v)| *a += v);
+                }
+            }
+            buf[start..end].copy_from_slice(acc);
         }
         Ok(())
     }
@@ -212,31 +249,42 @@ impl Group {
     /// Ring reduce-scatter over `lanes` (all lanes progress in the same exchanges).
     pub(crate) fn ring_reduce_scatter(&self, buf: &mut [f32], lanes: &[Lane], wire: Wire) -> Result<()> {
         let n = self.size() as isize;
+        // Scratch sized for the largest chunk of each lane, reused by every step
+        // (fresh large allocations would cost page faults on each step).
+        let max_chunk = |l: &Lane| wire.encoded_len(l.chunks.iter().map(|c| c.len()).max().unwrap_or(0));
+        let mut outgoing: Vec<Vec<u8>> = match wire {
+            Wire::F32 => Vec::new(),
+            Wire::Q8 => lanes.iter().map(|l| vec![0u8; max_chunk(l)]).collect(),
+        };
+        let mut incoming: Vec<Vec<u8>> = lanes.iter().map(|l| vec![0u8; max_chunk(l)]).collect();
         for s in 0..n - 1 {
-            let outgoing: Vec<Vec<u8>> = match wire {
-                Wire::F32 => Vec::new(),
-                Wire::Q8 => lanes.iter().map(|l| encode(wire, &buf[l.at(self, -l.dir * s)])).collect(),
-            };
-            let mut incoming: Vec<Vec<u8>> =
-                lanes.iter().map(|l| vec![0u8; wire.encoded_len(l.at(self, -l.dir * (s + 1)).len())]).collect();
+            for (l, out) in lanes.iter().zip(outgoing.iter_mut()) {
+                let c = l.at(self, -l.dir * s);
+                wire.encode(&buf[c.clone()], &mut out[..wire.encoded_len(c.len())]);
+            }
             {
                 let sends: Vec<(usize, &[u8])> = lanes
                     .iter()
                     .enumerate()
                     .map(|(i, l)| {
+                        let c = l.at(self, -l.dir * s);
                         let data: &[u8] = match wire {
-                            Wire::F32 => bytemuck::cast_slice(&buf[l.at(self, -l.dir * s)]),
-                            Wire::Q8 => &outgoing[i],
+                            Wire::F32 => bytemuck::cast_slice(&buf[c]),
+                            Wire::Q8 => &outgoing[i][..wire.encoded_len(c.len())],
                         };
                         (self.rel(l.dir), data)
                     })
                     .collect();
-                let mut recvs: Vec<(usize, &mut [u8])> =
-                    lanes.iter().zip(incoming.iter_mut()).map(|(l, b)| (self.rel(-l.dir), &mut b[..])).collect();
+                let mut recvs: Vec<(usize, &mut [u8])> = lanes
+                    .iter()
+                    .zip(incoming.iter_mut())
+                    .map(|(l, b)| (self.rel(-l.dir), &mut b[..wire.encoded_len(l.at(self, -l.dir * (s + 1)).len())]))
+                    .collect();
                 self.xchg(&sends, &mut recvs)?;
             }
             for (l, bytes) in lanes.iter().zip(&incoming) {
-                wire.decode_add(bytes, &mut buf[l.at(self, -l.dir * (s + 1))]);
+                let c = l.at(self, -l.dir * (s + 1));
+                wire.decode_add(&bytes[..wire.encoded_len(c.len())], &mut buf[c]);
             }
         }
         Ok(())

@@ -43,7 +43,8 @@ fn rank_process() {
         }
         assert_eq!(x[0], group.size() as f32);
         i += 1;
-        if i % 1000 == 0 {
+        if i == 1000 {
+            i = 0;
             std::thread::sleep(Duration::from_millis(1));
         }
     }

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use shardlm_comm::{CommError, Group, TcpTransport, Topology, Transport, Wire};
+use shardlm_comm::{CommError, Group, TcpTransport, Topology, Wire};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -12,6 +12,8 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Mutex;
 use std::time::Duration;
 
+type Inbox = Mutex<Receiver<Vec<u8>>>;
+
 /// One rank of an in-process world. Create a world with [`LocalTransport::world`].
 pub struct LocalTransport {
     rank: usize,
@@ -19,7 +21,7 @@ pub struct LocalTransport {
     /// `to[p]` sends to rank `p` (None for ourselves).
     to: Vec<Option<Sender<Vec<u8>>>>,
     /// `from[p]` receives from rank `p`.
-    from: Vec<Option<Mutex<Receiver<Vec<u8>>>>>,
+    from: Vec<Option<Inbox>>,
     timeout: Option<Duration>,
     busy: AtomicBool,
     failed: Mutex<Option<CommError>>,
@@ -34,8 +36,7 @@ impl LocalTransport {
     /// Like [`LocalTransport::world`], with a limit on how long a receive waits.
     pub fn world_with_timeout(size: usize, timeout: Option<Duration>) -> Vec<LocalTransport> {
         let mut senders: Vec<Vec<Option<Sender<Vec<u8>>>>> = (0..size).map(|_| vec![None; size]).collect();
-        let mut receivers: Vec<Vec<Option<Mutex<Receiver<Vec<u8>>>>>> =
-            (0..size).map(|_| (0..size).map(|_| None).collect()).collect();
+        let mut receivers: Vec<Vec<Option<Inbox>>> = (0..size).map(|_| (0..size).map(|_| None).collect()).collect();
         for src in 0..size {
             for dst in 0..size {
                 if src != dst {

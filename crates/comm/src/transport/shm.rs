@@ -46,6 +46,8 @@ const FRAME_HEADER: usize = 8;
 /// Publish at most this much at once so the receiver can start copying early.
 const PUBLISH_CHUNK: usize = 64 << 10;
 const PARK: Duration = Duration::from_millis(5);
+/// Busy-wait without yielding for this long before yielding between polls.
+const PURE_SPIN: Duration = Duration::from_micros(5);
 const ABORT_CLAIM: u32 = u32::MAX;
 const ABORT_DEAD: u32 = 1;
 const ABORT_FAILED: u32 = 2;
@@ -463,9 +465,20 @@ impl ShmTransport {
                 spins = 0;
                 continue;
             }
+            // Spin briefly, then keep polling but yield the core between polls
+            // (on an oversubscribed host the peer may be waiting for it), then park.
             spins = spins.wrapping_add(1);
-            if spins % 64 != 0 || last_progress.elapsed() < self.spin {
+            if spins < 64 {
                 std::hint::spin_loop();
+                continue;
+            }
+            let idle = last_progress.elapsed();
+            if idle < PURE_SPIN.min(self.spin) {
+                std::hint::spin_loop();
+                continue;
+            }
+            if idle < self.spin {
+                std::thread::yield_now();
                 continue;
             }
             // Park on the first blocked operation (a receive if there is one).

@@ -252,9 +252,9 @@ impl TcpTransport {
         let mut per_conn: Vec<(Vec<SendJob>, Vec<RecvJob>)> = (0..nconn).map(|_| (Vec::new(), Vec::new())).collect();
         for s in sends {
             if stripe(s.data.len()) {
-                for c in 0..nconn {
+                for (c, jobs) in per_conn.iter_mut().enumerate() {
                     let part = &s.data[crate::chunk_range(s.data.len(), nconn, c)];
-                    per_conn[c].0.push(SendJob::new(&self.links[s.peer][c], s.peer, part));
+                    jobs.0.push(SendJob::new(&self.links[s.peer][c], s.peer, part));
                 }
             } else {
                 per_conn[0].0.push(SendJob::new(&self.links[s.peer][0], s.peer, s.data));

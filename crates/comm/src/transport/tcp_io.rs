@@ -283,7 +283,13 @@ pub(crate) fn pump(sends: &mut [SendJob<'_>], recvs: &mut [RecvJob<'_>], ctx: &P
         }
         let idle = now - last_progress;
         if idle < ctx.spin {
-            std::hint::spin_loop();
+            // After a short busy poll, yield between polls: on an oversubscribed
+            // host the peer (or the kernel work delivering its data) needs the core.
+            if idle < Duration::from_micros(5) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
             continue;
         }
         if let Some(limit) = ctx.op_timeout {
