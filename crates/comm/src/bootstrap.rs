@@ -9,6 +9,7 @@
 //! | `SHARDLM_SHM` | optional: use the shared-memory transport with this segment name instead of TCP |
 //! | `SHARDLM_CONNECTIONS` | optional: TCP connections per peer (default 1) |
 //! | `SHARDLM_BIND` | optional: listen address if not our entry of `SHARDLM_PEERS` |
+//! | `SHARDLM_OP_TIMEOUT_MS` | optional: fail an operation when a peer sends nothing for this long (default: wait; dead peers are detected anyway) |
 
 use crate::error::{CommError, Result};
 use crate::group::Group;
@@ -22,6 +23,7 @@ pub const ENV_SECRET: &str = "SHARDLM_SECRET";
 pub const ENV_SHM: &str = "SHARDLM_SHM";
 pub const ENV_CONNECTIONS: &str = "SHARDLM_CONNECTIONS";
 pub const ENV_BIND: &str = "SHARDLM_BIND";
+pub const ENV_OP_TIMEOUT_MS: &str = "SHARDLM_OP_TIMEOUT_MS";
 
 /// What the environment asks for.
 #[derive(Debug, Clone)]
@@ -65,8 +67,11 @@ impl Bootstrap {
         let secret = get(ENV_SECRET).filter(|s| !s.is_empty()).ok_or_else(|| {
             CommError::Env(format!("{ENV_SECRET} is not set; every rank needs the same cluster secret"))
         })?;
+        let op_timeout = number(ENV_OP_TIMEOUT_MS)?.map(|ms| std::time::Duration::from_millis(ms as u64));
         if let Some(name) = get(ENV_SHM).filter(|s| !s.is_empty()) {
-            return Ok(Bootstrap::Shm(ShmConfig::new(name, rank, size, secret, fingerprint)));
+            let mut cfg = ShmConfig::new(name, rank, size, secret, fingerprint);
+            cfg.op_timeout = op_timeout;
+            return Ok(Bootstrap::Shm(cfg));
         }
         let peers_var = get(ENV_PEERS).ok_or_else(|| CommError::Env(format!("{ENV_PEERS} is not set")))?;
         let peers: Vec<String> = peers_var.split(',').map(|p| p.trim().to_string()).collect();
@@ -84,6 +89,7 @@ impl Bootstrap {
             cfg.connections_per_peer = n;
         }
         cfg.bind = get(ENV_BIND).filter(|s| !s.is_empty());
+        cfg.op_timeout = op_timeout;
         Ok(Bootstrap::Tcp(cfg))
     }
 

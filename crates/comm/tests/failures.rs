@@ -88,7 +88,20 @@ impl Drop for Ranks {
     }
 }
 
+/// How rank 2 fails.
+#[derive(Clone, Copy)]
+enum Fate {
+    /// SIGKILL: the process is gone.
+    Killed,
+    /// SIGSTOP: alive but silent; only the operation timeout can tell.
+    Stopped,
+}
+
 fn kill_one_of_three(envs: Vec<Vec<(String, String)>>) {
+    fail_one_of_three(envs, Fate::Killed)
+}
+
+fn fail_one_of_three(envs: Vec<Vec<(String, String)>>, fate: Fate) {
     let mut ranks = Ranks(Vec::new());
     let kids = &mut ranks.0;
     *kids = envs
@@ -104,8 +117,16 @@ fn kill_one_of_three(envs: Vec<Vec<(String, String)>>) {
         assert!(line.starts_with("READY"), "{line}");
     }
     std::thread::sleep(Duration::from_millis(300));
-    kids[2].0.kill().unwrap();
-    kids[2].0.wait().unwrap();
+    match fate {
+        Fate::Killed => {
+            kids[2].0.kill().unwrap();
+            kids[2].0.wait().unwrap();
+        }
+        Fate::Stopped => {
+            // SAFETY: signalling our own child by pid.
+            assert_eq!(unsafe { libc::kill(kids[2].0.id() as i32, libc::SIGSTOP) }, 0);
+        }
+    }
     let killed = Instant::now();
     for (rank, (k, out)) in kids.iter_mut().take(2).enumerate() {
         let line = wait_line(out, "ERROR");
@@ -120,11 +141,7 @@ fn kill_one_of_three(envs: Vec<Vec<(String, String)>>) {
 
 #[test]
 fn tcp_peer_killed_mid_collective() {
-    let addrs = free_addrs(3);
-    let envs = (0..3)
-        .map(|r| shardlm_comm::bootstrap::launcher_env(r, &addrs, std::str::from_utf8(SECRET).unwrap()))
-        .collect();
-    kill_one_of_three(envs);
+    kill_one_of_three(tcp_envs(&[]));
 }
 
 #[test]
@@ -140,6 +157,22 @@ fn shm_peer_killed_mid_collective() {
         })
         .collect();
     kill_one_of_three(envs);
+}
+
+fn tcp_envs(extra: &[(&str, &str)]) -> Vec<Vec<(String, String)>> {
+    let addrs = free_addrs(3);
+    (0..3)
+        .map(|r| {
+            let mut e = shardlm_comm::bootstrap::launcher_env(r, &addrs, std::str::from_utf8(SECRET).unwrap());
+            e.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            e
+        })
+        .collect()
+}
+
+#[test]
+fn tcp_peer_stopped_hits_the_operation_timeout() {
+    fail_one_of_three(tcp_envs(&[("SHARDLM_OP_TIMEOUT_MS", "1000")]), Fate::Stopped);
 }
 
 #[test]
