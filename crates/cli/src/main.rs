@@ -16,7 +16,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Show a model's architecture, size, tensor types and template.
     Inspect(inspect::InspectArgs),
 }
@@ -28,7 +28,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(a) => run::run(a),
+        Command::Run(a) => run::run(*a),
         Command::Inspect(a) => inspect::inspect(a),
     };
     if let Err(e) = result {

@@ -76,7 +76,11 @@ pub fn default_threads() -> usize {
 }
 
 /// Loads a model for a single process: files, tokenizer and the full shard.
-pub fn load_engine(model: Option<&str>, threads: usize, quantize: Option<kernels::DType>) -> Result<(Engine, formats::ModelFiles, String)> {
+pub fn load_engine(
+    model: Option<&str>,
+    threads: usize,
+    quantize: Option<kernels::DType>,
+) -> Result<(Engine, formats::ModelFiles, String)> {
     let path = model_source::resolve(model)?;
     let files = formats::open_model(&path)?;
     let tokenizer = Tokenizer::from_source(&files.tokenizer)?;

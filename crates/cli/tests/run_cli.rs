@@ -5,7 +5,8 @@ use common::*;
 
 fn json_of(o: &std::process::Output) -> serde_json::Value {
     assert!(o.status.success(), "failed: {}", stderr(o));
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("bad json ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("bad json ({e}): {}", String::from_utf8_lossy(&o.stdout)))
 }
 
 #[test]
@@ -15,7 +16,17 @@ fn prompt_ids_on_a_model_without_tokenizer() {
     let ids: Vec<String> = golden["input_ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
     let n = golden["greedy_ids"].as_array().unwrap().len().to_string();
     let m = fixture("qwen2");
-    let o = shardlm(&["run", "--model", m.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--max-tokens", &n, "--json", "--ignore-eos"]);
+    let o = shardlm(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        &ids.join(","),
+        "--max-tokens",
+        &n,
+        "--json",
+        "--ignore-eos",
+    ]);
     let j = json_of(&o);
     assert_eq!(j["output_ids"], golden["greedy_ids"]);
     assert_eq!(j["text"], "");
@@ -34,8 +45,16 @@ fn dump_logits_matches_golden() {
         serde_json::from_str(&std::fs::read_to_string(m.join("golden.json")).unwrap()).unwrap();
     let ids: Vec<String> = golden["input_ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
     let o = shardlm(&[
-        "run", "--model", m.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--max-tokens", "1",
-        "--dump-logits", out.to_str().unwrap(), "--json",
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        &ids.join(","),
+        "--max-tokens",
+        "1",
+        "--dump-logits",
+        out.to_str().unwrap(),
+        "--json",
     ]);
     json_of(&o);
     let bytes = std::fs::read(&out).unwrap();
@@ -70,7 +89,8 @@ fn inspect_reports_the_model() {
 #[test]
 fn smollm2_capital_of_france() {
     let Some(p) = smollm2() else { return };
-    let o = shardlm(&["run", "--model", p.to_str().unwrap(), "The capital of France is", "--max-tokens", "4", "--json"]);
+    let o =
+        shardlm(&["run", "--model", p.to_str().unwrap(), "The capital of France is", "--max-tokens", "4", "--json"]);
     let j = json_of(&o);
     assert!(j["text"].as_str().unwrap().starts_with(" Paris"), "got {:?}", j["text"]);
 }

@@ -274,10 +274,12 @@ mod tests {
         let stops = vec!["STOP".to_string()];
         let mut s = TextStream::new(&stops);
         let mut got = String::new();
-        let mut cb = |t: &str| got.push_str(t);
-        assert!(!s.push("hello S", &mut cb));
-        assert!(!s.push("T", &mut cb));
-        assert!(s.push("OP world", &mut cb));
+        {
+            let mut cb = |t: &str| got.push_str(t);
+            assert!(!s.push("hello S", &mut cb));
+            assert!(!s.push("T", &mut cb));
+            assert!(s.push("OP world", &mut cb));
+        }
         assert_eq!(s.text, "hello ");
         assert_eq!(got, "hello ");
     }
@@ -287,11 +289,10 @@ mod tests {
         let stops = vec!["</end>".to_string()];
         let mut s = TextStream::new(&stops);
         let mut got = String::new();
-        let mut cb = |t: &str| got.push_str(t);
-        s.push("a </", &mut cb);
+        s.push("a </", &mut |t: &str| got.push_str(t));
         assert_eq!(got, "a ");
-        s.push("b>", &mut cb);
-        s.flush(&mut cb);
+        s.push("b>", &mut |t: &str| got.push_str(t));
+        s.flush(&mut |t: &str| got.push_str(t));
         assert_eq!(got, "a </b>");
     }
 }

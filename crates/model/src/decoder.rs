@@ -57,7 +57,10 @@ impl DecoderLayer {
             Ok(Linear::new(w, b))
         };
         let (q_norm, k_norm) = if spec.qk_norm {
-            (Some(vector(store, &format!("{p}self_attn.q_norm.weight"), hd)?), Some(vector(store, &format!("{p}self_attn.k_norm.weight"), hd)?))
+            (
+                Some(vector(store, &format!("{p}self_attn.q_norm.weight"), hd)?),
+                Some(vector(store, &format!("{p}self_attn.k_norm.weight"), hd)?),
+            )
         } else {
             (None, None)
         };

@@ -15,7 +15,8 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(n_layers: usize, kv_width: usize, capacity: usize) -> KvCache {
-        let layers = (0..n_layers).map(|_| (vec![0f32; capacity * kv_width], vec![0f32; capacity * kv_width])).collect();
+        let layers =
+            (0..n_layers).map(|_| (vec![0f32; capacity * kv_width], vec![0f32; capacity * kv_width])).collect();
         KvCache { layers, kv_width, capacity, len: 0 }
     }
 

@@ -50,7 +50,7 @@ impl Linear {
 /// Re-encodes a float weight as `target` (Q8_0 or Q4_0) at load time. Weights that
 /// are already quantized, or whose rows are not whole blocks, are left as they are.
 pub fn quantize_weight(w: WeightTensor, target: DType) -> Result<WeightTensor, kernels::KernelError> {
-    if w.dtype.is_quantized() || w.shape.len() != 2 || w.shape[1] % target.block_elems() != 0 {
+    if w.dtype.is_quantized() || w.shape.len() != 2 || !w.shape[1].is_multiple_of(target.block_elems()) {
         return Ok(w);
     }
     let (rows, cols) = (w.shape[0], w.shape[1]);

@@ -15,7 +15,13 @@ pub struct Rope {
 }
 
 impl Rope {
-    pub fn new(theta: f32, rot_dim: usize, scaling: &RopeScaling, max_pos: usize, style: kernels::ops::RopeStyle) -> Rope {
+    pub fn new(
+        theta: f32,
+        rot_dim: usize,
+        scaling: &RopeScaling,
+        max_pos: usize,
+        style: kernels::ops::RopeStyle,
+    ) -> Rope {
         let half = rot_dim / 2;
         // As transformers: base ** (arange(0, dim, 2) / dim), computed in f32.
         let pos_freq: Vec<f32> = (0..half).map(|i| theta.powf((2 * i) as f32 / rot_dim as f32)).collect();
@@ -55,12 +61,16 @@ impl Rope {
                 let get_mscale = |scale: f32, m: f32| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
                 attention_factor = match (af, mscale, mscale_all_dim) {
                     (Some(a), _, _) => a,
-                    (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => get_mscale(factor, m) / get_mscale(factor, ma),
+                    (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
+                        get_mscale(factor, m) / get_mscale(factor, ma)
+                    }
                     _ => get_mscale(factor, 1.0),
                 };
-                let orig = if original_max_position_embeddings > 0 { original_max_position_embeddings } else { max_pos };
+                let orig =
+                    if original_max_position_embeddings > 0 { original_max_position_embeddings } else { max_pos };
                 let dim = rot_dim as f32;
-                let corr = |rot: f32| dim * (orig as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * theta.ln());
+                let corr =
+                    |rot: f32| dim * (orig as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * theta.ln());
                 let low = corr(beta_fast).floor().max(0.0);
                 let high = corr(beta_slow).ceil().min(dim - 1.0);
                 let high = if low == high { high + 0.001 } else { high };

@@ -6,5 +6,10 @@ use formats::ModelConfig;
 use kernels::ops::RopeStyle;
 
 pub fn spec(cfg: &ModelConfig) -> ArchSpec {
-    ArchSpec { qkv_bias: cfg.attention_bias, qk_norm: true, rope_style: RopeStyle::Neox, sliding_window: cfg.sliding_window }
+    ArchSpec {
+        qkv_bias: cfg.attention_bias,
+        qk_norm: true,
+        rope_style: RopeStyle::Neox,
+        sliding_window: cfg.sliding_window,
+    }
 }
