@@ -5,9 +5,9 @@
 //! Our numeric choice matches llama.cpp's: activations are quantized to 8 bits
 //! (Q8_1 for Q4_1 weights, Q8_0 for the Q8_0 output layer).
 
-use shardlm_engine::generate::{Engine, GenerateRequest};
 use model::{LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
 use serde_json::Value;
+use shardlm_engine::generate::{Engine, GenerateRequest};
 use std::path::PathBuf;
 
 fn smollm2() -> Option<PathBuf> {
@@ -72,7 +72,11 @@ fn teacher_forced_against_llamacpp_and_f64() {
             let pos = prompt.len() - 1 + k;
             let row = &logits[pos * vocab..(pos + 1) * vocab];
             let ours = argmax(row);
-            let (l_id, l_logit, l_logit2) = (top2[0].as_u64().unwrap() as usize, top2[1].as_f64().unwrap() as f32, top2[3].as_f64().unwrap() as f32);
+            let (l_id, l_logit, l_logit2) = (
+                top2[0].as_u64().unwrap() as usize,
+                top2[1].as_f64().unwrap() as f32,
+                top2[3].as_f64().unwrap() as f32,
+            );
             if l_logit - l_logit2 >= 1.0 {
                 confident += 1;
                 assert_eq!(ours, l_id, "{name} step {k}: llama.cpp is confident (gap {})", l_logit - l_logit2);
