@@ -102,11 +102,29 @@ pub fn clamp(requested: Isa) -> Isa {
 }
 
 /// The level kernels use: `detected()` lowered by `SHARDLM_ISA` if set. Cached.
+///
+/// A SIMD level is only handed out after its kernels passed a quick self-check
+/// against the scalar reference ([`crate::simd::selftest`]); a level that fails
+/// is skipped (with a warning on stderr) in favour of the next lower one.
 pub fn active() -> Isa {
     static ACTIVE: OnceLock<Isa> = OnceLock::new();
-    *ACTIVE.get_or_init(|| match std::env::var("SHARDLM_ISA").ok().as_deref().and_then(Isa::parse) {
-        Some(req) => clamp(req),
-        None => detected(),
+    *ACTIVE.get_or_init(|| {
+        let mut isa = match std::env::var("SHARDLM_ISA").ok().as_deref().and_then(Isa::parse) {
+            Some(req) => clamp(req),
+            None => detected(),
+        };
+        #[cfg(target_arch = "x86_64")]
+        while isa != Isa::Scalar {
+            match crate::simd::selftest::self_test(isa) {
+                Ok(()) => break,
+                Err(e) => {
+                    let lower = if isa == Isa::Avx512 { Isa::Avx2 } else { Isa::Scalar };
+                    eprintln!("shardlm-kernels: {isa} kernels failed their self-check ({e}); using {lower}");
+                    isa = lower;
+                }
+            }
+        }
+        isa
     })
 }
 

@@ -171,3 +171,13 @@ fn dot4_kernels_match_scalar() {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn self_test_passes_on_every_level() {
+    for isa in isa::available() {
+        if isa != Isa::Scalar {
+            shardlm_kernels::simd::selftest::self_test(isa).unwrap();
+        }
+    }
+}

@@ -1,14 +1,337 @@
-//! AVX-512 (F/BW/VL + VNNI) kernels.
+//! AVX-512 (F/BW/VL + VNNI) kernels for the formats that matter most at decode:
+//! Q4_0, Q4_1, Q8_0 (one- and four-row), the float formats, and Q4_K/Q5_K/Q6_K
+//! (in [`super::avx512_k`]). Other types fall back to the AVX2 kernels.
+//!
+//! The 32-element formats run two blocks per 512-bit vector and use VNNI
+//! `vpdpbusd` (u8 × i8 → i32, four products per lane). Signed weights become
+//! unsigned by an offset whose cost is paid once per activation block, shared by
+//! all rows: `Σ (q + c)·y = Σ q·y + c·Σ y`, so we seed the accumulator with
+//! `−c·Σy` (itself one `vpdpbusd` against the constant `c`).
+//!
+//! Nibble layout: a 4-bit block loads as `[lo₀, lo₁ | hi₀, hi₁]` (16 bytes each,
+//! block 0 and 1), so the activations are permuted once per block pair to
+//! `[y₀[0..16], y₁[0..16] | y₀[16..32], y₁[16..32]]` instead of shuffling every
+//! weight row.
 
-use crate::quant::DotFn;
+use super::avx2::rd16;
+use super::avx2_rows::hsum4;
+use crate::quant::{Dot4Fn, DotFn};
 use crate::DType;
+use std::arch::x86_64::*;
 
-pub fn dot4_fn(dtype: DType) -> Option<crate::quant::Dot4Fn> {
-    let _ = dtype;
-    None
-}
-
+/// The AVX-512 dot for `dtype`, if there is one.
 pub fn dot_fn(dtype: DType) -> Option<DotFn> {
-    let _ = dtype;
-    None
+    Some(match dtype {
+        DType::F32 => dot_f32,
+        DType::F16 => dot_f16,
+        DType::BF16 => dot_bf16,
+        DType::Q4_0 => dot_q4_0,
+        DType::Q4_1 => dot_q4_1,
+        DType::Q8_0 => dot_q8_0,
+        DType::Q4_K => super::avx512_k::dot_q4_k,
+        DType::Q5_K => super::avx512_k::dot_q5_k,
+        DType::Q6_K => super::avx512_k::dot_q6_k,
+        _ => return None,
+    })
 }
+
+/// The AVX-512 four-row dot for `dtype`, if there is one.
+pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
+    Some(match dtype {
+        DType::Q4_0 => dot4_q4_0,
+        DType::Q4_1 => dot4_q4_1,
+        DType::Q8_0 => dot4_q8_0,
+        _ => return None,
+    })
+}
+
+/// Stand-in for the missing second activation block of an odd tail: all-zero
+/// scales and values, so it contributes nothing.
+static ZERO_BLOCK: [u8; 64] = [0; 64];
+
+#[inline(always)]
+unsafe fn rd32(p: *const u8) -> i32 {
+    (p as *const i32).read_unaligned()
+}
+
+#[inline(always)]
+unsafe fn ld256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// Two 32-byte runs as one vector `[a | b]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn ld2(a: *const u8, b: *const u8) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(ld256(a)), ld256(b), 1)
+}
+
+/// Two blocks of 16 nibble bytes → `[lo_a, lo_b | hi_a, hi_b]`, each nibble a byte.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn nib2(a: *const u8, b: *const u8) -> __m512i {
+    let t = _mm256_set_m128i(_mm_loadu_si128(b as *const __m128i), _mm_loadu_si128(a as *const __m128i));
+    let z = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
+    _mm512_and_si512(z, _mm512_set1_epi8(0x0F))
+}
+
+/// Activations of two blocks in nibble order (see module docs).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn y2_nibble_order(a: *const u8, b: *const u8) -> __m512i {
+    let y = ld2(a, b);
+    _mm512_shuffle_i64x2(y, y, 0b11_01_10_00)
+}
+
+/// Horizontal sums of `R` (1 or 4) 512-bit accumulators.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn reduce<const R: usize>(acc: [__m512; R]) -> [f32; 4] {
+    let half = |v: __m512| {
+        _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))
+    };
+    let mut out = [0f32; 4];
+    if R == 4 {
+        _mm_storeu_ps(out.as_mut_ptr(), hsum4([half(acc[0]), half(acc[1]), half(acc[2]), half(acc[3])]));
+    } else {
+        out[0] = _mm512_reduce_add_ps(acc[0]);
+    }
+    out
+}
+
+// ----------------------------------------------------------------- Q4_1
+
+/// `R` rows of Q4_1 × one Q8_1 row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_1_rows<const R: usize>(n: usize, w: *const u8, stride: usize, a: *const u8) -> [f32; 4] {
+    let nb = n / 32;
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut accm = _mm512_setzero_ps();
+    let mut b = 0;
+    while b < nb {
+        let pair = b + 1 < nb;
+        let (x0o, x1o) = (b * 20, if pair { (b + 1) * 20 } else { b * 20 });
+        let y0 = a.add(b * 36);
+        let y1 = if pair { y0.add(36) } else { ZERO_BLOCK.as_ptr() };
+        let yv = y2_nibble_order(y0.add(4), y1.add(4));
+        // Lanes 4r+2k / 4r+2k+1: d_x·d_y and m_x·s_y of row r, block k.
+        let xr = |r: usize, o: usize| if r < R { rd32(w.add(r * stride + o)) } else { 0 };
+        let xs = _mm512_cvtph_ps(_mm256_setr_epi32(
+            xr(0, x0o),
+            xr(0, x1o),
+            xr(1, x0o),
+            xr(1, x1o),
+            xr(2, x0o),
+            xr(2, x1o),
+            xr(3, x0o),
+            xr(3, x1o),
+        ));
+        let ys = _mm512_cvtph_ps(_mm256_set1_epi64x((rd32(y0) as u32 as i64) | ((rd32(y1) as i64) << 32)));
+        let prod = _mm512_mul_ps(xs, ys);
+        accm = _mm512_add_ps(accm, prod);
+        for r in 0..R {
+            let x = w.add(r * stride);
+            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib2(x.add(x0o + 4), x.add(x1o + 4)), yv);
+            let k = 4 * r as i32;
+            let idx = _mm512_setr_epi32(k, k, k, k, k + 2, k + 2, k + 2, k + 2, k, k, k, k, k + 2, k + 2, k + 2, k + 2);
+            acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prod), _mm512_cvtepi32_ps(p), acc[r]);
+        }
+        b += 2;
+    }
+    let mut out = reduce(acc);
+    let mut m = [0f32; 16];
+    _mm512_storeu_ps(m.as_mut_ptr(), accm);
+    for r in 0..R {
+        out[r] += m[4 * r + 1] + m[4 * r + 3];
+    }
+    out
+}
+
+/// Q4_1 × Q8_1 (see [`DotFn`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`DotFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_1(n: usize, w: *const u8, a: *const u8) -> f32 {
+    q4_1_rows::<1>(n, w, 0, a)[0]
+}
+
+/// Four Q4_1 rows × one Q8_1 row (see [`Dot4Fn`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`Dot4Fn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot4_q4_1(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let r = q4_1_rows::<4>(n, w, stride, a);
+    std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
+}
+
+// ------------------------------------------------------- Q4_0 and Q8_0
+
+/// `R` rows of Q4_0 (`Q8 = false`) or Q8_0 (`Q8 = true`) × one Q8_0 row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn q8act_rows<const R: usize, const Q8: bool>(n: usize, w: *const u8, stride: usize, a: *const u8) -> [f32; 4] {
+    let (bb, qo) = if Q8 { (34, 2) } else { (18, 2) };
+    let nb = n / 32;
+    let mut acc = [_mm512_setzero_ps(); R];
+    // Q4_0: q − 8 = nibble − 8; Q8_0: q = (q ^ 0x80) − 128.
+    let c = _mm512_set1_epi8(if Q8 { -128 } else { 8 });
+    let flip = _mm512_set1_epi8(-128);
+    let mut b = 0;
+    while b < nb {
+        let pair = b + 1 < nb;
+        let (x0o, x1o) = (b * bb, if pair { (b + 1) * bb } else { b * bb });
+        let y0 = a.add(b * 34);
+        let y1 = if pair { y0.add(34) } else { ZERO_BLOCK.as_ptr() };
+        let yv = if Q8 { ld2(y0.add(2), y1.add(2)) } else { y2_nibble_order(y0.add(2), y1.add(2)) };
+        // −c·Σy per 4-byte group; c·y as u8·i8 (c = 128 reads as unsigned 0x80).
+        let seed = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, yv));
+        // Lanes 2r+k: d_x(r, k)·d_y(k).
+        let xr = |r: usize, o: usize| if r < R { rd16(w.add(r * stride + o)) as i16 } else { 0 };
+        let xs = _mm256_cvtph_ps(_mm_setr_epi16(
+            xr(0, x0o),
+            xr(0, x1o),
+            xr(1, x0o),
+            xr(1, x1o),
+            xr(2, x0o),
+            xr(2, x1o),
+            xr(3, x0o),
+            xr(3, x1o),
+        ));
+        let ys = _mm256_cvtph_ps(_mm_set1_epi32((rd16(y0) as u32 | (rd16(y1) as u32) << 16) as i32));
+        let prod = _mm512_castps256_ps512(_mm256_mul_ps(xs, ys));
+        for r in 0..R {
+            let x = w.add(r * stride);
+            let q = if Q8 {
+                _mm512_xor_si512(ld2(x.add(x0o + qo), x.add(x1o + qo)), flip)
+            } else {
+                nib2(x.add(x0o + qo), x.add(x1o + qo))
+            };
+            let p = _mm512_dpbusd_epi32(seed, q, yv);
+            let k = 2 * r as i32;
+            let idx = if Q8 {
+                _mm512_setr_epi32(k, k, k, k, k, k, k, k, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1)
+            } else {
+                _mm512_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1, k, k, k, k, k + 1, k + 1, k + 1, k + 1)
+            };
+            acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prod), _mm512_cvtepi32_ps(p), acc[r]);
+        }
+        b += 2;
+    }
+    reduce(acc)
+}
+
+/// Q4_0 × Q8_0 (see [`DotFn`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`DotFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q4_0(n: usize, w: *const u8, a: *const u8) -> f32 {
+    q8act_rows::<1, false>(n, w, 0, a)[0]
+}
+
+/// Q8_0 × Q8_0 (see [`DotFn`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`DotFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_q8_0(n: usize, w: *const u8, a: *const u8) -> f32 {
+    q8act_rows::<1, true>(n, w, 0, a)[0]
+}
+
+/// Four Q4_0 rows × one Q8_0 row (see [`Dot4Fn`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`Dot4Fn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot4_q4_0(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let r = q8act_rows::<4, false>(n, w, stride, a);
+    std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
+}
+
+/// Four Q8_0 rows × one Q8_0 row (see [`Dot4Fn`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`Dot4Fn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot4_q8_0(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let r = q8act_rows::<4, true>(n, w, stride, a);
+    std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
+}
+
+// ------------------------------------------------------------ float weights
+
+macro_rules! float_dot512 {
+    ($name:ident, $width:expr, $load:ident, $loadm:ident) => {
+        /// Float weight × f32 activations (see [`DotFn`]); masked tail, no scalar loop.
+        ///
+        /// # Safety
+        /// AVX-512 F/BW/VL CPU; pointers as for [`DotFn`].
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub unsafe fn $name(n: usize, w: *const u8, a: *const u8) -> f32 {
+            let a = a as *const f32;
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 64 <= n {
+                for k in 0..4 {
+                    let wv = $load(w.add((i + 16 * k) * $width));
+                    acc[k] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a.add(i + 16 * k)), acc[k]);
+                }
+                i += 64;
+            }
+            while i + 16 <= n {
+                acc[0] = _mm512_fmadd_ps($load(w.add(i * $width)), _mm512_loadu_ps(a.add(i)), acc[0]);
+                i += 16;
+            }
+            if i < n {
+                let m: __mmask16 = ((1u32 << (n - i)) - 1) as u16;
+                let wv = $loadm(m, w.add(i * $width));
+                acc[1] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, a.add(i)), acc[1]);
+            }
+            _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+        }
+    };
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load_f32(p: *const u8) -> __m512 {
+    _mm512_loadu_ps(p as *const f32)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn loadm_f32(m: __mmask16, p: *const u8) -> __m512 {
+    _mm512_maskz_loadu_ps(m, p as *const f32)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load_f16(p: *const u8) -> __m512 {
+    _mm512_cvtph_ps(ld256(p))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn loadm_f16(m: __mmask16, p: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p as *const i16))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn load_bf16(p: *const u8) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ld256(p)), 16))
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn loadm_bf16(m: __mmask16, p: *const u8) -> __m512 {
+    let h = _mm256_maskz_loadu_epi16(m, p as *const i16);
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+}
+
+float_dot512!(dot_f32, 4, load_f32, loadm_f32);
+float_dot512!(dot_f16, 2, load_f16, loadm_f16);
+float_dot512!(dot_bf16, 2, load_bf16, loadm_bf16);

@@ -6,3 +6,5 @@ pub mod avx2;
 pub mod avx2_k;
 pub mod avx2_rows;
 pub mod avx512;
+pub mod avx512_k;
+pub mod selftest;

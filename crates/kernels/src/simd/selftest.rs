@@ -1,0 +1,127 @@
+//! Start-up self-check of the SIMD kernels against the scalar reference.
+//!
+//! [`crate::isa::active`] runs this once before handing out a SIMD level: a few
+//! rows of every type through the one- and four-row dot kernels and the
+//! activation quantizers, on fixed pseudo-random data with edge values. A level
+//! that disagrees with scalar is not used (a warning goes to stderr), so a kernel
+//! bug on a CPU we could not test on degrades speed, not answers. It costs well
+//! under a millisecond.
+
+use crate::isa::Isa;
+use crate::quant::{self, VecDotType};
+use crate::DType;
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn f16_bytes(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// `rows × n` weights of `dtype`: random codes (with 0x00/0xFF/0x80 bytes) and
+/// sane random scales, some negative.
+fn weights(rng: &mut XorShift, dtype: DType, rows: usize, n: usize) -> Vec<u8> {
+    if !dtype.is_quantized() {
+        let v: Vec<f32> = (0..rows * n).map(|_| rng.unit()).collect();
+        let mut out = vec![0u8; dtype.bytes_for(v.len()).unwrap_or(0)];
+        quant::quantize_row(dtype, &v, &mut out).expect("float packing");
+        return out;
+    }
+    let bytes = dtype.bytes_for(rows * n).unwrap_or(0);
+    let mut out: Vec<u8> = (0..bytes)
+        .map(|i| match i % 7 {
+            0 => 0x00,
+            3 => 0xFF,
+            5 => 0x80,
+            _ => rng.next() as u8,
+        })
+        .collect();
+    let scale_fields: &[usize] = match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q6_K => &[208],
+        _ => &[],
+    };
+    for blk in out.chunks_exact_mut(dtype.block_bytes()) {
+        for &o in scale_fields {
+            blk[o..o + 2].copy_from_slice(&f16_bytes(rng.unit() * 0.05));
+        }
+    }
+    out
+}
+
+fn acts(rng: &mut XorShift, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| match i % 53 {
+            0 => 0.0,
+            7 => 40.0,
+            _ => rng.unit() * 3.0,
+        })
+        .collect()
+}
+
+/// Checks every kernel `isa` provides against scalar. `Err` names the first
+/// mismatch.
+pub fn self_test(isa: Isa) -> Result<(), String> {
+    let mut rng = XorShift(0x5EED_1234_ABCD_0001);
+    // Activation quantizers must be bit-identical.
+    for vdt in [VecDotType::Q8_0, VecDotType::Q8_1, VecDotType::Q8_K] {
+        let x = acts(&mut rng, 512);
+        let mut a = vec![0u64; vdt.row_bytes(512).div_ceil(8)];
+        let mut b = a.clone();
+        let len = vdt.row_bytes(512);
+        quant::quantize_act_fn(vdt, Isa::Scalar)(&x, &mut bytemuck::cast_slice_mut(&mut a)[..len]);
+        quant::quantize_act_fn(vdt, isa)(&x, &mut bytemuck::cast_slice_mut(&mut b)[..len]);
+        if a != b {
+            return Err(format!("{vdt:?} activation quantizer differs from scalar"));
+        }
+    }
+    for dtype in DType::ALL {
+        let n = if dtype.block_elems() == 256 { 512 } else { 96 };
+        let n = if dtype.is_quantized() { n } else { n + 5 };
+        let vdt = VecDotType::of(dtype);
+        let w = weights(&mut rng, dtype, 4, n);
+        let rb = dtype.bytes_for(n).unwrap_or(0);
+        let x = acts(&mut rng, n);
+        let len = vdt.row_bytes(n);
+        let mut abuf = vec![0u64; len.div_ceil(8)];
+        quant::quantize_act_fn(vdt, Isa::Scalar)(&x, &mut bytemuck::cast_slice_mut(&mut abuf)[..len]);
+        let a = bytemuck::cast_slice::<u64, u8>(&abuf).as_ptr();
+        let scalar = quant::scalar::dot_fn(dtype);
+        let fast = quant::dot_fn(dtype, isa);
+        let dot4 = quant::dot4_fn(dtype, isa);
+        let mut wd = vec![0f32; n];
+        let mut four = [0f32; 4];
+        if let Some(f) = dot4 {
+            // SAFETY: four rows of `rb` bytes; `isa` is supported (checked by caller).
+            unsafe { f(n, w.as_ptr(), rb, a, four.as_mut_ptr()) };
+        }
+        for r in 0..4 {
+            let row = &w[r * rb..(r + 1) * rb];
+            quant::dequantize_row(dtype, row, &mut wd);
+            let mag: f32 = wd.iter().zip(&x).map(|(p, q)| (p * q).abs()).sum::<f32>() * 1.05 + 1e-3;
+            // SAFETY: as above.
+            let (want, got) = unsafe { (scalar(n, row.as_ptr(), a), fast(n, row.as_ptr(), a)) };
+            if (want - got).abs() > 1e-4 * mag || !got.is_finite() {
+                return Err(format!("{dtype} dot at {isa}: {got} vs scalar {want}"));
+            }
+            if dot4.is_some() && ((want - four[r]).abs() > 1e-4 * mag || !four[r].is_finite()) {
+                return Err(format!("{dtype} four-row dot at {isa}: {} vs scalar {want}", four[r]));
+            }
+        }
+    }
+    Ok(())
+}
