@@ -1,0 +1,171 @@
+//! ops (at the active ISA level) against naive f64 versions.
+
+mod common;
+
+use common::*;
+use rand::Rng;
+use shardlm_kernels::ops::{self, RopeStyle};
+use shardlm_kernels::ThreadPool;
+
+fn close(got: &[f32], want: &[f64], rel: f64, what: &str) {
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+    for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!((g as f64 - w).abs() <= rel * scale.max(w.abs()), "{what}[{k}]: {g} vs {w}");
+    }
+}
+
+fn randv(rng: &mut TestRng, n: usize, a: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-a..a)).collect()
+}
+
+#[test]
+fn norms_and_elementwise() {
+    let mut rng = rng(31);
+    for dim in [1, 7, 64, 576, 1001] {
+        let x = randv(&mut rng, 3 * dim, 3.0);
+        let w = randv(&mut rng, dim, 2.0);
+        let mut out = vec![0f32; 3 * dim];
+        ops::rms_norm(&x, &w, 1e-5, dim, &mut out);
+        let mut want = vec![0f64; 3 * dim];
+        for r in 0..3 {
+            let xr = &x[r * dim..(r + 1) * dim];
+            let ms: f64 = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
+            let inv = 1.0 / (ms + 1e-5).sqrt();
+            for j in 0..dim {
+                want[r * dim + j] = xr[j] as f64 * inv * w[j] as f64;
+            }
+        }
+        close(&out, &want, 1e-5, "rms_norm");
+        let mut inplace = x.clone();
+        ops::rms_norm_inplace(&mut inplace, &w, 1e-5, dim);
+        close(&inplace, &want, 1e-5, "rms_norm_inplace");
+
+        let mut g = randv(&mut rng, dim, 30.0);
+        g[0] = -100.0;
+        let u = randv(&mut rng, dim, 2.0);
+        let want: Vec<f64> =
+            g.iter().zip(&u).map(|(&g, &u)| g as f64 / (1.0 + (-(g as f64)).exp()) * u as f64).collect();
+        ops::silu_mul(&mut g, &u);
+        close(&g, &want, 1e-5, "silu_mul");
+
+        let mut s = randv(&mut rng, dim, 20.0);
+        let max = s.iter().fold(f64::MIN, |m, &v| m.max(v as f64));
+        let e: Vec<f64> = s.iter().map(|&v| (v as f64 - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        let want: Vec<f64> = e.iter().map(|v| v / sum).collect();
+        ops::softmax(&mut s);
+        close(&s, &want, 1e-5, "softmax");
+
+        let mut a = randv(&mut rng, dim, 1.0);
+        let b = randv(&mut rng, dim, 1.0);
+        let want: Vec<f64> = a.iter().zip(&b).map(|(&x, &y)| x as f64 + y as f64).collect();
+        let d: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+        let dd = ops::dot(&a, &b);
+        assert!((dd as f64 - d).abs() <= 1e-5 * dim as f64, "dot {dd} vs {d}");
+        ops::add_inplace(&mut a, &b);
+        close(&a, &want, 1e-6, "add_inplace");
+    }
+}
+
+#[test]
+fn rope_styles() {
+    let (head_dim, half) = (8, 4);
+    let cos: Vec<f32> = (0..half).map(|i| (0.3 * i as f32).cos()).collect();
+    let sin: Vec<f32> = (0..half).map(|i| (0.3 * i as f32).sin()).collect();
+    let x: Vec<f32> = (0..2 * head_dim).map(|i| i as f32 + 1.0).collect();
+    let mut n = x.clone();
+    ops::rope(&mut n, head_dim, &cos, &sin, RopeStyle::Neox);
+    // Pair (1, 5) of head 0: [x1·c1 − x5·s1, x5·c1 + x1·s1].
+    assert!((n[1] - (2.0 * cos[1] - 6.0 * sin[1])).abs() < 1e-6);
+    assert!((n[5] - (6.0 * cos[1] + 2.0 * sin[1])).abs() < 1e-6);
+    let mut il = x.clone();
+    ops::rope(&mut il, head_dim, &cos, &sin, RopeStyle::Interleaved);
+    // Pair (2, 3) of head 1 (elements 10, 11) uses angle index 1.
+    assert!((il[10] - (11.0 * cos[1] - 12.0 * sin[1])).abs() < 1e-5);
+    assert!((il[11] - (12.0 * cos[1] + 11.0 * sin[1])).abs() < 1e-5);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn naive_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_new: usize,
+    start: usize,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f64> {
+    let mut out = vec![0f64; n_new * nh * hd];
+    for i in 0..n_new {
+        for h in 0..nh {
+            let kvh = h / (nh / nkv);
+            let qh = &q[(i * nh + h) * hd..][..hd];
+            let n_keys = start + i + 1;
+            let s: Vec<f64> = (0..n_keys)
+                .map(|p| {
+                    let kp = &k[(p * nkv + kvh) * hd..][..hd];
+                    qh.iter().zip(kp).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64
+                })
+                .collect();
+            let m = s.iter().fold(f64::MIN, |a, &b| a.max(b));
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for p in 0..n_keys {
+                let vp = &v[(p * nkv + kvh) * hd..][..hd];
+                for d in 0..hd {
+                    out[(i * nh + h) * hd + d] += e[p] / sum * vp[d] as f64;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_matches_naive() {
+    let mut rng = rng(32);
+    for &(n_new, start, nh, nkv, hd) in &[(1, 0, 9, 3, 64), (1, 37, 9, 3, 64), (5, 3, 4, 4, 16), (17, 0, 8, 2, 12)] {
+        let ctx = start + n_new + 2;
+        let q = randv(&mut rng, n_new * nh * hd, 1.0);
+        let k = randv(&mut rng, ctx * nkv * hd, 1.0);
+        let v = randv(&mut rng, ctx * nkv * hd, 1.0);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let want = naive_attention(&q, &k, &v, n_new, start, nh, nkv, hd, scale);
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            let mut out = vec![f32::NAN; n_new * nh * hd];
+            ops::attention(&pool, &q, &k, &v, n_new, start, nh, nkv, hd, scale, &mut out);
+            close(&out, &want, 1e-5, "attention");
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vector_exp_accuracy() {
+    use shardlm_kernels::isa::{self, Isa};
+    if !isa::available().contains(&Isa::Avx2) {
+        return;
+    }
+    let mut xs: Vec<f32> = (-10000..=10000).map(|i| i as f32 * 0.0088).collect();
+    xs.extend([-86.5, -100.0, 0.0, 1e-8, -1e-8]);
+    let mut buf = xs.clone();
+    let sum = unsafe { shardlm_kernels::simd::avx2_ops::exp_sub_sum(buf.as_mut_ptr(), 0.0, buf.len()) };
+    let mut want_sum = 0f64;
+    for (&x, &e) in xs.iter().zip(&buf) {
+        let w = (x as f64).exp();
+        want_sum += if x < -86.0 { 0.0 } else { w };
+        if x < -86.0 {
+            assert_eq!(e, 0.0);
+        } else {
+            assert!(((e as f64) - w).abs() <= 3e-7 * w, "exp({x}) = {e}, want {w}");
+        }
+    }
+    let _ = (sum, want_sum); // the full range overflows f32 sums; check a softmax-like range
+    let mut small: Vec<f32> = (0..1003).map(|i| -(i as f32) * 0.02).collect();
+    let want: f64 = small.iter().map(|&x| (x as f64).exp()).sum();
+    let got = unsafe { shardlm_kernels::simd::avx2_ops::exp_sub_sum(small.as_mut_ptr(), 0.0, small.len()) };
+    assert!((got as f64 - want).abs() <= 1e-5 * want, "{got} vs {want}");
+}
