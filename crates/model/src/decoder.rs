@@ -10,8 +10,11 @@
 
 use crate::arch::ArchSpec;
 use crate::linear::{quantize_weight, Linear};
+use crate::plan::TpSlice;
+use crate::slice;
 use crate::{LoadOptions, ModelError};
 use formats::{ModelConfig, TensorStore, WeightTensor};
+use std::ops::Range;
 
 #[derive(Debug)]
 pub struct DecoderLayer {
@@ -28,8 +31,7 @@ pub struct DecoderLayer {
     pub down: Linear,
 }
 
-fn weight(store: &TensorStore, name: &str, shape: &[usize], opts: &LoadOptions) -> Result<WeightTensor, ModelError> {
-    let w = store.get_shaped(name, shape)?.clone();
+fn quantized(w: WeightTensor, opts: &LoadOptions) -> Result<WeightTensor, ModelError> {
     match opts.quantize {
         Some(target) => Ok(quantize_weight(w, target)?),
         None => Ok(w),
@@ -41,20 +43,39 @@ fn vector(store: &TensorStore, name: &str, len: usize) -> Result<Vec<f32>, Model
 }
 
 impl DecoderLayer {
+    /// Loads layer `layer`, keeping only the tensor-parallel slice `tp` (query heads
+    /// and their KV heads, MLP columns) when given.
     pub fn load(
         store: &TensorStore,
         cfg: &ModelConfig,
         spec: &ArchSpec,
         layer: usize,
+        tp: Option<&TpSlice>,
         opts: &LoadOptions,
     ) -> Result<DecoderLayer, ModelError> {
         let p = format!("model.layers.{layer}.");
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (hq, hkv, ffn) = (cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.intermediate_size);
-        let lin = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear, ModelError> {
-            let w = weight(store, &format!("{p}{name}.weight"), &[out, inp], opts)?;
-            let b = if bias { Some(vector(store, &format!("{p}{name}.bias"), out)?) } else { None };
-            Ok(Linear::new(w, b))
+        let full = TpSlice {
+            q_heads: 0..cfg.n_heads,
+            kv_heads: 0..cfg.n_kv_heads,
+            ffn: 0..ffn,
+            vocab: 0..cfg.vocab_size,
+            vocab_all: vec![],
+        };
+        let tp = tp.unwrap_or(&full);
+        let heads = |r: &Range<usize>| r.start * hd..r.end * hd;
+        let (q_rows, kv_rows) = (heads(&tp.q_heads), heads(&tp.kv_heads));
+        // "all-to-sharded": keep output rows; "sharded-to-all": keep input columns.
+        let col_par = |name: &str, out: usize, rows: &Range<usize>, bias: bool| -> Result<Linear, ModelError> {
+            let w = slice::rows(store.get_shaped(&format!("{p}{name}.weight"), &[out, h])?, rows.clone());
+            let b =
+                if bias { Some(vector(store, &format!("{p}{name}.bias"), out)?[rows.clone()].to_vec()) } else { None };
+            Ok(Linear::new(quantized(w, opts)?, b))
+        };
+        let row_par = |name: &str, inp: usize, cols: &Range<usize>| -> Result<Linear, ModelError> {
+            let w = slice::cols(store.get_shaped(&format!("{p}{name}.weight"), &[h, inp])?, cols.clone());
+            Ok(Linear::new(quantized(w, opts)?, None))
         };
         let (q_norm, k_norm) = if spec.qk_norm {
             (
@@ -66,16 +87,16 @@ impl DecoderLayer {
         };
         Ok(DecoderLayer {
             attn_norm: vector(store, &format!("{p}input_layernorm.weight"), h)?,
-            q: lin("self_attn.q_proj", hq, h, spec.qkv_bias)?,
-            k: lin("self_attn.k_proj", hkv, h, spec.qkv_bias)?,
-            v: lin("self_attn.v_proj", hkv, h, spec.qkv_bias)?,
-            o: lin("self_attn.o_proj", h, hq, false)?,
+            q: col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?,
+            k: col_par("self_attn.k_proj", hkv, &kv_rows, spec.qkv_bias)?,
+            v: col_par("self_attn.v_proj", hkv, &kv_rows, spec.qkv_bias)?,
+            o: row_par("self_attn.o_proj", hq, &q_rows)?,
             q_norm,
             k_norm,
             mlp_norm: vector(store, &format!("{p}post_attention_layernorm.weight"), h)?,
-            gate: lin("mlp.gate_proj", ffn, h, false)?,
-            up: lin("mlp.up_proj", ffn, h, false)?,
-            down: lin("mlp.down_proj", h, ffn, false)?,
+            gate: col_par("mlp.gate_proj", ffn, &tp.ffn, false)?,
+            up: col_par("mlp.up_proj", ffn, &tp.ffn, false)?,
+            down: row_par("mlp.down_proj", ffn, &tp.ffn)?,
         })
     }
 

@@ -9,9 +9,11 @@ pub mod decoder;
 pub mod kv_cache;
 pub mod linear;
 pub mod model;
+pub mod plan;
 pub mod registry;
 pub mod rope;
 pub mod shard;
+pub mod slice;
 pub mod workspace;
 
 pub use kv_cache::KvCache;
@@ -34,6 +36,8 @@ pub enum ModelError {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("context overflow: {needed} positions needed, the KV cache holds {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
     #[error("communication failed: {0}")]
     Comm(String),
 }

@@ -7,7 +7,7 @@ use crate::registry::Arch;
 use crate::rope::Rope;
 use crate::shard::{AllReduce, ShardSpec};
 use crate::workspace::{grow, Workspace};
-use crate::{KvCache, ModelError};
+use crate::{slice, KvCache, ModelError};
 use formats::{ModelConfig, ModelFiles, WeightTensor};
 use kernels::{ops, DType, ThreadPool};
 
@@ -49,6 +49,18 @@ pub struct Model {
     final_norm: Option<Vec<f32>>,
     lm_head: Option<Linear>,
     rope: Rope,
+    local: LocalDims,
+}
+
+/// The widths this shard computes (equal to the config's in a single process).
+#[derive(Debug, Clone)]
+struct LocalDims {
+    n_heads: usize,
+    n_kv_heads: usize,
+    ffn: usize,
+    vocab: std::ops::Range<usize>,
+    /// Every tensor-parallel rank's vocab rows (empty without tensor parallelism).
+    vocab_all: Vec<std::ops::Range<usize>>,
 }
 
 impl Model {
@@ -66,17 +78,38 @@ impl Model {
         let (h, vocab) = (cfg.hidden_size, cfg.vocab_size);
         let embed_name = "model.embed_tokens.weight";
         let need_embed = shard.has_embed || (shard.has_head && cfg.tie_word_embeddings);
-        let embed_full = if need_embed { Some(store.get_shaped(embed_name, &[vocab, h])?.clone()) } else { None };
+        let local = match &shard.tp {
+            Some(tp) => LocalDims {
+                n_heads: tp.q_heads.len(),
+                n_kv_heads: tp.kv_heads.len(),
+                ffn: tp.ffn.len(),
+                vocab: tp.vocab.clone(),
+                vocab_all: tp.vocab_all.clone(),
+            },
+            None => LocalDims {
+                n_heads: cfg.n_heads,
+                n_kv_heads: cfg.n_kv_heads,
+                ffn: cfg.intermediate_size,
+                vocab: 0..vocab,
+                vocab_all: vec![],
+            },
+        };
+        // Vocab-parallel: this rank's rows of the embedding (and of a tied lm_head).
+        let embed_full = if need_embed {
+            Some(slice::rows(store.get_shaped(embed_name, &[vocab, h])?, local.vocab.clone()))
+        } else {
+            None
+        };
         let mut layers = Vec::with_capacity(shard.layers.len());
         for l in shard.layers.clone() {
-            layers.push(DecoderLayer::load(store, &cfg, &spec, l, opts)?);
+            layers.push(DecoderLayer::load(store, &cfg, &spec, l, shard.tp.as_ref(), opts)?);
         }
         let (final_norm, lm_head) = if shard.has_head {
             let norm = store.get_shaped("model.norm.weight", &[h])?.to_f32();
             let w = if cfg.tie_word_embeddings && !store.contains("lm_head.weight") {
                 embed_full.clone().expect("loaded above")
             } else {
-                store.get_shaped("lm_head.weight", &[vocab, h])?.clone()
+                slice::rows(store.get_shaped("lm_head.weight", &[vocab, h])?, local.vocab.clone())
             };
             let w = match opts.quantize {
                 Some(t) => quantize_weight(w, t)?,
@@ -88,13 +121,19 @@ impl Model {
         };
         let embed = if shard.has_embed { embed_full } else { None };
         let style = spec.rope_style;
-        let rope = Rope::new(cfg.rope_theta, cfg.rope_dim, &cfg.rope_scaling, cfg.max_position_embeddings, style);
-        Ok(Model { config: cfg, arch, spec, shard: shard.clone(), embed, layers, final_norm, lm_head, rope })
+        let mut rope = Rope::new(cfg.rope_theta, cfg.rope_dim, &cfg.rope_scaling, cfg.max_position_embeddings, style);
+        // llama.cpp stores llama3-style scaling as per-frequency divisors.
+        if let Ok(f) = store.get("rope_freqs.weight") {
+            for (inv, d) in rope.inv_freq.iter_mut().zip(f.to_f32()) {
+                *inv /= d;
+            }
+        }
+        Ok(Model { config: cfg, arch, spec, shard: shard.clone(), embed, layers, final_norm, lm_head, rope, local })
     }
 
     /// A KV cache for one sequence of up to `capacity` positions.
     pub fn new_cache(&self, capacity: usize) -> KvCache {
-        KvCache::new(self.layers.len(), self.config.n_kv_heads * self.config.head_dim, capacity)
+        KvCache::new(self.layers.len(), self.local.n_kv_heads * self.config.head_dim, capacity)
     }
 
     /// Bytes of weights read per decoded token by this shard.
@@ -112,26 +151,40 @@ impl Model {
         seqs: &mut [SeqStep<'_>],
         comm: &dyn AllReduce,
     ) -> Result<(), ModelError> {
-        self.embed_tokens(ws, seqs)?;
+        self.embed_tokens(ws, seqs, comm)?;
         self.run_layers(pool, ws, seqs, comm)?;
-        self.head(pool, ws, seqs);
-        Ok(())
+        self.head(pool, ws, seqs, comm)
     }
 
     /// Writes the embeddings of every sequence's tokens, concatenated, into `ws.x`.
-    pub fn embed_tokens(&self, ws: &mut Workspace, seqs: &[SeqStep<'_>]) -> Result<(), ModelError> {
+    /// Vocab-parallel: each rank fills the rows it owns, an all-reduce completes them.
+    pub fn embed_tokens(
+        &self,
+        ws: &mut Workspace,
+        seqs: &[SeqStep<'_>],
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
         let Some(embed) = &self.embed else { return Ok(()) };
         let h = self.config.hidden_size;
         let t_total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         grow(&mut ws.x, t_total * h);
         let row_bytes = embed.dtype.bytes_for(h).expect("hidden is a block multiple");
         let bytes = embed.bytes();
+        let owned = &self.local.vocab;
         for (t, &id) in seqs.iter().flat_map(|s| s.tokens.iter()).enumerate() {
             if id as usize >= self.config.vocab_size {
                 return Err(ModelError::TokenOutOfRange { id, vocab: self.config.vocab_size });
             }
-            let row = &bytes[id as usize * row_bytes..][..row_bytes];
-            kernels::quant::dequantize_row(embed.dtype, row, &mut ws.x[t * h..(t + 1) * h]);
+            let out = &mut ws.x[t * h..(t + 1) * h];
+            if owned.contains(&(id as usize)) {
+                let row = &bytes[(id as usize - owned.start) * row_bytes..][..row_bytes];
+                kernels::quant::dequantize_row(embed.dtype, row, out);
+            } else {
+                out.fill(0.0);
+            }
+        }
+        if self.shard.tp.is_some() {
+            comm.all_reduce_sum(&mut ws.x[..t_total * h])?;
         }
         Ok(())
     }
@@ -152,8 +205,8 @@ impl Model {
                 return Err(ModelError::ContextOverflow { needed, capacity: s.cache.capacity });
             }
         }
-        let (h, hd, ffn) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-        let (hq, hkv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+        let (h, hd, ffn) = (cfg.hidden_size, cfg.head_dim, self.local.ffn);
+        let (hq, hkv) = (self.local.n_heads * hd, self.local.n_kv_heads * hd);
         let half = cfg.rope_dim / 2;
         for (buf, w) in [(&mut ws.x, h), (&mut ws.xn, h), (&mut ws.o, h), (&mut ws.q, hq), (&mut ws.attn, hq)] {
             grow(buf, t_total * w);
@@ -222,7 +275,7 @@ impl Model {
     #[allow(clippy::too_many_arguments)]
     fn attend(&self, pool: &ThreadPool, q: &[f32], kc: &[f32], vc: &[f32], len: usize, start: usize, out: &mut [f32]) {
         let cfg = &self.config;
-        let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+        let (nh, nkv, hd) = (self.local.n_heads, self.local.n_kv_heads, cfg.head_dim);
         let (hq, hkv) = (nh * hd, nkv * hd);
         let scale = 1.0 / (hd as f32).sqrt();
         match self.spec.sliding_window {
@@ -239,8 +292,14 @@ impl Model {
     }
 
     /// Final norm and lm_head for the rows each sequence asked for.
-    pub fn head(&self, pool: &ThreadPool, ws: &mut Workspace, seqs: &mut [SeqStep<'_>]) {
-        let (Some(norm), Some(lm_head)) = (&self.final_norm, &self.lm_head) else { return };
+    pub fn head(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        seqs: &mut [SeqStep<'_>],
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        let (Some(norm), Some(lm_head)) = (&self.final_norm, &self.lm_head) else { return Ok(()) };
         let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
         let mut rows = 0;
         let mut t = 0;
@@ -259,12 +318,17 @@ impl Model {
             t += len;
         }
         if rows == 0 {
-            return;
+            seqs.iter_mut().for_each(|s| s.logits.clear());
+            return Ok(());
         }
         grow(&mut ws.xn, rows * h);
         ops::rms_norm(&ws.head_in[..rows * h], norm, self.config.rms_norm_eps, h, &mut ws.xn[..rows * h]);
         grow(&mut ws.logits, rows * vocab);
-        lm_head.forward(pool, &ws.xn, rows, &mut ws.logits, &mut ws.scratch);
+        if self.local.vocab_all.is_empty() {
+            lm_head.forward(pool, &ws.xn, rows, &mut ws.logits, &mut ws.scratch);
+        } else {
+            self.gather_vocab_parallel(pool, ws, rows, lm_head, comm)?;
+        }
         let mut r = 0;
         for s in seqs.iter_mut() {
             let n = match s.mode {
@@ -276,5 +340,39 @@ impl Model {
             s.logits.extend_from_slice(&ws.logits[r * vocab..(r + n) * vocab]);
             r += n;
         }
+        Ok(())
+    }
+
+    /// Vocab-parallel lm_head: each rank computes its rows' logits, then an
+    /// all-gather (padded to the widest slice) assembles `rows × vocab` in `ws.logits`.
+    fn gather_vocab_parallel(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        rows: usize,
+        lm_head: &Linear,
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        let vocab = self.config.vocab_size;
+        let all = &self.local.vocab_all;
+        let width = all.iter().map(|r| r.len()).max().unwrap_or(0);
+        let mine = self.local.vocab.len();
+        grow(&mut ws.local_logits, rows * width);
+        grow(&mut ws.gather, all.len() * rows * width);
+        let mut local = std::mem::take(&mut ws.local_logits);
+        lm_head.forward(pool, &ws.xn, rows, &mut local, &mut ws.scratch);
+        // Re-space rows from `mine` to `width` (back to front, in place).
+        for i in (0..rows).rev() {
+            local.copy_within(i * mine..(i + 1) * mine, i * width);
+        }
+        comm.all_gather(&local[..rows * width], &mut ws.gather[..all.len() * rows * width])?;
+        ws.local_logits = local;
+        for (rk, range) in all.iter().enumerate() {
+            for i in 0..rows {
+                let src = &ws.gather[(rk * rows + i) * width..][..range.len()];
+                ws.logits[i * vocab + range.start..i * vocab + range.end].copy_from_slice(src);
+            }
+        }
+        Ok(())
     }
 }

@@ -19,6 +19,8 @@ pub struct Workspace {
     pub(crate) sin: Vec<f32>,
     pub(crate) head_in: Vec<f32>,
     pub(crate) logits: Vec<f32>,
+    pub(crate) local_logits: Vec<f32>,
+    pub(crate) gather: Vec<f32>,
     pub(crate) scratch: MatmulScratch,
 }
 

@@ -1,0 +1,158 @@
+//! The shard plan: which layers each pipeline stage computes, and which heads,
+//! MLP columns and vocabulary rows each tensor-parallel rank owns.
+//!
+//! Rules (each tested below):
+//! * pipeline: contiguous layer ranges in proportion to the stage weights (e.g.
+//!   usable memory), every stage at least one layer, no layer dropped;
+//! * tensor: when `tp ≤ kv_heads`, whole GQA groups (a KV head and its query heads)
+//!   per rank, weighted; when `tp > kv_heads`, each rank takes one KV head
+//!   (replicated across the ranks that share it) and a share of its query heads;
+//! * MLP columns in multiples of the weight's quant block, weighted;
+//! * vocabulary rows weighted (row slices are free).
+
+use std::ops::Range;
+
+/// Splits `n` items into `weights.len()` contiguous ranges in proportion to the
+/// weights, in units of `unit` items (the last range takes the remainder), every
+/// range non-empty when `n ≥ unit · parts`.
+pub fn proportional_ranges(n: usize, weights: &[f64], unit: usize) -> Vec<Range<usize>> {
+    let parts = weights.len().max(1);
+    let units = n / unit;
+    let total: f64 = weights.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+    let mut bounds = vec![0usize];
+    let mut acc = 0.0;
+    for (i, w) in weights.iter().enumerate().take(parts - 1) {
+        acc += w / total;
+        let mut b = (acc * units as f64).round() as usize;
+        // Keep at least one unit for this range and for each that follows.
+        let prev = bounds[i];
+        let min = if units >= parts { prev + 1 } else { prev };
+        let max = if units >= parts { units - (parts - 1 - i) } else { units };
+        b = b.clamp(min, max.max(min));
+        bounds.push(b);
+    }
+    let mut out: Vec<Range<usize>> = bounds.windows(2).map(|w| w[0] * unit..w[1] * unit).collect();
+    let last = *bounds.last().unwrap() * unit;
+    out.push(last..n);
+    out
+}
+
+/// What one tensor-parallel rank owns of every layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpSlice {
+    pub q_heads: Range<usize>,
+    pub kv_heads: Range<usize>,
+    pub ffn: Range<usize>,
+    pub vocab: Range<usize>,
+    /// Every rank's vocabulary rows, for gathering vocab-parallel logits.
+    pub vocab_all: Vec<Range<usize>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("cannot split {heads} attention heads over {ranks} tensor-parallel ranks")]
+    TooFewHeads { heads: usize, ranks: usize },
+    #[error("cannot split an MLP of width {ffn} over {ranks} ranks in blocks of {block}")]
+    TooNarrow { ffn: usize, ranks: usize, block: usize },
+    #[error("cannot split {layers} layers over {stages} pipeline stages")]
+    TooFewLayers { layers: usize, stages: usize },
+}
+
+/// Layer ranges of the pipeline stages, in data-flow order (first range embeds).
+pub fn pipeline_layers(n_layers: usize, weights: &[f64]) -> Result<Vec<Range<usize>>, PlanError> {
+    if weights.len() > n_layers {
+        return Err(PlanError::TooFewLayers { layers: n_layers, stages: weights.len() });
+    }
+    Ok(proportional_ranges(n_layers, weights, 1))
+}
+
+/// The tensor-parallel slice of rank `rank` among `weights.len()` ranks.
+pub fn tp_slice(
+    n_heads: usize,
+    n_kv: usize,
+    ffn: usize,
+    vocab: usize,
+    ffn_block: usize,
+    weights: &[f64],
+    rank: usize,
+) -> Result<TpSlice, PlanError> {
+    let tp = weights.len();
+    if n_heads < tp {
+        return Err(PlanError::TooFewHeads { heads: n_heads, ranks: tp });
+    }
+    let group = n_heads / n_kv;
+    let (q_heads, kv_heads) = if tp <= n_kv {
+        let kv = proportional_ranges(n_kv, weights, 1)[rank].clone();
+        (kv.start * group..kv.end * group, kv)
+    } else {
+        // Ranks are dealt to KV heads; those sharing a KV head split its query heads.
+        let kv_of = |r: usize| r * n_kv / tp;
+        let kv = kv_of(rank);
+        let sharing: Vec<usize> = (0..tp).filter(|&r| kv_of(r) == kv).collect();
+        if sharing.len() > group {
+            return Err(PlanError::TooFewHeads { heads: n_heads, ranks: tp });
+        }
+        let idx = sharing.iter().position(|&r| r == rank).unwrap();
+        let sub = proportional_ranges(group, &vec![1.0; sharing.len()], 1)[idx].clone();
+        (kv * group + sub.start..kv * group + sub.end, kv..kv + 1)
+    };
+    if ffn / ffn_block < tp {
+        return Err(PlanError::TooNarrow { ffn, ranks: tp, block: ffn_block });
+    }
+    let ffn = proportional_ranges(ffn, weights, ffn_block)[rank].clone();
+    let vocab_all = proportional_ranges(vocab, weights, 1);
+    let vocab = vocab_all[rank].clone();
+    Ok(TpSlice { q_heads, kv_heads, ffn, vocab, vocab_all })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipeline_covers_every_layer_once() {
+        for n in 1..40 {
+            for stages in 1..=n.min(5) {
+                for w in [vec![1.0; stages], (1..=stages).map(|i| i as f64).collect()] {
+                    let r = pipeline_layers(n, &w).unwrap();
+                    assert_eq!(r.len(), stages);
+                    assert_eq!(r[0].start, 0);
+                    assert_eq!(r.last().unwrap().end, n);
+                    for p in r.windows(2) {
+                        assert_eq!(p[0].end, p[1].start);
+                    }
+                    assert!(r.iter().all(|x| !x.is_empty()), "{n} {w:?} {r:?}");
+                }
+            }
+        }
+        assert_eq!(pipeline_layers(30, &[1.0, 2.0]).unwrap(), vec![0..10, 10..30]);
+        assert!(pipeline_layers(2, &[1.0; 3]).is_err());
+    }
+
+    #[test]
+    fn smollm2_heads_over_two_and_four_ranks() {
+        // 9 query heads, 3 KV heads (groups of 3), ffn 1536 in blocks of 32.
+        let a = tp_slice(9, 3, 1536, 49152, 32, &[1.0, 1.0], 0).unwrap();
+        let b = tp_slice(9, 3, 1536, 49152, 32, &[1.0, 1.0], 1).unwrap();
+        assert_eq!((a.kv_heads.clone(), b.kv_heads.clone()), (0..2, 2..3));
+        assert_eq!((a.q_heads, b.q_heads), (0..6, 6..9));
+        assert_eq!((a.ffn.clone(), b.ffn.clone()), (0..768, 768..1536));
+        assert_eq!(a.vocab.end, b.vocab.start);
+        // 4 ranks > 3 KV heads: KV head 0 is shared by ranks 0 and 1.
+        let s: Vec<TpSlice> = (0..4).map(|r| tp_slice(9, 3, 1536, 49152, 32, &[1.0; 4], r).unwrap()).collect();
+        assert_eq!(s[0].kv_heads, 0..1);
+        assert_eq!(s[1].kv_heads, 0..1);
+        assert_eq!(s[0].q_heads.len() + s[1].q_heads.len(), 3);
+        let mut q: Vec<usize> = s.iter().flat_map(|x| x.q_heads.clone()).collect();
+        q.sort();
+        assert_eq!(q, (0..9).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn weighted_widths() {
+        let s = tp_slice(8, 8, 1024, 100, 32, &[3.0, 1.0], 0).unwrap();
+        assert_eq!(s.kv_heads, 0..6);
+        assert_eq!(s.ffn, 0..768);
+        assert!(tp_slice(2, 2, 1024, 100, 32, &[1.0; 3], 0).is_err());
+    }
+}

@@ -1,0 +1,60 @@
+//! Taking a rank's part of a weight. Row slices (output features) of a row-major
+//! weight are a contiguous byte range: still memory-mapped, so a rank reads only
+//! its part. Column slices (input features) are gathered into owned bytes block by
+//! block; if the range is not block-aligned the slice is widened to f32.
+
+use formats::{TensorData, WeightTensor};
+use kernels::DType;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Rows `r` of a 2-D (or 1-D, as one row per element) weight.
+pub fn rows(w: &WeightTensor, r: Range<usize>) -> WeightTensor {
+    if r.start == 0 && r.end == w.shape[0] {
+        return w.clone();
+    }
+    let row_elems: usize = w.shape[1..].iter().product();
+    let row_bytes = w.dtype.bytes_for(row_elems).expect("rows are whole blocks");
+    let data = match &w.data {
+        TensorData::Mapped { map, offset, .. } => {
+            TensorData::Mapped { map: map.clone(), offset: offset + r.start * row_bytes, len: r.len() * row_bytes }
+        }
+        TensorData::Owned(v) => TensorData::Owned(Arc::new(v[r.start * row_bytes..r.end * row_bytes].to_vec())),
+    };
+    let mut shape = w.shape.clone();
+    shape[0] = r.len();
+    WeightTensor { name: w.name.clone(), dtype: w.dtype, shape, data }
+}
+
+/// Columns `c` of a 2-D weight.
+pub fn cols(w: &WeightTensor, c: Range<usize>) -> WeightTensor {
+    let (n_rows, n_cols) = (w.shape[0], w.shape[1]);
+    if c.start == 0 && c.end == n_cols {
+        return w.clone();
+    }
+    let block = w.dtype.block_elems();
+    let src_row = w.dtype.bytes_for(n_cols).expect("rows are whole blocks");
+    let bytes = w.bytes();
+    let (dtype, out) = if c.start % block == 0 && c.end % block == 0 {
+        let (b0, b1) = (c.start / block * w.dtype.block_bytes(), c.end / block * w.dtype.block_bytes());
+        let mut out = Vec::with_capacity(n_rows * (b1 - b0));
+        for r in 0..n_rows {
+            out.extend_from_slice(&bytes[r * src_row + b0..r * src_row + b1]);
+        }
+        (w.dtype, out)
+    } else {
+        let mut row = vec![0f32; n_cols];
+        let mut out = Vec::with_capacity(n_rows * c.len() * 4);
+        for r in 0..n_rows {
+            kernels::quant::dequantize_row(w.dtype, &bytes[r * src_row..(r + 1) * src_row], &mut row);
+            out.extend(row[c.clone()].iter().flat_map(|v| v.to_le_bytes()));
+        }
+        (DType::F32, out)
+    };
+    WeightTensor { name: w.name.clone(), dtype, shape: vec![n_rows, c.len()], data: TensorData::Owned(Arc::new(out)) }
+}
+
+/// Elements `r` of a 1-D f32 vector.
+pub fn range_of(v: &[f32], r: Range<usize>) -> Vec<f32> {
+    v[r].to_vec()
+}

@@ -1,0 +1,124 @@
+//! Sharded forward passes inside one process (threads joined by the in-process
+//! transport) against the single-process run: pipeline stages must give
+//! bit-identical logits; tensor-parallel ranks within 1e-4 relative.
+
+use shardlm_model::plan::{pipeline_layers, tp_slice};
+use shardlm_model::{LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name)
+}
+
+fn prompt(name: &str) -> Vec<u32> {
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("golden.json")).unwrap()).unwrap();
+    j["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+}
+
+fn single(files: &formats::ModelFiles, tokens: &[u32]) -> Vec<f32> {
+    let m = Model::load(files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
+    let pool = kernels::ThreadPool::new(1);
+    let (mut ws, mut cache, mut logits) = (Workspace::default(), m.new_cache(tokens.len()), Vec::new());
+    let mut steps = [SeqStep { tokens, cache: &mut cache, mode: LogitsMode::All, logits: &mut logits }];
+    m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
+    logits
+}
+
+fn pipeline(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64]) -> Vec<f32> {
+    let ranges = pipeline_layers(files.config.n_layers, weights).unwrap();
+    let n = ranges.len();
+    let stages: Vec<Model> = ranges
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let spec = ShardSpec { layers: r.clone(), has_embed: i == 0, has_head: i + 1 == n, tp: None };
+            Model::load(files, &spec, &LoadOptions::default()).unwrap()
+        })
+        .collect();
+    let pool = kernels::ThreadPool::new(1);
+    let mut x = Vec::new();
+    let mut logits = Vec::new();
+    for m in &stages {
+        let mut ws = Workspace::default();
+        ws.x = x.clone();
+        let mut cache = m.new_cache(tokens.len());
+        let mut steps = [SeqStep { tokens, cache: &mut cache, mode: LogitsMode::All, logits: &mut logits }];
+        m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
+        x = ws.x;
+    }
+    logits
+}
+
+fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64]) -> Vec<f32> {
+    let groups = comm::Group::local(weights.len());
+    let cfg = &files.config;
+    let block = 32;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .enumerate()
+            .map(|(rank, g)| {
+                s.spawn(move || {
+                    let tp = tp_slice(
+                        cfg.n_heads,
+                        cfg.n_kv_heads,
+                        cfg.intermediate_size,
+                        cfg.vocab_size,
+                        block,
+                        weights,
+                        rank,
+                    )
+                    .unwrap();
+                    let spec = ShardSpec { layers: 0..cfg.n_layers, has_embed: true, has_head: true, tp: Some(tp) };
+                    let m = Model::load(files, &spec, &LoadOptions::default()).unwrap();
+                    let pool = kernels::ThreadPool::new(1);
+                    let (mut ws, mut cache, mut logits) = (Workspace::default(), m.new_cache(tokens.len()), Vec::new());
+                    let mut steps = [SeqStep { tokens, cache: &mut cache, mode: LogitsMode::All, logits: &mut logits }];
+                    m.forward(&pool, &mut ws, &mut steps, &g).unwrap();
+                    logits
+                })
+            })
+            .collect();
+        let all: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        for other in &all[1..] {
+            assert_eq!(other, &all[0], "every tensor-parallel rank sees the same logits");
+        }
+        all.into_iter().next().unwrap()
+    })
+}
+
+fn assert_close(name: &str, got: &[f32], want: &[f32], rel: f32) {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(d <= rel * scale, "{name}: max |Δ| {d} > {rel} × {scale}");
+}
+
+#[test]
+fn pipeline_is_bit_identical() {
+    for name in ["llama", "qwen2", "qwen3", "mistral"] {
+        let files = formats::open_model(&fixture(name)).unwrap();
+        let tokens = prompt(name);
+        let want = single(&files, &tokens);
+        for w in [vec![1.0, 1.0], vec![1.0, 1.0, 1.0], vec![2.0, 1.0]] {
+            if w.len() > files.config.n_layers {
+                continue;
+            }
+            assert_eq!(pipeline(&files, &tokens, &w), want, "{name} pipeline {w:?}");
+        }
+    }
+}
+
+#[test]
+fn tensor_parallel_matches_single() {
+    for name in ["llama", "qwen2", "qwen3", "mistral"] {
+        let files = formats::open_model(&fixture(name)).unwrap();
+        let tokens = prompt(name);
+        let want = single(&files, &tokens);
+        for w in [vec![1.0; 2], vec![1.0; 4], vec![3.0, 1.0]] {
+            let got = tensor(&files, &tokens, &w);
+            assert_close(&format!("{name} tp {w:?}"), &got, &want, 1e-4);
+        }
+    }
+}
