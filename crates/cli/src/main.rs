@@ -1,6 +1,8 @@
 //! `shardlm`: run, inspect and (later) serve, bench and launch sharded models.
 
+mod bench;
 mod inspect;
+mod membw;
 mod model_source;
 mod run;
 
@@ -19,6 +21,11 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// Show a model's architecture, size, tensor types and template.
     Inspect(inspect::InspectArgs),
+    /// Measure prompt and generation throughput (like mlx_lm.benchmark).
+    Bench(bench::BenchArgs),
+    /// Measure memory read bandwidth (1 and N threads).
+    #[command(hide = true)]
+    Membw(membw::MembwArgs),
 }
 
 fn main() {
@@ -30,6 +37,8 @@ fn main() {
     let result = match cli.command {
         Command::Run(a) => run::run(*a),
         Command::Inspect(a) => inspect::inspect(a),
+        Command::Bench(a) => bench::bench(a),
+        Command::Membw(a) => membw::membw(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined by ": ".

@@ -1,0 +1,262 @@
+//! `shardlm bench`: prompt and generation throughput with the semantics of
+//! `mlx_lm.benchmark`. A seeded random-token prompt of `-p` tokens is prefilled,
+//! then `-g` tokens are generated greedily at batch 1 with EOS ignored. One warm-up
+//! trial runs first, then `-n` measured trials; each prints prompt tok/s, generation
+//! tok/s, time to first token, the peak RSS so far and the wall time, then the
+//! averages.
+
+use crate::run::{default_threads, load_engine};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use engine::generate::{Engine, GenerateRequest};
+use engine::sampler::SamplingParams;
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// GGUF file, HF directory, or alias (default: smollm2-135m).
+    #[arg(long)]
+    model: Option<String>,
+    /// Prompt length in tokens (random ids, uniform over the vocabulary).
+    #[arg(short = 'p', long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    prompt_tokens: u64,
+    /// Tokens to generate per trial (EOS is ignored).
+    #[arg(short = 'g', long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..))]
+    generation_tokens: u64,
+    /// Measured trials (after the warm-up trials).
+    #[arg(short = 'n', long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    num_trials: u64,
+    /// Unmeasured warm-up trials before the first measured one.
+    #[arg(long, default_value_t = 1)]
+    warmup: u64,
+    /// Worker threads (default: all cores).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    threads: Option<u64>,
+    /// Prompt tokens per prefill step.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    prefill_chunk: u64,
+    /// Seed of the random prompt.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One measured trial.
+#[derive(Debug, Clone, Copy)]
+struct Trial {
+    prompt_tps: f64,
+    generation_tps: f64,
+    ttft_s: f64,
+    peak_rss_bytes: u64,
+    total_s: f64,
+}
+
+impl Trial {
+    fn to_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "prompt_tps": self.prompt_tps,
+            "generation_tps": self.generation_tps,
+            "ttft_s": self.ttft_s,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "total_s": self.total_s,
+        })
+    }
+}
+
+/// SplitMix64: a small, seedable generator for the prompt ids (no statistical
+/// demands beyond "spread over the vocabulary").
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (multiply-shift; the bias is far below anything measurable here).
+    fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+}
+
+/// `n` token ids drawn uniformly from `0..vocab`.
+fn random_prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = SplitMix64(seed);
+    (0..n).map(|_| rng.below(vocab as u64) as u32).collect()
+}
+
+/// The process's resident-set high-water mark (`VmHWM`), in bytes; 0 where unknown.
+pub fn peak_rss_bytes() -> u64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/status") else { return 0 };
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Bytes of the model files at `path`: a file's length, or the weight files of a directory.
+fn model_file_bytes(path: &Path) -> u64 {
+    if path.is_file() {
+        return path.metadata().map_or(0, |m| m.len());
+    }
+    let Ok(rd) = std::fs::read_dir(path) else { return 0 };
+    rd.filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors" || x == "gguf"))
+        .filter_map(|p| p.metadata().ok().map(|m| m.len()))
+        .sum()
+}
+
+/// Runs one trial: prefill the prompt, generate `g` tokens.
+fn trial(engine: &mut Engine, prompt: &[u32], g: usize) -> Result<Trial> {
+    let req = GenerateRequest {
+        prompt_ids: prompt.to_vec(),
+        max_tokens: g,
+        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        stop_strings: Vec::new(),
+        ignore_eos: true,
+        want_prompt_logits: false,
+    };
+    let t0 = Instant::now();
+    let out = engine.generate(&req, &mut |_| {})?;
+    let total_s = t0.elapsed().as_secs_f64();
+    if out.output_ids.len() != g {
+        bail!("generated {} tokens instead of {g}", out.output_ids.len());
+    }
+    Ok(Trial {
+        prompt_tps: out.prefill_tok_s,
+        // (g − 1) tokens over the time from the first token to the last.
+        generation_tps: out.decode_tok_s,
+        ttft_s: out.ttft_ms / 1e3,
+        peak_rss_bytes: peak_rss_bytes(),
+        total_s,
+    })
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = xs.collect();
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    let threads = a.threads.map_or_else(default_threads, |t| t as usize);
+    let (p, g, n) = (a.prompt_tokens as usize, a.generation_tokens as usize, a.num_trials as usize);
+    let t_load = Instant::now();
+    let (mut engine, files, model_name) = load_engine(a.model.as_deref(), threads, None)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    engine.prefill_chunk = a.prefill_chunk as usize;
+    let ctx = engine.context_length();
+    if p + g > ctx {
+        bail!("-p {p} plus -g {g} is {} tokens, more than the context length {ctx}", p + g);
+    }
+    let cfg = &engine.model.config;
+    let vocab = cfg.vocab_size;
+    // What the generate loop allocates: f32 K and V for every layer, p + g positions.
+    let kv_cache_bytes = (cfg.n_layers * 2 * (p + g) * cfg.n_kv_heads * cfg.head_dim * 4) as u64;
+    let weight_bytes_per_token = engine.model.weight_bytes_per_token() as u64;
+    let file_bytes = model_file_bytes(&files.path);
+    let rss_after_load = peak_rss_bytes();
+    let prompt = random_prompt(p, vocab, a.seed);
+
+    if !a.json {
+        println!(
+            "model {model_name}: {} layers, hidden {}, vocab {vocab}; {threads} threads; \
+             weights read per token {:.3} GiB; loaded in {load_s:.2} s",
+            cfg.n_layers,
+            cfg.hidden_size,
+            gib(weight_bytes_per_token)
+        );
+        println!("prompt {p} tokens, generation {g} tokens, {n} trials after {} warm-up", a.warmup);
+    }
+    for w in 0..a.warmup {
+        eprintln!("warm-up {}/{} ...", w + 1, a.warmup);
+        trial(&mut engine, &prompt, g).context("warm-up trial")?;
+    }
+    let mut trials = Vec::with_capacity(n);
+    for i in 0..n {
+        eprintln!("trial {}/{n} ...", i + 1);
+        let t = trial(&mut engine, &prompt, g).with_context(|| format!("trial {}", i + 1))?;
+        if !a.json {
+            println!(
+                "Trial {}: prompt_tps={:.3}, generation_tps={:.3}, ttft={:.3} s, peak_memory={:.3} GiB, total={:.3} s",
+                i + 1,
+                t.prompt_tps,
+                t.generation_tps,
+                t.ttft_s,
+                gib(t.peak_rss_bytes),
+                t.total_s
+            );
+        }
+        trials.push(t);
+    }
+    let avg_prompt = mean(trials.iter().map(|t| t.prompt_tps));
+    let avg_gen = mean(trials.iter().map(|t| t.generation_tps));
+    let avg_ttft = mean(trials.iter().map(|t| t.ttft_s));
+    let avg_rss = mean(trials.iter().map(|t| t.peak_rss_bytes as f64)) as u64;
+    if a.json {
+        let j = serde_json::json!({
+            "model": model_name,
+            "threads": threads,
+            "prompt_tokens": p,
+            "generation_tokens": g,
+            "prefill_chunk": engine.prefill_chunk,
+            "weight_bytes_per_token": weight_bytes_per_token,
+            "model_file_bytes": file_bytes,
+            "kv_cache_bytes": kv_cache_bytes,
+            "rss_after_load_bytes": rss_after_load,
+            "load_s": load_s,
+            "trials": trials.iter().map(|t| t.to_json()).collect::<Vec<_>>(),
+            "avg": {
+                "prompt_tps": avg_prompt,
+                "generation_tps": avg_gen,
+                "ttft_s": avg_ttft,
+                "peak_rss_bytes": avg_rss,
+            },
+        });
+        println!("{j}");
+    } else {
+        println!(
+            "Averages: prompt_tps={avg_prompt:.3}, generation_tps={avg_gen:.3}, ttft={avg_ttft:.3} s, \
+             peak_memory={:.3} GiB (model files {:.3} GiB + KV cache {:.3} GiB)",
+            gib(avg_rss),
+            gib(file_bytes),
+            gib(kv_cache_bytes)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_is_seeded_and_in_range() {
+        let a = random_prompt(1000, 49152, 7);
+        assert_eq!(a, random_prompt(1000, 49152, 7));
+        assert_ne!(a, random_prompt(1000, 49152, 8));
+        assert!(a.iter().all(|&t| (t as usize) < 49152));
+        // Spread: both halves of the vocabulary occur.
+        assert!(a.iter().any(|&t| t < 24576) && a.iter().any(|&t| t >= 24576));
+    }
+
+    #[test]
+    fn peak_rss_is_readable_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(peak_rss_bytes() > 0);
+        }
+    }
+}
