@@ -144,13 +144,54 @@ pub fn matmul_isa(
     y: &mut [f32],
     scratch: &mut MatmulScratch,
 ) {
-    check_shapes(&w, x, m, y);
-    if m == 0 || w.rows == 0 {
+    matmul_many_isa(isa, pool, &[w], x, m, &mut [y], scratch)
+}
+
+/// Several weights applied to the same input (`ys[k] = x · ws[k]ᵀ`), e.g. the
+/// q/k/v or gate/up projections: the activations are quantized once and all
+/// output rows are split across the pool in one `run`, which saves a pool
+/// round-trip per extra weight at batch 1. Every weight must have `x`'s column
+/// count; weights of different activation types are handled one after another.
+pub fn matmul_many(
+    pool: &ThreadPool,
+    ws: &[MatRef<'_>],
+    x: &[f32],
+    m: usize,
+    ys: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) {
+    matmul_many_isa(isa::active(), pool, ws, x, m, ys, scratch)
+}
+
+/// Most weights one [`matmul_many`] pool run covers (more are done in groups).
+const MANY_MAX: usize = 8;
+
+/// [`matmul_many`] with an explicit ISA level.
+pub fn matmul_many_isa(
+    isa: Isa,
+    pool: &ThreadPool,
+    ws: &[MatRef<'_>],
+    x: &[f32],
+    m: usize,
+    ys: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) {
+    assert_eq!(ws.len(), ys.len(), "one output per weight");
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        check_shapes(w, x, m, y);
+    }
+    if m == 0 || ws.is_empty() {
+        return;
+    }
+    let vdt = VecDotType::of(ws[0].dtype);
+    if ws.iter().any(|w| VecDotType::of(w.dtype) != vdt) {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul_many_isa(isa, pool, std::slice::from_ref(w), x, m, &mut [&mut **y], scratch);
+        }
         return;
     }
     let isa = isa::clamp(isa);
-    let cols = w.cols;
-    let vdt = VecDotType::of(w.dtype);
+    let cols = ws[0].cols;
     let a: &[u8] = if vdt == VecDotType::F32 {
         bytemuck::cast_slice(x)
     } else {
@@ -175,18 +216,37 @@ pub fn matmul_isa(
         buf
     };
     let a_stride = a.len() / m;
-    let dot = quant::dot_fn(w.dtype, isa);
-    let dot4 = quant::dot4_fn(w.dtype, isa);
-    let yp = SyncPtr(y.as_mut_ptr());
-    let rows = w.rows;
-    pool.run(|t, nt| {
-        let (r0, r1) = split_range(rows, t, nt, ROW_GRAIN);
-        if r0 < r1 {
-            // SAFETY: this thread writes only y[i, r0..r1]; pointers stay in bounds
-            // (checked shapes), and `dot` matches the CPU (clamped ISA).
-            unsafe { rows_kernel(dot, dot4, &w, r0, r1, a, a_stride, m, yp.get()) };
+    for (wg, yg) in ws.chunks(MANY_MAX).zip(ys.chunks_mut(MANY_MAX)) {
+        let nw = wg.len();
+        let mut yp = [SyncPtr(std::ptr::null_mut::<f32>()); MANY_MAX];
+        let mut units = [0usize; MANY_MAX];
+        let mut kern: [Option<(DotFn, Option<Dot4Fn>)>; MANY_MAX] = [None; MANY_MAX];
+        for k in 0..nw {
+            yp[k] = SyncPtr(yg[k].as_mut_ptr());
+            units[k] = wg[k].rows.div_ceil(ROW_GRAIN);
+            kern[k] = Some((quant::dot_fn(wg[k].dtype, isa), quant::dot4_fn(wg[k].dtype, isa)));
         }
-    });
+        let total: usize = units.iter().sum();
+        if total == 0 {
+            continue;
+        }
+        pool.run(|t, nt| {
+            let (u0, u1) = (total * t / nt, total * (t + 1) / nt);
+            let mut base = 0;
+            for k in 0..nw {
+                let (lo, hi) = (u0.max(base), u1.min(base + units[k]));
+                if lo < hi {
+                    let w = &wg[k];
+                    let (r0, r1) = ((lo - base) * ROW_GRAIN, ((hi - base) * ROW_GRAIN).min(w.rows));
+                    let (dot, dot4) = kern[k].expect("kernel chosen");
+                    // SAFETY: this thread writes only ys[k][i, r0..r1]; shapes were
+                    // checked, and the kernels match the CPU (clamped ISA).
+                    unsafe { rows_kernel(dot, dot4, w, r0, r1, a, a_stride, m, yp[k].get()) };
+                }
+                base += units[k];
+            }
+        });
+    }
 }
 
 /// Computes `y[i, r]` for `r in r0..r1`, all `i < m`.

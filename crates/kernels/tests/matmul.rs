@@ -99,3 +99,35 @@ fn rows_range_is_a_shard() {
     assert!(MatRef::new(DType::Q4_0, 2, 32, &[0u8; 35]).is_err());
     assert_eq!(MatRef::new(DType::Q4_0, 2, 64, &[0u8; 72]).unwrap().row_bytes(), 36);
 }
+
+#[test]
+fn matmul_many_matches_separate_calls() {
+    use shardlm_kernels::matmul::matmul_many;
+    let mut rng = rng(5);
+    let cols = 256;
+    let groups: [&[(DType, usize)]; 2] = [
+        &[(DType::Q4_1, 40), (DType::Q5_1, 19), (DType::Q4_1, 3), (DType::Q4_1, 64)],
+        &[(DType::Q4_1, 40), (DType::Q5_1, 19), (DType::Q8_0, 33), (DType::F32, 17)],
+    ];
+    for specs in groups {
+        let ws: Vec<Vec<u8>> = specs.iter().map(|&(d, r)| random_weight(&mut rng, d, r, cols)).collect();
+        let mats: Vec<MatRef<'_>> =
+            specs.iter().zip(&ws).map(|(&(d, r), w)| MatRef::new(d, r, cols, w).unwrap()).collect();
+        for m in [1, 5] {
+            let x = random_acts(&mut rng, m * cols);
+            for threads in [1, 2, 3] {
+                let pool = ThreadPool::new(threads);
+                let mut scratch = MatmulScratch::default();
+                let mut outs: Vec<Vec<f32>> = specs.iter().map(|&(_, r)| vec![f32::NAN; m * r]).collect();
+                let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+                matmul_many(&pool, &mats, &x, m, &mut refs, &mut scratch);
+                for (k, w) in mats.iter().enumerate() {
+                    let mut want = vec![0f32; m * w.rows];
+                    matmul_reference(*w, &x, m, &mut want);
+                    let scale = abs_scale(w, &x, m);
+                    check_close(&outs[k], &want, &scale, 2e-5, &format!("weight {k} m={m} threads={threads}"));
+                }
+            }
+        }
+    }
+}
