@@ -2,6 +2,7 @@
 
 mod bench;
 mod inspect;
+mod launch;
 mod membw;
 mod model_source;
 mod run;
@@ -26,6 +27,11 @@ enum Command {
     /// Measure memory read bandwidth (1 and N threads).
     #[command(hide = true)]
     Membw(membw::MembwArgs),
+    /// Start the ranks of a world, here (--local N) or on the hosts of a hostfile.
+    Launch(Box<launch::LaunchArgs>),
+    /// Join a launched world and all-reduce the ranks (tests the launcher).
+    #[command(hide = true)]
+    LaunchProbe(launch::ProbeArgs),
 }
 
 fn main() {
@@ -39,6 +45,8 @@ fn main() {
         Command::Inspect(a) => inspect::inspect(a),
         Command::Bench(a) => bench::bench(a),
         Command::Membw(a) => membw::membw(a),
+        Command::Launch(a) => launch::launch(*a),
+        Command::LaunchProbe(a) => launch::probe(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined by ": ".
