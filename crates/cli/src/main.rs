@@ -1,6 +1,7 @@
 //! `shardlm`: run, inspect and (later) serve, bench and launch sharded models.
 
 mod bench;
+mod dist_args;
 mod inspect;
 mod launch;
 mod membw;

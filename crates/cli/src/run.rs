@@ -62,6 +62,8 @@ pub struct RunArgs {
     /// Write the logits of every prompt position to this safetensors file.
     #[arg(long)]
     dump_logits: Option<PathBuf>,
+    #[command(flatten)]
+    dist: crate::dist_args::DistArgs,
 }
 
 fn parse_quantize(s: &str) -> Result<kernels::DType, String> {
@@ -101,7 +103,25 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     sampling.validate().map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
     let threads = a.threads.map_or_else(default_threads, |t| t as usize);
-    let (mut engine, files, model_name) = load_engine(a.model.as_deref(), threads, a.quantize)?;
+    let Some((mut engine, files, model_name)) =
+        crate::dist_args::load_engine_dist(a.model.as_deref(), threads, a.threads.is_some(), a.quantize, &a.dist)?
+    else {
+        return Ok(()); // a rank other than 0 served its part
+    };
+    let result = run_on(&a, &mut engine, &files, &model_name, sampling);
+    let stopped = engine.shutdown();
+    result?;
+    stopped?;
+    Ok(())
+}
+
+fn run_on(
+    a: &RunArgs,
+    engine: &mut Engine,
+    files: &formats::ModelFiles,
+    model_name: &str,
+    sampling: SamplingParams,
+) -> Result<()> {
     engine.prefill_chunk = a.prefill_chunk as usize;
 
     let prompt_ids = match (&a.prompt_ids, a.prompt.as_ref().or(a.prompt_pos.as_ref())) {

@@ -1,6 +1,7 @@
 //! The generation loop: chunked prefill, then decode one token at a time, sampling,
 //! stop conditions (EOS ids, stop strings, length) and streamed UTF-8 text.
 
+use crate::dist::{Cluster, StageRunner};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::EngineError;
@@ -57,8 +58,12 @@ pub struct Engine {
     pub eos_ids: Vec<u32>,
     /// Prompt tokens per prefill step.
     pub prefill_chunk: usize,
+    /// Set when this engine is rank 0 of a cluster.
+    pub cluster: Option<Cluster>,
     ws: Workspace,
     logits: Vec<f32>,
+    /// The sequence's KV cache for this rank's shard when distributed.
+    dist_cache: Option<KvCache>,
 }
 
 impl Engine {
@@ -75,13 +80,60 @@ impl Engine {
             pool: kernels::ThreadPool::new(threads.max(1)),
             eos_ids,
             prefill_chunk: 512,
+            cluster: None,
             ws: Workspace::default(),
             logits: Vec::new(),
+            dist_cache: None,
         }
     }
 
     pub fn context_length(&self) -> usize {
         self.model.config.max_position_embeddings
+    }
+
+    /// Runs one step of the current sequence: locally, or across the cluster when
+    /// this engine is rank 0 of one. The requested logits land in `self.logits`.
+    /// `new_capacity > 0` starts a new sequence (the cluster's caches).
+    fn step(
+        &mut self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        mode: LogitsMode,
+        new_capacity: usize,
+        comm: &dyn AllReduce,
+    ) -> Result<(), EngineError> {
+        if let Some(cluster) = &self.cluster {
+            let mut runner = StageRunner {
+                cluster,
+                model: &self.model,
+                pool: &self.pool,
+                ws: &mut self.ws,
+                cache: self.dist_cache.take(),
+                logits: &mut self.logits,
+            };
+            let r = runner.drive(tokens, self.prefill_chunk, mode, new_capacity);
+            self.dist_cache = runner.cache.take();
+            return r;
+        }
+        let mut steps = [SeqStep { tokens, cache, mode, logits: &mut self.logits }];
+        self.model.forward(&self.pool, &mut self.ws, &mut steps, comm)?;
+        Ok(())
+    }
+
+    /// Tells the other ranks to exit (rank 0 of a cluster; a no-op otherwise).
+    pub fn shutdown(&mut self) -> Result<(), EngineError> {
+        if let Some(cluster) = &self.cluster {
+            let mut runner = StageRunner {
+                cluster,
+                model: &self.model,
+                pool: &self.pool,
+                ws: &mut self.ws,
+                cache: None,
+                logits: &mut self.logits,
+            };
+            runner.shutdown()?;
+        }
+        Ok(())
     }
 
     /// Runs `tokens` through the model in chunks; returns the logits of the last
@@ -94,6 +146,12 @@ impl Engine {
         comm: &dyn AllReduce,
     ) -> Result<(Vec<f32>, Option<Vec<f32>>), EngineError> {
         let vocab = self.model.config.vocab_size;
+        if self.cluster.is_some() {
+            let mode = if all { LogitsMode::All } else { LogitsMode::Last };
+            self.step(cache, tokens, mode, cache.capacity, comm)?;
+            let last = self.logits[self.logits.len() - vocab..].to_vec();
+            return Ok((last, all.then(|| self.logits.clone())));
+        }
         let mut all_logits = if all { Some(Vec::with_capacity(tokens.len() * vocab)) } else { None };
         let chunk = self.prefill_chunk.max(1);
         let n_chunks = tokens.len().div_ceil(chunk);
@@ -106,8 +164,7 @@ impl Engine {
             } else {
                 LogitsMode::None
             };
-            let mut steps = [SeqStep { tokens: part, cache, mode, logits: &mut self.logits }];
-            self.model.forward(&self.pool, &mut self.ws, &mut steps, comm)?;
+            self.step(cache, part, mode, 0, comm)?;
             if let Some(a) = all_logits.as_mut() {
                 a.extend_from_slice(&self.logits);
             }
@@ -145,7 +202,12 @@ impl Engine {
         if prompt.len() + req.max_tokens > ctx {
             return Err(EngineError::PromptTooLong { prompt: prompt.len(), generate: req.max_tokens, ctx });
         }
-        let mut cache = self.model.new_cache(prompt.len() + req.max_tokens);
+        // Distributed runs keep the cache on each rank; this one only records capacity.
+        let mut cache = if self.cluster.is_some() {
+            KvCache::new(0, 0, prompt.len() + req.max_tokens)
+        } else {
+            self.model.new_cache(prompt.len() + req.max_tokens)
+        };
         let mut sampler = Sampler::new(req.sampling.clone());
         let mut history = prompt.clone();
         let mut out_ids = Vec::with_capacity(req.max_tokens);
@@ -182,9 +244,7 @@ impl Engine {
                 break;
             }
             token_buf[0] = id;
-            let mut steps =
-                [SeqStep { tokens: &token_buf, cache: &mut cache, mode: LogitsMode::Last, logits: &mut self.logits }];
-            self.model.forward(&self.pool, &mut self.ws, &mut steps, comm)?;
+            self.step(&mut cache, &token_buf, LogitsMode::Last, 0, comm)?;
             logits.copy_from_slice(&self.logits[..vocab]);
         }
         let decode_s = t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());

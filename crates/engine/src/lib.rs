@@ -1,6 +1,7 @@
 //! shardlm-engine: tokenizer, chat template, sampler and the generation loop.
 
 pub mod chat_template;
+pub mod dist;
 pub mod error;
 pub mod generate;
 pub mod sampler;

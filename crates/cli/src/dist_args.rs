@@ -1,0 +1,136 @@
+//! Flags shared by `run`, `bench` and `serve` for distributed runs, and loading
+//! this rank's shard. With `--ranks N` (and no rank environment yet) the command
+//! relaunches itself as N local ranks; each rank then joins the world from the
+//! `SHARDLM_*` environment the launcher sets.
+
+use crate::launch::{relaunch_with_ranks, Backend};
+use crate::model_source;
+use anyhow::{Context, Result};
+use clap::Args;
+use engine::dist::{fingerprint, Cluster, StageRunner, Strategy};
+use engine::generate::Engine;
+use engine::Tokenizer;
+
+#[derive(Args, Debug, Clone)]
+pub struct DistArgs {
+    /// Run as N ranks on this machine (shorthand for `shardlm launch --local N -- …`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub ranks: Option<u64>,
+    /// How to split the model: pipeline (by depth), tensor (by width) or hybrid.
+    #[arg(long, default_value = "pipeline")]
+    pub strategy: String,
+    /// Tensor-parallel group size for --strategy hybrid.
+    #[arg(long)]
+    pub tp: Option<usize>,
+    /// Transport between ranks: auto (shm on one host, else tcp), tcp or shm.
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    pub backend: Backend,
+    /// TCP connections per peer; large messages are striped across them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub connections_per_peer: u64,
+    /// Relative weight of each rank (e.g. usable memory) for layer and width splits.
+    #[arg(long, value_delimiter = ',')]
+    pub weights: Option<Vec<f64>>,
+    /// Send prompt chunks one at a time through the pipeline (no stage overlap).
+    #[arg(long)]
+    pub no_prefill_overlap: bool,
+    /// Let ranks other than 0 print.
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+/// If `--ranks N` asks for a world that doesn't exist yet, starts it and exits
+/// with its status. Returns otherwise.
+pub fn relaunch_if_asked(d: &DistArgs) -> Result<()> {
+    if let Some(n) = d.ranks {
+        if std::env::var_os(comm::bootstrap::ENV_SIZE).is_none() && n > 1 {
+            let code = relaunch_with_ranks(n as usize, d.backend, d.connections_per_peer as usize, d.verbose)?;
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            std::process::exit(code);
+        }
+    }
+    Ok(())
+}
+
+/// Loads this rank's shard. Rank 0 (or a single process) gets its engine back;
+/// any other rank serves steps until rank 0 shuts the world down, then returns `None`.
+pub fn load_engine_dist(
+    model: Option<&str>,
+    threads: usize,
+    explicit_threads: bool,
+    quantize: Option<kernels::DType>,
+    d: &DistArgs,
+) -> Result<Option<(Engine, formats::ModelFiles, String)>> {
+    relaunch_if_asked(d)?;
+    let strategy = Strategy::parse(&d.strategy, d.tp).map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
+    let path = model_source::resolve(model)?;
+    let files = formats::open_model(&path)?;
+    let name = model.unwrap_or(model_source::DEFAULT_MODEL).to_string();
+    let world = comm::Group::from_env(fingerprint(&path, &files.config)).context("joining the cluster")?;
+    if world.size() == 1 {
+        let tokenizer = Tokenizer::from_source(&files.tokenizer)?;
+        let m = model::Model::load(
+            &files,
+            &model::ShardSpec::full(files.config.n_layers),
+            &model::LoadOptions { quantize },
+        )?;
+        return Ok(Some((Engine::new(m, tokenizer, threads), files, name)));
+    }
+    let weights = rank_weights(d, world.size())?;
+    // Ranks sharing this host share its cores unless --threads says otherwise.
+    let threads = if explicit_threads { threads } else { (threads / ranks_on_this_host().max(1)).max(1) };
+    let cluster = Cluster::new(world, strategy, !d.no_prefill_overlap)?;
+    let block = mlp_block(&files, quantize);
+    let spec = cluster.shard_spec(&files.config, &weights, block)?;
+    let m = model::Model::load(&files, &spec, &model::LoadOptions { quantize })?;
+    if cluster.rank() != 0 {
+        let pool = kernels::ThreadPool::new(threads);
+        let mut ws = model::Workspace::default();
+        let mut logits = Vec::new();
+        let mut runner =
+            StageRunner { cluster: &cluster, model: &m, pool: &pool, ws: &mut ws, cache: None, logits: &mut logits };
+        runner.serve()?;
+        return Ok(None);
+    }
+    let tokenizer = Tokenizer::from_source(&files.tokenizer)?;
+    let mut engine = Engine::new(m, tokenizer, threads);
+    engine.cluster = Some(cluster);
+    Ok(Some((engine, files, name)))
+}
+
+/// How many ranks of the world run on this machine (from the launcher's environment).
+fn ranks_on_this_host() -> usize {
+    let size: usize = std::env::var(comm::bootstrap::ENV_SIZE).ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    if std::env::var_os(comm::bootstrap::ENV_SHM).is_some() {
+        return size;
+    }
+    let rank: usize = std::env::var(comm::bootstrap::ENV_RANK).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let peers = std::env::var(comm::bootstrap::ENV_PEERS).unwrap_or_default();
+    let hosts: Vec<&str> = peers.split(',').map(|p| p.rsplit_once(':').map_or(p, |(h, _)| h)).collect();
+    match hosts.get(rank) {
+        Some(me) => hosts.iter().filter(|h| h == &me).count(),
+        None => 1,
+    }
+}
+
+fn rank_weights(d: &DistArgs, n: usize) -> Result<Vec<f64>> {
+    let from_env = std::env::var("SHARDLM_WEIGHTS")
+        .ok()
+        .map(|s| s.split(',').map(|x| x.trim().parse::<f64>()).collect::<std::result::Result<Vec<f64>, _>>());
+    let w = match (&d.weights, from_env) {
+        (Some(w), _) => w.clone(),
+        (None, Some(Ok(w))) => w,
+        (None, Some(Err(e))) => anyhow::bail!("SHARDLM_WEIGHTS: {e}"),
+        (None, None) => vec![1.0; n],
+    };
+    if w.len() != n || w.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+        anyhow::bail!("bad flag value: --weights needs {n} positive numbers, got {w:?}");
+    }
+    Ok(w)
+}
+
+/// MLP columns are split in whole blocks of the down projection's storage type.
+fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> usize {
+    let stored = files.tensors.get("model.layers.0.mlp.down_proj.weight").map(|t| t.dtype.block_elems()).unwrap_or(1);
+    stored.max(quantize.map_or(1, |q| q.block_elems()))
+}

@@ -1,0 +1,372 @@
+//! Running one request across a cluster of ranks (SPMD).
+//!
+//! World rank `r` sits in pipeline stage `r / tp` at tensor-parallel rank `r % tp`.
+//! Data flows from the last stage (which embeds tokens) down to stage 0 (which
+//! holds the final layers and the head), so rank 0 — the one with the tokenizer,
+//! sampler and output — computes the logits, as in mlx-lm.
+//!
+//! Rank 0 drives every step. It sends a [`Header`] (plus token ids) to each rank
+//! of the embedding stage; each stage then passes a header plus the residual
+//! stream to the same tensor-parallel rank of the next stage. A prompt is sent
+//! once and cut into chunks by the embedding stage, so stage `s` works on chunk
+//! `c` while stage `s−1` works on chunk `c−1`: prefill is pipelined.
+
+use crate::EngineError;
+use comm::Group;
+use model::plan::{pipeline_layers, tp_slice};
+use model::{AllReduce, KvCache, LogitsMode, Model, SeqStep, ShardSpec, Workspace};
+
+/// How the model is split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    Pipeline,
+    Tensor,
+    /// Tensor parallel inside groups of `tp` ranks, pipeline across the groups.
+    Hybrid {
+        tp: usize,
+    },
+}
+
+impl Strategy {
+    pub fn parse(s: &str, tp: Option<usize>) -> Result<Strategy, String> {
+        match (s, tp) {
+            ("pipeline", None) => Ok(Strategy::Pipeline),
+            ("tensor", None) => Ok(Strategy::Tensor),
+            ("hybrid", Some(tp)) if tp >= 1 => Ok(Strategy::Hybrid { tp }),
+            ("hybrid", _) => Err("--strategy hybrid needs --tp N".into()),
+            ("pipeline" | "tensor", Some(_)) => Err("--tp only applies to --strategy hybrid".into()),
+            (other, _) => Err(format!("unknown strategy '{other}' (pipeline, tensor or hybrid)")),
+        }
+    }
+}
+
+/// This rank's place in the cluster.
+pub struct Cluster {
+    pub world: Group,
+    /// The tensor-parallel group of this rank's stage.
+    pub tp_group: Group,
+    pub stages: usize,
+    pub tp: usize,
+    pub stage: usize,
+    pub tp_rank: usize,
+    /// Split prompts into one message per chunk and wait for each (no stage overlap).
+    pub overlap_prefill: bool,
+}
+
+const OP_STEP: u32 = 1;
+const OP_HIDDEN: u32 = 2;
+const OP_SHUTDOWN: u32 = 9;
+
+/// The fixed-size message that precedes every step's payload.
+#[derive(Debug, Clone, Copy, Default)]
+struct Header {
+    op: u32,
+    /// Tokens in the payload.
+    n: u32,
+    /// 0 none, 1 last, 2 all (for a whole prompt: the mode of the final chunk).
+    mode: u32,
+    /// Tokens per chunk (steps sent to the embedding stage).
+    chunk: u32,
+    /// Non-zero: start a new sequence with a KV cache of this many positions.
+    new_capacity: u32,
+}
+
+impl Header {
+    fn to_bytes(self) -> [u8; 20] {
+        let mut b = [0u8; 20];
+        for (i, v) in [self.op, self.n, self.mode, self.chunk, self.new_capacity].into_iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+    fn from_bytes(b: &[u8; 20]) -> Header {
+        let w = |i: usize| u32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().unwrap());
+        Header { op: w(0), n: w(1), mode: w(2), chunk: w(3), new_capacity: w(4) }
+    }
+}
+
+fn mode_code(m: LogitsMode) -> u32 {
+    match m {
+        LogitsMode::None => 0,
+        LogitsMode::Last => 1,
+        LogitsMode::All => 2,
+    }
+}
+
+fn mode_of(c: u32) -> LogitsMode {
+    match c {
+        1 => LogitsMode::Last,
+        2 => LogitsMode::All,
+        _ => LogitsMode::None,
+    }
+}
+
+fn comm_err(e: comm::CommError) -> EngineError {
+    EngineError::Model(model::ModelError::Comm(e.to_string()))
+}
+
+impl Cluster {
+    /// Arranges `world` for `strategy`.
+    pub fn new(world: Group, strategy: Strategy, overlap_prefill: bool) -> Result<Cluster, EngineError> {
+        let n = world.size();
+        let tp = match strategy {
+            Strategy::Pipeline => 1,
+            Strategy::Tensor => n,
+            Strategy::Hybrid { tp } => tp,
+        };
+        if tp == 0 || n % tp != 0 {
+            return Err(EngineError::BadArgument(format!("--tp {tp} does not divide {n} ranks")));
+        }
+        let (stage, tp_rank) = (world.rank() / tp, world.rank() % tp);
+        let tp_group = if tp == n {
+            world.split(0, tp_rank as u32).map_err(comm_err)?
+        } else {
+            world.split(stage as u32, tp_rank as u32).map_err(comm_err)?
+        };
+        Ok(Cluster { world, tp_group, stages: n / tp, tp, stage, tp_rank, overlap_prefill })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.world.rank()
+    }
+
+    /// The shard this rank loads. `weights` (one per world rank) steer the split:
+    /// stage weights are the sums over each stage's ranks.
+    pub fn shard_spec(
+        &self,
+        cfg: &formats::ModelConfig,
+        weights: &[f64],
+        block: usize,
+    ) -> Result<ShardSpec, EngineError> {
+        let stage_w: Vec<f64> =
+            (0..self.stages).map(|s| weights[s * self.tp..(s + 1) * self.tp].iter().sum()).collect();
+        // Data-flow order: index 0 embeds. Stage p holds data-flow slot S−1−p.
+        let flow_w: Vec<f64> = stage_w.iter().rev().copied().collect();
+        let ranges = pipeline_layers(cfg.n_layers, &flow_w).map_err(model::ModelError::from)?;
+        let layers = ranges[self.stages - 1 - self.stage].clone();
+        let tp = if self.tp > 1 {
+            let w = &weights[self.stage * self.tp..(self.stage + 1) * self.tp];
+            let slice =
+                tp_slice(cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, cfg.vocab_size, block, w, self.tp_rank)
+                    .map_err(model::ModelError::from)?;
+            Some(slice)
+        } else {
+            None
+        };
+        Ok(ShardSpec { layers, has_embed: self.stage == self.stages - 1, has_head: self.stage == 0, tp })
+    }
+
+    fn embed_stage_ranks(&self) -> impl Iterator<Item = usize> + '_ {
+        let base = (self.stages - 1) * self.tp;
+        (base..base + self.tp).filter(move |&r| r != 0)
+    }
+
+    /// World rank this rank receives the residual stream from (stage + 1).
+    fn upstream(&self) -> Option<usize> {
+        (self.stage + 1 < self.stages).then(|| (self.stage + 1) * self.tp + self.tp_rank)
+    }
+
+    /// World rank this rank sends the residual stream to (stage − 1).
+    fn downstream(&self) -> Option<usize> {
+        (self.stage > 0).then(|| (self.stage - 1) * self.tp + self.tp_rank)
+    }
+
+    fn send_header(&self, to: usize, h: Header) -> Result<(), EngineError> {
+        self.world.send(to, &h.to_bytes()).map_err(comm_err)
+    }
+
+    fn recv_header(&self, from: usize) -> Result<Header, EngineError> {
+        let mut b = [0u8; 20];
+        self.world.recv(from, &mut b).map_err(comm_err)?;
+        Ok(Header::from_bytes(&b))
+    }
+}
+
+/// Per-rank state for serving steps: the shard, its buffers and the current cache.
+pub struct StageRunner<'a> {
+    pub cluster: &'a Cluster,
+    pub model: &'a Model,
+    pub pool: &'a kernels::ThreadPool,
+    pub ws: &'a mut Workspace,
+    pub cache: Option<KvCache>,
+    pub logits: &'a mut Vec<f32>,
+}
+
+impl StageRunner<'_> {
+    /// Runs this stage's part of one chunk whose input is already in place (token
+    /// ids for the embedding stage, `ws.x` otherwise) and passes it on.
+    fn run_chunk(&mut self, tokens: &[u32], n: usize, mode: LogitsMode) -> Result<(), EngineError> {
+        let cache = self.cache.as_mut().ok_or_else(|| EngineError::BadArgument("step before a sequence".into()))?;
+        let dummy;
+        let toks = if tokens.is_empty() {
+            dummy = vec![0u32; n];
+            &dummy[..]
+        } else {
+            tokens
+        };
+        let mut steps = [SeqStep { tokens: toks, cache, mode, logits: self.logits }];
+        let comm: &dyn AllReduce = &self.cluster.tp_group;
+        if !tokens.is_empty() {
+            self.model.embed_tokens(self.ws, &steps, comm)?;
+        }
+        self.model.run_layers(self.pool, self.ws, &mut steps, comm)?;
+        self.model.head(self.pool, self.ws, &mut steps, comm)?;
+        if let Some(to) = self.cluster.downstream() {
+            let h = Header { op: OP_HIDDEN, n: n as u32, mode: mode_code(mode), chunk: 0, new_capacity: 0 };
+            self.cluster.send_header(to, h)?;
+            let width = self.model.config.hidden_size;
+            self.cluster.world.send(to, bytemuck::cast_slice(&self.ws.x[..n * width])).map_err(comm_err)?;
+        }
+        Ok(())
+    }
+
+    /// Handles one header (and its payload) arriving at this rank. Returns false on shutdown.
+    fn handle(&mut self, h: Header, from: usize) -> Result<bool, EngineError> {
+        let c = self.cluster;
+        if h.op == OP_SHUTDOWN {
+            // Rank 0 drives and never waits for a shutdown.
+            if let Some(to) = c.downstream().filter(|&to| to != 0) {
+                c.send_header(to, h)?;
+            }
+            return Ok(false);
+        }
+        if h.new_capacity > 0 {
+            self.cache = Some(self.model.new_cache(h.new_capacity as usize));
+        }
+        let n = h.n as usize;
+        match h.op {
+            OP_STEP => {
+                let mut tokens = vec![0u32; n];
+                c.world.recv(from, bytemuck::cast_slice_mut(&mut tokens)).map_err(comm_err)?;
+                if c.stage + 1 != c.stages {
+                    return Err(EngineError::BadArgument("token step sent to a stage that does not embed".into()));
+                }
+                self.run_prompt(&tokens, h.chunk.max(1) as usize, mode_of(h.mode))?;
+            }
+            OP_HIDDEN => {
+                let width = self.model.config.hidden_size;
+                model_grow(&mut self.ws.x, n * width);
+                c.world.recv(from, bytemuck::cast_slice_mut(&mut self.ws.x[..n * width])).map_err(comm_err)?;
+                self.run_chunk(&[], n, mode_of(h.mode))?;
+            }
+            op => {
+                return Err(EngineError::BadArgument(format!("rank {} got unknown op {op} from rank {from}", c.rank())))
+            }
+        }
+        Ok(true)
+    }
+
+    /// Embedding stage: cuts `tokens` into chunks and runs each through this stage.
+    fn run_prompt(&mut self, tokens: &[u32], chunk: usize, final_mode: LogitsMode) -> Result<(), EngineError> {
+        let n_chunks = tokens.len().div_ceil(chunk);
+        let mut all = Vec::new();
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let mode = match final_mode {
+                LogitsMode::All => LogitsMode::All,
+                m if i + 1 == n_chunks => m,
+                _ => LogitsMode::None,
+            };
+            self.run_chunk(part, part.len(), mode)?;
+            if final_mode == LogitsMode::All {
+                all.extend_from_slice(self.logits);
+            }
+        }
+        if final_mode == LogitsMode::All {
+            *self.logits = all;
+        }
+        Ok(())
+    }
+
+    /// The loop of every rank but 0: serve steps until shutdown.
+    pub fn serve(&mut self) -> Result<(), EngineError> {
+        let c = self.cluster;
+        let source = c.upstream().unwrap_or(0);
+        loop {
+            let h = c.recv_header(source)?;
+            if !self.handle(h, source)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Rank 0: runs `tokens` as one step of the current (or a new) sequence across
+    /// the cluster. Returns with `self.logits` holding the requested logits.
+    pub fn drive(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        mode: LogitsMode,
+        new_capacity: usize,
+    ) -> Result<(), EngineError> {
+        let c = self.cluster;
+        let parts: Vec<&[u32]> =
+            if c.overlap_prefill || c.stages == 1 { vec![tokens] } else { tokens.chunks(chunk).collect() };
+        let mut collected: Vec<f32> = Vec::new();
+        for (pi, part) in parts.iter().enumerate() {
+            let last = pi + 1 == parts.len();
+            let part_mode = match mode {
+                LogitsMode::All => LogitsMode::All,
+                m if last => m,
+                _ => LogitsMode::None,
+            };
+            let h = Header {
+                op: OP_STEP,
+                n: part.len() as u32,
+                mode: mode_code(part_mode),
+                chunk: chunk as u32,
+                new_capacity: if pi == 0 { new_capacity as u32 } else { 0 },
+            };
+            for r in c.embed_stage_ranks() {
+                c.send_header(r, h)?;
+                c.world.send(r, bytemuck::cast_slice(part)).map_err(comm_err)?;
+            }
+            if h.new_capacity > 0 {
+                self.cache = Some(self.model.new_cache(new_capacity));
+            }
+            if c.stages == 1 {
+                self.run_prompt(part, chunk, part_mode)?;
+            } else {
+                // Stage 0 receives one hidden message per chunk the embedding stage makes.
+                let from = c.upstream().expect("stage 0 of a pipeline has an upstream");
+                for _ in 0..part.len().div_ceil(chunk.max(1)) {
+                    let hh = c.recv_header(from)?;
+                    self.handle(hh, from)?;
+                    if mode == LogitsMode::All {
+                        collected.extend_from_slice(self.logits);
+                    }
+                }
+            }
+            if mode == LogitsMode::All && c.stages == 1 {
+                collected.extend_from_slice(self.logits);
+            }
+        }
+        if mode == LogitsMode::All {
+            *self.logits = collected;
+        }
+        Ok(())
+    }
+
+    /// Rank 0: tells every rank to exit its loop.
+    pub fn shutdown(&mut self) -> Result<(), EngineError> {
+        let h = Header { op: OP_SHUTDOWN, ..Default::default() };
+        for r in self.cluster.embed_stage_ranks() {
+            self.cluster.send_header(r, h)?;
+        }
+        Ok(())
+    }
+}
+
+fn model_grow(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+}
+
+/// A model identity all ranks must agree on (file name, size and shape).
+pub fn fingerprint(path: &std::path::Path, cfg: &formats::ModelConfig) -> u64 {
+    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let text = format!("{name}|{len}|{}|{}|{}|{}", cfg.arch, cfg.n_layers, cfg.hidden_size, cfg.vocab_size);
+    // FNV-1a: stable across machines and builds.
+    text.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
