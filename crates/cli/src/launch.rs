@@ -180,6 +180,11 @@ struct World {
 }
 
 impl World {
+    fn shm(n: usize, secret: &str) -> Result<World> {
+        let name = Some(segment_name()?);
+        Ok(World { peers: vec!["127.0.0.1:0".into(); n], shm: name, connections: 1, secret: secret.into() })
+    }
+
     fn env(&self, rank: usize, with_secret: bool) -> Vec<(String, String)> {
         let mut env = launcher_env(rank, &self.peers, &self.secret);
         env.retain(|(k, _)| (with_secret || k != ENV_SECRET) && (self.shm.is_none() || k != ENV_PEERS));
@@ -207,14 +212,11 @@ fn plan_local(
         bail!("no command to launch: give the shardlm subcommand after `--`");
     }
     let world = if backend == Backend::Tcp {
-        let base = match port {
-            Some(p) => p,
-            None => free_port_range(n)?,
-        };
+        let base = port.map_or_else(|| free_port_range(n), Ok)?;
         let peers = (0..n).map(|r| port_plus(base, r).map(|p| format!("127.0.0.1:{p}"))).collect::<Result<_>>()?;
         World { peers, shm: None, connections, secret: secret.into() }
     } else {
-        World { peers: vec!["127.0.0.1:0".into(); n], shm: Some(segment_name()?), connections, secret: secret.into() }
+        World::shm(n, secret)?
     };
     Ok((0..n)
         .map(|rank| Planned { rank, cmd: local_command(exe, args, &world.env(rank, true)), remote: None })
@@ -237,12 +239,7 @@ fn plan_hostfile(a: &LaunchArgs, path: &Path, secret: &str, exe: &Path) -> Resul
         }
     };
     let world = if shm {
-        World {
-            peers: vec!["127.0.0.1:0".into(); n],
-            shm: Some(segment_name()?),
-            connections: 1,
-            secret: secret.into(),
-        }
+        World::shm(n, secret)?
     } else {
         // Hosts sharing an address (several ranks on one machine) get consecutive ports.
         let offsets: Vec<usize> =
@@ -490,13 +487,12 @@ fn start(p: Planned, verbose: bool, tx: &mpsc::Sender<usize>, readers: &mut Vec<
     let Planned { rank, mut cmd, remote } = p;
     cmd.stdout(if rank == 0 || verbose { Stdio::piped() } else { Stdio::null() });
     cmd.stderr(Stdio::piped());
-    cmd.stdin(if remote.is_some() {
-        Stdio::piped()
-    } else if rank == 0 {
-        Stdio::inherit()
-    } else {
-        Stdio::null()
-    });
+    let stdin = match (&remote, rank) {
+        (Some(_), _) => Stdio::piped(),
+        (None, 0) => Stdio::inherit(),
+        (None, _) => Stdio::null(),
+    };
+    cmd.stdin(stdin);
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: only async-signal-safe calls (prctl, getppid, raise) between fork and exec.
     unsafe {
@@ -620,24 +616,24 @@ fn signal_all(ranks: &mut [Rank], sig: libc::c_int) {
     }
 }
 
-fn describe(status: ExitStatus) -> String {
+fn describe(status: ExitStatus, remote: bool) -> String {
     if let Some(code) = status.code() {
-        let hint = if code == 255 { " (ssh could not reach the host?)" } else { "" };
+        let hint = if remote && code == 255 { " (ssh could not reach the host?)" } else { "" };
         return format!("exited with status {code}{hint}");
     }
+    const NAMES: [(i32, &str); 6] = [
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGABRT, "SIGABRT"),
+        (libc::SIGKILL, "SIGKILL"),
+        (libc::SIGSEGV, "SIGSEGV"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGBUS, "SIGBUS"),
+    ];
     match status.signal() {
-        Some(sig) => {
-            let name = match sig {
-                libc::SIGINT => " (SIGINT)",
-                libc::SIGABRT => " (SIGABRT)",
-                libc::SIGKILL => " (SIGKILL)",
-                libc::SIGSEGV => " (SIGSEGV)",
-                libc::SIGTERM => " (SIGTERM)",
-                libc::SIGBUS => " (SIGBUS)",
-                _ => "",
-            };
-            format!("was killed by signal {sig}{name}")
-        }
+        Some(sig) => match NAMES.iter().find(|(s, _)| *s == sig) {
+            Some((_, name)) => format!("was killed by signal {sig} ({name})"),
+            None => format!("was killed by signal {sig}"),
+        },
         None => format!("ended with {status}"),
     }
 }
@@ -653,12 +649,7 @@ fn supervise(
     let mut kill_at: Option<Instant> = None;
     let mut live = ranks.len();
     while live > 0 {
-        let sig = SIGNAL.load(Ordering::SeqCst);
-        if sig != 0 && interrupted.is_none() && first_failure.is_none() {
-            interrupted = Some(sig);
-            signal_all(&mut ranks, libc::SIGTERM);
-            kill_at = Some(Instant::now() + KILL_GRACE);
-        }
+        let mut failed = None;
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(i) => {
                 let r = &mut ranks[i];
@@ -666,11 +657,7 @@ fn supervise(
                 r.status = Some(status);
                 r.stdin = None;
                 live -= 1;
-                if !status.success() && first_failure.is_none() && interrupted.is_none() {
-                    first_failure = Some(i);
-                    signal_all(&mut ranks, libc::SIGTERM);
-                    kill_at = Some(Instant::now() + KILL_GRACE);
-                }
+                failed = (!status.success()).then_some(i);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -679,6 +666,19 @@ fn supervise(
                     r.status = Some(r.child.wait()?);
                 }
                 live = 0;
+            }
+        }
+        if interrupted.is_none() && first_failure.is_none() {
+            // Checked first: a rank dying of the Ctrl-C that reached us too is not the failure to report.
+            let sig = SIGNAL.load(Ordering::SeqCst);
+            if sig != 0 {
+                interrupted = Some(sig);
+            } else {
+                first_failure = failed;
+            }
+            if interrupted.is_some() || first_failure.is_some() {
+                signal_all(&mut ranks, libc::SIGTERM);
+                kill_at = Some(Instant::now() + KILL_GRACE);
             }
         }
         if kill_at.is_some_and(|t| Instant::now() >= t) {
@@ -704,7 +704,7 @@ fn supervise(
         let shown: String = lines.iter().map(|l| format!("[rank {i}] {l}\n")).collect();
         let _ = write_out(false, shown.as_bytes());
     }
-    eprintln!("error: {} {}", r.label(), describe(status));
+    eprintln!("error: {} {}", r.label(), describe(status, r.host.is_some()));
     Ok(status.code().filter(|&c| c != 0).unwrap_or(1))
 }
 

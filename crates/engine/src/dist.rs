@@ -197,6 +197,8 @@ impl StageRunner<'_> {
     /// ids for the embedding stage, `ws.x` otherwise) and passes it on.
     fn run_chunk(&mut self, tokens: &[u32], n: usize, mode: LogitsMode) -> Result<(), EngineError> {
         let cache = self.cache.as_mut().ok_or_else(|| EngineError::BadArgument("step before a sequence".into()))?;
+        // The first chunk of a sequence tells the next stage to start its cache too.
+        let new_capacity = if cache.len == 0 { cache.capacity as u32 } else { 0 };
         let dummy;
         let toks = if tokens.is_empty() {
             dummy = vec![0u32; n];
@@ -212,7 +214,7 @@ impl StageRunner<'_> {
         self.model.run_layers(self.pool, self.ws, &mut steps, comm)?;
         self.model.head(self.pool, self.ws, &mut steps, comm)?;
         if let Some(to) = self.cluster.downstream() {
-            let h = Header { op: OP_HIDDEN, n: n as u32, mode: mode_code(mode), chunk: 0, new_capacity: 0 };
+            let h = Header { op: OP_HIDDEN, n: n as u32, mode: mode_code(mode), chunk: 0, new_capacity };
             self.cluster.send_header(to, h)?;
             let width = self.model.config.hidden_size;
             self.cluster.world.send(to, bytemuck::cast_slice(&self.ws.x[..n * width])).map_err(comm_err)?;

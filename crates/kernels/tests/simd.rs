@@ -131,15 +131,15 @@ fn unaligned_weights() {
     }
 }
 
-/// Four-row kernels against the scalar dot of each row.
+/// Four-row kernels against the scalar dot of each row (even and odd block counts).
 #[test]
 fn dot4_kernels_match_scalar() {
     let mut rng = rng(24);
     for dtype in DType::ALL {
         let vdt = VecDotType::of(dtype);
-        let n = if dtype.block_elems() == 256 { 512 } else { 576 };
-        let rb = dtype.bytes_for(n).unwrap();
-        for _ in 0..20 {
+        let sizes: &[usize] = if dtype.block_elems() == 256 { &[256, 512, 768] } else { &[32, 544, 576] };
+        for &n in sizes.iter().cycle().take(24) {
+            let rb = dtype.bytes_for(n).unwrap();
             let w = random_weight(&mut rng, dtype, 4, n);
             let x = random_acts(&mut rng, n);
             let xq = if vdt == VecDotType::F32 {
@@ -162,7 +162,7 @@ fn dot4_kernels_match_scalar() {
                     let mag: f32 = wd[r * n..(r + 1) * n].iter().zip(&x).map(|(a, b)| (a * b).abs()).sum::<f32>() * 1.1;
                     assert!(
                         (got[r] - want[r]).abs() <= 1e-5 * mag + 1e-6,
-                        "{dtype} {isa} row {r}: {} vs {}",
+                        "{dtype} n={n} {isa} row {r}: {} vs {}",
                         got[r],
                         want[r]
                     );

@@ -42,6 +42,9 @@ unsafe fn dot_k4k5<const Q5: bool>(n: usize, w: *const u8, a: *const u8) -> f32 
     let one = _mm256_set1_epi8(1);
     for i in 0..nb {
         let (x, y) = (w.add(i * bb), a.add(i * Q8K_BYTES));
+        for l in 0..bb.div_ceil(64) {
+            super::avx2_rows::prefetch(x.wrapping_add(2 * nb * bb + 64 * l));
+        }
         let yd = (y as *const f32).read_unaligned();
         let d = _mm256_set1_ps(yd * f16(rd16(x)));
         let dmin = _mm256_set1_ps(yd * f16(rd16(x.add(2))));
@@ -121,6 +124,9 @@ pub unsafe fn dot_q6_k(n: usize, w: *const u8, a: *const u8) -> f32 {
     let three = _mm256_set1_epi8(3);
     for i in 0..nb {
         let (x, y) = (w.add(i * 210), a.add(i * Q8K_BYTES));
+        for l in 0..4 {
+            super::avx2_rows::prefetch(x.wrapping_add(2 * nb * 210 + 64 * l));
+        }
         let d = _mm256_set1_ps((y as *const f32).read_unaligned() * f16(rd16(x.add(208))));
         let scales = _mm_loadu_si128(x.add(192) as *const __m128i);
         let sc16 = _mm256_cvtepi8_epi16(scales);

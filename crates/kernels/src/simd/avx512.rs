@@ -14,7 +14,7 @@
 //! weight row.
 
 use super::avx2::rd16;
-use super::avx2_rows::hsum4;
+use super::avx2_rows::{hsum4, prefetch, PREFETCH_ROWS};
 use crate::quant::{Dot4Fn, DotFn};
 use crate::DType;
 use std::arch::x86_64::*;
@@ -108,6 +108,7 @@ unsafe fn q4_1_rows<const R: usize>(n: usize, w: *const u8, stride: usize, a: *c
     let nb = n / 32;
     let mut acc = [_mm512_setzero_ps(); R];
     let mut accm = _mm512_setzero_ps();
+    let pf = if R == 4 { PREFETCH_ROWS * stride } else { 2 * nb * 20 };
     let mut b = 0;
     while b < nb {
         let pair = b + 1 < nb;
@@ -132,6 +133,7 @@ unsafe fn q4_1_rows<const R: usize>(n: usize, w: *const u8, stride: usize, a: *c
         accm = _mm512_add_ps(accm, prod);
         for r in 0..R {
             let x = w.add(r * stride);
+            prefetch(x.wrapping_add(x0o + pf));
             let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib2(x.add(x0o + 4), x.add(x1o + 4)), yv);
             let k = 4 * r as i32;
             let idx = _mm512_setr_epi32(k, k, k, k, k + 2, k + 2, k + 2, k + 2, k, k, k, k, k + 2, k + 2, k + 2, k + 2);
@@ -179,6 +181,7 @@ unsafe fn q8act_rows<const R: usize, const Q8: bool>(n: usize, w: *const u8, str
     // Q4_0: q − 8 = nibble − 8; Q8_0: q = (q ^ 0x80) − 128.
     let c = _mm512_set1_epi8(if Q8 { -128 } else { 8 });
     let flip = _mm512_set1_epi8(-128);
+    let pf = if R == 4 { PREFETCH_ROWS * stride } else { 2 * nb * bb };
     let mut b = 0;
     while b < nb {
         let pair = b + 1 < nb;
@@ -204,6 +207,7 @@ unsafe fn q8act_rows<const R: usize, const Q8: bool>(n: usize, w: *const u8, str
         let prod = _mm512_castps256_ps512(_mm256_mul_ps(xs, ys));
         for r in 0..R {
             let x = w.add(r * stride);
+            prefetch(x.wrapping_add(x0o + pf));
             let q = if Q8 {
                 _mm512_xor_si512(ld2(x.add(x0o + qo), x.add(x1o + qo)), flip)
             } else {
@@ -275,6 +279,9 @@ macro_rules! float_dot512 {
             let mut acc = [_mm512_setzero_ps(); 4];
             let mut i = 0;
             while i + 64 <= n {
+                for l in 0..$width {
+                    prefetch(w.wrapping_add((2 * n + i) * $width + 64 * l));
+                }
                 for k in 0..4 {
                     let wv = $load(w.add((i + 16 * k) * $width));
                     acc[k] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a.add(i + 16 * k)), acc[k]);
