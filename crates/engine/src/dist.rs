@@ -283,10 +283,17 @@ impl StageRunner<'_> {
     pub fn serve(&mut self) -> Result<(), EngineError> {
         let c = self.cluster;
         let source = c.upstream().unwrap_or(0);
+        // Fault injection for the lost-peer test: die abruptly after N steps.
+        let die_after: Option<usize> = std::env::var("SHARDLM_TEST_DIE_AFTER_STEPS").ok().and_then(|v| v.parse().ok());
+        let mut steps = 0;
         loop {
             let h = c.recv_header(source)?;
             if !self.handle(h, source)? {
                 return Ok(());
+            }
+            steps += 1;
+            if die_after.is_some_and(|n| steps >= n) {
+                std::process::abort();
             }
         }
     }
