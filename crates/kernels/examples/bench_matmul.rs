@@ -75,7 +75,7 @@ fn main() {
         }
     };
     run();
-    let iters = if m == 1 { 100 * 30 / layers.max(1) } else { 5 };
+    let iters = if m == 1 { (3_000_000_000 / total_bytes.max(1)).max(3) } else { 5 };
     let t = Instant::now();
     let c = cpu_seconds();
     for _ in 0..iters {
