@@ -26,7 +26,7 @@ use comm::Hostfile;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -493,23 +493,21 @@ fn start(p: Planned, verbose: bool, tx: &mpsc::Sender<usize>, readers: &mut Vec<
         (None, _) => Stdio::null(),
     };
     cmd.stdin(stdin);
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: only async-signal-safe calls (prctl, getppid, raise) between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            #[cfg(target_os = "linux")]
-            {
+    #[cfg(target_os = "linux")]
+    {
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: only async-signal-safe calls (prctl, getppid, raise) between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 if libc::getppid() != parent {
                     libc::raise(libc::SIGKILL);
                 }
-            }
-            #[cfg(not(target_os = "linux"))]
-            let _ = parent;
-            Ok(())
-        });
+                Ok(())
+            })
+        };
     }
     let what = match &remote {
         Some((host, _)) => format!("starting rank {rank} on {host} with {:?}", cmd.get_program()),
