@@ -114,7 +114,7 @@ impl Cluster {
             Strategy::Tensor => n,
             Strategy::Hybrid { tp } => tp,
         };
-        if tp == 0 || n % tp != 0 {
+        if tp == 0 || !n.is_multiple_of(tp) {
             return Err(EngineError::BadArgument(format!("--tp {tp} does not divide {n} ranks")));
         }
         let (stage, tp_rank) = (world.rank() / tp, world.rank() % tp);

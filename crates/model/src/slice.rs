@@ -35,7 +35,7 @@ pub fn cols(w: &WeightTensor, c: Range<usize>) -> WeightTensor {
     let block = w.dtype.block_elems();
     let src_row = w.dtype.bytes_for(n_cols).expect("rows are whole blocks");
     let bytes = w.bytes();
-    let (dtype, out) = if c.start % block == 0 && c.end % block == 0 {
+    let (dtype, out) = if c.start.is_multiple_of(block) && c.end.is_multiple_of(block) {
         let (b0, b1) = (c.start / block * w.dtype.block_bytes(), c.end / block * w.dtype.block_bytes());
         let mut out = Vec::with_capacity(n_rows * (b1 - b0));
         for r in 0..n_rows {
