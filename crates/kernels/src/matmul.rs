@@ -5,8 +5,8 @@
 //! Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants) and dot products run on integers.
 //! Float weights (F32/F16/BF16) are widened to f32 and multiplied in f32.
 //!
-//! Work split: output rows are cut into one contiguous range per pool thread
-//! (multiples of [`ROW_GRAIN`] rows). For `m > 1` each thread walks its rows in
+//! Work split: output rows are cut into units of [`ROW_GRAIN`] rows that the pool
+//! threads take in small runs from a shared counter. For `m > 1` each thread walks its rows in
 //! chunks of about [`W_CHUNK_BYTES`] and, for each chunk, every activation row
 //! of a tile of [`ACT_TILE`] rows, so a weight row is read from memory once per
 //! activation tile and then served from cache.
@@ -14,6 +14,7 @@
 use crate::isa::{self, Isa};
 use crate::quant::{self, Dot4Fn, DotFn, VecDotType};
 use crate::{DType, KernelError, ThreadPool};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Output rows per unit of work split between threads (keeps each thread's slice
 /// of `y` on its own cache lines and suits multi-row kernels).
@@ -230,8 +231,16 @@ pub fn matmul_many_isa(
         if total == 0 {
             continue;
         }
-        pool.run(|t, nt| {
-            let (u0, u1) = (total * t / nt, total * (t + 1) / nt);
+        // Units are handed out dynamically (about 4 grabs per thread), so a thread
+        // that starts late or runs slow simply takes fewer.
+        let grab = (total / (pool.n_threads() * 4)).max(1);
+        let next = AtomicUsize::new(0);
+        pool.run(|_, _| loop {
+            let u0 = next.fetch_add(grab, Ordering::Relaxed);
+            if u0 >= total {
+                break;
+            }
+            let u1 = (u0 + grab).min(total);
             let mut base = 0;
             for k in 0..nw {
                 let (lo, hi) = (u0.max(base), u1.min(base + units[k]));
@@ -239,8 +248,9 @@ pub fn matmul_many_isa(
                     let w = &wg[k];
                     let (r0, r1) = ((lo - base) * ROW_GRAIN, ((hi - base) * ROW_GRAIN).min(w.rows));
                     let (dot, dot4) = kern[k].expect("kernel chosen");
-                    // SAFETY: this thread writes only ys[k][i, r0..r1]; shapes were
-                    // checked, and the kernels match the CPU (clamped ISA).
+                    // SAFETY: units are handed out once, so only this thread writes
+                    // ys[k][i, r0..r1]; shapes were checked, and the kernels match
+                    // the CPU (clamped ISA).
                     unsafe { rows_kernel(dot, dot4, w, r0, r1, a, a_stride, m, yp[k].get()) };
                 }
                 base += units[k];

@@ -9,9 +9,15 @@
 //!    sets `remaining = n − 1` and bumps `epoch`; parked workers are woken only if
 //!    some are parked (`sleepers > 0`), so the hot path makes no system call;
 //! 2. every worker sees the new epoch, runs `job(index, n)`, decrements `remaining`;
-//! 3. the caller runs `job(0, n)`, then waits (spinning, then sleeping) until
-//!    `remaining == 0`. Only then does `run` return, so the borrowed job outlives
-//!    every use of the erased pointer.
+//! 3. the caller runs `job(0, n)`, then runs itself every index no worker has
+//!    claimed yet (a worker that is parked or descheduled does not hold the op
+//!    up), then waits (spinning, then sleeping) until `remaining == 0`. Only then
+//!    does `run` return, so the borrowed job outlives every use of the erased
+//!    pointer.
+//!
+//! Claims are epoch stamps (`claims[t]` = the last epoch whose index `t` was
+//! taken), set by compare-and-swap, so each index runs exactly once per `run`
+//! and a worker that wakes late for an old epoch never touches a newer job.
 //!
 //! A `run` issued while another is in flight (from another thread, or nested
 //! inside a job) does not wait for the pool: it runs all `n` indices itself, in
@@ -39,6 +45,7 @@ struct Shared {
     epoch: AtomicUsize,
     job: UnsafeCell<Option<Job>>,
     remaining: AtomicUsize,
+    claims: Box<[AtomicUsize]>,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     sleepers: AtomicUsize,
@@ -83,6 +90,35 @@ fn spin_until(mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Takes index `t` for epoch `e` unless someone already did.
+#[inline]
+fn claim(shared: &Shared, t: usize, e: usize) -> bool {
+    let c = &shared.claims[t];
+    let mut cur = c.load(SeqCst);
+    while cur < e {
+        match c.compare_exchange(cur, e, SeqCst, SeqCst) {
+            Ok(_) => return true,
+            Err(now) => cur = now,
+        }
+    }
+    false
+}
+
+/// Runs index `t` of the current job and counts it done.
+///
+/// # Safety
+/// `t` must have been claimed for the epoch whose job is stored.
+unsafe fn execute(shared: &Shared, t: usize) {
+    let job = (*shared.job.get()).expect("job set");
+    if catch_unwind(AssertUnwindSafe(|| (*job)(t, shared.n))).is_err() {
+        shared.panicked.store(true, SeqCst);
+    }
+    if shared.remaining.fetch_sub(1, SeqCst) == 1 && shared.caller_sleeping.load(SeqCst) {
+        let _g = lock(&shared.done_mx);
+        shared.done_cv.notify_one();
+    }
+}
+
 fn worker(shared: Arc<Shared>, index: usize) {
     let mut seen = 0usize;
     loop {
@@ -98,15 +134,10 @@ fn worker(shared: Arc<Shared>, index: usize) {
         if shared.shutdown.load(SeqCst) {
             return;
         }
-        // SAFETY: the caller stored the job before bumping the epoch and keeps it
-        // alive until `remaining` reaches 0, which we only signal below.
-        let job = unsafe { (*shared.job.get()).expect("job set") };
-        if catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(index, shared.n) })).is_err() {
-            shared.panicked.store(true, SeqCst);
-        }
-        if shared.remaining.fetch_sub(1, SeqCst) == 1 && shared.caller_sleeping.load(SeqCst) {
-            let _g = lock(&shared.done_mx);
-            shared.done_cv.notify_one();
+        if claim(&shared, index, seen) {
+            // SAFETY: a successful claim for `seen` means that run is still in
+            // progress (it cannot finish without this index), so its job is alive.
+            unsafe { execute(&shared, index) };
         }
     }
 }
@@ -127,6 +158,7 @@ impl ThreadPool {
             epoch: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
             remaining: AtomicUsize::new(0),
+            claims: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
@@ -157,8 +189,11 @@ impl ThreadPool {
         self.shared.n
     }
 
-    /// Runs `f(thread_index, n_threads)` once on every thread and returns when all
-    /// have finished. `f` must split its own work by `thread_index`.
+    /// Runs `f(thread_index, n_threads)` once for every index and returns when all
+    /// have finished. `f` must split its own work by `thread_index`. Indices
+    /// normally run on different threads at once, but one whose worker is late
+    /// is run by the caller after its own, so `f` must never wait for another
+    /// index (no barriers inside `f`).
     pub fn run<F: Fn(usize, usize) + Sync>(&self, f: F) {
         let n = self.shared.n;
         if n == 1 {
@@ -182,12 +217,18 @@ impl ThreadPool {
         // touch the pointer any more, before `f` goes out of scope.
         unsafe { *s.job.get() = Some(std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + '_), Job>(job)) };
         s.remaining.store(n - 1, SeqCst);
-        s.epoch.fetch_add(1, SeqCst);
+        let e = s.epoch.fetch_add(1, SeqCst) + 1;
         if s.sleepers.load(SeqCst) > 0 {
             let _g = lock(&s.wake_mx);
             s.wake_cv.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0, n)));
+        for t in 1..n {
+            if claim(s, t, e) {
+                // SAFETY: claimed for the current epoch, whose job is `f`.
+                unsafe { execute(s, t) };
+            }
+        }
         if !spin_until(|| s.remaining.load(SeqCst) == 0) {
             let mut g = lock(&s.done_mx);
             s.caller_sleeping.store(true, SeqCst);
