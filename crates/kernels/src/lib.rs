@@ -3,16 +3,38 @@
 //! * [`DType`]: every weight storage type we read (float and GGUF block quants).
 //! * [`quant`]: one file per block format: layout, reference dequantize, reference
 //!   quantize (where we produce it) and the scalar dot product against 8-bit activations.
-//! * [`matmul`]: `y = x · Wᵀ` over a weight stored in any [`DType`], multi-threaded on
+//! * [`matmul`](mod@matmul): `y = x · Wᵀ` over a weight stored in any [`DType`], multi-threaded on
 //!   the persistent [`pool::ThreadPool`], dispatched at run time to the best ISA.
 //! * [`ops`]: the small f32 steps (RMSNorm, rope, softmax, SiLU/GELU, attention).
 //!
 //! We write these ourselves because they *are* the product: speed on CPUs comes from
 //! kernels that read quantized weights directly, and distribution needs kernels that
-//! work on any row range of a weight (a tensor-parallel shard).
+//! work on any row range of a weight (a tensor-parallel shard). A general BLAS or
+//! tensor library gives us neither: none reads GGUF blocks in place, their thread
+//! pools are fork-join (too slow at batch 1, where one op is a few microseconds),
+//! and matching llama.cpp's logits needs its exact activation quantization.
 //!
 //! Every SIMD kernel has a scalar reference and is tested against it. Set
 //! `SHARDLM_ISA=scalar|avx2|avx512` to force a lower ISA level (see [`isa`]).
+//!
+//! # Numerics
+//! As llama.cpp's CPU backend: activations are quantized once per matmul to the
+//! weight's vec-dot type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the
+//! K-quants) and dot products run on integers with one float FMA per block. Float
+//! weights multiply f32 activations in f32. [`matmul::matmul_reference`] has the
+//! same numerics in plain scalar code; [`matmul::matmul_f64_reference`] is exact.
+//!
+//! # ISA coverage (x86-64)
+//! | weight | scalar | AVX2+FMA | AVX-512 VNNI |
+//! |---|---|---|---|
+//! | Q4_0, Q4_1, Q8_0 | ✓ | one-row and four-row kernels | one-row and four-row (VNNI) |
+//! | Q5_0, Q5_1 | ✓ | one-row | falls back to AVX2 |
+//! | Q4_K, Q5_K, Q6_K | ✓ | one-row | one-row (512-bit) |
+//! | F32, F16, BF16 | ✓ | one-row | one-row (masked tails) |
+//!
+//! The activation quantizers for Q8_0/Q8_1 have AVX2 versions that are
+//! bit-identical to the scalar ones. A SIMD level is used only after a start-up
+//! self-check against scalar ([`simd::selftest`]); aarch64 runs the scalar code.
 
 #![allow(clippy::needless_range_loop)]
 

@@ -97,3 +97,26 @@ fn create_and_drop_many() {
         }
     }
 }
+
+#[test]
+fn workers_take_part() {
+    let pool = ThreadPool::new(3);
+    let caller = std::thread::current().id();
+    let mut helped = false;
+    for _ in 0..20 {
+        let other = AtomicUsize::new(0);
+        pool.run(|t, _| {
+            if t == 0 {
+                // Give the workers time to claim their indices.
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            } else if std::thread::current().id() != caller {
+                other.fetch_add(1, SeqCst);
+            }
+        });
+        if other.load(SeqCst) > 0 {
+            helped = true;
+            break;
+        }
+    }
+    assert!(helped, "no index ever ran on a worker thread");
+}
