@@ -17,6 +17,10 @@
 #
 # Usage: scripts/bench-vs-llamacpp.sh [--quick] [--rounds N] [--threads N]
 #                                     [--cases a,b,...] [--json PATH] [--raw DIR]
+#                                     [--quiet-pct P] [--quiet-max S]
+# Before each run the script waits (at most --quiet-max s, default 300) until the
+# machine's CPU use over one second is at most --quiet-pct % (default 25); each
+# run also records the CPU time the rest of the machine used meanwhile.
 # Environment:
 #   LLAMA_BENCH    an existing llama-bench binary (skips the download and build)
 #   SHARDLM        an existing shardlm binary (default: cargo build --release)
@@ -35,6 +39,8 @@ NT=2
 CASES="smol-t1,smol-tN,smol-ctx-tN,1b-q4_0-tN,1b-q8_0-tN"
 JSON_OUT=""
 RAW=""
+QUIET_PCT=25
+QUIET_MAX=300
 
 die() { echo "bench-vs-llamacpp: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -47,6 +53,8 @@ while [ $# -gt 0 ]; do
         --cases) CASES="$2"; shift ;;
         --json) JSON_OUT="$2"; shift ;;
         --raw) RAW="$2"; shift ;;
+        --quiet-pct) QUIET_PCT="$2"; shift ;;
+        --quiet-max) QUIET_MAX="$2"; shift ;;
         -h|--help) usage 0 ;;
         *) echo "unknown argument: $1" >&2; usage 2 ;;
     esac
@@ -156,13 +164,47 @@ echo "raw results in $RAW" >&2
 echo "memory bandwidth at threads $THREAD_SET ..." >&2
 "$SHARDLM" membw --threads "$THREAD_SET" --reps 5 --json >"$RAW/membw.json" 2>/dev/null
 
-# Runs one measured process, keeping stdout, stderr and the peak RSS (KiB).
+# Busy jiffies and total jiffies of the whole machine so far.
+cpu_jiffies() {
+    local _cpu user nice sys idle iow irq sirq steal _rest
+    read -r _cpu user nice sys idle iow irq sirq steal _rest </proc/stat
+    echo "$((user + nice + sys + irq + sirq + steal)) $((user + nice + sys + idle + iow + irq + sirq + steal))"
+}
+
+# Waits (at most QUIET_MAX s) until the machine's CPU use over one second is at
+# most QUIET_PCT %, so runs don't start in the middle of someone's compile.
+wait_quiet() {
+    local waited=0 b0 t0 b1 t1 pct
+    while :; do
+        read -r b0 t0 <<<"$(cpu_jiffies)"
+        sleep 1
+        read -r b1 t1 <<<"$(cpu_jiffies)"
+        pct=$(((b1 - b0) * 100 / (t1 - t0 > 0 ? t1 - t0 : 1)))
+        if [ "$pct" -le "$QUIET_PCT" ] || [ "$waited" -ge "$QUIET_MAX" ]; then
+            return
+        fi
+        [ "$waited" = 0 ] && echo "  waiting for a quiet machine (CPU ${pct}% busy) ..." >&2
+        waited=$((waited + 1))
+    done
+}
+
+# Runs one measured process, keeping stdout, stderr, and in $out.rss: peak RSS
+# (KiB), wall, user and system seconds, then the CPU seconds the rest of the
+# machine used meanwhile (interference).
 measure() {
     local out="$1"; shift
-    if ! "$TIME" -f '%M' -o "$out.rss" "$@" >"$out.json" 2>"$out.err"; then
+    local b0 t0 b1 t1
+    wait_quiet
+    read -r b0 t0 <<<"$(cpu_jiffies)"
+    if ! "$TIME" -f '%M %e %U %S' -o "$out.time" "$@" >"$out.json" 2>"$out.err"; then
         tail -5 "$out.err" >&2
         die "failed: $*"
     fi
+    read -r b1 t1 <<<"$(cpu_jiffies)"
+    local hz
+    hz=$(getconf CLK_TCK)
+    awk -v busy="$(((b1 - b0)))" -v hz="$hz" '{ o = busy / hz - $3 - $4; if (o < 0) o = 0; print $1, $2, $3, $4, o }' \
+        "$out.time" >"$out.rss"
 }
 
 while IFS='|' read -r name model threads p g lruns _metrics; do
@@ -194,6 +236,14 @@ bw = {r["threads"]: r["best_bytes_per_s"] for r in membw["results"]}
 med = statistics.median
 GiB = 2**30
 
+cores = int(env.get("cores", "1"))
+
+def read_time(path):
+    """(peak RSS bytes, interference: other processes' CPU share of the machine during the run)."""
+    v = open(path).read().split()
+    rss, wall, other = int(v[0]) * 1024, float(v[1]), float(v[4])
+    return rss, other / max(wall * cores, 1e-9)
+
 def spread(xs):
     m = med(xs)
     return (max(xs) - min(xs)) / m * 100 if m else 0.0
@@ -203,14 +253,17 @@ for line in open(os.path.join(raw, "cases.txt")):
     name, model, threads, p, g, _, metrics = line.rstrip("\n").split("|")
     threads = int(threads)
     sh = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.json")))]
-    sh_rss = [int(open(f).read().split()[-1]) * 1024 for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.rss")))]
+    sh_t = [read_time(f) for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.rss")))]
+    sh_rss = [t[0] for t in sh_t]
     rounds = sorted({f.split(".")[-3] for f in glob.glob(os.path.join(raw, f"{name}.llama.*.*.json"))}, key=int)
-    ll, ll_rss, build = [], [], None
+    ll, ll_rss, ll_t, build = [], [], [], None
     for r in rounds:
         rows, peak = [], 0
         for f in sorted(glob.glob(os.path.join(raw, f"{name}.llama.{r}.*.json"))):
             rows += json.load(open(f))
-            peak = max(peak, int(open(f[:-5] + ".rss").read().split()[-1]) * 1024)
+            t = read_time(f[:-5] + ".rss")
+            ll_t.append(t)
+            peak = max(peak, t[0])
         ll.append(rows)
         ll_rss.append(peak)
         build = build or (rows[0].get("build_commit") if rows else None)
@@ -244,6 +297,7 @@ for line in open(os.path.join(raw, "cases.txt")):
         "weight_bytes_per_token": wbpt, "model_file_bytes": sh[0]["model_file_bytes"],
         "kv_cache_bytes": sh[0]["kv_cache_bytes"],
         "shardlm_peak_rss_bytes": med(sh_rss), "llama_peak_rss_bytes": med(ll_rss) if ll_rss else None,
+        "shardlm_interference": med([t[1] for t in sh_t]), "llama_interference": med([t[1] for t in ll_t]),
         "llama_build_commit": build, "metrics": out_metrics,
     })
 
@@ -265,12 +319,13 @@ for c in cases:
         print(f"| {c['case']} | {c['threads']} | {m['metric']} | {m['shardlm_median']:.1f} | {f(m['llama_median'])} | "
               f"{f(m['ratio'], '{:.2f}')} | {m['shardlm_spread_pct']:.0f} / {f(m['llama_spread_pct'], '{:.0f}')} | {ceil} |")
 print()
-print("| case | model file GiB | shardlm KV GiB (f32, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB | weight GiB read/token |")
-print("|---|---|---|---|---|---|")
+print("| case | model file GiB | shardlm KV GiB (f32, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB | weight GiB read/token | other load sh/ll % |")
+print("|---|---|---|---|---|---|---|")
 for c in cases:
     print(f"| {c['case']} | {c['model_file_bytes'] / GiB:.3f} | {c['kv_cache_bytes'] / GiB:.3f} | "
           f"{c['shardlm_peak_rss_bytes'] / GiB:.3f} | {f(c['llama_peak_rss_bytes'] and c['llama_peak_rss_bytes'] / GiB, '{:.3f}')} | "
-          f"{c['weight_bytes_per_token'] / GiB:.3f} |")
+          f"{c['weight_bytes_per_token'] / GiB:.3f} | {c['shardlm_interference'] * 100:.0f} / {c['llama_interference'] * 100:.0f} |")
+print("\nother load: median CPU share of the machine used by other processes during a run.")
 if json_out:
     with open(json_out, "w") as fh:
         json.dump({"env": env, "membw": membw, "cases": cases}, fh, indent=1)
