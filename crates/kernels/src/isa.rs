@@ -109,23 +109,33 @@ pub fn clamp(requested: Isa) -> Isa {
 pub fn active() -> Isa {
     static ACTIVE: OnceLock<Isa> = OnceLock::new();
     *ACTIVE.get_or_init(|| {
-        let mut isa = match std::env::var("SHARDLM_ISA").ok().as_deref().and_then(Isa::parse) {
+        let requested = match std::env::var("SHARDLM_ISA").ok().as_deref().and_then(Isa::parse) {
             Some(req) => clamp(req),
             None => detected(),
         };
-        #[cfg(target_arch = "x86_64")]
-        while isa != Isa::Scalar {
-            match crate::simd::selftest::self_test(isa) {
-                Ok(()) => break,
-                Err(e) => {
-                    let lower = if isa == Isa::Avx512 { Isa::Avx2 } else { Isa::Scalar };
-                    eprintln!("shardlm-kernels: {isa} kernels failed their self-check ({e}); using {lower}");
-                    isa = lower;
-                }
+        self_checked(requested)
+    })
+}
+
+/// `isa`, or the highest level below it whose kernels pass the self-check.
+#[cfg(target_arch = "x86_64")]
+fn self_checked(mut isa: Isa) -> Isa {
+    while isa != Isa::Scalar {
+        match crate::simd::selftest::self_test(isa) {
+            Ok(()) => break,
+            Err(e) => {
+                let lower = if isa == Isa::Avx512 { Isa::Avx2 } else { Isa::Scalar };
+                eprintln!("shardlm-kernels: {isa} kernels failed their self-check ({e}); using {lower}");
+                isa = lower;
             }
         }
-        isa
-    })
+    }
+    isa
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn self_checked(isa: Isa) -> Isa {
+    isa
 }
 
 #[cfg(test)]
