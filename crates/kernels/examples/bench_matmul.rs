@@ -75,7 +75,11 @@ fn main() {
         }
     };
     run();
-    let iters = if m == 1 { (3_000_000_000 / total_bytes.max(1)).max(3) } else { 5 };
+    let iters = if m == 1 {
+        (3_000_000_000 / total_bytes.max(1)).max(3)
+    } else {
+        (100_000_000 / (total_bytes.max(1) * m)).max(3)
+    };
     let t = Instant::now();
     let c = cpu_seconds();
     for _ in 0..iters {

@@ -12,7 +12,7 @@
 //! activation tile and then served from cache.
 
 use crate::isa::{self, Isa};
-use crate::quant::{self, Dot4Fn, DotFn, VecDotType};
+use crate::quant::{self, Dot4Fn, DotFn, TileFn, VecDotType};
 use crate::{DType, KernelError, ThreadPool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -221,11 +221,15 @@ pub fn matmul_many_isa(
         let nw = wg.len();
         let mut yp = [SyncPtr(std::ptr::null_mut::<f32>()); MANY_MAX];
         let mut units = [0usize; MANY_MAX];
-        let mut kern: [Option<(DotFn, Option<Dot4Fn>)>; MANY_MAX] = [None; MANY_MAX];
+        let mut kern: [Option<Kernels>; MANY_MAX] = [None; MANY_MAX];
         for k in 0..nw {
             yp[k] = SyncPtr(yg[k].as_mut_ptr());
             units[k] = wg[k].rows.div_ceil(ROW_GRAIN);
-            kern[k] = Some((quant::dot_fn(wg[k].dtype, isa), quant::dot4_fn(wg[k].dtype, isa)));
+            kern[k] = Some(Kernels {
+                dot: quant::dot_fn(wg[k].dtype, isa),
+                dot4: quant::dot4_fn(wg[k].dtype, isa),
+                tile: quant::tile_fn(wg[k].dtype, isa),
+            });
         }
         let total: usize = units.iter().sum();
         if total == 0 {
@@ -247,11 +251,11 @@ pub fn matmul_many_isa(
                 if lo < hi {
                     let w = &wg[k];
                     let (r0, r1) = ((lo - base) * ROW_GRAIN, ((hi - base) * ROW_GRAIN).min(w.rows));
-                    let (dot, dot4) = kern[k].expect("kernel chosen");
+                    let kk = kern[k].expect("kernel chosen");
                     // SAFETY: units are handed out once, so only this thread writes
                     // ys[k][i, r0..r1]; shapes were checked, and the kernels match
                     // the CPU (clamped ISA).
-                    unsafe { rows_kernel(dot, dot4, w, r0, r1, a, a_stride, m, yp[k].get()) };
+                    unsafe { rows_kernel(kk, w, r0, r1, a, a_stride, m, yp[k].get()) };
                 }
                 base += units[k];
             }
@@ -259,15 +263,22 @@ pub fn matmul_many_isa(
     }
 }
 
+/// The kernels chosen for one weight.
+#[derive(Clone, Copy)]
+struct Kernels {
+    dot: DotFn,
+    dot4: Option<Dot4Fn>,
+    tile: Option<TileFn>,
+}
+
 /// Computes `y[i, r]` for `r in r0..r1`, all `i < m`.
 ///
 /// # Safety
 /// `y` must be valid for `m × w.rows` writes with no other writer of these rows;
-/// `a` holds `m` activation rows of `a_stride` bytes for `dot`.
+/// `a` holds `m` activation rows of `a_stride` bytes for the kernels.
 #[allow(clippy::too_many_arguments)]
 unsafe fn rows_kernel(
-    dot: DotFn,
-    dot4: Option<Dot4Fn>,
+    k: Kernels,
     w: &MatRef<'_>,
     r0: usize,
     r1: usize,
@@ -282,14 +293,14 @@ unsafe fn rows_kernel(
     // y[i, c0..c1] for one activation row at `ap`, output row at `yi`.
     let row_run = |ap: *const u8, yi: *mut f32, c0: usize, c1: usize| {
         let mut r = c0;
-        if let Some(d4) = dot4 {
+        if let Some(d4) = k.dot4 {
             while r + 4 <= c1 {
                 d4(n, wp.add(r * rb), rb, ap, yi.add(r));
                 r += 4;
             }
         }
         while r < c1 {
-            *yi.add(r) = dot(n, wp.add(r * rb), ap);
+            *yi.add(r) = (k.dot)(n, wp.add(r * rb), ap);
             r += 1;
         }
     };
@@ -304,7 +315,24 @@ unsafe fn rows_kernel(
         let mut c0 = r0;
         while c0 < r1 {
             let c1 = (c0 + chunk).min(r1);
-            for i in i0..i1 {
+            let mut i = i0;
+            if let Some(tile) = k.tile {
+                // Pairs of activation rows against groups of four weight rows.
+                let c4 = c0 + (c1 - c0) / 4 * 4;
+                while i + 2 <= i1 {
+                    let ap = a.as_ptr().add(i * a_stride);
+                    let yi = y.add(i * w.rows);
+                    let mut r = c0;
+                    while r < c4 {
+                        tile(n, wp.add(r * rb), rb, ap, a_stride, yi.add(r), w.rows);
+                        r += 4;
+                    }
+                    row_run(ap, yi, c4, c1);
+                    row_run(ap.add(a_stride), yi.add(w.rows), c4, c1);
+                    i += 2;
+                }
+            }
+            for i in i..i1 {
                 row_run(a.as_ptr().add(i * a_stride), y.add(i * w.rows), c0, c1);
             }
             c0 = c1;

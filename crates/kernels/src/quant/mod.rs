@@ -160,6 +160,25 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
     None
 }
 
+/// A tile of 4 weight rows × 2 activation rows (for `m > 1`): weight rows at
+/// `w + r·stride`, activation rows at `a + j·a_stride`; writes
+/// `y[j·y_stride + r]` for `r < 4`, `j < 2`.
+///
+/// # Safety
+/// As for [`DotFn`], for each row pair; `y` valid for those writes.
+pub type TileFn =
+    unsafe fn(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, y_stride: usize);
+
+/// The 4 × 2 tile kernel for `dtype` at `isa`, where one exists.
+pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        return crate::simd::avx2_tile::tile_fn(dtype);
+    }
+    let _ = (dtype, isa);
+    None
+}
+
 macro_rules! scalar_dot {
     ($name:ident, $wblk:ty, $ablk:ty, $f:path) => {
         /// Scalar reference dot (see [`DotFn`]).

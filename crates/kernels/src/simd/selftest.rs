@@ -89,6 +89,7 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
             return Err(format!("{vdt:?} activation quantizer differs from scalar"));
         }
     }
+    tiles(&mut rng, isa)?;
     for dtype in DType::ALL {
         let n = if dtype.block_elems() == 256 { 512 } else { 96 };
         let n = if dtype.is_quantized() { n } else { n + 5 };
@@ -120,6 +121,44 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
             }
             if dot4.is_some() && ((want - four[r]).abs() > 1e-4 * mag || !four[r].is_finite()) {
                 return Err(format!("{dtype} four-row dot at {isa}: {} vs scalar {want}", four[r]));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// 4 × 2 tile kernels against the scalar dot of each (row, activation) pair.
+fn tiles(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
+    for dtype in DType::ALL {
+        let Some(tile) = quant::tile_fn(dtype, isa) else { continue };
+        let n = if dtype.block_elems() == 256 { 512 } else { 96 };
+        let vdt = VecDotType::of(dtype);
+        let w = weights(rng, dtype, 4, n);
+        let rb = dtype.bytes_for(n).unwrap_or(0);
+        let len = vdt.row_bytes(n);
+        let stride = len.div_ceil(8) * 8;
+        let mut abuf = vec![0u64; 2 * stride / 8];
+        let xs = [acts(rng, n), acts(rng, n)];
+        for (j, x) in xs.iter().enumerate() {
+            let dst = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut abuf)[j * stride..j * stride + len];
+            quant::quantize_act_fn(vdt, Isa::Scalar)(x, dst);
+        }
+        let a = bytemuck::cast_slice::<u64, u8>(&abuf).as_ptr();
+        let mut out = [0f32; 8];
+        // SAFETY: 4 weight rows, 2 activation rows, 2 × 4 outputs; `isa` supported.
+        unsafe { tile(n, w.as_ptr(), rb, a, stride, out.as_mut_ptr(), 4) };
+        let mut wd = vec![0f32; n];
+        for r in 0..4 {
+            let row = &w[r * rb..(r + 1) * rb];
+            quant::dequantize_row(dtype, row, &mut wd);
+            for (j, x) in xs.iter().enumerate() {
+                let mag: f32 = wd.iter().zip(x).map(|(p, q)| (p * q).abs()).sum::<f32>() * 1.05 + 1e-3;
+                // SAFETY: as above.
+                let want = unsafe { quant::scalar::dot_fn(dtype)(n, row.as_ptr(), a.add(j * stride)) };
+                let got = out[j * 4 + r];
+                if (want - got).abs() > 1e-4 * mag || !got.is_finite() {
+                    return Err(format!("{dtype} tile at {isa}: row {r} act {j}: {got} vs scalar {want}"));
+                }
             }
         }
     }
