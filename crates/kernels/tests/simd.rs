@@ -181,3 +181,44 @@ fn self_test_passes_on_every_level() {
         }
     }
 }
+
+/// 4 × 2 tile kernels (prefill) against the scalar dot of every pair.
+#[test]
+fn tile_kernels_match_scalar() {
+    let mut rng = rng(25);
+    for dtype in DType::ALL {
+        let vdt = VecDotType::of(dtype);
+        for isa in isa::available() {
+            let Some(tile) = quant::tile_fn(dtype, isa) else { continue };
+            for n in [32, 64, 96, 576] {
+                let rb = dtype.bytes_for(n).unwrap();
+                let w = random_weight(&mut rng, dtype, 4, n);
+                let xs = [random_acts(&mut rng, n), random_acts(&mut rng, n)];
+                let len = vdt.row_bytes(n);
+                let stride = len.div_ceil(8) * 8 + 8; // padded, unaligned to the row size
+                let mut abuf = vec![0u64; 2 * stride / 8];
+                for (j, x) in xs.iter().enumerate() {
+                    let q = quantize_acts(vdt, Isa::Scalar, x);
+                    bytemuck::cast_slice_mut::<u64, u8>(&mut abuf)[j * stride..j * stride + len].copy_from_slice(&q);
+                }
+                let a = bytemuck::cast_slice::<u64, u8>(&abuf).as_ptr();
+                let mut out = [f32::NAN; 10];
+                unsafe { tile(n, w.as_ptr(), rb, a, stride, out.as_mut_ptr(), 5) };
+                let mut wd = vec![0f32; n];
+                for r in 0..4 {
+                    quant::dequantize_row(dtype, &w[r * rb..(r + 1) * rb], &mut wd);
+                    for (j, x) in xs.iter().enumerate() {
+                        let want = unsafe { quant::scalar::dot_fn(dtype)(n, w[r * rb..].as_ptr(), a.add(j * stride)) };
+                        let mag: f32 = wd.iter().zip(x).map(|(p, q)| (p * q).abs()).sum::<f32>() * 1.1;
+                        let got = out[j * 5 + r];
+                        assert!(
+                            (got - want).abs() <= 1e-5 * mag + 1e-6,
+                            "{dtype} {isa} n={n} r={r} j={j}: {got} vs {want}"
+                        );
+                    }
+                }
+                assert!(out[4].is_nan(), "tile wrote outside its outputs");
+            }
+        }
+    }
+}

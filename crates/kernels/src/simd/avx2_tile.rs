@@ -17,6 +17,7 @@ pub const TILE_ACTS: usize = 2;
 pub fn tile_fn(dtype: DType) -> Option<TileFn> {
     match dtype {
         DType::Q4_1 => Some(tile_q4_1),
+        DType::Q4_0 => Some(tile_q4_0),
         _ => None,
     }
 }
@@ -136,5 +137,106 @@ pub unsafe fn tile_q4_1(
     for j in 0..2 {
         let s = hsum4([acc[0][j], acc[1][j], acc[2][j], acc[3][j]]);
         _mm_storeu_ps(y.add(j * y_stride), _mm_add_ps(s, m[j]));
+    }
+}
+
+/// `[d]` of blocks `o0`, `o1` of the four rows as 8 floats (lane `2r + k`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn d8(x: &[*const u8; 4], o0: usize, o1: usize) -> __m256 {
+    let h = |p: *const u8| (p as *const i16).read_unaligned();
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        h(x[0].add(o0)),
+        h(x[0].add(o1)),
+        h(x[1].add(o0)),
+        h(x[1].add(o1)),
+        h(x[2].add(o0)),
+        h(x[2].add(o1)),
+        h(x[3].add(o0)),
+        h(x[3].add(o1)),
+    ))
+}
+
+/// Q4_0 weights × Q8_0 activations, 4 × 2 tile (see [`TileFn`]); the −8 offset
+/// enters as `−8·Σy` per activation block.
+///
+/// # Safety
+/// AVX2+FMA+F16C CPU; pointers as for [`TileFn`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_q4_0(
+    n: usize,
+    w: *const u8,
+    stride: usize,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let nb = n / 32;
+    let low = _mm256_set1_epi8(0x0F);
+    let eight = _mm256_set1_epi8(8);
+    let ones = _mm256_set1_epi16(1);
+    let x = [w, w.add(stride), w.add(2 * stride), w.add(3 * stride)];
+    let av = [a, a.add(a_stride)];
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    let mut b = 0;
+    while b + 2 <= nb {
+        let (o0, o1) = (b * 18, b * 18 + 18);
+        let xd = d8(&x, o0, o1);
+        let mut ylo = [_mm256_setzero_si256(); 2];
+        let mut yhi = [_mm256_setzero_si256(); 2];
+        let mut s8 = [_mm256_setzero_si256(); 2];
+        let mut ds = [_mm256_setzero_ps(); 2];
+        for j in 0..2 {
+            let (y0, y1) = (av[j].add(b * 34), av[j].add(b * 34 + 34));
+            ylo[j] = join(y0.add(2), y1.add(2));
+            yhi[j] = join(y0.add(18), y1.add(18));
+            let sy = _mm256_add_epi16(_mm256_maddubs_epi16(eight, ylo[j]), _mm256_maddubs_epi16(eight, yhi[j]));
+            s8[j] = _mm256_madd_epi16(sy, ones);
+            let h = |p: *const u8| (p as *const u16).read_unaligned() as u32;
+            let ys = _mm256_cvtph_ps(_mm_set1_epi32((h(y0) | h(y1) << 16) as i32));
+            ds[j] = _mm256_mul_ps(xd, ys);
+        }
+        for r in 0..4 {
+            let q = join(x[r].add(o0 + 2), x[r].add(o1 + 2));
+            let lo = _mm256_and_si256(q, low);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            let k = 2 * r as i32;
+            let idx = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
+            for j in 0..2 {
+                let s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ylo[j]), _mm256_maddubs_epi16(hi, yhi[j]));
+                let p = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), s8[j]);
+                let d = _mm256_permutevar8x32_ps(ds[j], idx);
+                acc[r][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r][j]);
+            }
+        }
+        b += 2;
+    }
+    if b < nb {
+        // Odd tail: one block, sign trick on (q − 8).
+        let xo = b * 18;
+        let xd = d8(&x, xo, xo);
+        let q = [
+            nibbles(x[0].add(xo + 2)),
+            nibbles(x[1].add(xo + 2)),
+            nibbles(x[2].add(xo + 2)),
+            nibbles(x[3].add(xo + 2)),
+        ];
+        for j in 0..2 {
+            let yb = av[j].add(b * 34);
+            let yv = _mm256_loadu_si256(yb.add(2) as *const __m256i);
+            let ya = _mm256_sign_epi8(yv, yv);
+            let ys = _mm256_cvtph_ps(_mm_set1_epi16((yb as *const i16).read_unaligned()));
+            let ds = _mm256_mul_ps(xd, ys);
+            for r in 0..4 {
+                let qs = _mm256_sub_epi8(q[r], eight);
+                let p = dot_u8i8(ya, _mm256_sign_epi8(qs, yv));
+                let d = _mm256_permutevar8x32_ps(ds, _mm256_set1_epi32(2 * r as i32));
+                acc[r][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r][j]);
+            }
+        }
+    }
+    for j in 0..2 {
+        _mm_storeu_ps(y.add(j * y_stride), hsum4([acc[0][j], acc[1][j], acc[2][j], acc[3][j]]));
     }
 }
