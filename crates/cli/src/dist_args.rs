@@ -81,7 +81,7 @@ pub fn load_engine_dist(
     let threads = if explicit_threads { threads } else { (threads / ranks_on_this_host().max(1)).max(1) };
     let cluster = Cluster::new(world, strategy, !d.no_prefill_overlap)?;
     let block = mlp_block(&files, quantize);
-    let spec = cluster.shard_spec(&files.config, &weights, block)?;
+    let spec = cluster.shard_spec(&files, &weights, block)?;
     let m = model::Model::load(&files, &spec, &model::LoadOptions { quantize })?;
     if cluster.rank() != 0 {
         let pool = kernels::ThreadPool::new(threads);
@@ -133,4 +133,21 @@ fn rank_weights(d: &DistArgs, n: usize) -> Result<Vec<f64>> {
 fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> usize {
     let stored = files.tensors.get("model.layers.0.mlp.down_proj.weight").map(|t| t.dtype.block_elems()).unwrap_or(1);
     stored.max(quantize.map_or(1, |q| q.block_elems()))
+}
+
+/// Peak resident memory of this process (`VmHWM`), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// With `SHARDLM_REPORT_RSS=1`, each rank prints its peak RSS on stderr at exit
+/// (used by the memory test; other ranks' stderr shows with `--verbose`).
+pub fn report_rss() {
+    if std::env::var_os("SHARDLM_REPORT_RSS").is_some() {
+        let rank = std::env::var(comm::bootstrap::ENV_RANK).unwrap_or_else(|_| "0".into());
+        eprintln!("rank {rank} peak_rss_bytes {}", peak_rss_bytes().unwrap_or(0));
+    }
 }

@@ -49,6 +49,7 @@ fn main() {
         Command::Launch(a) => launch::launch(*a),
         Command::LaunchProbe(a) => launch::probe(a),
     };
+    dist_args::report_rss();
     if let Err(e) = result {
         // One line: the chain of causes joined by ": ".
         eprintln!("error: {e:#}");

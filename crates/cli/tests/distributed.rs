@@ -125,3 +125,40 @@ fn a_killed_rank_stops_the_world_and_is_named() {
     assert!(start.elapsed().as_secs() < 20, "took {:?}", start.elapsed());
     assert!(err.contains("rank 1"), "names the lost rank: {err}");
 }
+
+fn peak_rss(args: &[&str]) -> Vec<(usize, u64)> {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_shardlm"))
+        .args(args)
+        .env("SHARDLM_REPORT_RSS", "1")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    stderr(&o)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start_matches(|c| c != 'r').trim_start_matches(|c: char| c == '[' || c == ' ');
+            let rest = l.rsplit_once("rank ")?.1;
+            let mut it = rest.split_whitespace();
+            let rank = it.next()?.parse().ok()?;
+            (it.next()? == "peak_rss_bytes").then_some(())?;
+            Some((rank, it.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn pipeline_ranks_each_hold_at_most_60_percent_of_the_single_process_peak() {
+    let Some(p) = smollm2() else { return };
+    let p = p.to_str().unwrap();
+    let base = ["run", "--model", p, "Hello there", "--max-tokens", "16", "--threads", "1"];
+    let single = peak_rss(&base)[0].1;
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--ranks", "2", "--verbose"]);
+    let ranks = peak_rss(&args);
+    assert_eq!(ranks.len(), 2, "{ranks:?}");
+    for (rank, rss) in ranks {
+        let share = rss as f64 / single as f64;
+        eprintln!("rank {rank}: {rss} bytes = {:.0}% of the single process ({single})", share * 100.0);
+        assert!(share <= 0.60, "rank {rank} peak {rss} is {:.0}% of {single}", share * 100.0);
+    }
+}

@@ -13,7 +13,7 @@
 
 use crate::EngineError;
 use comm::Group;
-use model::plan::{pipeline_layers, tp_slice};
+use model::plan::{pipeline_layers_by_bytes, tp_slice};
 use model::{AllReduce, KvCache, LogitsMode, Model, SeqStep, ShardSpec, Workspace};
 
 /// How the model is split.
@@ -132,17 +132,28 @@ impl Cluster {
 
     /// The shard this rank loads. `weights` (one per world rank) steer the split:
     /// stage weights are the sums over each stage's ranks.
+    ///
+    /// Layers are split so each stage's share of the weight bytes follows its
+    /// weight, counting the lm_head on the head stage.
     pub fn shard_spec(
         &self,
-        cfg: &formats::ModelConfig,
+        files: &formats::ModelFiles,
         weights: &[f64],
         block: usize,
     ) -> Result<ShardSpec, EngineError> {
+        let cfg = &files.config;
         let stage_w: Vec<f64> =
             (0..self.stages).map(|s| weights[s * self.tp..(s + 1) * self.tp].iter().sum()).collect();
         // Data-flow order: index 0 embeds. Stage p holds data-flow slot S−1−p.
         let flow_w: Vec<f64> = stage_w.iter().rev().copied().collect();
-        let ranges = pipeline_layers(cfg.n_layers, &flow_w).map_err(model::ModelError::from)?;
+        let prefix = "model.layers.0.";
+        let layer_bytes: usize =
+            files.tensors.tensors.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, t)| t.bytes().len()).sum();
+        let head = files.tensors.get("lm_head.weight").or_else(|_| files.tensors.get("model.embed_tokens.weight"));
+        // Rank 0 also holds the tokenizer (measured ~400 bytes per vocabulary entry).
+        let head_bytes = head.map_or(0, |t| t.bytes().len()) + cfg.vocab_size * 384;
+        let ranges = pipeline_layers_by_bytes(cfg.n_layers, layer_bytes as f64, head_bytes as f64, &flow_w)
+            .map_err(model::ModelError::from)?;
         let layers = ranges[self.stages - 1 - self.stage].clone();
         let tp = if self.tp > 1 {
             let w = &weights[self.stage * self.tp..(self.stage + 1) * self.tp];

@@ -66,6 +66,36 @@ pub fn pipeline_layers(n_layers: usize, weights: &[f64]) -> Result<Vec<Range<usi
     Ok(proportional_ranges(n_layers, weights, 1))
 }
 
+/// Layer ranges that balance *bytes* rather than layer counts: the last stage in
+/// data-flow order also holds the lm_head (`head_bytes`), so it gets fewer layers.
+/// Each stage's share of all bytes follows its weight (e.g. usable memory).
+pub fn pipeline_layers_by_bytes(
+    n_layers: usize,
+    layer_bytes: f64,
+    head_bytes: f64,
+    weights: &[f64],
+) -> Result<Vec<Range<usize>>, PlanError> {
+    let stages = weights.len();
+    if stages > n_layers {
+        return Err(PlanError::TooFewLayers { layers: n_layers, stages });
+    }
+    if layer_bytes <= 0.0 {
+        return pipeline_layers(n_layers, weights);
+    }
+    let total_w: f64 = weights.iter().sum();
+    let total_bytes = n_layers as f64 * layer_bytes + head_bytes;
+    let mut bounds = vec![0usize];
+    let mut cum = 0.0;
+    for i in 0..stages - 1 {
+        cum += total_bytes * weights[i] / total_w;
+        let b = (cum / layer_bytes).round() as usize;
+        let (min, max) = (bounds[i] + 1, n_layers - (stages - 1 - i));
+        bounds.push(b.clamp(min, max));
+    }
+    bounds.push(n_layers);
+    Ok(bounds.windows(2).map(|w| w[0]..w[1]).collect())
+}
+
 /// The tensor-parallel slice of rank `rank` among `weights.len()` ranks.
 pub fn tp_slice(
     n_heads: usize,
@@ -127,6 +157,20 @@ mod tests {
         }
         assert_eq!(pipeline_layers(30, &[1.0, 2.0]).unwrap(), vec![0..10, 10..30]);
         assert!(pipeline_layers(2, &[1.0; 3]).is_err());
+    }
+
+    #[test]
+    fn byte_balanced_split_gives_the_head_stage_fewer_layers() {
+        // SmolLM2: ~2.3 MB per layer, 28 MB tied embedding/lm_head on the last stage.
+        let r = pipeline_layers_by_bytes(30, 2.3e6, 28e6, &[1.0, 1.0]).unwrap();
+        assert_eq!(r, vec![0..21, 21..30]);
+        for n in 2..20 {
+            for head in [0.0, 1e6, 1e9] {
+                let r = pipeline_layers_by_bytes(n, 1e5, head, &[1.0, 2.0]).unwrap();
+                assert_eq!((r[0].start, r[1].end, r[0].end), (0, n, r[1].start));
+                assert!(r.iter().all(|x| !x.is_empty()));
+            }
+        }
     }
 
     #[test]
