@@ -32,8 +32,9 @@
 //! | Q4_K, Q5_K, Q6_K | ✓ | one-row | one-row (512-bit) |
 //! | F32, F16, BF16 | ✓ | one-row | one-row (masked tails) |
 //!
-//! The activation quantizers for Q8_0/Q8_1 have AVX2 versions that are
-//! bit-identical to the scalar ones. A SIMD level is used only after a start-up
+//! For `m > 1` (prefill), Q4_0 and Q4_1 also have AVX2 4 × 2 tile kernels (four
+//! weight rows × two activation rows). The activation quantizers (Q8_0, Q8_1,
+//! Q8_K) have AVX2 versions that are bit-identical to the scalar ones. A SIMD level is used only after a start-up
 //! self-check against scalar ([`simd::selftest`]); aarch64 runs the scalar code.
 
 #![allow(clippy::needless_range_loop)]

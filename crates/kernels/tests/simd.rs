@@ -26,10 +26,16 @@ fn reports_isa() {
 fn activation_quantizers_bit_identical() {
     let mut rng = rng(21);
     for vdt in [VecDotType::Q8_0, VecDotType::Q8_1, VecDotType::Q8_K] {
-        for n in [256, 512, 2048] {
+        for n in [512, 768, 2048] {
             let mut x = random_acts(&mut rng, n);
             x[0..32].iter_mut().for_each(|v| *v = 0.0);
             x[40] = -1e4;
+            // A block whose largest magnitude is tied between signs (first one wins).
+            for (i, v) in x[256..512].iter_mut().enumerate() {
+                *v = ((i % 13) as f32 - 6.0) * 0.5;
+            }
+            x[256 + 3] = -4.0;
+            x[256 + 100] = 4.0;
             let want = quantize_acts(vdt, Isa::Scalar, &x);
             for isa in isa::available() {
                 assert_eq!(quantize_acts(vdt, isa, &x), want, "{vdt:?} at {isa}");

@@ -112,6 +112,7 @@ pub fn quantize_act_fn(vdt: VecDotType, isa: Isa) -> QuantizeActFn {
         match vdt {
             VecDotType::Q8_0 => return crate::simd::avx2::quantize_act_q8_0,
             VecDotType::Q8_1 => return crate::simd::avx2::quantize_act_q8_1,
+            VecDotType::Q8_K => return crate::simd::avx2::quantize_act_q8_k,
             _ => {}
         }
     }

@@ -357,3 +357,65 @@ pub fn quantize_act_q8_1(src: &[f32], dst: &mut [u8]) {
     // SAFETY: AVX2 support checked above.
     unsafe { quantize_q8_1_avx2(src, bytemuck::cast_slice_mut(dst)) }
 }
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_k_avx2(src: &[f32], dst: &mut [crate::quant::q8_k::BlockQ8K]) {
+    let sign = _mm256_set1_ps(-0.0);
+    for (xb, b) in src.chunks_exact(256).zip(dst.iter_mut()) {
+        let x = xb.as_ptr();
+        let mut m = _mm256_setzero_ps();
+        for c in 0..32 {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x.add(8 * c))));
+        }
+        let amax = hmax_ps(m);
+        if amax == 0.0 {
+            b.d = 0.0;
+            b.qs = [0; 256];
+            b.bsums = [0; 16];
+            continue;
+        }
+        // The first element of largest magnitude keeps its sign (as the scalar scan).
+        let target = _mm256_set1_ps(amax);
+        let mut max = amax;
+        for c in 0..32 {
+            let eq = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x.add(8 * c))), target, _CMP_EQ_OQ);
+            let bits = _mm256_movemask_ps(eq);
+            if bits != 0 {
+                max = xb[8 * c + bits.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let mul = _mm256_set1_ps(iscale);
+        let r = |c: usize| {
+            let v = _mm256_mul_ps(_mm256_loadu_ps(x.add(8 * c)), mul);
+            _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT))
+        };
+        let ones8 = _mm256_set1_epi8(1);
+        let ones16 = _mm256_set1_epi16(1);
+        for k in 0..8 {
+            // 32 values → 32 bytes (saturating packs = min(127) here, |q| ≤ 127).
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(r(4 * k), r(4 * k + 1)),
+                _mm256_packs_epi32(r(4 * k + 2), r(4 * k + 3)),
+            );
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(b.qs.as_mut_ptr().add(32 * k) as *mut __m256i, p);
+            // Sums of 16: lanes 0..4 of the i32 quads → group 2k, 4..8 → group 2k+1.
+            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, p), ones16);
+            let s = _mm256_hadd_epi32(s, s);
+            let s = _mm256_hadd_epi32(s, s);
+            b.bsums[2 * k] = _mm256_extract_epi32(s, 0) as i16;
+            b.bsums[2 * k + 1] = _mm256_extract_epi32(s, 4) as i16;
+        }
+        b.d = 1.0 / iscale;
+    }
+}
+
+/// Q8_K activation quantizer, bit-identical to [`crate::quant::q8_k::quantize`].
+pub fn quantize_act_q8_k(src: &[f32], dst: &mut [u8]) {
+    assert!(matches!(crate::isa::detected(), crate::isa::Isa::Avx2 | crate::isa::Isa::Avx512));
+    assert_eq!(src.len() / 256 * 292, dst.len());
+    // SAFETY: AVX2 support checked above; `dst` is 4-aligned scratch (Q8_K contract).
+    unsafe { quantize_q8_k_avx2(src, bytemuck::cast_slice_mut(dst)) }
+}
