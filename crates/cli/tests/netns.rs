@@ -1,0 +1,304 @@
+//! Ranks on separate "hosts": network namespaces made by scripts/netns/setup.sh,
+//! each rank started by hand from the `SHARDLM_*` environment, talking TCP over a
+//! veth cable. Rank 0's output must match the single-process run (pipeline
+//! bit-identical, tensor within 1e-4 relative), and a rank with the wrong cluster
+//! secret must be refused, with a clear line, on both sides.
+//!
+//! Needs root and a kernel that allows `ip netns add` and veth devices; skipped
+//! (with the reason) otherwise, e.g. in containers without CAP_SYS_ADMIN.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_shardlm");
+const PORT: u16 = 7000;
+const RUN_LIMIT: Duration = Duration::from_secs(180);
+
+/// The variables that make a process a rank; cleared before setting ours so
+/// that nothing from the test's own environment leaks in.
+const WORLD_VARS: &[&str] = &[
+    "SHARDLM_RANK",
+    "SHARDLM_SIZE",
+    "SHARDLM_PEERS",
+    "SHARDLM_SECRET",
+    "SHARDLM_SHM",
+    "SHARDLM_CONNECTIONS",
+    "SHARDLM_BIND",
+    "SHARDLM_OP_TIMEOUT_MS",
+    "SHARDLM_WEIGHTS",
+    "SHARDLM_TEST_DIE_AFTER_STEPS",
+];
+
+/// Namespaces `{prefix}1..` made by setup.sh; torn down on drop, even when the test panics.
+struct Hosts {
+    prefix: String,
+}
+
+impl Hosts {
+    /// Sets up `n` hosts joined by one cable each, or returns `None` (after saying
+    /// why) when this machine can't make namespaces.
+    fn new(tag: &str, n: usize) -> Option<Hosts> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping netns test: needs root for `ip netns`");
+            return None;
+        }
+        let prefix = format!("shardlm-t{}{tag}-", std::process::id());
+        if let Err(why) = probe(&prefix) {
+            eprintln!("skipping netns test: this machine can't make network namespaces with veth cables: {why}");
+            return None;
+        }
+        let hosts = Hosts { prefix };
+        let o = Command::new("bash")
+            .arg(script("setup.sh"))
+            .args(["--prefix", &hosts.prefix, "--links", "1", &n.to_string()])
+            .output()
+            .expect("run scripts/netns/setup.sh");
+        assert!(o.status.success(), "setup.sh failed: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+        Some(hosts)
+    }
+
+    /// Namespace of host `i` (1-based; host i runs rank i-1).
+    fn ns(&self, i: usize) -> String {
+        format!("{}{i}", self.prefix)
+    }
+
+    fn world(&self, size: usize, connections: usize) -> World {
+        let peers = (1..=size).map(|i| format!("10.77.0.{i}:{PORT}")).collect::<Vec<_>>().join(",");
+        World { size, peers, connections }
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        let o = Command::new("bash").arg(script("teardown.sh")).args(["--prefix", &self.prefix, "--quiet"]).output();
+        match o {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => eprintln!("teardown.sh --prefix {} failed: {}", self.prefix, stderr(&o)),
+            Err(e) => eprintln!("teardown.sh --prefix {}: {e}", self.prefix),
+        }
+        // Leave nothing behind, whatever the script did.
+        if let Ok(o) = Command::new("ip").args(["netns", "list"]).output() {
+            for line in String::from_utf8_lossy(&o.stdout).lines() {
+                let name = line.split_whitespace().next().unwrap_or("");
+                if name.starts_with(&self.prefix) {
+                    let _ = Command::new("ip").args(["netns", "del", name]).status();
+                }
+            }
+        }
+    }
+}
+
+fn script(name: &str) -> PathBuf {
+    repo().join("scripts/netns").join(name)
+}
+
+/// Can we add a namespace and a veth pair inside it? `Err` holds the refusal.
+fn probe(prefix: &str) -> Result<(), String> {
+    let ns = format!("{prefix}probe");
+    let ip = |args: &[&str]| -> Result<(), String> {
+        let o =
+            Command::new("ip").args(args).output().map_err(|e| format!("`ip` not runnable ({e}); install iproute2"))?;
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!("`ip {}` said: {}", args.join(" "), stderr(&o).trim()))
+        }
+    };
+    ip(&["netns", "add", &ns])?;
+    let r = ip(&["-n", &ns, "link", "add", "pa", "type", "veth", "peer", "name", "pb"]);
+    let _ = ip(&["netns", "del", &ns]);
+    r
+}
+
+/// What every rank of a world is told besides its rank and secret.
+struct World {
+    size: usize,
+    peers: String,
+    /// TCP connections per peer (`--connections-per-peer` reaches only ranks a launcher starts).
+    connections: usize,
+}
+
+/// A rank process; killed on drop so that a failing test leaves nothing running.
+struct Rank {
+    child: Child,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Rank {
+    /// Starts `shardlm <args>` as `rank` of a world of `size` in namespace `ns`.
+    fn start(dir: &Path, ns: &str, world: &World, rank: usize, secret: &str, args: &[&str]) -> Rank {
+        let out = dir.join(format!("rank{rank}.out"));
+        let err = dir.join(format!("rank{rank}.err"));
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, BIN]).args(args);
+        for v in WORLD_VARS {
+            cmd.env_remove(v);
+        }
+        cmd.env("SHARDLM_RANK", rank.to_string())
+            .env("SHARDLM_SIZE", world.size.to_string())
+            .env("SHARDLM_PEERS", &world.peers)
+            .env("SHARDLM_SECRET", secret)
+            .env("SHARDLM_CONNECTIONS", world.connections.to_string())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap());
+        let child = cmd.spawn().expect("spawn ip netns exec");
+        Rank { child, out, err }
+    }
+
+    /// Waits (at most [`RUN_LIMIT`]) for the rank to end.
+    fn finish(mut self, what: &str) -> Finished {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > RUN_LIMIT {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("{what}: still running after {RUN_LIMIT:?}; stderr: {}", read(&self.err));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Finished { status, stdout: read(&self.out), stderr: read(&self.err) }
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+fn golden_ids(name: &str) -> String {
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("golden.json")).unwrap()).unwrap();
+    j["input_ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn run_args<'a>(model: &'a str, ids: &'a str, dump: &'a str, strategy: &'a str) -> Vec<&'a str> {
+    vec![
+        "run",
+        "--model",
+        model,
+        "--prompt-ids",
+        ids,
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--json",
+        "--threads",
+        "1",
+        "--strategy",
+        strategy,
+        "--dump-logits",
+        dump,
+    ]
+}
+
+/// Output ids from rank 0's JSON and the dumped prompt logits.
+fn results(stdout: &str, dump: &Path) -> (Vec<u64>, Vec<f32>) {
+    let j: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"));
+    let ids = j["output_ids"].as_array().expect("output_ids").iter().map(|v| v.as_u64().unwrap()).collect();
+    let bytes = std::fs::read(dump).unwrap_or_else(|e| panic!("{}: {e}", dump.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let logits = st
+        .tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (ids, logits)
+}
+
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[test]
+fn pipeline_and_tensor_across_namespaces_match_one_process() {
+    let Some(hosts) = Hosts::new("m", 2) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("llama");
+    let model = model.to_str().unwrap();
+    let ids = golden_ids("llama");
+
+    let want_dump = dir.path().join("single.safetensors");
+    let mut single = Command::new(BIN);
+    single.args(run_args(model, &ids, want_dump.to_str().unwrap(), "pipeline"));
+    for v in WORLD_VARS {
+        single.env_remove(v);
+    }
+    let o = single.output().expect("spawn shardlm");
+    assert!(o.status.success(), "single process: {}", stderr(&o));
+    let (want_ids, want) = results(&String::from_utf8_lossy(&o.stdout), &want_dump);
+
+    for (strategy, conns) in [("pipeline", 1), ("tensor", 1), ("tensor", 2)] {
+        let case = format!("{strategy}, {conns} connection(s) per peer");
+        let world = hosts.world(2, conns);
+        let dump = dir.path().join(format!("{strategy}{conns}.safetensors"));
+        let args = run_args(model, &ids, dump.to_str().unwrap(), strategy);
+        let r1 = Rank::start(dir.path(), &hosts.ns(2), &world, 1, "s3cret", &args);
+        let r0 = Rank::start(dir.path(), &hosts.ns(1), &world, 0, "s3cret", &args);
+        let f0 = r0.finish(&format!("rank 0 ({case})"));
+        let f1 = r1.finish(&format!("rank 1 ({case})"));
+        assert!(f0.status.success(), "{case}: rank 0 failed: {}", f0.stderr);
+        assert!(f1.status.success(), "{case}: rank 1 failed: {}", f1.stderr);
+        assert!(f1.stdout.trim().is_empty(), "{case}: rank 1 printed {:?}", f1.stdout);
+        let (got_ids, got) = results(&f0.stdout, &dump);
+        assert_eq!(got_ids, want_ids, "{case}: greedy output ids");
+        if strategy == "pipeline" {
+            assert!(got == want, "{case}: pipeline logits must be bit-identical (max rel {})", rel_diff(&want, &got));
+        } else {
+            let d = rel_diff(&want, &got);
+            assert!(d <= 1e-4, "{case}: relative difference {d}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_with_the_wrong_secret_is_refused_on_both_sides() {
+    let Some(hosts) = Hosts::new("s", 2) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("llama");
+    let args = ["run", "--model", model.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-tokens", "2", "--json"];
+    let world = hosts.world(2, 1);
+    let start = Instant::now();
+    let r1 = Rank::start(dir.path(), &hosts.ns(2), &world, 1, "the-wrong-one", &args);
+    let r0 = Rank::start(dir.path(), &hosts.ns(1), &world, 0, "the-right-one", &args);
+    let f0 = r0.finish("rank 0");
+    let f1 = r1.finish("rank 1");
+    assert!(start.elapsed() < Duration::from_secs(60), "refusal took {:?}", start.elapsed());
+    for (f, who, other) in [(&f0, "rank 0", "peer 1 at 10.77.0.2:7000"), (&f1, "rank 1", "peer 0 at 10.77.0.1:7000")] {
+        assert!(!f.status.success(), "{who} must fail; stdout {:?}", f.stdout);
+        assert!(!f.stderr.contains("panicked"), "{who} panicked: {}", f.stderr);
+        assert!(
+            f.stderr.contains(&format!("{other} failed authentication (wrong cluster secret)")),
+            "{who} must name the refused peer and the reason: {}",
+            f.stderr
+        );
+        assert!(f.stdout.trim().is_empty(), "{who} printed {:?}", f.stdout);
+    }
+}
