@@ -34,9 +34,21 @@ pub struct DistArgs {
     /// Send prompt chunks one at a time through the pipeline (no stage overlap).
     #[arg(long)]
     pub no_prefill_overlap: bool,
+    /// Activation encoding on the wire for all-reduces: f32 (exact) or q8 (int8 with
+    /// an f16 scale per 32 values, about 4× fewer bytes).
+    #[arg(long, default_value = "f32", value_parser = parse_wire)]
+    pub wire: comm::Wire,
     /// Let ranks other than 0 print.
     #[arg(long)]
     pub verbose: bool,
+}
+
+fn parse_wire(s: &str) -> Result<comm::Wire, String> {
+    match s {
+        "f32" => Ok(comm::Wire::F32),
+        "q8" => Ok(comm::Wire::Q8),
+        _ => Err(format!("'{s}' is not a wire encoding (f32 or q8)")),
+    }
 }
 
 /// If `--ranks N` asks for a world that doesn't exist yet, starts it and exits
@@ -79,7 +91,7 @@ pub fn load_engine_dist(
     let weights = rank_weights(d, world.size())?;
     // Ranks sharing this host share its cores unless --threads says otherwise.
     let threads = if explicit_threads { threads } else { (threads / ranks_on_this_host().max(1)).max(1) };
-    let cluster = Cluster::new(world, strategy, !d.no_prefill_overlap)?;
+    let cluster = Cluster::new(world.with_wire(d.wire), strategy, !d.no_prefill_overlap)?;
     let block = mlp_block(&files, quantize);
     let spec = cluster.shard_spec(&files, &weights, block)?;
     let m = model::Model::load(&files, &spec, &model::LoadOptions { quantize })?;
