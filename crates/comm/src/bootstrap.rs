@@ -10,6 +10,12 @@
 //! | `SHARDLM_CONNECTIONS` | optional: TCP connections per peer (default 1) |
 //! | `SHARDLM_BIND` | optional: listen address if not our entry of `SHARDLM_PEERS` |
 //! | `SHARDLM_OP_TIMEOUT_MS` | optional: fail an operation when a peer sends nothing for this long (default: wait; dead peers are detected anyway) |
+//!
+//! A process started by an MPI launcher (`mpirun`, `srun --mpi=pmix`) is
+//! recognised by `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE` or `PMIX_RANK` when
+//! `SHARDLM_SIZE` is unset, and joins the MPI job's world
+//! ([`Bootstrap::Mpi`]; needs the `mpi` cargo feature, else a one-line error).
+//! An MPI launch of one process (size 1) is a single process.
 
 use crate::error::{CommError, Result};
 use crate::group::Group;
@@ -32,6 +38,26 @@ pub enum Bootstrap {
     Single,
     Tcp(TcpConfig),
     Shm(ShmConfig),
+    /// Started by an MPI launcher: join the job's world over MPI.
+    Mpi(MpiLaunch),
+}
+
+/// How an MPI launch was recognised, and the model to check across ranks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpiLaunch {
+    /// The variable that gave it away, as `NAME=value`.
+    pub evidence: String,
+    pub fingerprint: u64,
+}
+
+/// Recognises an MPI launcher's environment: `(evidence, world size if known)`.
+fn detect_mpi(get: &impl Fn(&str) -> Option<String>) -> Option<(String, Option<usize>)> {
+    for var in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"] {
+        if let Some(v) = get(var) {
+            return Some((format!("{var}={v}"), v.trim().parse().ok()));
+        }
+    }
+    get("PMIX_RANK").map(|v| (format!("PMIX_RANK={v}"), None))
 }
 
 impl Bootstrap {
@@ -52,6 +78,13 @@ impl Bootstrap {
                     .map_err(|_| CommError::Env(format!("{key}={v:?} is not a non-negative integer"))),
             }
         };
+        if get(ENV_SIZE).is_none() {
+            if let Some((evidence, size)) = detect_mpi(&get) {
+                if size != Some(1) {
+                    return Ok(Bootstrap::Mpi(MpiLaunch { evidence, fingerprint }));
+                }
+            }
+        }
         let size = number(ENV_SIZE)?.unwrap_or(1);
         if size == 0 {
             return Err(CommError::Env(format!("{ENV_SIZE} must be at least 1")));
@@ -99,8 +132,22 @@ impl Bootstrap {
             Bootstrap::Single => Ok(Group::single()),
             Bootstrap::Tcp(cfg) => Group::connect_tcp(cfg),
             Bootstrap::Shm(cfg) => Group::connect_shm(cfg),
+            Bootstrap::Mpi(launch) => connect_mpi(launch),
         }
     }
+}
+
+#[cfg(feature = "mpi")]
+fn connect_mpi(launch: &MpiLaunch) -> Result<Group> {
+    Group::connect_mpi(launch.fingerprint)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn connect_mpi(launch: &MpiLaunch) -> Result<Group> {
+    Err(CommError::Env(format!(
+        "started by an MPI launcher ({}) but built without MPI support; rebuild with --features mpi",
+        launch.evidence
+    )))
 }
 
 /// The variables a launcher sets for rank `rank` of a TCP world.
@@ -160,5 +207,30 @@ mod tests {
         assert_eq!(e.to_string(), "environment: SHARDLM_PEERS entry \"b\" is not host:port");
         let e = Bootstrap::from_vars(vars(&[("SHARDLM_SIZE", "two")]), 1).unwrap_err();
         assert!(e.to_string().contains("SHARDLM_SIZE=\"two\""));
+    }
+
+    #[test]
+    fn mpi_launch_is_recognised() {
+        let mpirun = [("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_RANK", "1"), ("PMIX_RANK", "1")];
+        let want = MpiLaunch { evidence: "OMPI_COMM_WORLD_SIZE=2".into(), fingerprint: 5 };
+        assert!(matches!(Bootstrap::from_vars(vars(&mpirun), 5).unwrap(), Bootstrap::Mpi(l) if l == want));
+        let b = Bootstrap::from_vars(vars(&[("PMIX_RANK", "0")]), 5).unwrap();
+        assert!(matches!(b, Bootstrap::Mpi(l) if l.evidence == "PMIX_RANK=0"));
+        // One process, or an explicit SHARDLM world, is not an MPI world.
+        let one = [("OMPI_COMM_WORLD_SIZE", "1"), ("PMIX_RANK", "0")];
+        assert!(matches!(Bootstrap::from_vars(vars(&one), 5).unwrap(), Bootstrap::Single));
+        let explicit = [("OMPI_COMM_WORLD_SIZE", "2"), ("SHARDLM_SIZE", "1")];
+        assert!(matches!(Bootstrap::from_vars(vars(&explicit), 5).unwrap(), Bootstrap::Single));
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn mpi_launch_without_the_feature_is_refused() {
+        let b = Bootstrap::from_vars(vars(&[("OMPI_COMM_WORLD_SIZE", "3")]), 5).unwrap();
+        assert_eq!(
+            b.connect().unwrap_err().to_string(),
+            "environment: started by an MPI launcher (OMPI_COMM_WORLD_SIZE=3) but built without MPI support; \
+             rebuild with --features mpi"
+        );
     }
 }

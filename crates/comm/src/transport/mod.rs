@@ -32,6 +32,8 @@
 //! communicators). Transports detect concurrent use and return an error.
 
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod shm;
 pub mod tcp;
 mod tcp_io;
