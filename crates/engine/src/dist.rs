@@ -90,6 +90,7 @@ fn mode_code(m: LogitsMode) -> u32 {
         LogitsMode::None => 0,
         LogitsMode::Last => 1,
         LogitsMode::All => 2,
+        LogitsMode::Argmax => 3,
     }
 }
 
@@ -97,6 +98,7 @@ fn mode_of(c: u32) -> LogitsMode {
     match c {
         1 => LogitsMode::Last,
         2 => LogitsMode::All,
+        3 => LogitsMode::Argmax,
         _ => LogitsMode::None,
     }
 }

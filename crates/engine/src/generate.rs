@@ -221,6 +221,10 @@ impl Engine {
         let mut t_first = None;
         let mut finish = FinishReason::Length;
         let mut token_buf = [0u32; 1];
+        // Greedy decoding without a penalty needs only the argmax, which sharded
+        // heads find without gathering every logit.
+        let greedy = req.sampling.temperature <= 0.0 && req.sampling.repetition_penalty == 1.0;
+        let decode_mode = if greedy { LogitsMode::Argmax } else { LogitsMode::Last };
         while out_ids.len() < req.max_tokens {
             let id = sampler.sample(&mut logits, &history);
             if t_first.is_none() {
@@ -244,7 +248,7 @@ impl Engine {
                 break;
             }
             token_buf[0] = id;
-            self.step(&mut cache, &token_buf, LogitsMode::Last, 0, comm)?;
+            self.step(&mut cache, &token_buf, decode_mode, 0, comm)?;
             logits.copy_from_slice(&self.logits[..vocab]);
         }
         let decode_s = t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());

@@ -26,6 +26,10 @@ pub enum LogitsMode {
     Last,
     /// Every token's logits (`--dump-logits`, teacher forcing).
     All,
+    /// Only the last token's argmax matters (greedy decoding). The logits row is
+    /// still vocab-sized, but under tensor parallelism only the winner is filled
+    /// (others are −∞): ranks exchange (max, index) pairs instead of all logits.
+    Argmax,
 }
 
 /// One sequence's share of a forward step.
@@ -307,7 +311,7 @@ impl Model {
             let len = s.tokens.len();
             let range = match s.mode {
                 LogitsMode::None => 0..0,
-                LogitsMode::Last => len.saturating_sub(1)..len,
+                LogitsMode::Last | LogitsMode::Argmax => len.saturating_sub(1)..len,
                 LogitsMode::All => 0..len,
             };
             grow(&mut ws.head_in, (rows + range.len()) * h);
@@ -324,8 +328,11 @@ impl Model {
         grow(&mut ws.xn, rows * h);
         ops::rms_norm(&ws.head_in[..rows * h], norm, self.config.rms_norm_eps, h, &mut ws.xn[..rows * h]);
         grow(&mut ws.logits, rows * vocab);
+        let only_argmax = seqs.iter().all(|s| matches!(s.mode, LogitsMode::Argmax | LogitsMode::None));
         if self.local.vocab_all.is_empty() {
             lm_head.forward(pool, &ws.xn, rows, &mut ws.logits, &mut ws.scratch);
+        } else if only_argmax {
+            self.argmax_vocab_parallel(pool, ws, rows, lm_head, comm)?;
         } else {
             self.gather_vocab_parallel(pool, ws, rows, lm_head, comm)?;
         }
@@ -333,12 +340,54 @@ impl Model {
         for s in seqs.iter_mut() {
             let n = match s.mode {
                 LogitsMode::None => 0,
-                LogitsMode::Last => usize::from(!s.tokens.is_empty()),
+                LogitsMode::Last | LogitsMode::Argmax => usize::from(!s.tokens.is_empty()),
                 LogitsMode::All => s.tokens.len(),
             };
             s.logits.clear();
             s.logits.extend_from_slice(&ws.logits[r * vocab..(r + n) * vocab]);
             r += n;
+        }
+        Ok(())
+    }
+
+    /// Distributed argmax: each rank finds the best of its vocabulary rows and the
+    /// ranks exchange one (value, index) pair per row — 8 bytes instead of the row.
+    /// Ties go to the lowest index, as in a single process.
+    fn argmax_vocab_parallel(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        rows: usize,
+        lm_head: &Linear,
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        let vocab = self.config.vocab_size;
+        let mine = self.local.vocab.len();
+        let n = self.local.vocab_all.len();
+        grow(&mut ws.local_logits, rows * mine);
+        let mut local = std::mem::take(&mut ws.local_logits);
+        lm_head.forward(pool, &ws.xn, rows, &mut local, &mut ws.scratch);
+        let mut pairs = vec![0f32; rows * 2];
+        for i in 0..rows {
+            let row = &local[i * mine..(i + 1) * mine];
+            let best = (0..row.len()).fold(0, |b, j| if row[j] > row[b] { j } else { b });
+            pairs[2 * i] = row[best];
+            pairs[2 * i + 1] = f32::from_bits((self.local.vocab.start + best) as u32);
+        }
+        ws.local_logits = local;
+        let mut all = vec![0f32; n * rows * 2];
+        comm.all_gather(&pairs, &mut all)?;
+        for i in 0..rows {
+            let (mut best_v, mut best_id) = (f32::NEG_INFINITY, u32::MAX);
+            for r in 0..n {
+                let (v, id) = (all[(r * rows + i) * 2], all[(r * rows + i) * 2 + 1].to_bits());
+                if v > best_v || (v == best_v && id < best_id) {
+                    (best_v, best_id) = (v, id);
+                }
+            }
+            let out = &mut ws.logits[i * vocab..(i + 1) * vocab];
+            out.fill(f32::NEG_INFINITY);
+            out[best_id as usize] = best_v;
         }
         Ok(())
     }
