@@ -168,8 +168,6 @@ THREAD_SET="$(cut -d'|' -f3 "$RAW/cases.txt" | sort -un | paste -sd,)"
     echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 } >"$RAW/env.txt"
 echo "raw results in $RAW" >&2
-echo "memory bandwidth at threads $THREAD_SET ..." >&2
-"$SHARDLM" membw --threads "$THREAD_SET" --reps 5 --json >"$RAW/membw.json" 2>/dev/null
 
 # Busy jiffies and total jiffies of the whole machine so far.
 cpu_jiffies() {
@@ -213,6 +211,10 @@ measure() {
     awk -v busy="$(((b1 - b0)))" -v hz="$hz" '{ o = busy / hz - $3 - $4; if (o < 0) o = 0; print $1, $2, $3, $4, o }' \
         "$out.time" >"$out.rss"
 }
+
+echo "memory bandwidth at threads $THREAD_SET ..." >&2
+wait_quiet
+"$SHARDLM" membw --threads "$THREAD_SET" --reps 5 --json >"$RAW/membw.json" 2>/dev/null
 
 while IFS='|' read -r name model threads p g lruns _metrics; do
     for ((r = 1; r <= ROUNDS; r++)); do
