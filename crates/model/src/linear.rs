@@ -36,6 +36,30 @@ impl Linear {
         }
     }
 
+    /// Several layers over the same input (q/k/v, gate/up): the input is quantized
+    /// once and one pool run covers every output row. `ys[k]` gets `m × out_k`.
+    pub fn forward_many(
+        pool: &ThreadPool,
+        layers: &[&Linear],
+        x: &[f32],
+        m: usize,
+        ys: &mut [&mut [f32]],
+        scratch: &mut MatmulScratch,
+    ) {
+        let in_f = layers[0].in_features();
+        let mats: Vec<kernels::MatRef<'_>> = layers.iter().map(|l| l.weight.mat()).collect();
+        let mut outs: Vec<&mut [f32]> =
+            ys.iter_mut().zip(layers).map(|(y, l)| &mut y[..m * l.out_features()]).collect();
+        kernels::matmul::matmul_many(pool, &mats, &x[..m * in_f], m, &mut outs, scratch);
+        for (y, l) in outs.iter_mut().zip(layers) {
+            if let Some(b) = &l.bias {
+                for row in y.chunks_exact_mut(l.out_features()) {
+                    kernels::ops::add_inplace(row, b);
+                }
+            }
+        }
+    }
+
     /// Bytes read per forward call (for cost accounting).
     pub fn weight_bytes(&self) -> usize {
         self.weight.bytes().len()

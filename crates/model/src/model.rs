@@ -233,9 +233,14 @@ impl Model {
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
             ops::rms_norm(&ws.x[..n * h], &layer.attn_norm, eps, h, &mut ws.xn[..n * h]);
-            layer.q.forward(pool, &ws.xn, n, &mut ws.q, &mut ws.scratch);
-            layer.k.forward(pool, &ws.xn, n, &mut ws.k, &mut ws.scratch);
-            layer.v.forward(pool, &ws.xn, n, &mut ws.v, &mut ws.scratch);
+            Linear::forward_many(
+                pool,
+                &[&layer.q, &layer.k, &layer.v],
+                &ws.xn,
+                n,
+                &mut [&mut ws.q, &mut ws.k, &mut ws.v],
+                &mut ws.scratch,
+            );
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
                 ops::rms_norm_inplace(&mut ws.q[..n * hq], qn, eps, hd);
                 ops::rms_norm_inplace(&mut ws.k[..n * hkv], kn, eps, hd);
@@ -261,8 +266,14 @@ impl Model {
 
             // MLP block.
             ops::rms_norm(&ws.x[..n * h], &layer.mlp_norm, eps, h, &mut ws.xn[..n * h]);
-            layer.gate.forward(pool, &ws.xn, n, &mut ws.gate, &mut ws.scratch);
-            layer.up.forward(pool, &ws.xn, n, &mut ws.up, &mut ws.scratch);
+            Linear::forward_many(
+                pool,
+                &[&layer.gate, &layer.up],
+                &ws.xn,
+                n,
+                &mut [&mut ws.gate, &mut ws.up],
+                &mut ws.scratch,
+            );
             ops::silu_mul(&mut ws.gate[..n * ffn], &ws.up[..n * ffn]);
             layer.down.forward(pool, &ws.gate, n, &mut ws.o, &mut ws.scratch);
             comm.all_reduce_sum(&mut ws.o[..n * h])?;
