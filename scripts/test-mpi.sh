@@ -15,7 +15,7 @@ if ! command -v mpirun >/dev/null; then
   echo "test-mpi: mpirun not found; install OpenMPI (Debian: apt-get install -y openmpi-bin libopenmpi-dev libclang-dev)" >&2
   exit 1
 fi
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca btl tcp,self)
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo)
 target=${CARGO_TARGET_DIR:-target}
 
 start=$SECONDS

@@ -26,13 +26,24 @@ fn mpirun(name: &str, n: usize, env: &[(&str, &str)]) -> (bool, String) {
     let launcher = std::env::var("SHARDLM_MPIRUN").unwrap_or_else(|_| "mpirun".into());
     let exe = std::env::current_exe().expect("test binary path");
     let mut cmd = Command::new(&launcher);
-    cmd.args(["-np", &n.to_string(), "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "tcp,self"])
-        .arg(&exe)
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "-np",
+        &n.to_string(),
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--mca",
+        "btl",
+        "tcp,self",
+        "--mca",
+        "btl_tcp_if_include",
+        "lo",
+    ])
+    .arg(&exe)
+    .args(["--exact", name, "--nocapture", "--test-threads=1"])
+    .envs(env.iter().copied())
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run {launcher:?} (install OpenMPI): {e}"));
     let drain = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
