@@ -20,10 +20,10 @@
 #   e  prefill tok/s of a 2048-token prompt, pipeline --ranks 2 (1 thread per
 #      rank, --prefill-chunk 256) with and without --no-prefill-overlap, and one
 #      process with 1 thread for reference
-#   f  bytes on the wire per decoded token, tensor parallel, 2 ranks in two
-#      namespaces over one veth cable: /proc/net/dev of rank 0's device around
-#      runs of 16 and 144 tokens (difference / 128), next to the figure computed
-#      from the model's shape; f32 and (where --wire exists) q8
+#   f  bytes on the wire per decoded token, tensor parallel, greedy, 2 ranks in
+#      two namespaces over one veth cable: /proc/net/dev of rank 0's device
+#      around runs of 16 and 144 tokens (difference / 128), next to the figure
+#      computed from the model's shape; f32 and (where --wire exists) q8
 #
 # Usage: scripts/bench-dist.sh [--rounds N] [--cases abcdef] [--json PATH]
 #                              [--rate R] [--bw-bytes B] [--model GGUF]
@@ -323,14 +323,18 @@ if "model_layers" in notes:
     ar = 2 * L + 1                       # two per layer, one after the sharded embedding
     f32_ar = ar * H * 4 * (n - 1)        # direct exchange: each rank sends its whole vector once
     q8_ar = ar * ((H + 31) // 32) * 34 * (n - 1)
-    gather = (V // n) * 4                # each rank's vocabulary slice of the logits, f32
+    argmax = 8                           # greedy: each rank's best (value, index) per row
+    gather = (V // n) * 4                # sampling: each rank's vocabulary slice of the logits, f32
     print(f"\n(f) bytes each rank sends per decoded token, tensor parallel, 2 ranks "
           f"({L} layers, hidden {H}, vocab {V})")
-    print(f"computed, payload only: all-reduces {ar} x {H} values: f32 {f32_ar} B, q8 {q8_ar} B; "
-          f"logits all-gather {gather} B (f32 either way)")
-    print(f"computed totals: f32 {f32_ar + gather} B, q8 {q8_ar + gather} B; "
-          f"the 2-per-layer x hidden x 4 x 2(n-1)/n ring formula gives {2 * L * H * 4 * 2 * (n - 1) // n} B")
-    out["f_computed"] = {"f32_allreduce_B": f32_ar, "q8_allreduce_B": q8_ar, "logits_gather_B": gather}
+    print(f"computed, payload only: {ar} all-reduces of {H} values (2 per layer + embedding): "
+          f"f32 {f32_ar} B, q8 {q8_ar} B;")
+    print(f"  plus the lm head: {argmax} B when greedy (distributed argmax, as here), "
+          f"{gather} B when sampling (f32 logits all-gather)")
+    print(f"  greedy totals: f32 {f32_ar + argmax} B, q8 {q8_ar + argmax} B "
+          f"(the ring formula 2 x layers x hidden x 4 x 2(n-1)/n gives {2 * L * H * 4 * 2 * (n - 1) // n} B)")
+    out["f_computed"] = {"f32_allreduce_B": f32_ar, "q8_allreduce_B": q8_ar, "argmax_B": argmax,
+                         "logits_gather_B": gather}
     for w in ("f32", "q8"):
         s, rcv = get("f", f"{w} rank0 sent B/token"), get("f", f"{w} rank0 received B/token")
         if s is not None:
