@@ -147,13 +147,7 @@ fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> u
     stored.max(quantize.map_or(1, |q| q.block_elems()))
 }
 
-/// Peak resident memory of this process (`VmHWM`), in bytes.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
+pub use engine::dist::peak_rss_bytes;
 
 /// With `SHARDLM_REPORT_RSS=1`, each rank prints its peak RSS on stderr at exit
 /// (used by the memory test; other ranks' stderr shows with `--verbose`).

@@ -243,6 +243,8 @@ impl StageRunner<'_> {
             if let Some(to) = c.downstream().filter(|&to| to != 0) {
                 c.send_header(to, h)?;
             }
+            // Report this rank's peak memory to rank 0 (per-rank figures in `bench`).
+            c.world.send(0, &peak_rss_bytes().unwrap_or(0).to_le_bytes()).map_err(comm_err)?;
             return Ok(false);
         }
         if h.new_capacity > 0 {
@@ -368,13 +370,20 @@ impl StageRunner<'_> {
         Ok(())
     }
 
-    /// Rank 0: tells every rank to exit its loop.
-    pub fn shutdown(&mut self) -> Result<(), EngineError> {
+    /// Rank 0: tells every rank to exit its loop; returns every rank's peak RSS
+    /// in bytes, rank 0's first.
+    pub fn shutdown(&mut self) -> Result<Vec<u64>, EngineError> {
         let h = Header { op: OP_SHUTDOWN, ..Default::default() };
         for r in self.cluster.embed_stage_ranks() {
             self.cluster.send_header(r, h)?;
         }
-        Ok(())
+        let mut peaks = vec![peak_rss_bytes().unwrap_or(0)];
+        for r in 1..self.cluster.world.size() {
+            let mut b = [0u8; 8];
+            self.cluster.world.recv(r, &mut b).map_err(comm_err)?;
+            peaks.push(u64::from_le_bytes(b));
+        }
+        Ok(peaks)
     }
 }
 
@@ -391,4 +400,12 @@ pub fn fingerprint(path: &std::path::Path, cfg: &formats::ModelConfig) -> u64 {
     let text = format!("{name}|{len}|{}|{}|{}|{}", cfg.arch, cfg.n_layers, cfg.hidden_size, cfg.vocab_size);
     // FNV-1a: stable across machines and builds.
     text.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+/// Peak resident memory of this process (`VmHWM` from /proc), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }

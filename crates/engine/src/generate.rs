@@ -120,8 +120,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Tells the other ranks to exit (rank 0 of a cluster; a no-op otherwise).
-    pub fn shutdown(&mut self) -> Result<(), EngineError> {
+    /// Tells the other ranks to exit (rank 0 of a cluster) and returns each rank's
+    /// peak RSS, rank 0 first; a single process returns its own.
+    pub fn shutdown(&mut self) -> Result<Vec<u64>, EngineError> {
         if let Some(cluster) = &self.cluster {
             let mut runner = StageRunner {
                 cluster,
@@ -131,9 +132,9 @@ impl Engine {
                 cache: None,
                 logits: &mut self.logits,
             };
-            runner.shutdown()?;
+            return runner.shutdown();
         }
-        Ok(())
+        Ok(vec![crate::dist::peak_rss_bytes().unwrap_or(0)])
     }
 
     /// Runs `tokens` through the model in chunks; returns the logits of the last
