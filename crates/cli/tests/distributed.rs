@@ -136,12 +136,10 @@ fn peak_rss(args: &[&str]) -> Vec<(usize, u64)> {
     stderr(&o)
         .lines()
         .filter_map(|l| {
-            let l = l.trim_start_matches(|c| c != 'r').trim_start_matches(|c: char| c == '[' || c == ' ');
-            let rest = l.rsplit_once("rank ")?.1;
-            let mut it = rest.split_whitespace();
-            let rank = it.next()?.parse().ok()?;
-            (it.next()? == "peak_rss_bytes").then_some(())?;
-            Some((rank, it.next()?.parse().ok()?))
+            // "[rank 1] rank 1 peak_rss_bytes N" or "rank 0 peak_rss_bytes N"
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let k = w.iter().position(|x| *x == "peak_rss_bytes")?;
+            Some((w.get(k.checked_sub(1)?)?.parse().ok()?, w.get(k + 1)?.parse().ok()?))
         })
         .collect()
 }
