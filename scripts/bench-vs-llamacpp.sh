@@ -18,6 +18,8 @@
 # Usage: scripts/bench-vs-llamacpp.sh [--quick] [--rounds N] [--threads N]
 #                                     [--cases a,b,...] [--json PATH] [--raw DIR]
 #                                     [--quiet-pct P] [--quiet-max S]
+#        scripts/bench-vs-llamacpp.sh --report RAW_DIR [--json PATH]  (tables from a
+#                                     kept --raw directory, nothing is run)
 # Before each run the script waits (at most --quiet-max s, default 300) until the
 # machine's CPU use over one second is at most --quiet-pct % (default 25); each
 # run also records the CPU time the rest of the machine used meanwhile.
@@ -43,6 +45,7 @@ JSON_OUT=""
 RAW=""
 QUIET_PCT=25
 QUIET_MAX=300
+REPORT_ONLY=""
 
 die() { echo "bench-vs-llamacpp: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -57,11 +60,135 @@ while [ $# -gt 0 ]; do
         --raw) RAW="$2"; shift ;;
         --quiet-pct) QUIET_PCT="$2"; shift ;;
         --quiet-max) QUIET_MAX="$2"; shift ;;
+        --report) REPORT_ONLY="$2"; shift ;;
         -h|--help) usage 0 ;;
         *) echo "unknown argument: $1" >&2; usage 2 ;;
     esac
     shift
 done
+
+# --- report ---------------------------------------------------------------------
+
+# Prints the tables (and writes --json) from the raw results in $RAW.
+report() {
+python3 - "$RAW" "$JSON_OUT" <<'PY'
+import glob, json, os, statistics, sys
+
+raw, json_out = sys.argv[1], sys.argv[2]
+env = dict(l.rstrip("\n").split("=", 1) for l in open(os.path.join(raw, "env.txt")) if "=" in l)
+membw = json.load(open(os.path.join(raw, "membw.json")))
+bw = {r["threads"]: r["best_bytes_per_s"] for r in membw["results"]}
+if os.path.exists(os.path.join(raw, "membw-end.json")):
+    for r in json.load(open(os.path.join(raw, "membw-end.json")))["results"]:
+        bw[r["threads"]] = max(bw.get(r["threads"], 0), r["best_bytes_per_s"])
+med = statistics.median
+GiB = 2**30
+
+cores = int(env.get("cores", "1"))
+
+def read_time(path):
+    """(peak RSS bytes, interference: other processes' CPU share of the machine during the run)."""
+    v = open(path).read().split()
+    rss, wall, other = int(v[0]) * 1024, float(v[1]), float(v[4])
+    return rss, other / max(wall * cores, 1e-9)
+
+def spread(xs):
+    m = med(xs)
+    return (max(xs) - min(xs)) / m * 100 if m else 0.0
+
+cases = []
+for line in open(os.path.join(raw, "cases.txt")):
+    name, model, threads, p, g, _, metrics = line.rstrip("\n").split("|")
+    threads = int(threads)
+    sh = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.json")))]
+    sh_t = [read_time(f) for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.rss")))]
+    sh_rss = [t[0] for t in sh_t]
+    if not sh or not sh_t:
+        continue  # not run (yet)
+    rounds = sorted({f.split(".")[-3] for f in glob.glob(os.path.join(raw, f"{name}.llama.*.*.json"))}, key=int)
+    ll, ll_rss, ll_t, build = [], [], [], None
+    for r in rounds:
+        rows, peak = [], 0
+        for f in sorted(glob.glob(os.path.join(raw, f"{name}.llama.{r}.*.json"))):
+            rows += json.load(open(f))
+            t = read_time(f[:-5] + ".rss")
+            ll_t.append(t)
+            peak = max(peak, t[0])
+        ll.append(rows)
+        ll_rss.append(peak)
+        build = build or (rows[0].get("build_commit") if rows else None)
+    wbpt = sh[0]["weight_bytes_per_token"]
+    ceiling = bw.get(threads, 0) / wbpt if wbpt else 0
+    out_metrics = []
+    for spec in metrics.split():
+        label, rest = spec.split("=")
+        kind, tokens, depth = rest.split(":")
+        tokens, depth = int(tokens), int(depth)
+        key = "prompt_tps" if kind == "pp" else "generation_tps"
+        a = [j["avg"][key] for j in sh]
+        b = []
+        for rows in ll:
+            for row in rows:
+                n_p, n_g = row["n_prompt"], row["n_gen"]
+                if (kind == "pp" and n_p == tokens and n_g == 0 or kind == "tg" and n_g == tokens and n_p == 0) \
+                        and row.get("n_depth", 0) == depth:
+                    b.append(row["avg_ts"])
+        m = {"metric": label, "shardlm": a, "llama": b,
+             "shardlm_median": med(a), "llama_median": med(b) if b else None,
+             "ratio": med(a) / med(b) if b else None,
+             "shardlm_spread_pct": spread(a), "llama_spread_pct": spread(b) if b else None}
+        if kind == "tg" and ceiling:
+            m["ceiling_tps"] = ceiling
+            m["shardlm_of_ceiling"] = med(a) / ceiling
+            m["llama_of_ceiling"] = med(b) / ceiling if b else None
+        out_metrics.append(m)
+    cases.append({
+        "case": name, "model": model, "threads": threads, "prompt_tokens": int(p), "generation_tokens": int(g),
+        "weight_bytes_per_token": wbpt, "model_file_bytes": sh[0]["model_file_bytes"],
+        "kv_cache_bytes": sh[0]["kv_cache_bytes"],
+        "shardlm_peak_rss_bytes": med(sh_rss), "llama_peak_rss_bytes": med(ll_rss) if ll_rss else None,
+        "shardlm_interference": med([t[1] for t in sh_t]),
+        "llama_interference": med([t[1] for t in ll_t]) if ll_t else 0.0,
+        "llama_build_commit": build, "metrics": out_metrics,
+    })
+
+def f(x, fmt="{:.1f}"):
+    return "–" if x is None else fmt.format(x)
+
+print()
+print(f"commit {env.get('commit', '?')[:12]} (dirty files: {env.get('dirty')}), {env.get('cpu')}, {env.get('cores')} cores, "
+      f"load {env.get('load_before')} → {env.get('load_after')}, {env.get('rounds')} rounds per engine, A B alternation")
+print("membw: " + ", ".join(f"{t} thr {v / 1e9:.1f} GB/s" for t, v in sorted(bw.items())))
+print()
+print("| case | thr | metric | shardlm tok/s | llama.cpp tok/s | shardlm ÷ llama.cpp | spread sh/ll % | of BW ceiling sh/ll |")
+print("|---|---|---|---|---|---|---|---|")
+for c in cases:
+    for m in c["metrics"]:
+        ceil = "–"
+        if "ceiling_tps" in m:
+            ceil = f"{m['shardlm_of_ceiling'] * 100:.0f}% / {f(m['llama_of_ceiling'] and m['llama_of_ceiling'] * 100, '{:.0f}')}% of {m['ceiling_tps']:.1f}"
+        print(f"| {c['case']} | {c['threads']} | {m['metric']} | {m['shardlm_median']:.1f} | {f(m['llama_median'])} | "
+              f"{f(m['ratio'], '{:.2f}')} | {m['shardlm_spread_pct']:.0f} / {f(m['llama_spread_pct'], '{:.0f}')} | {ceil} |")
+print()
+print("| case | model file GiB | shardlm KV GiB (f32, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB | weight GiB read/token | other load sh/ll % |")
+print("|---|---|---|---|---|---|---|")
+for c in cases:
+    print(f"| {c['case']} | {c['model_file_bytes'] / GiB:.3f} | {c['kv_cache_bytes'] / GiB:.3f} | "
+          f"{c['shardlm_peak_rss_bytes'] / GiB:.3f} | {f(c['llama_peak_rss_bytes'] and c['llama_peak_rss_bytes'] / GiB, '{:.3f}')} | "
+          f"{c['weight_bytes_per_token'] / GiB:.3f} | {c['shardlm_interference'] * 100:.0f} / {c['llama_interference'] * 100:.0f} |")
+print("\nother load: median CPU share of the machine used by other processes during a run.")
+if json_out:
+    with open(json_out, "w") as fh:
+        json.dump({"env": env, "membw_best_bytes_per_s": bw, "cases": cases}, fh, indent=1)
+    print(f"\nwrote {json_out}")
+PY
+}
+
+if [ -n "$REPORT_ONLY" ]; then
+    RAW="$REPORT_ONLY"
+    report
+    exit 0
+fi
 
 if [ "$QUICK" = 1 ]; then
     [ "$ROUNDS" = 4 ] && ROUNDS=2
@@ -238,113 +365,4 @@ echo "memory bandwidth again ..." >&2
 wait_quiet
 "$SHARDLM" membw --threads "$THREAD_SET" --reps 5 --json >"$RAW/membw-end.json" 2>/dev/null
 
-# --- report ---------------------------------------------------------------------
-
-python3 - "$RAW" "$JSON_OUT" <<'PY'
-import glob, json, os, statistics, sys
-
-raw, json_out = sys.argv[1], sys.argv[2]
-env = dict(l.rstrip("\n").split("=", 1) for l in open(os.path.join(raw, "env.txt")) if "=" in l)
-membw = json.load(open(os.path.join(raw, "membw.json")))
-bw = {r["threads"]: r["best_bytes_per_s"] for r in membw["results"]}
-if os.path.exists(os.path.join(raw, "membw-end.json")):
-    for r in json.load(open(os.path.join(raw, "membw-end.json")))["results"]:
-        bw[r["threads"]] = max(bw.get(r["threads"], 0), r["best_bytes_per_s"])
-med = statistics.median
-GiB = 2**30
-
-cores = int(env.get("cores", "1"))
-
-def read_time(path):
-    """(peak RSS bytes, interference: other processes' CPU share of the machine during the run)."""
-    v = open(path).read().split()
-    rss, wall, other = int(v[0]) * 1024, float(v[1]), float(v[4])
-    return rss, other / max(wall * cores, 1e-9)
-
-def spread(xs):
-    m = med(xs)
-    return (max(xs) - min(xs)) / m * 100 if m else 0.0
-
-cases = []
-for line in open(os.path.join(raw, "cases.txt")):
-    name, model, threads, p, g, _, metrics = line.rstrip("\n").split("|")
-    threads = int(threads)
-    sh = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.json")))]
-    sh_t = [read_time(f) for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.rss")))]
-    sh_rss = [t[0] for t in sh_t]
-    rounds = sorted({f.split(".")[-3] for f in glob.glob(os.path.join(raw, f"{name}.llama.*.*.json"))}, key=int)
-    ll, ll_rss, ll_t, build = [], [], [], None
-    for r in rounds:
-        rows, peak = [], 0
-        for f in sorted(glob.glob(os.path.join(raw, f"{name}.llama.{r}.*.json"))):
-            rows += json.load(open(f))
-            t = read_time(f[:-5] + ".rss")
-            ll_t.append(t)
-            peak = max(peak, t[0])
-        ll.append(rows)
-        ll_rss.append(peak)
-        build = build or (rows[0].get("build_commit") if rows else None)
-    wbpt = sh[0]["weight_bytes_per_token"]
-    ceiling = bw.get(threads, 0) / wbpt if wbpt else 0
-    out_metrics = []
-    for spec in metrics.split():
-        label, rest = spec.split("=")
-        kind, tokens, depth = rest.split(":")
-        tokens, depth = int(tokens), int(depth)
-        key = "prompt_tps" if kind == "pp" else "generation_tps"
-        a = [j["avg"][key] for j in sh]
-        b = []
-        for rows in ll:
-            for row in rows:
-                n_p, n_g = row["n_prompt"], row["n_gen"]
-                if (kind == "pp" and n_p == tokens and n_g == 0 or kind == "tg" and n_g == tokens and n_p == 0) \
-                        and row.get("n_depth", 0) == depth:
-                    b.append(row["avg_ts"])
-        m = {"metric": label, "shardlm": a, "llama": b,
-             "shardlm_median": med(a), "llama_median": med(b) if b else None,
-             "ratio": med(a) / med(b) if b else None,
-             "shardlm_spread_pct": spread(a), "llama_spread_pct": spread(b) if b else None}
-        if kind == "tg" and ceiling:
-            m["ceiling_tps"] = ceiling
-            m["shardlm_of_ceiling"] = med(a) / ceiling
-            m["llama_of_ceiling"] = med(b) / ceiling if b else None
-        out_metrics.append(m)
-    cases.append({
-        "case": name, "model": model, "threads": threads, "prompt_tokens": int(p), "generation_tokens": int(g),
-        "weight_bytes_per_token": wbpt, "model_file_bytes": sh[0]["model_file_bytes"],
-        "kv_cache_bytes": sh[0]["kv_cache_bytes"],
-        "shardlm_peak_rss_bytes": med(sh_rss), "llama_peak_rss_bytes": med(ll_rss) if ll_rss else None,
-        "shardlm_interference": med([t[1] for t in sh_t]), "llama_interference": med([t[1] for t in ll_t]),
-        "llama_build_commit": build, "metrics": out_metrics,
-    })
-
-def f(x, fmt="{:.1f}"):
-    return "–" if x is None else fmt.format(x)
-
-print()
-print(f"commit {env.get('commit', '?')[:12]} (dirty files: {env.get('dirty')}), {env.get('cpu')}, {env.get('cores')} cores, "
-      f"load {env.get('load_before')} → {env.get('load_after')}, {env.get('rounds')} rounds per engine, A B alternation")
-print("membw: " + ", ".join(f"{t} thr {v / 1e9:.1f} GB/s" for t, v in sorted(bw.items())))
-print()
-print("| case | thr | metric | shardlm tok/s | llama.cpp tok/s | shardlm ÷ llama.cpp | spread sh/ll % | of BW ceiling sh/ll |")
-print("|---|---|---|---|---|---|---|---|")
-for c in cases:
-    for m in c["metrics"]:
-        ceil = "–"
-        if "ceiling_tps" in m:
-            ceil = f"{m['shardlm_of_ceiling'] * 100:.0f}% / {f(m['llama_of_ceiling'] and m['llama_of_ceiling'] * 100, '{:.0f}')}% of {m['ceiling_tps']:.1f}"
-        print(f"| {c['case']} | {c['threads']} | {m['metric']} | {m['shardlm_median']:.1f} | {f(m['llama_median'])} | "
-              f"{f(m['ratio'], '{:.2f}')} | {m['shardlm_spread_pct']:.0f} / {f(m['llama_spread_pct'], '{:.0f}')} | {ceil} |")
-print()
-print("| case | model file GiB | shardlm KV GiB (f32, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB | weight GiB read/token | other load sh/ll % |")
-print("|---|---|---|---|---|---|---|")
-for c in cases:
-    print(f"| {c['case']} | {c['model_file_bytes'] / GiB:.3f} | {c['kv_cache_bytes'] / GiB:.3f} | "
-          f"{c['shardlm_peak_rss_bytes'] / GiB:.3f} | {f(c['llama_peak_rss_bytes'] and c['llama_peak_rss_bytes'] / GiB, '{:.3f}')} | "
-          f"{c['weight_bytes_per_token'] / GiB:.3f} | {c['shardlm_interference'] * 100:.0f} / {c['llama_interference'] * 100:.0f} |")
-print("\nother load: median CPU share of the machine used by other processes during a run.")
-if json_out:
-    with open(json_out, "w") as fh:
-        json.dump({"env": env, "membw_best_bytes_per_s": bw, "cases": cases}, fh, indent=1)
-    print(f"\nwrote {json_out}")
-PY
+report
