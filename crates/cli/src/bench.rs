@@ -5,7 +5,7 @@
 //! tok/s, time to first token, the peak RSS so far and the wall time, then the
 //! averages.
 
-use crate::run::{default_threads, load_engine};
+use crate::run::default_threads;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use engine::generate::{Engine, GenerateRequest};
@@ -42,6 +42,8 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    dist: crate::dist_args::DistArgs,
 }
 
 /// One measured trial.
@@ -155,7 +157,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let threads = a.threads.map_or_else(default_threads, |t| t as usize);
     let (p, g, n) = (a.prompt_tokens as usize, a.generation_tokens as usize, a.num_trials as usize);
     let t_load = Instant::now();
-    let (mut engine, files, model_name) = load_engine(a.model.as_deref(), threads, None)?;
+    let Some((mut engine, files, model_name)) =
+        crate::dist_args::load_engine_dist(a.model.as_deref(), threads, a.threads.is_some(), None, &a.dist)?
+    else {
+        return Ok(()); // a rank other than 0 served its part
+    };
     let load_s = t_load.elapsed().as_secs_f64();
     engine.prefill_chunk = a.prefill_chunk as usize;
     let ctx = engine.context_length();
@@ -206,6 +212,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let avg_gen = mean(trials.iter().map(|t| t.generation_tps));
     let avg_ttft = mean(trials.iter().map(|t| t.ttft_s));
     let avg_rss = mean(trials.iter().map(|t| t.peak_rss_bytes as f64)) as u64;
+    // Every rank's high-water mark (rank 0 first); one entry in a single process.
+    let per_rank_rss = engine.shutdown()?;
     if a.json {
         let j = serde_json::json!({
             "model": model_name,
@@ -225,6 +233,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 "ttft_s": avg_ttft,
                 "peak_rss_bytes": avg_rss,
             },
+            "peak_rss_bytes_per_rank": per_rank_rss,
         });
         println!("{j}");
     } else {
@@ -235,6 +244,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             gib(file_bytes),
             gib(kv_cache_bytes)
         );
+        if per_rank_rss.len() > 1 {
+            let list: Vec<String> = per_rank_rss.iter().map(|b| format!("{:.3}", gib(*b))).collect();
+            println!("Peak memory per rank (GiB): {}", list.join(", "));
+        }
     }
     Ok(())
 }

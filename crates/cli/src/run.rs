@@ -77,21 +77,6 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
-/// Loads a model for a single process: files, tokenizer and the full shard.
-pub fn load_engine(
-    model: Option<&str>,
-    threads: usize,
-    quantize: Option<kernels::DType>,
-) -> Result<(Engine, formats::ModelFiles, String)> {
-    let path = model_source::resolve(model)?;
-    let files = formats::open_model(&path)?;
-    let tokenizer = Tokenizer::from_source(&files.tokenizer)?;
-    let shard = model::ShardSpec::full(files.config.n_layers);
-    let m = model::Model::load(&files, &shard, &model::LoadOptions { quantize })?;
-    let name = model.unwrap_or(model_source::DEFAULT_MODEL).to_string();
-    Ok((Engine::new(m, tokenizer, threads), files, name))
-}
-
 pub fn run(a: RunArgs) -> Result<()> {
     let sampling = SamplingParams {
         temperature: a.temperature,

@@ -160,3 +160,28 @@ fn pipeline_ranks_each_hold_at_most_60_percent_of_the_single_process_peak() {
         assert!(share <= 0.60, "rank {rank} peak {rss} is {:.0}% of {single}", share * 100.0);
     }
 }
+
+#[test]
+fn bench_runs_distributed_and_reports_memory_per_rank() {
+    let m = fixture("llama");
+    let o = shardlm(&[
+        "bench",
+        "--model",
+        m.to_str().unwrap(),
+        "-p",
+        "16",
+        "-g",
+        "8",
+        "-n",
+        "1",
+        "--ranks",
+        "2",
+        "--strategy",
+        "tensor",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["peak_rss_bytes_per_rank"].as_array().unwrap().len(), 2);
+    assert!(j["avg"]["generation_tps"].as_f64().unwrap() > 0.0);
+}
