@@ -1,11 +1,10 @@
 //! `shardlm run`: one prompt in, text out (streamed, or one JSON object).
 
-use crate::model_source;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use engine::generate::{Engine, GenerateRequest};
 use engine::sampler::SamplingParams;
-use engine::{ChatTemplate, Tokenizer};
+use engine::ChatTemplate;
 use std::io::Write;
 use std::path::PathBuf;
 
