@@ -18,8 +18,11 @@
 # Usage: scripts/bench-vs-llamacpp.sh [--quick] [--rounds N] [--threads N]
 #                                     [--cases a,b,...] [--json PATH] [--raw DIR]
 #                                     [--quiet-pct P] [--quiet-max S]
-#        scripts/bench-vs-llamacpp.sh --report RAW_DIR [--json PATH]  (tables from a
-#                                     kept --raw directory, nothing is run)
+#        scripts/bench-vs-llamacpp.sh --report RAW_DIR[,RAW_DIR...] [--json PATH]
+#                                     [--max-other PCT]
+# --report prints the tables from kept --raw directories (runs pooled, nothing is
+# run); --max-other leaves out runs during which other processes used more than
+# PCT % of the machine's CPU.
 # Before each run the script waits (at most --quiet-max s, default 300) until the
 # machine's CPU use over one second is at most --quiet-pct % (default 25); each
 # run also records the CPU time the rest of the machine used meanwhile.
@@ -46,6 +49,7 @@ RAW=""
 QUIET_PCT=25
 QUIET_MAX=300
 REPORT_ONLY=""
+MAX_OTHER=""
 
 die() { echo "bench-vs-llamacpp: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -61,6 +65,7 @@ while [ $# -gt 0 ]; do
         --quiet-pct) QUIET_PCT="$2"; shift ;;
         --quiet-max) QUIET_MAX="$2"; shift ;;
         --report) REPORT_ONLY="$2"; shift ;;
+        --max-other) MAX_OTHER="$2"; shift ;;
         -h|--help) usage 0 ;;
         *) echo "unknown argument: $1" >&2; usage 2 ;;
     esac
@@ -71,84 +76,101 @@ done
 
 # Prints the tables (and writes --json) from the raw results in $RAW.
 report() {
-python3 - "$RAW" "$JSON_OUT" <<'PY'
+python3 - "$RAW" "$JSON_OUT" "$MAX_OTHER" <<'PY'
 import glob, json, os, statistics, sys
 
-raw, json_out = sys.argv[1], sys.argv[2]
-env = dict(l.rstrip("\n").split("=", 1) for l in open(os.path.join(raw, "env.txt")) if "=" in l)
-membw = json.load(open(os.path.join(raw, "membw.json")))
-bw = {r["threads"]: r["best_bytes_per_s"] for r in membw["results"]}
-if os.path.exists(os.path.join(raw, "membw-end.json")):
-    for r in json.load(open(os.path.join(raw, "membw-end.json")))["results"]:
-        bw[r["threads"]] = max(bw.get(r["threads"], 0), r["best_bytes_per_s"])
+raws, json_out = sys.argv[1].split(","), sys.argv[2]
+max_other = float(sys.argv[3]) / 100 if sys.argv[3] else None
 med = statistics.median
 GiB = 2**30
 
-cores = int(env.get("cores", "1"))
+def read_env(raw):
+    return dict(l.rstrip("\n").split("=", 1) for l in open(os.path.join(raw, "env.txt")) if "=" in l)
 
-def read_time(path):
-    """(peak RSS bytes, interference: other processes' CPU share of the machine during the run)."""
+envs = {raw: read_env(raw) for raw in raws}
+bw = {}
+for raw in raws:
+    for name in ("membw.json", "membw-end.json"):
+        path = os.path.join(raw, name)
+        if os.path.exists(path):
+            for r in json.load(open(path))["results"]:
+                bw[r["threads"]] = max(bw.get(r["threads"], 0), r["best_bytes_per_s"])
+
+def read_time(path, cores):
+    """(peak RSS bytes, other processes' CPU share of the machine during the run)."""
     v = open(path).read().split()
     rss, wall, other = int(v[0]) * 1024, float(v[1]), float(v[4])
     return rss, other / max(wall * cores, 1e-9)
 
+def keep(other):
+    return max_other is None or other <= max_other
+
 def spread(xs):
-    m = med(xs)
-    return (max(xs) - min(xs)) / m * 100 if m else 0.0
+    m = med(xs) if xs else 0
+    return (max(xs) - min(xs)) / m * 100 if m else None
+
+def medn(xs):
+    return med(xs) if xs else None
+
+# Runs of every case over all raw directories: shardlm (json, rss, other) and, per
+# round, llama.cpp [(rows, rss, other)] for each of its invocations.
+specs, sh, ll = {}, {}, {}
+for raw in raws:
+    cores = int(envs[raw].get("cores", "1"))
+    for line in open(os.path.join(raw, "cases.txt")):
+        fields = line.rstrip("\n").split("|")
+        name = fields[0]
+        specs.setdefault(name, fields)
+        done = lambda f: os.path.exists(f[:-5] + ".rss")  # a run still going has no .rss yet
+        for f in filter(done, sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.json")))):
+            sh.setdefault(name, []).append((json.load(open(f)), *read_time(f[:-5] + ".rss", cores)))
+        rounds = sorted({f.split(".")[-3] for f in glob.glob(os.path.join(raw, f"{name}.llama.*.*.json"))}, key=int)
+        for r in rounds:
+            inv = [(json.load(open(f)), *read_time(f[:-5] + ".rss", cores))
+                   for f in filter(done, sorted(glob.glob(os.path.join(raw, f"{name}.llama.{r}.*.json"))))]
+            ll.setdefault(name, []).append(inv)
 
 cases = []
-for line in open(os.path.join(raw, "cases.txt")):
-    name, model, threads, p, g, _, metrics = line.rstrip("\n").split("|")
-    threads = int(threads)
-    sh = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.json")))]
-    sh_t = [read_time(f) for f in sorted(glob.glob(os.path.join(raw, f"{name}.shardlm.*.rss")))]
-    sh_rss = [t[0] for t in sh_t]
-    if not sh or not sh_t:
+for name, (_, model, threads, p, g, _, metrics) in specs.items():
+    if name not in sh:
         continue  # not run (yet)
-    rounds = sorted({f.split(".")[-3] for f in glob.glob(os.path.join(raw, f"{name}.llama.*.*.json"))}, key=int)
-    ll, ll_rss, ll_t, build = [], [], [], None
-    for r in rounds:
-        rows, peak = [], 0
-        for f in sorted(glob.glob(os.path.join(raw, f"{name}.llama.{r}.*.json"))):
-            rows += json.load(open(f))
-            t = read_time(f[:-5] + ".rss")
-            ll_t.append(t)
-            peak = max(peak, t[0])
-        ll.append(rows)
-        ll_rss.append(peak)
-        build = build or (rows[0].get("build_commit") if rows else None)
-    wbpt = sh[0]["weight_bytes_per_token"]
+    threads, runs_sh, runs_ll = int(threads), sh[name], ll.get(name, [])
+    first = runs_sh[0][0]
+    wbpt = first["weight_bytes_per_token"]
     ceiling = bw.get(threads, 0) / wbpt if wbpt else 0
+    build = next((inv[0][0][0].get("build_commit") for inv in runs_ll if inv and inv[0][0]), None)
     out_metrics = []
     for spec in metrics.split():
         label, rest = spec.split("=")
         kind, tokens, depth = rest.split(":")
         tokens, depth = int(tokens), int(depth)
         key = "prompt_tps" if kind == "pp" else "generation_tps"
-        a = [j["avg"][key] for j in sh]
+        a = [j["avg"][key] for j, _, other in runs_sh if keep(other)]
         b = []
-        for rows in ll:
-            for row in rows:
-                n_p, n_g = row["n_prompt"], row["n_gen"]
-                if (kind == "pp" and n_p == tokens and n_g == 0 or kind == "tg" and n_g == tokens and n_p == 0) \
-                        and row.get("n_depth", 0) == depth:
-                    b.append(row["avg_ts"])
-        m = {"metric": label, "shardlm": a, "llama": b,
-             "shardlm_median": med(a), "llama_median": med(b) if b else None,
-             "ratio": med(a) / med(b) if b else None,
-             "shardlm_spread_pct": spread(a), "llama_spread_pct": spread(b) if b else None}
+        for inv in runs_ll:
+            for rows, _, other in inv:
+                for row in rows:
+                    n_p, n_g = row["n_prompt"], row["n_gen"]
+                    hit = (kind == "pp" and n_p == tokens and n_g == 0) or (kind == "tg" and n_g == tokens and n_p == 0)
+                    if hit and row.get("n_depth", 0) == depth and keep(other):
+                        b.append(row["avg_ts"])
+        ma, mb = medn(a), medn(b)
+        m = {"metric": label, "shardlm": a, "llama": b, "shardlm_median": ma, "llama_median": mb,
+             "ratio": ma / mb if ma and mb else None,
+             "shardlm_spread_pct": spread(a), "llama_spread_pct": spread(b)}
         if kind == "tg" and ceiling:
             m["ceiling_tps"] = ceiling
-            m["shardlm_of_ceiling"] = med(a) / ceiling
-            m["llama_of_ceiling"] = med(b) / ceiling if b else None
+            m["shardlm_of_ceiling"] = ma / ceiling if ma else None
+            m["llama_of_ceiling"] = mb / ceiling if mb else None
         out_metrics.append(m)
+    ll_peak = [max(rss for _, rss, _ in inv) for inv in runs_ll if inv]
     cases.append({
         "case": name, "model": model, "threads": threads, "prompt_tokens": int(p), "generation_tokens": int(g),
-        "weight_bytes_per_token": wbpt, "model_file_bytes": sh[0]["model_file_bytes"],
-        "kv_cache_bytes": sh[0]["kv_cache_bytes"],
-        "shardlm_peak_rss_bytes": med(sh_rss), "llama_peak_rss_bytes": med(ll_rss) if ll_rss else None,
-        "shardlm_interference": med([t[1] for t in sh_t]),
-        "llama_interference": med([t[1] for t in ll_t]) if ll_t else 0.0,
+        "weight_bytes_per_token": wbpt, "model_file_bytes": first["model_file_bytes"],
+        "kv_cache_bytes": first["kv_cache_bytes"],
+        "shardlm_peak_rss_bytes": med([rss for _, rss, _ in runs_sh]), "llama_peak_rss_bytes": medn(ll_peak),
+        "shardlm_other_load": med([o for _, _, o in runs_sh]),
+        "llama_other_load": medn([o for inv in runs_ll for _, _, o in inv]),
         "llama_build_commit": build, "metrics": out_metrics,
     })
 
@@ -156,30 +178,39 @@ def f(x, fmt="{:.1f}"):
     return "–" if x is None else fmt.format(x)
 
 print()
-print(f"commit {env.get('commit', '?')[:12]} (dirty files: {env.get('dirty')}), {env.get('cpu')}, {env.get('cores')} cores, "
-      f"load {env.get('load_before')} → {env.get('load_after')}, {env.get('rounds')} rounds per engine, A B alternation")
-print("membw: " + ", ".join(f"{t} thr {v / 1e9:.1f} GB/s" for t, v in sorted(bw.items())))
+for raw, env in envs.items():
+    print(f"{raw}: commit {env.get('commit', '?')[:12]} (uncommitted files: {env.get('dirty')}), {env.get('cpu')}, "
+          f"{env.get('cores')} cores, load {env.get('load_before')} -> {env.get('load_after')}, "
+          f"{env.get('rounds')} rounds per engine, {env.get('date')}")
+print("membw (best): " + ", ".join(f"{t} thr {v / 1e9:.1f} GB/s" for t, v in sorted(bw.items())))
+if max_other is not None:
+    print(f"runs during which other processes used more than {max_other * 100:.0f}% of the machine are left out")
 print()
-print("| case | thr | metric | shardlm tok/s | llama.cpp tok/s | shardlm ÷ llama.cpp | spread sh/ll % | of BW ceiling sh/ll |")
-print("|---|---|---|---|---|---|---|---|")
+print("| case | thr | metric | shardlm tok/s | llama.cpp tok/s | shardlm ÷ llama.cpp | runs sh/ll | spread sh/ll % | of BW ceiling sh/ll |")
+print("|---|---|---|---|---|---|---|---|---|")
 for c in cases:
     for m in c["metrics"]:
         ceil = "–"
         if "ceiling_tps" in m:
-            ceil = f"{m['shardlm_of_ceiling'] * 100:.0f}% / {f(m['llama_of_ceiling'] and m['llama_of_ceiling'] * 100, '{:.0f}')}% of {m['ceiling_tps']:.1f}"
-        print(f"| {c['case']} | {c['threads']} | {m['metric']} | {m['shardlm_median']:.1f} | {f(m['llama_median'])} | "
-              f"{f(m['ratio'], '{:.2f}')} | {m['shardlm_spread_pct']:.0f} / {f(m['llama_spread_pct'], '{:.0f}')} | {ceil} |")
+            pa, pb = m["shardlm_of_ceiling"], m["llama_of_ceiling"]
+            ceil = f"{f(pa and pa * 100, '{:.0f}')}% / {f(pb and pb * 100, '{:.0f}')}% of {m['ceiling_tps']:.1f}"
+        print(f"| {c['case']} | {c['threads']} | {m['metric']} | {f(m['shardlm_median'])} | {f(m['llama_median'])} | "
+              f"{f(m['ratio'], '{:.2f}')} | {len(m['shardlm'])}/{len(m['llama'])} | "
+              f"{f(m['shardlm_spread_pct'], '{:.0f}')} / {f(m['llama_spread_pct'], '{:.0f}')} | {ceil} |")
 print()
-print("| case | model file GiB | shardlm KV GiB (f32, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB | weight GiB read/token | other load sh/ll % |")
+print("| case | model file GiB | shardlm KV GiB (f32, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB "
+      "| weight GiB read/token | other load sh/ll % |")
 print("|---|---|---|---|---|---|---|")
 for c in cases:
+    lr, lo = c["llama_peak_rss_bytes"], c["llama_other_load"]
     print(f"| {c['case']} | {c['model_file_bytes'] / GiB:.3f} | {c['kv_cache_bytes'] / GiB:.3f} | "
-          f"{c['shardlm_peak_rss_bytes'] / GiB:.3f} | {f(c['llama_peak_rss_bytes'] and c['llama_peak_rss_bytes'] / GiB, '{:.3f}')} | "
-          f"{c['weight_bytes_per_token'] / GiB:.3f} | {c['shardlm_interference'] * 100:.0f} / {c['llama_interference'] * 100:.0f} |")
-print("\nother load: median CPU share of the machine used by other processes during a run.")
+          f"{c['shardlm_peak_rss_bytes'] / GiB:.3f} | {f(lr and lr / GiB, '{:.3f}')} | "
+          f"{c['weight_bytes_per_token'] / GiB:.3f} | {c['shardlm_other_load'] * 100:.0f} / {f(lo and lo * 100, '{:.0f}')} |")
+print("\nspread: (max - min) / median over the runs kept. other load: median share of the machine's CPU")
+print("used by other processes during a run (from /proc/stat minus the run's own CPU time).")
 if json_out:
     with open(json_out, "w") as fh:
-        json.dump({"env": env, "membw_best_bytes_per_s": bw, "cases": cases}, fh, indent=1)
+        json.dump({"env": envs, "membw_best_bytes_per_s": bw, "max_other": max_other, "cases": cases}, fh, indent=1)
     print(f"\nwrote {json_out}")
 PY
 }
