@@ -38,6 +38,11 @@ pub struct DistArgs {
     /// an f16 scale per 32 values, about 4× fewer bytes).
     #[arg(long, default_value = "f32", value_parser = parse_wire)]
     pub wire: comm::Wire,
+    /// Tensor parallelism that gives bit-identical results to one process (o and
+    /// down split by output rows after all-gathering their inputs; 4 all-gathers
+    /// per layer instead of 2 all-reduces).
+    #[arg(long)]
+    pub tp_exact: bool,
     /// Let ranks other than 0 print.
     #[arg(long)]
     pub verbose: bool,
@@ -91,7 +96,8 @@ pub fn load_engine_dist(
     let weights = rank_weights(d, world.size())?;
     // Ranks sharing this host share its cores unless --threads says otherwise.
     let threads = if explicit_threads { threads } else { (threads / ranks_on_this_host().max(1)).max(1) };
-    let cluster = Cluster::new(world.with_wire(d.wire), strategy, !d.no_prefill_overlap)?;
+    let mut cluster = Cluster::new(world.with_wire(d.wire), strategy, !d.no_prefill_overlap)?;
+    cluster.exact_tp = d.tp_exact;
     let block = mlp_block(&files, quantize);
     let spec = cluster.shard_spec(&files, &weights, block)?;
     let m = model::Model::load(&files, &spec, &model::LoadOptions { quantize })?;

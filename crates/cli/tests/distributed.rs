@@ -69,6 +69,7 @@ fn tiny_models_pipeline_tensor_hybrid() {
             vec!["--ranks", "4", "--strategy", "tensor", "--backend", "tcp"],
             vec!["--ranks", "2", "--strategy", "tensor", "--backend", "tcp", "--connections-per-peer", "2"],
             vec!["--ranks", "4", "--strategy", "hybrid", "--tp", "2"],
+            vec!["--ranks", "4", "--strategy", "tensor", "--tp-exact"],
         ] {
             let (got_ids, got) = run(m, &prompt, &c);
             let d = rel_diff(&want, &got);
@@ -88,6 +89,17 @@ fn smollm2_pipeline_is_bit_identical_and_tensor_tracks_single() {
         let (got_ids, got) = run(p, &prompt, &c);
         assert_eq!(got, want, "{c:?}: pipeline logits must be bit-identical");
         assert_eq!(got_ids, want_ids);
+    }
+    // --tp-exact splits o/down by output rows after gathering their inputs: every
+    // value is computed as in one process, so logits are bit-identical.
+    for c in [
+        vec!["--ranks", "2", "--strategy", "tensor", "--tp-exact"],
+        vec!["--ranks", "4", "--strategy", "tensor", "--tp-exact", "--backend", "tcp"],
+        vec!["--ranks", "4", "--strategy", "hybrid", "--tp", "2", "--tp-exact"],
+    ] {
+        let (got_ids, got) = run(p, &prompt, &c);
+        assert_eq!(got, want, "{c:?}: exact tensor parallelism must be bit-identical");
+        assert_eq!(got_ids, want_ids, "{c:?}");
     }
     // 8-bit activation quantization turns reassociated sums into different roundings,
     // so tensor parallelism on a Q4_1 model drifts like llama.cpp's batch vs incremental.

@@ -49,8 +49,11 @@ pub struct Cluster {
     pub tp: usize,
     pub stage: usize,
     pub tp_rank: usize,
-    /// Split prompts into one message per chunk and wait for each (no stage overlap).
+    /// Send a whole prompt at once so stages overlap (false: one chunk at a time).
     pub overlap_prefill: bool,
+    /// Tensor parallelism that reproduces the single process bit for bit
+    /// (see `model::plan::TpSlice::exact`).
+    pub exact_tp: bool,
 }
 
 const OP_STEP: u32 = 1;
@@ -125,7 +128,7 @@ impl Cluster {
         } else {
             world.split(stage as u32, tp_rank as u32).map_err(comm_err)?
         };
-        Ok(Cluster { world, tp_group, stages: n / tp, tp, stage, tp_rank, overlap_prefill })
+        Ok(Cluster { world, tp_group, stages: n / tp, tp, stage, tp_rank, overlap_prefill, exact_tp: false })
     }
 
     pub fn rank(&self) -> usize {
@@ -162,7 +165,7 @@ impl Cluster {
             let slice =
                 tp_slice(cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, cfg.vocab_size, block, w, self.tp_rank)
                     .map_err(model::ModelError::from)?;
-            Some(slice)
+            Some(if self.exact_tp { slice.exact(cfg.hidden_size, w, self.tp_rank) } else { slice })
         } else {
             None
         };

@@ -62,6 +62,11 @@ impl DecoderLayer {
             ffn: 0..ffn,
             vocab: 0..cfg.vocab_size,
             vocab_all: vec![],
+            q_heads_all: vec![],
+            ffn_all: vec![],
+            exact: false,
+            hidden: 0..h,
+            hidden_all: vec![],
         };
         let tp = tp.unwrap_or(&full);
         let heads = |r: &Range<usize>| r.start * hd..r.end * hd;
@@ -74,7 +79,9 @@ impl DecoderLayer {
             Ok(Linear::new(quantized(w, opts)?, b))
         };
         let row_par = |name: &str, inp: usize, cols: &Range<usize>| -> Result<Linear, ModelError> {
-            let w = slice::cols(store.get_shaped(&format!("{p}{name}.weight"), &[h, inp])?, cols.clone());
+            let full = store.get_shaped(&format!("{p}{name}.weight"), &[h, inp])?;
+            // Exact mode keeps whole input rows and splits the output instead.
+            let w = if tp.exact { slice::rows(full, tp.hidden.clone()) } else { slice::cols(full, cols.clone()) };
             Ok(Linear::new(quantized(w, opts)?, None))
         };
         let (q_norm, k_norm) = if spec.qk_norm {

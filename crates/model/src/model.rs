@@ -260,8 +260,25 @@ impl Model {
                 self.attend(pool, &ws.q[row * hq..(row + len) * hq], kc, vc, len, start, &mut ws.attn[row * hq..]);
                 row += len;
             }
-            layer.o.forward(pool, &ws.attn, n, &mut ws.o, &mut ws.scratch);
-            comm.all_reduce_sum(&mut ws.o[..n * h])?;
+            match self.shard.tp.as_ref().filter(|t| t.exact) {
+                Some(tp) => {
+                    let full = cfg.n_heads * hd;
+                    grow(&mut ws.full_in, n * full);
+                    let attn = std::mem::take(&mut ws.attn);
+                    gather_columns(comm, &attn[..n * hq], n, &tp.q_heads_all, hd, ws, Dest::FullIn)?;
+                    ws.attn = attn;
+                    let hl = tp.hidden.len();
+                    grow(&mut ws.part, n * hl);
+                    layer.o.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
+                    let part = std::mem::take(&mut ws.part);
+                    gather_columns(comm, &part[..n * hl], n, &tp.hidden_all, 1, ws, Dest::O)?;
+                    ws.part = part;
+                }
+                None => {
+                    layer.o.forward(pool, &ws.attn, n, &mut ws.o, &mut ws.scratch);
+                    comm.all_reduce_sum(&mut ws.o[..n * h])?;
+                }
+            }
             ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
 
             // MLP block.
@@ -275,8 +292,24 @@ impl Model {
                 &mut ws.scratch,
             );
             ops::silu_mul(&mut ws.gate[..n * ffn], &ws.up[..n * ffn]);
-            layer.down.forward(pool, &ws.gate, n, &mut ws.o, &mut ws.scratch);
-            comm.all_reduce_sum(&mut ws.o[..n * h])?;
+            match self.shard.tp.as_ref().filter(|t| t.exact) {
+                Some(tp) => {
+                    grow(&mut ws.full_in, n * cfg.intermediate_size);
+                    let gate = std::mem::take(&mut ws.gate);
+                    gather_columns(comm, &gate[..n * ffn], n, &tp.ffn_all, 1, ws, Dest::FullIn)?;
+                    ws.gate = gate;
+                    let hl = tp.hidden.len();
+                    grow(&mut ws.part, n * hl);
+                    layer.down.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
+                    let part = std::mem::take(&mut ws.part);
+                    gather_columns(comm, &part[..n * hl], n, &tp.hidden_all, 1, ws, Dest::O)?;
+                    ws.part = part;
+                }
+                None => {
+                    layer.down.forward(pool, &ws.gate, n, &mut ws.o, &mut ws.scratch);
+                    comm.all_reduce_sum(&mut ws.o[..n * h])?;
+                }
+            }
             ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
         }
         for s in seqs.iter_mut() {
@@ -435,4 +468,45 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// Where [`gather_columns`] writes.
+enum Dest {
+    FullIn,
+    O,
+}
+
+/// All-gathers column slices: rank `r` holds columns `all[r]` (in units of `unit`
+/// values) of an `n`-row matrix; every rank ends with the whole matrix. Slices are
+/// padded to the widest for the all-gather.
+fn gather_columns(
+    comm: &dyn AllReduce,
+    local: &[f32],
+    n: usize,
+    all: &[std::ops::Range<usize>],
+    unit: usize,
+    ws: &mut Workspace,
+    dest: Dest,
+) -> Result<(), ModelError> {
+    let width = all.iter().map(|r| r.len()).max().unwrap_or(0) * unit;
+    let total: usize = all.iter().map(|r| r.len()).sum::<usize>() * unit;
+    let mine = local.len() / n.max(1);
+    grow(&mut ws.padded, n * width);
+    for t in 0..n {
+        ws.padded[t * width..t * width + mine].copy_from_slice(&local[t * mine..(t + 1) * mine]);
+    }
+    grow(&mut ws.gather, all.len() * n * width);
+    comm.all_gather(&ws.padded[..n * width], &mut ws.gather[..all.len() * n * width])?;
+    let out = match dest {
+        Dest::FullIn => &mut ws.full_in,
+        Dest::O => &mut ws.o,
+    };
+    for (r, range) in all.iter().enumerate() {
+        let len = range.len() * unit;
+        for t in 0..n {
+            let src = &ws.gather[(r * n + t) * width..][..len];
+            out[t * total + range.start * unit..][..len].copy_from_slice(src);
+        }
+    }
+    Ok(())
 }

@@ -46,6 +46,17 @@ pub struct TpSlice {
     pub vocab: Range<usize>,
     /// Every rank's vocabulary rows, for gathering vocab-parallel logits.
     pub vocab_all: Vec<Range<usize>>,
+    /// Every rank's query heads and MLP columns (for the exact mode's gathers).
+    pub q_heads_all: Vec<Range<usize>>,
+    pub ffn_all: Vec<Range<usize>>,
+    /// Exact mode: o and down projections split by *output* rows (this rank's
+    /// `hidden` range) after gathering their full inputs, so every value is
+    /// computed exactly as in one process (bit-identical logits even with 8-bit
+    /// activation quantization), at the cost of four all-gathers per layer
+    /// instead of two all-reduces.
+    pub exact: bool,
+    pub hidden: Range<usize>,
+    pub hidden_all: Vec<Range<usize>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +108,7 @@ pub fn pipeline_layers_by_bytes(
 }
 
 /// The tensor-parallel slice of rank `rank` among `weights.len()` ranks.
+#[allow(clippy::too_many_arguments)]
 pub fn tp_slice(
     n_heads: usize,
     n_kv: usize,
@@ -107,32 +119,68 @@ pub fn tp_slice(
     rank: usize,
 ) -> Result<TpSlice, PlanError> {
     let tp = weights.len();
+    let mut q_heads_all = Vec::with_capacity(tp);
+    let mut kv_all = Vec::with_capacity(tp);
+    for r in 0..tp {
+        let (q, kv) = heads_of(n_heads, n_kv, weights, r)?;
+        q_heads_all.push(q);
+        kv_all.push(kv);
+    }
+    if ffn / ffn_block < tp {
+        return Err(PlanError::TooNarrow { ffn, ranks: tp, block: ffn_block });
+    }
+    let ffn_all = proportional_ranges(ffn, weights, ffn_block);
+    let vocab_all = proportional_ranges(vocab, weights, 1);
+    Ok(TpSlice {
+        q_heads: q_heads_all[rank].clone(),
+        kv_heads: kv_all[rank].clone(),
+        ffn: ffn_all[rank].clone(),
+        vocab: vocab_all[rank].clone(),
+        vocab_all,
+        q_heads_all,
+        ffn_all,
+        exact: false,
+        hidden: 0..0,
+        hidden_all: vec![],
+    })
+}
+
+impl TpSlice {
+    /// Switches to exact mode, splitting the `hidden` output rows of o and down.
+    pub fn exact(mut self, hidden: usize, weights: &[f64], rank: usize) -> TpSlice {
+        self.hidden_all = proportional_ranges(hidden, weights, 1);
+        self.hidden = self.hidden_all[rank].clone();
+        self.exact = true;
+        self
+    }
+}
+
+/// Query and KV heads of rank `rank` (see the module rules).
+fn heads_of(
+    n_heads: usize,
+    n_kv: usize,
+    weights: &[f64],
+    rank: usize,
+) -> Result<(Range<usize>, Range<usize>), PlanError> {
+    let tp = weights.len();
     if n_heads < tp {
         return Err(PlanError::TooFewHeads { heads: n_heads, ranks: tp });
     }
     let group = n_heads / n_kv;
-    let (q_heads, kv_heads) = if tp <= n_kv {
+    if tp <= n_kv {
         let kv = proportional_ranges(n_kv, weights, 1)[rank].clone();
-        (kv.start * group..kv.end * group, kv)
-    } else {
-        // Ranks are dealt to KV heads; those sharing a KV head split its query heads.
-        let kv_of = |r: usize| r * n_kv / tp;
-        let kv = kv_of(rank);
-        let sharing: Vec<usize> = (0..tp).filter(|&r| kv_of(r) == kv).collect();
-        if sharing.len() > group {
-            return Err(PlanError::TooFewHeads { heads: n_heads, ranks: tp });
-        }
-        let idx = sharing.iter().position(|&r| r == rank).unwrap();
-        let sub = proportional_ranges(group, &vec![1.0; sharing.len()], 1)[idx].clone();
-        (kv * group + sub.start..kv * group + sub.end, kv..kv + 1)
-    };
-    if ffn / ffn_block < tp {
-        return Err(PlanError::TooNarrow { ffn, ranks: tp, block: ffn_block });
+        return Ok((kv.start * group..kv.end * group, kv));
     }
-    let ffn = proportional_ranges(ffn, weights, ffn_block)[rank].clone();
-    let vocab_all = proportional_ranges(vocab, weights, 1);
-    let vocab = vocab_all[rank].clone();
-    Ok(TpSlice { q_heads, kv_heads, ffn, vocab, vocab_all })
+    // Ranks are dealt to KV heads; those sharing a KV head split its query heads.
+    let kv_of = |r: usize| r * n_kv / tp;
+    let kv = kv_of(rank);
+    let sharing: Vec<usize> = (0..tp).filter(|&r| kv_of(r) == kv).collect();
+    if sharing.len() > group {
+        return Err(PlanError::TooFewHeads { heads: n_heads, ranks: tp });
+    }
+    let idx = sharing.iter().position(|&r| r == rank).unwrap();
+    let sub = proportional_ranges(group, &vec![1.0; sharing.len()], 1)[idx].clone();
+    Ok((kv * group + sub.start..kv * group + sub.end, kv..kv + 1))
 }
 
 #[cfg(test)]

@@ -21,6 +21,10 @@ pub struct Workspace {
     pub(crate) logits: Vec<f32>,
     pub(crate) local_logits: Vec<f32>,
     pub(crate) gather: Vec<f32>,
+    /// Exact tensor parallelism: gathered full inputs and this rank's output part.
+    pub(crate) full_in: Vec<f32>,
+    pub(crate) part: Vec<f32>,
+    pub(crate) padded: Vec<f32>,
     pub(crate) scratch: MatmulScratch,
 }
 
