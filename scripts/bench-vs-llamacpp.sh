@@ -169,8 +169,8 @@ for name, (_, model, threads, p, g, _, metrics) in specs.items():
         "weight_bytes_per_token": wbpt, "model_file_bytes": first["model_file_bytes"],
         "kv_cache_bytes": first["kv_cache_bytes"],
         "shardlm_peak_rss_bytes": med([rss for _, rss, _ in runs_sh]), "llama_peak_rss_bytes": medn(ll_peak),
-        "shardlm_other_load": med([o for _, _, o in runs_sh]),
-        "llama_other_load": medn([o for inv in runs_ll for _, _, o in inv]),
+        "shardlm_other_load": medn([o for _, _, o in runs_sh if keep(o)]),
+        "llama_other_load": medn([o for inv in runs_ll for _, _, o in inv if keep(o)]),
         "llama_build_commit": build, "metrics": out_metrics,
     })
 
@@ -202,11 +202,11 @@ print("| case | model file GiB | shardlm KV GiB (f32, p+g) | shardlm peak RSS Gi
       "| weight GiB read/token | other load sh/ll % |")
 print("|---|---|---|---|---|---|---|")
 for c in cases:
-    lr, lo = c["llama_peak_rss_bytes"], c["llama_other_load"]
+    lr, lo, so = c["llama_peak_rss_bytes"], c["llama_other_load"], c["shardlm_other_load"]
     print(f"| {c['case']} | {c['model_file_bytes'] / GiB:.3f} | {c['kv_cache_bytes'] / GiB:.3f} | "
           f"{c['shardlm_peak_rss_bytes'] / GiB:.3f} | {f(lr and lr / GiB, '{:.3f}')} | "
-          f"{c['weight_bytes_per_token'] / GiB:.3f} | {c['shardlm_other_load'] * 100:.0f} / {f(lo and lo * 100, '{:.0f}')} |")
-print("\nspread: (max - min) / median over the runs kept. other load: median share of the machine's CPU")
+          f"{c['weight_bytes_per_token'] / GiB:.3f} | {f(so and so * 100, '{:.0f}')} / {f(lo and lo * 100, '{:.0f}')} |")
+print("\nspread: (max - min) / median over the runs kept. other load: median share of the machine's CPU (runs kept)")
 print("used by other processes during a run (from /proc/stat minus the run's own CPU time).")
 if json_out:
     with open(json_out, "w") as fh:
