@@ -7,9 +7,10 @@
 # shardlm ÷ llama.cpp (> 1: shardlm is faster).
 #
 # Cases (default thread counts 1 and N=2):
-#   smol-t1, smol-tN   SmolLM2-135M Q4_1: pp512 and tg128
+#   smol-t1, smol-tN   SmolLM2-135M Q4_1: pp512, and tg128 after it (llama-bench -d 512)
 #   smol-ctx-tN        pp2048, and tg128 after a 2048-token prompt (llama-bench -d 2048)
 #   1b-q4_0-tN         random 1.1B llama (scripts/make_test_model.py), Q4_0: tg128
+#                      after a 16-token prompt (llama-bench -d 16)
 #   1b-q8_0-tN         the same weights in Q8_0: tg128
 # Decode rows also show speed as a fraction of the bandwidth ceiling
 # (shardlm membw at that thread count ÷ weight bytes read per token), and every
@@ -290,16 +291,18 @@ fi
 # --- cases ----------------------------------------------------------------------
 # name | model | threads | shardlm -p | shardlm -g | llama-bench runs (';'-separated) | metrics
 # A metric is label=kind:tokens:depth; kind pp compares shardlm's prompt_tps with
-# llama-bench's n_prompt=tokens row, tg its generation_tps with the n_gen=tokens row.
+# llama-bench's n_prompt=tokens row, tg its generation_tps with the n_gen=tokens row
+# at n_depth=depth. shardlm bench generates after its prompt, so llama-bench's
+# generation runs at the same depth (-d): the same positions are decoded.
 
 RAW="${RAW:-$(mktemp -d /tmp/bench-vs-llamacpp.XXXXXX)}"
 mkdir -p "$RAW"
 {
-    echo "smol-t1|$SMOL|1|$PP|$TG|-p $PP -n $TG|pp$PP=pp:$PP:0 tg$TG=tg:$TG:0"
-    echo "smol-tN|$SMOL|$NT|$PP|$TG|-p $PP -n $TG|pp$PP=pp:$PP:0 tg$TG=tg:$TG:0"
+    echo "smol-t1|$SMOL|1|$PP|$TG|-p $PP -n 0;-p 0 -n $TG -d $PP|pp$PP=pp:$PP:0 tg$TG=tg:$TG:$PP"
+    echo "smol-tN|$SMOL|$NT|$PP|$TG|-p $PP -n 0;-p 0 -n $TG -d $PP|pp$PP=pp:$PP:0 tg$TG=tg:$TG:$PP"
     echo "smol-ctx-tN|$SMOL|$NT|$CTX|$TG|-p $CTX -n 0;-p 0 -n $TG -d $CTX|pp$CTX=pp:$CTX:0 tg$TG@$CTX=tg:$TG:$CTX"
-    echo "1b-q4_0-tN|$M1B_Q4|$NT|16|$TG1B|-p 0 -n $TG1B|tg$TG1B=tg:$TG1B:0"
-    echo "1b-q8_0-tN|$M1B_Q8|$NT|16|$TG1B|-p 0 -n $TG1B|tg$TG1B=tg:$TG1B:0"
+    echo "1b-q4_0-tN|$M1B_Q4|$NT|16|$TG1B|-p 0 -n $TG1B -d 16|tg$TG1B=tg:$TG1B:16"
+    echo "1b-q8_0-tN|$M1B_Q8|$NT|16|$TG1B|-p 0 -n $TG1B -d 16|tg$TG1B=tg:$TG1B:16"
 } | while IFS= read -r line; do
     if [[ ",$CASES," == *",${line%%|*},"* ]]; then echo "$line"; fi
 done >"$RAW/cases.txt"
