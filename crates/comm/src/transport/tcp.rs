@@ -223,8 +223,25 @@ impl TcpTransport {
     }
 
     /// Records the first failure, tells every peer, and closes all sockets.
-    fn fail(&self, err: CommError) -> CommError {
+    ///
+    /// A timeout is ambiguous: the silent peer may itself be stuck behind the
+    /// rank that really failed. So before blaming it we tell everyone else and
+    /// give it a grace period to send its own abort, whose reason names the
+    /// real culprit. A peer that is truly stopped stays silent and is blamed.
+    fn fail(&self, mut err: CommError) -> CommError {
         let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if let (None, CommError::Timeout { rank, waited, .. }) = (failed.as_ref(), &err) {
+            let (silent, grace) = (*rank, (*waited).min(Duration::from_secs(10)));
+            let reason = err.to_string();
+            for (p, link) in self.links.iter().enumerate() {
+                if p != silent {
+                    link.iter().for_each(|c| c.send_abort(&reason));
+                }
+            }
+            if let Some(theirs) = self.links[silent].first().and_then(|c| c.await_abort(grace)) {
+                err = self.peers[silent].aborted(theirs);
+            }
+        }
         if failed.is_none() {
             *failed = Some(err.clone());
             let reason = err.to_string();

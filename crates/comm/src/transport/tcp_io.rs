@@ -28,11 +28,20 @@ pub(crate) struct Conn {
     pub stream: TcpStream,
     /// A frame has been partly written: an abort frame now would corrupt it.
     pub send_mid_frame: AtomicBool,
+    /// A frame has been partly read: the next bytes are not a frame header.
+    pub recv_mid_frame: AtomicBool,
+    /// We already told the peer why we give up.
+    abort_sent: AtomicBool,
 }
 
 impl Conn {
     pub fn new(stream: TcpStream) -> Conn {
-        Conn { stream, send_mid_frame: AtomicBool::new(false) }
+        Conn {
+            stream,
+            send_mid_frame: AtomicBool::new(false),
+            recv_mid_frame: AtomicBool::new(false),
+            abort_sent: AtomicBool::new(false),
+        }
     }
 
     fn fd(&self) -> RawFd {
@@ -41,6 +50,15 @@ impl Conn {
 
     /// Best effort: tell the peer why we give up, then close both directions.
     pub fn abort(&self, reason: &str) {
+        self.send_abort(reason);
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Best effort, once: tell the peer why we give up, keeping the connection open.
+    pub fn send_abort(&self, reason: &str) {
+        if self.abort_sent.swap(true, Ordering::AcqRel) {
+            return;
+        }
         if !self.send_mid_frame.load(Ordering::Acquire) {
             let reason = &reason.as_bytes()[..reason.len().min(MAX_ABORT_REASON)];
             let mut frame = header(KIND_ABORT, reason.len()).to_vec();
@@ -50,8 +68,52 @@ impl Conn {
                 libc::send(self.fd(), frame.as_ptr().cast(), frame.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT);
             }
         }
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
+
+    /// Waits up to `grace` for an abort frame from the peer and returns its
+    /// reason. `None` when the peer stays silent, sends anything else, or the
+    /// stream is mid-frame (its next bytes are not a header).
+    pub fn await_abort(&self, grace: Duration) -> Option<String> {
+        if self.recv_mid_frame.load(Ordering::Acquire) {
+            return None;
+        }
+        let deadline = Instant::now() + grace;
+        let mut head = [0u8; HEADER_LEN];
+        read_until(self.fd(), &mut head, deadline)?;
+        let kind = u32::from_le_bytes(head[..4].try_into().unwrap());
+        let len = u64::from_le_bytes(head[8..].try_into().unwrap()) as usize;
+        if kind != KIND_ABORT || len > MAX_ABORT_REASON {
+            return None;
+        }
+        let mut reason = vec![0u8; len];
+        read_until(self.fd(), &mut reason, deadline.max(Instant::now() + Duration::from_millis(200)))?;
+        Some(String::from_utf8_lossy(&reason).into_owned())
+    }
+}
+
+/// Fills `buf` from a non-blocking socket, parking in `poll`, until `deadline`.
+fn read_until(fd: RawFd, buf: &mut [u8], deadline: Instant) -> Option<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let ms = left.as_millis().clamp(1, POLL_SLICE_MS as u128) as i32;
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        // SAFETY: reading into the unfilled tail of `buf`.
+        let n = unsafe { libc::recv(fd, buf[at..].as_mut_ptr().cast(), buf.len() - at, libc::MSG_DONTWAIT) };
+        match n {
+            0 => return None,
+            n if n > 0 => at += n as usize,
+            _ => {
+                let err = io::Error::last_os_error();
+                if !matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) {
+                    return None;
+                }
+            }
+        }
+    }
+    Some(())
 }
 
 fn header(kind: u32, len: usize) -> [u8; HEADER_LEN] {
@@ -195,6 +257,7 @@ fn try_recv(job: &mut RecvJob<'_>, peer: &PeerId, spin: Duration) -> Result<Step
         return Err(peer.lost("it closed the connection"));
     }
     job.done += n as usize;
+    job.conn.recv_mid_frame.store(!job.complete(), Ordering::Release);
     if !job.checked && job.done >= HEADER_LEN {
         job.checked = true;
         let kind = u32::from_le_bytes(job.header[..4].try_into().unwrap());
