@@ -14,13 +14,36 @@ pub enum TensorData {
     Mapped { map: Arc<Mmap>, offset: usize, len: usize },
     /// Bytes produced at load time (e.g. `--quantize`).
     Owned(Arc<Vec<u8>>),
+    /// Owned bytes in the interleaved four-row layout of `kernels::packed`
+    /// (repacked at load for the decode kernels); rows are not contiguous.
+    Packed(Arc<Vec<u8>>),
 }
 
 impl TensorData {
     pub fn bytes(&self) -> &[u8] {
         match self {
             TensorData::Mapped { map, offset, len } => &map[*offset..*offset + *len],
-            TensorData::Owned(v) => v,
+            TensorData::Owned(v) | TensorData::Packed(v) => v,
+        }
+    }
+
+    /// Lets the kernel drop this tensor's pages of the file mapping (they leave
+    /// the resident set and are read from the file again if touched). Used after
+    /// a tensor was copied out at load (repacked or quantized), so the copy does
+    /// not count twice. Pages shared with a neighbouring tensor may go too; that
+    /// only costs a re-read.
+    pub fn release_pages(&self) {
+        self.release_range(0, self.bytes().len());
+    }
+
+    /// [`release_pages`](Self::release_pages) for bytes `start..start + len` of the tensor.
+    pub fn release_range(&self, start: usize, len: usize) {
+        if let TensorData::Mapped { map, offset, len: total } = self {
+            let len = len.min(total.saturating_sub(start));
+            // SAFETY: the mapping is read-only and file-backed, so DONTNEED only
+            // discards clean pages that the kernel re-reads from the file on the
+            // next access; no data changes and no reference is invalidated.
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset + start, len) };
         }
     }
 }
@@ -30,6 +53,7 @@ impl std::fmt::Debug for TensorData {
         match self {
             TensorData::Mapped { offset, len, .. } => write!(f, "Mapped({offset}+{len})"),
             TensorData::Owned(v) => write!(f, "Owned({})", v.len()),
+            TensorData::Packed(v) => write!(f, "Packed({})", v.len()),
         }
     }
 }
@@ -57,13 +81,32 @@ impl WeightTensor {
     pub fn mat(&self) -> MatRef<'_> {
         let cols = *self.shape.last().unwrap_or(&1);
         let rows = self.numel() / cols.max(1);
-        MatRef { dtype: self.dtype, rows, cols, data: self.bytes() }
+        MatRef { dtype: self.dtype, rows, cols, data: self.bytes(), packed: self.is_packed() }
+    }
+
+    /// Whether the bytes are in the packed four-row layout.
+    pub fn is_packed(&self) -> bool {
+        matches!(self.data, TensorData::Packed(_))
+    }
+
+    /// The bytes in the file's row-major layout (unpacked if needed).
+    pub fn row_major(&self) -> std::borrow::Cow<'_, [u8]> {
+        if !self.is_packed() {
+            return std::borrow::Cow::Borrowed(self.bytes());
+        }
+        let m = self.mat();
+        let mut out = Vec::with_capacity(self.bytes().len());
+        let mut buf = Vec::new();
+        for r in 0..m.rows {
+            out.extend_from_slice(m.row(r, &mut buf));
+        }
+        std::borrow::Cow::Owned(out)
     }
 
     /// All elements widened to f32 (for norms, biases and small tensors).
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.numel()];
-        kernels::quant::dequantize_row(self.dtype, self.bytes(), &mut out);
+        kernels::quant::dequantize_row(self.dtype, &self.row_major(), &mut out);
         out
     }
 }

@@ -51,7 +51,8 @@ fn main() {
     let odt = std::env::var("ODTYPE").ok().and_then(|v| DType::parse(&v)).unwrap_or(DType::Q8_0);
     let layers: usize = std::env::var("LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
     let vocab: usize = std::env::var("VOCAB").ok().and_then(|v| v.parse().ok()).unwrap_or(49152);
-    let (hidden, ffn, kv) = (576, 1536, 192);
+    let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (hidden, ffn, kv) = (env("HIDDEN", 576), env("FFN", 1536), env("KV", 192));
     let shapes =
         [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (ffn, hidden), (ffn, hidden), (hidden, ffn)];
     let mut ws = Vec::new();
@@ -63,6 +64,15 @@ fn main() {
     if vocab > 0 {
         ws.push((odt, vocab, hidden, weight(odt, vocab, hidden, 999)));
     }
+    // PACKED=1: the interleaved four-row layout the model loader uses.
+    let packed = std::env::var("PACKED").is_ok_and(|v| v == "1");
+    if packed {
+        for w in ws.iter_mut() {
+            if shardlm_kernels::packed::packable(w.0, w.1, w.2) {
+                w.3 = shardlm_kernels::packed::pack(w.0, w.1, w.2, &w.3);
+            }
+        }
+    }
     let total_bytes: usize = ws.iter().map(|w| w.3.len()).sum();
     let pool = ThreadPool::new(threads);
     let mut scratch = MatmulScratch::default();
@@ -70,7 +80,11 @@ fn main() {
     let mut y = vec![0f32; m * vocab.max(ffn)];
     let mut run = || {
         for (dt, r, c, d) in &ws {
-            let w = MatRef::new(*dt, *r, *c, d).unwrap();
+            let w = if packed && shardlm_kernels::packed::packable(*dt, *r, *c) {
+                MatRef::new_packed(*dt, *r, *c, d).unwrap()
+            } else {
+                MatRef::new(*dt, *r, *c, d).unwrap()
+            };
             matmul_isa(isa, &pool, w, &x[..m * c], m, &mut y[..m * r], &mut scratch);
         }
     };

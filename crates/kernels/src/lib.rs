@@ -43,6 +43,7 @@ pub mod dtype;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
+pub mod packed;
 pub mod pool;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
@@ -59,6 +60,8 @@ pub enum KernelError {
     BadRowLength { dtype: DType, elems: usize, block: usize },
     #[error("expected {expected} bytes, got {actual}")]
     BadDataLength { expected: usize, actual: usize },
+    #[error("a {dtype} weight of {rows}×{cols} has no packed four-row layout")]
+    NotPackable { dtype: DType, rows: usize, cols: usize },
     #[error("cannot quantize to {0}: only q8_0 and q4_0 are produced at load time")]
     UnsupportedQuantizeTarget(DType),
 }

@@ -32,6 +32,8 @@ pub struct MatRef<'a> {
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    /// Rows are in the interleaved four-row layout of [`crate::packed`].
+    pub packed: bool,
 }
 
 impl<'a> MatRef<'a> {
@@ -46,7 +48,15 @@ impl<'a> MatRef<'a> {
         if data.len() != expected {
             return Err(KernelError::BadDataLength { expected, actual: data.len() });
         }
-        Ok(MatRef { dtype, rows, cols, data })
+        Ok(MatRef { dtype, rows, cols, data, packed: false })
+    }
+
+    /// A weight in the packed four-row layout ([`crate::packed::pack`] output).
+    pub fn new_packed(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, KernelError> {
+        if !crate::packed::packable(dtype, rows, cols) {
+            return Err(KernelError::NotPackable { dtype, rows, cols });
+        }
+        Ok(MatRef { packed: true, ..MatRef::new(dtype, rows, cols, data)? })
     }
 
     /// Bytes of one row.
@@ -57,14 +67,25 @@ impl<'a> MatRef<'a> {
     /// The contiguous rows `start..end` (a tensor-parallel shard of output features).
     pub fn rows_range(&self, start: usize, end: usize) -> MatRef<'a> {
         assert!(start <= end && end <= self.rows, "rows_range {start}..{end} of {} rows", self.rows);
+        let g = if self.packed { crate::packed::PACK_ROWS } else { 1 };
+        assert!(start.is_multiple_of(g) && end.is_multiple_of(g), "packed rows_range {start}..{end}");
         let rb = self.row_bytes();
-        MatRef { dtype: self.dtype, rows: end - start, cols: self.cols, data: &self.data[start * rb..end * rb] }
+        MatRef { rows: end - start, data: &self.data[start * rb..end * rb], ..*self }
     }
 
-    /// Bytes of row `r`.
-    pub fn row(&self, r: usize) -> &'a [u8] {
+    /// Bytes of row `r` in the file layout (unpacked into `buf` for a packed weight).
+    pub fn row<'b>(&self, r: usize, buf: &'b mut Vec<u8>) -> &'b [u8]
+    where
+        'a: 'b,
+    {
         let rb = self.row_bytes();
-        &self.data[r * rb..(r + 1) * rb]
+        if !self.packed {
+            return &self.data[r * rb..(r + 1) * rb];
+        }
+        let g = crate::packed::PACK_ROWS;
+        buf.resize(rb, 0);
+        crate::packed::unpack_row(self.dtype, self.cols, &self.data[r / g * g * rb..], r % g, buf);
+        buf
     }
 }
 
@@ -225,10 +246,15 @@ pub fn matmul_many_isa(
         for k in 0..nw {
             yp[k] = SyncPtr(yg[k].as_mut_ptr());
             units[k] = wg[k].rows.div_ceil(ROW_GRAIN);
-            kern[k] = Some(Kernels {
-                dot: quant::dot_fn(wg[k].dtype, isa),
-                dot4: quant::dot4_fn(wg[k].dtype, isa),
-                tile: quant::tile_fn(wg[k].dtype, isa),
+            let dt = wg[k].dtype;
+            kern[k] = Some(if wg[k].packed {
+                Kernels {
+                    dot: quant::dot_fn(dt, isa),
+                    dot4: crate::packed::dot4_fn(dt, isa),
+                    tile: crate::packed::tile_fn(dt, isa),
+                }
+            } else {
+                Kernels { dot: quant::dot_fn(dt, isa), dot4: quant::dot4_fn(dt, isa), tile: quant::tile_fn(dt, isa) }
             });
         }
         let total: usize = units.iter().sum();
@@ -272,6 +298,10 @@ struct Kernels {
 }
 
 /// Computes `y[i, r]` for `r in r0..r1`, all `i < m`.
+///
+/// A packed weight has a whole number of four-row groups and `r0`, `r1` are
+/// multiples of 4 (units of [`ROW_GRAIN`], chunks of 4), so only the four-row
+/// and tile kernels run on it.
 ///
 /// # Safety
 /// `y` must be valid for `m × w.rows` writes with no other writer of these rows;
@@ -355,10 +385,12 @@ pub fn matmul_reference(w: MatRef<'_>, x: &[f32], m: usize, y: &mut [f32]) {
         q(&x[i * cols..(i + 1) * cols], &mut act[i * arb..(i + 1) * arb]);
     }
     let dot = quant::scalar::dot_fn(w.dtype);
-    for i in 0..m {
-        for r in 0..w.rows {
+    let mut buf = Vec::new();
+    for r in 0..w.rows {
+        let row = w.row(r, &mut buf);
+        for i in 0..m {
             // SAFETY: the row and activation slices hold exactly `cols` elements.
-            y[i * w.rows + r] = unsafe { dot(cols, w.row(r).as_ptr(), act[i * arb..].as_ptr()) };
+            y[i * w.rows + r] = unsafe { dot(cols, row.as_ptr(), act[i * arb..].as_ptr()) };
         }
     }
 }
@@ -369,8 +401,9 @@ pub fn matmul_f64_reference(w: MatRef<'_>, x: &[f32], m: usize, y: &mut [f32]) {
     check_shapes(&w, x, m, y);
     let cols = w.cols;
     let mut wr = vec![0f32; cols];
+    let mut buf = Vec::new();
     for r in 0..w.rows {
-        quant::dequantize_row(w.dtype, w.row(r), &mut wr);
+        quant::dequantize_row(w.dtype, w.row(r, &mut buf), &mut wr);
         for i in 0..m {
             let xi = &x[i * cols..(i + 1) * cols];
             let s: f64 = xi.iter().zip(&wr).map(|(&a, &b)| a as f64 * b as f64).sum();

@@ -131,3 +131,53 @@ fn matmul_many_matches_separate_calls() {
         }
     }
 }
+
+/// The packed four-row layout gives the same products as the file layout at
+/// every ISA level (scalar unpacks rows), for decode (`m = 1`), tiles and odd `m`,
+/// and inside `matmul_many` next to unpacked weights.
+#[test]
+fn packed_matches_row_major_every_isa() {
+    use shardlm_kernels::matmul::matmul_many_isa;
+    use shardlm_kernels::packed;
+    let mut rng = rng(11);
+    let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        for &(rows, cols, m) in &[(4usize, 64usize, 1usize), (36, 576, 1), (68, 128, 2), (20, 192, 3), (40, 64, 70)] {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
+            let pw = packed::pack(dtype, rows, cols, &w);
+            let pm = MatRef::new_packed(dtype, rows, cols, &pw).unwrap();
+            let x = random_acts(&mut rng, m * cols);
+            let mut want = vec![0f32; m * rows];
+            matmul_reference(wm, &x, m, &mut want);
+            let mut via_packed_ref = vec![0f32; m * rows];
+            matmul_reference(pm, &x, m, &mut via_packed_ref);
+            assert_eq!(via_packed_ref, want, "{dtype}: reference over the packed rows");
+            let scale = abs_scale(&wm, &x, m);
+            for isa in isa::available() {
+                for pool in &pools {
+                    let mut scratch = MatmulScratch::default();
+                    let mut got = vec![f32::NAN; m * rows];
+                    matmul_isa(isa, pool, pm, &x, m, &mut got, &mut scratch);
+                    let what = format!("packed {dtype} {isa} {rows}x{cols} m={m} threads={}", pool.n_threads());
+                    check_close(&got, &want, &scale, 2e-5, &what);
+                    // Mixed with a row-major weight of the same activation type.
+                    let mut a = vec![f32::NAN; m * rows];
+                    let mut b = vec![f32::NAN; m * rows];
+                    matmul_many_isa(isa, pool, &[wm, pm], &x, m, &mut [&mut a, &mut b], &mut scratch);
+                    check_close(&b, &want, &scale, 2e-5, &format!("{what} (many)"));
+                    check_close(&a, &want, &scale, 2e-5, &format!("{what} (many, row-major)"));
+                }
+            }
+            // A four-aligned row range of a packed weight is a packed shard.
+            let shard = pm.rows_range(4, rows);
+            let mut part = vec![0f32; m * (rows - 4)];
+            matmul_reference(shard, &x, m, &mut part);
+            for i in 0..m {
+                assert_eq!(&part[i * (rows - 4)..(i + 1) * (rows - 4)], &want[i * rows + 4..(i + 1) * rows]);
+            }
+        }
+    }
+    assert!(MatRef::new_packed(DType::Q4_0, 6, 64, &[0u8; 6 * 36]).is_err());
+    assert!(MatRef::new_packed(DType::Q5_0, 4, 64, &[0u8; 4 * 44]).is_err());
+}

@@ -9,7 +9,7 @@
 //! `hkv = kv_heads·head_dim`, `ffn` = intermediate size.
 
 use crate::arch::ArchSpec;
-use crate::linear::{quantize_weight, Linear};
+use crate::linear::{pack_for_decode, quantize_weight, Linear};
 use crate::plan::TpSlice;
 use crate::slice;
 use crate::{LoadOptions, ModelError};
@@ -31,11 +31,14 @@ pub struct DecoderLayer {
     pub down: Linear,
 }
 
-fn quantized(w: WeightTensor, opts: &LoadOptions) -> Result<WeightTensor, ModelError> {
-    match opts.quantize {
-        Some(target) => Ok(quantize_weight(w, target)?),
-        None => Ok(w),
-    }
+/// The weight as the kernels will read it: quantized at load if asked, then
+/// packed for the decode kernels where the type has a packed layout.
+pub(crate) fn quantized(w: WeightTensor, opts: &LoadOptions) -> Result<WeightTensor, ModelError> {
+    let w = match opts.quantize {
+        Some(target) => quantize_weight(w, target)?,
+        None => w,
+    };
+    Ok(pack_for_decode(w))
 }
 
 fn vector(store: &TensorStore, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {

@@ -71,10 +71,36 @@ impl Linear {
     }
 }
 
+/// Repacks a Q4_0/Q4_1/Q8_0 weight into the interleaved four-row layout of the
+/// decode kernels (`kernels::packed`) and releases the file pages it came from,
+/// so resident memory stays one copy of the weights. Weights without a packed
+/// form (other types, row counts not a multiple of 4, odd block counts) are
+/// returned as they are. `SHARDLM_PACK=0` turns packing off (for A/B runs).
+pub fn pack_for_decode(w: WeightTensor) -> WeightTensor {
+    let off = std::env::var("SHARDLM_PACK").is_ok_and(|v| v == "0");
+    if off || w.is_packed() || w.shape.len() != 2 || !kernels::packed::packable(w.dtype, w.shape[0], w.shape[1]) {
+        return w;
+    }
+    // A few MiB at a time, releasing each source run once copied, so loading
+    // never holds two copies of a large tensor (an lm_head can be 1 GiB).
+    let (rows, cols) = (w.shape[0], w.shape[1]);
+    let rb = w.bytes().len() / rows;
+    let step = ((4 << 20) / rb.max(1)).max(1).next_multiple_of(kernels::packed::PACK_ROWS);
+    let mut packed = vec![0u8; w.bytes().len()];
+    for r0 in (0..rows).step_by(step) {
+        let r1 = (r0 + step).min(rows);
+        let (a, b) = (r0 * rb, r1 * rb);
+        kernels::packed::pack_into(w.dtype, r1 - r0, cols, &w.bytes()[a..b], &mut packed[a..b]);
+        w.data.release_range(a, b - a);
+    }
+    WeightTensor { name: w.name, dtype: w.dtype, shape: w.shape, data: TensorData::Packed(std::sync::Arc::new(packed)) }
+}
+
 /// Re-encodes a float weight as `target` (Q8_0 or Q4_0) at load time. Weights that
 /// are already quantized, or whose rows are not whole blocks, are left as they are.
 pub fn quantize_weight(w: WeightTensor, target: DType) -> Result<WeightTensor, kernels::KernelError> {
-    if w.dtype.is_quantized() || w.shape.len() != 2 || !w.shape[1].is_multiple_of(target.block_elems()) {
+    if w.dtype.is_quantized() || w.is_packed() || w.shape.len() != 2 || !w.shape[1].is_multiple_of(target.block_elems())
+    {
         return Ok(w);
     }
     let (rows, cols) = (w.shape[0], w.shape[1]);

@@ -2,7 +2,7 @@
 
 use crate::arch::ArchSpec;
 use crate::decoder::DecoderLayer;
-use crate::linear::{quantize_weight, Linear};
+use crate::linear::Linear;
 use crate::registry::Arch;
 use crate::rope::Rope;
 use crate::shard::{AllReduce, ShardSpec};
@@ -99,7 +99,7 @@ impl Model {
             },
         };
         // Vocab-parallel: this rank's rows of the embedding (and of a tied lm_head).
-        let embed_full = if need_embed {
+        let mut embed_full = if need_embed {
             Some(slice::rows(store.get_shaped(embed_name, &[vocab, h])?, local.vocab.clone()))
         } else {
             None
@@ -111,13 +111,14 @@ impl Model {
         let (final_norm, lm_head) = if shard.has_head {
             let norm = store.get_shaped("model.norm.weight", &[h])?.to_f32();
             let w = if cfg.tie_word_embeddings && !store.contains("lm_head.weight") {
-                embed_full.clone().expect("loaded above")
+                // Tied: the head's (packed) copy also serves the embedding lookups,
+                // so the table is held once.
+                let w = crate::decoder::quantized(embed_full.take().expect("loaded above"), opts)?;
+                embed_full = Some(w.clone());
+                w
             } else {
-                slice::rows(store.get_shaped("lm_head.weight", &[vocab, h])?, local.vocab.clone())
-            };
-            let w = match opts.quantize {
-                Some(t) => quantize_weight(w, t)?,
-                None => w,
+                let w = slice::rows(store.get_shaped("lm_head.weight", &[vocab, h])?, local.vocab.clone());
+                crate::decoder::quantized(w, opts)?
             };
             (Some(norm), Some(Linear::new(w, None)))
         } else {
@@ -173,7 +174,8 @@ impl Model {
         let t_total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         grow(&mut ws.x, t_total * h);
         let row_bytes = embed.dtype.bytes_for(h).expect("hidden is a block multiple");
-        let bytes = embed.bytes();
+        let table = embed.mat();
+        let mut packed_row = std::mem::take(&mut ws.embed_row);
         let owned = &self.local.vocab;
         for (t, &id) in seqs.iter().flat_map(|s| s.tokens.iter()).enumerate() {
             if id as usize >= self.config.vocab_size {
@@ -181,12 +183,14 @@ impl Model {
             }
             let out = &mut ws.x[t * h..(t + 1) * h];
             if owned.contains(&(id as usize)) {
-                let row = &bytes[(id as usize - owned.start) * row_bytes..][..row_bytes];
+                let row = table.row(id as usize - owned.start, &mut packed_row);
+                debug_assert_eq!(row.len(), row_bytes);
                 kernels::quant::dequantize_row(embed.dtype, row, out);
             } else {
                 out.fill(0.0);
             }
         }
+        ws.embed_row = packed_row;
         if self.shard.tp.is_some() {
             comm.all_reduce_sum(&mut ws.x[..t_total * h])?;
         }

@@ -4,6 +4,7 @@
 //! block; if the range is not block-aligned the slice is widened to f32.
 
 use formats::{TensorData, WeightTensor};
+use kernels::packed::PACK_ROWS;
 use kernels::DType;
 use std::ops::Range;
 use std::sync::Arc;
@@ -20,6 +21,12 @@ pub fn rows(w: &WeightTensor, r: Range<usize>) -> WeightTensor {
             TensorData::Mapped { map: map.clone(), offset: offset + r.start * row_bytes, len: r.len() * row_bytes }
         }
         TensorData::Owned(v) => TensorData::Owned(Arc::new(v[r.start * row_bytes..r.end * row_bytes].to_vec())),
+        TensorData::Packed(v) if r.start.is_multiple_of(PACK_ROWS) && r.end.is_multiple_of(PACK_ROWS) => {
+            TensorData::Packed(Arc::new(v[r.start * row_bytes..r.end * row_bytes].to_vec()))
+        }
+        TensorData::Packed(_) => {
+            TensorData::Owned(Arc::new(w.row_major()[r.start * row_bytes..r.end * row_bytes].to_vec()))
+        }
     };
     let mut shape = w.shape.clone();
     shape[0] = r.len();
@@ -34,7 +41,7 @@ pub fn cols(w: &WeightTensor, c: Range<usize>) -> WeightTensor {
     }
     let block = w.dtype.block_elems();
     let src_row = w.dtype.bytes_for(n_cols).expect("rows are whole blocks");
-    let bytes = w.bytes();
+    let bytes = w.row_major();
     let (dtype, out) = if c.start.is_multiple_of(block) && c.end.is_multiple_of(block) {
         let (b0, b1) = (c.start / block * w.dtype.block_bytes(), c.end / block * w.dtype.block_bytes());
         let mut out = Vec::with_capacity(n_rows * (b1 - b0));

@@ -26,6 +26,8 @@ pub struct Workspace {
     pub(crate) part: Vec<f32>,
     pub(crate) padded: Vec<f32>,
     pub(crate) scratch: MatmulScratch,
+    /// One embedding row unpacked from a packed (tied) table.
+    pub(crate) embed_row: Vec<u8>,
 }
 
 pub(crate) fn grow(v: &mut Vec<f32>, len: usize) {

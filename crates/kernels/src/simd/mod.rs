@@ -5,6 +5,7 @@
 pub mod avx2;
 pub mod avx2_k;
 pub mod avx2_ops;
+pub mod avx2_packed;
 pub mod avx2_rows;
 pub mod avx2_tile;
 pub mod avx512;
