@@ -33,7 +33,10 @@
 //! | F32, F16, BF16 | ✓ | one-row | one-row (masked tails) |
 //!
 //! For `m > 1` (prefill), Q4_0 and Q4_1 also have AVX2 4 × 2 tile kernels (four
-//! weight rows × two activation rows). The activation quantizers (Q8_0, Q8_1,
+//! weight rows × two activation rows). Q4_0, Q4_1 and Q8_0 weights can be
+//! repacked at load into the interleaved four-row layout of [`packed`], with
+//! their own AVX2 four-row and tile kernels (scalar: rows unpacked, then the
+//! reference dot). The activation quantizers (Q8_0, Q8_1,
 //! Q8_K) have AVX2 versions that are bit-identical to the scalar ones. A SIMD level is used only after a start-up
 //! self-check against scalar ([`simd::selftest`]); aarch64 runs the scalar code.
 
