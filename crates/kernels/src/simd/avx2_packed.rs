@@ -30,7 +30,7 @@ pub fn tile_fn(dtype: DType) -> Option<TileFn> {
 }
 
 /// How far ahead of the current block pair the stream is prefetched, in bytes.
-const PREFETCH_AHEAD: usize = 1024;
+const PREFETCH_AHEAD: usize = 2048;
 
 #[inline(always)]
 unsafe fn ld(p: *const u8) -> __m256i {
