@@ -89,7 +89,7 @@ pub fn load_engine_dist(
         let m = model::Model::load(
             &files,
             &model::ShardSpec::full(files.config.n_layers),
-            &model::LoadOptions { quantize },
+            &model::LoadOptions::from_env(quantize),
         )?;
         return Ok(Some((Engine::new(m, tokenizer, threads), files, name)));
     }
@@ -100,7 +100,7 @@ pub fn load_engine_dist(
     cluster.exact_tp = d.tp_exact;
     let block = mlp_block(&files, quantize);
     let spec = cluster.shard_spec(&files, &weights, block)?;
-    let m = model::Model::load(&files, &spec, &model::LoadOptions { quantize })?;
+    let m = model::Model::load(&files, &spec, &model::LoadOptions::from_env(quantize))?;
     if cluster.rank() != 0 {
         let pool = kernels::ThreadPool::new(threads);
         let mut ws = model::Workspace::default();

@@ -143,3 +143,33 @@ fn free_running_greedy_matches_for_32_tokens() {
     // summation order, llama.cpp's own batch vs incremental decode included.
     assert!(full >= 2, "only {full} cases match fully");
 }
+
+/// The packed weight layout (the default) and the file layout give bit-identical
+/// logits: the packed kernels keep the same per-block accumulation order. Checks
+/// prefill (tiles, all positions) and one decode step (four-row kernels).
+#[test]
+fn packed_layout_matches_file_layout_bit_for_bit() {
+    let Some(path) = smollm2() else { return };
+    let files = formats::open_model(&path).unwrap();
+    let spec = ShardSpec::full(files.config.n_layers);
+    let packed = Model::load(&files, &spec, &LoadOptions::default()).unwrap();
+    let file = Model::load(&files, &spec, &LoadOptions { keep_file_layout: true, ..Default::default() }).unwrap();
+    let tokens: Vec<u32> = (0..37u32).map(|i| (i * 7919 + 13) % 49152).collect();
+    let a = all_logits(&packed, &tokens);
+    let b = all_logits(&file, &tokens);
+    assert_eq!(a.len(), b.len());
+    let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    assert_eq!(differ, 0, "{differ} of {} logits differ between packed and file layouts", a.len());
+    let decode = |m: &Model| {
+        let pool = kernels::ThreadPool::new(2);
+        let mut ws = Workspace::default();
+        let mut cache = m.new_cache(8);
+        let mut logits = Vec::new();
+        for &t in &tokens[..4] {
+            let mut steps = [SeqStep { tokens: &[t], cache: &mut cache, mode: LogitsMode::Last, logits: &mut logits }];
+            m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
+        }
+        logits
+    };
+    assert_eq!(decode(&packed), decode(&file), "decode logits differ between packed and file layouts");
+}

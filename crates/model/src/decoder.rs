@@ -38,7 +38,7 @@ pub(crate) fn quantized(w: WeightTensor, opts: &LoadOptions) -> Result<WeightTen
         Some(target) => quantize_weight(w, target)?,
         None => w,
     };
-    Ok(pack_for_decode(w))
+    Ok(if opts.keep_file_layout { w } else { pack_for_decode(w) })
 }
 
 fn vector(store: &TensorStore, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {

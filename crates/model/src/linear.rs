@@ -75,10 +75,9 @@ impl Linear {
 /// decode kernels (`kernels::packed`) and releases the file pages it came from,
 /// so resident memory stays one copy of the weights. Weights without a packed
 /// form (other types, row counts not a multiple of 4, odd block counts) are
-/// returned as they are. `SHARDLM_PACK=0` turns packing off (for A/B runs).
+/// returned as they are.
 pub fn pack_for_decode(w: WeightTensor) -> WeightTensor {
-    let off = std::env::var("SHARDLM_PACK").is_ok_and(|v| v == "0");
-    if off || w.is_packed() || w.shape.len() != 2 || !kernels::packed::packable(w.dtype, w.shape[0], w.shape[1]) {
+    if w.is_packed() || w.shape.len() != 2 || !kernels::packed::packable(w.dtype, w.shape[0], w.shape[1]) {
         return w;
     }
     // A few MiB at a time, releasing each source run once copied, so loading

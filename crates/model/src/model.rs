@@ -15,6 +15,16 @@ use kernels::{ops, DType, ThreadPool};
 pub struct LoadOptions {
     /// Re-encode float weights at load (`--quantize q8_0|q4_0`).
     pub quantize: Option<DType>,
+    /// Keep quantized weights in the file's row layout instead of repacking
+    /// them for the decode kernels (`SHARDLM_PACK=0`; for A/B runs and tests).
+    pub keep_file_layout: bool,
+}
+
+impl LoadOptions {
+    /// Options from the environment: `SHARDLM_PACK=0` sets `keep_file_layout`.
+    pub fn from_env(quantize: Option<DType>) -> LoadOptions {
+        LoadOptions { quantize, keep_file_layout: std::env::var("SHARDLM_PACK").is_ok_and(|v| v == "0") }
+    }
 }
 
 /// Which logits a sequence wants from a step.
