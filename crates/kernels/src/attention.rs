@@ -60,7 +60,7 @@ impl AttnShape {
     }
 
     fn check(&self, q: usize, k: usize, v: usize, out: usize) {
-        assert!(self.n_kv_heads > 0 && self.n_heads % self.n_kv_heads == 0, "attention: bad head counts");
+        assert!(self.n_kv_heads > 0 && self.n_heads.is_multiple_of(self.n_kv_heads), "attention: bad head counts");
         let rows = self.n_new * self.n_heads * self.head_dim;
         assert!(q >= rows && out >= rows, "attention: q/out too short");
         let ctx = (self.start_pos + self.n_new) * self.n_kv_heads * self.head_dim;
@@ -229,7 +229,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], k: &[f16], v: &[f16], sh: &AttnSh
     if sh.n_new == 0 || sh.head_dim == 0 {
         return;
     }
-    let simd = matches!(isa::active(), Isa::Avx2 | Isa::Avx512) && sh.head_dim % 8 == 0;
+    let simd = matches!(isa::active(), Isa::Avx2 | Isa::Avx512) && sh.head_dim.is_multiple_of(8);
     let tiling = Tiling::new(sh, pool.n_threads());
     let n_jobs = tiling.jobs(sh.n_kv_heads);
     let d = sh.head_dim;

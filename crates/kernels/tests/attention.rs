@@ -51,11 +51,13 @@ fn halves(rng: &mut TestRng, n: usize, a: f32) -> Vec<f16> {
     (0..n).map(|_| f16::from_f32(rng.gen_range(-a..a))).collect()
 }
 
+/// (n_new, start_pos, heads, kv heads, head_dim, window, |q|).
+type Case = (usize, usize, usize, usize, usize, Option<usize>, f32);
+
 #[test]
 fn attention_matches_naive() {
     let mut rng = rng(32);
-    // (n_new, start_pos, heads, kv heads, head_dim, window, |q|)
-    let cases: &[(usize, usize, usize, usize, usize, Option<usize>, f32)] = &[
+    let cases: &[Case] = &[
         (1, 0, 9, 3, 64, None, 1.0),
         (1, 37, 9, 3, 64, None, 1.0),
         (1, 3000, 9, 3, 64, None, 1.0),
