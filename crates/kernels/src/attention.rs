@@ -10,8 +10,9 @@
 //! token's causal/window range are skipped, the running max `m`, sum `l` and
 //! output `o` are rescaled, and `o += P·V`.
 //!
-//! Tiles are handed out dynamically (an atomic counter), the tiles of the last
-//! tokens (most keys) first, which balances causal prefill. When there are fewer
+//! Tiles are handed out dynamically (an atomic counter), KV head by KV head and
+//! within one the tiles of the last tokens (most keys) first, which balances
+//! causal prefill. When there are fewer
 //! tiles than threads (decode: one token, few KV heads) each tile's key range is
 //! also split ("flash-decoding"): each piece leaves its unnormalized `(m, l, o)`
 //! and the caller merges them.
@@ -151,12 +152,13 @@ impl Tiling {
         n_kv_heads * self.head_tiles * self.tok_tiles * self.splits
     }
 
-    /// Job `j` → (tile, first token, tokens, first head, heads, split); the last
-    /// token tiles come first.
+    /// Job `j` → (tile, first token, tokens, first head, heads, split).
     fn job(&self, j: usize, sh: &AttnShape) -> Job {
         let (tile, split) = (j / self.splits, j % self.splits);
+        // KV head major, so that tiles run close together in time share their keys
+        // in cache; within a head, the last token tiles first.
         let (ht, rest) = (tile % self.head_tiles, tile / self.head_tiles);
-        let (kvh, tt) = (rest % sh.n_kv_heads, self.tok_tiles - 1 - rest / sh.n_kv_heads);
+        let (kvh, tt) = (rest / self.tok_tiles, self.tok_tiles - 1 - rest % self.tok_tiles);
         let t0 = tt * self.toks;
         let h0 = kvh * self.group + ht * self.heads;
         let toks = self.toks.min(sh.n_new - t0);
@@ -290,6 +292,9 @@ fn run_tile(simd: bool, q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape, job: &J
     while b0 < job.keys.end {
         let n = KB.min(job.keys.end - b0);
         let n4 = n.next_multiple_of(4);
+        let next = (job.keys.end - b0 - n).min(KB);
+        prefetch(simd, &k[(b0 + n) * stride + koff..], stride, next, d);
+        prefetch(simd, &v[(b0 + n) * stride + koff..], stride, next, d);
         widen(simd, &k[b0 * stride + koff..], stride, n, n4, d, kb);
         widen(simd, &v[b0 * stride + koff..], stride, n, n, d, vb);
         scores(simd, &qb[..rows * d], rows, &kb[..n4 * d], n4, d, s);
@@ -392,6 +397,17 @@ fn widen(simd: bool, src: &[f16], stride: usize, n: usize, n_pad: usize, d: usiz
         }
     }
     dst[n * d..n_pad * d].fill(0.0);
+}
+
+/// Asks for the next block's `n` cache rows (laid out as in [`widen`]) to be
+/// brought into cache.
+fn prefetch(simd: bool, src: &[f16], stride: usize, n: usize, d: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if simd && n > 0 && src.len() >= (n - 1) * stride + d {
+        // SAFETY: `simd` implies AVX2; the rows lie inside `src` (checked).
+        unsafe { avx2_attn::prefetch_rows(src.as_ptr() as *const u16, stride, n, d) };
+    }
+    let _ = (simd, src, stride, n, d);
 }
 
 /// `s[r·KB + j] = q[r] · k[j]` for `rows` rows and `n4` keys.

@@ -53,6 +53,23 @@ pub unsafe fn widen_rows(src: *const u16, stride: usize, n: usize, n_pad: usize,
     }
 }
 
+/// Prefetches `n` cache rows of `d` f16 values (row `j` at `src + j·stride`) into
+/// L1, so the next block's keys and values load while this one computes.
+///
+/// # Safety
+/// AVX2 CPU (prefetches never fault; addresses are formed with wrapping arithmetic).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn prefetch_rows(src: *const u16, stride: usize, n: usize, d: usize) {
+    for j in 0..n {
+        let row = src.wrapping_add(j * stride) as *const i8;
+        let mut b = 0;
+        while b < 2 * d {
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(b));
+            b += 64;
+        }
+    }
+}
+
 /// Sums each of the four accumulators' lanes: `[Σa0, Σa1, Σa2, Σa3]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
