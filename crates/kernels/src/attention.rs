@@ -293,8 +293,10 @@ fn run_tile(simd: bool, q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape, job: &J
         let n = KB.min(job.keys.end - b0);
         let n4 = n.next_multiple_of(4);
         let next = (job.keys.end - b0 - n).min(KB);
-        prefetch(simd, &k[(b0 + n) * stride + koff..], stride, next, d);
-        prefetch(simd, &v[(b0 + n) * stride + koff..], stride, next, d);
+        if next > 0 {
+            prefetch(simd, &k[(b0 + n) * stride + koff..], stride, next, d);
+            prefetch(simd, &v[(b0 + n) * stride + koff..], stride, next, d);
+        }
         widen(simd, &k[b0 * stride + koff..], stride, n, n4, d, kb);
         widen(simd, &v[b0 * stride + koff..], stride, n, n, d, vb);
         scores(simd, &qb[..rows * d], rows, &kb[..n4 * d], n4, d, s);
@@ -323,6 +325,46 @@ fn run_tile(simd: bool, q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape, job: &J
         pv(simd, s, rows, &vb[..n * d], n, d, &mut o[..rows * d]);
         b0 += n;
     }
+}
+
+/// Start-up check of the AVX2 block steps against the scalar ones (called by
+/// [`crate::simd::selftest`] before AVX2 is handed out, so it must not consult
+/// [`isa::active`]): two tiles (a decode tile of a GQA group of 3, and 2 tokens ×
+/// 3 heads over a window) at head_dim 64 on fixed data, and the f16 store.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn self_test_avx2(unit: &mut dyn FnMut() -> f32) -> Result<(), String> {
+    let (nkv, d, ctx) = (2, 64, 75);
+    let kv: Vec<f32> = (0..2 * ctx * nkv * d).map(|_| unit()).collect();
+    let mut h = vec![f16::ZERO; kv.len()];
+    // SAFETY: only called for CPUs with AVX2+F16C; both hold `kv.len()` values.
+    unsafe { avx2_attn::f32_to_f16(kv.as_ptr(), h.as_mut_ptr() as *mut u16, kv.len()) };
+    if let Some(i) = (0..kv.len()).find(|&i| h[i] != f16::from_f32(kv[i])) {
+        return Err(format!("f16 store of {} differs from half", kv[i]));
+    }
+    let (k, v) = h.split_at(ctx * nkv * d);
+    let q: Vec<f32> = (0..2 * 6 * d).map(|_| 2.0 * unit()).collect();
+    for (n_new, window) in [(1, None), (2, Some(40))] {
+        let sh =
+            AttnShape { n_new, start_pos: ctx - n_new, n_heads: 6, n_kv_heads: nkv, head_dim: d, window, scale: 0.125 };
+        let tiling = Tiling::new(&sh, 1);
+        let job = tiling.job(tiling.jobs(nkv) - 1, &sh);
+        let (mut a, mut b) = (Scratch::default(), Scratch::default());
+        a.fit(d);
+        b.fit(d);
+        run_tile(false, &q, k, v, &sh, &job, &mut a);
+        run_tile(true, &q, k, v, &sh, &job, &mut b);
+        for r in 0..job.toks * job.heads {
+            let (want, got) = (&a.o[r * d..(r + 1) * d], &b.o[r * d..(r + 1) * d]);
+            let mag = want.iter().fold(a.l[r], |m, x| m.max(x.abs()));
+            let bad = (a.m[r] - b.m[r]).abs() > 1e-5 * a.m[r].abs().max(1.0)
+                || (a.l[r] - b.l[r]).abs() > 1e-4 * a.l[r]
+                || want.iter().zip(got).any(|(x, y)| (x - y).abs() > 1e-4 * mag || !y.is_finite());
+            if bad {
+                return Err(format!("attention tile (n_new {n_new}, window {window:?}) row {r} differs from scalar"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes the normalized rows of a whole-tile job into `out`.
