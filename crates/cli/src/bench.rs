@@ -170,8 +170,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let cfg = &engine.model.config;
     let vocab = cfg.vocab_size;
-    // What the generate loop allocates: f32 K and V for every layer, p + g positions.
-    let kv_cache_bytes = (cfg.n_layers * 2 * (p + g) * cfg.n_kv_heads * cfg.head_dim * 4) as u64;
+    // What the generate loop allocates: f16 K and V for every layer, p + g positions.
+    let kv_cache_bytes = (cfg.n_layers * 2 * (p + g) * cfg.n_kv_heads * cfg.head_dim * 2) as u64;
     let weight_bytes_per_token = engine.model.weight_bytes_per_token() as u64;
     let file_bytes = model_file_bytes(&files.path);
     let rss_after_load = peak_rss_bytes();

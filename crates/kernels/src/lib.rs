@@ -5,7 +5,8 @@
 //!   quantize (where we produce it) and the scalar dot product against 8-bit activations.
 //! * [`matmul`](mod@matmul): `y = x · Wᵀ` over a weight stored in any [`DType`], multi-threaded on
 //!   the persistent [`pool::ThreadPool`], dispatched at run time to the best ISA.
-//! * [`ops`]: the small f32 steps (RMSNorm, rope, softmax, SiLU/GELU, attention).
+//! * [`ops`]: the small f32 steps (RMSNorm, rope, softmax, SiLU/GELU).
+//! * [`attention`](mod@attention): tiled causal attention over the f16 KV cache (online softmax).
 //!
 //! We write these ourselves because they *are* the product: speed on CPUs comes from
 //! kernels that read quantized weights directly, and distribution needs kernels that
@@ -42,6 +43,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
+pub mod attention;
 pub mod dtype;
 pub mod isa;
 pub mod matmul;

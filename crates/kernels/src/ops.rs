@@ -4,7 +4,6 @@
 use crate::isa::{self, Isa};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::avx2_ops;
-use crate::ThreadPool;
 
 /// Whether the AVX2 helpers may be used (cached by [`isa::active`]).
 #[inline]
@@ -148,119 +147,6 @@ pub fn softmax(x: &mut [f32]) {
     }
     let inv = 1.0 / sum;
     x.iter_mut().for_each(|v| *v *= inv);
-}
-
-/// Causal attention of one sequence's new tokens against its KV cache.
-///
-/// * `q`: `n_new × n_heads × head_dim`; new token `i` sits at position `start_pos + i`
-///   and attends to cache positions `0..=start_pos + i`.
-/// * `k`, `v`: the cache, `n_ctx × n_kv_heads × head_dim` (positions `0..start_pos+n_new` valid).
-/// * `out`: `n_new × n_heads × head_dim`.
-///
-/// Grouped-query: query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
-/// Per (token, head): scores into a per-thread buffer (SIMD dots), a vectorized
-/// exp-and-sum, then the weighted sum of V rows. (Token, head) jobs are dealt
-/// round-robin across the pool so causal prefill stays balanced.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    pool: &ThreadPool,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n_new: usize,
-    start_pos: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let group = n_heads / n_kv_heads;
-    let kv_stride = n_kv_heads * head_dim;
-    let jobs = n_new * n_heads;
-    assert!(q.len() >= jobs * head_dim && out.len() >= jobs * head_dim, "attention: q/out too short");
-    let n_ctx = start_pos + n_new;
-    assert!(k.len() >= n_ctx * kv_stride && v.len() >= n_ctx * kv_stride, "attention: KV cache too short");
-    let simd = avx2();
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    pool.run(|t, nt| {
-        let out_ptr = &out_ptr;
-        SCORES.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            for job in (t..jobs).step_by(nt) {
-                let (i, h) = (job / n_heads, job % n_heads);
-                let kvh = h / group;
-                let qh = &q[(i * n_heads + h) * head_dim..][..head_dim];
-                let n_keys = start_pos + i + 1;
-                if buf.len() < n_keys {
-                    buf.resize(n_keys.next_power_of_two(), 0.0);
-                }
-                let s = &mut buf[..n_keys];
-                for (p, sp) in s.iter_mut().enumerate() {
-                    let kp = &k[p * kv_stride + kvh * head_dim..][..head_dim];
-                    *sp = dot_with(simd, qh, kp) * scale;
-                }
-                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let denom = exp_sub_sum_with(simd, s, max);
-                // SAFETY: each (i, h) job writes a disjoint head_dim slice of `out`.
-                let o =
-                    unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add((i * n_heads + h) * head_dim), head_dim) };
-                o.fill(0.0);
-                for (p, &e) in s.iter().enumerate() {
-                    let vp = &v[p * kv_stride + kvh * head_dim..][..head_dim];
-                    axpy_with(simd, o, e, vp);
-                }
-                let inv = 1.0 / denom;
-                o.iter_mut().for_each(|d| *d *= inv);
-            }
-        })
-    });
-}
-
-thread_local! {
-    /// Per-thread attention score buffer (grows to the longest context seen).
-    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-#[inline]
-fn dot_with(simd: bool, a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` is only true after the AVX2 check; lengths checked.
-        return unsafe { avx2_ops::dot(a.as_ptr(), b.as_ptr(), a.len().min(b.len())) };
-    }
-    let _ = simd;
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-#[inline]
-fn axpy_with(simd: bool, y: &mut [f32], a: f32, x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: as above.
-        unsafe { avx2_ops::axpy(y.as_mut_ptr(), a, x.as_ptr(), y.len().min(x.len())) };
-        return;
-    }
-    let _ = simd;
-    for (d, &s) in y.iter_mut().zip(x) {
-        *d += a * s;
-    }
-}
-
-#[inline]
-fn exp_sub_sum_with(simd: bool, x: &mut [f32], max: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: as above.
-        return unsafe { avx2_ops::exp_sub_sum(x.as_mut_ptr(), max, x.len()) };
-    }
-    let _ = simd;
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    sum
 }
 
 /// A raw pointer that may cross into pool workers; users guarantee disjoint writes.

@@ -5,7 +5,6 @@ mod common;
 use common::*;
 use rand::Rng;
 use shardlm_kernels::ops::{self, RopeStyle};
-use shardlm_kernels::ThreadPool;
 
 fn close(got: &[f32], want: &[f64], rel: f64, what: &str) {
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
@@ -83,63 +82,6 @@ fn rope_styles() {
     // Pair (2, 3) of head 1 (elements 10, 11) uses angle index 1.
     assert!((il[10] - (11.0 * cos[1] - 12.0 * sin[1])).abs() < 1e-5);
     assert!((il[11] - (12.0 * cos[1] + 11.0 * sin[1])).abs() < 1e-5);
-}
-
-#[allow(clippy::too_many_arguments)]
-fn naive_attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n_new: usize,
-    start: usize,
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    scale: f32,
-) -> Vec<f64> {
-    let mut out = vec![0f64; n_new * nh * hd];
-    for i in 0..n_new {
-        for h in 0..nh {
-            let kvh = h / (nh / nkv);
-            let qh = &q[(i * nh + h) * hd..][..hd];
-            let n_keys = start + i + 1;
-            let s: Vec<f64> = (0..n_keys)
-                .map(|p| {
-                    let kp = &k[(p * nkv + kvh) * hd..][..hd];
-                    qh.iter().zip(kp).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64
-                })
-                .collect();
-            let m = s.iter().fold(f64::MIN, |a, &b| a.max(b));
-            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let sum: f64 = e.iter().sum();
-            for p in 0..n_keys {
-                let vp = &v[(p * nkv + kvh) * hd..][..hd];
-                for d in 0..hd {
-                    out[(i * nh + h) * hd + d] += e[p] / sum * vp[d] as f64;
-                }
-            }
-        }
-    }
-    out
-}
-
-#[test]
-fn attention_matches_naive() {
-    let mut rng = rng(32);
-    for &(n_new, start, nh, nkv, hd) in &[(1, 0, 9, 3, 64), (1, 37, 9, 3, 64), (5, 3, 4, 4, 16), (17, 0, 8, 2, 12)] {
-        let ctx = start + n_new + 2;
-        let q = randv(&mut rng, n_new * nh * hd, 1.0);
-        let k = randv(&mut rng, ctx * nkv * hd, 1.0);
-        let v = randv(&mut rng, ctx * nkv * hd, 1.0);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let want = naive_attention(&q, &k, &v, n_new, start, nh, nkv, hd, scale);
-        for threads in [1, 2, 3] {
-            let pool = ThreadPool::new(threads);
-            let mut out = vec![f32::NAN; n_new * nh * hd];
-            ops::attention(&pool, &q, &k, &v, n_new, start, nh, nkv, hd, scale, &mut out);
-            close(&out, &want, 1e-5, "attention");
-        }
-    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -9,6 +9,8 @@ use crate::shard::{AllReduce, ShardSpec};
 use crate::workspace::{grow, Workspace};
 use crate::{slice, KvCache, ModelError};
 use formats::{ModelConfig, ModelFiles, WeightTensor};
+use half::f16;
+use kernels::attention::{attention, f32_to_f16, AttnShape};
 use kernels::{ops, DType, ThreadPool};
 
 #[derive(Debug, Clone, Default)]
@@ -269,8 +271,9 @@ impl Model {
                 let len = s.tokens.len();
                 let start = s.cache.len;
                 let (kc, vc) = &mut s.cache.layers[li];
-                kc[start * hkv..(start + len) * hkv].copy_from_slice(&ws.k[row * hkv..(row + len) * hkv]);
-                vc[start * hkv..(start + len) * hkv].copy_from_slice(&ws.v[row * hkv..(row + len) * hkv]);
+                // Stored as f16 (rounded to nearest even).
+                f32_to_f16(&ws.k[row * hkv..(row + len) * hkv], &mut kc[start * hkv..(start + len) * hkv]);
+                f32_to_f16(&ws.v[row * hkv..(row + len) * hkv], &mut vc[start * hkv..(start + len) * hkv]);
                 self.attend(pool, &ws.q[row * hq..(row + len) * hq], kc, vc, len, start, &mut ws.attn[row * hq..]);
                 row += len;
             }
@@ -332,25 +335,22 @@ impl Model {
         Ok(())
     }
 
-    /// Causal attention of `len` new tokens at positions `start..` against the cache,
-    /// honoring a sliding window.
+    /// Causal attention of `len` new tokens at positions `start..` against the
+    /// f16 cache (`kc`, `vc`: `capacity × kv_heads × head_dim`), honoring a sliding
+    /// window. `q` and `out` are `len × heads × head_dim`.
     #[allow(clippy::too_many_arguments)]
-    fn attend(&self, pool: &ThreadPool, q: &[f32], kc: &[f32], vc: &[f32], len: usize, start: usize, out: &mut [f32]) {
-        let cfg = &self.config;
-        let (nh, nkv, hd) = (self.local.n_heads, self.local.n_kv_heads, cfg.head_dim);
-        let (hq, hkv) = (nh * hd, nkv * hd);
-        let scale = 1.0 / (hd as f32).sqrt();
-        match self.spec.sliding_window {
-            Some(w) if start + len > w => {
-                for i in 0..len {
-                    let p = start + i;
-                    let lo = (p + 1).saturating_sub(w);
-                    let (qi, oi) = (&q[i * hq..(i + 1) * hq], &mut out[i * hq..(i + 1) * hq]);
-                    ops::attention(pool, qi, &kc[lo * hkv..], &vc[lo * hkv..], 1, p - lo, nh, nkv, hd, scale, oi);
-                }
-            }
-            _ => ops::attention(pool, q, kc, vc, len, start, nh, nkv, hd, scale, &mut out[..len * hq]),
-        }
+    fn attend(&self, pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], len: usize, start: usize, out: &mut [f32]) {
+        let hd = self.config.head_dim;
+        let shape = AttnShape {
+            n_new: len,
+            start_pos: start,
+            n_heads: self.local.n_heads,
+            n_kv_heads: self.local.n_kv_heads,
+            head_dim: hd,
+            window: self.spec.sliding_window,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        attention(pool, q, kc, vc, &shape, &mut out[..len * self.local.n_heads * hd]);
     }
 
     /// Final norm and lm_head for the rows each sequence asked for.

@@ -1,5 +1,5 @@
 //! Every dense architecture against the transformers goldens (f32 compute on the
-//! bf16 weights): logits of every prompt position within 1e-3, and the greedy
+//! bf16 weights): logits of every prompt position within 3e-3, and the greedy
 //! continuation identical (decoded incrementally through the KV cache).
 
 use shardlm_model::{LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
@@ -59,7 +59,13 @@ fn check(name: &str, threads: usize) {
     }
     assert_eq!(all.len(), g.logits.len(), "{name}: logits shape");
     let max_diff = all.iter().zip(&g.logits).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    assert!(max_diff <= 1e-3, "{name}: max |Δ logits| = {max_diff}");
+    // The KV cache is f16 (as llama.cpp's default): each stored key/value is
+    // rounded to nearest even, a relative error ≤ 2⁻¹¹ ≈ 4.9e-4. Through these
+    // models' layers that moves logits by 1.9e-3..2.4e-3 (measured: the previous f32
+    // implementation with its cache rounded through f16 gives the same numbers; with
+    // an f32 cache it was ≤ 5e-6). The attention kernel itself matches an f64
+    // reference over the same f16 cache to 2e-5 (kernels/tests/attention.rs).
+    assert!(max_diff <= 3e-3, "{name}: max |Δ logits| = {max_diff}");
     let mut next = argmax(&all[all.len() - vocab..]);
     let mut greedy = vec![next];
     while greedy.len() < g.greedy.len() {

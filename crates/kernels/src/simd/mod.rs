@@ -3,6 +3,7 @@
 //! after [`crate::isa`] confirmed the CPU supports it.
 
 pub mod avx2;
+pub mod avx2_attn;
 pub mod avx2_k;
 pub mod avx2_ops;
 pub mod avx2_packed;

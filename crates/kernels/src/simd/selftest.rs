@@ -1,8 +1,8 @@
 //! Start-up self-check of the SIMD kernels against the scalar reference.
 //!
 //! [`crate::isa::active`] runs this once before handing out a SIMD level: a few
-//! rows of every type through the one- and four-row dot kernels and the
-//! activation quantizers, on fixed pseudo-random data with edge values. A level
+//! rows of every type through the one- and four-row dot kernels, the
+//! activation quantizers and the attention tile steps, on fixed pseudo-random data with edge values. A level
 //! that disagrees with scalar is not used (a warning goes to stderr), so a kernel
 //! bug on a CPU we could not test on degrades speed, not answers. It costs well
 //! under a millisecond.
@@ -90,6 +90,9 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
         }
     }
     tiles(&mut rng, isa)?;
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        crate::attention::self_test_avx2(&mut || rng.unit())?;
+    }
     for dtype in DType::ALL {
         let n = if dtype.block_elems() == 256 { 512 } else { 96 };
         let n = if dtype.is_quantized() { n } else { n + 5 };

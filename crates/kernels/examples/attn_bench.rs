@@ -1,0 +1,54 @@
+//! Times `attention::attention` on SmolLM2-135M's shape (9 heads, 3 KV heads,
+//! head_dim 64): a 512-token prefill chunk at several depths, and decode steps.
+//! `cargo run --release -p shardlm-kernels --example attn_bench [threads]`.
+
+use half::f16;
+use shardlm_kernels::attention::{attention, AttnShape};
+use shardlm_kernels::ThreadPool;
+use std::time::Instant;
+
+fn main() {
+    let threads = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let pool = ThreadPool::new(threads);
+    let (nh, nkv, d) = (9, 3, 64);
+    let ctx = 8192 + 512;
+    let k: Vec<f16> = (0..ctx * nkv * d).map(|i| f16::from_f32(((i * 7919) % 1000) as f32 / 1000.0 - 0.5)).collect();
+    let v = k.iter().rev().copied().collect::<Vec<_>>();
+    for (n_new, start) in [(512, 0), (512, 1536), (1, 512), (1, 2048), (1, 8192)] {
+        let q: Vec<f32> = (0..n_new * nh * d).map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5).collect();
+        let mut out = vec![0f32; n_new * nh * d];
+        let sh = AttnShape {
+            n_new,
+            start_pos: start,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: d,
+            window: None,
+            scale: 0.125,
+        };
+        let reps = if n_new == 1 { 300 } else { 5 };
+        attention(&pool, &q, &k, &v, &sh, &mut out);
+        let (t, c) = (Instant::now(), cpu_ns());
+        for _ in 0..reps {
+            attention(&pool, &q, &k, &v, &sh, &mut out);
+        }
+        let s = t.elapsed().as_secs_f64() / reps as f64;
+        let cpu = (cpu_ns() - c) as f64 * 1e-9 / reps as f64;
+        let pairs: f64 = (0..n_new).map(|i| (start + i + 1) as f64).sum::<f64>() * nh as f64;
+        println!(
+            "n_new {n_new:4} start {start:5}: {:8.3} ms/call ({:8.3} ms on the calling thread's CPU), {:6.1} GFLOP/s (x30 layers = {:.1} ms)",
+            s * 1e3,
+            cpu * 1e3,
+            pairs * d as f64 * 4.0 / s / 1e9,
+            s * 30e3
+        );
+    }
+}
+
+/// Nanoseconds this thread has run on a CPU (Linux schedstat; 0 elsewhere).
+fn cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}

@@ -1,0 +1,127 @@
+//! Tiled attention (at the active ISA level; `SHARDLM_ISA=scalar` runs the scalar
+//! tiles) against a naive f64 version over the same f16 cache, and the f16 store.
+
+mod common;
+
+use common::*;
+use half::f16;
+use rand::Rng;
+use shardlm_kernels::attention::{self, AttnShape};
+use shardlm_kernels::ThreadPool;
+
+/// Naive two-pass attention in f64 over the f16-widened cache.
+fn naive(q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape) -> Vec<f64> {
+    let (nh, d) = (sh.n_heads, sh.head_dim);
+    let (group, stride) = (nh / sh.n_kv_heads, sh.n_kv_heads * d);
+    let mut out = vec![0f64; sh.n_new * nh * d];
+    for i in 0..sh.n_new {
+        for h in 0..nh {
+            let off = (h / group) * d;
+            let qh = &q[(i * nh + h) * d..][..d];
+            let keys = sh.keys(i);
+            let s: Vec<f64> = keys
+                .clone()
+                .map(|p| {
+                    let kp = &k[p * stride + off..][..d];
+                    qh.iter().zip(kp).map(|(&a, b)| a as f64 * b.to_f64()).sum::<f64>() * sh.scale as f64
+                })
+                .collect();
+            let m = s.iter().fold(f64::MIN, |a, &b| a.max(b));
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for (p, w) in keys.zip(&e) {
+                let vp = &v[p * stride + off..][..d];
+                for (o, x) in out[(i * nh + h) * d..][..d].iter_mut().zip(vp) {
+                    *o += w / sum * x.to_f64();
+                }
+            }
+        }
+    }
+    out
+}
+
+fn close(got: &[f32], want: &[f64], rel: f64, what: &str) {
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+    for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!((g as f64 - w).abs() <= rel * scale, "{what}[{k}]: {g} vs {w}");
+    }
+}
+
+fn halves(rng: &mut TestRng, n: usize, a: f32) -> Vec<f16> {
+    (0..n).map(|_| f16::from_f32(rng.gen_range(-a..a))).collect()
+}
+
+/// (n_new, start_pos, heads, kv heads, head_dim, window, |q|).
+type Case = (usize, usize, usize, usize, usize, Option<usize>, f32);
+
+#[test]
+fn attention_matches_naive() {
+    let mut rng = rng(32);
+    let cases: &[Case] = &[
+        (1, 0, 9, 3, 64, None, 1.0),
+        (1, 37, 9, 3, 64, None, 1.0),
+        (1, 3000, 9, 3, 64, None, 1.0),
+        (1, 3000, 8, 2, 128, None, 4.0),
+        (1, 2500, 4, 4, 64, None, 1.0),
+        (7, 3000, 12, 4, 64, None, 1.0),
+        (5, 3, 4, 4, 16, None, 1.0),
+        (17, 0, 8, 2, 12, None, 1.0),
+        (33, 0, 4, 4, 64, None, 3.0),
+        (40, 5, 12, 3, 128, None, 1.0),
+        (19, 60, 6, 2, 80, None, 2.0),
+        (3, 10, 32, 1, 64, None, 1.0),
+        (3, 40, 72, 1, 64, None, 1.0),
+        (2, 70, 136, 2, 16, Some(50), 1.0),
+        (200, 0, 9, 3, 64, None, 1.0),
+        (20, 100, 6, 2, 64, Some(16), 1.0),
+        (1, 3000, 9, 3, 64, Some(512), 1.0),
+        (37, 2000, 9, 3, 64, Some(100), 1.0),
+        (9, 0, 4, 2, 64, Some(1), 1.0),
+    ];
+    for &(n_new, start_pos, nh, nkv, hd, window, qa) in cases {
+        // The cache ends exactly at the last new token on odd cases (no slack to
+        // read past), with slack on even ones.
+        let ctx = start_pos + n_new + if n_new % 2 == 1 { 0 } else { 3 };
+        let q: Vec<f32> = (0..n_new * nh * hd).map(|_| rng.gen_range(-qa..qa)).collect();
+        let k = halves(&mut rng, ctx * nkv * hd, 1.0);
+        let v = halves(&mut rng, ctx * nkv * hd, 1.0);
+        let sh = AttnShape {
+            n_new,
+            start_pos,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            window,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let want = naive(&q, &k, &v, &sh);
+        let what = format!("{sh:?}");
+        let mut reference = vec![f32::NAN; n_new * nh * hd];
+        attention::attention_reference(&q, &k, &v, &sh, &mut reference);
+        close(&reference, &want, 2e-5, &format!("reference {what}"));
+        for threads in [1, 2, 3, 5] {
+            let pool = ThreadPool::new(threads);
+            for _ in 0..2 {
+                // Twice: the second call reuses warm scratch.
+                let mut out = vec![f32::NAN; n_new * nh * hd];
+                attention::attention(&pool, &q, &k, &v, &sh, &mut out);
+                close(&out, &want, 2e-5, &format!("tiled {what} threads {threads}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn f16_store_rounds_like_half() {
+    let mut rng = rng(33);
+    let mut x: Vec<f32> =
+        (0..1003).map(|_| rng.gen_range(-70000.0f32..70000.0) * rng.gen_range(0.0f32..1.0).powi(8)).collect();
+    // Halfway cases, subnormals, overflow, zeros and infinities.
+    x.extend([1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 6e-8, 3e-8, 1e-6, 65520.0, 1e9, -0.0, 0.0, f32::INFINITY]);
+    x.extend([f32::NEG_INFINITY, 2049.0, 2051.0, -65504.0]);
+    let mut got = vec![f16::ZERO; x.len()];
+    attention::f32_to_f16(&x, &mut got);
+    for (g, &v) in got.iter().zip(&x) {
+        assert_eq!(g.to_bits(), f16::from_f32(v).to_bits(), "{v}");
+    }
+}
