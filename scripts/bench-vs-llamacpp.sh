@@ -199,7 +199,7 @@ for c in cases:
               f"{f(m['ratio'], '{:.2f}')} | {len(m['shardlm'])}/{len(m['llama'])} | "
               f"{f(m['shardlm_spread_pct'], '{:.0f}')} / {f(m['llama_spread_pct'], '{:.0f}')} | {ceil} |")
 print()
-print("| case | model file GiB | shardlm KV GiB (f32, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB "
+print("| case | model file GiB | shardlm KV GiB (f16, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB "
       "| weight GiB read/token | other load sh/ll % |")
 print("|---|---|---|---|---|---|---|")
 for c in cases:
