@@ -170,8 +170,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let cfg = &engine.model.config;
     let vocab = cfg.vocab_size;
-    // What the generate loop allocates: f16 K and V for every layer, p + g positions.
-    let kv_cache_bytes = (cfg.n_layers * 2 * (p + g) * cfg.n_kv_heads * cfg.head_dim * 2) as u64;
+    // What the generate loop allocates: K and V for every layer, p + g positions.
+    let kv_type = engine.model.kv_type;
+    let kv_cache_bytes = (cfg.n_layers * 2 * (p + g) * cfg.n_kv_heads * cfg.head_dim * kv_type.bytes()) as u64;
     let weight_bytes_per_token = engine.model.weight_bytes_per_token() as u64;
     let file_bytes = model_file_bytes(&files.path);
     let rss_after_load = peak_rss_bytes();
@@ -224,6 +225,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "weight_bytes_per_token": weight_bytes_per_token,
             "model_file_bytes": file_bytes,
             "kv_cache_bytes": kv_cache_bytes,
+            "kv_type": kv_type.name(),
             "rss_after_load_bytes": rss_after_load,
             "load_s": load_s,
             "trials": trials.iter().map(|t| t.to_json()).collect::<Vec<_>>(),

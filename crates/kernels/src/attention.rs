@@ -18,8 +18,8 @@
 //! and the caller merges them.
 //!
 //! # Numerics
-//! K and V are f16 (the cache format), widened exactly to f32; all arithmetic is
-//! f32. [`attention_reference`] is the plain two-pass version, for tests.
+//! K and V are f16 (the default cache format) or f32 ([`KvElem`]), widened
+//! exactly to f32; all arithmetic is f32. [`attention_reference`] is the plain two-pass version, for tests.
 
 use crate::isa::{self, Isa};
 use crate::ops::SendPtr;
@@ -38,6 +38,53 @@ pub const KB: usize = 32;
 /// 1536 (SmolLM2 shape) ~18% faster than 16. It bounds the per-thread scratch
 /// (`2·RMAX·d + RMAX·KB` floats besides the K/V blocks: 40 KiB at d = 64).
 pub const RMAX: usize = 64;
+
+/// An element type of the KV cache: f16 (the default, as llama.cpp's) or f32
+/// (for float checkpoints, so their logits stay within 1e-3 of transformers).
+/// Blocks are widened to f32 once per tile either way.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    /// One value as f32 (exact for both types).
+    fn to_f32(self) -> f32;
+    /// Stores `src` into `dst` (f16: rounding to nearest even).
+    fn store(src: &[f32], dst: &mut [Self]);
+    /// [`widen`]'s job for this type: `n` rows at `src[j·stride..]` of `d`
+    /// values into `dst` (`n_pad × d`, rows past `n` zeroed).
+    fn widen(simd: bool, src: &[Self], stride: usize, n: usize, n_pad: usize, d: usize, dst: &mut [f32]);
+    /// Brings the next block's rows into cache (a hint).
+    fn prefetch(simd: bool, src: &[Self], stride: usize, n: usize, d: usize);
+}
+
+impl KvElem for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn store(src: &[f32], dst: &mut [f16]) {
+        f32_to_f16(src, dst)
+    }
+    fn widen(simd: bool, src: &[f16], stride: usize, n: usize, n_pad: usize, d: usize, dst: &mut [f32]) {
+        widen(simd, src, stride, n, n_pad, d, dst)
+    }
+    fn prefetch(simd: bool, src: &[f16], stride: usize, n: usize, d: usize) {
+        prefetch(simd, src, stride, n, d)
+    }
+}
+
+impl KvElem for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn store(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+    fn widen(_simd: bool, src: &[f32], stride: usize, n: usize, n_pad: usize, d: usize, dst: &mut [f32]) {
+        assert!(n == 0 || src.len() >= (n - 1) * stride + d);
+        for j in 0..n {
+            dst[j * d..(j + 1) * d].copy_from_slice(&src[j * stride..][..d]);
+        }
+        dst[n * d..n_pad * d].fill(0.0);
+    }
+    fn prefetch(_simd: bool, _src: &[f32], _stride: usize, _n: usize, _d: usize) {}
+}
 
 /// The geometry of one [`attention`] call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -88,7 +135,7 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
 
 /// Plain reference: per (token, head), f32 scores over the f16-widened keys, a
 /// two-pass softmax, then the weighted sum of values. Same contract as [`attention`].
-pub fn attention_reference(q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape, out: &mut [f32]) {
+pub fn attention_reference<T: KvElem>(q: &[f32], k: &[T], v: &[T], sh: &AttnShape, out: &mut [f32]) {
     sh.check(q.len(), k.len(), v.len(), out.len());
     let (nh, d) = (sh.n_heads, sh.head_dim);
     let (group, stride) = (nh / sh.n_kv_heads, sh.n_kv_heads * d);
@@ -100,7 +147,7 @@ pub fn attention_reference(q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape, out:
             let s: Vec<f32> = keys
                 .clone()
                 .map(|p| {
-                    qh.iter().zip(&k[p * stride + off..][..d]).map(|(&a, b)| a * b.to_f32()).sum::<f32>() * sh.scale
+                    qh.iter().zip(&k[p * stride + off..][..d]).map(|(&a, &b)| a * b.to_f32()).sum::<f32>() * sh.scale
                 })
                 .collect();
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -110,7 +157,7 @@ pub fn attention_reference(q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape, out:
             o.fill(0.0);
             for (p, &w) in keys.clone().zip(&e) {
                 for (od, vd) in o.iter_mut().zip(&v[p * stride + off..][..d]) {
-                    *od += w / sum * vd.to_f32();
+                    *od += w / sum * KvElem::to_f32(*vd);
                 }
             }
         }
@@ -229,7 +276,7 @@ thread_local! {
 /// * `out`: `n_new × n_heads × head_dim`.
 ///
 /// Uses AVX2 when active and `head_dim % 8 == 0`, else scalar code (same tiling).
-pub fn attention(pool: &ThreadPool, q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape, out: &mut [f32]) {
+pub fn attention<T: KvElem>(pool: &ThreadPool, q: &[f32], k: &[T], v: &[T], sh: &AttnShape, out: &mut [f32]) {
     sh.check(q.len(), k.len(), v.len(), out.len());
     if sh.n_new == 0 || sh.head_dim == 0 {
         return;
@@ -276,7 +323,7 @@ pub fn attention(pool: &ThreadPool, q: &[f32], k: &[f16], v: &[f16], sh: &AttnSh
 }
 
 /// Runs `job`'s rows over its keys, leaving `m`, `l` and unnormalized `o` in `sc`.
-fn run_tile(simd: bool, q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape, job: &Job, sc: &mut Scratch) {
+fn run_tile<T: KvElem>(simd: bool, q: &[f32], k: &[T], v: &[T], sh: &AttnShape, job: &Job, sc: &mut Scratch) {
     let (nh, d) = (sh.n_heads, sh.head_dim);
     let stride = sh.n_kv_heads * d;
     let rows = job.toks * job.heads;
@@ -297,11 +344,11 @@ fn run_tile(simd: bool, q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape, job: &J
         let n4 = n.next_multiple_of(4);
         let next = (job.keys.end - b0 - n).min(KB);
         if next > 0 {
-            prefetch(simd, &k[(b0 + n) * stride + koff..], stride, next, d);
-            prefetch(simd, &v[(b0 + n) * stride + koff..], stride, next, d);
+            T::prefetch(simd, &k[(b0 + n) * stride + koff..], stride, next, d);
+            T::prefetch(simd, &v[(b0 + n) * stride + koff..], stride, next, d);
         }
-        widen(simd, &k[b0 * stride + koff..], stride, n, n4, d, kb);
-        widen(simd, &v[b0 * stride + koff..], stride, n, n, d, vb);
+        T::widen(simd, &k[b0 * stride + koff..], stride, n, n4, d, kb);
+        T::widen(simd, &v[b0 * stride + koff..], stride, n, n, d, vb);
         scores(simd, &qb[..rows * d], rows, &kb[..n4 * d], n4, d, s);
         for r in 0..rows {
             let keys = sh.keys(job.t0 + r / job.heads);

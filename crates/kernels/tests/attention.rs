@@ -107,7 +107,18 @@ fn attention_matches_naive() {
                 attention::attention(&pool, &q, &k, &v, &sh, &mut out);
                 close(&out, &want, 2e-5, &format!("tiled {what} threads {threads}"));
             }
+            // The same values in an f32 cache (the type float checkpoints use).
+            let (k32, v32): (Vec<f32>, Vec<f32>) =
+                (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
+            let mut out = vec![f32::NAN; n_new * nh * hd];
+            attention::attention(&pool, &q, &k32, &v32, &sh, &mut out);
+            close(&out, &want, 2e-5, &format!("tiled f32 cache {what} threads {threads}"));
         }
+        let mut reference32 = vec![f32::NAN; n_new * nh * hd];
+        let (k32, v32): (Vec<f32>, Vec<f32>) =
+            (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
+        attention::attention_reference(&q, &k32, &v32, &sh, &mut reference32);
+        close(&reference32, &want, 2e-5, &format!("reference f32 cache {what}"));
     }
 }
 

@@ -16,7 +16,7 @@ pub mod shard;
 pub mod slice;
 pub mod workspace;
 
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvLayers, KvType};
 pub use model::{LoadOptions, LogitsMode, Model, SeqStep};
 pub use registry::Arch;
 pub use shard::{AllReduce, NoComm, ShardSpec};

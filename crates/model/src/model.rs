@@ -2,6 +2,7 @@
 
 use crate::arch::ArchSpec;
 use crate::decoder::DecoderLayer;
+use crate::kv_cache::{KvLayers, KvType};
 use crate::linear::Linear;
 use crate::registry::Arch;
 use crate::rope::Rope;
@@ -9,8 +10,7 @@ use crate::shard::{AllReduce, ShardSpec};
 use crate::workspace::{grow, Workspace};
 use crate::{slice, KvCache, ModelError};
 use formats::{ModelConfig, ModelFiles, WeightTensor};
-use half::f16;
-use kernels::attention::{attention, f32_to_f16, AttnShape};
+use kernels::attention::{attention, AttnShape, KvElem};
 use kernels::{ops, DType, ThreadPool};
 
 #[derive(Debug, Clone, Default)]
@@ -20,12 +20,19 @@ pub struct LoadOptions {
     /// Keep quantized weights in the file's row layout instead of repacking
     /// them for the decode kernels (`SHARDLM_PACK=0`; for A/B runs and tests).
     pub keep_file_layout: bool,
+    /// KV cache element type; `None` picks f32 for float weights, f16 otherwise.
+    pub kv_type: Option<KvType>,
 }
 
 impl LoadOptions {
-    /// Options from the environment: `SHARDLM_PACK=0` sets `keep_file_layout`.
+    /// Options from the environment: `SHARDLM_PACK=0` sets `keep_file_layout`,
+    /// `SHARDLM_KV_TYPE=f16|f32` the cache type (anything else: automatic).
     pub fn from_env(quantize: Option<DType>) -> LoadOptions {
-        LoadOptions { quantize, keep_file_layout: std::env::var("SHARDLM_PACK").is_ok_and(|v| v == "0") }
+        LoadOptions {
+            quantize,
+            keep_file_layout: std::env::var("SHARDLM_PACK").is_ok_and(|v| v == "0"),
+            kv_type: std::env::var("SHARDLM_KV_TYPE").ok().and_then(|v| KvType::parse(&v)),
+        }
     }
 }
 
@@ -66,6 +73,8 @@ pub struct Model {
     lm_head: Option<Linear>,
     rope: Rope,
     local: LocalDims,
+    /// Element type of the caches [`Model::new_cache`] makes.
+    pub kv_type: KvType,
 }
 
 /// The widths this shard computes (equal to the config's in a single process).
@@ -145,12 +154,28 @@ impl Model {
                 *inv /= d;
             }
         }
-        Ok(Model { config: cfg, arch, spec, shard: shard.clone(), embed, layers, final_norm, lm_head, rope, local })
+        // Float checkpoints compute in f32 end to end: keep their cache f32 too,
+        // unless told otherwise; quantized ones use f16 as llama.cpp does.
+        let float_weights = opts.quantize.is_none() && layers.iter().all(|l| !l.q.weight.dtype.is_quantized());
+        let kv_type = opts.kv_type.unwrap_or(if float_weights { KvType::F32 } else { KvType::F16 });
+        Ok(Model {
+            config: cfg,
+            arch,
+            spec,
+            shard: shard.clone(),
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            rope,
+            local,
+            kv_type,
+        })
     }
 
     /// A KV cache for one sequence of up to `capacity` positions.
     pub fn new_cache(&self, capacity: usize) -> KvCache {
-        KvCache::new(self.layers.len(), self.local.n_kv_heads * self.config.head_dim, capacity)
+        KvCache::with_type(self.layers.len(), self.local.n_kv_heads * self.config.head_dim, capacity, self.kv_type)
     }
 
     /// Bytes of weights read per decoded token by this shard.
@@ -270,11 +295,12 @@ impl Model {
             for s in seqs.iter_mut() {
                 let len = s.tokens.len();
                 let start = s.cache.len;
-                let (kc, vc) = &mut s.cache.layers[li];
-                // Stored as f16 (rounded to nearest even).
-                f32_to_f16(&ws.k[row * hkv..(row + len) * hkv], &mut kc[start * hkv..(start + len) * hkv]);
-                f32_to_f16(&ws.v[row * hkv..(row + len) * hkv], &mut vc[start * hkv..(start + len) * hkv]);
-                self.attend(pool, &ws.q[row * hq..(row + len) * hq], kc, vc, len, start, &mut ws.attn[row * hq..]);
+                let (k, v) = (&ws.k[row * hkv..(row + len) * hkv], &ws.v[row * hkv..(row + len) * hkv]);
+                let (q, out) = (&ws.q[row * hq..(row + len) * hq], &mut ws.attn[row * hq..]);
+                match &mut s.cache.layers {
+                    KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], k, v, q, start, out),
+                    KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], k, v, q, start, out),
+                }
                 row += len;
             }
             match self.shard.tp.as_ref().filter(|t| t.exact) {
@@ -335,12 +361,28 @@ impl Model {
         Ok(())
     }
 
-    /// Causal attention of `len` new tokens at positions `start..` against the
-    /// f16 cache (`kc`, `vc`: `capacity × kv_heads × head_dim`), honoring a sliding
-    /// window. `q` and `out` are `len × heads × head_dim`.
+    /// Stores the new tokens' keys and values (`k`, `v`: `len × kv_heads ×
+    /// head_dim`) at positions `start..` of one layer's cache (`capacity ×
+    /// kv_heads × head_dim` each), then runs causal attention of their queries
+    /// `q` (`len × heads × head_dim`) against it into `out`, honoring a sliding
+    /// window.
     #[allow(clippy::too_many_arguments)]
-    fn attend(&self, pool: &ThreadPool, q: &[f32], kc: &[f16], vc: &[f16], len: usize, start: usize, out: &mut [f32]) {
+    fn store_and_attend<T: KvElem>(
+        &self,
+        pool: &ThreadPool,
+        cache: &mut (Vec<T>, Vec<T>),
+        k: &[f32],
+        v: &[f32],
+        q: &[f32],
+        start: usize,
+        out: &mut [f32],
+    ) {
         let hd = self.config.head_dim;
+        let hkv = self.local.n_kv_heads * hd;
+        let len = k.len() / hkv.max(1);
+        let (kc, vc) = cache;
+        T::store(k, &mut kc[start * hkv..(start + len) * hkv]);
+        T::store(v, &mut vc[start * hkv..(start + len) * hkv]);
         let shape = AttnShape {
             n_new: len,
             start_pos: start,
