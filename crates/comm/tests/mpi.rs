@@ -192,6 +192,13 @@ fn collectives(g: Group) {
             if n > 2 {
                 g.send(2, &[2u8; 30]).unwrap();
             }
+            // Stay up while the others read: these sends complete locally
+            // (eager), and if this rank exits first its TCP sockets may close
+            // with a reset that drops the bytes still queued for rank 2, whose
+            // receive then waits forever (seen once in CI, 3 ranks on 2 cores).
+            // The transports cannot help here: the failing ranks' groups are
+            // already failed, so there is no collective left to wait on.
+            std::thread::sleep(std::time::Duration::from_secs(2));
         }
         1 | 2 => {
             let mut buf = [0u8; 20];
