@@ -89,13 +89,18 @@ def read_env(raw):
     return dict(l.rstrip("\n").split("=", 1) for l in open(os.path.join(raw, "env.txt")) if "=" in l)
 
 envs = {raw: read_env(raw) for raw in raws}
-bw = {}
+bw, bw_samples = {}, {}
 for raw in raws:
     for name in ("membw.json", "membw-end.json"):
         path = os.path.join(raw, name)
         if os.path.exists(path):
             for r in json.load(open(path))["results"]:
                 bw[r["threads"]] = max(bw.get(r["threads"], 0), r["best_bytes_per_s"])
+                bw_samples.setdefault(r["threads"], []).extend(x * 1e9 for x in r.get("samples_gb_s", []))
+# The best sample is the ceiling; the median of all samples (start and end of the
+# run) shows how much of that the machine typically delivers, since membw itself
+# varies by ±20% from pass to pass here.
+bw_median = {t: med(v) for t, v in bw_samples.items() if v}
 
 def read_time(path, cores):
     """(peak RSS bytes, other processes' CPU share of the machine during the run)."""
@@ -139,6 +144,7 @@ for name, (_, model, threads, p, g, _, metrics) in specs.items():
     first = runs_sh[0][0]
     wbpt = first["weight_bytes_per_token"]
     ceiling = bw.get(threads, 0) / wbpt if wbpt else 0
+    ceiling_median = bw_median.get(threads, 0) / wbpt if wbpt else 0
     build = next((inv[0][0][0].get("build_commit") for inv in runs_ll if inv and inv[0][0]), None)
     out_metrics = []
     for spec in metrics.split():
@@ -163,6 +169,10 @@ for name, (_, model, threads, p, g, _, metrics) in specs.items():
             m["ceiling_tps"] = ceiling
             m["shardlm_of_ceiling"] = ma / ceiling if ma else None
             m["llama_of_ceiling"] = mb / ceiling if mb else None
+            if ceiling_median:
+                m["ceiling_median_tps"] = ceiling_median
+                m["shardlm_of_median_ceiling"] = ma / ceiling_median if ma else None
+                m["llama_of_median_ceiling"] = mb / ceiling_median if mb else None
         out_metrics.append(m)
     ll_peak = [max(rss for _, rss, _ in inv) for inv in runs_ll if inv]
     cases.append({
@@ -183,21 +193,27 @@ for raw, env in envs.items():
     print(f"{raw}: commit {env.get('commit', '?')[:12]} (uncommitted files: {env.get('dirty')}), {env.get('cpu')}, "
           f"{env.get('cores')} cores, load {env.get('load_before')} -> {env.get('load_after')}, "
           f"{env.get('rounds')} rounds per engine, {env.get('date')}")
-print("membw (best): " + ", ".join(f"{t} thr {v / 1e9:.1f} GB/s" for t, v in sorted(bw.items())))
+print("membw (best): " + ", ".join(f"{t} thr {v / 1e9:.1f} GB/s" for t, v in sorted(bw.items()))
+      + "; median of all samples: " + ", ".join(f"{t} thr {v / 1e9:.1f} GB/s" for t, v in sorted(bw_median.items())))
 if max_other is not None:
     print(f"runs during which other processes used more than {max_other * 100:.0f}% of the machine are left out")
 print()
-print("| case | thr | metric | shardlm tok/s | llama.cpp tok/s | shardlm ÷ llama.cpp | runs sh/ll | spread sh/ll % | of BW ceiling sh/ll |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| case | thr | metric | shardlm tok/s | llama.cpp tok/s | shardlm ÷ llama.cpp | runs sh/ll | spread sh/ll % "
+      "| of BW ceiling sh/ll | of median BW sh/ll |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for c in cases:
     for m in c["metrics"]:
         ceil = "–"
         if "ceiling_tps" in m:
             pa, pb = m["shardlm_of_ceiling"], m["llama_of_ceiling"]
             ceil = f"{f(pa and pa * 100, '{:.0f}')}% / {f(pb and pb * 100, '{:.0f}')}% of {m['ceiling_tps']:.1f}"
+        ceil_med = "–"
+        if "ceiling_median_tps" in m:
+            pa, pb = m["shardlm_of_median_ceiling"], m["llama_of_median_ceiling"]
+            ceil_med = f"{f(pa and pa * 100, '{:.0f}')}% / {f(pb and pb * 100, '{:.0f}')}% of {m['ceiling_median_tps']:.1f}"
         print(f"| {c['case']} | {c['threads']} | {m['metric']} | {f(m['shardlm_median'])} | {f(m['llama_median'])} | "
               f"{f(m['ratio'], '{:.2f}')} | {len(m['shardlm'])}/{len(m['llama'])} | "
-              f"{f(m['shardlm_spread_pct'], '{:.0f}')} / {f(m['llama_spread_pct'], '{:.0f}')} | {ceil} |")
+              f"{f(m['shardlm_spread_pct'], '{:.0f}')} / {f(m['llama_spread_pct'], '{:.0f}')} | {ceil} | {ceil_med} |")
 print()
 print("| case | model file GiB | shardlm KV GiB (f16, p+g) | shardlm peak RSS GiB | llama.cpp peak RSS GiB "
       "| weight GiB read/token | other load sh/ll % |")
@@ -211,7 +227,8 @@ print("\nspread: (max - min) / median over the runs kept. other load: median sha
 print("used by other processes during a run (from /proc/stat minus the run's own CPU time).")
 if json_out:
     with open(json_out, "w") as fh:
-        json.dump({"env": envs, "membw_best_bytes_per_s": bw, "max_other": max_other, "cases": cases}, fh, indent=1)
+        json.dump({"env": envs, "membw_best_bytes_per_s": bw, "membw_median_bytes_per_s": bw_median,
+                   "max_other": max_other, "cases": cases}, fh, indent=1)
     print(f"\nwrote {json_out}")
 PY
 }
