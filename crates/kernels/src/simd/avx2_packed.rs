@@ -5,7 +5,8 @@
 //! row-major kernels (Q8_0 activations for Q4_0/Q8_0, Q8_1 for Q4_1).
 
 use super::avx2::dot_u8i8;
-use super::avx2_rows::{hsum4, prefetch};
+use super::avx2_rows::{hsum4, join, pair_lanes, prefetch};
+use super::avx2_tile::m_terms;
 use crate::quant::{Dot4Fn, TileFn};
 use crate::DType;
 use std::arch::x86_64::*;
@@ -52,25 +53,6 @@ unsafe fn rd32(p: *const u8) -> u32 {
 #[inline]
 unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-}
-
-/// Two 16-byte runs as `[a | b]`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn join(a: *const u8, b: *const u8) -> __m256i {
-    _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)),
-        _mm_loadu_si128(b as *const __m128i),
-        1,
-    )
-}
-
-/// Lanes 0..4 ← `v[k]`, lanes 4..8 ← `v[k + step]`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn pair_lanes(v: __m256, k: i32, step: i32) -> __m256 {
-    let j = k + step;
-    _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(k, k, k, k, j, j, j, j))
 }
 
 /// Activations of blocks `2p`, `2p + 1` regrouped for packed 4-bit quants:
@@ -131,15 +113,6 @@ pub unsafe fn dot4_q4_0(n: usize, w: *const u8, _stride: usize, a: *const u8, ou
         g = g.add(144);
     }
     _mm_storeu_ps(out, hsum4(acc));
-}
-
-/// `m·s` terms of a Q4_1 pair product `[d·dy, m·sy, d'·dy', m'·sy']` × 2 rows:
-/// lanes 1 + 3 (first row) and 5 + 7 (second row) → lanes 0, 1.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn m_terms(v: __m256) -> __m128 {
-    let t = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(v, _mm256_setr_epi32(1, 5, 3, 7, 0, 0, 0, 0)));
-    _mm_add_ps(t, _mm_movehl_ps(t, t))
 }
 
 /// Packed Q4_1 group × one Q8_1 activation row (see [`Dot4Fn`]).

@@ -63,7 +63,7 @@ unsafe fn ld128(p: *const u8) -> __m128i {
 /// Two 16-byte runs as `[a | b]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn join(a: *const u8, b: *const u8) -> __m256i {
+pub(crate) unsafe fn join(a: *const u8, b: *const u8) -> __m256i {
     _mm256_inserti128_si256(_mm256_castsi128_si256(ld128(a)), ld128(b), 1)
 }
 
@@ -85,7 +85,7 @@ unsafe fn pair_dot(q: __m256i, ylo: __m256i, yhi: __m256i) -> __m256i {
 /// Scale index for row `r` of a pair: lanes 0..4 ← `k`, lanes 4..8 ← `k + step`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn pair_lanes(v: __m256, k: i32, step: i32) -> __m256 {
+pub(crate) unsafe fn pair_lanes(v: __m256, k: i32, step: i32) -> __m256 {
     let j = k + step;
     _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(k, k, k, k, j, j, j, j))
 }
