@@ -13,6 +13,11 @@
 //! [`MAX_PIECE`] bytes (MPI counts are C `int`s) go as several pieces, in
 //! order. Lengths are exact: a shorter message is caught by `MPI_Get_count`,
 //! a longer one by `MPI_ERR_TRUNCATE`, and both are protocol errors.
+//! Known gap: with OpenMPI 4 (3 ranks on 2 cores, TCP BTL) the receive of a
+//! longer message sometimes never completes, so that error can hang instead of
+//! being reported. Probing the size first (`MPI_Mprobe`) would avoid the
+//! truncation path; the handshake's version and model checks make a
+//! mismatched length a bug rather than something a user can trigger.
 //!
 //! Trust: MPI's launcher decides who is in the world, so there is no secret and
 //! no HMAC handshake. Joining still all-gathers each rank's protocol version,
