@@ -730,6 +730,13 @@ pub struct ProbeArgs {
     backend: Backend,
 }
 
+/// One whole line to stderr in a single write. `eprintln!` writes a formatted
+/// line piece by piece (stderr is unbuffered), so rank 0's lines could be cut
+/// by the launcher's forwarded `[rank N] …` lines on the same terminal.
+fn say(line: String) {
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// `shardlm launch-probe` (hidden).
 pub fn probe(a: ProbeArgs) -> Result<()> {
     if let Some(n) = a.ranks {
@@ -737,14 +744,14 @@ pub fn probe(a: ProbeArgs) -> Result<()> {
     }
     let group = comm::Group::from_env(0).context("joining the world")?;
     let (rank, size) = (group.rank(), group.size());
-    eprintln!("probe rank {rank} of {size} pid {} joined", std::process::id());
+    say(format!("probe rank {rank} of {size} pid {} joined\n", std::process::id()));
     let mut x = [rank as f32];
     group.all_reduce_sum_f32(&mut x)?;
     println!("rank {rank} of {size} sum {}", x[0]);
     std::io::stdout().flush()?;
     group.barrier()?;
     if a.fail_rank == Some(rank) {
-        eprintln!("probe rank {rank} failing on purpose");
+        say(format!("probe rank {rank} failing on purpose\n"));
         std::process::exit(3);
     }
     if a.signal_rank == Some(rank) {
