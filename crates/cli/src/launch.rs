@@ -153,7 +153,7 @@ pub fn strip_flag(args: &[String], flag: &str) -> Vec<String> {
     out
 }
 
-fn exit_on_failure(code: i32) -> Result<()> {
+pub(crate) fn exit_on_failure(code: i32) -> Result<()> {
     if code != 0 {
         let _ = std::io::stdout().flush();
         std::process::exit(code);
@@ -704,64 +704,6 @@ fn supervise(
     }
     eprintln!("error: {} {}", r.label(), describe(status, r.host.is_some()));
     Ok(status.code().filter(|&c| c != 0).unwrap_or(1))
-}
-
-// ---------------------------------------------------------------- probe
-
-/// A tiny rank program for testing the launcher: joins the world from the
-/// environment, all-reduces its rank and prints `rank R of N sum S`.
-#[derive(Args, Debug)]
-pub struct ProbeArgs {
-    /// This rank exits with status 3 after the all-reduce.
-    #[arg(long)]
-    fail_rank: Option<usize>,
-    /// This rank kills itself with SIGKILL after the all-reduce.
-    #[arg(long)]
-    signal_rank: Option<usize>,
-    /// These ranks sleep `--sleep-ms` after the all-reduce.
-    #[arg(long)]
-    sleep_rank: Vec<usize>,
-    #[arg(long, default_value_t = 60_000)]
-    sleep_ms: u64,
-    /// Relaunch this command as N local ranks (like run's `--ranks`).
-    #[arg(long)]
-    ranks: Option<usize>,
-    #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    backend: Backend,
-}
-
-/// One whole line to stderr in a single write. `eprintln!` writes a formatted
-/// line piece by piece (stderr is unbuffered), so rank 0's lines could be cut
-/// by the launcher's forwarded `[rank N] …` lines on the same terminal.
-fn say(line: String) {
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
-}
-
-/// `shardlm launch-probe` (hidden).
-pub fn probe(a: ProbeArgs) -> Result<()> {
-    if let Some(n) = a.ranks {
-        return exit_on_failure(relaunch_with_ranks(n, a.backend, 1, false)?);
-    }
-    let group = comm::Group::from_env(0).context("joining the world")?;
-    let (rank, size) = (group.rank(), group.size());
-    say(format!("probe rank {rank} of {size} pid {} joined\n", std::process::id()));
-    let mut x = [rank as f32];
-    group.all_reduce_sum_f32(&mut x)?;
-    println!("rank {rank} of {size} sum {}", x[0]);
-    std::io::stdout().flush()?;
-    group.barrier()?;
-    if a.fail_rank == Some(rank) {
-        say(format!("probe rank {rank} failing on purpose\n"));
-        std::process::exit(3);
-    }
-    if a.signal_rank == Some(rank) {
-        // SAFETY: plain system calls on our own pid.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-    }
-    if a.sleep_rank.contains(&rank) {
-        std::thread::sleep(Duration::from_millis(a.sleep_ms));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ mod bench;
 mod dist_args;
 mod inspect;
 mod launch;
+mod launch_probe;
 mod membw;
 mod model_source;
 mod run;
@@ -32,7 +33,7 @@ enum Command {
     Launch(Box<launch::LaunchArgs>),
     /// Join a launched world and all-reduce the ranks (tests the launcher).
     #[command(hide = true)]
-    LaunchProbe(launch::ProbeArgs),
+    LaunchProbe(launch_probe::ProbeArgs),
 }
 
 fn main() {
@@ -47,7 +48,7 @@ fn main() {
         Command::Bench(a) => bench::bench(a),
         Command::Membw(a) => membw::membw(a),
         Command::Launch(a) => launch::launch(*a),
-        Command::LaunchProbe(a) => launch::probe(a),
+        Command::LaunchProbe(a) => launch_probe::probe(a),
     };
     dist_args::report_rss();
     if let Err(e) = result {
