@@ -141,6 +141,12 @@ scalar_dot4!(scalar_dot4_q8_0, DType::Q8_0);
 pub fn dot4_fn(dtype: DType, isa: crate::isa::Isa) -> Option<Dot4Fn> {
     head_bytes(dtype)?;
     #[cfg(target_arch = "x86_64")]
+    if isa == crate::isa::Isa::Avx512 {
+        if let Some(f) = crate::simd::avx512_packed::dot4_fn(dtype) {
+            return Some(f);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     if matches!(isa, crate::isa::Isa::Avx2 | crate::isa::Isa::Avx512) {
         if let Some(f) = crate::simd::avx2_packed::dot4_fn(dtype) {
             return Some(f);

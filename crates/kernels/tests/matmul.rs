@@ -73,6 +73,12 @@ fn matmul_matches_reference_every_isa() {
                     matmul_isa(isa, pool, wm, &x, m, &mut got, &mut scratch);
                     let what = format!("{dtype} {isa} rows={rows} m={m} threads={}", pool.n_threads());
                     check_close(&got, &want, &scale, 2e-5, &what);
+                    // Like with like: at one ISA level the packed kernels run the
+                    // file-layout kernels' arithmetic, so the bits agree.
+                    let mut file = vec![f32::NAN; m * rows];
+                    matmul_isa(isa, pool, wm, &x, m, &mut file, &mut scratch);
+                    let differ = got.iter().zip(&file).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                    assert_eq!(differ, 0, "{what}: {differ} outputs differ from the file layout at the same ISA");
                 }
             }
         }
@@ -134,7 +140,8 @@ fn matmul_many_matches_separate_calls() {
 
 /// The packed four-row layout gives the same products as the file layout at
 /// every ISA level (scalar unpacks rows), for decode (`m = 1`), tiles and odd `m`,
-/// and inside `matmul_many` next to unpacked weights.
+/// and inside `matmul_many` next to unpacked weights: bit for bit against the
+/// file layout at the same level, within a tolerance against the reference.
 #[test]
 fn packed_matches_row_major_every_isa() {
     use shardlm_kernels::matmul::matmul_many_isa;
@@ -161,6 +168,12 @@ fn packed_matches_row_major_every_isa() {
                     matmul_isa(isa, pool, pm, &x, m, &mut got, &mut scratch);
                     let what = format!("packed {dtype} {isa} {rows}x{cols} m={m} threads={}", pool.n_threads());
                     check_close(&got, &want, &scale, 2e-5, &what);
+                    // Like with like: at one ISA level the packed kernels run the
+                    // file-layout kernels' arithmetic, so the bits agree.
+                    let mut file = vec![f32::NAN; m * rows];
+                    matmul_isa(isa, pool, wm, &x, m, &mut file, &mut scratch);
+                    let differ = got.iter().zip(&file).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                    assert_eq!(differ, 0, "{what}: {differ} outputs differ from the file layout at the same ISA");
                     // Mixed with a row-major weight of the same activation type.
                     let mut a = vec![f32::NAN; m * rows];
                     let mut b = vec![f32::NAN; m * rows];

@@ -99,42 +99,112 @@ unsafe fn reduce<const R: usize>(acc: [__m512; R]) -> [f32; 4] {
     out
 }
 
+// ------------------------------------------------------- weight layouts
+
+/// Where the kernels below find the weight bytes of block pair `(b, b + 1)`.
+///
+/// The row kernels are written once over this trait so that the file layout
+/// and the packed four-row layout ([`crate::packed`]) run the very same
+/// arithmetic on the very same values, and give bit-identical results: only
+/// the addressing differs (scattered scalar reads against one vector load).
+/// `pair` is false at an odd tail, where block `b + 1` does not exist (its
+/// scales read as 0 and its quants alias block `b`'s).
+pub(super) trait BlockPairs: Copy {
+    /// Q4_0/Q8_0: the f16 scales `d` of rows `0..R`, as eight u16 lanes
+    /// `[r0b0, r0b1, r1b0, r1b1, r2b0, r2b1, r3b0, r3b1]`, zero past `R`.
+    unsafe fn heads16<const R: usize>(self, b: usize, pair: bool) -> __m128i;
+    /// Q4_1: the `[d, m]` f16 pairs of rows `0..R`, as eight u32 lanes in the
+    /// same order as [`BlockPairs::heads16`].
+    unsafe fn heads32<const R: usize>(self, b: usize, pair: bool) -> __m256i;
+    /// The quants of row `r` for blocks `b` and `b + 1`.
+    unsafe fn quants(self, r: usize, b: usize, pair: bool) -> (*const u8, *const u8);
+    /// Prefetches ahead of block pair `b` for `R` rows.
+    unsafe fn prefetch<const R: usize>(self, b: usize);
+}
+
+/// Row-major blocks as the file stores them: row `r` at `w + r·stride`, block
+/// `b` at `b·bb` in it, its quants after a `head`-byte header.
+#[derive(Clone, Copy)]
+pub(super) struct FileRows {
+    pub w: *const u8,
+    pub stride: usize,
+    pub bb: usize,
+    pub head: usize,
+    /// Prefetch distance in bytes.
+    pub ahead: usize,
+}
+
+impl FileRows {
+    /// `R` (1 or 4) rows of `n` elements in blocks of `bb` bytes with a
+    /// `head`-byte header. Four rows prefetch [`PREFETCH_ROWS`] rows ahead in the
+    /// same column; one row prefetches two rows' worth ahead along itself.
+    #[inline(always)]
+    pub fn new<const R: usize>(w: *const u8, stride: usize, n: usize, bb: usize, head: usize) -> FileRows {
+        let ahead = if R == 4 { PREFETCH_ROWS * stride } else { 2 * (n / 32) * bb };
+        FileRows { w, stride, bb, head, ahead }
+    }
+
+    #[inline(always)]
+    fn offsets(self, b: usize, pair: bool) -> (usize, usize) {
+        (b * self.bb, if pair { (b + 1) * self.bb } else { b * self.bb })
+    }
+}
+
+impl BlockPairs for FileRows {
+    #[inline(always)]
+    unsafe fn heads16<const R: usize>(self, b: usize, pair: bool) -> __m128i {
+        let (o0, o1) = self.offsets(b, pair);
+        let xr = |r: usize, o: usize| if r < R { rd16(self.w.add(r * self.stride + o)) as i16 } else { 0 };
+        _mm_setr_epi16(xr(0, o0), xr(0, o1), xr(1, o0), xr(1, o1), xr(2, o0), xr(2, o1), xr(3, o0), xr(3, o1))
+    }
+
+    #[inline(always)]
+    unsafe fn heads32<const R: usize>(self, b: usize, pair: bool) -> __m256i {
+        let (o0, o1) = self.offsets(b, pair);
+        let xr = |r: usize, o: usize| if r < R { rd32(self.w.add(r * self.stride + o)) } else { 0 };
+        _mm256_setr_epi32(xr(0, o0), xr(0, o1), xr(1, o0), xr(1, o1), xr(2, o0), xr(2, o1), xr(3, o0), xr(3, o1))
+    }
+
+    #[inline(always)]
+    unsafe fn quants(self, r: usize, b: usize, pair: bool) -> (*const u8, *const u8) {
+        let (o0, o1) = self.offsets(b, pair);
+        let x = self.w.add(r * self.stride + self.head);
+        (x.add(o0), x.add(o1))
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch<const R: usize>(self, b: usize) {
+        for r in 0..R {
+            prefetch(self.w.wrapping_add(r * self.stride + b * self.bb + self.ahead));
+        }
+    }
+}
+
 // ----------------------------------------------------------------- Q4_1
 
-/// `R` rows of Q4_1 × one Q8_1 row.
+/// `R` rows of Q4_1 × one Q8_1 row, with the weight bytes found through `L`
+/// (the file layout, or a packed group: same loads, same arithmetic).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_1_rows<const R: usize>(n: usize, w: *const u8, stride: usize, a: *const u8) -> [f32; 4] {
+pub(super) unsafe fn q4_1_rows<const R: usize, L: BlockPairs>(n: usize, l: L, a: *const u8) -> [f32; 4] {
     let nb = n / 32;
     let mut acc = [_mm512_setzero_ps(); R];
     let mut accm = _mm512_setzero_ps();
-    let pf = if R == 4 { PREFETCH_ROWS * stride } else { 2 * nb * 20 };
     let mut b = 0;
     while b < nb {
         let pair = b + 1 < nb;
-        let (x0o, x1o) = (b * 20, if pair { (b + 1) * 20 } else { b * 20 });
         let y0 = a.add(b * 36);
         let y1 = if pair { y0.add(36) } else { ZERO_BLOCK.as_ptr() };
         let yv = y2_nibble_order(y0.add(4), y1.add(4));
         // Lanes 4r+2k / 4r+2k+1: d_x·d_y and m_x·s_y of row r, block k.
-        let xr = |r: usize, o: usize| if r < R { rd32(w.add(r * stride + o)) } else { 0 };
-        let xs = _mm512_cvtph_ps(_mm256_setr_epi32(
-            xr(0, x0o),
-            xr(0, x1o),
-            xr(1, x0o),
-            xr(1, x1o),
-            xr(2, x0o),
-            xr(2, x1o),
-            xr(3, x0o),
-            xr(3, x1o),
-        ));
+        let xs = _mm512_cvtph_ps(l.heads32::<R>(b, pair));
         let ys = _mm512_cvtph_ps(_mm256_set1_epi64x((rd32(y0) as u32 as i64) | ((rd32(y1) as i64) << 32)));
         let prod = _mm512_mul_ps(xs, ys);
         accm = _mm512_add_ps(accm, prod);
+        l.prefetch::<R>(b);
         for r in 0..R {
-            let x = w.add(r * stride);
-            prefetch(x.wrapping_add(x0o + pf));
-            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib2(x.add(x0o + 4), x.add(x1o + 4)), yv);
+            let (q0, q1) = l.quants(r, b, pair);
+            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib2(q0, q1), yv);
             let k = 4 * r as i32;
             let idx = _mm512_setr_epi32(k, k, k, k, k + 2, k + 2, k + 2, k + 2, k, k, k, k, k + 2, k + 2, k + 2, k + 2);
             acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prod), _mm512_cvtepi32_ps(p), acc[r]);
@@ -156,7 +226,7 @@ unsafe fn q4_1_rows<const R: usize>(n: usize, w: *const u8, stride: usize, a: *c
 /// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`DotFn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q4_1(n: usize, w: *const u8, a: *const u8) -> f32 {
-    q4_1_rows::<1>(n, w, 0, a)[0]
+    q4_1_rows::<1, _>(n, FileRows::new::<1>(w, 0, n, 20, 4), a)[0]
 }
 
 /// Four Q4_1 rows × one Q8_1 row (see [`Dot4Fn`]).
@@ -165,54 +235,42 @@ pub unsafe fn dot_q4_1(n: usize, w: *const u8, a: *const u8) -> f32 {
 /// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`Dot4Fn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot4_q4_1(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let r = q4_1_rows::<4>(n, w, stride, a);
+    let r = q4_1_rows::<4, _>(n, FileRows::new::<4>(w, stride, n, 20, 4), a);
     std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
 }
 
 // ------------------------------------------------------- Q4_0 and Q8_0
 
-/// `R` rows of Q4_0 (`Q8 = false`) or Q8_0 (`Q8 = true`) × one Q8_0 row.
+/// `R` rows of Q4_0 (`Q8 = false`) or Q8_0 (`Q8 = true`) × one Q8_0 row, with
+/// the weight bytes found through `L` (file layout or packed group).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn q8act_rows<const R: usize, const Q8: bool>(n: usize, w: *const u8, stride: usize, a: *const u8) -> [f32; 4] {
-    let (bb, qo) = if Q8 { (34, 2) } else { (18, 2) };
+pub(super) unsafe fn q8act_rows<const R: usize, const Q8: bool, L: BlockPairs>(
+    n: usize,
+    l: L,
+    a: *const u8,
+) -> [f32; 4] {
     let nb = n / 32;
     let mut acc = [_mm512_setzero_ps(); R];
     // Q4_0: q − 8 = nibble − 8; Q8_0: q = (q ^ 0x80) − 128.
     let c = _mm512_set1_epi8(if Q8 { -128 } else { 8 });
     let flip = _mm512_set1_epi8(-128);
-    let pf = if R == 4 { PREFETCH_ROWS * stride } else { 2 * nb * bb };
     let mut b = 0;
     while b < nb {
         let pair = b + 1 < nb;
-        let (x0o, x1o) = (b * bb, if pair { (b + 1) * bb } else { b * bb });
         let y0 = a.add(b * 34);
         let y1 = if pair { y0.add(34) } else { ZERO_BLOCK.as_ptr() };
         let yv = if Q8 { ld2(y0.add(2), y1.add(2)) } else { y2_nibble_order(y0.add(2), y1.add(2)) };
         // −c·Σy per 4-byte group; c·y as u8·i8 (c = 128 reads as unsigned 0x80).
         let seed = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, yv));
         // Lanes 2r+k: d_x(r, k)·d_y(k).
-        let xr = |r: usize, o: usize| if r < R { rd16(w.add(r * stride + o)) as i16 } else { 0 };
-        let xs = _mm256_cvtph_ps(_mm_setr_epi16(
-            xr(0, x0o),
-            xr(0, x1o),
-            xr(1, x0o),
-            xr(1, x1o),
-            xr(2, x0o),
-            xr(2, x1o),
-            xr(3, x0o),
-            xr(3, x1o),
-        ));
+        let xs = _mm256_cvtph_ps(l.heads16::<R>(b, pair));
         let ys = _mm256_cvtph_ps(_mm_set1_epi32((rd16(y0) as u32 | (rd16(y1) as u32) << 16) as i32));
         let prod = _mm512_castps256_ps512(_mm256_mul_ps(xs, ys));
+        l.prefetch::<R>(b);
         for r in 0..R {
-            let x = w.add(r * stride);
-            prefetch(x.wrapping_add(x0o + pf));
-            let q = if Q8 {
-                _mm512_xor_si512(ld2(x.add(x0o + qo), x.add(x1o + qo)), flip)
-            } else {
-                nib2(x.add(x0o + qo), x.add(x1o + qo))
-            };
+            let (q0, q1) = l.quants(r, b, pair);
+            let q = if Q8 { _mm512_xor_si512(ld2(q0, q1), flip) } else { nib2(q0, q1) };
             let p = _mm512_dpbusd_epi32(seed, q, yv);
             let k = 2 * r as i32;
             let idx = if Q8 {
@@ -233,7 +291,7 @@ unsafe fn q8act_rows<const R: usize, const Q8: bool>(n: usize, w: *const u8, str
 /// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`DotFn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q4_0(n: usize, w: *const u8, a: *const u8) -> f32 {
-    q8act_rows::<1, false>(n, w, 0, a)[0]
+    q8act_rows::<1, false, _>(n, FileRows::new::<1>(w, 0, n, 18, 2), a)[0]
 }
 
 /// Q8_0 × Q8_0 (see [`DotFn`]).
@@ -242,7 +300,7 @@ pub unsafe fn dot_q4_0(n: usize, w: *const u8, a: *const u8) -> f32 {
 /// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`DotFn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q8_0(n: usize, w: *const u8, a: *const u8) -> f32 {
-    q8act_rows::<1, true>(n, w, 0, a)[0]
+    q8act_rows::<1, true, _>(n, FileRows::new::<1>(w, 0, n, 34, 2), a)[0]
 }
 
 /// Four Q4_0 rows × one Q8_0 row (see [`Dot4Fn`]).
@@ -251,7 +309,7 @@ pub unsafe fn dot_q8_0(n: usize, w: *const u8, a: *const u8) -> f32 {
 /// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`Dot4Fn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot4_q4_0(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let r = q8act_rows::<4, false>(n, w, stride, a);
+    let r = q8act_rows::<4, false, _>(n, FileRows::new::<4>(w, stride, n, 18, 2), a);
     std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
 }
 
@@ -261,7 +319,7 @@ pub unsafe fn dot4_q4_0(n: usize, w: *const u8, stride: usize, a: *const u8, out
 /// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`Dot4Fn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot4_q8_0(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let r = q8act_rows::<4, true>(n, w, stride, a);
+    let r = q8act_rows::<4, true, _>(n, FileRows::new::<4>(w, stride, n, 34, 2), a);
     std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
 }
 

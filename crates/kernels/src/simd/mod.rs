@@ -11,4 +11,5 @@ pub mod avx2_rows;
 pub mod avx2_tile;
 pub mod avx512;
 pub mod avx512_k;
+pub mod avx512_packed;
 pub mod selftest;

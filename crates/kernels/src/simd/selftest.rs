@@ -90,6 +90,7 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
         }
     }
     tiles(&mut rng, isa)?;
+    packed(&mut rng, isa)?;
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
         crate::attention::self_test_avx2(&mut || rng.unit())?;
     }
@@ -125,6 +126,39 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
             if dot4.is_some() && ((want - four[r]).abs() > 1e-4 * mag || !four[r].is_finite()) {
                 return Err(format!("{dtype} four-row dot at {isa}: {} vs scalar {want}", four[r]));
             }
+        }
+    }
+    Ok(())
+}
+
+/// The packed four-row kernels against the file-layout ones at the same level:
+/// bit for bit (same arithmetic, other addressing), so packing never changes
+/// answers.
+fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
+    for dtype in DType::ALL {
+        let n = 192;
+        if !crate::packed::packable(dtype, 4, n) {
+            continue;
+        }
+        let (Some(file4), Some(packed4)) = (quant::dot4_fn(dtype, isa), crate::packed::dot4_fn(dtype, isa)) else {
+            continue;
+        };
+        let vdt = VecDotType::of(dtype);
+        let w = weights(rng, dtype, 4, n);
+        let pw = crate::packed::pack(dtype, 4, n, &w);
+        let rb = dtype.bytes_for(n).unwrap_or(0);
+        let len = vdt.row_bytes(n);
+        let mut abuf = vec![0u64; len.div_ceil(8)];
+        quant::quantize_act_fn(vdt, Isa::Scalar)(&acts(rng, n), &mut bytemuck::cast_slice_mut(&mut abuf)[..len]);
+        let a = bytemuck::cast_slice::<u64, u8>(&abuf).as_ptr();
+        let (mut file, mut pack) = ([0f32; 4], [0f32; 4]);
+        // SAFETY: four rows of `rb` bytes in each layout; `isa` is supported.
+        unsafe {
+            file4(n, w.as_ptr(), rb, a, file.as_mut_ptr());
+            packed4(n, pw.as_ptr(), rb, a, pack.as_mut_ptr());
+        }
+        if file.map(f32::to_bits) != pack.map(f32::to_bits) {
+            return Err(format!("{dtype} packed four-row dot at {isa}: {pack:?} vs file layout {file:?}"));
         }
     }
     Ok(())
