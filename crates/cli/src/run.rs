@@ -15,6 +15,7 @@ pub struct RunArgs {
     /// GGUF file, HF directory, or alias (default: smollm2-135m).
     #[arg(long)]
     model: Option<String>,
+    /// Prompt text, as a flag (instead of the positional PROMPT).
     #[arg(long, conflicts_with = "prompt_pos")]
     prompt: Option<String>,
     /// Comma-separated token ids (for models without a tokenizer).
@@ -26,18 +27,25 @@ pub struct RunArgs {
     /// System message (with --chat).
     #[arg(long)]
     system: Option<String>,
+    /// Most tokens to generate (fewer when the context fills up or a stop hits).
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
+    /// Sampling temperature; 0 is greedy (always the most likely token).
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    /// Sample among the K most likely tokens only; 0 turns it off.
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// Nucleus sampling: the smallest set of tokens whose probability reaches P; 1 turns it off.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Drop tokens less likely than P times the most likely one; 0 turns it off.
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
+    /// Penalty on tokens already in the prompt or output (above 1 discourages repeats); 1 turns it off.
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
+    /// Random seed for sampling (the same seed gives the same output).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Stop when the output contains this text (repeatable).

@@ -17,7 +17,7 @@ pub mod slice;
 pub mod workspace;
 
 pub use kv_cache::{KvCache, KvLayers, KvType};
-pub use model::{LoadOptions, LogitsMode, Model, SeqStep};
+pub use model::{LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
 pub use registry::Arch;
 pub use shard::{AllReduce, NoComm, ShardSpec};
 pub use workspace::Workspace;

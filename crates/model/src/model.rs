@@ -22,6 +22,32 @@ pub struct LoadOptions {
     pub keep_file_layout: bool,
     /// KV cache element type; `None` picks f32 for float weights, f16 otherwise.
     pub kv_type: Option<KvType>,
+    /// Told how loading goes (a bar in the CLI; repacking a model of hundreds
+    /// of GB takes minutes).
+    pub progress: LoadProgress,
+}
+
+/// A callback told `(steps done, steps in all)` while a shard loads; a step is
+/// one layer, and one more for the embedding and head.
+#[derive(Clone, Default)]
+pub struct LoadProgress(Option<std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>>);
+
+impl LoadProgress {
+    pub fn new(f: impl Fn(usize, usize) + Send + Sync + 'static) -> LoadProgress {
+        LoadProgress(Some(std::sync::Arc::new(f)))
+    }
+
+    fn report(&self, done: usize, total: usize) {
+        if let Some(f) = &self.0 {
+            f(done, total);
+        }
+    }
+}
+
+impl std::fmt::Debug for LoadProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "LoadProgress(callback)" } else { "LoadProgress(none)" })
+    }
 }
 
 impl LoadOptions {
@@ -32,6 +58,7 @@ impl LoadOptions {
             quantize,
             keep_file_layout: std::env::var("SHARDLM_PACK").is_ok_and(|v| v == "0"),
             kv_type: std::env::var("SHARDLM_KV_TYPE").ok().and_then(|v| KvType::parse(&v)),
+            progress: LoadProgress::default(),
         }
     }
 }
@@ -126,8 +153,11 @@ impl Model {
             None
         };
         let mut layers = Vec::with_capacity(shard.layers.len());
+        let steps = shard.layers.len() + 1;
+        opts.progress.report(0, steps);
         for l in shard.layers.clone() {
             layers.push(DecoderLayer::load(store, &cfg, &spec, l, shard.tp.as_ref(), opts)?);
+            opts.progress.report(layers.len(), steps);
         }
         let (final_norm, lm_head) = if shard.has_head {
             let norm = store.get_shaped("model.norm.weight", &[h])?.to_f32();
@@ -158,6 +188,7 @@ impl Model {
         // unless told otherwise; quantized ones use f16 as llama.cpp does.
         let float_weights = opts.quantize.is_none() && layers.iter().all(|l| !l.q.weight.dtype.is_quantized());
         let kv_type = opts.kv_type.unwrap_or(if float_weights { KvType::F32 } else { KvType::F16 });
+        opts.progress.report(steps, steps);
         Ok(Model {
             config: cfg,
             arch,
