@@ -39,7 +39,7 @@ fn is_default_alias(name: &str) -> bool {
 pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     let name = model.unwrap_or(DEFAULT_MODEL);
     if is_default_alias(name) {
-        return Ok(fetch::ensure(&cache_dir(), &SMOLLM2)?);
+        return fetch::ensure(&cache_dir(), &SMOLLM2);
     }
     Ok(PathBuf::from(name))
 }
