@@ -8,6 +8,7 @@ mod launch;
 mod launch_probe;
 mod membw;
 mod model_source;
+mod plan;
 mod progress;
 mod run;
 
@@ -33,6 +34,11 @@ enum Command {
     Membw(membw::MembwArgs),
     /// Start the ranks of a world, here (--local N) or on the hosts of a hostfile.
     Launch(Box<launch::LaunchArgs>),
+    /// Will a model fit on these machines, and which split is fastest? (predicts memory, TTFT and decode)
+    Plan(Box<plan::PlanArgs>),
+    /// Measure this rank's machine and the links of a launched world (used by plan --calibrate).
+    #[command(hide = true)]
+    PlanProbe(plan::measure::ProbeArgs),
     /// Join a launched world and all-reduce the ranks (tests the launcher).
     #[command(hide = true)]
     LaunchProbe(launch_probe::ProbeArgs),
@@ -50,6 +56,8 @@ fn main() {
         Command::Bench(a) => bench::bench(a),
         Command::Membw(a) => membw::membw(a),
         Command::Launch(a) => launch::launch(*a),
+        Command::Plan(a) => plan::plan(*a),
+        Command::PlanProbe(a) => plan::measure::probe(a),
         Command::LaunchProbe(a) => launch_probe::probe(a),
     };
     dist_args::report_rss();

@@ -1,0 +1,317 @@
+//! The cost model: memory per rank, predicted TTFT and decode speed, and the
+//! bottleneck, for each way of splitting a model over `n` machines. The
+//! equations and their assumptions are in docs/PLANNER.md.
+
+use super::hardware::{Link, Machine};
+use super::shape::Shape;
+use serde::Serialize;
+
+/// How the model is split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    Single,
+    Pipeline,
+    Tensor,
+    /// `tp` ranks per stage, `n / tp` stages.
+    Hybrid,
+    Expert,
+}
+
+/// The prediction for one strategy on `ranks` machines.
+#[derive(Debug, Clone, Serialize)]
+pub struct Prediction {
+    pub strategy: Strategy,
+    pub ranks: usize,
+    /// Tensor-parallel width (hybrid).
+    pub tp: usize,
+    /// Bytes per rank: weights, KV cache at the context, activations and runtime.
+    pub weights_bytes: Vec<f64>,
+    pub kv_bytes: Vec<f64>,
+    pub work_bytes: Vec<f64>,
+    pub runtime_bytes: Vec<f64>,
+    pub total_bytes: Vec<f64>,
+    /// Smallest free memory over the ranks (negative: does not fit).
+    pub margin_bytes: f64,
+    pub fits: bool,
+    pub ttft_s: f64,
+    pub decode_tok_s: f64,
+    pub decode_bottleneck: &'static str,
+    pub prefill_bottleneck: &'static str,
+    /// Bytes each rank sends per decoded token.
+    pub wire_bytes_per_token: f64,
+}
+
+/// What the user plans to run.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    /// Prompt tokens (TTFT) and the depth decode runs at.
+    pub context: usize,
+    /// Prompt tokens per prefill step.
+    pub chunk: usize,
+    /// Bytes per cached K/V value (2: f16).
+    pub kv_elem: f64,
+}
+
+/// Runtime memory that is not weights, KV or activations: the binary and its
+/// libraries, thread stacks, allocator slack (~6.5 MB for shardlm on Linux:
+/// most of the 9 MB peak RSS of a tiny fixture run), and the tokenizer on rank 0
+/// (~250 bytes per vocabulary entry, measured on SmolLM2's 49152).
+fn runtime_bytes(shape: &Shape, rank0: bool) -> f64 {
+    6.5e6 + if rank0 { shape.vocab as f64 * 250.0 } else { 0.0 }
+}
+
+/// Share of the attention weights and KV cache tensor rank `j` of `tp` holds:
+/// whole GQA groups are dealt out (the first ranks get one more when they
+/// don't divide), one KV head each when ranks outnumber them.
+fn attn_share(shape: &Shape, j: usize, tp: usize) -> f64 {
+    if tp <= 1 || shape.kv_heads == 0 {
+        return 1.0;
+    }
+    if shape.kv_heads < tp {
+        return 1.0 / shape.kv_heads as f64;
+    }
+    let groups = shape.kv_heads / tp + usize::from(j < shape.kv_heads % tp);
+    groups as f64 / shape.kv_heads as f64
+}
+
+/// Activation buffers of one prompt chunk through a layer, in f32: the
+/// residual and its norm, q/k/v, attention output, the MLP's gate/up/down
+/// (expert or dense, whichever is wider), scores of one tile, and the logits
+/// of one position.
+fn work_bytes(shape: &Shape, chunk: usize, tp: usize) -> f64 {
+    let h = shape.hidden as f64;
+    let qkv = ((shape.heads + 2 * shape.kv_heads) * shape.head_dim) as f64 / tp as f64;
+    let ffn =
+        (shape.dense_bytes.max(shape.expert_bytes / shape.experts.max(1) as f64) * 8.0 / shape.bits() / (3.0 * h))
+            .max(h)
+            / tp as f64;
+    // Two live copies of each (the step's input and output buffers of the
+    // workspace, and the 8-bit activation copies beside them).
+    let per_token = 2.0 * 4.0 * (4.0 * h + qkv + 3.0 * ffn);
+    chunk as f64 * per_token + 4.0 * shape.vocab as f64
+}
+
+/// Layers per pipeline stage (stage 0 holds the head), as the engine splits
+/// them: balanced by bytes with the head and tokenizer counted on stage 0
+/// (`model::plan::pipeline_layers_by_bytes`, the very function the engine uses).
+fn stage_layers(shape: &Shape, stages: usize) -> Vec<usize> {
+    let head = shape.head_read_bytes() + shape.vocab as f64 * 384.0;
+    let flow = vec![1.0; stages];
+    match model::plan::pipeline_layers_by_bytes(shape.layers, shape.layer_bytes(), head, &flow) {
+        Ok(ranges) => (0..stages).map(|s| ranges[stages - 1 - s].len()).collect(),
+        Err(_) => (0..stages).map(|i| shape.layers / stages + usize::from(i < shape.layers % stages)).collect(),
+    }
+}
+
+fn fit(p: &mut Prediction, machines: &[Machine]) {
+    p.total_bytes =
+        (0..p.ranks).map(|r| p.weights_bytes[r] + p.kv_bytes[r] + p.work_bytes[r] + p.runtime_bytes[r]).collect();
+    p.margin_bytes = (0..p.ranks).map(|r| machines[r].mem_bytes - p.total_bytes[r]).fold(f64::INFINITY, f64::min);
+    p.fits = p.margin_bytes >= 0.0;
+}
+
+/// Decode time of a set of layers (and maybe the head) on one machine,
+/// `share` of each weight (1/tp), at depth `depth`: (seconds, bound by memory?).
+fn stage_decode(
+    shape: &Shape,
+    m: &Machine,
+    layers: usize,
+    head: bool,
+    share: f64,
+    depth: f64,
+    w: &Workload,
+) -> (f64, bool) {
+    let bytes = (layers as f64 * shape.layer_active_bytes() + if head { shape.head_read_bytes() } else { 0.0 }) * share;
+    let kv = (layers * shape.kv_elems_per_layer) as f64 * w.kv_elem * depth * share;
+    let mem = (bytes + kv) / m.decode_bytes_per_s;
+    let attn = shape.decode_attn_flops(depth) * layers as f64 / shape.layers as f64 * share / m.attn_flops;
+    (mem.max(attn) + layers as f64 * m.layer_overhead_s, mem >= attn)
+}
+
+/// Prefill of `c` tokens over some layers: compute, or the weights streamed
+/// once per chunk if that is slower.
+fn stage_prefill(shape: &Shape, m: &Machine, layers: usize, head: bool, share: f64, w: &Workload) -> (f64, bool) {
+    let c = w.context as f64;
+    let frac = layers as f64 / shape.layers as f64;
+    let all = shape.prefill_flops(c);
+    let attn = 2.0 * c * c * (shape.heads * shape.head_dim * shape.layers) as f64;
+    let head_f = if head { 2.0 * (shape.vocab * shape.hidden) as f64 } else { 0.0 };
+    let matmul = (all - attn - 2.0 * (shape.vocab * shape.hidden) as f64) * frac + head_f;
+    let compute = (matmul / m.prefill_flops + attn * frac / m.attn_flops) * share;
+    let chunks = (c / w.chunk as f64).ceil().max(1.0);
+    let stream = chunks * layers as f64 * shape.layer_bytes() * share / m.decode_bytes_per_s;
+    (compute.max(stream), compute >= stream)
+}
+
+/// Predicts `strategy` on the first `n` machines over `link`.
+pub fn predict(
+    shape: &Shape,
+    machines: &[Machine],
+    link: &Link,
+    strategy: Strategy,
+    n: usize,
+    tp: usize,
+    w: &Workload,
+) -> Prediction {
+    let ms = &machines[..n];
+    let depth = w.context as f64;
+    let act = 4.0 * shape.hidden as f64; // one token's residual, f32
+    let (stages, tp) = match strategy {
+        Strategy::Single => (1, 1),
+        Strategy::Pipeline => (n, 1),
+        Strategy::Tensor => (1, n),
+        Strategy::Hybrid => (n / tp.max(1), tp.max(1)),
+        Strategy::Expert => (1, 1),
+    };
+    let share = 1.0 / tp as f64;
+    let layers = stage_layers(shape, stages);
+    let mut p = Prediction {
+        strategy,
+        ranks: n,
+        tp,
+        weights_bytes: vec![0.0; n],
+        kv_bytes: vec![0.0; n],
+        work_bytes: vec![0.0; n],
+        runtime_bytes: (0..n).map(|r| runtime_bytes(shape, r == 0)).collect(),
+        total_bytes: vec![],
+        margin_bytes: 0.0,
+        fits: false,
+        ttft_s: 0.0,
+        decode_tok_s: 0.0,
+        decode_bottleneck: "memory bandwidth",
+        prefill_bottleneck: "compute",
+        wire_bytes_per_token: 0.0,
+    };
+    let kv_layer = shape.kv_elems_per_layer as f64 * w.kv_elem * depth;
+    if strategy == Strategy::Expert {
+        // Whole experts on each rank; attention, dense parts, embedding and head
+        // on every rank (replicated); tokens go to the ranks of their experts.
+        let dense = shape.layers as f64 * (shape.attn_bytes + shape.dense_bytes);
+        let head = shape.embed_bytes + if shape.head_reads_embed { 0.0 } else { shape.head_bytes };
+        for r in 0..n {
+            p.weights_bytes[r] = dense + head + shape.layers as f64 * shape.expert_bytes / n as f64;
+            p.kv_bytes[r] = shape.layers as f64 * kv_layer;
+            p.work_bytes[r] = work_bytes(shape, w.chunk.min(w.context), 1);
+        }
+        let m = &ms[0];
+        let k = shape.active_experts.min(n.saturating_sub(1)) as f64;
+        let remote = if n > 1 { shape.active_experts as f64 * (n - 1) as f64 / n as f64 } else { 0.0 };
+        let moe_layers = if shape.experts > 0 { shape.layers as f64 } else { 0.0 };
+        let dec_local = {
+            let s = Shape { expert_bytes: shape.expert_bytes, ..shape.clone() };
+            stage_decode(&s, m, shape.layers, true, 1.0, depth, w)
+        };
+        // Experts a token uses are spread over the ranks; each rank reads ~k/n of them.
+        let expert_share = shape.layers as f64 * shape.expert_bytes * shape.active_experts as f64
+            / shape.experts.max(1) as f64
+            * (1.0 - 1.0 / n as f64)
+            / m.decode_bytes_per_s;
+        let comm = if n > 1 { moe_layers * 2.0 * link.send(act * remote.max(k.min(1.0))) } else { 0.0 };
+        let t = dec_local.0 - expert_share + comm;
+        p.wire_bytes_per_token = moe_layers * 2.0 * act * remote;
+        p.decode_tok_s = 1.0 / t;
+        p.decode_bottleneck = if comm > dec_local.0 - expert_share { link_kind(link, act) } else { "memory bandwidth" };
+        let (pf, _) = stage_prefill(shape, m, shape.layers, true, 1.0, w);
+        let pcomm = if n > 1 { moe_layers * 2.0 * link.send(act * remote * w.context as f64) } else { 0.0 };
+        p.ttft_s = pf / n as f64 + pcomm;
+        p.prefill_bottleneck = if pcomm > pf / n as f64 { "link bandwidth" } else { "compute" };
+        fit(&mut p, ms);
+        return p;
+    }
+    // Stage s holds layers[s]; the last stage (data-flow order) also the head;
+    // the first the embedding. Ranks r = s·tp + j.
+    let mut dec_total = 0.0;
+    let mut dec_mem_bound = true;
+    let mut pf_stage_max: f64 = 0.0;
+    let mut pf_total = 0.0;
+    #[allow(clippy::needless_range_loop)] // `s` also names the stage's ranks
+    for s in 0..stages {
+        let head = s == 0;
+        let embed = s == stages - 1;
+        let mut stage_dec: f64 = 0.0;
+        let mut stage_pf: f64 = 0.0;
+        for j in 0..tp {
+            let r = s * tp + j;
+            let a_share = attn_share(shape, j, tp);
+            let mut wb =
+                layers[s] as f64 * (shape.attn_bytes * a_share + (shape.layer_bytes() - shape.attn_bytes) * share);
+            if head {
+                wb += shape.head_read_bytes() * share;
+            }
+            if embed && !(head && shape.head_reads_embed) {
+                wb += shape.embed_bytes * share;
+            }
+            // Tensor parallelism copies its slice of the matrices split by input
+            // columns (o, down): reading it touches every row, so the file pages
+            // of the whole matrix stay resident (measured: page cache of the
+            // mmap, counted in RSS).
+            // (shardlm on CPUs; a preset describes the machine, not this effect.)
+            if tp > 1 && ms[r].name.starts_with("local") {
+                wb += layers[s] as f64 * shape.col_split_bytes() * (1.0 - share);
+                // The vocab-parallel embedding rows are read through the mmap
+                // too, and rank 0 (which looks tokens up) keeps the whole
+                // table's pages (measured on SmolLM2: +14 MB on rank 0).
+                if embed {
+                    wb += shape.embed_bytes * if j == 0 { 1.0 } else { share };
+                }
+            }
+            p.weights_bytes[r] = wb;
+            p.kv_bytes[r] = layers[s] as f64 * kv_layer * a_share;
+            // Tensor groups all-reduce every layer through the transport's
+            // buffers (shm rings, socket buffers): ~1.5 MB per peer, measured.
+            p.work_bytes[r] = work_bytes(shape, w.chunk.min(w.context), tp) + 1.5e6 * (tp - 1) as f64;
+            let (d, mem) = stage_decode(shape, &ms[r], layers[s], head, share, depth, w);
+            if d > stage_dec {
+                stage_dec = d;
+                dec_mem_bound = mem;
+            }
+            stage_pf = stage_pf.max(stage_prefill(shape, &ms[r], layers[s], head, share, w).0);
+        }
+        dec_total += stage_dec;
+        pf_stage_max = pf_stage_max.max(stage_pf);
+        pf_total += stage_pf;
+    }
+    // Communication per token: tensor groups all-reduce twice per layer (and
+    // once for the vocab-parallel head's argmax); stages pass one residual on.
+    let tp_comm = if tp > 1 {
+        (shape.layers / stages.max(1)) as f64 * stages as f64 * 2.0 * link.all_reduce(act, tp)
+            + link.all_reduce(8.0, tp)
+    } else {
+        0.0
+    };
+    let pp_comm = if stages > 1 { stages as f64 * link.send(act) } else { 0.0 };
+    let t = dec_total + tp_comm + pp_comm;
+    p.decode_tok_s = 1.0 / t;
+    let comm = tp_comm + pp_comm;
+    p.decode_bottleneck = if comm > dec_total {
+        link_kind(link, act)
+    } else if dec_mem_bound {
+        "memory bandwidth"
+    } else {
+        "compute"
+    };
+    p.wire_bytes_per_token = if tp > 1 { shape.layers as f64 * 2.0 * act * (tp - 1) as f64 } else { 0.0 }
+        + if stages > 1 { act } else { 0.0 };
+    // Prefill: pipeline stages overlap chunk by chunk; tensor groups all-reduce
+    // each chunk's activations twice a layer.
+    let c = w.context as f64;
+    let chunks = (c / w.chunk as f64).ceil().max(1.0);
+    // Stages overlap chunk by chunk: the slowest stage paces, plus the fill.
+    let pf_compute = if stages > 1 { pf_stage_max * (chunks + stages as f64 - 1.0) / chunks } else { pf_total };
+    let pf_comm = if tp > 1 { shape.layers as f64 * 2.0 * chunks * link.all_reduce(act * c / chunks, tp) } else { 0.0 }
+        + if stages > 1 { (stages - 1) as f64 * chunks * link.send(act * c / chunks) } else { 0.0 };
+    p.ttft_s = pf_compute + pf_comm;
+    p.prefill_bottleneck = if pf_comm > pf_compute { "link bandwidth" } else { "compute" };
+    fit(&mut p, ms);
+    p
+}
+
+/// Which side of the link dominates a message of `bytes`.
+fn link_kind(link: &Link, bytes: f64) -> &'static str {
+    if link.latency_s > bytes / link.bytes_per_s {
+        "link latency"
+    } else {
+        "link bandwidth"
+    }
+}

@@ -1,0 +1,282 @@
+//! `shardlm plan`: will this model fit on these machines, and which split will
+//! be fastest? Predicts memory per rank, TTFT and decode speed for every
+//! strategy and machine count, names the bottleneck and prints the command to
+//! run. The cost model is in [`cost`]; docs/PLANNER.md has its equations.
+
+mod cost;
+mod hardware;
+pub mod measure;
+mod shape;
+mod svg;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use cost::{Prediction, Strategy, Workload};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// GGUF file, HF directory, HF config.json, an alias, or `params:total=…,active=…,layers=…,hidden=…,heads=…`.
+    #[arg(long, default_value = crate::model_source::DEFAULT_MODEL)]
+    model: String,
+    /// The machines: `local` (measured here), presets such as `2xm3-ultra-512`,
+    /// `4xh100`, `x86-2s`, `m4-max-128` (comma-separated for mixed sets), or a
+    /// profile written by --calibrate.
+    #[arg(long, default_value = "local")]
+    machines: String,
+    /// The link between machines: tb5-rdma, tb5-tcp, 10gbe, 25gbe, 100gbe, ib-ndr,
+    /// nvlink, `2xtb5-rdma` for two cables per pair, or local-shm / local-tcp
+    /// (measured here). Default: the profile's, local-shm for local machines, else 10gbe.
+    #[arg(long)]
+    links: Option<String>,
+    /// Storage format to plan for (default: as the model is stored, bf16 for configs):
+    /// f16, bf16, q8_0, fp8, q4_0, q4_1, q4_k, q6_k, nvfp4, mxfp4.
+    #[arg(long)]
+    quant: Option<String>,
+    /// Context to plan for: the prompt length of the TTFT prediction and the depth decode runs at.
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Prompt tokens per prefill step (as run's --prefill-chunk).
+    #[arg(long, default_value_t = 512)]
+    prefill_chunk: usize,
+    /// Threads per rank for the local measurements (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Measure every host of this hostfile and the links between them with the
+    /// real transport; write the profile to --out (for --machines PROFILE.json).
+    #[arg(long, value_name = "HOSTFILE")]
+    calibrate: Option<PathBuf>,
+    /// Where --calibrate writes its profile.
+    #[arg(long, default_value = "shardlm-profile.json")]
+    out: PathBuf,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG chart of predicted decode tok/s and TTFT against machine count.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+pub fn plan(a: PlanArgs) -> Result<()> {
+    if let Some(hosts) = &a.calibrate {
+        return calibrate(hosts, &a);
+    }
+    let shape = shape::load(&a.model, a.quant.as_deref())?;
+    let threads = a.threads.unwrap_or_else(crate::run::default_threads);
+    let (machines, profile_link) = hardware::parse_machines(&a.machines, threads, &shape.quant)?;
+    let link = match (&a.links, profile_link) {
+        (Some(l), _) => hardware::parse_link(l)?,
+        (None, Some(l)) => l,
+        (None, None)
+            if a.machines
+                .split(',')
+                .all(|m| m.trim().trim_start_matches(|c: char| c.is_ascii_digit() || c == 'x') == "local") =>
+        {
+            hardware::parse_link("local-shm")?
+        }
+        (None, None) => hardware::parse_link("10gbe")?,
+    };
+    let w = Workload { context: a.context.max(1), chunk: a.prefill_chunk.max(1), kv_elem: 2.0 };
+    let preds = predictions(&shape, &machines, &link, &w);
+    let best = recommend(&preds);
+    if let Some(path) = &a.plot {
+        std::fs::write(path, svg::chart(&shape.name, &preds)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let command = best.map(|p| command_line(&a.model, p, machines.len()));
+    if a.json {
+        let v = serde_json::json!({
+            "model": {
+                "name": shape.name, "quant": shape.quant, "layers": shape.layers, "hidden": shape.hidden,
+                "total_bytes": shape.total_bytes(), "active_bytes_per_token": shape.active_bytes(),
+                "kv_bytes_per_token": shape.kv_bytes_per_token(w.kv_elem), "experts": shape.experts,
+                "active_experts": shape.active_experts,
+            },
+            "machines": machines, "link": link, "context": w.context,
+            "predictions": preds,
+            "recommendation": best.map(|p| serde_json::json!({"strategy": p.strategy, "ranks": p.ranks, "tp": p.tp, "command": command})),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print_tables(&shape, &machines, &link, &w, &preds);
+    match (best, command) {
+        (Some(p), Some(cmd)) => {
+            println!(
+                "\nrecommended: {} on {} machine(s), ~{:.1} tok/s decode, TTFT {:.2} s",
+                name(p),
+                p.ranks,
+                p.decode_tok_s,
+                p.ttft_s
+            );
+            println!("  {cmd}");
+        }
+        _ => println!("\nno strategy fits: the model needs more memory than these machines have"),
+    }
+    Ok(())
+}
+
+/// Every strategy on every machine count from 1 to all.
+fn predictions(
+    shape: &shape::Shape,
+    machines: &[hardware::Machine],
+    link: &hardware::Link,
+    w: &Workload,
+) -> Vec<Prediction> {
+    let mut out = vec![cost::predict(shape, machines, link, Strategy::Single, 1, 1, w)];
+    for n in 2..=machines.len() {
+        out.push(cost::predict(shape, machines, link, Strategy::Pipeline, n, 1, w));
+        out.push(cost::predict(shape, machines, link, Strategy::Tensor, n, n, w));
+        for tp in (2..n).filter(|tp| n % tp == 0) {
+            out.push(cost::predict(shape, machines, link, Strategy::Hybrid, n, tp, w));
+        }
+        if shape.experts > 0 {
+            out.push(cost::predict(shape, machines, link, Strategy::Expert, n, 1, w));
+        }
+    }
+    out
+}
+
+/// The fastest decode among the plans that fit; on a tie (within 3%), fewer machines.
+fn recommend(preds: &[Prediction]) -> Option<&Prediction> {
+    let best = preds.iter().filter(|p| p.fits).map(|p| p.decode_tok_s).fold(0.0, f64::max);
+    preds.iter().filter(|p| p.fits && p.decode_tok_s >= best * 0.97).min_by_key(|p| p.ranks)
+}
+
+fn name(p: &Prediction) -> String {
+    match p.strategy {
+        Strategy::Single => "single".into(),
+        Strategy::Hybrid => format!("hybrid (tp {} × {} stages)", p.tp, p.ranks / p.tp),
+        s => format!("{s:?}").to_lowercase(),
+    }
+}
+
+/// The command that runs the recommendation.
+fn command_line(model: &str, p: &Prediction, machines: usize) -> String {
+    let model = if model.contains(' ') { format!("'{model}'") } else { model.to_string() };
+    let mut run = format!("run --model {model}");
+    if p.ranks == 1 {
+        return format!("shardlm {run} PROMPT");
+    }
+    let strategy = match p.strategy {
+        Strategy::Hybrid => format!("hybrid --tp {}", p.tp),
+        s => format!("{s:?}").to_lowercase(),
+    };
+    run.push_str(&format!(" --strategy {strategy} PROMPT"));
+    if machines > 1 && p.ranks > 1 {
+        format!("shardlm launch --hostfile hosts.json -- {run}   # hosts.json: the first {} machines", p.ranks)
+    } else {
+        format!("shardlm {run} --ranks {}", p.ranks)
+    }
+}
+
+fn gb(b: f64) -> String {
+    if b.abs() >= 1e9 {
+        format!("{:.1} GB", b / 1e9)
+    } else {
+        format!("{:.0} MB", b / 1e6)
+    }
+}
+
+fn kb(b: f64) -> String {
+    if b >= 1e6 {
+        gb(b)
+    } else {
+        format!("{:.0} KB", b / 1e3)
+    }
+}
+
+fn print_tables(
+    shape: &shape::Shape,
+    machines: &[hardware::Machine],
+    link: &hardware::Link,
+    w: &Workload,
+    preds: &[Prediction],
+) {
+    println!(
+        "model   {}: {} layers, hidden {}, {}; {} of weights, {} read per token, KV {} per token",
+        shape.name,
+        shape.layers,
+        shape.hidden,
+        shape.quant,
+        gb(shape.total_bytes()),
+        gb(shape.active_bytes()),
+        kb(shape.kv_bytes_per_token(w.kv_elem)),
+    );
+    if shape.experts > 0 {
+        println!("        {} experts, {} active per token", shape.experts, shape.active_experts);
+    }
+    let m = &machines[0];
+    println!(
+        "machine {} × {}: {} memory, decode streams {:.1} GB/s, prefill {:.0} GFLOP/s",
+        machines.len(),
+        m.name,
+        gb(m.mem_bytes),
+        m.decode_bytes_per_s / 1e9,
+        m.prefill_flops / 1e9
+    );
+    println!(
+        "link    {}{}: {:.1} µs, {:.2} GB/s per cable; context {} tokens",
+        link.name,
+        if link.cables > 1 { format!(" ×{}", link.cables) } else { String::new() },
+        link.latency_s * 1e6,
+        link.bytes_per_s / 1e9,
+        w.context
+    );
+    println!(
+        "\n{:<26} {:>3} {:>10} {:>10} {:>10} {:>6} {:>10} {:>9} {:>10}  bottleneck (decode / prefill)",
+        "strategy", "n", "weights", "KV", "total/rank", "fits", "margin", "TTFT s", "decode t/s"
+    );
+    for p in preds {
+        let r = (0..p.ranks).max_by(|&a, &b| p.total_bytes[a].total_cmp(&p.total_bytes[b])).unwrap_or(0);
+        println!(
+            "{:<26} {:>3} {:>10} {:>10} {:>10} {:>6} {:>10} {:>9} {:>10}  {} / {}",
+            name(p),
+            p.ranks,
+            gb(p.weights_bytes[r]),
+            gb(p.kv_bytes[r]),
+            gb(p.total_bytes[r]),
+            if p.fits { "yes" } else { "no" },
+            gb(p.margin_bytes),
+            if p.fits { format!("{:.2}", p.ttft_s) } else { "-".into() },
+            if p.fits { format!("{:.1}", p.decode_tok_s) } else { "-".into() },
+            p.decode_bottleneck,
+            p.prefill_bottleneck
+        );
+    }
+}
+
+/// `--calibrate HOSTFILE`: every host measures itself and the links, through
+/// `shardlm launch --hostfile HOSTFILE -- plan-probe`; rank 0's profile is saved.
+fn calibrate(hosts: &std::path::Path, a: &PlanArgs) -> Result<()> {
+    let exe = std::env::current_exe().context("finding the shardlm executable")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("launch").arg("--hostfile").arg(hosts).args(["--", "plan-probe"]);
+    if let Some(t) = a.threads {
+        cmd.args(["--threads", &t.to_string()]);
+    }
+    if let Some(q) = &a.quant {
+        cmd.args(["--quant", q]);
+    }
+    eprintln!("shardlm: measuring every host of {} and the links between them ...", hosts.display());
+    let out = cmd.stderr(std::process::Stdio::inherit()).output().context("starting the probe")?;
+    if !out.status.success() {
+        bail!("calibration failed ({})", out.status);
+    }
+    let profile: hardware::Profile = serde_json::from_slice(&out.stdout).context("reading the probe's profile")?;
+    std::fs::write(&a.out, serde_json::to_string_pretty(&profile)?)
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    for m in &profile.machines {
+        eprintln!(
+            "  {}: {:.1} GB/s decode, {:.0} GFLOP/s prefill, {:.0} GB free",
+            m.name,
+            m.decode_bytes_per_s / 1e9,
+            m.prefill_flops / 1e9,
+            m.mem_bytes / 1e9
+        );
+    }
+    if let Some(l) = &profile.link {
+        eprintln!("  link: {:.1} µs, {:.2} GB/s", l.latency_s * 1e6, l.bytes_per_s / 1e9);
+    }
+    eprintln!("shardlm: wrote {} (use --machines {})", a.out.display(), a.out.display());
+    Ok(())
+}
