@@ -12,6 +12,9 @@ pub struct InspectArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Also list every tensor: name, format, shape and bytes per weight.
+    #[arg(long)]
+    tensors: bool,
 }
 
 pub fn inspect(a: InspectArgs) -> Result<()> {
@@ -57,6 +60,18 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             "chat_template": files.chat_template.is_some(),
             "tokenizer": !matches!(files.tokenizer, formats::TokenizerSource::None),
         });
+        let mut out = out;
+        if a.tensors {
+            out["tensors"] = files
+                .tensors
+                .tensors
+                .values()
+                .map(|t| {
+                    serde_json::json!({"name": t.name, "format": t.dtype.name(), "shape": t.shape,
+                        "bytes_per_weight": t.bytes().len() as f64 / t.numel().max(1) as f64})
+                })
+                .collect();
+        }
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
@@ -78,6 +93,19 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     for (k, (n, p, b)) in &by_type {
         let bpw = *b as f64 / (*p).max(1) as f64;
         println!("  {k:<6} {n:>5} tensors {p:>13} params {:>10.2} MB {bpw:>7.4} bytes/weight", *b as f64 / 1e6);
+    }
+    if a.tensors {
+        println!("tensors:");
+        for t in files.tensors.tensors.values() {
+            let bpw = t.bytes().len() as f64 / t.numel().max(1) as f64;
+            let scale = if t.out_scale != 1.0 { format!(" (tensor scale {:e})", t.out_scale) } else { String::new() };
+            println!(
+                "  {:<48} {:<6} {:<16} {bpw:.4} bytes/weight{scale}",
+                t.name,
+                t.dtype.name(),
+                format!("{:?}", t.shape)
+            );
+        }
     }
     Ok(())
 }

@@ -35,7 +35,7 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
 
 /// Magnitude of a sign-less E4M3 code 0..0x7E, built from bits (exact).
 #[inline(always)]
-fn e4m3_magnitude(c: u8) -> f32 {
+const fn e4m3_magnitude(c: u8) -> f32 {
     let e = (c >> 3) as u32;
     let m = (c & 7) as u32;
     if e == 0 {
@@ -53,12 +53,27 @@ fn e4m3_magnitude(c: u8) -> f32 {
 /// any kernel sees them, so this only matters for hand-made blocks.
 #[inline(always)]
 pub fn ue4m3_half(b: u8) -> f32 {
+    UE4M3_HALF[b as usize]
+}
+
+const fn ue4m3_half_calc(b: u8) -> f32 {
     let c = b & 0x7F;
     if b == 0x7F || c == 0 {
         return 0.0;
     }
     e4m3_magnitude(c) * 0.5
 }
+
+/// [`ue4m3_half`] for every byte (the dot kernels read four per 64 values).
+static UE4M3_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = ue4m3_half_calc(b as u8);
+        b += 1;
+    }
+    t
+};
 
 /// f32 → E4M3, round to nearest even, saturating to ±448; NaN → 0x7F.
 pub fn f32_to_e4m3(x: f32) -> u8 {
