@@ -34,7 +34,7 @@
 //! | F32, F16, BF16 | ✓ | one-row | one-row (masked tails) |
 //! | MXFP4, NVFP4 (× Q8_0), FP8 (× f32) | ✓ | one-row | one-row (VNNI / 512-bit) |
 //!
-//! For `m > 1` (prefill), Q4_0 and Q4_1 also have AVX2 4 × 2 tile kernels (four
+//! For `m > 1` (prefill), Q4_0, Q4_1, MXFP4, NVFP4 and FP8 also have AVX2 4 × 2 tile kernels (four
 //! weight rows × two activation rows). Q4_0, Q4_1 and Q8_0 weights can be
 //! repacked at load into the interleaved four-row layout of [`packed`], with
 //! their own AVX2 four-row and tile kernels (scalar: rows unpacked, then the

@@ -197,7 +197,7 @@ fn tile_kernels_match_scalar() {
         let vdt = VecDotType::of(dtype);
         for isa in isa::available() {
             let Some(tile) = quant::tile_fn(dtype, isa) else { continue };
-            for n in [32, 64, 96, 576] {
+            for n in [32, 64, 96, 576].into_iter().filter(|n| n % dtype.block_elems() == 0) {
                 let rb = dtype.bytes_for(n).unwrap();
                 let w = random_weight(&mut rng, dtype, 4, n);
                 let xs = [random_acts(&mut rng, n), random_acts(&mut rng, n)];

@@ -179,6 +179,9 @@ pub type TileFn =
 pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        if let Some(f) = crate::simd::avx2_fp::tile_fn(dtype) {
+            return Some(f);
+        }
         return crate::simd::avx2_tile::tile_fn(dtype);
     }
     let _ = (dtype, isa);
