@@ -91,13 +91,16 @@ pub fn assemble(path: &Path, raw: Vec<RawTensor>, hints: &QuantHints) -> Result<
         what,
     };
     let mut out = Vec::new();
+    let mut consumed: Vec<RawTensor> = Vec::new();
     let names: Vec<String> = pool.keys().cloned().collect();
     for name in &names {
         let Some(t) = pool.get(name) else { continue };
         let w = if let Some(base) = name.strip_suffix("_blocks") {
             let scales = take(&mut pool, &format!("{base}_scales"), name, path)?;
             let t = pool.remove(name).expect("present");
-            Some(repack::gpt_oss_mxfp4(base, &t, &scales).map_err(|e| bad(name, e))?)
+            let w = repack::gpt_oss_mxfp4(base, &t, &scales).map_err(|e| bad(name, e))?;
+            consumed.extend([t, scales]);
+            Some(w)
         } else if let Some(base) = name.strip_suffix(".weight_packed") {
             let scale = take(&mut pool, &format!("{base}.weight_scale"), name, path)?;
             let t = pool.remove(name).expect("present");
@@ -107,9 +110,12 @@ pub fn assemble(path: &Path, raw: Vec<RawTensor>, hints: &QuantHints) -> Result<
                 let g = scalar(&g).map_err(|e| bad(&g.name, e))?;
                 let mut w = repack::nvfp4(&wname, &t, &scale).map_err(|e| bad(name, e))?;
                 w.out_scale = 1.0 / g;
+                consumed.extend([t, scale]);
                 Some(w)
             } else {
-                Some(repack::mxfp4(&wname, &t, &scale).map_err(|e| bad(name, e))?)
+                let w = repack::mxfp4(&wname, &t, &scale).map_err(|e| bad(name, e))?;
+                consumed.extend([t, scale]);
+                Some(w)
             }
         } else if let (Some(_), "U8") = (name.strip_suffix(".weight"), t.dtype.as_str()) {
             let base = &name[..name.len() - ".weight".len()];
@@ -119,17 +125,24 @@ pub fn assemble(path: &Path, raw: Vec<RawTensor>, hints: &QuantHints) -> Result<
             let t = pool.remove(name).expect("present");
             let mut w = repack::nvfp4(name, &t, &scale).map_err(|e| bad(name, e))?;
             w.out_scale = g;
+            consumed.extend([t, scale]);
             Some(w)
         } else if let (Some(base), "F8_E4M3") = (name.strip_suffix(".weight"), t.dtype.as_str()) {
             let inv = format!("{base}.weight_scale_inv");
             let scale_name = if pool.contains_key(&inv) { inv } else { format!("{base}.weight_scale") };
             let scale = take(&mut pool, &scale_name, name, path)?;
             let t = pool.remove(name).expect("present");
-            Some(repack::fp8(name, &t, &scale, hints.fp8_block).map_err(|e| bad(name, e))?)
+            let w = repack::fp8(name, &t, &scale, hints.fp8_block).map_err(|e| bad(name, e))?;
+            consumed.extend([t, scale]);
+            Some(w)
         } else {
             None
         };
         if let Some(w) = w {
+            // The repacked copy replaces the file's pages (resident memory stays one copy).
+            for part in consumed.drain(..) {
+                part.data.release_pages();
+            }
             kernels::quant::validate(w.dtype, w.bytes()).map_err(|e| bad(&w.name, e.to_string()))?;
             if !w.out_scale.is_finite() || w.out_scale <= 0.0 {
                 return Err(bad(&w.name, format!("per-tensor scale {} is not a positive finite number", w.out_scale)));
