@@ -35,6 +35,13 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
         bail!("{}: {to} output to a GGUF file needs a name ending in .gguf", a.output.display());
     }
     let g = GgufFile::open(&a.input)?;
+    if let Some(t) = g.tensors.iter().find(|t| t.name.ends_with(".scale")) {
+        bail!(
+            "{}: tensor '{}': re-quantizing a GGUF with per-tensor scales is not supported; start from a float or ggml-quantized GGUF",
+            a.input.display(),
+            t.name
+        );
+    }
     let mut w = GgufWriter::new();
     for (k, v) in &g.metadata {
         if k == "general.alignment" {

@@ -102,3 +102,25 @@ fn quantized_fixtures_match_f32_on_dequantized_weights() {
         }
     }
 }
+
+#[test]
+fn quantize_errors_are_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llama = fixture("llama");
+    let out = tmp.path().join("o");
+    let gguf = tmp.path().join("o.gguf");
+    let cases: [(Vec<&str>, &str); 4] = [
+        (vec!["--to", "fp8", gguf.to_str().unwrap()], "fp8 has no GGUF type"),
+        (vec!["--to", "q3_x", out.to_str().unwrap()], "unknown target 'q3_x'"),
+        (vec!["--to", "q8_0", gguf.to_str().unwrap()], "GGUF output needs a GGUF input"),
+        (vec!["--to", "q4_k", gguf.to_str().unwrap()], "q4_k output is not implemented"),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["quantize", llama.to_str().unwrap()];
+        all.extend(&args[2..]);
+        all.extend(&args[..2]);
+        let o = Command::new(env!("CARGO_BIN_EXE_shardlm")).args(&all).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want) && err.trim().lines().count() == 1, "{all:?}: {err}");
+    }
+}
