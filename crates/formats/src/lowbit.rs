@@ -59,7 +59,9 @@ impl QuantHints {
         h.method = q.get("quant_method").and_then(Value::as_str).map(str::to_string);
         let pair = |v: &Value| -> Option<[usize; 2]> {
             let a = v.as_array()?;
-            Some([a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize])
+            let b = [a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize];
+            // A zero block size would divide by zero later: ignore it (keep 128×128).
+            (b[0] > 0 && b[1] > 0).then_some(b)
         };
         if let Some(b) = q.get("weight_block_size").and_then(pair) {
             h.fp8_block = b;
@@ -215,4 +217,22 @@ pub fn raw_elem_bytes(s: &str) -> Option<usize> {
 /// Owned bytes as tensor data.
 pub(crate) fn owned(v: Vec<u8>) -> TensorData {
     TensorData::Owned(Arc::new(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_from_config() {
+        let h = |v: Value| QuantHints::from_config(&v);
+        assert_eq!(h(serde_json::json!({})), QuantHints::default());
+        let ds = h(serde_json::json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [64, 128]}}));
+        assert_eq!((ds.method.as_deref(), ds.fp8_block), (Some("fp8"), [64, 128]));
+        let ct = h(serde_json::json!({"quantization_config": {"quant_method": "compressed-tensors",
+            "config_groups": {"g": {"weights": {"block_structure": [128, 64]}}}}}));
+        assert_eq!(ct.fp8_block, [128, 64]);
+        let zero = h(serde_json::json!({"quantization_config": {"weight_block_size": [0, 128]}}));
+        assert_eq!(zero.fp8_block, [128, 128]);
+    }
 }
