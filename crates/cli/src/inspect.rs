@@ -12,6 +12,9 @@ pub struct InspectArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Also list every tensor: name, format, shape and bytes per weight.
+    #[arg(long)]
+    tensors: bool,
 }
 
 pub fn inspect(a: InspectArgs) -> Result<()> {
@@ -32,7 +35,10 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     if a.json {
         let types: serde_json::Map<String, serde_json::Value> = by_type
             .iter()
-            .map(|(k, v)| (k.clone(), serde_json::json!({"tensors": v.0, "params": v.1, "bytes": v.2})))
+            .map(|(k, v)| {
+                let bpw = v.2 as f64 / v.1.max(1) as f64;
+                (k.clone(), serde_json::json!({"tensors": v.0, "params": v.1, "bytes": v.2, "bytes_per_weight": bpw}))
+            })
             .collect();
         let out = serde_json::json!({
             "path": path.display().to_string(),
@@ -40,6 +46,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             "supported": supported,
             "parameters": params,
             "bytes": total_bytes,
+            "bytes_per_weight": total_bytes as f64 / params.max(1) as f64,
             "tensor_types": types,
             "context_length": cfg.max_position_embeddings,
             "layers": cfg.n_layers,
@@ -53,13 +60,29 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             "chat_template": files.chat_template.is_some(),
             "tokenizer": !matches!(files.tokenizer, formats::TokenizerSource::None),
         });
+        let mut out = out;
+        if a.tensors {
+            out["tensors"] = files
+                .tensors
+                .tensors
+                .values()
+                .map(|t| {
+                    serde_json::json!({"name": t.name, "format": t.dtype.name(), "shape": t.shape,
+                        "bytes_per_weight": t.bytes().len() as f64 / t.numel().max(1) as f64})
+                })
+                .collect();
+        }
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!("model          {}", path.display());
     println!("architecture   {}{}", cfg.arch, if supported { "" } else { " (not supported)" });
     println!("parameters     {} ({:.1} M)", params, params as f64 / 1e6);
-    println!("weights        {:.1} MB", total_bytes as f64 / 1e6);
+    println!(
+        "weights        {:.1} MB ({:.3} bytes per weight)",
+        total_bytes as f64 / 1e6,
+        total_bytes as f64 / params.max(1) as f64
+    );
     println!("context        {}", cfg.max_position_embeddings);
     println!(
         "shape          {} layers, hidden {}, {} heads / {} kv heads × {}, ffn {}, vocab {}",
@@ -68,7 +91,21 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     println!("chat template  {}", if files.chat_template.is_some() { "yes" } else { "no" });
     println!("tensor types:");
     for (k, (n, p, b)) in &by_type {
-        println!("  {k:<6} {n:>5} tensors {p:>13} params {:>10.2} MB", *b as f64 / 1e6);
+        let bpw = *b as f64 / (*p).max(1) as f64;
+        println!("  {k:<6} {n:>5} tensors {p:>13} params {:>10.2} MB {bpw:>7.4} bytes/weight", *b as f64 / 1e6);
+    }
+    if a.tensors {
+        println!("tensors:");
+        for t in files.tensors.tensors.values() {
+            let bpw = t.bytes().len() as f64 / t.numel().max(1) as f64;
+            let scale = if t.out_scale != 1.0 { format!(" (tensor scale {:e})", t.out_scale) } else { String::new() };
+            println!(
+                "  {:<48} {:<6} {:<16} {bpw:.4} bytes/weight{scale}",
+                t.name,
+                t.dtype.name(),
+                format!("{:?}", t.shape)
+            );
+        }
     }
     Ok(())
 }

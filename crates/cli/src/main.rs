@@ -10,6 +10,8 @@ mod membw;
 mod model_source;
 mod plan;
 mod progress;
+mod quantize;
+mod quantize_gguf;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -27,6 +29,8 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// Show a model's architecture, size, tensor types and template.
     Inspect(inspect::InspectArgs),
+    /// Re-encode a checkpoint as nvfp4, mxfp4, fp8 (safetensors) or a ggml type (GGUF).
+    Quantize(quantize::QuantizeArgs),
     /// Measure prompt and generation throughput (like mlx_lm.benchmark).
     Bench(bench::BenchArgs),
     /// Measure memory read bandwidth (1 and N threads).
@@ -54,6 +58,7 @@ fn main() {
         Command::Run(a) => run::run(*a),
         Command::Inspect(a) => inspect::inspect(a),
         Command::Bench(a) => bench::bench(a),
+        Command::Quantize(a) => quantize::quantize(a),
         Command::Membw(a) => membw::membw(a),
         Command::Launch(a) => launch::launch(*a),
         Command::Plan(a) => plan::plan(*a),

@@ -21,6 +21,8 @@ pub enum FormatError {
     MissingTensor { path: PathBuf, tensor: String },
     #[error("{path}: tensor '{tensor}' has shape {got:?}, expected {expected:?}")]
     ShapeMismatch { path: PathBuf, tensor: String, expected: Vec<usize>, got: Vec<usize> },
+    #[error("{path}: tensor '{tensor}': {what}")]
+    BadTensor { path: PathBuf, tensor: String, what: String },
     #[error("{path}: bad config: {what}")]
     BadConfig { path: PathBuf, what: String },
     #[error("{path}: unknown architecture '{arch}'")]

@@ -29,9 +29,40 @@ pub(crate) fn model_files(mut g: GgufFile) -> Result<ModelFiles, FormatError> {
     Ok(ModelFiles { path: g.path.clone(), config, tensors, tokenizer, chat_template, bos_token, eos_token })
 }
 
+/// NVFP4's FP32 per-tensor scales, as llama.cpp writes them beside the weight:
+/// `blk.N.ffn_gate.scale` (or `…weight.scale`), one F32 each; keyed by the
+/// weight's GGUF name. `….input_scale` (activation scales) are not needed.
+fn tensor_scales(g: &GgufFile) -> Result<BTreeMap<String, f32>, FormatError> {
+    let mut out = BTreeMap::new();
+    for t in &g.tensors {
+        let Some(base) = t.name.strip_suffix(".scale") else { continue };
+        let bad = |what: String| FormatError::BadTensor { path: g.path.clone(), tensor: t.name.clone(), what };
+        if t.ggml_type != 0 || t.n_bytes != 4 {
+            return Err(bad(format!(
+                "a per-tensor scale must be one F32, got {} ({} bytes)",
+                t.type_name(),
+                t.n_bytes
+            )));
+        }
+        let off = g.tensor_file_offset(t);
+        let b = &g.map()[off..off + 4];
+        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if !v.is_finite() || v <= 0.0 {
+            return Err(bad(format!("per-tensor scale {v} is not a positive finite number")));
+        }
+        let weight = if base.ends_with(".weight") { base.to_string() } else { format!("{base}.weight") };
+        out.insert(weight, v);
+    }
+    Ok(out)
+}
+
 fn tensor_store(g: &GgufFile) -> Result<TensorStore, FormatError> {
     let mut tensors = BTreeMap::new();
+    let mut scales = tensor_scales(g)?;
     for t in &g.tensors {
+        if t.name.ends_with(".scale") || t.name.ends_with(".input_scale") {
+            continue;
+        }
         let dtype = t.dtype().ok_or_else(|| FormatError::UnsupportedTensorType {
             path: g.path.clone(),
             tensor: t.name.clone(),
@@ -39,13 +70,28 @@ fn tensor_store(g: &GgufFile) -> Result<TensorStore, FormatError> {
         })?;
         let name = gguf_to_hf(&t.name);
         let data = TensorData::Mapped { map: g.map().clone(), offset: g.tensor_file_offset(t), len: t.n_bytes };
-        let w = WeightTensor { name: name.clone(), dtype, shape: t.shape(), data };
+        let mut w = WeightTensor::new(name.clone(), dtype, t.shape(), data);
+        kernels::quant::validate(dtype, w.bytes()).map_err(|e| FormatError::BadTensor {
+            path: g.path.clone(),
+            tensor: t.name.clone(),
+            what: e.to_string(),
+        })?;
+        if let Some(s) = scales.remove(&t.name) {
+            w.out_scale = s;
+        }
         if tensors.insert(name.clone(), w).is_some() {
             return Err(FormatError::Corrupt {
                 path: g.path.clone(),
                 what: format!("two tensors map to the same name '{name}'"),
             });
         }
+    }
+    if let Some(name) = scales.keys().next() {
+        return Err(FormatError::BadTensor {
+            path: g.path.clone(),
+            tensor: name.clone(),
+            what: "has a '.scale' tensor but no such weight".to_string(),
+        });
     }
     Ok(TensorStore { path: g.path.clone(), tensors })
 }

@@ -96,13 +96,15 @@ impl GgufWriter {
     }
 
     /// Adds a tensor. `shape` is in PyTorch order (`[out, in]`); it is stored reversed.
-    /// Panics if `data` does not hold exactly `shape` of `dtype`.
+    /// Panics if `data` does not hold exactly `shape` of `dtype`, or if `dtype`
+    /// has no GGUF type (FP8).
     pub fn add_tensor(&mut self, name: &str, shape: &[usize], dtype: DType, data: Vec<u8>) -> &mut Self {
         let numel: usize = shape.iter().product();
         let want = dtype.bytes_for(numel);
         assert_eq!(want, Some(data.len()), "tensor '{name}': {shape:?} of {dtype} needs {want:?} bytes");
         let dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        self.add_tensor_raw(name, &dims, dtype.ggml_id(), data)
+        let id = dtype.ggml_id().unwrap_or_else(|| panic!("tensor '{name}': {dtype} has no GGUF type"));
+        self.add_tensor_raw(name, &dims, id, data)
     }
 
     /// An F32 tensor from values (PyTorch-order shape).

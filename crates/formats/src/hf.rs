@@ -9,11 +9,11 @@
 //!   falling back to `chat_template.jinja` / `chat_template.json`.
 
 use crate::gguf::map_file;
+use crate::lowbit::{raw_elem_bytes, RawTensor};
 use crate::{
     FormatError, ModelConfig, ModelFiles, RopeScaling, SourceFormat, TensorData, TensorStore, TokenizerSource,
     WeightTensor,
 };
-use kernels::DType;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -25,7 +25,7 @@ pub fn open_dir(path: &Path) -> Result<ModelFiles, FormatError> {
     let cfg = read_json(&config_path)?.ok_or_else(|| FormatError::NotFound { path: config_path.clone() })?;
     let gen = read_json(&path.join("generation_config.json"))?;
     let config = parse_config(&config_path, &cfg, gen.as_ref())?;
-    let tensors = load_weights(path)?;
+    let tensors = load_weights(path, &crate::lowbit::QuantHints::from_config(&cfg))?;
 
     let tokenizer_json = path.join("tokenizer.json");
     let tokenizer =
@@ -231,10 +231,12 @@ fn rope(c: &Value, max_pos: usize) -> Result<(f32, RopeScaling), String> {
 }
 
 /// `model.safetensors`, or the shards listed in `model.safetensors.index.json`.
-fn load_weights(dir: &Path) -> Result<TensorStore, FormatError> {
+/// Low-bit layers are assembled from their companion tensors across all shards.
+fn load_weights(dir: &Path, hints: &crate::lowbit::QuantHints) -> Result<TensorStore, FormatError> {
     let single = dir.join("model.safetensors");
     if single.is_file() {
-        let tensors = read_safetensors(&single)?.into_iter().map(|t| (t.name.clone(), t)).collect();
+        let raw = read_safetensors_raw(&single)?;
+        let tensors = crate::lowbit::assemble(&single, raw, hints)?.into_iter().map(|t| (t.name.clone(), t)).collect();
         return Ok(TensorStore { path: single, tensors });
     }
     let index_path = dir.join("model.safetensors.index.json");
@@ -248,38 +250,40 @@ fn load_weights(dir: &Path) -> Result<TensorStore, FormatError> {
     for (name, file) in weight_map {
         files.insert(file.as_str().ok_or_else(|| bad(format!("weight_map['{name}'] is not a file name")))?);
     }
-    let mut tensors = BTreeMap::new();
+    let mut raw = BTreeMap::new();
     for file in files {
         let shard = dir.join(file);
-        for t in read_safetensors(&shard)? {
-            if tensors.contains_key(&t.name) {
+        for t in read_safetensors_raw(&shard)? {
+            if raw.contains_key(&t.name) {
                 return Err(FormatError::Corrupt {
                     path: shard,
                     what: format!("tensor '{}' also appears in another shard", t.name),
                 });
             }
-            tensors.insert(t.name.clone(), t);
+            raw.insert(t.name.clone(), t);
         }
     }
-    if let Some((name, file)) = weight_map.iter().find(|(name, _)| !tensors.contains_key(*name)) {
+    if let Some((name, file)) = weight_map.iter().find(|(name, _)| !raw.contains_key(*name)) {
         return Err(bad(format!("weight_map lists tensor '{name}' in {file}, but that file does not contain it")));
     }
+    let tensors = crate::lowbit::assemble(dir, raw.into_values().collect(), hints)?
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect();
     Ok(TensorStore { path: dir.to_path_buf(), tensors })
 }
 
-fn safetensors_dtype(s: &str) -> Option<DType> {
-    match s {
-        "F32" => Some(DType::F32),
-        "F16" => Some(DType::F16),
-        "BF16" => Some(DType::BF16),
-        _ => None,
-    }
+/// One safetensors file as loadable weights (low-bit layers assembled; see
+/// [`crate::lowbit`]; the FP8 block shape defaults to 128×128).
+pub fn read_safetensors(path: &Path) -> Result<Vec<WeightTensor>, FormatError> {
+    let raw = read_safetensors_raw(path)?;
+    crate::lowbit::assemble(path, raw, &crate::lowbit::QuantHints::default())
 }
 
 /// Parses one safetensors file's header and maps its data: every tensor is a
 /// [`TensorData::Mapped`] view, validated to lie inside the file and to hold exactly
 /// `numel × element size` bytes.
-pub fn read_safetensors(path: &Path) -> Result<Vec<WeightTensor>, FormatError> {
+pub fn read_safetensors_raw(path: &Path) -> Result<Vec<RawTensor>, FormatError> {
     let corrupt = |what: String| FormatError::Corrupt { path: path.to_path_buf(), what };
     let map = Arc::new(map_file(path)?);
     let len = map.len();
@@ -322,12 +326,12 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<WeightTensor>, FormatError> {
                 "tensor '{name}' data bytes [{start}, {end}) lie outside the data section ({data_len} bytes)"
             )));
         }
-        let dtype = safetensors_dtype(dtype_name).ok_or_else(|| FormatError::UnsupportedTensorType {
+        let elem = raw_elem_bytes(dtype_name).ok_or_else(|| FormatError::UnsupportedTensorType {
             path: path.to_path_buf(),
             tensor: name.clone(),
             type_name: dtype_name.to_string(),
         })?;
-        let expected = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).and_then(|n| dtype.bytes_for(n));
+        let expected = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).and_then(|n| n.checked_mul(elem));
         if expected != Some(end - start) {
             return Err(corrupt(format!(
                 "tensor '{name}' has {} bytes of data, but shape {shape:?} of {dtype_name} needs {}",
@@ -336,7 +340,7 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<WeightTensor>, FormatError> {
             )));
         }
         let data = TensorData::Mapped { map: map.clone(), offset: data_start + start, len: end - start };
-        out.push(WeightTensor { name: name.clone(), dtype, shape, data });
+        out.push(RawTensor { name: name.clone(), dtype: dtype_name.to_string(), shape, data });
     }
     Ok(out)
 }

@@ -15,6 +15,8 @@ pub mod gguf;
 mod gguf_load;
 pub mod gguf_writer;
 pub mod hf;
+pub mod lowbit;
+mod lowbit_repack;
 pub mod names;
 pub mod tensor;
 

@@ -66,9 +66,19 @@ pub struct WeightTensor {
     pub dtype: DType,
     pub shape: Vec<usize>,
     pub data: TensorData,
+    /// Multiplies every value of the tensor (1 for all but NVFP4): the FP32
+    /// per-tensor scale that NVFP4 keeps outside its blocks (ModelOpt
+    /// `weight_scale_2`, compressed-tensors `1/weight_global_scale`, GGUF `.scale`).
+    /// Matmuls apply it to their outputs.
+    pub out_scale: f32,
 }
 
 impl WeightTensor {
+    /// A tensor without a per-tensor scale.
+    pub fn new(name: String, dtype: DType, shape: Vec<usize>, data: TensorData) -> WeightTensor {
+        WeightTensor { name, dtype, shape, data, out_scale: 1.0 }
+    }
+
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
@@ -107,6 +117,9 @@ impl WeightTensor {
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.numel()];
         kernels::quant::dequantize_row(self.dtype, &self.row_major(), &mut out);
+        if self.out_scale != 1.0 {
+            out.iter_mut().for_each(|v| *v *= self.out_scale);
+        }
         out
     }
 }

@@ -162,7 +162,7 @@ fn random_corruption_never_panics() {
 #[test]
 fn unsupported_tensor_types() {
     let dir = tempfile::tempdir().unwrap();
-    for (id, name) in [(10, "Q2_K"), (23, "IQ4_XS"), (39, "MXFP4"), (77, "unknown ggml type 77")] {
+    for (id, name) in [(10, "Q2_K"), (23, "IQ4_XS"), (16, "IQ2_XXS"), (77, "unknown ggml type 77")] {
         let mut w = tiny_llama_writer();
         w.add_tensor_raw("blk.0.attn_q.bias", &[256], id, vec![0; 256 * 4]);
         let p = write(dir.path(), "u.gguf", &w.to_bytes());
@@ -262,7 +262,15 @@ fn corrupt_safetensors() {
         format!("{prefix}tensor 'w' has 10 bytes of data, but shape [3, 2] of BF16 needs 12")
     );
     write_safetensors(&st, &[("w", "F8_E4M3", &[4], vec![0; 4])]);
-    assert_eq!(err_of(dir.path()), format!("{}: tensor 'w' has unsupported type F8_E4M3", st.display()));
+    assert_eq!(
+        err_of(dir.path()),
+        format!(
+            "{}: tensor 'w': F8_E4M3 [4] is not part of a known low-bit layout (missing its scale tensor?)",
+            st.display()
+        )
+    );
+    write_safetensors(&st, &[("w", "I64", &[1], vec![0; 8])]);
+    assert_eq!(err_of(dir.path()), format!("{}: tensor 'w' has unsupported type I64", st.display()));
     write_safetensors(&st, &[("w", "F32", &[2], vec![0; 8])]);
     let m = open_model(dir.path()).unwrap();
     assert_eq!(m.tensors.get("w").unwrap().dtype, DType::F32);

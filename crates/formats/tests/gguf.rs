@@ -90,9 +90,9 @@ fn tensors_round_trip_with_custom_alignment_and_v2() {
     let c = g.tensor("c").unwrap();
     assert_eq!((c.shape(), c.numel(), c.n_bytes), (vec![2, 1, 5], 10, 20));
     assert_eq!(g.tensor_bytes(c), &(0..20).collect::<Vec<u8>>()[..]);
-    // MXFP4 is known (so sized and bounds-checked) but not an engine dtype.
+    // MXFP4 (ggml type 39) is an engine dtype: 17 bytes per 32 values.
     let mx = g.tensor("mx").unwrap();
-    assert_eq!((mx.type_name(), mx.dtype(), mx.n_bytes), ("MXFP4".to_string(), None, 34));
+    assert_eq!((mx.type_name(), mx.dtype(), mx.n_bytes), ("MXFP4".to_string(), Some(DType::MXFP4), 34));
     assert_eq!(ggml_type_info(23).unwrap().name, "IQ4_XS");
     assert_eq!(ggml_type_info(10).unwrap().name, "Q2_K");
 }

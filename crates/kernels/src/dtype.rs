@@ -18,10 +18,16 @@ pub enum DType {
     Q4_K,
     Q5_K,
     Q6_K,
+    /// OCP MXFP4: 32 E2M1 values + E8M0 scale (GGUF type 39).
+    MXFP4,
+    /// NVFP4: 64 E2M1 values + four E4M3 sub-block scales (GGUF type 40).
+    NVFP4,
+    /// FP8 E4M3: 64 values + an f32 scale (shardlm's own block, see `quant::fp8`).
+    FP8,
 }
 
 impl DType {
-    pub const ALL: [DType; 11] = [
+    pub const ALL: [DType; 14] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -33,13 +39,17 @@ impl DType {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::MXFP4,
+        DType::NVFP4,
+        DType::FP8,
     ];
 
     /// Elements per block.
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 => 32,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::MXFP4 => 32,
+            DType::NVFP4 | DType::FP8 => 64,
             DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
         }
     }
@@ -57,6 +67,9 @@ impl DType {
             DType::Q4_K => 144,
             DType::Q5_K => 176,
             DType::Q6_K => 210,
+            DType::MXFP4 => 17,
+            DType::NVFP4 => 36,
+            DType::FP8 => 68,
         }
     }
 
@@ -73,9 +86,10 @@ impl DType {
         Some(elems / self.block_elems() * self.block_bytes())
     }
 
-    /// GGML type id as stored in GGUF tensor infos.
-    pub const fn ggml_id(self) -> u32 {
-        match self {
+    /// GGML type id as stored in GGUF tensor infos (`None` for FP8, which
+    /// llama.cpp does not have).
+    pub const fn ggml_id(self) -> Option<u32> {
+        Some(match self {
             DType::F32 => 0,
             DType::F16 => 1,
             DType::Q4_0 => 2,
@@ -87,11 +101,14 @@ impl DType {
             DType::Q5_K => 13,
             DType::Q6_K => 14,
             DType::BF16 => 30,
-        }
+            DType::MXFP4 => 39,
+            DType::NVFP4 => 40,
+            DType::FP8 => return None,
+        })
     }
 
     pub fn from_ggml_id(id: u32) -> Option<DType> {
-        DType::ALL.into_iter().find(|d| d.ggml_id() == id)
+        DType::ALL.into_iter().find(|d| d.ggml_id() == Some(id))
     }
 
     /// Lower-case name as users type it (`q4_0`, `bf16`, ...).
@@ -108,6 +125,9 @@ impl DType {
             DType::Q4_K => "q4_k",
             DType::Q5_K => "q5_k",
             DType::Q6_K => "q6_k",
+            DType::MXFP4 => "mxfp4",
+            DType::NVFP4 => "nvfp4",
+            DType::FP8 => "fp8",
         }
     }
 
@@ -129,11 +149,16 @@ mod tests {
     #[test]
     fn ids_round_trip() {
         for d in DType::ALL {
-            assert_eq!(DType::from_ggml_id(d.ggml_id()), Some(d));
+            if let Some(id) = d.ggml_id() {
+                assert_eq!(DType::from_ggml_id(id), Some(d));
+            }
             assert_eq!(DType::parse(d.name()), Some(d));
         }
         assert_eq!(DType::from_ggml_id(99), None);
         assert_eq!(DType::Q4_K.bytes_for(512), Some(288));
         assert_eq!(DType::Q4_0.bytes_for(33), None);
+        assert_eq!(DType::from_ggml_id(39), Some(DType::MXFP4));
+        assert_eq!(DType::from_ggml_id(40), Some(DType::NVFP4));
+        assert_eq!(DType::NVFP4.bytes_for(128), Some(72));
     }
 }

@@ -20,7 +20,7 @@
 //!
 //! # Numerics
 //! As llama.cpp's CPU backend: activations are quantized once per matmul to the
-//! weight's vec-dot type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the
+//! weight's vec-dot type (Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4/NVFP4, Q8_1 for Q4_1/Q5_1, Q8_K for the
 //! K-quants) and dot products run on integers with one float FMA per block. Float
 //! weights multiply f32 activations in f32. [`matmul::matmul_reference`] has the
 //! same numerics in plain scalar code; [`matmul::matmul_f64_reference`] is exact.
@@ -32,8 +32,9 @@
 //! | Q5_0, Q5_1 | ✓ | one-row | falls back to AVX2 |
 //! | Q4_K, Q5_K, Q6_K | ✓ | one-row | one-row (512-bit) |
 //! | F32, F16, BF16 | ✓ | one-row | one-row (masked tails) |
+//! | MXFP4, NVFP4 (× Q8_0), FP8 (× f32) | ✓ | one-row | one-row (VNNI / 512-bit) |
 //!
-//! For `m > 1` (prefill), Q4_0 and Q4_1 also have AVX2 4 × 2 tile kernels (four
+//! For `m > 1` (prefill), Q4_0, Q4_1, MXFP4, NVFP4 and FP8 also have AVX2 4 × 2 tile kernels (four
 //! weight rows × two activation rows). Q4_0, Q4_1 and Q8_0 weights can be
 //! repacked at load into the interleaved four-row layout of [`packed`], with
 //! their own AVX2 four-row and tile kernels (scalar: rows unpacked, then the
@@ -67,6 +68,8 @@ pub enum KernelError {
     BadDataLength { expected: usize, actual: usize },
     #[error("a {dtype} weight of {rows}×{cols} has no packed four-row layout")]
     NotPackable { dtype: DType, rows: usize, cols: usize },
-    #[error("cannot quantize to {0}: only q8_0 and q4_0 are produced at load time")]
+    #[error("{dtype} block {block} has a NaN or infinite scale (or FP8 NaN code)")]
+    BadScale { dtype: DType, block: usize },
+    #[error("cannot quantize to {0}: only q8_0, q4_0, mxfp4, nvfp4 and fp8 are produced")]
     UnsupportedQuantizeTarget(DType),
 }

@@ -55,7 +55,11 @@ fn matmul_matches_reference_every_isa() {
     let mut rng = rng(7);
     let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
     for dtype in DType::ALL {
-        let cols = if dtype.block_elems() == 256 { 512 } else { 96 };
+        let cols = match dtype.block_elems() {
+            256 => 512,
+            64 => 192,
+            _ => 96,
+        };
         for &(rows, m) in &[(1usize, 1usize), (37, 1), (33, 3), (19, 17), (40, 64)] {
             let w = random_weight(&mut rng, dtype, rows, cols);
             let wm = MatRef::new(dtype, rows, cols, &w).unwrap();

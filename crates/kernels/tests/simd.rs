@@ -50,7 +50,7 @@ fn dot_kernels_match_scalar() {
     for dtype in DType::ALL {
         let vdt = VecDotType::of(dtype);
         let sizes: &[usize] = if dtype.block_elems() == 256 { &[256, 512, 1536] } else { &[32, 64, 96, 576, 1536] };
-        for &n in sizes {
+        for &n in sizes.iter().filter(|&&n| n % dtype.block_elems() == 0) {
             let mut sizes_f = vec![n];
             if !dtype.is_quantized() {
                 sizes_f.extend([1, 7, 9, 33, n + 3]); // float tails
@@ -144,6 +144,7 @@ fn dot4_kernels_match_scalar() {
     for dtype in DType::ALL {
         let vdt = VecDotType::of(dtype);
         let sizes: &[usize] = if dtype.block_elems() == 256 { &[256, 512, 768] } else { &[32, 544, 576] };
+        let sizes: Vec<usize> = sizes.iter().map(|&n| n.next_multiple_of(dtype.block_elems())).collect();
         for &n in sizes.iter().cycle().take(24) {
             let rb = dtype.bytes_for(n).unwrap();
             let w = random_weight(&mut rng, dtype, 4, n);
@@ -196,7 +197,7 @@ fn tile_kernels_match_scalar() {
         let vdt = VecDotType::of(dtype);
         for isa in isa::available() {
             let Some(tile) = quant::tile_fn(dtype, isa) else { continue };
-            for n in [32, 64, 96, 576] {
+            for n in [32, 64, 96, 576].into_iter().filter(|n| n % dtype.block_elems() == 0) {
                 let rb = dtype.bytes_for(n).unwrap();
                 let w = random_weight(&mut rng, dtype, 4, n);
                 let xs = [random_acts(&mut rng, n), random_acts(&mut rng, n)];

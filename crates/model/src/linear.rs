@@ -29,6 +29,7 @@ impl Linear {
     pub fn forward(&self, pool: &ThreadPool, x: &[f32], m: usize, y: &mut [f32], scratch: &mut MatmulScratch) {
         let (i, o) = (self.in_features(), self.out_features());
         kernels::matmul(pool, self.weight.mat(), &x[..m * i], m, &mut y[..m * o], scratch);
+        scale_outputs(&mut y[..m * o], self.weight.out_scale);
         if let Some(b) = &self.bias {
             for row in y[..m * o].chunks_exact_mut(o) {
                 kernels::ops::add_inplace(row, b);
@@ -52,6 +53,7 @@ impl Linear {
             ys.iter_mut().zip(layers).map(|(y, l)| &mut y[..m * l.out_features()]).collect();
         kernels::matmul::matmul_many(pool, &mats, &x[..m * in_f], m, &mut outs, scratch);
         for (y, l) in outs.iter_mut().zip(layers) {
+            scale_outputs(y, l.weight.out_scale);
             if let Some(b) = &l.bias {
                 for row in y.chunks_exact_mut(l.out_features()) {
                     kernels::ops::add_inplace(row, b);
@@ -68,6 +70,13 @@ impl Linear {
     /// FLOPs of one forward call over `m` rows.
     pub fn flops(&self, m: usize) -> usize {
         2 * m * self.in_features() * self.out_features()
+    }
+}
+
+/// Applies a weight's per-tensor scale (NVFP4) to its matmul outputs.
+fn scale_outputs(y: &mut [f32], s: f32) {
+    if s != 1.0 {
+        y.iter_mut().for_each(|v| *v *= s);
     }
 }
 
@@ -92,7 +101,13 @@ pub fn pack_for_decode(w: WeightTensor) -> WeightTensor {
         kernels::packed::pack_into(w.dtype, r1 - r0, cols, &w.bytes()[a..b], &mut packed[a..b]);
         w.data.release_range(a, b - a);
     }
-    WeightTensor { name: w.name, dtype: w.dtype, shape: w.shape, data: TensorData::Packed(std::sync::Arc::new(packed)) }
+    WeightTensor {
+        name: w.name,
+        dtype: w.dtype,
+        shape: w.shape,
+        data: TensorData::Packed(std::sync::Arc::new(packed)),
+        out_scale: w.out_scale,
+    }
 }
 
 /// Re-encodes a float weight as `target` (Q8_0 or Q4_0) at load time. Weights that
@@ -111,5 +126,11 @@ pub fn quantize_weight(w: WeightTensor, target: DType) -> Result<WeightTensor, k
         kernels::quant::dequantize_row(w.dtype, &w.bytes()[r * src_row..(r + 1) * src_row], &mut tmp);
         kernels::quant::quantize_row(target, &tmp, &mut out[r * row_bytes..(r + 1) * row_bytes])?;
     }
-    Ok(WeightTensor { name: w.name, dtype: target, shape: w.shape, data: TensorData::Owned(std::sync::Arc::new(out)) })
+    Ok(WeightTensor {
+        name: w.name,
+        dtype: target,
+        shape: w.shape,
+        data: TensorData::Owned(std::sync::Arc::new(out)),
+        out_scale: w.out_scale,
+    })
 }

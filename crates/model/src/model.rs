@@ -254,6 +254,9 @@ impl Model {
                 let row = table.row(id as usize - owned.start, &mut packed_row);
                 debug_assert_eq!(row.len(), row_bytes);
                 kernels::quant::dequantize_row(embed.dtype, row, out);
+                if embed.out_scale != 1.0 {
+                    out.iter_mut().for_each(|v| *v *= embed.out_scale);
+                }
             } else {
                 out.fill(0.0);
             }

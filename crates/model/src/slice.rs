@@ -30,7 +30,7 @@ pub fn rows(w: &WeightTensor, r: Range<usize>) -> WeightTensor {
     };
     let mut shape = w.shape.clone();
     shape[0] = r.len();
-    WeightTensor { name: w.name.clone(), dtype: w.dtype, shape, data }
+    WeightTensor { name: w.name.clone(), dtype: w.dtype, shape, data, out_scale: w.out_scale }
 }
 
 /// Columns `c` of a 2-D weight.
@@ -58,7 +58,13 @@ pub fn cols(w: &WeightTensor, c: Range<usize>) -> WeightTensor {
         }
         (DType::F32, out)
     };
-    WeightTensor { name: w.name.clone(), dtype, shape: vec![n_rows, c.len()], data: TensorData::Owned(Arc::new(out)) }
+    WeightTensor {
+        name: w.name.clone(),
+        dtype,
+        shape: vec![n_rows, c.len()],
+        data: TensorData::Owned(Arc::new(out)),
+        out_scale: w.out_scale,
+    }
 }
 
 /// Elements `r` of a 1-D f32 vector.

@@ -13,6 +13,10 @@
 //! memory map can be viewed as blocks with [`bytemuck::cast_slice`].
 
 pub mod float;
+pub mod fp8;
+pub mod minifloat;
+pub mod mxfp4;
+pub mod nvfp4;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
@@ -70,7 +74,8 @@ impl VecDotType {
     pub const fn of(dtype: DType) -> VecDotType {
         match dtype {
             DType::F32 | DType::F16 | DType::BF16 => VecDotType::F32,
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => VecDotType::Q8_0,
+            DType::FP8 => VecDotType::F32,
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::MXFP4 | DType::NVFP4 => VecDotType::Q8_0,
             DType::Q4_1 | DType::Q5_1 => VecDotType::Q8_1,
             DType::Q4_K | DType::Q5_K | DType::Q6_K => VecDotType::Q8_K,
         }
@@ -174,6 +179,9 @@ pub type TileFn =
 pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        if let Some(f) = crate::simd::avx2_fp::tile_fn(dtype) {
+            return Some(f);
+        }
         return crate::simd::avx2_tile::tile_fn(dtype);
     }
     let _ = (dtype, isa);
@@ -206,6 +214,15 @@ pub mod scalar {
     scalar_dot!(dot_q4_k, q4_k::BlockQ4K, q8_k::BlockQ8K, q4_k::vec_dot);
     scalar_dot!(dot_q5_k, q5_k::BlockQ5K, q8_k::BlockQ8K, q5_k::vec_dot);
     scalar_dot!(dot_q6_k, q6_k::BlockQ6K, q8_k::BlockQ8K, q6_k::vec_dot);
+    scalar_dot!(dot_mxfp4, mxfp4::BlockMxfp4, q8_0::BlockQ8_0, mxfp4::vec_dot);
+    scalar_dot!(dot_nvfp4, nvfp4::BlockNvfp4, q8_0::BlockQ8_0, nvfp4::vec_dot);
+
+    /// # Safety
+    /// As for [`DotFn`].
+    pub unsafe fn dot_fp8(n: usize, w: *const u8, a: *const u8) -> f32 {
+        let w = std::slice::from_raw_parts(w as *const fp8::BlockFp8, n / 64);
+        fp8::vec_dot(w, std::slice::from_raw_parts(a as *const f32, n))
+    }
 
     /// # Safety
     /// As for [`DotFn`].
@@ -239,6 +256,9 @@ pub mod scalar {
             DType::Q4_K => dot_q4_k,
             DType::Q5_K => dot_q5_k,
             DType::Q6_K => dot_q6_k,
+            DType::MXFP4 => dot_mxfp4,
+            DType::NVFP4 => dot_nvfp4,
+            DType::FP8 => dot_fp8,
         }
     }
 }
@@ -249,6 +269,9 @@ pub fn dot_fn(dtype: DType, isa: Isa) -> DotFn {
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Isa::Avx512 {
+            if let Some(f) = crate::simd::avx512_fp::dot_fn(dtype) {
+                return f;
+            }
             if let Some(f) = crate::simd::avx512::dot_fn(dtype) {
                 return f;
             }
@@ -282,11 +305,16 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::Q4_K => q4_k::dequantize(bytemuck::cast_slice(src), dst),
         DType::Q5_K => q5_k::dequantize(bytemuck::cast_slice(src), dst),
         DType::Q6_K => q6_k::dequantize(bytemuck::cast_slice(src), dst),
+        DType::MXFP4 => mxfp4::dequantize(bytemuck::cast_slice(src), dst),
+        DType::NVFP4 => nvfp4::dequantize(bytemuck::cast_slice(src), dst),
+        DType::FP8 => fp8::dequantize(bytemuck::cast_slice(src), dst),
     }
 }
 
 /// Quantizes `src` (a whole number of blocks) into `dst`. Supports the load-time
-/// targets Q8_0 and Q4_0, plus the float types F32/F16/BF16.
+/// targets Q8_0 and Q4_0, the low-bit formats MXFP4, NVFP4 (no tensor scale:
+/// use [`nvfp4::quantize`] for one) and FP8 (a scale per 64-value block), plus
+/// the float types F32/F16/BF16.
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
     let need = dtype.bytes_for(src.len()).ok_or(KernelError::BadRowLength {
         dtype,
@@ -302,9 +330,36 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Ker
         DType::BF16 => float::quantize_bf16(src, dst),
         DType::Q4_0 => q4_0::quantize(src, bytemuck::cast_slice_mut(dst)),
         DType::Q8_0 => q8_0::quantize(src, bytemuck::cast_slice_mut(dst)),
+        DType::MXFP4 => mxfp4::quantize(src, bytemuck::cast_slice_mut(dst)),
+        DType::NVFP4 => nvfp4::quantize(src, 1.0, bytemuck::cast_slice_mut(dst)),
+        DType::FP8 => fp8::quantize(src, bytemuck::cast_slice_mut(dst)),
         other => return Err(KernelError::UnsupportedQuantizeTarget(other)),
     }
     Ok(())
+}
+
+/// Checks the scales of low-bit weights: refuses NaN scales (E8M0 0xFF, E4M3
+/// 0x7F/0xFF), non-finite FP8 block scales and FP8 NaN codes. Loaders call it
+/// once per tensor, so kernels never see them. Other types always pass.
+pub fn validate(dtype: DType, src: &[u8]) -> Result<(), KernelError> {
+    let bad = match dtype {
+        DType::MXFP4 => mxfp4::first_bad_block(bytemuck::cast_slice(whole_blocks(dtype, src)?)),
+        DType::NVFP4 => nvfp4::first_bad_block(bytemuck::cast_slice(whole_blocks(dtype, src)?)),
+        DType::FP8 => fp8::first_bad_block(bytemuck::cast_slice(whole_blocks(dtype, src)?)),
+        _ => None,
+    };
+    match bad {
+        Some(block) => Err(KernelError::BadScale { dtype, block }),
+        None => Ok(()),
+    }
+}
+
+fn whole_blocks(dtype: DType, src: &[u8]) -> Result<&[u8], KernelError> {
+    if !src.len().is_multiple_of(dtype.block_bytes()) {
+        let expected = src.len() / dtype.block_bytes() * dtype.block_bytes();
+        return Err(KernelError::BadDataLength { expected, actual: src.len() });
+    }
+    Ok(src)
 }
 
 /// Largest absolute value of `x` (0 for an empty slice).

@@ -25,6 +25,9 @@ pub fn dot_fn(dtype: DType) -> Option<DotFn> {
         DType::Q4_K => super::avx2_k::dot_q4_k,
         DType::Q5_K => super::avx2_k::dot_q5_k,
         DType::Q6_K => super::avx2_k::dot_q6_k,
+        DType::MXFP4 => super::avx2_fp::dot_mxfp4,
+        DType::NVFP4 => super::avx2_fp::dot_nvfp4,
+        DType::FP8 => super::avx2_fp::dot_fp8,
     })
 }
 

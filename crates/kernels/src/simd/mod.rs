@@ -4,12 +4,14 @@
 
 pub mod avx2;
 pub mod avx2_attn;
+pub mod avx2_fp;
 pub mod avx2_k;
 pub mod avx2_ops;
 pub mod avx2_packed;
 pub mod avx2_rows;
 pub mod avx2_tile;
 pub mod avx512;
+pub mod avx512_fp;
 pub mod avx512_k;
 pub mod avx512_packed;
 pub mod selftest;

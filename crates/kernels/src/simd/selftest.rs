@@ -59,8 +59,32 @@ fn weights(rng: &mut XorShift, dtype: DType, rows: usize, n: usize) -> Vec<u8> {
         for &o in scale_fields {
             blk[o..o + 2].copy_from_slice(&f16_bytes(rng.unit() * 0.05));
         }
+        fp_scales(rng, dtype, blk);
     }
     out
+}
+
+/// Valid scales (and no NaN codes) for the low-bit float formats, whose loaders
+/// refuse NaN scales before any kernel runs.
+fn fp_scales(rng: &mut XorShift, dtype: DType, blk: &mut [u8]) {
+    match dtype {
+        DType::MXFP4 => blk[0] = 118 + (rng.next() % 16) as u8,
+        DType::NVFP4 => blk[..4].iter_mut().for_each(|d| *d = (rng.next() % 0x7F) as u8),
+        DType::FP8 => {
+            blk[..4].copy_from_slice(&(rng.unit() * 0.01).to_le_bytes());
+            blk[4..].iter_mut().filter(|q| **q & 0x7F == 0x7F).for_each(|q| *q -= 1);
+        }
+        _ => {}
+    }
+}
+
+/// Elements per test row: a few blocks of every type.
+fn test_len(dtype: DType) -> usize {
+    match dtype.block_elems() {
+        256 => 512,
+        64 => 192,
+        _ => 96,
+    }
 }
 
 fn acts(rng: &mut XorShift, n: usize) -> Vec<f32> {
@@ -95,7 +119,7 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
         crate::attention::self_test_avx2(&mut || rng.unit())?;
     }
     for dtype in DType::ALL {
-        let n = if dtype.block_elems() == 256 { 512 } else { 96 };
+        let n = test_len(dtype);
         let n = if dtype.is_quantized() { n } else { n + 5 };
         let vdt = VecDotType::of(dtype);
         let w = weights(&mut rng, dtype, 4, n);
@@ -168,7 +192,7 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
 fn tiles(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
     for dtype in DType::ALL {
         let Some(tile) = quant::tile_fn(dtype, isa) else { continue };
-        let n = if dtype.block_elems() == 256 { 512 } else { 96 };
+        let n = test_len(dtype);
         let vdt = VecDotType::of(dtype);
         let w = weights(rng, dtype, 4, n);
         let rb = dtype.bytes_for(n).unwrap_or(0);

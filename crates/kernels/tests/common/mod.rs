@@ -95,6 +95,39 @@ pub fn random_weight(rng: &mut TestRng, dtype: DType, rows: usize, cols: usize) 
                 bytes[b * bb + 208..b * bb + 210].copy_from_slice(&scale(rng));
             }
         }
+        // Low-bit floats: valid scales (NaN scales are refused at load), from
+        // tiny to large, some zero; FP8 codes without the NaN code.
+        DType::MXFP4 => {
+            for b in 0..nb {
+                bytes[b * bb] = match rng.gen_range(0..8) {
+                    0 => 0,
+                    1 => 140,
+                    _ => rng.gen_range(110..135),
+                };
+            }
+        }
+        DType::NVFP4 => {
+            for b in 0..nb {
+                for d in &mut bytes[b * bb..b * bb + 4] {
+                    *d = rng.gen_range(0..0x7F);
+                }
+            }
+        }
+        DType::FP8 => {
+            for b in 0..nb {
+                let d: f32 = match rng.gen_range(0..8) {
+                    0 => 0.0,
+                    1 => -rng.gen_range(1e-4..1e-2),
+                    _ => rng.gen_range(1e-4..1e-2),
+                };
+                bytes[b * bb..b * bb + 4].copy_from_slice(&d.to_le_bytes());
+                for q in &mut bytes[b * bb + 4..(b + 1) * bb] {
+                    if *q & 0x7F == 0x7F {
+                        *q -= 1;
+                    }
+                }
+            }
+        }
     }
     bytes
 }

@@ -1,0 +1,94 @@
+//! `shardlm quantize IN.gguf OUT.gguf --to q8_0|q4_0|mxfp4|nvfp4`: a GGUF file
+//! re-encoded to a ggml type. Metadata is copied as it is; linear weights
+//! (2-D `*.weight`, except `--keep` matches and the defaults of
+//! [`crate::quantize::DEFAULT_KEEP`] plus `output.weight`) are dequantized and
+//! quantized row by row. NVFP4 gets llama.cpp's per-tensor scale: the blocks
+//! hold `x / s` with `s = amax/(6·448)` and `X.scale` (F32 [1]) holds `s`.
+//!
+//! The GGUF writer assembles the file in memory before writing it, so this path
+//! holds the output model in memory (the safetensors path streams).
+
+use crate::quantize::{eligible, QuantizeArgs};
+use anyhow::{bail, Context, Result};
+use formats::gguf::GgufFile;
+use formats::gguf_writer::GgufWriter;
+use indicatif::{ProgressBar, ProgressStyle};
+use kernels::quant::{self, nvfp4};
+use kernels::DType;
+
+pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
+    let target = match to {
+        "q8_0" => DType::Q8_0,
+        "q4_0" => DType::Q4_0,
+        "mxfp4" => DType::MXFP4,
+        "nvfp4" => DType::NVFP4,
+        "q4_k" => bail!("q4_k output is not implemented yet (shardlm has no Q4_K quantizer); use q4_0 or q8_0"),
+        other => bail!("unknown GGUF target '{other}'"),
+    };
+    if a.input.is_dir() || a.input.extension().is_none_or(|e| e != "gguf") {
+        bail!(
+            "{}: GGUF output needs a GGUF input (HF → GGUF conversion is not implemented; use llama.cpp's convert_hf_to_gguf.py)",
+            a.input.display()
+        );
+    }
+    if a.output.extension().is_none_or(|e| e != "gguf") {
+        bail!("{}: {to} output to a GGUF file needs a name ending in .gguf", a.output.display());
+    }
+    let g = GgufFile::open(&a.input)?;
+    if let Some(t) = g.tensors.iter().find(|t| t.name.ends_with(".scale")) {
+        bail!(
+            "{}: tensor '{}': re-quantizing a GGUF with per-tensor scales is not supported; start from a float or ggml-quantized GGUF",
+            a.input.display(),
+            t.name
+        );
+    }
+    let mut w = GgufWriter::new();
+    for (k, v) in &g.metadata {
+        if k == "general.alignment" {
+            continue;
+        }
+        w.add(k, v.clone());
+    }
+    let bar = ProgressBar::new(g.tensors.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
+    let mut n_quantized = 0;
+    for t in &g.tensors {
+        bar.set_message(t.name.clone());
+        let off = g.tensor_file_offset(t);
+        let raw = &g.map()[off..off + t.n_bytes];
+        let shape = t.shape();
+        let quantize = t.dtype().is_some_and(|d| d != target)
+            && t.name != "output.weight"
+            && eligible(&t.name, &shape, target.block_elems(), &a.keep);
+        if !quantize {
+            w.add_tensor_raw(&t.name, &t.dims, t.ggml_type, raw.to_vec());
+            bar.inc(1);
+            continue;
+        }
+        let src = t.dtype().expect("checked");
+        let (rows, cols) = (shape[0], shape[1]);
+        let mut x = vec![0f32; rows * cols];
+        quant::dequantize_row(src, raw, &mut x);
+        let rb = target.bytes_for(cols).expect("eligible: whole blocks");
+        let mut out = vec![0u8; rows * rb];
+        if target == DType::NVFP4 {
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s = if amax > 0.0 { amax / (6.0 * 448.0) } else { 1.0 };
+            nvfp4::quantize(&x, s, bytemuck::cast_slice_mut(&mut out));
+            let base = t.name.trim_end_matches(".weight");
+            w.add_tensor(&t.name, &shape, target, out);
+            w.add_f32_tensor(&format!("{base}.scale"), &[1], &[s]);
+        } else {
+            for (xr, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
+                quant::quantize_row(target, xr, o).with_context(|| format!("tensor '{}'", t.name))?;
+            }
+            w.add_tensor(&t.name, &shape, target, out);
+        }
+        n_quantized += 1;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    w.write_to(&a.output).with_context(|| format!("{}: cannot write", a.output.display()))?;
+    eprintln!("wrote {} ({n_quantized} of {} tensors quantized to {to})", a.output.display(), g.tensors.len());
+    Ok(())
+}
