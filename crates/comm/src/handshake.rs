@@ -194,7 +194,8 @@ fn check_hello(ours: &Hello, theirs: &Hello, peer: &PeerId) -> Option<CommError>
     }
     let any = CONN_ANY as u32;
     let index_differs = ours.conn != any && theirs.conn != any && theirs.conn != ours.conn;
-    if theirs.conns != ours.conns || index_differs || (theirs.conn != any && theirs.conn >= theirs.conns) {
+    let count_differs = ours.conns != any && theirs.conns != any && theirs.conns != ours.conns;
+    if count_differs || index_differs || (theirs.conn != any && theirs.conn >= theirs.conns) {
         return Some(peer.handshake(format!(
             "it opened connection {} of {}, we expected connection {} of {}",
             theirs.conn, theirs.conns, ours.conn, ours.conns
