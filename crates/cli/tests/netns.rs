@@ -2,7 +2,9 @@
 //! each rank started by hand from the `SHARDLM_*` environment, talking TCP over a
 //! veth cable. Rank 0's output must match the single-process run (pipeline
 //! bit-identical, tensor within 1e-4 relative), and a rank with the wrong cluster
-//! secret must be refused, with a clear line, on both sides.
+//! secret must be refused, with a clear line, on both sides. With two cables on
+//! two subnets (nothing but the addresses), each connection must run over its
+//! own cable and stripes follow the cables' speeds.
 //!
 //! Needs root and a kernel that allows `ip netns add` and veth devices; skipped
 //! (with the reason) otherwise, e.g. in containers without CAP_SYS_ADMIN.
@@ -26,6 +28,8 @@ const WORLD_VARS: &[&str] = &[
     "SHARDLM_SECRET",
     "SHARDLM_SHM",
     "SHARDLM_CONNECTIONS",
+    "SHARDLM_LINKS",
+    "SHARDLM_CALIBRATE_BYTES",
     "SHARDLM_BIND",
     "SHARDLM_OP_TIMEOUT_MS",
     "SHARDLM_WEIGHTS",
@@ -41,6 +45,11 @@ impl Hosts {
     /// Sets up `n` hosts joined by one cable each, or returns `None` (after saying
     /// why) when this machine can't make namespaces.
     fn new(tag: &str, n: usize) -> Option<Hosts> {
+        Self::with(tag, n, &["--links", "1"])
+    }
+
+    /// Like [`Hosts::new`], with these options for setup.sh.
+    fn with(tag: &str, n: usize, setup: &[&str]) -> Option<Hosts> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipping netns test: needs root for `ip netns`");
@@ -54,7 +63,9 @@ impl Hosts {
         let hosts = Hosts { prefix };
         let o = Command::new("bash")
             .arg(script("setup.sh"))
-            .args(["--prefix", &hosts.prefix, "--links", "1", &n.to_string()])
+            .args(["--prefix", &hosts.prefix])
+            .args(setup)
+            .arg(n.to_string())
             .output()
             .expect("run scripts/netns/setup.sh");
         assert!(o.status.success(), "setup.sh failed: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
@@ -68,7 +79,7 @@ impl Hosts {
 
     fn world(&self, size: usize, connections: usize) -> World {
         let peers = (1..=size).map(|i| format!("10.77.0.{i}:{PORT}")).collect::<Vec<_>>().join(",");
-        World { size, peers, connections }
+        World { size, peers, connections, links: None }
     }
 }
 
@@ -118,8 +129,11 @@ fn probe(prefix: &str) -> Result<(), String> {
 struct World {
     size: usize,
     peers: String,
-    /// TCP connections per peer (`--connections-per-peer` reaches only ranks a launcher starts).
+    /// TCP connections per peer (`--connections-per-peer` reaches only ranks a
+    /// launcher starts); 0 leaves it to the ranks (one per cable).
     connections: usize,
+    /// `SHARDLM_LINKS`, when set.
+    links: Option<String>,
 }
 
 /// A rank process; killed on drop so that a failing test leaves nothing running.
@@ -149,10 +163,15 @@ impl Rank {
             .env("SHARDLM_SIZE", world.size.to_string())
             .env("SHARDLM_PEERS", &world.peers)
             .env("SHARDLM_SECRET", secret)
-            .env("SHARDLM_CONNECTIONS", world.connections.to_string())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(std::fs::File::create(&err).unwrap());
+        if world.connections > 0 {
+            cmd.env("SHARDLM_CONNECTIONS", world.connections.to_string());
+        }
+        if let Some(links) = &world.links {
+            cmd.env("SHARDLM_LINKS", links);
+        }
         let child = cmd.spawn().expect("spawn ip netns exec");
         Rank { child, out, err }
     }
@@ -301,4 +320,77 @@ fn a_rank_with_the_wrong_secret_is_refused_on_both_sides() {
         );
         assert!(f.stdout.trim().is_empty(), "{who} printed {:?}", f.stdout);
     }
+}
+
+/// Bytes sent so far on device `dev` of namespace `ns` (sysfs counters).
+fn tx_bytes(ns: &str, dev: &str) -> u64 {
+    let o = Command::new("ip")
+        .args(["netns", "exec", ns, "cat", &format!("/sys/class/net/{dev}/statistics/tx_bytes")])
+        .output()
+        .expect("run ip netns exec cat");
+    assert!(o.status.success(), "reading {ns}/{dev} counters: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+}
+
+/// The percentage of stripes towards the peer in a `--verbose` cable line.
+fn stripe_share(line: &str) -> f64 {
+    let (_, rest) = line.split_once("to peer ").expect("to peer");
+    let (_, rest) = rest.split_once('(').expect("share");
+    rest.split_once('%').expect("%").0.parse().unwrap()
+}
+
+#[test]
+fn two_cables_on_two_subnets_each_carry_their_connection() {
+    // Cable 1 at 400 Mbit, cable 2 at 200 Mbit; only the cables' own addresses,
+    // so a connection can only reach the peer's cable-k address over cable k.
+    let setup = ["--links", "2", "--plain", "--rates", "400mbit,200mbit"];
+    let Some(hosts) = Hosts::with("c", 2, &setup) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("llama");
+    let model = model.to_str().unwrap();
+    let ids = golden_ids("llama");
+    let world = World {
+        size: 2,
+        peers: format!("10.78.18.1:{PORT},10.78.18.2:{PORT}"),
+        connections: 0,
+        links: Some("10.78.18.1,10.79.18.1;10.78.18.2,10.79.18.2".into()),
+    };
+    let (ns1, ns2) = (hosts.ns(1), hosts.ns(2));
+    let before = [tx_bytes(&ns1, "l1h2"), tx_bytes(&ns1, "l2h2")];
+
+    let mut single = Command::new(BIN);
+    let single_dump = dir.path().join("single.safetensors");
+    single.args(run_args(model, &ids, single_dump.to_str().unwrap(), "tensor"));
+    for v in WORLD_VARS {
+        single.env_remove(v);
+    }
+    let o = single.output().expect("spawn shardlm");
+    assert!(o.status.success(), "single process: {}", stderr(&o));
+    let (want_ids, _) = results(&String::from_utf8_lossy(&o.stdout), &single_dump);
+
+    let dump = dir.path().join("cables.safetensors");
+    let mut args = run_args(model, &ids, dump.to_str().unwrap(), "tensor");
+    args.push("--verbose");
+    let r1 = Rank::start(dir.path(), &ns2, &world, 1, "s3cret", &args);
+    let r0 = Rank::start(dir.path(), &ns1, &world, 0, "s3cret", &args);
+    let f0 = r0.finish("rank 0 (two cables)");
+    let f1 = r1.finish("rank 1 (two cables)");
+    assert!(f0.status.success(), "rank 0 failed: {}", f0.stderr);
+    assert!(f1.status.success(), "rank 1 failed: {}", f1.stderr);
+    let (got_ids, _) = results(&f0.stdout, &dump);
+    assert_eq!(got_ids, want_ids, "greedy output ids over two cables");
+
+    // Connection k runs from our cable-k address to the peer's.
+    let lines: Vec<&str> = f0.stderr.lines().filter(|l| l.contains("peer 1 connection")).collect();
+    assert_eq!(lines.len(), 2, "one --verbose line per connection: {}", f0.stderr);
+    assert!(lines[0].contains("10.78.18.1:") && lines[0].contains(&format!("-> 10.78.18.2:{PORT}")), "{}", lines[0]);
+    assert!(lines[1].contains("10.79.18.1:") && lines[1].contains(&format!("-> 10.79.18.2:{PORT}")), "{}", lines[1]);
+    // The faster cable carries the larger share of stripes (2:1 by the caps;
+    // loose, as shared machines drift).
+    let (fast, slow) = (stripe_share(lines[0]), stripe_share(lines[1]));
+    assert!(fast > 55.0 && slow < 45.0, "shares {fast}% / {slow}%: {lines:?}");
+    // And the bytes really went over both devices: at least the 2 MiB each
+    // connection carries when the pair measures it.
+    let sent = [tx_bytes(&ns1, "l1h2") - before[0], tx_bytes(&ns1, "l2h2") - before[1]];
+    assert!(sent.iter().all(|&b| b >= 2 << 20), "bytes sent per cable: {sent:?}");
 }

@@ -9,6 +9,7 @@
 //! | `SHARDLM_SHM` | optional: use the shared-memory transport with this segment name instead of TCP |
 //! | `SHARDLM_CONNECTIONS` | optional: TCP connections per peer (default, or `0`: one per cable in common) |
 //! | `SHARDLM_LINKS` | optional: every rank's cables, ranks separated by `;`, a rank's cables by `,` (e.g. `10.1.0.1,10.2.0.1;10.1.0.2,10.2.0.2`); see [`TcpConfig::links`] |
+//! | `SHARDLM_CALIBRATE_BYTES` | optional: bytes per connection and direction to measure a pair's connections when it has several (default 2 MiB; `0`: equal stripes) |
 //! | `SHARDLM_BIND` | optional: listen address if not our entry of `SHARDLM_PEERS` |
 //! | `SHARDLM_OP_TIMEOUT_MS` | optional: fail an operation when a peer sends nothing for this long (default: wait; dead peers are detected anyway) |
 //!
@@ -31,6 +32,7 @@ pub const ENV_SHM: &str = "SHARDLM_SHM";
 pub const ENV_CONNECTIONS: &str = "SHARDLM_CONNECTIONS";
 pub const ENV_BIND: &str = "SHARDLM_BIND";
 pub const ENV_LINKS: &str = "SHARDLM_LINKS";
+pub const ENV_CALIBRATE_BYTES: &str = "SHARDLM_CALIBRATE_BYTES";
 pub const ENV_OP_TIMEOUT_MS: &str = "SHARDLM_OP_TIMEOUT_MS";
 
 /// What the environment asks for.
@@ -125,6 +127,9 @@ impl Bootstrap {
         }
         if let Some(v) = get(ENV_LINKS).filter(|s| !s.trim().is_empty()) {
             cfg.links = parse_links(&v, size)?;
+        }
+        if let Some(n) = number(ENV_CALIBRATE_BYTES)? {
+            cfg.calibration_bytes = n;
         }
         cfg.bind = get(ENV_BIND).filter(|s| !s.is_empty());
         cfg.op_timeout = op_timeout;

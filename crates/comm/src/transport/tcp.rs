@@ -622,8 +622,9 @@ fn dial(peer: &PeerId, to: &Route, deadline: Instant, stop: &AtomicBool) -> Resu
     }
 }
 
-/// Measures the connections of every pair that has several (all pairs at
-/// once, one thread each) and returns how to use them, indexed by rank.
+/// Measures the connections of every pair (all pairs at once, one thread
+/// each; bursts only where a pair has several) and returns how to use them,
+/// indexed by rank.
 fn measure_links(cfg: &TcpConfig, peers: &[PeerId], streams: &mut [Vec<TcpStream>]) -> Result<Vec<LinkPlan>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = streams
@@ -631,10 +632,12 @@ fn measure_links(cfg: &TcpConfig, peers: &[PeerId], streams: &mut [Vec<TcpStream
             .enumerate()
             .map(|(p, conns)| {
                 s.spawn(move || {
-                    if conns.len() < 2 || cfg.calibration_bytes == 0 {
+                    if conns.is_empty() || cfg.calibration_bytes == 0 {
                         return Ok(LinkPlan::even(conns));
                     }
-                    calibrate(conns, cfg.rank < p, cfg.calibration_bytes, &peers[p])
+                    // One connection has nothing to share out: time its round trips only.
+                    let bytes = if conns.len() > 1 { cfg.calibration_bytes } else { 0 };
+                    calibrate(conns, cfg.rank < p, bytes, &peers[p])
                 })
             })
             .collect();

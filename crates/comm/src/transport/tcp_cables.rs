@@ -261,7 +261,8 @@ fn weights(rates: &[f64]) -> Vec<u32> {
 }
 
 /// Measures the connections to one peer (blocking sockets, timeouts set) and
-/// agrees with it on a plan. `lower` is true on the side with the lower rank.
+/// agrees with it on a plan. `lower` is true on the side with the lower rank;
+/// `bytes` 0 times round trips only.
 pub(crate) fn calibrate(streams: &mut [TcpStream], lower: bool, bytes: usize, peer: &PeerId) -> Result<LinkPlan> {
     let n = streams.len();
     let fail = |what: &str, e: std::io::Error| peer.lost(format!("{e} while measuring the cables ({what})"));
@@ -281,9 +282,16 @@ pub(crate) fn calibrate(streams: &mut [TcpStream], lower: bool, bytes: usize, pe
             }
         }
     }
-    // Bursts: lower to higher, then higher to lower, all connections at once.
-    let down = burst(streams, lower, bytes).map_err(|e| fail("burst", e))?;
-    let up = burst(streams, !lower, bytes).map_err(|e| fail("burst", e))?;
+    // Bursts: lower to higher, then higher to lower, all connections at once
+    // (none with `bytes` 0: round trips only).
+    let (down, up) = if bytes == 0 {
+        (vec![0.0; n], vec![0.0; n])
+    } else {
+        (
+            burst(streams, lower, bytes).map_err(|e| fail("burst", e))?,
+            burst(streams, !lower, bytes).map_err(|e| fail("burst", e))?,
+        )
+    };
     // `down`/`up` hold rates measured by the receiving side; swap them so both know all.
     let (mut sent_rates, mut rtts) = (vec![0.0; n], rtt.clone());
     let recv_rates = if lower { up } else { down };
@@ -309,7 +317,7 @@ pub(crate) fn calibrate(streams: &mut [TcpStream], lower: bool, bytes: usize, pe
         }
     }
     let (sw, rw) = (weights(&sent_rates), weights(&recv_rates));
-    let small = (0..n).fold(0, |best, c| if rtts[c] < rtts[best] { c } else { best });
+    let small = pick_small(&rtts, &sent_rates, &recv_rates);
     let stats = streams
         .iter()
         .enumerate()
@@ -320,6 +328,22 @@ pub(crate) fn calibrate(streams: &mut [TcpStream], lower: bool, bytes: usize, pe
         })
         .collect();
     Ok(LinkPlan { small, stats })
+}
+
+/// The connection for small messages: the lowest round trip, and among
+/// those within 10% (+2 µs) of it, the fastest (cables of one kind have the
+/// same round trip, and small messages should not queue behind the slower
+/// cable's share of a stripe). The same on both sides: the inputs are.
+fn pick_small(rtts: &[f64], sent: &[f64], recv: &[f64]) -> usize {
+    let best = rtts.iter().cloned().fold(f64::INFINITY, f64::min);
+    let near = |c: usize| rtts[c] <= best * 1.1 + 2.0;
+    (0..rtts.len())
+        .filter(|&c| near(c))
+        .fold(None, |pick: Option<usize>, c| match pick {
+            Some(p) if sent[p] + recv[p] >= sent[c] + recv[c] => Some(p),
+            _ => Some(c),
+        })
+        .unwrap_or(0)
 }
 
 /// `bytes` on every connection at once; the receiving side returns each
@@ -420,5 +444,8 @@ mod tests {
         assert_eq!((plan.part(301, false, 0), plan.part(301, false, 1)), (0..150, 150..301));
         assert_eq!(weights(&[200e6, 100e6]), vec![1000, 500]);
         assert_eq!(weights(&[0.0, 0.0]), vec![1, 1]);
+        assert_eq!(pick_small(&[7.0, 7.5], &[1.0, 2.0], &[1.0, 2.0]), 1, "same round trip: the faster");
+        assert_eq!(pick_small(&[7.0, 30.0], &[1.0, 2.0], &[1.0, 2.0]), 0, "lower round trip first");
+        assert_eq!(pick_small(&[f64::INFINITY; 2], &[0.0; 2], &[0.0; 2]), 0);
     }
 }
