@@ -380,11 +380,20 @@ fn two_cables_on_two_subnets_each_carry_their_connection() {
     let (got_ids, _) = results(&f0.stdout, &dump);
     assert_eq!(got_ids, want_ids, "greedy output ids over two cables");
 
-    // Connection k runs from our cable-k address to the peer's.
+    // Connection k runs between the two cable-k addresses: rank 1 dials rank
+    // 0's port from its own cable address, rank 0 accepts it there.
+    let lines1: Vec<&str> = f1.stderr.lines().filter(|l| l.contains("peer 0 connection")).collect();
+    assert_eq!(lines1.len(), 2, "one --verbose line per connection: {}", f1.stderr);
+    for (k, line) in lines1.iter().enumerate() {
+        let (a, b) = (format!("10.{}.18.2:", 78 + k), format!("-> 10.{}.18.1:{PORT}", 78 + k));
+        assert!(line.contains(&a) && line.contains(&b), "rank 1 connection {k}: {line}");
+    }
     let lines: Vec<&str> = f0.stderr.lines().filter(|l| l.contains("peer 1 connection")).collect();
     assert_eq!(lines.len(), 2, "one --verbose line per connection: {}", f0.stderr);
-    assert!(lines[0].contains("10.78.18.1:") && lines[0].contains(&format!("-> 10.78.18.2:{PORT}")), "{}", lines[0]);
-    assert!(lines[1].contains("10.79.18.1:") && lines[1].contains(&format!("-> 10.79.18.2:{PORT}")), "{}", lines[1]);
+    for (k, line) in lines.iter().enumerate() {
+        let (a, b) = (format!("10.{}.18.1:{PORT}", 78 + k), format!("-> 10.{}.18.2:", 78 + k));
+        assert!(line.contains(&a) && line.contains(&b), "rank 0 connection {k}: {line}");
+    }
     // The faster cable carries the larger share of stripes (2:1 by the caps;
     // loose, as shared machines drift).
     let (fast, slow) = (stripe_share(lines[0]), stripe_share(lines[1]));
