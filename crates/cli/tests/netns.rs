@@ -34,6 +34,7 @@ const WORLD_VARS: &[&str] = &[
     "SHARDLM_OP_TIMEOUT_MS",
     "SHARDLM_WEIGHTS",
     "SHARDLM_TEST_DIE_AFTER_STEPS",
+    "SHARDLM_TEST_PAUSE_AFTER_STEPS",
 ];
 
 /// Namespaces `{prefix}1..` made by setup.sh; torn down on drop, even when the test panics.
@@ -152,6 +153,19 @@ struct Finished {
 impl Rank {
     /// Starts `shardlm <args>` as `rank` of a world of `size` in namespace `ns`.
     fn start(dir: &Path, ns: &str, world: &World, rank: usize, secret: &str, args: &[&str]) -> Rank {
+        Self::start_env(dir, ns, world, rank, secret, args, &[])
+    }
+
+    /// Like [`Rank::start`], with extra environment variables.
+    fn start_env(
+        dir: &Path,
+        ns: &str,
+        world: &World,
+        rank: usize,
+        secret: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Rank {
         let out = dir.join(format!("rank{rank}.out"));
         let err = dir.join(format!("rank{rank}.err"));
         let mut cmd = Command::new("ip");
@@ -172,6 +186,7 @@ impl Rank {
         if let Some(links) = &world.links {
             cmd.env("SHARDLM_LINKS", links);
         }
+        cmd.envs(env.iter().copied());
         let child = cmd.spawn().expect("spawn ip netns exec");
         Rank { child, out, err }
     }
@@ -402,4 +417,73 @@ fn two_cables_on_two_subnets_each_carry_their_connection() {
     // connection carries when the pair measures it.
     let sent = [tx_bytes(&ns1, "l1h2") - before[0], tx_bytes(&ns1, "l2h2") - before[1]];
     assert!(sent.iter().all(|&b| b >= 2 << 20), "bytes sent per cable: {sent:?}");
+}
+
+#[test]
+fn a_run_survives_losing_a_cable() {
+    let Some(hosts) = Hosts::with("l", 2, &["--links", "2", "--plain"]) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("llama");
+    let model = model.to_str().unwrap();
+    let ids = golden_ids("llama");
+    let world = World {
+        size: 2,
+        peers: format!("10.78.18.1:{PORT},10.78.18.2:{PORT}"),
+        connections: 0,
+        links: Some("10.78.18.1,10.79.18.1;10.78.18.2,10.79.18.2".into()),
+    };
+    let (ns1, ns2) = (hosts.ns(1), hosts.ns(2));
+
+    let mut single = Command::new(BIN);
+    let single_dump = dir.path().join("single.safetensors");
+    single.args(run_args(model, &ids, single_dump.to_str().unwrap(), "tensor"));
+    for v in WORLD_VARS {
+        single.env_remove(v);
+    }
+    let o = single.output().expect("spawn shardlm");
+    assert!(o.status.success(), "single process: {}", stderr(&o));
+    let (want_ids, _) = results(&String::from_utf8_lossy(&o.stdout), &single_dump);
+
+    // Rank 1 stops for a while mid-generation; meanwhile the cable that
+    // carries the small messages goes down, and stays down.
+    let dump = dir.path().join("lost.safetensors");
+    let mut args = run_args(model, &ids, dump.to_str().unwrap(), "tensor");
+    args.push("--verbose");
+    let pause = [("SHARDLM_TEST_PAUSE_AFTER_STEPS", "4:1000")];
+    let r1 = Rank::start_env(dir.path(), &ns2, &world, 1, "s3cret", &args, &pause);
+    let r0 = Rank::start(dir.path(), &ns1, &world, 0, "s3cret", &args);
+    let start = Instant::now();
+    while !read(&r1.err).contains("test: pausing") {
+        assert!(start.elapsed() < Duration::from_secs(60), "rank 1 never paused: {}", read(&r1.err));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let report = read(&r0.err);
+    let small = report
+        .lines()
+        .find(|l| l.contains("peer 1 connection") && l.contains("small messages"))
+        .unwrap_or_else(|| panic!("no --verbose line for small messages: {report}"));
+    let k: usize = small.split("connection ").nth(1).unwrap().split(':').next().unwrap().parse().unwrap();
+    let dev = format!("l{}h2", k + 1);
+    let o = Command::new("ip").args(["-n", &ns1, "link", "set", &dev, "down"]).output().unwrap();
+    assert!(o.status.success(), "ip link set {dev} down: {}", stderr(&o));
+    let down = Instant::now();
+
+    let f0 = r0.finish("rank 0 (cable lost)");
+    let f1 = r1.finish("rank 1 (cable lost)");
+    let pause = down.elapsed();
+    for f in [&f0, &f1] {
+        f.stderr.lines().filter(|l| l.contains("lost its cable")).for_each(|l| eprintln!("{l}"));
+    }
+    eprintln!("{dev} down; the run ended {pause:?} later");
+    assert!(f0.status.success(), "rank 0 failed: {}", f0.stderr);
+    assert!(f1.status.success(), "rank 1 failed: {}", f1.stderr);
+    let (got_ids, _) = results(&f0.stdout, &dump);
+    assert_eq!(got_ids, want_ids, "output with a lost cable");
+    // Noticed within the keep-alive time (2 s idle + 3 probes, or 5 s unacknowledged),
+    // then continued at once; loose, as shared machines drift.
+    assert!(pause < Duration::from_secs(20), "the run took {pause:?} after the cable went down");
+    for (f, who) in [(&f0, "rank 0"), (&f1, "rank 1")] {
+        let n = f.stderr.matches("lost its cable").count();
+        assert_eq!(n, 1, "{who} must say once that a cable was lost: {}", f.stderr);
+    }
 }

@@ -35,6 +35,9 @@ const PROOF_LEN: usize = 32;
 pub(crate) const CONN_ANY: usize = u32::MAX as usize;
 const LABEL: &[u8] = b"shardlm-auth/1";
 
+/// Hello flag: the connection continues an existing one (see `tcp_resume`).
+pub(crate) const FLAG_RESUME: u32 = 1;
+
 const VERDICT_OK: u8 = 1;
 const VERDICT_AUTH: u8 = 2;
 const VERDICT_HELLO: u8 = 3;
@@ -55,6 +58,8 @@ pub(crate) struct Hello {
     pub conn: u32,
     /// Number of connections per peer the sender uses.
     pub conns: u32,
+    /// [`FLAG_RESUME`]: this connection continues connection `conn`, whose cable was lost.
+    pub flags: u32,
     pub fingerprint: u64,
     pub nonce: [u8; 32],
 }
@@ -71,6 +76,7 @@ impl Hello {
             size: size as u32,
             conn: conn as u32,
             conns: conns as u32,
+            flags: 0,
             fingerprint,
             nonce,
         })
@@ -84,7 +90,7 @@ impl Hello {
         b[16..20].copy_from_slice(&self.size.to_le_bytes());
         b[20..24].copy_from_slice(&self.conn.to_le_bytes());
         b[24..28].copy_from_slice(&self.conns.to_le_bytes());
-        // 28..32 reserved
+        b[28..32].copy_from_slice(&self.flags.to_le_bytes());
         b[32..40].copy_from_slice(&self.fingerprint.to_le_bytes());
         b[40..72].copy_from_slice(&self.nonce);
         b
@@ -98,6 +104,7 @@ impl Hello {
             size: u32_at(16),
             conn: u32_at(20),
             conns: u32_at(24),
+            flags: u32_at(28),
             fingerprint: u64::from_le_bytes(b[32..40].try_into().unwrap()),
             nonce: b[40..72].try_into().unwrap(),
         }

@@ -38,6 +38,7 @@ pub mod shm;
 pub mod tcp;
 mod tcp_cables;
 mod tcp_io;
+mod tcp_resume;
 
 use crate::error::Result;
 

@@ -23,10 +23,10 @@
 
 pub use super::tcp_cables::CableStats;
 use super::tcp_cables::{calibrate, common_cables, dial_route, route, validate_links, LinkPlan, Route};
-use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, SendJob};
+use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, Resumer, SendJob};
 use super::{validate_ops, BusyGuard, RecvOp, SendOp, Transport};
 use crate::error::{CommError, PeerId, Result};
-use crate::handshake::{handshake, HandshakeIo, Hello, CONN_ANY, PROTOCOL_VERSION};
+use crate::handshake::{handshake, HandshakeIo, Hello, CONN_ANY, FLAG_RESUME, PROTOCOL_VERSION};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -75,6 +75,9 @@ pub struct TcpConfig {
     pub connect_timeout: Duration,
     /// Deadline for one connection's handshake.
     pub handshake_timeout: Duration,
+    /// How long a connection whose cable was lost may take to continue over
+    /// another cable (after the loss is noticed, within `keepalive` + 3 s).
+    pub resume_timeout: Duration,
     /// Fail an operation when a peer sent nothing for this long. `None` waits
     /// forever (idle workers wait for the next request); dead peers are still
     /// detected by closed connections and keep-alive probes.
@@ -109,6 +112,7 @@ impl TcpConfig {
             topology: Topology::FullMesh,
             connect_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
+            resume_timeout: Duration::from_secs(10),
             op_timeout: None,
             keepalive: Some(Duration::from_secs(2)),
             max_message_bytes: 1 << 30,
@@ -191,6 +195,12 @@ pub struct TcpTransport {
     topology: Topology,
     busy: AtomicBool,
     failed: Mutex<Option<CommError>>,
+    /// For continuing connections whose cable was lost: the configuration,
+    /// our listener (lower ranks accept the new connections), and new
+    /// connections accepted for another connection than the one looked for.
+    cfg: TcpConfig,
+    listener: Option<TcpListener>,
+    mailbox: Mutex<Vec<(usize, usize, TcpStream)>>,
 }
 
 impl TcpTransport {
@@ -198,7 +208,7 @@ impl TcpTransport {
     pub fn connect(cfg: &TcpConfig) -> Result<TcpTransport> {
         cfg.validate()?;
         if cfg.size == 1 {
-            return Ok(Self::assemble(cfg, Vec::new(), Vec::new()));
+            return Ok(Self::assemble(cfg, Vec::new(), Vec::new(), None));
         }
         let bind = cfg.listen_addr()?;
         let listener = TcpListener::bind(&bind).map_err(|e| CommError::io(format!("listening on {bind}"), e))?;
@@ -245,15 +255,18 @@ impl TcpTransport {
         let mut streams =
             slots.into_iter().map(|conns| conns.into_iter().map_while(|c| c).collect::<Vec<_>>()).collect::<Vec<_>>();
         let plans = measure_links(cfg, &peers, &mut streams)?;
-        let links: Vec<Vec<Conn>> =
-            streams.into_iter().map(|conns| conns.into_iter().map(Conn::new).collect()).collect();
+        let links: Vec<Vec<Conn>> = streams
+            .into_iter()
+            .enumerate()
+            .map(|(p, conns)| conns.into_iter().enumerate().map(|(k, s)| Conn::new(s, p, k)).collect())
+            .collect();
         for (p, link) in links.iter().enumerate() {
             for conn in link {
-                tune_socket(&conn.stream, cfg.keepalive)
+                tune_socket(&conn.streams()[0], cfg.keepalive)
                     .map_err(|e| CommError::io(format!("tuning socket to {p}"), e))?;
             }
         }
-        Ok(Self::assemble(cfg, links, plans))
+        Ok(Self::assemble(cfg, links, plans, Some(listener)))
     }
 
     /// The connections to rank `peer` as measured when connecting (empty when
@@ -262,7 +275,12 @@ impl TcpTransport {
         self.plans.get(peer).map_or_else(Vec::new, |p| p.stats.clone())
     }
 
-    fn assemble(cfg: &TcpConfig, links: Vec<Vec<Conn>>, plans: Vec<LinkPlan>) -> TcpTransport {
+    fn assemble(
+        cfg: &TcpConfig,
+        links: Vec<Vec<Conn>>,
+        plans: Vec<LinkPlan>,
+        listener: Option<TcpListener>,
+    ) -> TcpTransport {
         TcpTransport {
             rank: cfg.rank,
             size: cfg.size,
@@ -276,6 +294,9 @@ impl TcpTransport {
             topology: cfg.topology,
             busy: AtomicBool::new(false),
             failed: Mutex::new(None),
+            cfg: cfg.clone(),
+            listener,
+            mailbox: Mutex::new(Vec::new()),
         }
     }
 
@@ -313,7 +334,13 @@ impl TcpTransport {
         let stripe = |peer: usize, len: usize| self.links[peer].len() > 1 && len >= self.stripe_threshold;
         let small = |peer: usize| &self.links[peer][self.plans[peer].small];
         let cancel = AtomicBool::new(false);
-        let ctx = PumpCtx { peers: &self.peers, op_timeout: self.op_timeout, spin: self.spin, cancel: &cancel };
+        let ctx = PumpCtx {
+            peers: &self.peers,
+            op_timeout: self.op_timeout,
+            spin: self.spin,
+            cancel: &cancel,
+            resumer: Some(self),
+        };
         let any_striped =
             sends.iter().any(|s| stripe(s.peer, s.data.len())) || recvs.iter().any(|r| stripe(r.peer, r.buf.len()));
         if !any_striped {
@@ -443,8 +470,103 @@ impl Transport for TcpTransport {
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         for conn in self.links.iter().flatten() {
-            let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+            conn.shutdown();
         }
+    }
+}
+
+impl Resumer for TcpTransport {
+    fn reconnect(&self, conn: &Conn, why: &str) -> Result<TcpStream> {
+        let (p, k) = (conn.peer, conn.index);
+        let peer = &self.peers[p];
+        let n = self.links[p].len();
+        let ends = conn.streams().last().map_or_else(String::new, |s| match (s.local_addr(), s.peer_addr()) {
+            (Ok(l), Ok(r)) => format!(" ({l} -> {r})"),
+            _ => String::new(),
+        });
+        eprintln!(
+            "shardlm-comm: rank {}: connection {k}{ends} to peer {p} at {} lost its cable ({why}); continuing it over {}",
+            self.rank,
+            peer.addr,
+            if n > 1 { "another cable" } else { "a new connection" }
+        );
+        let deadline = Instant::now() + self.cfg.resume_timeout;
+        let gave_up = |detail: String| {
+            peer.lost(format!(
+                "connection {k} lost its cable ({why}) and could not continue within {:.1}s: {detail}",
+                self.cfg.resume_timeout.as_secs_f64()
+            ))
+        };
+        if self.rank > p {
+            // Dial: the other cables first, then this one.
+            let mut last = String::from("no attempt");
+            while Instant::now() < deadline {
+                for other in (1..=n).map(|d| (k + d) % n) {
+                    let to = route(&self.cfg.links, self.rank, p, &peer.addr, other);
+                    let mut stream = match dial_route(&to, Duration::from_secs(1)) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            last = e;
+                            continue;
+                        }
+                    };
+                    let peer_of = |claimed: Option<usize>| match claimed {
+                        Some(r) if r == p => Ok(peer.clone()),
+                        _ => Err(peer.handshake("another process answered at its address")),
+                    };
+                    let hs = run_handshake(&self.cfg, &mut stream, k, n, FLAG_RESUME, peer.clone(), &peer_of);
+                    match hs {
+                        Ok(_) => return Ok(stream),
+                        Err(e @ (CommError::AuthFailed { .. } | CommError::FingerprintMismatch { .. })) => {
+                            return Err(e)
+                        }
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            return Err(gave_up(last));
+        }
+        // Accept: the peer dials us; connections for other (peer, connection)
+        // pairs are left in the mailbox for the threads resuming those.
+        let listener = self.listener.as_ref().ok_or_else(|| gave_up("no listener".into()))?;
+        while Instant::now() < deadline {
+            {
+                let mut mail = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(i) = mail.iter().position(|(r, c, _)| (*r, *c) == (p, k)) {
+                    return Ok(mail.swap_remove(i).2);
+                }
+            }
+            let (mut stream, remote) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+                Err(e) => return Err(gave_up(format!("accepting: {e}"))),
+            };
+            let stranger = PeerId::new(usize::MAX, remote.to_string());
+            let peer_of = |claimed: Option<usize>| match claimed {
+                Some(r) if r < self.size && r > self.rank && !self.links[r].is_empty() => Ok(self.peers[r].clone()),
+                _ => Err(stranger.handshake("not a peer of ours")),
+            };
+            if let Ok((r, c, _, flags)) =
+                run_handshake(&self.cfg, &mut stream, CONN_ANY, CONN_ANY, FLAG_RESUME, stranger.clone(), &peer_of)
+            {
+                if flags & FLAG_RESUME == 0 || c >= self.links[r].len() {
+                    continue;
+                }
+                if (r, c) == (p, k) {
+                    return Ok(stream);
+                }
+                self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).push((r, c, stream));
+            }
+        }
+        Err(gave_up(format!("peer {p} did not connect again")))
+    }
+
+    fn tune(&self, stream: &TcpStream) -> std::io::Result<()> {
+        tune_socket(stream, self.cfg.keepalive)
     }
 }
 
@@ -483,9 +605,10 @@ fn run_handshake(
     stream: &mut TcpStream,
     conn: usize,
     conns: usize,
+    flags: u32,
     fallback: PeerId,
     peer_of: &dyn Fn(Option<usize>) -> Result<PeerId>,
-) -> Result<(usize, usize, usize)> {
+) -> Result<(usize, usize, usize, u32)> {
     let set = |s: &TcpStream| -> std::io::Result<()> {
         s.set_nonblocking(false)?;
         s.set_nodelay(true)?;
@@ -493,10 +616,11 @@ fn run_handshake(
         s.set_write_timeout(Some(cfg.handshake_timeout))
     };
     set(stream).map_err(|e| fallback.lost(format!("{e} while preparing the socket")))?;
-    let ours = Hello::new(cfg.protocol_version, cfg.rank, cfg.size, conn, conns, cfg.fingerprint)?;
+    let mut ours = Hello::new(cfg.protocol_version, cfg.rank, cfg.size, conn, conns, cfg.fingerprint)?;
+    ours.flags = flags;
     let mut io = HandshakeStream { stream, peer: fallback, timeout: cfg.handshake_timeout };
     let (theirs, _) = handshake(&mut io, &ours, &cfg.secret, peer_of)?;
-    Ok((theirs.rank as usize, theirs.conn as usize, theirs.conns as usize))
+    Ok((theirs.rank as usize, theirs.conn as usize, theirs.conns as usize, theirs.flags))
 }
 
 /// Accepts `expected` connections from higher ranks and handshakes each.
@@ -544,8 +668,10 @@ fn accept_all(
         };
         // We learn who connected from their hello, so we announce no count
         // and check theirs against ours for that rank here.
-        match run_handshake(cfg, &mut stream, CONN_ANY, CONN_ANY, stranger.clone(), &peer_of) {
-            Ok((rank, conn, conns)) => {
+        match run_handshake(cfg, &mut stream, CONN_ANY, CONN_ANY, 0, stranger.clone(), &peer_of) {
+            // A connection resuming one of a world we are not part of yet: stale.
+            Ok((_, _, _, flags)) if flags & FLAG_RESUME != 0 => continue,
+            Ok((rank, conn, conns, _)) => {
                 if conns != cfg.conns_for(rank) {
                     return Err(peers[rank].handshake(format!(
                         "it opens {conns} connections to us, we expect {} (connections per peer or cables differ)",
@@ -592,7 +718,7 @@ fn connect_down(
             };
             // The acceptor learns our connection index from our hello and checks
             // it against its own, so both sides announce the same index.
-            run_handshake(cfg, &mut stream, conn, conns, peers[p].clone(), &peer_of)?;
+            run_handshake(cfg, &mut stream, conn, conns, 0, peers[p].clone(), &peer_of)?;
             out.push((p, conn, stream));
         }
     }

@@ -1,0 +1,181 @@
+//! Surviving a lost cable: a connection whose cable fails is continued over a
+//! new TCP connection on another cable, without losing or repeating a byte.
+//!
+//! Every connection is a byte stream of frames in each direction, and each
+//! side counts what it wrote (`tx`) and what it took (`rx`). A lost cable
+//! shows as a time-out (keep-alive or unacknowledged data, a few seconds) or
+//! "no route" on its sockets; the pump then calls [`resume`]:
+//!
+//! 1. the [`Resumer`] finds a new, authenticated socket to the same peer over
+//!    another cable: the higher rank dials (the other cables' addresses first),
+//!    the lower rank accepts on its listener, and the handshake names the
+//!    connection it continues;
+//! 2. what the old socket still holds is taken out (the kernel acknowledged
+//!    it, so the peer will not send it again) and handed out first;
+//! 3. both sides send how much of the other's stream they have, and each
+//!    replays the rest: from the tail it kept of earlier exchanges (the bytes
+//!    the kernel had not seen acknowledged when the exchange ended, see
+//!    [`keep_unacknowledged`]) and from the jobs of the exchange in progress;
+//! 4. the pump carries on with the same jobs on the new socket.
+//!
+//! A peer that died closes or resets its sockets instead, which stays an
+//! error naming it, as before. The plan (stripe shares, which connection
+//! carries small messages) does not change: the resumed connection and the
+//! one already on that cable now share it.
+
+use super::tcp_io::{Conn, Pending, PumpCtx, SendJob};
+use crate::error::Result;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+
+/// Continues `conn` over a new socket; see the module documentation.
+pub(crate) fn resume(conn: &Conn, why: &str, sends: &[SendJob<'_>], ctx: &PumpCtx<'_>) -> Result<()> {
+    let peer = &ctx.peers[conn.peer];
+    let Some(resumer) = ctx.resumer else {
+        return Err(peer.lost(why.to_string()));
+    };
+    let mut stream = resumer.reconnect(conn, why)?;
+    let fail = |e: std::io::Error| peer.lost(format!("{e} while resuming connection {} ({why})", conn.index));
+    // What the old socket still holds (and what an earlier resume left unread).
+    let mut stash = {
+        let mut p = conn.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let at = p.stash_at;
+        p.stash.split_off(at)
+    };
+    drain(conn.fd(), &mut stash);
+    let have = conn.rx.load(Ordering::Acquire) + stash.len() as u64;
+    stream.write_all(&have.to_le_bytes()).map_err(fail)?;
+    let mut theirs = [0u8; 8];
+    stream.read_exact(&mut theirs).map_err(fail)?;
+    let replay = lost_bytes(conn, u64::from_le_bytes(theirs), sends)
+        .map_err(|d| peer.lost(format!("cannot resume connection {} ({why}): {d}", conn.index)))?;
+    resumer.tune(&stream).map_err(fail)?;
+    conn.replace(stream, Pending { replay, replay_at: 0, stash, stash_at: 0 });
+    Ok(())
+}
+
+/// Appends whatever `fd` still has to read, without waiting.
+fn drain(fd: i32, out: &mut Vec<u8>) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        // SAFETY: reading into `buf`, owned here.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            return;
+        }
+        out.extend_from_slice(&buf[..n as usize]);
+    }
+}
+
+/// Our stream on `conn` from offset `from` to what we wrote so far: the kept
+/// tail of earlier exchanges, then the jobs of this one on `conn`.
+fn lost_bytes(conn: &Conn, from: u64, sends: &[SendJob<'_>]) -> std::result::Result<Vec<u8>, String> {
+    let tx = conn.tx.load(Ordering::Acquire);
+    let kept = conn.kept.lock().unwrap_or_else(|e| e.into_inner());
+    let (start, tail) = (&kept.0, &kept.1);
+    let t0 = start + tail.len() as u64;
+    let mine = || sends.iter().filter(|j| std::ptr::eq(j.conn, conn));
+    let written: u64 = mine().map(|j| j.done as u64).sum();
+    if t0 + written != tx {
+        return Err(format!("{tx} bytes written, {} accounted for", t0 + written));
+    }
+    if from > tx {
+        return Err(format!("the peer has {from} bytes of our stream, we wrote {tx}"));
+    }
+    if from < *start {
+        return Err(format!("the peer has {from} bytes of our stream, we kept only those from {start} on"));
+    }
+    let mut out = Vec::with_capacity((tx - from) as usize);
+    if from < t0 {
+        out.extend_from_slice(&tail[(from - start) as usize..]);
+    }
+    let mut at = t0;
+    for j in mine() {
+        let end = at + j.done as u64;
+        if end > from {
+            j.frame(from.saturating_sub(at) as usize, j.done, &mut out);
+        }
+        at = end;
+    }
+    Ok(out)
+}
+
+/// After an exchange: keeps, for every connection it wrote to, the tail of
+/// the stream the peer's kernel has not acknowledged yet (what a lost cable
+/// could lose). Usually nothing or the last message.
+pub(crate) fn keep_unacknowledged(sends: &[SendJob<'_>]) {
+    for (i, j) in sends.iter().enumerate() {
+        let conn = j.conn;
+        if sends[..i].iter().any(|o| std::ptr::eq(o.conn, conn)) {
+            continue;
+        }
+        let tx = conn.tx.load(Ordering::Acquire);
+        let unacked = unacknowledged(conn).min(tx);
+        let mut kept = conn.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let new_start = tx - unacked;
+        let t0 = kept.0 + kept.1.len() as u64;
+        let mut tail = Vec::new();
+        if new_start < t0 {
+            let from = new_start.max(kept.0);
+            tail.extend_from_slice(&kept.1[(from - kept.0) as usize..]);
+        }
+        let mut at = t0;
+        for o in sends[i..].iter().filter(|o| std::ptr::eq(o.conn, conn)) {
+            let end = at + o.done as u64;
+            if end > new_start {
+                o.frame(new_start.saturating_sub(at) as usize, o.done, &mut tail);
+            }
+            at = end;
+        }
+        *kept = (tx - tail.len() as u64, tail);
+    }
+}
+
+/// Bytes written to `conn` that the peer has not acknowledged (Linux:
+/// `SIOCOUTQ`; elsewhere the send buffer's size, which bounds it).
+fn unacknowledged(conn: &Conn) -> u64 {
+    let fd = conn.streams().last().map_or(-1, |s| s.as_raw_fd());
+    let mut n: libc::c_int = 0;
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one c_int.
+        if unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) } == 0 {
+            return n.max(0) as u64;
+        }
+    }
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_SNDBUF writes one c_int of length `len`.
+    let rc = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&raw mut n).cast(), &mut len) };
+    if rc == 0 {
+        n.max(0) as u64
+    } else {
+        u64::MAX
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::tcp_io::HEADER_LEN;
+    use std::net::TcpStream;
+
+    #[test]
+    fn lost_bytes_come_from_the_kept_tail_and_the_jobs() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let conn = Conn::new(a, 1, 0);
+        let data = vec![7u8; 100];
+        let mut job = SendJob::new(&conn, 1, &data);
+        // 40 bytes of an earlier exchange were kept (offsets 10..50), then this job wrote 30.
+        *conn.kept.lock().unwrap() = (10, (10u8..50).collect());
+        job.done = 30;
+        conn.tx.store(80, Ordering::Release);
+        let got = lost_bytes(&conn, 45, std::slice::from_ref(&job)).unwrap();
+        assert_eq!(&got[..5], &[45, 46, 47, 48, 49]);
+        assert_eq!(&got[5..5 + HEADER_LEN], &job.header);
+        assert_eq!(&got[5 + HEADER_LEN..], &[7u8; 30 - HEADER_LEN]);
+        assert!(lost_bytes(&conn, 5, std::slice::from_ref(&job)).unwrap_err().contains("kept only those from 10"));
+        assert!(lost_bytes(&conn, 81, std::slice::from_ref(&job)).is_err());
+    }
+}
