@@ -22,7 +22,7 @@
 //! fail fast with a message that names the rank that really failed.
 
 pub use super::tcp_cables::CableStats;
-use super::tcp_cables::{calibrate, common_cables, dial_route, route, validate_links, LinkPlan, Route};
+use super::tcp_cables::{common_cables, dial, dial_route, measure_links, route, validate_links, LinkPlan};
 use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, Resumer, SendJob};
 use super::{validate_ops, BusyGuard, RecvOp, SendOp, Transport};
 use crate::error::{CommError, PeerId, Result};
@@ -340,13 +340,22 @@ impl TcpTransport {
             spin: self.spin,
             cancel: &cancel,
             resumer: Some(self),
+            idle: &[],
         };
         let any_striped =
             sends.iter().any(|s| stripe(s.peer, s.data.len())) || recvs.iter().any(|r| stripe(r.peer, r.buf.len()));
+        // Connections this exchange leaves alone are watched by the first pump.
+        let used = |c: &Conn| {
+            let p = c.peer;
+            sends.iter().any(|s| s.peer == p && (stripe(p, s.data.len()) || std::ptr::eq(small(p), c)))
+                || recvs.iter().any(|r| r.peer == p && (stripe(p, r.buf.len()) || std::ptr::eq(small(p), c)))
+        };
+        let idle: Vec<&Conn> = self.links.iter().flatten().filter(|c| !used(c)).collect();
+        let first_ctx = PumpCtx { idle: &idle, ..ctx };
         if !any_striped {
             let mut sj: Vec<SendJob> = sends.iter().map(|s| SendJob::new(small(s.peer), s.peer, s.data)).collect();
             let mut rj: Vec<RecvJob> = recvs.iter_mut().map(|r| RecvJob::new(small(r.peer), r.peer, r.buf)).collect();
-            return pump(&mut sj, &mut rj, &ctx);
+            return pump(&mut sj, &mut rj, &first_ctx);
         }
         // One job list per connection index (one thread each); small messages
         // go on their peer's lowest-latency connection.
@@ -392,7 +401,7 @@ impl TcpTransport {
                     })
                 })
                 .collect();
-            let first = pump(&mut s0, &mut r0, ctx);
+            let first = pump(&mut s0, &mut r0, &first_ctx);
             if first.is_err() {
                 ctx.cancel.store(true, Ordering::Relaxed);
             }
@@ -480,12 +489,9 @@ impl Resumer for TcpTransport {
         let (p, k) = (conn.peer, conn.index);
         let peer = &self.peers[p];
         let n = self.links[p].len();
-        let ends = conn.streams().last().map_or_else(String::new, |s| match (s.local_addr(), s.peer_addr()) {
-            (Ok(l), Ok(r)) => format!(" ({l} -> {r})"),
-            _ => String::new(),
-        });
+        let ends = conn.ends.lock().unwrap_or_else(|e| e.into_inner()).clone();
         eprintln!(
-            "shardlm-comm: rank {}: connection {k}{ends} to peer {p} at {} lost its cable ({why}); continuing it over {}",
+            "shardlm-comm: rank {}: connection {k} ({ends}) to peer {p} at {} lost its cable ({why}); continuing it over {}",
             self.rank,
             peer.addr,
             if n > 1 { "another cable" } else { "a new connection" }
@@ -527,9 +533,8 @@ impl Resumer for TcpTransport {
             }
             return Err(gave_up(last));
         }
-        // Accept: the peer dials us; connections for other (peer, connection)
-        // pairs are left in the mailbox for the threads resuming those.
-        let listener = self.listener.as_ref().ok_or_else(|| gave_up("no listener".into()))?;
+        // Accept: the peer dials us. Connections that continue other
+        // connections wait in the mailbox for whoever resumes those.
         while Instant::now() < deadline {
             {
                 let mut mail = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
@@ -537,29 +542,8 @@ impl Resumer for TcpTransport {
                     return Ok(mail.swap_remove(i).2);
                 }
             }
-            let (mut stream, remote) = match listener.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(2));
-                    continue;
-                }
-                Err(e) => return Err(gave_up(format!("accepting: {e}"))),
-            };
-            let stranger = PeerId::new(usize::MAX, remote.to_string());
-            let peer_of = |claimed: Option<usize>| match claimed {
-                Some(r) if r < self.size && r > self.rank && !self.links[r].is_empty() => Ok(self.peers[r].clone()),
-                _ => Err(stranger.handshake("not a peer of ours")),
-            };
-            if let Ok((r, c, _, flags)) =
-                run_handshake(&self.cfg, &mut stream, CONN_ANY, CONN_ANY, FLAG_RESUME, stranger.clone(), &peer_of)
-            {
-                if flags & FLAG_RESUME == 0 || c >= self.links[r].len() {
-                    continue;
-                }
-                if (r, c) == (p, k) {
-                    return Ok(stream);
-                }
-                self.mailbox.lock().unwrap_or_else(|e| e.into_inner()).push((r, c, stream));
+            if self.accept_one().is_none() {
+                std::thread::sleep(Duration::from_millis(2));
             }
         }
         Err(gave_up(format!("peer {p} did not connect again")))
@@ -568,9 +552,34 @@ impl Resumer for TcpTransport {
     fn tune(&self, stream: &TcpStream) -> std::io::Result<()> {
         tune_socket(stream, self.cfg.keepalive)
     }
+
+    fn listen_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.listener.as_ref().map(|l| l.as_raw_fd())
+    }
+
+    fn accept_one(&self) -> Option<(usize, usize)> {
+        let (mut stream, remote) = self.listener.as_ref()?.accept().ok()?;
+        let stranger = PeerId::new(usize::MAX, remote.to_string());
+        let peer_of = |claimed: Option<usize>| match claimed {
+            Some(r) if r < self.size && r > self.rank && !self.links[r].is_empty() => Ok(self.peers[r].clone()),
+            _ => Err(stranger.handshake("not a peer of ours")),
+        };
+        // A peer continuing a connection answers at once; a stranger must not hold us up.
+        let timeout = self.cfg.handshake_timeout.min(Duration::from_secs(2));
+        let cfg = TcpConfig { handshake_timeout: timeout, ..self.cfg.clone() };
+        let (r, c, _, flags) =
+            run_handshake(&cfg, &mut stream, CONN_ANY, CONN_ANY, FLAG_RESUME, stranger.clone(), &peer_of).ok()?;
+        if flags & FLAG_RESUME == 0 || c >= self.links[r].len() {
+            return None;
+        }
+        let mut mail = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        mail.retain(|(mr, mc, _)| (*mr, *mc) != (r, c));
+        mail.push((r, c, stream));
+        Some((r, c))
+    }
 }
 
-fn stopped() -> CommError {
+pub(crate) fn stopped() -> CommError {
     CommError::invalid("bootstrap stopped")
 }
 
@@ -723,52 +732,6 @@ fn connect_down(
         }
     }
     Ok(out)
-}
-
-fn dial(peer: &PeerId, to: &Route, deadline: Instant, stop: &AtomicBool) -> Result<TcpStream> {
-    let start = Instant::now();
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            return Err(stopped());
-        }
-        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
-        let last_err = match dial_route(to, left.min(Duration::from_secs(2))) {
-            Ok(s) => return Ok(s),
-            Err(e) => e,
-        };
-        if Instant::now() >= deadline {
-            let addr = if to.remote.len() == 1 && to.remote[0] == peer.addr {
-                peer.addr.clone()
-            } else {
-                format!("{} (cable {})", peer.addr, to.remote.join("|"))
-            };
-            return Err(CommError::Connect { rank: peer.rank, addr, waited: start.elapsed(), detail: last_err });
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Measures the connections of every pair (all pairs at once, one thread
-/// each; bursts only where a pair has several) and returns how to use them,
-/// indexed by rank.
-fn measure_links(cfg: &TcpConfig, peers: &[PeerId], streams: &mut [Vec<TcpStream>]) -> Result<Vec<LinkPlan>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = streams
-            .iter_mut()
-            .enumerate()
-            .map(|(p, conns)| {
-                s.spawn(move || {
-                    if conns.is_empty() || cfg.calibration_bytes == 0 {
-                        return Ok(LinkPlan::even(conns));
-                    }
-                    // One connection has nothing to share out: time its round trips only.
-                    let bytes = if conns.len() > 1 { cfg.calibration_bytes } else { 0 };
-                    calibrate(conns, cfg.rank < p, bytes, &peers[p])
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("calibration thread panicked")).collect()
-    })
 }
 
 /// Non-blocking, no Nagle, and keep-alive probes tight enough to notice a

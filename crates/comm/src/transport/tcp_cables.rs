@@ -18,11 +18,13 @@
 //! that direction (a slow cable never holds back a fast one), and send small
 //! messages over the connection with the lowest round trip.
 
+use super::tcp::TcpConfig;
 use crate::error::{CommError, PeerId, Result};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::ops::Range;
 use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Round trips timed per connection (the fastest counts).
@@ -387,6 +389,56 @@ fn burst(streams: &mut [TcpStream], sending: bool, bytes: usize) -> std::io::Res
             streams[0].write_all(&done)?;
         }
         Ok(rates)
+    })
+}
+
+pub(crate) fn dial(peer: &PeerId, to: &Route, deadline: Instant, stop: &AtomicBool) -> Result<TcpStream> {
+    let start = Instant::now();
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(super::tcp::stopped());
+        }
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
+        let last_err = match dial_route(to, left.min(Duration::from_secs(2))) {
+            Ok(s) => return Ok(s),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            let addr = if to.remote.len() == 1 && to.remote[0] == peer.addr {
+                peer.addr.clone()
+            } else {
+                format!("{} (cable {})", peer.addr, to.remote.join("|"))
+            };
+            return Err(CommError::Connect { rank: peer.rank, addr, waited: start.elapsed(), detail: last_err });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Measures the connections of every pair (all pairs at once, one thread
+/// each; bursts only where a pair has several) and returns how to use them,
+/// indexed by rank.
+pub(crate) fn measure_links(
+    cfg: &TcpConfig,
+    peers: &[PeerId],
+    streams: &mut [Vec<TcpStream>],
+) -> Result<Vec<LinkPlan>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = streams
+            .iter_mut()
+            .enumerate()
+            .map(|(p, conns)| {
+                s.spawn(move || {
+                    if conns.is_empty() || cfg.calibration_bytes == 0 {
+                        return Ok(LinkPlan::even(conns));
+                    }
+                    // One connection has nothing to share out: time its round trips only.
+                    let bytes = if conns.len() > 1 { cfg.calibration_bytes } else { 0 };
+                    calibrate(conns, cfg.rank < p, bytes, &peers[p])
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("calibration thread panicked")).collect()
     })
 }
 

@@ -15,7 +15,7 @@
 //! the pump asks its [`Resumer`] for a new connection to the same peer over
 //! another cable and carries on: see [`super::tcp_resume`].
 
-use super::tcp_resume::{keep_unacknowledged, resume};
+use super::tcp_resume::{keep_unacknowledged, resume, resume_idle};
 use crate::error::{CommError, PeerId, Result};
 use std::io;
 use std::net::TcpStream;
@@ -41,12 +41,16 @@ pub(crate) struct Conn {
     /// Rank of the peer, and index of this connection among those to it.
     pub peer: usize,
     pub index: usize,
+    /// `local -> remote` of the socket in use, for messages.
+    pub ends: Mutex<String>,
     /// A frame has been partly written: an abort frame now would corrupt it.
     pub send_mid_frame: AtomicBool,
     /// A frame has been partly read: the next bytes are not a frame header.
     pub recv_mid_frame: AtomicBool,
     /// We already told the peer why we give up.
     abort_sent: AtomicBool,
+    /// Failed in a way that is not a lost cable while idle: stop watching it.
+    pub watch_off: AtomicBool,
     /// Bytes of frames written to / taken from this connection's stream.
     pub tx: AtomicU64,
     pub rx: AtomicU64,
@@ -60,6 +64,13 @@ pub(crate) struct Conn {
     pub kept: Mutex<(u64, Vec<u8>)>,
 }
 
+fn ends(s: &TcpStream) -> String {
+    match (s.local_addr(), s.peer_addr()) {
+        (Ok(l), Ok(r)) => format!("{l} -> {r}"),
+        _ => "?".into(),
+    }
+}
+
 /// See [`Conn::pending`].
 #[derive(Default)]
 pub(crate) struct Pending {
@@ -71,14 +82,17 @@ pub(crate) struct Pending {
 
 impl Conn {
     pub fn new(stream: TcpStream, peer: usize, index: usize) -> Conn {
+        let ends = Mutex::new(ends(&stream));
         Conn {
             fd: AtomicI32::new(stream.as_raw_fd()),
             streams: Mutex::new(vec![stream]),
+            ends,
             peer,
             index,
             send_mid_frame: AtomicBool::new(false),
             recv_mid_frame: AtomicBool::new(false),
             abort_sent: AtomicBool::new(false),
+            watch_off: AtomicBool::new(false),
             tx: AtomicU64::new(0),
             rx: AtomicU64::new(0),
             pending: Mutex::new(Pending::default()),
@@ -100,6 +114,7 @@ impl Conn {
     /// Puts `stream` in use, with what it must do first.
     pub fn replace(&self, stream: TcpStream, pending: Pending) {
         let fd = stream.as_raw_fd();
+        *self.ends.lock().unwrap_or_else(|e| e.into_inner()) = ends(&stream);
         let mut streams = self.streams();
         if let Some(old) = streams.last() {
             let _ = old.shutdown(std::net::Shutdown::Both);
@@ -251,6 +266,7 @@ impl<'a> RecvJob<'a> {
 }
 
 /// Everything the loop needs besides the jobs.
+#[derive(Clone, Copy)]
 pub(crate) struct PumpCtx<'a> {
     pub peers: &'a [PeerId],
     /// Error out when no byte moved for this long.
@@ -261,6 +277,10 @@ pub(crate) struct PumpCtx<'a> {
     pub cancel: &'a AtomicBool,
     /// Replaces a connection lost with its cable (`None`: such a loss is fatal).
     pub resumer: Option<&'a dyn Resumer>,
+    /// Connections no job of this exchange uses, which this pump watches
+    /// while it waits: one that loses its cable, or whose peer connects again
+    /// to continue one, is resumed at once (the peer may be waiting for it).
+    pub idle: &'a [&'a Conn],
 }
 
 /// Finds a new socket for a connection whose cable was lost.
@@ -270,6 +290,11 @@ pub(crate) trait Resumer: Sync {
     fn reconnect(&self, conn: &Conn, why: &str) -> Result<TcpStream>;
     /// Makes a new socket ready for the pump (non-blocking, keep-alive, ...).
     fn tune(&self, stream: &TcpStream) -> io::Result<()>;
+    /// The listener peers connect to again, if we accept such connections.
+    fn listen_fd(&self) -> Option<RawFd>;
+    /// Takes one waiting connection from the listener, if any, and keeps it
+    /// for [`Resumer::reconnect`]; returns the (peer, connection index) it continues.
+    fn accept_one(&self) -> Option<(usize, usize)>;
 }
 
 /// Returned by a pump stopped because a sibling failed; never shown to users.
@@ -556,9 +581,48 @@ pub(crate) fn pump(sends: &mut [SendJob<'_>], recvs: &mut [RecvJob<'_>], ctx: &P
         for r in recvs.iter().filter(|r| r.conn.replaying.load(Ordering::Acquire)) {
             polls.push(libc::pollfd { fd: r.conn.fd(), events: libc::POLLOUT, revents: 0 });
         }
+        let watched = polls.len();
+        let resumer = ctx.resumer.filter(|_| !ctx.idle.is_empty());
+        if resumer.is_some() {
+            for c in ctx.idle.iter().filter(|c| !c.watch_off.load(Ordering::Acquire)) {
+                // Errors and hang-ups are always reported.
+                polls.push(libc::pollfd { fd: c.fd(), events: 0, revents: 0 });
+            }
+            if let Some(fd) = resumer.and_then(|r| r.listen_fd()) {
+                polls.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+            }
+        }
         // SAFETY: `polls` is a valid array of pollfd for the duration of the call.
         unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, POLL_SLICE_MS) };
+        if let Some(r) = resumer {
+            if polls[watched..].iter().any(|p| p.revents != 0) {
+                watch_idle(r, ctx)?;
+            }
+        }
     }
+}
+
+/// Resumes idle connections that lost their cable, or whose peer connected
+/// again to continue them.
+fn watch_idle(r: &dyn Resumer, ctx: &PumpCtx<'_>) -> Result<()> {
+    for c in ctx.idle.iter().filter(|c| !c.watch_off.load(Ordering::Acquire)) {
+        let mut pfd = libc::pollfd { fd: c.fd(), events: 0, revents: 0 };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+            continue;
+        }
+        let err = c.streams().last().and_then(|s| s.take_error().ok().flatten());
+        match err {
+            Some(e) if cable_lost(&e) => resume_idle(c, &format!("{e} while idle"), ctx)?,
+            _ => c.watch_off.store(true, Ordering::Release),
+        }
+    }
+    while let Some((peer, index)) = r.accept_one() {
+        if let Some(c) = ctx.idle.iter().find(|c| (c.peer, c.index) == (peer, index)) {
+            resume_idle(c, "its peer connected again to continue it", ctx)?;
+        }
+    }
+    Ok(())
 }
 
 fn timeout_error(sends: &[SendJob<'_>], recvs: &[RecvJob<'_>], ctx: &PumpCtx<'_>, idle: Duration) -> CommError {

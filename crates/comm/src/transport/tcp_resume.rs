@@ -55,6 +55,42 @@ pub(crate) fn resume(conn: &Conn, why: &str, sends: &[SendJob<'_>], ctx: &PumpCt
     Ok(())
 }
 
+/// [`resume`] for a connection no job of this exchange uses; its replay is
+/// written before returning, as no job will write it.
+pub(crate) fn resume_idle(conn: &Conn, why: &str, ctx: &PumpCtx<'_>) -> Result<()> {
+    resume(conn, why, &[], ctx)?;
+    let peer = &ctx.peers[conn.peer];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut p = conn.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if p.replay_at == p.replay.len() {
+            p.replay = Vec::new();
+            p.replay_at = 0;
+            conn.replaying.store(false, Ordering::Release);
+            return Ok(());
+        }
+        let rest = &p.replay[p.replay_at..];
+        // SAFETY: the pointer and length describe `rest`, borrowed for the call.
+        let n =
+            unsafe { libc::send(conn.fd(), rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        if n > 0 {
+            p.replay_at += n as usize;
+            continue;
+        }
+        let err = std::io::Error::last_os_error();
+        if n < 0 && !matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) {
+            return Err(peer.lost(format!("{err} while replaying on resumed connection {}", conn.index)));
+        }
+        drop(p);
+        if std::time::Instant::now() >= deadline {
+            return Err(peer.timeout(std::time::Duration::from_secs(10), "replaying on a resumed connection"));
+        }
+        let mut pfd = libc::pollfd { fd: conn.fd(), events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, 50) };
+    }
+}
+
 /// Appends whatever `fd` still has to read, without waiting.
 fn drain(fd: i32, out: &mut Vec<u8>) {
     let mut buf = vec![0u8; 64 << 10];
