@@ -127,3 +127,44 @@ fn bytes_lost_with_a_cable_arrive_over_the_other() {
     assert!(pause < Duration::from_secs(20), "took {pause:?} after the cable went down");
     eprintln!("cable down; done {pause:?} later ({:?} in all)", start.elapsed());
 }
+
+#[test]
+fn a_cable_down_at_start_is_stood_in_for() {
+    let Some(hosts) = Hosts::new("d", &["--links", "2", "--plain"]) else { return };
+    let o = Command::new("ip").args(["-n", &hosts.ns(1), "link", "set", "l2h2", "down"]).output().unwrap();
+    assert!(o.status.success(), "link down: {}", String::from_utf8_lossy(&o.stderr));
+    let peers = vec![format!("10.78.18.1:{PORT}"), format!("10.78.18.2:{PORT}")];
+    let links = vec![
+        vec!["10.78.18.1".to_string(), "10.79.18.1".to_string()],
+        vec!["10.78.18.2".to_string(), "10.79.18.2".to_string()],
+    ];
+    let start = Instant::now();
+    let out: Vec<(Vec<f32>, Vec<String>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let (peers, links, ns) = (&peers, &links, hosts.ns(r + 1));
+                s.spawn(move || {
+                    enter(&ns);
+                    let l = std::net::TcpListener::bind(format!("0.0.0.0:{PORT}")).unwrap();
+                    let mut cfg = tcp_config(r, peers);
+                    cfg.links = links.clone();
+                    cfg.stripe_threshold = 4096;
+                    let t = TcpTransport::connect_with_listener(&cfg, l).expect("connect with a cable down");
+                    let remotes = t.cables(1 - r).iter().map(|c| c.remote.clone()).collect();
+                    let g = Group::new(Arc::new(t));
+                    let mut x = input(r, 300_000);
+                    g.all_reduce_sum_f32(&mut x).unwrap();
+                    (x, remotes)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, (x, remotes)) in out.iter().enumerate() {
+        assert_eq!(*x, expected_sum(2, 300_000), "rank {r}");
+        // Both connections run over cable 1.
+        assert_eq!(remotes.len(), 2);
+        assert!(remotes.iter().all(|a| a.starts_with("10.78.18.")), "rank {r}: {remotes:?}");
+    }
+    assert!(start.elapsed() < Duration::from_secs(15), "connecting took {:?}", start.elapsed());
+}

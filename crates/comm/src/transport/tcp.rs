@@ -718,8 +718,11 @@ fn connect_down(
     for p in (0..cfg.rank).filter(|&p| neighbours[p]) {
         let conns = cfg.conns_for(p);
         for conn in 0..conns {
-            let to = route(&cfg.links, cfg.rank, p, &peers[p].addr, conn);
-            let mut stream = dial(&peers[p], &to, deadline, stop)?;
+            // Our cable for this connection first, then the others.
+            let cables = common_cables(&cfg.links, cfg.rank, p);
+            let routes: Vec<_> =
+                (0..cables).map(|d| route(&cfg.links, cfg.rank, p, &peers[p].addr, conn + d)).collect();
+            let mut stream = dial(&peers[p], &routes, deadline, stop)?;
             let peer_of = |claimed: Option<usize>| match claimed {
                 Some(r) if r == p => Ok(peers[p].clone()),
                 Some(r) => Err(peers[p].handshake(format!("it claims rank {r}; check the order of the peer list"))),

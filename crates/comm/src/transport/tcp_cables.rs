@@ -27,6 +27,8 @@ use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// How long a connection tries its own cable before the others (at start-up).
+const FALLBACK_AFTER: Duration = Duration::from_secs(3);
 /// Round trips timed per connection (the fastest counts).
 const PING_ROUNDS: usize = 5;
 
@@ -392,8 +394,9 @@ fn burst(streams: &mut [TcpStream], sending: bool, bytes: usize) -> std::io::Res
     })
 }
 
-pub(crate) fn dial(peer: &PeerId, to: &Route, deadline: Instant, stop: &AtomicBool) -> Result<TcpStream> {
+pub(crate) fn dial(peer: &PeerId, routes: &[Route], deadline: Instant, stop: &AtomicBool) -> Result<TcpStream> {
     let start = Instant::now();
+    let to = &routes[0];
     loop {
         if stop.load(Ordering::Relaxed) {
             return Err(super::tcp::stopped());
@@ -403,6 +406,22 @@ pub(crate) fn dial(peer: &PeerId, to: &Route, deadline: Instant, stop: &AtomicBo
             Ok(s) => return Ok(s),
             Err(e) => e,
         };
+        // A cable that has been unusable for a while (not merely refused: the
+        // peer may not listen yet) is stood in for by the others.
+        if start.elapsed() >= FALLBACK_AFTER && !last_err.contains("refused") {
+            for other in &routes[1..] {
+                if let Ok(s) = dial_route(other, Duration::from_secs(1)) {
+                    eprintln!(
+                        "shardlm-comm: peer {} at {}: cable {} unusable ({last_err}); this connection uses cable {} instead",
+                        peer.rank,
+                        peer.addr,
+                        to.remote.join("|"),
+                        other.remote.join("|")
+                    );
+                    return Ok(s);
+                }
+            }
+        }
         if Instant::now() >= deadline {
             let addr = if to.remote.len() == 1 && to.remote[0] == peer.addr {
                 peer.addr.clone()
