@@ -22,8 +22,11 @@ use crate::error::{CommError, PeerId, Result};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// The wire protocol version spoken by this build.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The wire protocol version spoken by this build. 2: the accepting side of
+/// a TCP connection announces no connection count (it learns who connected
+/// from the hello), and the hello's flags word may ask to continue a
+/// connection whose cable was lost.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 const MAGIC: [u8; 8] = *b"SHARDLM\0";
 const PREFIX_LEN: usize = 16; // magic, version, rank: fixed in every version
@@ -280,9 +283,10 @@ mod tests {
 
     #[test]
     fn version_and_fingerprint_mismatch() {
-        let (a, b) = run(b"s", b"s", 2, 7);
-        assert_eq!(a.unwrap_err().to_string(), "peer 1 at b speaks protocol v1, we speak v2");
-        assert_eq!(b.unwrap_err().to_string(), "peer 0 at a speaks protocol v2, we speak v1");
+        let (v, w) = (PROTOCOL_VERSION, PROTOCOL_VERSION + 1);
+        let (a, b) = run(b"s", b"s", w, 7);
+        assert_eq!(a.unwrap_err().to_string(), format!("peer 1 at b speaks protocol v{v}, we speak v{w}"));
+        assert_eq!(b.unwrap_err().to_string(), format!("peer 0 at a speaks protocol v{w}, we speak v{v}"));
         let (a, b) = run(b"s", b"s", PROTOCOL_VERSION, 8);
         assert!(matches!(a.unwrap_err(), CommError::FingerprintMismatch { .. }));
         assert!(matches!(b.unwrap_err(), CommError::FingerprintMismatch { .. }));

@@ -105,14 +105,15 @@ fn wrong_secret_is_refused_on_both_sides() {
 
 #[test]
 fn wrong_version_is_refused_on_both_sides() {
-    let (addrs, r) = bootstrap_pair(|c| c.protocol_version = 2);
+    let (v, w) = (shardlm_comm::PROTOCOL_VERSION, shardlm_comm::PROTOCOL_VERSION + 1);
+    let (addrs, r) = bootstrap_pair(|c| c.protocol_version = w);
     assert_eq!(
         r[0].as_ref().unwrap_err().to_string(),
-        format!("peer 1 at {} speaks protocol v2, we speak v1", addrs[1])
+        format!("peer 1 at {} speaks protocol v{w}, we speak v{v}", addrs[1])
     );
     assert_eq!(
         r[1].as_ref().unwrap_err().to_string(),
-        format!("peer 0 at {} speaks protocol v1, we speak v2", addrs[0])
+        format!("peer 0 at {} speaks protocol v{v}, we speak v{w}", addrs[0])
     );
 }
 
