@@ -70,8 +70,22 @@ fn enter(ns: &str) {
 
 #[test]
 fn bytes_lost_with_a_cable_arrive_over_the_other() {
+    lose_a_cable_under_a_stripe("s", None);
+}
+
+/// Rank 0 does not communicate at all for a while after sending: its
+/// transport's watcher must take the new connection, before rank 1 gives up.
+#[test]
+fn a_silent_rank_still_takes_the_new_connection() {
+    lose_a_cable_under_a_stripe("q", Some(Duration::from_secs(9)));
+}
+
+/// Rank 0 sends 1 MiB striped over both cables, then waits (on connection 0,
+/// or first `silent` without any exchange) for rank 1's word that it arrived
+/// intact; cable 2 goes down right after the send.
+fn lose_a_cable_under_a_stripe(tag: &str, silent: Option<Duration>) {
     // Cable 2 is slow, so half of a 1 MiB stripe is still on it when it goes down.
-    let Some(hosts) = Hosts::new("s", &["--links", "2", "--plain", "--rates", "1gbit,20mbit"]) else { return };
+    let Some(hosts) = Hosts::new(tag, &["--links", "2", "--plain", "--rates", "1gbit,20mbit"]) else { return };
     let peers = vec![format!("10.78.18.1:{PORT}"), format!("10.78.18.2:{PORT}")];
     let links = vec![
         vec!["10.78.18.1".to_string(), "10.79.18.1".to_string()],
@@ -93,21 +107,31 @@ fn bytes_lost_with_a_cable_arrive_over_the_other() {
                 cfg.links = links.clone();
                 cfg.stripe_threshold = 4096;
                 cfg.calibration_bytes = 0; // equal stripes; small messages on connection 0
+                                           // Without the watcher, rank 1 would give up 5 + 3 s after the loss.
+                cfg.resume_timeout = Duration::from_secs(3);
                 let g = Group::new(Arc::new(TcpTransport::connect_with_listener(&cfg, l).expect("connect")));
                 let mut x = vec![1.0f32; 16];
                 g.all_reduce_sum_f32(&mut x).unwrap();
                 if r == 0 {
                     g.send(1, big).unwrap();
                     sent_tx.send(()).unwrap();
+                    if let Some(t) = silent {
+                        std::thread::sleep(t);
+                    }
                     // Now wait on connection 0 only: connection 1 is idle here.
                     let mut ack = [0u8; 1];
                     g.recv(1, &mut ack).unwrap();
                     ack[0]
                 } else {
                     down_rx.lock().unwrap().recv().unwrap();
+                    let down = Instant::now();
                     let mut got = vec![0u8; big.len()];
                     g.recv(0, &mut got).unwrap();
                     let ok = u8::from(got == *big);
+                    eprintln!("rank 1 has the message {:?} after the cable went down", down.elapsed());
+                    // Noticed within 5 s (keep-alive), continued at once: also
+                    // when rank 0 is silent (else 9 s, when it speaks again).
+                    assert!(down.elapsed() < Duration::from_secs(8), "rank 1 waited {:?}", down.elapsed());
                     g.send(0, &[ok]).unwrap();
                     ok
                 }

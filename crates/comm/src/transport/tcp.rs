@@ -24,6 +24,7 @@
 pub use super::tcp_cables::CableStats;
 use super::tcp_cables::{common_cables, dial, dial_route, measure_links, route, validate_links, LinkPlan};
 use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, Resumer, SendJob};
+use super::tcp_resume::resume_idle;
 use super::{validate_ops, BusyGuard, RecvOp, SendOp, Transport};
 use crate::error::{CommError, PeerId, Result};
 use crate::handshake::{handshake, HandshakeIo, Hello, CONN_ANY, FLAG_RESUME, PROTOCOL_VERSION};
@@ -31,7 +32,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Which ranks hold direct connections.
@@ -181,6 +182,22 @@ impl TcpConfig {
 
 /// One rank of a TCP world. Build it with [`TcpTransport::connect`].
 pub struct TcpTransport {
+    inner: Arc<TcpInner>,
+    /// Accepts connections that continue ours while no exchange runs.
+    watcher: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::ops::Deref for TcpTransport {
+    type Target = TcpInner;
+    fn deref(&self) -> &TcpInner {
+        &self.inner
+    }
+}
+
+/// The state of a [`TcpTransport`], shared with its watcher thread.
+#[doc(hidden)]
+pub struct TcpInner {
     rank: usize,
     size: usize,
     peers: Vec<PeerId>,
@@ -201,6 +218,8 @@ pub struct TcpTransport {
     cfg: TcpConfig,
     listener: Option<TcpListener>,
     mailbox: Mutex<Vec<(usize, usize, TcpStream)>>,
+    /// Held by an exchange, and by the watcher while it continues a connection.
+    quiet: Mutex<()>,
 }
 
 impl TcpTransport {
@@ -281,7 +300,8 @@ impl TcpTransport {
         plans: Vec<LinkPlan>,
         listener: Option<TcpListener>,
     ) -> TcpTransport {
-        TcpTransport {
+        let watch = listener.is_some();
+        let inner = Arc::new(TcpInner {
             rank: cfg.rank,
             size: cfg.size,
             peers: cfg.peers.iter().enumerate().map(|(r, a)| PeerId::new(r, a.clone())).collect(),
@@ -297,6 +317,50 @@ impl TcpTransport {
             cfg: cfg.clone(),
             listener,
             mailbox: Mutex::new(Vec::new()),
+            quiet: Mutex::new(()),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = watch.then(|| {
+            let (inner, stop) = (inner.clone(), stop.clone());
+            std::thread::spawn(move || inner.watch(&stop))
+        });
+        TcpTransport { inner, watcher, stop }
+    }
+}
+
+impl TcpInner {
+    /// While no exchange runs, accepts the connections peers make to continue
+    /// one whose cable was lost (an exchange in progress does it itself).
+    fn watch(&self, stop: &AtomicBool) {
+        let Some(fd) = self.listener.as_ref().map(|l| l.as_raw_fd()) else { return };
+        while !stop.load(Ordering::Acquire) {
+            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
+                continue;
+            }
+            let Ok(_quiet) = self.quiet.try_lock() else {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            if self.failed.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                return;
+            }
+            let cancel = AtomicBool::new(false);
+            let ctx = PumpCtx {
+                peers: &self.peers,
+                op_timeout: self.op_timeout,
+                spin: self.spin,
+                cancel: &cancel,
+                resumer: Some(self),
+                idle: &[],
+            };
+            while let Some((p, k)) = self.accept_one() {
+                if let Err(e) = resume_idle(&self.links[p][k], "its peer connected again to continue it", &ctx) {
+                    self.fail(e);
+                    return;
+                }
+            }
         }
     }
 
@@ -469,6 +533,7 @@ impl Transport for TcpTransport {
     fn exchange(&self, sends: &[SendOp<'_>], recvs: &mut [RecvOp<'_>]) -> Result<()> {
         validate_ops(self, sends, recvs, self.max_message)?;
         let _busy = BusyGuard::enter(&self.busy)?;
+        let _quiet = self.quiet.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(err) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(err);
         }
@@ -478,13 +543,17 @@ impl Transport for TcpTransport {
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(w) = self.watcher.take() {
+            let _ = w.join();
+        }
         for conn in self.links.iter().flatten() {
             conn.shutdown();
         }
     }
 }
 
-impl Resumer for TcpTransport {
+impl Resumer for TcpInner {
     fn reconnect(&self, conn: &Conn, why: &str) -> Result<TcpStream> {
         let (p, k) = (conn.peer, conn.index);
         let peer = &self.peers[p];
