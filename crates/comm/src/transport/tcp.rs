@@ -22,7 +22,7 @@
 //! fail fast with a message that names the rank that really failed.
 
 pub use super::tcp_cables::CableStats;
-use super::tcp_cables::{common_cables, dial, dial_route, measure_links, route, validate_links, LinkPlan};
+use super::tcp_cables::{common_cables, dial, measure_links, route, validate_links, LinkPlan};
 use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, Resumer, SendJob};
 use super::tcp_resume::resume_idle;
 use super::{validate_ops, BusyGuard, RecvOp, SendOp, Transport};
@@ -198,28 +198,28 @@ impl std::ops::Deref for TcpTransport {
 /// The state of a [`TcpTransport`], shared with its watcher thread.
 #[doc(hidden)]
 pub struct TcpInner {
-    rank: usize,
-    size: usize,
-    peers: Vec<PeerId>,
+    pub(super) rank: usize,
+    pub(super) size: usize,
+    pub(super) peers: Vec<PeerId>,
     /// `links[p]` holds the connections to rank `p` (empty when not a neighbour).
-    links: Vec<Vec<Conn>>,
+    pub(super) links: Vec<Vec<Conn>>,
     /// `plans[p]`: how messages to and from rank `p` use its connections.
-    plans: Vec<LinkPlan>,
-    op_timeout: Option<Duration>,
-    spin: Duration,
-    stripe_threshold: usize,
-    max_message: usize,
-    topology: Topology,
-    busy: AtomicBool,
-    failed: Mutex<Option<CommError>>,
+    pub(super) plans: Vec<LinkPlan>,
+    pub(super) op_timeout: Option<Duration>,
+    pub(super) spin: Duration,
+    pub(super) stripe_threshold: usize,
+    pub(super) max_message: usize,
+    pub(super) topology: Topology,
+    pub(super) busy: AtomicBool,
+    pub(super) failed: Mutex<Option<CommError>>,
     /// For continuing connections whose cable was lost: the configuration,
     /// our listener (lower ranks accept the new connections), and new
     /// connections accepted for another connection than the one looked for.
-    cfg: TcpConfig,
-    listener: Option<TcpListener>,
-    mailbox: Mutex<Vec<(usize, usize, TcpStream)>>,
+    pub(super) cfg: TcpConfig,
+    pub(super) listener: Option<TcpListener>,
+    pub(super) mailbox: Mutex<Vec<(usize, usize, TcpStream)>>,
     /// Held by an exchange, and by the watcher while it continues a connection.
-    quiet: Mutex<()>,
+    pub(super) quiet: Mutex<()>,
 }
 
 impl TcpTransport {
@@ -553,101 +553,6 @@ impl Drop for TcpTransport {
     }
 }
 
-impl Resumer for TcpInner {
-    fn reconnect(&self, conn: &Conn, why: &str) -> Result<TcpStream> {
-        let (p, k) = (conn.peer, conn.index);
-        let peer = &self.peers[p];
-        let n = self.links[p].len();
-        let ends = conn.ends.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        eprintln!(
-            "shardlm-comm: rank {}: connection {k} ({ends}) to peer {p} at {} lost its cable ({why}); continuing it over {}",
-            self.rank,
-            peer.addr,
-            if n > 1 { "another cable" } else { "a new connection" }
-        );
-        let deadline = Instant::now() + self.cfg.resume_timeout;
-        let gave_up = |detail: String| {
-            peer.lost(format!(
-                "connection {k} lost its cable ({why}) and could not continue within {:.1}s: {detail}",
-                self.cfg.resume_timeout.as_secs_f64()
-            ))
-        };
-        if self.rank > p {
-            // Dial: the other cables first, then this one.
-            let mut last = String::from("no attempt");
-            while Instant::now() < deadline {
-                for other in (1..=n).map(|d| (k + d) % n) {
-                    let to = route(&self.cfg.links, self.rank, p, &peer.addr, other);
-                    let mut stream = match dial_route(&to, Duration::from_secs(1)) {
-                        Ok(s) => s,
-                        Err(e) => {
-                            last = e;
-                            continue;
-                        }
-                    };
-                    let peer_of = |claimed: Option<usize>| match claimed {
-                        Some(r) if r == p => Ok(peer.clone()),
-                        _ => Err(peer.handshake("another process answered at its address")),
-                    };
-                    let hs = run_handshake(&self.cfg, &mut stream, k, n, FLAG_RESUME, peer.clone(), &peer_of);
-                    match hs {
-                        Ok(_) => return Ok(stream),
-                        Err(e @ (CommError::AuthFailed { .. } | CommError::FingerprintMismatch { .. })) => {
-                            return Err(e)
-                        }
-                        Err(e) => last = e.to_string(),
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            return Err(gave_up(last));
-        }
-        // Accept: the peer dials us. Connections that continue other
-        // connections wait in the mailbox for whoever resumes those.
-        while Instant::now() < deadline {
-            {
-                let mut mail = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(i) = mail.iter().position(|(r, c, _)| (*r, *c) == (p, k)) {
-                    return Ok(mail.swap_remove(i).2);
-                }
-            }
-            if self.accept_one().is_none() {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-        Err(gave_up(format!("peer {p} did not connect again")))
-    }
-
-    fn tune(&self, stream: &TcpStream) -> std::io::Result<()> {
-        tune_socket(stream, self.cfg.keepalive)
-    }
-
-    fn listen_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.listener.as_ref().map(|l| l.as_raw_fd())
-    }
-
-    fn accept_one(&self) -> Option<(usize, usize)> {
-        let (mut stream, remote) = self.listener.as_ref()?.accept().ok()?;
-        let stranger = PeerId::new(usize::MAX, remote.to_string());
-        let peer_of = |claimed: Option<usize>| match claimed {
-            Some(r) if r < self.size && r > self.rank && !self.links[r].is_empty() => Ok(self.peers[r].clone()),
-            _ => Err(stranger.handshake("not a peer of ours")),
-        };
-        // A peer continuing a connection answers at once; a stranger must not hold us up.
-        let timeout = self.cfg.handshake_timeout.min(Duration::from_secs(2));
-        let cfg = TcpConfig { handshake_timeout: timeout, ..self.cfg.clone() };
-        let (r, c, _, flags) =
-            run_handshake(&cfg, &mut stream, CONN_ANY, CONN_ANY, FLAG_RESUME, stranger.clone(), &peer_of).ok()?;
-        if flags & FLAG_RESUME == 0 || c >= self.links[r].len() {
-            return None;
-        }
-        let mut mail = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
-        mail.retain(|(mr, mc, _)| (*mr, *mc) != (r, c));
-        mail.push((r, c, stream));
-        Some((r, c))
-    }
-}
-
 pub(crate) fn stopped() -> CommError {
     CommError::invalid("bootstrap stopped")
 }
@@ -678,7 +583,7 @@ impl HandshakeIo for HandshakeStream<'_> {
     }
 }
 
-fn run_handshake(
+pub(super) fn run_handshake(
     cfg: &TcpConfig,
     stream: &mut TcpStream,
     conn: usize,
@@ -808,7 +713,7 @@ fn connect_down(
 
 /// Non-blocking, no Nagle, and keep-alive probes tight enough to notice a
 /// silently dead host within a few seconds.
-fn tune_socket(stream: &TcpStream, keepalive: Option<Duration>) -> std::io::Result<()> {
+pub(super) fn tune_socket(stream: &TcpStream, keepalive: Option<Duration>) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;

@@ -23,11 +23,16 @@
 //! carries small messages) does not change: the resumed connection and the
 //! one already on that cable now share it.
 
-use super::tcp_io::{Conn, Pending, PumpCtx, SendJob};
-use crate::error::Result;
+use super::tcp::{run_handshake, tune_socket, TcpConfig, TcpInner};
+use super::tcp_cables::{dial_route, route};
+use super::tcp_io::{Conn, Pending, PumpCtx, Resumer, SendJob};
+use crate::error::{CommError, PeerId, Result};
+use crate::handshake::{CONN_ANY, FLAG_RESUME};
 use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 /// Continues `conn` over a new socket; see the module documentation.
 pub(crate) fn resume(conn: &Conn, why: &str, sends: &[SendJob<'_>], ctx: &PumpCtx<'_>) -> Result<()> {
@@ -190,11 +195,105 @@ fn unacknowledged(conn: &Conn) -> u64 {
     }
 }
 
+impl Resumer for TcpInner {
+    fn reconnect(&self, conn: &Conn, why: &str) -> Result<TcpStream> {
+        let (p, k) = (conn.peer, conn.index);
+        let peer = &self.peers[p];
+        let n = self.links[p].len();
+        let ends = conn.ends.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        eprintln!(
+            "shardlm-comm: rank {}: connection {k} ({ends}) to peer {p} at {} lost its cable ({why}); continuing it over {}",
+            self.rank,
+            peer.addr,
+            if n > 1 { "another cable" } else { "a new connection" }
+        );
+        let deadline = Instant::now() + self.cfg.resume_timeout;
+        let gave_up = |detail: String| {
+            peer.lost(format!(
+                "connection {k} lost its cable ({why}) and could not continue within {:.1}s: {detail}",
+                self.cfg.resume_timeout.as_secs_f64()
+            ))
+        };
+        if self.rank > p {
+            // Dial: the other cables first, then this one.
+            let mut last = String::from("no attempt");
+            while Instant::now() < deadline {
+                for other in (1..=n).map(|d| (k + d) % n) {
+                    let to = route(&self.cfg.links, self.rank, p, &peer.addr, other);
+                    let mut stream = match dial_route(&to, Duration::from_secs(1)) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            last = e;
+                            continue;
+                        }
+                    };
+                    let peer_of = |claimed: Option<usize>| match claimed {
+                        Some(r) if r == p => Ok(peer.clone()),
+                        _ => Err(peer.handshake("another process answered at its address")),
+                    };
+                    let hs = run_handshake(&self.cfg, &mut stream, k, n, FLAG_RESUME, peer.clone(), &peer_of);
+                    match hs {
+                        Ok(_) => return Ok(stream),
+                        Err(e @ (CommError::AuthFailed { .. } | CommError::FingerprintMismatch { .. })) => {
+                            return Err(e)
+                        }
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            return Err(gave_up(last));
+        }
+        // Accept: the peer dials us. Connections that continue other
+        // connections wait in the mailbox for whoever resumes those.
+        while Instant::now() < deadline {
+            {
+                let mut mail = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(i) = mail.iter().position(|(r, c, _)| (*r, *c) == (p, k)) {
+                    return Ok(mail.swap_remove(i).2);
+                }
+            }
+            if self.accept_one().is_none() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        Err(gave_up(format!("peer {p} did not connect again")))
+    }
+
+    fn tune(&self, stream: &TcpStream) -> std::io::Result<()> {
+        tune_socket(stream, self.cfg.keepalive)
+    }
+
+    fn listen_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.listener.as_ref().map(|l| l.as_raw_fd())
+    }
+
+    fn accept_one(&self) -> Option<(usize, usize)> {
+        let (mut stream, remote) = self.listener.as_ref()?.accept().ok()?;
+        let stranger = PeerId::new(usize::MAX, remote.to_string());
+        let peer_of = |claimed: Option<usize>| match claimed {
+            Some(r) if r < self.size && r > self.rank && !self.links[r].is_empty() => Ok(self.peers[r].clone()),
+            _ => Err(stranger.handshake("not a peer of ours")),
+        };
+        // A peer continuing a connection answers at once; a stranger must not hold us up.
+        let timeout = self.cfg.handshake_timeout.min(Duration::from_secs(2));
+        let cfg = TcpConfig { handshake_timeout: timeout, ..self.cfg.clone() };
+        let (r, c, _, flags) =
+            run_handshake(&cfg, &mut stream, CONN_ANY, CONN_ANY, FLAG_RESUME, stranger.clone(), &peer_of).ok()?;
+        if flags & FLAG_RESUME == 0 || c >= self.links[r].len() {
+            return None;
+        }
+        let mut mail = self.mailbox.lock().unwrap_or_else(|e| e.into_inner());
+        mail.retain(|(mr, mc, _)| (*mr, *mc) != (r, c));
+        mail.push((r, c, stream));
+        Some((r, c))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::transport::tcp_io::HEADER_LEN;
-    use std::net::TcpStream;
 
     #[test]
     fn lost_bytes_come_from_the_kept_tail_and_the_jobs() {
