@@ -545,6 +545,11 @@ impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(w) = self.watcher.take() {
+            // Wakes the watcher from its poll at once.
+            if let Some(l) = &self.listener {
+                // SAFETY: shutting down a socket we own; it is not used after.
+                unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+            }
             let _ = w.join();
         }
         for conn in self.links.iter().flatten() {
