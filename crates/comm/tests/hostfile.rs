@@ -67,6 +67,10 @@ fn problems_are_named() {
         (r#"{"hosts": [{"name": "a", "addr": "x", "usable_memory_gb": -1}]}"#, "usable_memory_gb -1"),
         (r#"{"hosts": [{"name": "a", "addr": "x", "cores": 0}]}"#, "has 0 cores"),
         (r#"{"hosts": [{"name": "a", "addr": "x", "links": [{"addrs": []}]}]}"#, "link 0 has no address"),
+        (
+            r#"{"hosts": [{"name": "a", "addr": "x", "links": [{"addrs": ["10.0.0.1,10.0.0.2"]}]}]}"#,
+            "link 0 address \"10.0.0.1,10.0.0.2\" contains one of",
+        ),
     ];
     for (text, want) in cases {
         let e = Hostfile::parse(text, "h.json").unwrap_err().to_string();
