@@ -9,10 +9,17 @@
 #   a  all-reduce latency, 2 ranks, 4 KiB / 8 KiB / 16 KiB / 1 MiB, shm vs tcp
 #      loopback (crates/comm example allreduce_bench; its median over iterations)
 #   b  all-reduce bandwidth between two network namespaces joined by two veth
-#      cables, each direction of each cable limited by `tc tbf` (--rate, default
-#      200mbit), 1 vs 2 TCP connections per peer (target: 2 >= 1.8x 1). The
-#      ranks are allreduce_bench --worker processes started by hand; time is
-#      rank 0's wall clock, bytes are the tbf counters of rank 0's cables.
+#      cables on two subnets (setup.sh --plain: nothing but the addresses, no
+#      nft marks, no policy routing), each direction of each cable limited by
+#      `tc tbf` (--rate, default 200mbit), 1 vs 2 TCP connections per peer,
+#      connection k dialing cable k (SHARDLM_LINKS; target: 2 >= 1.8x 1). The
+#      ranks are allreduce_bench --worker processes started by hand; the time is
+#      rank 0's median all-reduce (50 timed), bytes are the tbf counters of
+#      rank 0's cables.
+#   g  unequal cables: as b with cable 1 at --rate and cable 2 at half of it
+#      (--slow-rate); the faster cable alone (1 connection) vs both cables with
+#      equal stripes (SHARDLM_CALIBRATE_BYTES=0) vs both with stripes weighted
+#      by measured throughput (target: weighted >= 1.3x the faster cable alone)
 #   c  decode tok/s, --strategy tensor --ranks 2 (1 thread per rank) over shm
 #      and tcp (and tcp with --wire q8 where the flag exists) vs one process
 #      with 2 threads; 128 tokens, --ignore-eos
@@ -25,21 +32,22 @@
 #      around runs of 16 and 144 tokens (difference / 128), next to the figure
 #      computed from the model's shape; f32 and (where --wire exists) q8
 #
-# Usage: scripts/bench-dist.sh [--rounds N] [--cases abcdef] [--json PATH]
-#                              [--rate R] [--bw-bytes B] [--model GGUF]
+# Usage: scripts/bench-dist.sh [--rounds N] [--cases abcdefg] [--json PATH]
+#                              [--rate R] [--slow-rate R] [--bw-bytes B] [--model GGUF]
 # Environment:
 #   SHARDLM          an existing shardlm binary (default: cargo build --release)
 #   ALLREDUCE_BENCH  an existing allreduce_bench binary (default: cargo build)
-# Cases b and f need root and network namespaces (scripts/netns/setup.sh, nft
-# for b); they are skipped with the reason otherwise. The binaries are copied to
+# Cases b, f and g need root and network namespaces (scripts/netns/setup.sh);
+# they are skipped with the reason otherwise. The binaries are copied to
 # a temporary directory first, so rebuilds during the run don't change them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ROUNDS=3
-CASES=abcdef
+CASES=abcdefg
 JSON_OUT=""
 RATE=200mbit
+SLOW_RATE=100mbit
 BW_BYTES=4194304
 MODEL="${SHARDLM_CACHE:-$HOME/.cache/shardlm}/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
 PREFIX=shardlm-bench
@@ -53,6 +61,7 @@ while [ $# -gt 0 ]; do
     --cases) CASES="$2"; shift ;;
     --json) JSON_OUT="$2"; shift ;;
     --rate) RATE="$2"; shift ;;
+    --slow-rate) SLOW_RATE="$2"; shift ;;
     --bw-bytes) BW_BYTES="$2"; shift ;;
     --model) MODEL="$2"; shift ;;
     -h | --help) usage 0 ;;
@@ -126,41 +135,66 @@ for x in json.load(sys.stdin)["results"]:
     done
 fi
 
-# ---- b: two cables ----------------------------------------------------------
+# ---- b, g: two cables -----------------------------------------------------------
+# One all-reduce run over the cables of hosts ${PREFIX}1 and ${PREFIX}2 (setup.sh
+# --plain); $1 = case, $2 = label, then env assignments for both ranks.
+# Records rank 0's median all-reduce time and each cable's share of the bytes.
+cables_run() {
+    local case="$1" label="$2"
+    shift 2
+    sent() { # bytes rank 0 (host 1) sent on cable $1
+        tc -n "${PREFIX}1" -s qdisc show dev "l${1}h2" | awk '/Sent/ {print $2; exit}'
+    }
+    local peers=10.78.18.1:7100,10.78.18.2:7100 links="10.78.18.1,10.79.18.1;10.78.18.2,10.79.18.2"
+    local s1 s2 w out
+    s1="$(sent 1)" s2="$(sent 2)"
+    ip netns exec "${PREFIX}2" env SHARDLM_RANK=1 SHARDLM_SIZE=2 SHARDLM_PEERS=$peers SHARDLM_LINKS="$links" \
+        SHARDLM_SECRET=bench "$@" timeout 600 "$ARB" --worker --sizes "$BW_BYTES" --iters 1 &
+    w=$!
+    out="$(ip netns exec "${PREFIX}1" env SHARDLM_RANK=0 SHARDLM_SIZE=2 SHARDLM_PEERS=$peers \
+        SHARDLM_LINKS="$links" SHARDLM_SECRET=bench "$@" \
+        timeout 600 "$ARB" --worker --sizes "$BW_BYTES" --iters 1 --json 2>"$work/cables.err")"
+    wait "$w"
+    local e1=$(($(sent 1) - s1)) e2=$(($(sent 2) - s2))
+    local ms
+    ms="$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["results"][0]["median_us"] / 1e3)')"
+    record "$case" "$label ms" "$ms"
+    record "$case" "$label MBps" "$(python3 -c "print($BW_BYTES / 1e3 / $ms)")"
+    record "$case" "$label cable1_share" "$(python3 -c "print($e1 / max(1, $e1 + $e2))")"
+    [ -s "$work/cables.err" ] && note "${case}_cables $label" "$(tr '\n' '|' <"$work/cables.err")"
+    return 0
+}
+
 if has b; then
     if why="$(netns_ok)"; then
         say "b: all-reduce of $BW_BYTES bytes over two cables of $RATE, 1 vs 2 connections ($ROUNDS rounds)"
-        command -v nft >/dev/null || say "b: nft missing: connections pick cables by hash (apt-get install nftables)"
-        scripts/netns/setup.sh --prefix "$PREFIX" --links 2 --rate "$RATE" 2 >/dev/null
-        note b_setup "scripts/netns/setup.sh --prefix $PREFIX --links 2 --rate $RATE 2"
-        sent() { # bytes rank 0 (host 1) sent on cable $1
-            tc -n "${PREFIX}1" -s qdisc show dev "l${1}h2" | awk '/Sent/ {print $2; exit}'
-        }
-        peers=10.77.0.1:7100,10.77.0.2:7100
+        scripts/netns/setup.sh --prefix "$PREFIX" --links 2 --plain --rate "$RATE" 2 >/dev/null
+        note b_setup "scripts/netns/setup.sh --prefix $PREFIX --links 2 --plain --rate $RATE 2"
         for r in $(seq 1 "$ROUNDS"); do
-            for c in 1 2; do
-                s1="$(sent 1)" s2="$(sent 2)"
-                ip netns exec "${PREFIX}2" env SHARDLM_RANK=1 SHARDLM_SIZE=2 SHARDLM_PEERS=$peers \
-                    SHARDLM_SECRET=bench SHARDLM_CONNECTIONS=$c \
-                    timeout 600 "$ARB" --worker --sizes "$BW_BYTES" --iters 1 &
-                w=$!
-                t0="$(date +%s%N)"
-                ip netns exec "${PREFIX}1" env SHARDLM_RANK=0 SHARDLM_SIZE=2 SHARDLM_PEERS=$peers \
-                    SHARDLM_SECRET=bench SHARDLM_CONNECTIONS=$c \
-                    timeout 600 "$ARB" --worker --sizes "$BW_BYTES" --iters 1
-                t1="$(date +%s%N)"
-                wait "$w"
-                e1=$(($(sent 1) - s1)) e2=$(($(sent 2) - s2))
-                secs="$(python3 -c "print(($t1 - $t0) / 1e9)")"
-                record b "conns $c wall_s" "$secs"
-                record b "conns $c wire_MBps" "$(python3 -c "print(($e1 + $e2) / 1e6 / $secs)")"
-                record b "conns $c cable1_share" "$(python3 -c "print($e1 / max(1, $e1 + $e2))")"
-            done
+            cables_run b "conns 1" SHARDLM_CONNECTIONS=1
+            cables_run b "conns 2" SHARDLM_CONNECTIONS=2
         done
         scripts/netns/teardown.sh --prefix "$PREFIX" --quiet
     else
         say "b: skipped: $why"
         note b_skipped "$why"
+    fi
+fi
+
+if has g; then
+    if why="$(netns_ok)"; then
+        say "g: all-reduce of $BW_BYTES bytes over cables of $RATE and $SLOW_RATE ($ROUNDS rounds)"
+        scripts/netns/setup.sh --prefix "$PREFIX" --links 2 --plain --rates "$RATE,$SLOW_RATE" 2 >/dev/null
+        note g_setup "scripts/netns/setup.sh --prefix $PREFIX --links 2 --plain --rates $RATE,$SLOW_RATE 2"
+        for r in $(seq 1 "$ROUNDS"); do
+            cables_run g "fast cable alone" SHARDLM_CONNECTIONS=1
+            cables_run g "both, equal stripes" SHARDLM_CONNECTIONS=2 SHARDLM_CALIBRATE_BYTES=0
+            cables_run g "both, weighted" SHARDLM_CONNECTIONS=2
+        done
+        scripts/netns/teardown.sh --prefix "$PREFIX" --quiet
+    else
+        say "g: skipped: $why"
+        note g_skipped "$why"
     fi
 fi
 
@@ -290,18 +324,25 @@ if any(s == "a" for s, _ in vals):
         if shm is not None and tcp is not None:
             print(f"{b:>9} {shm:>9.1f} {tcp:>9.1f} {ratio(tcp, shm):>8}")
 
-if any(s == "b" for s, _ in vals):
-    print(f"\n(b) all-reduce over two tbf-limited cables ({notes.get('b_setup')})")
-    print(f"{'conns':>5} {'wall s':>8} {'wire MB/s':>10} {'cable 1 share':>14}")
-    for c in (1, 2):
-        w, m, sh = get("b", f"conns {c} wall_s"), get("b", f"conns {c} wire_MBps"), get("b", f"conns {c} cable1_share")
-        print(f"{c:>5} {w:>8.2f} {m:>10.1f} {sh:>14.2f}")
-    w1, w2 = get("b", "conns 1 wall_s"), get("b", "conns 2 wall_s")
-    r = w1 / w2
-    out["b_speedup"] = r
-    print(f"speed-up 2 vs 1 connection: {r:.2f}x (target >= 1.8x: {'met' if r >= 1.8 else 'NOT met'})")
-elif "b_skipped" in notes:
-    print(f"\n(b) skipped: {notes['b_skipped']}")
+def cables(case, title, labels, base, best, target):
+    if not any(s == case for s, _ in vals):
+        if f"{case}_skipped" in notes:
+            print(f"\n({case}) skipped: {notes[case + '_skipped']}")
+        return
+    print(f"\n({case}) {title} ({notes.get(case + '_setup')})")
+    print(f"{'variant':<22} {'median ms':>10} {'MB/s':>8} {'cable 1 share':>14} {'vs ' + base:>22}")
+    for l in labels:
+        ms, mb, sh = get(case, f"{l} ms"), get(case, f"{l} MBps"), get(case, f"{l} cable1_share")
+        if ms is not None:
+            print(f"{l:<22} {ms:>10.1f} {mb:>8.1f} {sh:>14.2f} {ratio(get(case, base + ' ms'), ms):>22}")
+    r = get(case, base + " ms") / get(case, best + " ms")
+    out[f"{case}_speedup"] = r
+    print(f"{best} vs {base}: {r:.2f}x (target >= {target}x: {'met' if r >= target else 'NOT met'})")
+
+cables("b", "all-reduce over two tbf-limited cables, 1 vs 2 connections", ["conns 1", "conns 2"],
+       "conns 1", "conns 2", 1.8)
+cables("g", "all-reduce over unequal cables", ["fast cable alone", "both, equal stripes", "both, weighted"],
+       "fast cable alone", "both, weighted", 1.3)
 
 def tokrows(s, title, base):
     keys = [k for (ss, k) in vals if ss == s]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Network namespaces as stand-in hosts for shardlm ranks (needs root and iproute2).
 #
-#   scripts/netns/setup.sh [--prefix P] [--links L] [--rate R] [--burst B] [--latency T] N
+#   scripts/netns/setup.sh [--prefix P] [--links L] [--plain] [--rate R] [--rates R1,R2,..]
+#                          [--burst B] [--latency T] N
 #
 # Creates namespaces P1..PN (default P = shardlm-ns). Host I has the address
 # 10.77.0.I, so rank I-1 of a world can be started with
@@ -23,9 +24,15 @@
 #                        Without nft the route is multipath with layer-4
 #                        hashing, and two connections share a cable half the time.
 #                        At most 15 hosts.
+#   --plain (with --links) only the cables' own addresses: no 10.77.0.I, no
+#                        routes beyond the subnets the addresses imply, no
+#                        nft; as real hosts joined by cables. Ranks dial cable
+#                        addresses (SHARDLM_LINKS); each host's line lists its
+#                        cable addresses towards the other hosts.
 #
 # --rate R puts `tc qdisc ... root tbf rate R burst B latency T` on every data
 # device of every host (egress, so both directions of a cable are limited);
+# --rates R1,R2,.. gives cable K its own rate RK instead (with --links);
 # B defaults to 256kb (smaller buckets make tbf cut GSO packets
 # up, which costs CPU) and T to 50ms. netem is not assumed.
 #
@@ -36,7 +43,9 @@ set -Eeuo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 prefix=shardlm-ns
 links=0
+plain=0
 rate=""
+rates=""
 burst=256kb
 latency=50ms
 
@@ -51,6 +60,8 @@ while [ $# -gt 0 ]; do
     --prefix) prefix="$2"; shift 2 ;;
     --links) links="$2"; shift 2 ;;
     --rate) rate="$2"; shift 2 ;;
+    --rates) rates="$2"; shift 2 ;;
+    --plain) plain=1; shift ;;
     --burst) burst="$2"; shift 2 ;;
     --latency) latency="$2"; shift 2 ;;
     -h | --help) usage 0 ;;
@@ -72,7 +83,10 @@ else
     [ "$n" -le 15 ] || die "at most 15 hosts with --links"
     [ "$links" -le 8 ] || die "at most 8 links per pair"
 fi
-if [ -n "$rate" ]; then
+if [ "$plain" = 1 ] && [ "$links" -eq 0 ]; then die "--plain needs --links L"; fi
+if [ -n "$rates" ] && [ "$links" -eq 0 ]; then die "--rates needs --links L"; fi
+IFS=, read -r -a cable_rates <<<"$rates"
+if [ -n "$rate$rates" ]; then
     command -v tc >/dev/null || die "tc not found (apt-get install iproute2)"
 fi
 
@@ -87,9 +101,11 @@ sys() { # sys NS key value: a sysctl inside namespace NS
 
 host() { echo "${prefix}$1"; }
 
-limit() { # limit NS DEV
-    [ -n "$rate" ] || return 0
-    tc -n "$1" qdisc replace dev "$2" root tbf rate "$rate" burst "$burst" latency "$latency"
+limit() { # limit NS DEV [CABLE]
+    local r="$rate"
+    if [ -n "${3:-}" ] && [ -n "${cable_rates[$(($3 - 1))]:-}" ]; then r="${cable_rates[$(($3 - 1))]}"; fi
+    [ -n "$r" ] || return 0
+    tc -n "$1" qdisc replace dev "$2" root tbf rate "$r" burst "$burst" latency "$latency"
 }
 
 for i in $(seq 1 "$n"); do
@@ -117,7 +133,7 @@ if [ "$links" -eq 0 ]; then
     done
 else
     use_nft=0
-    if [ "$links" -ge 2 ]; then
+    if [ "$links" -ge 2 ] && [ "$plain" = 0 ]; then
         if command -v nft >/dev/null; then
             use_nft=1
         else
@@ -125,7 +141,7 @@ else
         fi
     fi
     for i in $(seq 1 "$n"); do
-        ip -n "$(host "$i")" addr add "10.77.0.$i/32" dev lo
+        [ "$plain" = 1 ] || ip -n "$(host "$i")" addr add "10.77.0.$i/32" dev lo
     done
     for i in $(seq 1 "$n"); do
         for j in $(seq $((i + 1)) "$n"); do
@@ -137,12 +153,13 @@ else
                 ip -n "$b" addr add "$net.$j/24" dev "l${k}h$i"
                 ip -n "$a" link set "l${k}h$j" up
                 ip -n "$b" link set "l${k}h$i" up
-                limit "$a" "l${k}h$j"
-                limit "$b" "l${k}h$i"
+                limit "$a" "l${k}h$j" "$k"
+                limit "$b" "l${k}h$i" "$k"
             done
         done
     done
     for i in $(seq 1 "$n"); do
+        [ "$plain" = 0 ] || continue
         ns="$(host "$i")"
         for j in $(seq 1 "$n"); do
             [ "$i" != "$j" ] || continue
@@ -190,5 +207,15 @@ fi
 
 trap - ERR
 for i in $(seq 1 "$n"); do
-    echo "$(host "$i") 10.77.0.$i"
+    if [ "$plain" = 1 ]; then
+        addrs=()
+        for j in $(seq 1 "$n"); do
+            [ "$i" != "$j" ] || continue
+            lo=$((i < j ? i : j)) hi=$((i < j ? j : i))
+            for k in $(seq 1 "$links"); do addrs+=("10.$((77 + k)).$((16 * lo + hi)).$i"); done
+        done
+        echo "$(host "$i") $(IFS=,; echo "${addrs[*]}")"
+    else
+        echo "$(host "$i") 10.77.0.$i"
+    fi
 done

@@ -26,9 +26,10 @@ pub struct DistArgs {
     /// Transport between ranks: auto (shm on one host, else tcp), tcp or shm.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     pub backend: Backend,
-    /// TCP connections per peer; large messages are striped across them.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16))]
-    pub connections_per_peer: u64,
+    /// TCP connections per peer; large messages are striped across them
+    /// (default: one per cable in common, see SHARDLM_LINKS; 1 on one machine).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub connections_per_peer: Option<u64>,
     /// Relative weight of each rank (e.g. usable memory) for layer and width splits.
     #[arg(long, value_delimiter = ',')]
     pub weights: Option<Vec<f64>>,
@@ -62,7 +63,8 @@ fn parse_wire(s: &str) -> Result<comm::Wire, String> {
 pub fn relaunch_if_asked(d: &DistArgs) -> Result<()> {
     if let Some(n) = d.ranks {
         if std::env::var_os(comm::bootstrap::ENV_SIZE).is_none() && n > 1 {
-            let code = relaunch_with_ranks(n as usize, d.backend, d.connections_per_peer as usize, d.verbose)?;
+            let conns = d.connections_per_peer.unwrap_or(0) as usize;
+            let code = relaunch_with_ranks(n as usize, d.backend, conns, d.verbose)?;
             let _ = std::io::Write::flush(&mut std::io::stdout());
             std::process::exit(code);
         }
@@ -86,6 +88,11 @@ pub fn load_engine_dist(
     let files = formats::open_model(&path)?;
     let name = model.unwrap_or(model_source::DEFAULT_MODEL).to_string();
     let world = comm::Group::from_env(fingerprint(&path, &files.config)).context("joining the cluster")?;
+    if d.verbose {
+        for line in world.transport().cable_report() {
+            eprintln!("rank {}: {line}", world.rank());
+        }
+    }
     if world.size() == 1 {
         let tokenizer = Tokenizer::from_source(&files.tokenizer)?;
         let opts = model::LoadOptions { progress: load_progress(None), ..model::LoadOptions::from_env(quantize) };

@@ -21,7 +21,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use comm::bootstrap::{launcher_env, ENV_BIND, ENV_CONNECTIONS, ENV_PEERS, ENV_RANK, ENV_SECRET, ENV_SHM, ENV_SIZE};
+use comm::bootstrap::{
+    format_links, launcher_env, ENV_BIND, ENV_CONNECTIONS, ENV_LINKS, ENV_PEERS, ENV_RANK, ENV_SECRET, ENV_SHM,
+    ENV_SIZE,
+};
 use comm::Hostfile;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
@@ -69,9 +72,10 @@ pub struct LaunchArgs {
     /// Transport between ranks.
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
-    /// TCP connections per pair of ranks.
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
-    connections_per_peer: u64,
+    /// TCP connections per pair of ranks (default: one per cable the pair has
+    /// in common in the hostfile's `links` / `ips`, else 1).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..=64))]
+    connections_per_peer: Option<u64>,
     /// Cluster secret (default: $SHARDLM_SECRET, else a fresh random one).
     #[arg(long)]
     secret: Option<String>,
@@ -100,7 +104,7 @@ pub struct LaunchArgs {
 pub fn launch(a: LaunchArgs) -> Result<()> {
     let exe = std::env::current_exe().context("finding the shardlm executable")?;
     let secret = cluster_secret(a.secret.as_deref())?;
-    let connections = a.connections_per_peer as usize;
+    let connections = a.connections_per_peer.unwrap_or(0) as usize;
     let plan = match (&a.hostfile, a.local) {
         (Some(path), _) => plan_hostfile(&a, path, &secret, &exe)?,
         (None, Some(n)) => plan_local(n as usize, a.backend, connections, a.port, &secret, &exe, &a.command)?,
@@ -183,14 +187,23 @@ struct Planned {
 struct World {
     peers: Vec<String>,
     shm: Option<String>,
+    /// TCP connections per peer; 0: one per cable in common.
     connections: usize,
+    /// Every rank's cables (empty: none listed).
+    links: Vec<Vec<String>>,
     secret: String,
 }
 
 impl World {
     fn shm(n: usize, secret: &str) -> Result<World> {
         let name = Some(segment_name()?);
-        Ok(World { peers: vec!["127.0.0.1:0".into(); n], shm: name, connections: 1, secret: secret.into() })
+        Ok(World {
+            peers: vec!["127.0.0.1:0".into(); n],
+            shm: name,
+            connections: 1,
+            links: Vec::new(),
+            secret: secret.into(),
+        })
     }
 
     fn env(&self, rank: usize, with_secret: bool) -> Vec<(String, String)> {
@@ -198,7 +211,14 @@ impl World {
         env.retain(|(k, _)| (with_secret || k != ENV_SECRET) && (self.shm.is_none() || k != ENV_PEERS));
         match &self.shm {
             Some(name) => env.push((ENV_SHM.into(), name.clone())),
-            None => env.push((ENV_CONNECTIONS.into(), self.connections.to_string())),
+            None => {
+                if self.connections > 0 {
+                    env.push((ENV_CONNECTIONS.into(), self.connections.to_string()));
+                }
+                if !self.links.is_empty() {
+                    env.push((ENV_LINKS.into(), format_links(&self.links)));
+                }
+            }
         }
         env
     }
@@ -222,7 +242,7 @@ fn plan_local(
     let world = if backend == Backend::Tcp {
         let base = port.map_or_else(|| free_port_range(n), Ok)?;
         let peers = (0..n).map(|r| port_plus(base, r).map(|p| format!("127.0.0.1:{p}"))).collect::<Result<_>>()?;
-        World { peers, shm: None, connections, secret: secret.into() }
+        World { peers, shm: None, connections, links: Vec::new(), secret: secret.into() }
     } else {
         World::shm(n, secret)?
     };
@@ -265,7 +285,13 @@ fn plan_hostfile(a: &LaunchArgs, path: &Path, secret: &str, exe: &Path) -> Resul
         if let Some((i, j)) = (0..n).flat_map(|i| (0..i).map(move |j| (i, j))).find(|&(i, j)| peers[i] == peers[j]) {
             bail!("hostfile {}: hosts {j} and {i} both use address {}", path.display(), peers[i]);
         }
-        World { peers, shm: None, connections: a.connections_per_peer as usize, secret: secret.into() }
+        World {
+            peers,
+            shm: None,
+            connections: a.connections_per_peer.unwrap_or(0) as usize,
+            links: hf.cable_addresses(),
+            secret: secret.into(),
+        }
     };
     let cwd = std::env::current_dir().context("finding the working directory")?;
     let remote_exe = a.remote_exe.clone().unwrap_or_else(|| exe.display().to_string());
@@ -288,7 +314,7 @@ fn plan_hostfile(a: &LaunchArgs, path: &Path, secret: &str, exe: &Path) -> Resul
 fn local_command(exe: &Path, args: &[String], env: &[(String, String)]) -> Command {
     let mut cmd = Command::new(exe);
     cmd.args(args);
-    for k in [ENV_RANK, ENV_SIZE, ENV_PEERS, ENV_SECRET, ENV_SHM, ENV_CONNECTIONS, ENV_BIND] {
+    for k in [ENV_RANK, ENV_SIZE, ENV_PEERS, ENV_SECRET, ENV_SHM, ENV_CONNECTIONS, ENV_BIND, ENV_LINKS] {
         cmd.env_remove(k);
     }
     cmd.envs(env.iter().map(|(k, v)| (k, v)));

@@ -47,6 +47,9 @@ pub fn probe(a: ProbeArgs) -> Result<()> {
     let group = comm::Group::from_env(0).context("joining the world")?;
     let (rank, size) = (group.rank(), group.size());
     say(format!("probe rank {rank} of {size} pid {} joined\n", std::process::id()));
+    for line in group.transport().cable_report() {
+        say(format!("probe rank {rank} {line}\n"));
+    }
     let mut x = [rank as f32];
     group.all_reduce_sum_f32(&mut x)?;
     println!("rank {rank} of {size} sum {}", x[0]);

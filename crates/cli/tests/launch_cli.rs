@@ -229,6 +229,29 @@ fn hostfiles_of_this_machine_start_ranks_directly() {
     }
 }
 
+#[test]
+fn hostfile_cables_reach_the_ranks() {
+    // Two "hosts" here, each with two cables (loopback addresses): connection
+    // k of the pair runs between the two cable-k addresses, and there are two
+    // connections without --connections-per-peer.
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = write(
+        dir.path(),
+        "cables.json",
+        r#"{"hosts": [
+            {"name": "a", "addr": "127.0.0.1", "links": [{"addrs": ["127.0.0.1"]}, {"addrs": ["127.0.0.3"]}]},
+            {"name": "b", "addr": "127.0.0.1", "links": [{"addrs": ["127.0.0.2"]}, {"addrs": ["127.0.0.4"]}]}
+        ]}"#,
+    );
+    let o = shardlm(&["launch", "--hostfile", hosts.to_str().unwrap(), "--backend", "tcp", "--", "launch-probe"]);
+    assert_ok(&o, 2);
+    let err = text(&o.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("probe rank 0 peer 1 connection")).collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[0].contains(": 127.0.0.1:") && lines[0].contains("-> 127.0.0.2:"), "{}", lines[0]);
+    assert!(lines[1].contains(": 127.0.0.3:") && lines[1].contains("-> 127.0.0.4:"), "{}", lines[1]);
+}
+
 /// An `ssh` stand-in that runs the remote command here, as sshd would.
 fn fake_ssh(dir: &Path) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;

@@ -10,6 +10,9 @@
 //! executable, joined through the `SHARDLM_*` environment. Sizes are payload
 //! bytes of `f32`. Each all-reduce is timed on rank 0 on its own, after a
 //! barrier and a warm-up; the report gives percentiles in microseconds.
+//!
+//! With `--worker`, every rank is started by hand from the `SHARDLM_*`
+//! environment (e.g. in network namespaces) and rank 0 prints the report.
 
 use shardlm_comm::bootstrap::{launcher_env, ENV_CONNECTIONS, ENV_SHM, ENV_SIZE};
 use shardlm_comm::{Bootstrap, Group, Wire};
@@ -110,7 +113,7 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 }
 
 fn main() {
-    let args = match parse_args() {
+    let mut args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("allreduce_bench: {e}");
@@ -122,9 +125,20 @@ fn main() {
             eprintln!("worker: {e}");
             std::process::exit(1)
         });
-        if let Err(e) = run(&group, &args) {
-            eprintln!("worker {}: {e}", group.rank());
-            std::process::exit(1);
+        args.ranks = group.size();
+        match run(&group, &args) {
+            Err(e) => {
+                eprintln!("worker {}: {e}", group.rank());
+                std::process::exit(1);
+            }
+            Ok(times) if group.rank() == 0 => {
+                for line in group.transport().cable_report() {
+                    eprintln!("{line}");
+                }
+                let conns = std::env::var(ENV_CONNECTIONS).unwrap_or_else(|_| "auto".into());
+                report(&args, &conns, summarise(&args, "tcp", times))
+            }
+            Ok(_) => {}
         }
         return;
     }
@@ -178,24 +192,35 @@ fn main() {
         for k in &mut kids {
             let _ = k.wait();
         }
-        for (&bytes, mut t) in args.sizes.iter().zip(times) {
-            t.sort();
-            let mean = t.iter().map(Duration::as_secs_f64).sum::<f64>() / t.len() as f64 * 1e6;
-            results.push(serde_json::json!({
-                "transport": transport,
-                "bytes": bytes,
-                "iters": t.len(),
-                "p10_us": pct(&t, 0.10),
-                "median_us": pct(&t, 0.5),
-                "p90_us": pct(&t, 0.9),
-                "mean_us": mean,
-                "bus_gbps": 2.0 * (args.ranks - 1) as f64 / args.ranks as f64 * bytes as f64 / pct(&t, 0.5) / 1e3,
-            }));
-        }
+        results.extend(summarise(&args, transport, times));
     }
+    report(&args, &args.conns.to_string(), results);
+}
+
+/// Percentiles of each size's timings.
+fn summarise(args: &Args, transport: &str, times: Vec<Vec<Duration>>) -> Vec<serde_json::Value> {
+    let mut results = Vec::new();
+    for (&bytes, mut t) in args.sizes.iter().zip(times) {
+        t.sort();
+        let mean = t.iter().map(Duration::as_secs_f64).sum::<f64>() / t.len() as f64 * 1e6;
+        results.push(serde_json::json!({
+            "transport": transport,
+            "bytes": bytes,
+            "iters": t.len(),
+            "p10_us": pct(&t, 0.10),
+            "median_us": pct(&t, 0.5),
+            "p90_us": pct(&t, 0.9),
+            "mean_us": mean,
+            "bus_gbps": 2.0 * (args.ranks - 1) as f64 / args.ranks as f64 * bytes as f64 / pct(&t, 0.5) / 1e3,
+        }));
+    }
+    results
+}
+
+fn report(args: &Args, conns: &str, results: Vec<serde_json::Value>) {
     let wire = format!("{:?}", args.wire).to_lowercase();
     if args.json {
-        let doc = serde_json::json!({ "ranks": args.ranks, "wire": wire, "conns": args.conns, "results": results });
+        let doc = serde_json::json!({ "ranks": args.ranks, "wire": wire, "conns": conns, "results": results });
         println!("{doc}");
         return;
     }

@@ -7,7 +7,9 @@
 //! | `SHARDLM_PEERS` | comma-separated `host:port` of every rank, in rank order (TCP) |
 //! | `SHARDLM_SECRET` | the shared cluster secret (required when size > 1) |
 //! | `SHARDLM_SHM` | optional: use the shared-memory transport with this segment name instead of TCP |
-//! | `SHARDLM_CONNECTIONS` | optional: TCP connections per peer (default 1) |
+//! | `SHARDLM_CONNECTIONS` | optional: TCP connections per peer (default, or `0`: one per cable in common) |
+//! | `SHARDLM_LINKS` | optional: every rank's cables, ranks separated by `;`, a rank's cables by `,` (e.g. `10.1.0.1,10.2.0.1;10.1.0.2,10.2.0.2`); see [`TcpConfig::links`] |
+//! | `SHARDLM_CALIBRATE_BYTES` | optional: bytes per connection and direction to measure a pair's connections when it has several (default 2 MiB; `0`: equal stripes) |
 //! | `SHARDLM_BIND` | optional: listen address if not our entry of `SHARDLM_PEERS` |
 //! | `SHARDLM_OP_TIMEOUT_MS` | optional: fail an operation when a peer sends nothing for this long (default: wait; dead peers are detected anyway) |
 //!
@@ -29,6 +31,8 @@ pub const ENV_SECRET: &str = "SHARDLM_SECRET";
 pub const ENV_SHM: &str = "SHARDLM_SHM";
 pub const ENV_CONNECTIONS: &str = "SHARDLM_CONNECTIONS";
 pub const ENV_BIND: &str = "SHARDLM_BIND";
+pub const ENV_LINKS: &str = "SHARDLM_LINKS";
+pub const ENV_CALIBRATE_BYTES: &str = "SHARDLM_CALIBRATE_BYTES";
 pub const ENV_OP_TIMEOUT_MS: &str = "SHARDLM_OP_TIMEOUT_MS";
 
 /// What the environment asks for.
@@ -121,6 +125,12 @@ impl Bootstrap {
         if let Some(n) = number(ENV_CONNECTIONS)? {
             cfg.connections_per_peer = n;
         }
+        if let Some(v) = get(ENV_LINKS).filter(|s| !s.trim().is_empty()) {
+            cfg.links = parse_links(&v, size)?;
+        }
+        if let Some(n) = number(ENV_CALIBRATE_BYTES)? {
+            cfg.calibration_bytes = n;
+        }
         cfg.bind = get(ENV_BIND).filter(|s| !s.is_empty());
         cfg.op_timeout = op_timeout;
         Ok(Bootstrap::Tcp(cfg))
@@ -148,6 +158,25 @@ fn connect_mpi(launch: &MpiLaunch) -> Result<Group> {
         "started by an MPI launcher ({}) but built without MPI support; rebuild with --features mpi",
         launch.evidence
     )))
+}
+
+/// Parses `SHARDLM_LINKS`: one entry per rank, separated by `;`, each a
+/// comma-separated list of cable addresses (empty: that rank lists none).
+pub fn parse_links(v: &str, size: usize) -> Result<Vec<Vec<String>>> {
+    let links: Vec<Vec<String>> =
+        v.split(';').map(|r| r.split(',').map(|c| c.trim().to_string()).filter(|c| !c.is_empty()).collect()).collect();
+    if links.len() != size {
+        return Err(CommError::Env(format!(
+            "{ENV_LINKS} lists cables for {} ranks but {ENV_SIZE}={size}",
+            links.len()
+        )));
+    }
+    Ok(links)
+}
+
+/// `SHARDLM_LINKS` for these cables (see [`parse_links`]).
+pub fn format_links(links: &[Vec<String>]) -> String {
+    links.iter().map(|l| l.join(",")).collect::<Vec<_>>().join(";")
 }
 
 /// The variables a launcher sets for rank `rank` of a TCP world.
@@ -193,6 +222,14 @@ mod tests {
         assert_eq!((cfg.rank, cfg.size, cfg.fingerprint), (1, 2, 9));
         assert_eq!(cfg.peers, peers);
         assert_eq!(cfg.secret, b"s3");
+        assert_eq!((cfg.connections_per_peer, cfg.links.len()), (0, 0), "one connection per cable by default");
+    }
+
+    #[test]
+    fn links_round_trip() {
+        let links = vec![vec!["10.1.0.1".to_string(), "10.2.0.1".to_string()], vec![], vec!["h|fe80::1".to_string()]];
+        assert_eq!(format_links(&links), "10.1.0.1,10.2.0.1;;h|fe80::1");
+        assert_eq!(parse_links(&format_links(&links), 3).unwrap(), links);
     }
 
     #[test]
@@ -205,6 +242,18 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.to_string(), "environment: SHARDLM_PEERS entry \"b\" is not host:port");
+        let e = Bootstrap::from_vars(
+            vars(&[
+                ("SHARDLM_SIZE", "2"),
+                ("SHARDLM_RANK", "0"),
+                ("SHARDLM_SECRET", "x"),
+                ("SHARDLM_PEERS", "a:1,b:1"),
+                ("SHARDLM_LINKS", "10.0.0.1"),
+            ]),
+            1,
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "environment: SHARDLM_LINKS lists cables for 1 ranks but SHARDLM_SIZE=2");
         let e = Bootstrap::from_vars(vars(&[("SHARDLM_SIZE", "two")]), 1).unwrap_err();
         assert!(e.to_string().contains("SHARDLM_SIZE=\"two\""));
     }

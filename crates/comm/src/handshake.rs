@@ -22,8 +22,11 @@ use crate::error::{CommError, PeerId, Result};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// The wire protocol version spoken by this build.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The wire protocol version spoken by this build. 2: the accepting side of
+/// a TCP connection announces no connection count (it learns who connected
+/// from the hello), and the hello's flags word may ask to continue a
+/// connection whose cable was lost.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 const MAGIC: [u8; 8] = *b"SHARDLM\0";
 const PREFIX_LEN: usize = 16; // magic, version, rank: fixed in every version
@@ -34,6 +37,9 @@ const PROOF_LEN: usize = 32;
 /// from the connecting side's hello.
 pub(crate) const CONN_ANY: usize = u32::MAX as usize;
 const LABEL: &[u8] = b"shardlm-auth/1";
+
+/// Hello flag: the connection continues an existing one (see `tcp_resume`).
+pub(crate) const FLAG_RESUME: u32 = 1;
 
 const VERDICT_OK: u8 = 1;
 const VERDICT_AUTH: u8 = 2;
@@ -55,6 +61,8 @@ pub(crate) struct Hello {
     pub conn: u32,
     /// Number of connections per peer the sender uses.
     pub conns: u32,
+    /// [`FLAG_RESUME`]: this connection continues connection `conn`, whose cable was lost.
+    pub flags: u32,
     pub fingerprint: u64,
     pub nonce: [u8; 32],
 }
@@ -71,6 +79,7 @@ impl Hello {
             size: size as u32,
             conn: conn as u32,
             conns: conns as u32,
+            flags: 0,
             fingerprint,
             nonce,
         })
@@ -84,7 +93,7 @@ impl Hello {
         b[16..20].copy_from_slice(&self.size.to_le_bytes());
         b[20..24].copy_from_slice(&self.conn.to_le_bytes());
         b[24..28].copy_from_slice(&self.conns.to_le_bytes());
-        // 28..32 reserved
+        b[28..32].copy_from_slice(&self.flags.to_le_bytes());
         b[32..40].copy_from_slice(&self.fingerprint.to_le_bytes());
         b[40..72].copy_from_slice(&self.nonce);
         b
@@ -98,6 +107,7 @@ impl Hello {
             size: u32_at(16),
             conn: u32_at(20),
             conns: u32_at(24),
+            flags: u32_at(28),
             fingerprint: u64::from_le_bytes(b[32..40].try_into().unwrap()),
             nonce: b[40..72].try_into().unwrap(),
         }
@@ -194,7 +204,8 @@ fn check_hello(ours: &Hello, theirs: &Hello, peer: &PeerId) -> Option<CommError>
     }
     let any = CONN_ANY as u32;
     let index_differs = ours.conn != any && theirs.conn != any && theirs.conn != ours.conn;
-    if theirs.conns != ours.conns || index_differs || (theirs.conn != any && theirs.conn >= theirs.conns) {
+    let count_differs = ours.conns != any && theirs.conns != any && theirs.conns != ours.conns;
+    if count_differs || index_differs || (theirs.conn != any && theirs.conn >= theirs.conns) {
         return Some(peer.handshake(format!(
             "it opened connection {} of {}, we expected connection {} of {}",
             theirs.conn, theirs.conns, ours.conn, ours.conns
@@ -272,9 +283,10 @@ mod tests {
 
     #[test]
     fn version_and_fingerprint_mismatch() {
-        let (a, b) = run(b"s", b"s", 2, 7);
-        assert_eq!(a.unwrap_err().to_string(), "peer 1 at b speaks protocol v1, we speak v2");
-        assert_eq!(b.unwrap_err().to_string(), "peer 0 at a speaks protocol v2, we speak v1");
+        let (v, w) = (PROTOCOL_VERSION, PROTOCOL_VERSION + 1);
+        let (a, b) = run(b"s", b"s", w, 7);
+        assert_eq!(a.unwrap_err().to_string(), format!("peer 1 at b speaks protocol v{v}, we speak v{w}"));
+        assert_eq!(b.unwrap_err().to_string(), format!("peer 0 at a speaks protocol v{w}, we speak v{v}"));
         let (a, b) = run(b"s", b"s", PROTOCOL_VERSION, 8);
         assert!(matches!(a.unwrap_err(), CommError::FingerprintMismatch { .. }));
         assert!(matches!(b.unwrap_err(), CommError::FingerprintMismatch { .. }));

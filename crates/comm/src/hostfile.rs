@@ -2,7 +2,8 @@
 //!
 //! Two formats are read, told apart by their top-level JSON value:
 //!
-//! - MLX's (a list): `[{"ssh": "mac1", "ips": ["192.168.1.2"]}, ...]`
+//! - MLX's (a list): `[{"ssh": "mac1", "ips": ["192.168.1.2", "192.168.2.2"]}, ...]`;
+//!   each of `ips` is one cable, the first also the host's address
 //! - ours (an object), which also says what each host can hold, for the planner:
 //!
 //! ```json
@@ -10,7 +11,11 @@
 //!             "cores": 12, "links": [{"addrs": ["169.254.0.1"]}]}]}
 //! ```
 //!
-//! Hosts are in rank order. Errors name the file and the problem.
+//! `links` are the host's cables, one entry per network path (`addrs[0]` is
+//! dialed; further entries are alternatives, e.g. an IPv6 address): connection
+//! `k` between two hosts that both list cables runs over cable `k` of each
+//! (see `TcpConfig::links`). Hosts are in rank order. Errors name the file and
+//! the problem.
 
 use crate::error::{CommError, Result};
 use serde::{Deserialize, Serialize};
@@ -79,7 +84,11 @@ impl Hostfile {
                         .into_iter()
                         .map(|h| Host {
                             addr: h.ips.first().cloned().unwrap_or_else(|| h.ssh.clone()),
-                            links: if h.ips.is_empty() { Vec::new() } else { vec![Link { addrs: h.ips }] },
+                            links: if h.ips.len() < 2 {
+                                Vec::new()
+                            } else {
+                                h.ips.into_iter().map(|ip| Link { addrs: vec![ip] }).collect()
+                            },
                             name: h.ssh,
                             usable_memory_gb: None,
                             cores: None,
@@ -121,6 +130,9 @@ impl Hostfile {
                 if link.addrs.is_empty() || link.addrs.iter().any(|a| a.trim().is_empty()) {
                     return Err(format!("{what}: link {k} has no address or an empty one"));
                 }
+                if let Some(a) = link.addrs.iter().find(|a| a.contains([',', ';', '|', ' '])) {
+                    return Err(format!("{what}: link {k} address {a:?} contains one of `,;| `"));
+                }
             }
         }
         Ok(())
@@ -140,6 +152,15 @@ impl Hostfile {
     /// `addr`, with `port` added unless the address already has one.
     pub fn rank_addresses(&self, port: u16) -> Vec<String> {
         self.hosts.iter().map(|h| with_port(&h.addr, port)).collect()
+    }
+
+    /// Every host's cables for [`crate::TcpConfig::links`] (a cable's
+    /// addresses joined by `|`); empty when no host lists any.
+    pub fn cable_addresses(&self) -> Vec<Vec<String>> {
+        if self.hosts.iter().all(|h| h.links.is_empty()) {
+            return Vec::new();
+        }
+        self.hosts.iter().map(|h| h.links.iter().map(|l| l.addrs.join("|")).collect()).collect()
     }
 
     /// Serialises in our format.

@@ -9,7 +9,9 @@ fn mlx_format() {
     assert_eq!(h.len(), 2);
     assert_eq!(h.hosts[0].name, "mac1");
     assert_eq!(h.hosts[0].addr, "192.168.1.2");
-    assert_eq!(h.hosts[0].links[0].addrs, vec!["192.168.1.2", "169.254.0.1"]);
+    assert_eq!(h.hosts[0].links.len(), 2, "each of ips is one cable");
+    assert_eq!(h.hosts[0].links[1].addrs, vec!["169.254.0.1"]);
+    assert_eq!(h.cable_addresses(), vec![vec!["192.168.1.2".to_string(), "169.254.0.1".to_string()], vec![]]);
     assert_eq!(h.hosts[1].addr, "mac2", "without ips the ssh name is the address");
     assert_eq!(h.rank_addresses(5000), vec!["192.168.1.2:5000", "mac2:5000"]);
 }
@@ -65,6 +67,10 @@ fn problems_are_named() {
         (r#"{"hosts": [{"name": "a", "addr": "x", "usable_memory_gb": -1}]}"#, "usable_memory_gb -1"),
         (r#"{"hosts": [{"name": "a", "addr": "x", "cores": 0}]}"#, "has 0 cores"),
         (r#"{"hosts": [{"name": "a", "addr": "x", "links": [{"addrs": []}]}]}"#, "link 0 has no address"),
+        (
+            r#"{"hosts": [{"name": "a", "addr": "x", "links": [{"addrs": ["10.0.0.1,10.0.0.2"]}]}]}"#,
+            "link 0 address \"10.0.0.1,10.0.0.2\" contains one of",
+        ),
     ];
     for (text, want) in cases {
         let e = Hostfile::parse(text, "h.json").unwrap_err().to_string();

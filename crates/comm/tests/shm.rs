@@ -50,11 +50,12 @@ fn wrong_secret_is_refused_on_both_sides() {
 
 #[test]
 fn wrong_version_is_refused_on_both_sides() {
-    let r = pair(|c| c.protocol_version = 2);
+    let (v, w) = (shardlm_comm::PROTOCOL_VERSION, shardlm_comm::PROTOCOL_VERSION + 1);
+    let r = pair(|c| c.protocol_version = w);
     let m0 = r[0].as_ref().unwrap_err().to_string();
     let m1 = r[1].as_ref().unwrap_err().to_string();
-    assert!(m0.ends_with("speaks protocol v2, we speak v1"), "{m0}");
-    assert!(m1.ends_with("speaks protocol v1, we speak v2"), "{m1}");
+    assert!(m0.ends_with(&format!("speaks protocol v{w}, we speak v{v}")), "{m0}");
+    assert!(m1.ends_with(&format!("speaks protocol v{v}, we speak v{w}")), "{m1}");
 }
 
 #[test]

@@ -105,14 +105,15 @@ fn wrong_secret_is_refused_on_both_sides() {
 
 #[test]
 fn wrong_version_is_refused_on_both_sides() {
-    let (addrs, r) = bootstrap_pair(|c| c.protocol_version = 2);
+    let (v, w) = (shardlm_comm::PROTOCOL_VERSION, shardlm_comm::PROTOCOL_VERSION + 1);
+    let (addrs, r) = bootstrap_pair(|c| c.protocol_version = w);
     assert_eq!(
         r[0].as_ref().unwrap_err().to_string(),
-        format!("peer 1 at {} speaks protocol v2, we speak v1", addrs[1])
+        format!("peer 1 at {} speaks protocol v{w}, we speak v{v}", addrs[1])
     );
     assert_eq!(
         r[1].as_ref().unwrap_err().to_string(),
-        format!("peer 0 at {} speaks protocol v1, we speak v2", addrs[0])
+        format!("peer 0 at {} speaks protocol v{v}, we speak v{w}", addrs[0])
     );
 }
 
@@ -178,4 +179,94 @@ fn mismatched_collectives_are_a_protocol_error() {
     for msg in out {
         assert!(msg.contains("bytes where") || msg.contains("aborted"), "{msg}");
     }
+}
+
+/// Two ranks on loopback, each with two "cables" (127.0.0.x addresses);
+/// `tweak` adjusts each rank's config. Listeners are on every interface, as with real cables.
+fn cable_pair<T: Send>(
+    tweak: impl Fn(usize, &mut shardlm_comm::TcpConfig) + Sync,
+    f: impl Fn(Result<Group, CommError>) -> T + Sync,
+) -> Vec<T> {
+    let ls: Vec<_> = (0..2).map(|_| std::net::TcpListener::bind("0.0.0.0:0").unwrap()).collect();
+    let addrs: Vec<String> = ls.iter().map(|l| format!("127.0.0.1:{}", l.local_addr().unwrap().port())).collect();
+    let links = vec![
+        vec!["127.0.0.1".to_string(), "127.0.0.3".to_string()],
+        vec!["127.0.0.2".to_string(), "127.0.0.4".to_string()],
+    ];
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ls
+            .into_iter()
+            .enumerate()
+            .map(|(rank, l)| {
+                let (addrs, links, tweak, f) = (&addrs, &links, &tweak, &f);
+                s.spawn(move || {
+                    let mut cfg = tcp_config(rank, addrs);
+                    cfg.links = links.clone();
+                    cfg.stripe_threshold = 4096;
+                    cfg.calibration_bytes = 256 << 10;
+                    tweak(rank, &mut cfg);
+                    f(TcpTransport::connect_with_listener(&cfg, l).map(|t| Group::new(Arc::new(t))))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn each_connection_dials_its_own_cable() {
+    let out = cable_pair(
+        |_, _| {},
+        |g| {
+            let g = g.expect("connect over two cables");
+            let t = g.transport();
+            let peer = 1 - g.rank();
+            let lines = t.cable_report();
+            assert_eq!(lines.len(), 2, "one line per connection: {lines:?}");
+            let r = g.rank();
+            for len in [10, 5000, 300_001] {
+                let mut x = input(r, len);
+                g.all_reduce_sum_f32(&mut x).unwrap();
+                assert_eq!(x, expected_sum(2, len), "len {len}");
+            }
+            let big = bytes_of(r, 1 << 20);
+            let mut got = vec![0u8; 1 << 20];
+            g.send_recv(peer, &big, peer, &mut got).unwrap();
+            assert_eq!(got, bytes_of(peer, 1 << 20));
+            lines
+        },
+    );
+    // Connection k runs from our cable k to the peer's cable k: 127.0.0.1/.2, then .3/.4.
+    for (rank, lines) in out.iter().enumerate() {
+        let (a, b) = if rank == 0 { ("127.0.0.1", "127.0.0.2") } else { ("127.0.0.2", "127.0.0.1") };
+        assert!(lines[0].contains(&format!("{a}:")) && lines[0].contains(&format!("-> {b}:")), "{lines:?}");
+        let (a, b) = if rank == 0 { ("127.0.0.3", "127.0.0.4") } else { ("127.0.0.4", "127.0.0.3") };
+        assert!(lines[1].contains(&format!("{a}:")) && lines[1].contains(&format!("-> {b}:")), "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("small messages")), "{lines:?}");
+    }
+}
+
+#[test]
+fn different_connection_counts_are_refused() {
+    let out = cable_pair(
+        |r, c| {
+            c.connections_per_peer = if r == 1 { 3 } else { 0 };
+            c.connect_timeout = Duration::from_secs(2);
+        },
+        |g| g.map(|_| ()).unwrap_err().to_string(),
+    );
+    assert!(out[0].contains("it opens 3 connections to us, we expect 2"), "{}", out[0]);
+}
+
+#[test]
+fn a_cable_address_not_on_this_host_is_named() {
+    let out = cable_pair(
+        |_, c| {
+            c.links[1][1] = "192.0.2.7".into();
+            c.connect_timeout = Duration::from_millis(800);
+        },
+        |g| g.map(|_| ()).unwrap_err().to_string(),
+    );
+    assert!(out[1].contains("from 192.0.2.7"), "{}", out[1]);
+    assert!(out[1].contains("could not connect to peer 0 at 127.0.0.1:"), "{}", out[1]);
 }

@@ -303,6 +303,10 @@ impl StageRunner<'_> {
         let source = c.upstream().unwrap_or(0);
         // Fault injection for the lost-peer test: die abruptly after N steps.
         let die_after: Option<usize> = std::env::var("SHARDLM_TEST_DIE_AFTER_STEPS").ok().and_then(|v| v.parse().ok());
+        // And for the lost-cable test: after N steps, say so and sleep MS (`N:MS`).
+        let pause_after: Option<(usize, u64)> = std::env::var("SHARDLM_TEST_PAUSE_AFTER_STEPS")
+            .ok()
+            .and_then(|v| v.split_once(':').and_then(|(n, ms)| Some((n.parse().ok()?, ms.parse().ok()?))));
         let mut steps = 0;
         loop {
             let h = c.recv_header(source)?;
@@ -312,6 +316,10 @@ impl StageRunner<'_> {
             steps += 1;
             if die_after.is_some_and(|n| steps >= n) {
                 std::process::abort();
+            }
+            if let Some((_, ms)) = pause_after.filter(|&(n, _)| steps == n) {
+                eprintln!("test: pausing after {steps} steps");
+                std::thread::sleep(std::time::Duration::from_millis(ms));
             }
         }
     }

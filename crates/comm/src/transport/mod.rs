@@ -36,7 +36,9 @@ pub mod local;
 pub mod mpi;
 pub mod shm;
 pub mod tcp;
+mod tcp_cables;
 mod tcp_io;
+mod tcp_resume;
 
 use crate::error::Result;
 
@@ -78,6 +80,13 @@ pub trait Transport: Send + Sync {
     /// answer on every rank: collectives choose their algorithms by it.
     fn full_mesh(&self) -> bool {
         true
+    }
+
+    /// One line per connection to each peer, with what was measured on it
+    /// (addresses, round trip, throughput, share of striped messages), for
+    /// `--verbose`. Empty for transports without such connections.
+    fn cable_report(&self) -> Vec<String> {
+        Vec::new()
     }
 
     /// Performs all `sends` and `recvs` concurrently and returns when all are

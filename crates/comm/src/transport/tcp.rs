@@ -7,9 +7,13 @@
 //! [`crate::handshake`] (protocol version, model fingerprint, rank, and an
 //! HMAC-SHA256 challenge-response over the cluster secret in both directions).
 //!
-//! Messages shorter than `stripe_threshold` travel on the first socket of a
-//! link; longer ones are cut into one stripe per socket, each driven by its own
-//! thread, which is how two cables (or two NIC queues) add up. All sockets are
+//! With several cables between two hosts (`links`), connection `k` binds our
+//! address on cable `k` and dials the peer's (see [`super::tcp_cables`]), and
+//! the pair measures its connections once connected. Messages shorter than
+//! `stripe_threshold` travel on the connection with the lowest round trip;
+//! longer ones are cut into one stripe per connection, sized in proportion to
+//! that connection's measured throughput, each driven by its own thread, which
+//! is how two cables (or two NIC queues) add up. All sockets are
 //! `TCP_NODELAY`, non-blocking, and use short keep-alive probes so that a
 //! silently dead host is noticed in seconds, not hours.
 //!
@@ -17,15 +21,18 @@
 //! reason to every peer it can and closes all sockets: the other ranks then
 //! fail fast with a message that names the rank that really failed.
 
-use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, SendJob};
+pub use super::tcp_cables::CableStats;
+use super::tcp_cables::{common_cables, dial, measure_links, route, validate_links, LinkPlan};
+use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, Resumer, SendJob};
+use super::tcp_resume::resume_idle;
 use super::{validate_ops, BusyGuard, RecvOp, SendOp, Transport};
 use crate::error::{CommError, PeerId, Result};
-use crate::handshake::{handshake, HandshakeIo, Hello, CONN_ANY, PROTOCOL_VERSION};
+use crate::handshake::{handshake, HandshakeIo, Hello, CONN_ANY, FLAG_RESUME, PROTOCOL_VERSION};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Which ranks hold direct connections.
@@ -52,12 +59,26 @@ pub struct TcpConfig {
     pub secret: Vec<u8>,
     /// Identifies the model (and shard plan); all ranks must agree.
     pub fingerprint: u64,
+    /// Connections per pair of ranks; 0 (the default) means one per cable the
+    /// pair has in common (see `links`), which is 1 without cables.
     pub connections_per_peer: usize,
+    /// Cables of every rank, indexed by rank: one address per network path
+    /// (an IP or host name, optionally `:port`; alternatives separated by `|`).
+    /// Connection `k` between two ranks that both list cables binds our cable
+    /// `k mod c` and dials theirs, `c` being the shorter list. Empty (for all
+    /// ranks or one): connections dial `peers` and the kernel picks the route.
+    pub links: Vec<Vec<String>>,
+    /// Bytes sent on every connection, each way, to measure a pair's
+    /// connections when it has several (0: equal stripes, no measuring).
+    pub calibration_bytes: usize,
     pub topology: Topology,
     /// Deadline for establishing all connections, retries included.
     pub connect_timeout: Duration,
     /// Deadline for one connection's handshake.
     pub handshake_timeout: Duration,
+    /// How long a connection whose cable was lost may take to continue over
+    /// another cable (after the loss is noticed, within `keepalive` + 3 s).
+    pub resume_timeout: Duration,
     /// Fail an operation when a peer sent nothing for this long. `None` waits
     /// forever (idle workers wait for the next request); dead peers are still
     /// detected by closed connections and keep-alive probes.
@@ -86,10 +107,13 @@ impl TcpConfig {
             bind: None,
             secret: secret.into(),
             fingerprint,
-            connections_per_peer: 1,
+            connections_per_peer: 0,
+            links: Vec::new(),
+            calibration_bytes: 2 << 20,
             topology: Topology::FullMesh,
             connect_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
+            resume_timeout: Duration::from_secs(10),
             op_timeout: None,
             keepalive: Some(Duration::from_secs(2)),
             max_message_bytes: 1 << 30,
@@ -110,10 +134,36 @@ impl TcpConfig {
                 self.size
             )));
         }
-        if self.connections_per_peer == 0 || self.connections_per_peer > 64 {
-            return Err(CommError::invalid("connections_per_peer must be between 1 and 64"));
+        if self.connections_per_peer > 64 {
+            return Err(CommError::invalid("connections_per_peer must be between 1 and 64 (0: one per cable)"));
         }
-        Ok(())
+        validate_links(&self.links, self.size)
+    }
+
+    /// Connections between us and rank `peer`.
+    fn conns_for(&self, peer: usize) -> usize {
+        match self.connections_per_peer {
+            0 => common_cables(&self.links, self.rank, peer),
+            n => n,
+        }
+    }
+
+    /// Where we listen: `bind`, else our address in `peers`, on every
+    /// interface when we have cables (peers dial each cable's address).
+    fn listen_addr(&self) -> Result<String> {
+        let ours = self.bind.clone().unwrap_or_else(|| self.peers[self.rank].clone());
+        if self.bind.is_some() || self.links.get(self.rank).is_none_or(Vec::is_empty) {
+            return Ok(ours);
+        }
+        let resolved = ours
+            .to_socket_addrs()
+            .map_err(|e| CommError::io(format!("resolving our address {ours}"), e))?
+            .next()
+            .ok_or_else(|| CommError::invalid(format!("our address {ours} resolves to nothing")))?;
+        Ok(match resolved {
+            SocketAddr::V4(a) => format!("0.0.0.0:{}", a.port()),
+            SocketAddr::V6(a) => format!("[::]:{}", a.port()),
+        })
     }
 
     fn neighbours(&self) -> Vec<bool> {
@@ -132,18 +182,44 @@ impl TcpConfig {
 
 /// One rank of a TCP world. Build it with [`TcpTransport::connect`].
 pub struct TcpTransport {
-    rank: usize,
-    size: usize,
-    peers: Vec<PeerId>,
+    inner: Arc<TcpInner>,
+    /// Accepts connections that continue ours while no exchange runs.
+    watcher: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::ops::Deref for TcpTransport {
+    type Target = TcpInner;
+    fn deref(&self) -> &TcpInner {
+        &self.inner
+    }
+}
+
+/// The state of a [`TcpTransport`], shared with its watcher thread.
+#[doc(hidden)]
+pub struct TcpInner {
+    pub(super) rank: usize,
+    pub(super) size: usize,
+    pub(super) peers: Vec<PeerId>,
     /// `links[p]` holds the connections to rank `p` (empty when not a neighbour).
-    links: Vec<Vec<Conn>>,
-    op_timeout: Option<Duration>,
-    spin: Duration,
-    stripe_threshold: usize,
-    max_message: usize,
-    topology: Topology,
-    busy: AtomicBool,
-    failed: Mutex<Option<CommError>>,
+    pub(super) links: Vec<Vec<Conn>>,
+    /// `plans[p]`: how messages to and from rank `p` use its connections.
+    pub(super) plans: Vec<LinkPlan>,
+    pub(super) op_timeout: Option<Duration>,
+    pub(super) spin: Duration,
+    pub(super) stripe_threshold: usize,
+    pub(super) max_message: usize,
+    pub(super) topology: Topology,
+    pub(super) busy: AtomicBool,
+    pub(super) failed: Mutex<Option<CommError>>,
+    /// For continuing connections whose cable was lost: the configuration,
+    /// our listener (lower ranks accept the new connections), and new
+    /// connections accepted for another connection than the one looked for.
+    pub(super) cfg: TcpConfig,
+    pub(super) listener: Option<TcpListener>,
+    pub(super) mailbox: Mutex<Vec<(usize, usize, TcpStream)>>,
+    /// Held by an exchange, and by the watcher while it continues a connection.
+    pub(super) quiet: Mutex<()>,
 }
 
 impl TcpTransport {
@@ -151,9 +227,9 @@ impl TcpTransport {
     pub fn connect(cfg: &TcpConfig) -> Result<TcpTransport> {
         cfg.validate()?;
         if cfg.size == 1 {
-            return Ok(Self::assemble(cfg, Vec::new()));
+            return Ok(Self::assemble(cfg, Vec::new(), Vec::new(), None));
         }
-        let bind = cfg.bind.clone().unwrap_or_else(|| cfg.peers[cfg.rank].clone());
+        let bind = cfg.listen_addr()?;
         let listener = TcpListener::bind(&bind).map_err(|e| CommError::io(format!("listening on {bind}"), e))?;
         Self::connect_with_listener(cfg, listener)
     }
@@ -166,9 +242,11 @@ impl TcpTransport {
         let neighbours = cfg.neighbours();
         let deadline = Instant::now() + cfg.connect_timeout;
         let stop = AtomicBool::new(false);
-        let mut slots: Vec<Vec<Option<TcpStream>>> =
-            (0..cfg.size).map(|_| (0..cfg.connections_per_peer).map(|_| None).collect()).collect();
-        let expected_accepts = neighbours[cfg.rank + 1..].iter().filter(|&&n| n).count() * cfg.connections_per_peer;
+        let mut slots: Vec<Vec<Option<TcpStream>>> = (0..cfg.size)
+            .map(|p| (0..if neighbours[p] { cfg.conns_for(p) } else { 0 }).map(|_| None).collect())
+            .collect();
+        let expected_accepts: usize =
+            (cfg.rank + 1..cfg.size).filter(|&p| neighbours[p]).map(|p| cfg.conns_for(p)).sum();
 
         let (accepted, connected) = std::thread::scope(|s| {
             let acceptor = s.spawn(|| {
@@ -193,25 +271,42 @@ impl TcpTransport {
         for (rank, conn, stream) in accepted.into_iter().chain(connected) {
             slots[rank][conn] = Some(stream);
         }
-        let links = slots
+        let mut streams =
+            slots.into_iter().map(|conns| conns.into_iter().map_while(|c| c).collect::<Vec<_>>()).collect::<Vec<_>>();
+        let plans = measure_links(cfg, &peers, &mut streams)?;
+        let links: Vec<Vec<Conn>> = streams
             .into_iter()
-            .map(|conns| conns.into_iter().map_while(|c| c.map(Conn::new)).collect::<Vec<_>>())
-            .collect::<Vec<_>>();
+            .enumerate()
+            .map(|(p, conns)| conns.into_iter().enumerate().map(|(k, s)| Conn::new(s, p, k)).collect())
+            .collect();
         for (p, link) in links.iter().enumerate() {
             for conn in link {
-                tune_socket(&conn.stream, cfg.keepalive)
+                tune_socket(&conn.streams()[0], cfg.keepalive)
                     .map_err(|e| CommError::io(format!("tuning socket to {p}"), e))?;
             }
         }
-        Ok(Self::assemble(cfg, links))
+        Ok(Self::assemble(cfg, links, plans, Some(listener)))
     }
 
-    fn assemble(cfg: &TcpConfig, links: Vec<Vec<Conn>>) -> TcpTransport {
-        TcpTransport {
+    /// The connections to rank `peer` as measured when connecting (empty when
+    /// not connected to it).
+    pub fn cables(&self, peer: usize) -> Vec<CableStats> {
+        self.plans.get(peer).map_or_else(Vec::new, |p| p.stats.clone())
+    }
+
+    fn assemble(
+        cfg: &TcpConfig,
+        links: Vec<Vec<Conn>>,
+        plans: Vec<LinkPlan>,
+        listener: Option<TcpListener>,
+    ) -> TcpTransport {
+        let watch = listener.is_some();
+        let inner = Arc::new(TcpInner {
             rank: cfg.rank,
             size: cfg.size,
             peers: cfg.peers.iter().enumerate().map(|(r, a)| PeerId::new(r, a.clone())).collect(),
             links,
+            plans,
             op_timeout: cfg.op_timeout,
             spin: cfg.spin,
             stripe_threshold: cfg.stripe_threshold.max(1),
@@ -219,6 +314,53 @@ impl TcpTransport {
             topology: cfg.topology,
             busy: AtomicBool::new(false),
             failed: Mutex::new(None),
+            cfg: cfg.clone(),
+            listener,
+            mailbox: Mutex::new(Vec::new()),
+            quiet: Mutex::new(()),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = watch.then(|| {
+            let (inner, stop) = (inner.clone(), stop.clone());
+            std::thread::spawn(move || inner.watch(&stop))
+        });
+        TcpTransport { inner, watcher, stop }
+    }
+}
+
+impl TcpInner {
+    /// While no exchange runs, accepts the connections peers make to continue
+    /// one whose cable was lost (an exchange in progress does it itself).
+    fn watch(&self, stop: &AtomicBool) {
+        let Some(fd) = self.listener.as_ref().map(|l| l.as_raw_fd()) else { return };
+        while !stop.load(Ordering::Acquire) {
+            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
+                continue;
+            }
+            let Ok(_quiet) = self.quiet.try_lock() else {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            if self.failed.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                return;
+            }
+            let cancel = AtomicBool::new(false);
+            let ctx = PumpCtx {
+                peers: &self.peers,
+                op_timeout: self.op_timeout,
+                spin: self.spin,
+                cancel: &cancel,
+                resumer: Some(self),
+                idle: &[],
+            };
+            while let Some((p, k)) = self.accept_one() {
+                if let Err(e) = resume_idle(&self.links[p][k], "its peer connected again to continue it", &ctx) {
+                    self.fail(e);
+                    return;
+                }
+            }
         }
     }
 
@@ -253,41 +395,59 @@ impl TcpTransport {
     }
 
     fn run(&self, sends: &[SendOp<'_>], recvs: &mut [RecvOp<'_>]) -> Result<()> {
-        let nconn = self.links.iter().map(Vec::len).max().unwrap_or(1);
-        let stripe = |len: usize| nconn > 1 && len >= self.stripe_threshold;
+        let stripe = |peer: usize, len: usize| self.links[peer].len() > 1 && len >= self.stripe_threshold;
+        let small = |peer: usize| &self.links[peer][self.plans[peer].small];
         let cancel = AtomicBool::new(false);
-        let ctx = PumpCtx { peers: &self.peers, op_timeout: self.op_timeout, spin: self.spin, cancel: &cancel };
-        let any_striped = sends.iter().any(|s| stripe(s.data.len())) || recvs.iter().any(|r| stripe(r.buf.len()));
+        let ctx = PumpCtx {
+            peers: &self.peers,
+            op_timeout: self.op_timeout,
+            spin: self.spin,
+            cancel: &cancel,
+            resumer: Some(self),
+            idle: &[],
+        };
+        let any_striped =
+            sends.iter().any(|s| stripe(s.peer, s.data.len())) || recvs.iter().any(|r| stripe(r.peer, r.buf.len()));
+        // Connections this exchange leaves alone are watched by the first pump.
+        let used = |c: &Conn| {
+            let p = c.peer;
+            sends.iter().any(|s| s.peer == p && (stripe(p, s.data.len()) || std::ptr::eq(small(p), c)))
+                || recvs.iter().any(|r| r.peer == p && (stripe(p, r.buf.len()) || std::ptr::eq(small(p), c)))
+        };
+        let idle: Vec<&Conn> = self.links.iter().flatten().filter(|c| !used(c)).collect();
+        let first_ctx = PumpCtx { idle: &idle, ..ctx };
         if !any_striped {
-            let mut sj: Vec<SendJob> =
-                sends.iter().map(|s| SendJob::new(&self.links[s.peer][0], s.peer, s.data)).collect();
-            let mut rj: Vec<RecvJob> =
-                recvs.iter_mut().map(|r| RecvJob::new(&self.links[r.peer][0], r.peer, r.buf)).collect();
-            return pump(&mut sj, &mut rj, &ctx);
+            let mut sj: Vec<SendJob> = sends.iter().map(|s| SendJob::new(small(s.peer), s.peer, s.data)).collect();
+            let mut rj: Vec<RecvJob> = recvs.iter_mut().map(|r| RecvJob::new(small(r.peer), r.peer, r.buf)).collect();
+            return pump(&mut sj, &mut rj, &first_ctx);
         }
-        // One job list per connection index; small messages stay on connection 0.
+        // One job list per connection index (one thread each); small messages
+        // go on their peer's lowest-latency connection.
+        let nconn = self.links.iter().map(Vec::len).max().unwrap_or(1);
         let mut per_conn: Vec<(Vec<SendJob>, Vec<RecvJob>)> = (0..nconn).map(|_| (Vec::new(), Vec::new())).collect();
         for s in sends {
-            if stripe(s.data.len()) {
-                for (c, jobs) in per_conn.iter_mut().enumerate() {
-                    let part = &s.data[crate::chunk_range(s.data.len(), nconn, c)];
-                    jobs.0.push(SendJob::new(&self.links[s.peer][c], s.peer, part));
+            let plan = &self.plans[s.peer];
+            if stripe(s.peer, s.data.len()) {
+                for (c, conn) in self.links[s.peer].iter().enumerate() {
+                    let part = &s.data[plan.part(s.data.len(), true, c)];
+                    per_conn[c].0.push(SendJob::new(conn, s.peer, part));
                 }
             } else {
-                per_conn[0].0.push(SendJob::new(&self.links[s.peer][0], s.peer, s.data));
+                per_conn[plan.small].0.push(SendJob::new(small(s.peer), s.peer, s.data));
             }
         }
         for r in recvs.iter_mut() {
-            if stripe(r.buf.len()) {
+            let plan = &self.plans[r.peer];
+            if stripe(r.peer, r.buf.len()) {
                 let len = r.buf.len();
                 let mut rest: &mut [u8] = r.buf;
-                for (c, jobs) in per_conn.iter_mut().enumerate() {
-                    let (part, tail) = rest.split_at_mut(crate::chunk_range(len, nconn, c).len());
+                for (c, conn) in self.links[r.peer].iter().enumerate() {
+                    let (part, tail) = rest.split_at_mut(plan.part(len, false, c).len());
                     rest = tail;
-                    jobs.1.push(RecvJob::new(&self.links[r.peer][c], r.peer, part));
+                    per_conn[c].1.push(RecvJob::new(conn, r.peer, part));
                 }
             } else {
-                per_conn[0].1.push(RecvJob::new(&self.links[r.peer][0], r.peer, r.buf));
+                per_conn[plan.small].1.push(RecvJob::new(small(r.peer), r.peer, r.buf));
             }
         }
         let ctx = &ctx;
@@ -305,7 +465,7 @@ impl TcpTransport {
                     })
                 })
                 .collect();
-            let first = pump(&mut s0, &mut r0, ctx);
+            let first = pump(&mut s0, &mut r0, &first_ctx);
             if first.is_err() {
                 ctx.cancel.store(true, Ordering::Relaxed);
             }
@@ -344,9 +504,36 @@ impl Transport for TcpTransport {
         self.topology == Topology::FullMesh || self.size <= 3
     }
 
+    fn cable_report(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (p, plan) in self.plans.iter().enumerate() {
+            let (sw, rw) = plan
+                .stats
+                .iter()
+                .fold((0u64, 0u64), |(s, r), c| (s + u64::from(c.send_weight), r + u64::from(c.recv_weight)));
+            for c in &plan.stats {
+                let mbit = |bps: f64| if bps > 0.0 { format!("{:.0} Mbit/s", bps * 8e-6) } else { "-".into() };
+                let rtt = if c.rtt_us > 0.0 { format!("{:.0} µs", c.rtt_us) } else { "-".into() };
+                out.push(format!(
+                    "peer {p} connection {}: {} -> {}, round trip {rtt}, to peer {} ({:.0}% of stripes), from peer {} ({:.0}%){}",
+                    c.conn,
+                    c.local,
+                    c.remote,
+                    mbit(c.send_bps),
+                    100.0 * f64::from(c.send_weight) / sw.max(1) as f64,
+                    mbit(c.recv_bps),
+                    100.0 * f64::from(c.recv_weight) / rw.max(1) as f64,
+                    if c.conn == plan.small { ", small messages" } else { "" },
+                ));
+            }
+        }
+        out
+    }
+
     fn exchange(&self, sends: &[SendOp<'_>], recvs: &mut [RecvOp<'_>]) -> Result<()> {
         validate_ops(self, sends, recvs, self.max_message)?;
         let _busy = BusyGuard::enter(&self.busy)?;
+        let _quiet = self.quiet.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(err) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(err);
         }
@@ -356,13 +543,22 @@ impl Transport for TcpTransport {
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(w) = self.watcher.take() {
+            // Wakes the watcher from its poll at once.
+            if let Some(l) = &self.listener {
+                // SAFETY: shutting down a socket we own; it is not used after.
+                unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+            }
+            let _ = w.join();
+        }
         for conn in self.links.iter().flatten() {
-            let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+            conn.shutdown();
         }
     }
 }
 
-fn stopped() -> CommError {
+pub(crate) fn stopped() -> CommError {
     CommError::invalid("bootstrap stopped")
 }
 
@@ -392,13 +588,15 @@ impl HandshakeIo for HandshakeStream<'_> {
     }
 }
 
-fn run_handshake(
+pub(super) fn run_handshake(
     cfg: &TcpConfig,
     stream: &mut TcpStream,
     conn: usize,
+    conns: usize,
+    flags: u32,
     fallback: PeerId,
     peer_of: &dyn Fn(Option<usize>) -> Result<PeerId>,
-) -> Result<(usize, usize)> {
+) -> Result<(usize, usize, usize, u32)> {
     let set = |s: &TcpStream| -> std::io::Result<()> {
         s.set_nonblocking(false)?;
         s.set_nodelay(true)?;
@@ -406,10 +604,11 @@ fn run_handshake(
         s.set_write_timeout(Some(cfg.handshake_timeout))
     };
     set(stream).map_err(|e| fallback.lost(format!("{e} while preparing the socket")))?;
-    let ours = Hello::new(cfg.protocol_version, cfg.rank, cfg.size, conn, cfg.connections_per_peer, cfg.fingerprint)?;
+    let mut ours = Hello::new(cfg.protocol_version, cfg.rank, cfg.size, conn, conns, cfg.fingerprint)?;
+    ours.flags = flags;
     let mut io = HandshakeStream { stream, peer: fallback, timeout: cfg.handshake_timeout };
     let (theirs, _) = handshake(&mut io, &ours, &cfg.secret, peer_of)?;
-    Ok((theirs.rank as usize, theirs.conn as usize))
+    Ok((theirs.rank as usize, theirs.conn as usize, theirs.conns as usize, theirs.flags))
 }
 
 /// Accepts `expected` connections from higher ranks and handshakes each.
@@ -455,8 +654,18 @@ fn accept_all(
             ))),
             Some(_) | None => Err(stranger.handshake("not a shardlm process")),
         };
-        match run_handshake(cfg, &mut stream, CONN_ANY, stranger.clone(), &peer_of) {
-            Ok((rank, conn)) => {
+        // We learn who connected from their hello, so we announce no count
+        // and check theirs against ours for that rank here.
+        match run_handshake(cfg, &mut stream, CONN_ANY, CONN_ANY, 0, stranger.clone(), &peer_of) {
+            // A connection resuming one of a world we are not part of yet: stale.
+            Ok((_, _, _, flags)) if flags & FLAG_RESUME != 0 => continue,
+            Ok((rank, conn, conns, _)) => {
+                if conns != cfg.conns_for(rank) {
+                    return Err(peers[rank].handshake(format!(
+                        "it opens {conns} connections to us, we expect {} (connections per peer or cables differ)",
+                        cfg.conns_for(rank)
+                    )));
+                }
                 if got.iter().any(|(r, c, _)| *r == rank && *c == conn) {
                     return Err(peers[rank].handshake(format!("it opened connection {conn} twice")));
                 }
@@ -472,7 +681,7 @@ fn accept_all(
 
 fn missing_ranks(cfg: &TcpConfig, neighbours: &[bool], got: &[(usize, usize, TcpStream)]) -> Vec<usize> {
     (cfg.rank + 1..cfg.size)
-        .filter(|&r| neighbours[r] && got.iter().filter(|(g, _, _)| *g == r).count() < cfg.connections_per_peer)
+        .filter(|&r| neighbours[r] && got.iter().filter(|(g, _, _)| *g == r).count() < cfg.conns_for(r))
         .collect()
 }
 
@@ -486,8 +695,13 @@ fn connect_down(
 ) -> Result<Vec<(usize, usize, TcpStream)>> {
     let mut out = Vec::new();
     for p in (0..cfg.rank).filter(|&p| neighbours[p]) {
-        for conn in 0..cfg.connections_per_peer {
-            let mut stream = dial(&peers[p], deadline, stop)?;
+        let conns = cfg.conns_for(p);
+        for conn in 0..conns {
+            // Our cable for this connection first, then the others.
+            let cables = common_cables(&cfg.links, cfg.rank, p);
+            let routes: Vec<_> =
+                (0..cables).map(|d| route(&cfg.links, cfg.rank, p, &peers[p].addr, conn + d)).collect();
+            let mut stream = dial(&peers[p], &routes, deadline, stop)?;
             let peer_of = |claimed: Option<usize>| match claimed {
                 Some(r) if r == p => Ok(peers[p].clone()),
                 Some(r) => Err(peers[p].handshake(format!("it claims rank {r}; check the order of the peer list"))),
@@ -495,49 +709,16 @@ fn connect_down(
             };
             // The acceptor learns our connection index from our hello and checks
             // it against its own, so both sides announce the same index.
-            run_handshake(cfg, &mut stream, conn, peers[p].clone(), &peer_of)?;
+            run_handshake(cfg, &mut stream, conn, conns, 0, peers[p].clone(), &peer_of)?;
             out.push((p, conn, stream));
         }
     }
     Ok(out)
 }
 
-fn dial(peer: &PeerId, deadline: Instant, stop: &AtomicBool) -> Result<TcpStream> {
-    let start = Instant::now();
-    let mut last_err = String::from("no address");
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            return Err(stopped());
-        }
-        let addrs: Vec<SocketAddr> = match peer.addr.to_socket_addrs() {
-            Ok(a) => a.collect(),
-            Err(e) => {
-                last_err = format!("cannot resolve: {e}");
-                Vec::new()
-            }
-        };
-        for addr in addrs {
-            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(10));
-            match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
-                Ok(s) => return Ok(s),
-                Err(e) => last_err = e.to_string(),
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(CommError::Connect {
-                rank: peer.rank,
-                addr: peer.addr.clone(),
-                waited: start.elapsed(),
-                detail: last_err,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Non-blocking, no Nagle, and keep-alive probes tight enough to notice a
 /// silently dead host within a few seconds.
-fn tune_socket(stream: &TcpStream, keepalive: Option<Duration>) -> std::io::Result<()> {
+pub(super) fn tune_socket(stream: &TcpStream, keepalive: Option<Duration>) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;

@@ -8,12 +8,20 @@
 //! receives come in with one `readv`, so a small message costs one system call
 //! on each side. The loop spins for a short while before parking in `poll`,
 //! which keeps small-message latency low without burning a core when idle.
+//!
+//! Each connection counts the bytes it wrote and read, and keeps the tail of
+//! what it wrote that the peer's kernel may not have acknowledged. When a
+//! connection fails the way a lost cable makes it fail (time-outs, no route),
+//! the pump asks its [`Resumer`] for a new connection to the same peer over
+//! another cable and carries on: see [`super::tcp_resume`].
 
+use super::tcp_resume::{keep_unacknowledged, resume, resume_idle};
 use crate::error::{CommError, PeerId, Result};
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub(crate) const HEADER_LEN: usize = 16;
@@ -25,33 +33,110 @@ const POLL_SLICE_MS: i32 = 50;
 
 /// One TCP connection to a peer (non-blocking after the handshake).
 pub(crate) struct Conn {
-    pub stream: TcpStream,
+    /// The socket in use.
+    fd: AtomicI32,
+    /// Every socket this connection used; the last is in use. Replaced ones
+    /// stay open until drop, so their numbers are not reused under a racing abort.
+    streams: Mutex<Vec<TcpStream>>,
+    /// Rank of the peer, and index of this connection among those to it.
+    pub peer: usize,
+    pub index: usize,
+    /// `local -> remote` of the socket in use, for messages.
+    pub ends: Mutex<String>,
     /// A frame has been partly written: an abort frame now would corrupt it.
     pub send_mid_frame: AtomicBool,
     /// A frame has been partly read: the next bytes are not a frame header.
     pub recv_mid_frame: AtomicBool,
     /// We already told the peer why we give up.
     abort_sent: AtomicBool,
+    /// Failed in a way that is not a lost cable while idle: stop watching it.
+    pub watch_off: AtomicBool,
+    /// Bytes of frames written to / taken from this connection's stream.
+    pub tx: AtomicU64,
+    pub rx: AtomicU64,
+    /// What a resumed connection must do first: replay what the peer lost,
+    /// and hand out what was read from the replaced socket but not yet taken.
+    pub pending: Mutex<Pending>,
+    pub replaying: AtomicBool,
+    pub stashed: AtomicBool,
+    /// The tail of our stream the peer may not have: `(offset of its first byte, bytes)`,
+    /// ending at `tx` as of the end of the last exchange that wrote here.
+    pub kept: Mutex<(u64, Vec<u8>)>,
+}
+
+fn ends(s: &TcpStream) -> String {
+    match (s.local_addr(), s.peer_addr()) {
+        (Ok(l), Ok(r)) => format!("{l} -> {r}"),
+        _ => "?".into(),
+    }
+}
+
+/// See [`Conn::pending`].
+#[derive(Default)]
+pub(crate) struct Pending {
+    pub replay: Vec<u8>,
+    pub replay_at: usize,
+    pub stash: Vec<u8>,
+    pub stash_at: usize,
 }
 
 impl Conn {
-    pub fn new(stream: TcpStream) -> Conn {
+    pub fn new(stream: TcpStream, peer: usize, index: usize) -> Conn {
+        let ends = Mutex::new(ends(&stream));
         Conn {
-            stream,
+            fd: AtomicI32::new(stream.as_raw_fd()),
+            streams: Mutex::new(vec![stream]),
+            ends,
+            peer,
+            index,
             send_mid_frame: AtomicBool::new(false),
             recv_mid_frame: AtomicBool::new(false),
             abort_sent: AtomicBool::new(false),
+            watch_off: AtomicBool::new(false),
+            tx: AtomicU64::new(0),
+            rx: AtomicU64::new(0),
+            pending: Mutex::new(Pending::default()),
+            replaying: AtomicBool::new(false),
+            stashed: AtomicBool::new(false),
+            kept: Mutex::new((0, Vec::new())),
         }
     }
 
-    fn fd(&self) -> RawFd {
-        self.stream.as_raw_fd()
+    pub fn fd(&self) -> RawFd {
+        self.fd.load(Ordering::Acquire)
+    }
+
+    /// The socket in use (and the ones it replaced).
+    pub fn streams(&self) -> MutexGuard<'_, Vec<TcpStream>> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts `stream` in use, with what it must do first.
+    pub fn replace(&self, stream: TcpStream, pending: Pending) {
+        let fd = stream.as_raw_fd();
+        *self.ends.lock().unwrap_or_else(|e| e.into_inner()) = ends(&stream);
+        let mut streams = self.streams();
+        if let Some(old) = streams.last() {
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        streams.push(stream);
+        self.replaying.store(pending.replay_at < pending.replay.len(), Ordering::Release);
+        self.stashed.store(pending.stash_at < pending.stash.len(), Ordering::Release);
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = pending;
+        self.fd.store(fd, Ordering::Release);
+    }
+
+    /// Closes both directions of the socket in use.
+    pub fn shutdown(&self) {
+        if let Some(s) = self.streams().last() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     /// Best effort: tell the peer why we give up, then close both directions.
     pub fn abort(&self, reason: &str) {
         self.send_abort(reason);
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.shutdown();
     }
 
     /// Best effort, once: tell the peer why we give up, keeping the connection open.
@@ -59,7 +144,7 @@ impl Conn {
         if self.abort_sent.swap(true, Ordering::AcqRel) {
             return;
         }
-        if !self.send_mid_frame.load(Ordering::Acquire) {
+        if !self.send_mid_frame.load(Ordering::Acquire) && !self.replaying.load(Ordering::Acquire) {
             let reason = &reason.as_bytes()[..reason.len().min(MAX_ABORT_REASON)];
             let mut frame = header(KIND_ABORT, reason.len()).to_vec();
             frame.extend_from_slice(reason);
@@ -74,7 +159,7 @@ impl Conn {
     /// reason. `None` when the peer stays silent, sends anything else, or the
     /// stream is mid-frame (its next bytes are not a header).
     pub fn await_abort(&self, grace: Duration) -> Option<String> {
-        if self.recv_mid_frame.load(Ordering::Acquire) {
+        if self.recv_mid_frame.load(Ordering::Acquire) || self.stashed.load(Ordering::Acquire) {
             return None;
         }
         let deadline = Instant::now() + grace;
@@ -125,11 +210,11 @@ fn header(kind: u32, len: usize) -> [u8; HEADER_LEN] {
 
 /// An outgoing frame in progress.
 pub(crate) struct SendJob<'a> {
-    conn: &'a Conn,
+    pub conn: &'a Conn,
     peer: usize,
-    header: [u8; HEADER_LEN],
-    data: &'a [u8],
-    done: usize,
+    pub header: [u8; HEADER_LEN],
+    pub data: &'a [u8],
+    pub done: usize,
 }
 
 impl<'a> SendJob<'a> {
@@ -137,18 +222,28 @@ impl<'a> SendJob<'a> {
         SendJob { conn, peer, header: header(KIND_DATA, data.len()), data, done: 0 }
     }
 
-    fn total(&self) -> usize {
+    pub fn total(&self) -> usize {
         HEADER_LEN + self.data.len()
     }
 
-    fn complete(&self) -> bool {
+    pub fn complete(&self) -> bool {
         self.done == self.total()
+    }
+
+    /// Appends bytes `from..to` of the frame (header, then data) to `out`.
+    pub fn frame(&self, from: usize, to: usize, out: &mut Vec<u8>) {
+        if from < HEADER_LEN {
+            out.extend_from_slice(&self.header[from..to.min(HEADER_LEN)]);
+        }
+        if to > HEADER_LEN {
+            out.extend_from_slice(&self.data[from.max(HEADER_LEN) - HEADER_LEN..to - HEADER_LEN]);
+        }
     }
 }
 
 /// An incoming frame in progress.
 pub(crate) struct RecvJob<'a> {
-    conn: &'a Conn,
+    pub conn: &'a Conn,
     peer: usize,
     header: [u8; HEADER_LEN],
     buf: &'a mut [u8],
@@ -171,6 +266,7 @@ impl<'a> RecvJob<'a> {
 }
 
 /// Everything the loop needs besides the jobs.
+#[derive(Clone, Copy)]
 pub(crate) struct PumpCtx<'a> {
     pub peers: &'a [PeerId],
     /// Error out when no byte moved for this long.
@@ -179,6 +275,26 @@ pub(crate) struct PumpCtx<'a> {
     pub spin: Duration,
     /// Set by a sibling thread that failed; we stop with `Cancelled`.
     pub cancel: &'a AtomicBool,
+    /// Replaces a connection lost with its cable (`None`: such a loss is fatal).
+    pub resumer: Option<&'a dyn Resumer>,
+    /// Connections no job of this exchange uses, which this pump watches
+    /// while it waits: one that loses its cable, or whose peer connects again
+    /// to continue one, is resumed at once (the peer may be waiting for it).
+    pub idle: &'a [&'a Conn],
+}
+
+/// Finds a new socket for a connection whose cable was lost.
+pub(crate) trait Resumer: Sync {
+    /// A connected, authenticated, blocking socket to `conn`'s peer that
+    /// continues connection `conn.index`, or why there is none.
+    fn reconnect(&self, conn: &Conn, why: &str) -> Result<TcpStream>;
+    /// Makes a new socket ready for the pump (non-blocking, keep-alive, ...).
+    fn tune(&self, stream: &TcpStream) -> io::Result<()>;
+    /// The listener peers connect to again, if we accept such connections.
+    fn listen_fd(&self) -> Option<RawFd>;
+    /// Takes one waiting connection from the listener, if any, and keeps it
+    /// for [`Resumer::reconnect`]; returns the (peer, connection index) it continues.
+    fn accept_one(&self) -> Option<(usize, usize)>;
 }
 
 /// Returned by a pump stopped because a sibling failed; never shown to users.
@@ -189,6 +305,16 @@ pub(crate) fn cancelled() -> CommError {
 enum Step {
     Progress,
     Blocked,
+    /// The connection failed the way a lost cable makes it fail.
+    Down(String),
+}
+
+/// Errors a lost cable (rather than a dead peer) produces.
+fn cable_lost(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::ENETDOWN | libc::EHOSTDOWN)
+    )
 }
 
 fn io_failure(peer: &PeerId, err: &io::Error, doing: &str) -> CommError {
@@ -201,6 +327,9 @@ fn io_failure(peer: &PeerId, err: &io::Error, doing: &str) -> CommError {
 }
 
 fn try_send(job: &mut SendJob<'_>, peer: &PeerId) -> Result<Step> {
+    if job.conn.replaying.load(Ordering::Acquire) {
+        return flush_replay(job.conn);
+    }
     let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2];
     let mut n_iov = 0;
     if job.done < HEADER_LEN {
@@ -223,10 +352,12 @@ fn try_send(job: &mut SendJob<'_>, peer: &PeerId) -> Result<Step> {
         let err = io::Error::last_os_error();
         return match err.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Step::Blocked),
+            _ if cable_lost(&err) => Ok(Step::Down(format!("{err} while sending"))),
             _ => Err(io_failure(peer, &err, "sending")),
         };
     }
     job.done += n as usize;
+    job.conn.tx.fetch_add(n as u64, Ordering::Relaxed);
     job.conn.send_mid_frame.store(!job.complete(), Ordering::Release);
     Ok(if n > 0 { Step::Progress } else { Step::Blocked })
 }
@@ -244,12 +375,17 @@ fn try_recv(job: &mut RecvJob<'_>, peer: &PeerId, spin: Duration) -> Result<Step
             libc::iovec { iov_base: job.buf[data_done..].as_mut_ptr().cast(), iov_len: job.buf.len() - data_done };
         n_iov += 1;
     }
-    // SAFETY: the iovecs point into writable buffers borrowed for this call.
-    let n = unsafe { libc::readv(job.conn.fd(), iov.as_ptr(), n_iov as i32) };
+    let n = if job.conn.stashed.load(Ordering::Acquire) {
+        from_stash(job.conn, &iov[..n_iov]) as isize
+    } else {
+        // SAFETY: the iovecs point into writable buffers borrowed for this call.
+        unsafe { libc::readv(job.conn.fd(), iov.as_ptr(), n_iov as i32) }
+    };
     if n < 0 {
         let err = io::Error::last_os_error();
         return match err.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Step::Blocked),
+            _ if cable_lost(&err) => Ok(Step::Down(format!("{err} while receiving"))),
             _ => Err(io_failure(peer, &err, "receiving")),
         };
     }
@@ -257,6 +393,7 @@ fn try_recv(job: &mut RecvJob<'_>, peer: &PeerId, spin: Duration) -> Result<Step
         return Err(peer.lost("it closed the connection"));
     }
     job.done += n as usize;
+    job.conn.rx.fetch_add(n as u64, Ordering::Relaxed);
     job.conn.recv_mid_frame.store(!job.complete(), Ordering::Release);
     if !job.checked && job.done >= HEADER_LEN {
         job.checked = true;
@@ -275,6 +412,54 @@ fn try_recv(job: &mut RecvJob<'_>, peer: &PeerId, spin: Duration) -> Result<Step
         }
     }
     Ok(Step::Progress)
+}
+
+/// Writes what a resumed connection must replay before anything else.
+fn flush_replay(conn: &Conn) -> Result<Step> {
+    let mut p = conn.pending.lock().unwrap_or_else(|e| e.into_inner());
+    if p.replay_at == p.replay.len() {
+        conn.replaying.store(false, Ordering::Release);
+        return Ok(Step::Progress);
+    }
+    let rest = &p.replay[p.replay_at..];
+    // SAFETY: the pointer and length describe `rest`, borrowed for the call.
+    let n = unsafe { libc::send(conn.fd(), rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let err = io::Error::last_os_error();
+        return match err.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(Step::Blocked),
+            _ => Ok(Step::Down(format!("{err} while replaying"))),
+        };
+    }
+    p.replay_at += n as usize;
+    if p.replay_at == p.replay.len() {
+        p.replay = Vec::new();
+        p.replay_at = 0;
+        conn.replaying.store(false, Ordering::Release);
+    }
+    Ok(Step::Progress)
+}
+
+/// Fills `iov` from what a replaced socket still held; returns the bytes given.
+fn from_stash(conn: &Conn, iov: &[libc::iovec]) -> usize {
+    let mut p = conn.pending.lock().unwrap_or_else(|e| e.into_inner());
+    let mut given = 0;
+    for v in iov {
+        let n = v.iov_len.min(p.stash.len() - p.stash_at);
+        // SAFETY: `iov_base` points to `iov_len` writable bytes borrowed by the caller.
+        unsafe { std::ptr::copy_nonoverlapping(p.stash[p.stash_at..].as_ptr(), v.iov_base.cast::<u8>(), n) };
+        p.stash_at += n;
+        given += n;
+        if n < v.iov_len {
+            break;
+        }
+    }
+    if p.stash_at == p.stash.len() {
+        p.stash = Vec::new();
+        p.stash_at = 0;
+        conn.stashed.store(false, Ordering::Release);
+    }
+    given
 }
 
 /// Collects the reason of an abort frame whose header was just read.
@@ -312,9 +497,14 @@ pub(crate) fn pump(sends: &mut [SendJob<'_>], recvs: &mut [RecvJob<'_>], ctx: &P
                 continue;
             }
             pending = true;
-            let peer = &ctx.peers[sends[i].peer];
-            if let Step::Progress = try_send(&mut sends[i], peer)? {
-                progress = true;
+            let (peer, conn) = (&ctx.peers[sends[i].peer], sends[i].conn);
+            match try_send(&mut sends[i], peer)? {
+                Step::Progress => progress = true,
+                Step::Blocked => {}
+                Step::Down(why) => {
+                    resume(conn, &why, sends, ctx)?;
+                    progress = true;
+                }
             }
         }
         for i in 0..recvs.len() {
@@ -324,16 +514,37 @@ pub(crate) fn pump(sends: &mut [SendJob<'_>], recvs: &mut [RecvJob<'_>], ctx: &P
                 continue;
             }
             pending = true;
-            let peer = &ctx.peers[recvs[i].peer];
+            let (peer, conn) = (&ctx.peers[recvs[i].peer], recvs[i].conn);
             // Keep reading while data flows: one wake-up can drain many frames.
             while !recvs[i].complete() {
                 match try_recv(&mut recvs[i], peer, ctx.spin)? {
                     Step::Progress => progress = true,
                     Step::Blocked => break,
+                    Step::Down(why) => {
+                        resume(conn, &why, sends, ctx)?;
+                        progress = true;
+                        break;
+                    }
+                }
+            }
+        }
+        // A resumed connection replays what the peer lost even when this
+        // exchange sends nothing on it: the peer may be waiting for it.
+        for conn in recvs.iter().map(|r| r.conn).chain(sends.iter().map(|s| s.conn)) {
+            if conn.replaying.load(Ordering::Acquire) {
+                pending = true;
+                match flush_replay(conn)? {
+                    Step::Progress => progress = true,
+                    Step::Blocked => {}
+                    Step::Down(why) => {
+                        resume(conn, &why, sends, ctx)?;
+                        progress = true;
+                    }
                 }
             }
         }
         if !pending {
+            keep_unacknowledged(sends);
             return Ok(());
         }
         if ctx.cancel.load(Ordering::Relaxed) {
@@ -367,9 +578,51 @@ pub(crate) fn pump(sends: &mut [SendJob<'_>], recvs: &mut [RecvJob<'_>], ctx: &P
         for r in recvs.iter().filter(|r| !r.complete()) {
             polls.push(libc::pollfd { fd: r.conn.fd(), events: libc::POLLIN, revents: 0 });
         }
+        for r in recvs.iter().filter(|r| r.conn.replaying.load(Ordering::Acquire)) {
+            polls.push(libc::pollfd { fd: r.conn.fd(), events: libc::POLLOUT, revents: 0 });
+        }
+        let watched = polls.len();
+        let resumer = ctx.resumer.filter(|_| !ctx.idle.is_empty());
+        if resumer.is_some() {
+            for c in ctx.idle.iter().filter(|c| !c.watch_off.load(Ordering::Acquire)) {
+                // Errors and hang-ups are always reported.
+                polls.push(libc::pollfd { fd: c.fd(), events: 0, revents: 0 });
+            }
+            if let Some(fd) = resumer.and_then(|r| r.listen_fd()) {
+                polls.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+            }
+        }
         // SAFETY: `polls` is a valid array of pollfd for the duration of the call.
         unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, POLL_SLICE_MS) };
+        if let Some(r) = resumer {
+            if polls[watched..].iter().any(|p| p.revents != 0) {
+                watch_idle(r, ctx)?;
+            }
+        }
     }
+}
+
+/// Resumes idle connections that lost their cable, or whose peer connected
+/// again to continue them.
+fn watch_idle(r: &dyn Resumer, ctx: &PumpCtx<'_>) -> Result<()> {
+    for c in ctx.idle.iter().filter(|c| !c.watch_off.load(Ordering::Acquire)) {
+        let mut pfd = libc::pollfd { fd: c.fd(), events: 0, revents: 0 };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 0) } <= 0 {
+            continue;
+        }
+        let err = c.streams().last().and_then(|s| s.take_error().ok().flatten());
+        match err {
+            Some(e) if cable_lost(&e) => resume_idle(c, &format!("{e} while idle"), ctx)?,
+            _ => c.watch_off.store(true, Ordering::Release),
+        }
+    }
+    while let Some((peer, index)) = r.accept_one() {
+        if let Some(c) = ctx.idle.iter().find(|c| (c.peer, c.index) == (peer, index)) {
+            resume_idle(c, "its peer connected again to continue it", ctx)?;
+        }
+    }
+    Ok(())
 }
 
 fn timeout_error(sends: &[SendJob<'_>], recvs: &[RecvJob<'_>], ctx: &PumpCtx<'_>, idle: Duration) -> CommError {
