@@ -8,6 +8,7 @@ mod launch_probe;
 mod membw;
 mod model_source;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +23,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Run(Box<run::RunArgs>),
+    /// Serve the OpenAI, Anthropic and Responses APIs over HTTP.
+    Serve(Box<serve::ServeArgs>),
     /// Show a model's architecture, size, tensor types and template.
     Inspect(inspect::InspectArgs),
     /// Measure prompt and generation throughput (like mlx_lm.benchmark).
@@ -44,6 +47,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::run(*a),
+        Command::Serve(a) => serve::serve(*a),
         Command::Inspect(a) => inspect::inspect(a),
         Command::Bench(a) => bench::bench(a),
         Command::Membw(a) => membw::membw(a),

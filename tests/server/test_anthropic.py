@@ -1,0 +1,79 @@
+"""Anthropic Messages through the official SDK."""
+
+import jsonschema
+import pytest
+
+from test_openai import WEATHER_SCHEMA
+
+# This SDK version has no `temperature` argument; the server still reads it.
+GREEDY = {"temperature": 0}
+TOOLS = [
+    {"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_SCHEMA,
+     "cache_control": {"type": "ephemeral"}},
+    {"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
+]
+
+
+@pytest.mark.smoke
+def test_messages_non_stream(claude):
+    r = claude.messages.create(model="claude-sonnet-4-5", max_tokens=16, extra_body=GREEDY,
+                               system=[{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+                               messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert r.type == "message" and r.role == "assistant"
+    assert r.content[0].type == "text" and r.content[0].text
+    assert r.stop_reason in ("end_turn", "max_tokens")
+    assert r.usage.input_tokens > 5
+
+
+def test_stop_sequence_and_thinking_accepted(claude):
+    r = claude.beta.messages.create(
+        model="claude-opus-4", max_tokens=32000,
+        thinking={"type": "enabled", "budget_tokens": 31999},
+        betas=["interleaved-thinking-2025-05-14", "made-up-beta-2099"],
+        metadata={"user_id": "u1"},
+        messages=[{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6, 7, 8"}],
+        stop_sequences=[","],
+        extra_body={"context_management": {"edits": []}, "temperature": 1},
+    )
+    assert all(b.type != "thinking" for b in r.content)
+    assert r.stop_reason in ("stop_sequence", "end_turn", "max_tokens")
+    if r.stop_reason == "stop_sequence":
+        assert r.stop_sequence == ","
+        assert "," not in r.content[0].text
+
+
+@pytest.mark.smoke
+def test_stream_with_forced_tool_use(claude):
+    kinds = []
+    with claude.messages.stream(model="claude-x", max_tokens=80, extra_body=GREEDY, tools=TOOLS,
+                                tool_choice={"type": "tool", "name": "get_weather"},
+                                messages=[{"role": "user", "content": "Weather in Berlin?"}]) as stream:
+        for event in stream:
+            kinds.append(event.type if event.type != "content_block_delta" else event.delta.type)
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "input_json_delta" in kinds and "content_block_start" in kinds and "message_delta" in kinds
+    assert final.stop_reason == "tool_use"
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert uses and uses[0].name == "get_weather"
+    jsonschema.validate(uses[0].input, WEATHER_SCHEMA)
+
+
+def test_tool_result_round_trip(claude):
+    first = claude.messages.create(model="c", max_tokens=80, extra_body=GREEDY, tools=TOOLS, tool_choice={"type": "any"},
+                                   messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    use = next(b for b in first.content if b.type == "tool_use")
+    r = claude.messages.create(model="c", max_tokens=24, extra_body=GREEDY, tools=TOOLS, messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                      "content": [{"type": "text", "text": "-3 C, snow"}]}]},
+    ])
+    assert r.content and r.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_count_tokens(claude):
+    small = claude.messages.count_tokens(model="c", messages=[{"role": "user", "content": "hi"}])
+    big = claude.messages.count_tokens(model="c", system="You are a helpful assistant.", tools=TOOLS,
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert 0 < small.input_tokens < big.input_tokens
