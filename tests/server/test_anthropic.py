@@ -77,3 +77,12 @@ def test_count_tokens(claude):
     big = claude.messages.count_tokens(model="c", system="You are a helpful assistant.", tools=TOOLS,
                                        messages=[{"role": "user", "content": "hi"}])
     assert 0 < small.input_tokens < big.input_tokens
+
+
+def test_structured_output_json_schema(claude):
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 40}}, "required": ["answer"]}
+    r = claude.messages.create(model="c", max_tokens=40, extra_body=GREEDY,
+                               output_config={"format": {"type": "json_schema", "schema": schema}},
+                               messages=[{"role": "user", "content": "Capital of Italy? Answer in JSON."}])
+    import json
+    jsonschema.validate(json.loads(r.content[0].text), schema)

@@ -62,7 +62,7 @@ def test_disconnect_cancels_and_active_returns_to_zero(server):
 
 
 def test_keep_alive_comments_during_long_prefill(server):
-    long = "The quick brown fox jumps over the lazy dog. " * 300  # about 3000 tokens
+    long = "The quick brown fox jumps over the lazy dog. " * 100  # about 1000 tokens
     body = {"model": "m", "messages": [{"role": "user", "content": long}], "max_tokens": 2, "stream": True}
     comments_before_content = 0
     with httpx.stream("POST", server.base + "/v1/chat/completions", json=body, headers=H, timeout=120) as r:

@@ -5,10 +5,10 @@
 //! request is accepted and, on models without reasoning, answered without
 //! thinking blocks.
 
-use crate::chat::{new_id, ChatRequest, Delta, ResponseFormat, ToolDef};
+use crate::chat::{new_id, ChatRequest, Delta, ToolDef};
 use crate::error::{ApiError, Dialect};
 use crate::http::{sse, ApiJson};
-use crate::openai::{sampling, tool_choice};
+use crate::openai::{response_format, sampling, tool_choice};
 use crate::prompt::{count_chat_tokens, prepare_chat, start};
 use crate::state::SharedState;
 use axum::extract::State;
@@ -30,6 +30,10 @@ pub struct MessagesRequest {
     pub stream: bool,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
+    /// Structured output: `{"format": {"type": "json_schema", "schema": {…}}}`.
+    pub output_config: Option<Value>,
+    /// The older spelling of the same (`{"type": "json_schema", "schema": {…}}`).
+    pub output_format: Option<Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -140,10 +144,11 @@ fn tools(req: &MessagesRequest) -> Vec<ToolDef> {
 
 fn to_chat(req: MessagesRequest) -> Result<ChatRequest, ApiError> {
     let messages = to_openai(&req)?;
+    let format = req.output_config.as_ref().and_then(|c| c.get("format")).or(req.output_format.as_ref());
     Ok(ChatRequest {
         tools: tools(&req),
         tool_choice: tool_choice(req.tool_choice.as_ref()).map_err(|e| e.in_dialect(Dialect::Anthropic))?,
-        response_format: ResponseFormat::Text,
+        response_format: response_format(format).map_err(|e| e.in_dialect(Dialect::Anthropic))?,
         max_tokens: req.max_tokens,
         max_tokens_field: "max_tokens",
         // Anthropic's default temperature is 1.
@@ -309,6 +314,8 @@ pub async fn count_tokens(
         stream: false,
         tools: body.tools,
         tool_choice: body.tool_choice,
+        output_config: None,
+        output_format: None,
     };
     let chat = to_chat(req)?;
     let n = count_chat_tokens(&state, &chat).map_err(|e| e.in_dialect(Dialect::Anthropic))?;
