@@ -34,6 +34,8 @@ pub struct MessagesRequest {
     pub output_config: Option<Value>,
     /// The older spelling of the same (`{"type": "json_schema", "schema": {…}}`).
     pub output_format: Option<Value>,
+    /// `{"type": "enabled", "budget_tokens": N}`: reasoning templates think; others answer plainly.
+    pub thinking: Option<Value>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -151,6 +153,7 @@ fn to_chat(req: MessagesRequest) -> Result<ChatRequest, ApiError> {
         response_format: response_format(format).map_err(|e| e.in_dialect(Dialect::Anthropic))?,
         max_tokens: req.max_tokens,
         max_tokens_field: "max_tokens",
+        thinking: Some(req.thinking.as_ref().and_then(|t| t.get("type")).and_then(Value::as_str) == Some("enabled")),
         // Anthropic's default temperature is 1.
         sampling: sampling(req.temperature, req.top_p, req.top_k, None, None, None),
         stop: req.stop_sequences.unwrap_or_default(),
@@ -180,6 +183,9 @@ pub async fn messages(
     if !stream {
         let out = generation.collect().await.map_err(|e| e.in_dialect(Dialect::Anthropic))?;
         let mut content = Vec::new();
+        if !out.reasoning.is_empty() {
+            content.push(json!({"type": "thinking", "thinking": out.reasoning, "signature": ""}));
+        }
         if !out.text.is_empty() || out.calls.is_empty() {
             content.push(json!({"type": "text", "text": out.text}));
         }
@@ -206,10 +212,37 @@ pub async fn messages(
         // Index of the open block, if it is a text block.
         let mut index = 0usize;
         let mut text_open = false;
+        let mut thinking_open = false;
         let mut any_block = false;
         while let Some(d) = sink.next(&mut generation).await {
             let ok = match d {
+                Delta::Reasoning(r) => {
+                    let mut ok = true;
+                    if !thinking_open {
+                        thinking_open = true;
+                        any_block = true;
+                        ok = sink
+                            .event(
+                                "content_block_start",
+                                &json!({"type": "content_block_start", "index": index,
+                                    "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+                            )
+                            .await;
+                    }
+                    ok && sink
+                        .event(
+                            "content_block_delta",
+                            &json!({"type": "content_block_delta", "index": index,
+                                "delta": {"type": "thinking_delta", "thinking": r}}),
+                        )
+                        .await
+                }
                 Delta::Text(t) => {
+                    if thinking_open {
+                        close_thinking(&sink, index).await;
+                        thinking_open = false;
+                        index += 1;
+                    }
                     let mut ok = true;
                     if !text_open {
                         text_open = true;
@@ -231,6 +264,11 @@ pub async fn messages(
                         .await
                 }
                 Delta::Call(c) => {
+                    if thinking_open {
+                        close_thinking(&sink, index).await;
+                        thinking_open = false;
+                        index += 1;
+                    }
                     if text_open {
                         sink.event("content_block_stop", &json!({"type": "content_block_stop", "index": index})).await;
                         text_open = false;
@@ -259,6 +297,10 @@ pub async fn messages(
                     ok
                 }
                 Delta::End { finish, usage: u } => {
+                    if thinking_open {
+                        close_thinking(&sink, index).await;
+                        index += 1;
+                    }
                     if !any_block {
                         sink.event(
                             "content_block_start",
@@ -291,6 +333,17 @@ pub async fn messages(
     }))
 }
 
+/// Ends a thinking block (an empty signature: nothing to verify here).
+async fn close_thinking(sink: &crate::http::SseSink, index: usize) {
+    sink.event(
+        "content_block_delta",
+        &json!({"type": "content_block_delta", "index": index,
+            "delta": {"type": "signature_delta", "signature": ""}}),
+    )
+    .await;
+    sink.event("content_block_stop", &json!({"type": "content_block_stop", "index": index})).await;
+}
+
 #[derive(Deserialize, Debug)]
 pub struct CountTokensRequest {
     pub messages: Vec<AnthropicMessage>,
@@ -316,6 +369,7 @@ pub async fn count_tokens(
         tool_choice: body.tool_choice,
         output_config: None,
         output_format: None,
+        thinking: None,
     };
     let chat = to_chat(req)?;
     let n = count_chat_tokens(&state, &chat).map_err(|e| e.in_dialect(Dialect::Anthropic))?;

@@ -2,6 +2,7 @@
 //! running generation seen as `Delta`s: text, complete tool calls, the end.
 
 use crate::error::ApiError;
+use crate::reasoning::{Part, ThinkSplitter};
 use crate::tools::{ParsedCall, Piece, ToolSplitter};
 use crate::worker::Event;
 use engine::generate::FinishReason;
@@ -49,6 +50,8 @@ pub struct ChatRequest {
     pub stop: Vec<String>,
     /// Which field `max_tokens` came from, for error messages.
     pub max_tokens_field: &'static str,
+    /// Ask a reasoning template to think (`enable_thinking`); `None` = its default.
+    pub thinking: Option<bool>,
 }
 
 /// Why generation ended, in OpenAI's words (each API maps it to its own).
@@ -94,8 +97,13 @@ pub struct ToolCall {
 #[derive(Debug)]
 pub enum Delta {
     Text(String),
+    /// Reasoning text (`<think>` of reasoning templates).
+    Reasoning(String),
     Call(ToolCall),
-    End { finish: Finish, usage: Usage },
+    End {
+        finish: Finish,
+        usage: Usage,
+    },
     Error(String),
 }
 
@@ -116,6 +124,8 @@ pub fn unix_now() -> u64 {
 pub struct Generation {
     events: UnboundedReceiver<Event>,
     splitter: ToolSplitter,
+    /// Set for reasoning templates.
+    think: Option<ThinkSplitter>,
     ready: VecDeque<Delta>,
     calls: usize,
     done: bool,
@@ -125,15 +135,23 @@ pub struct Generation {
     /// The guide ended the output (forced call / JSON); a cut JSON would be `Length`.
     guided: bool,
     pub text: String,
+    pub reasoning: String,
     /// The stop string that ended the output (known after `End`).
     pub stop_sequence: Option<String>,
 }
 
 impl Generation {
-    pub fn new(events: UnboundedReceiver<Event>, splitter: ToolSplitter, prompt_tokens: usize, guided: bool) -> Self {
+    pub fn new(
+        events: UnboundedReceiver<Event>,
+        splitter: ToolSplitter,
+        think: Option<ThinkSplitter>,
+        prompt_tokens: usize,
+        guided: bool,
+    ) -> Self {
         Generation {
             events,
             splitter,
+            think,
             ready: VecDeque::new(),
             calls: 0,
             done: false,
@@ -141,6 +159,7 @@ impl Generation {
             stop_strings: false,
             guided,
             text: String::new(),
+            reasoning: String::new(),
             stop_sequence: None,
         }
     }
@@ -171,8 +190,9 @@ impl Generation {
             }
             let mut pieces = Vec::new();
             match self.events.recv().await {
-                Some(Event::Text(t)) => self.splitter.push(&t, &mut pieces),
+                Some(Event::Text(t)) => self.split_reasoning(&t, false, &mut pieces),
                 Some(Event::Done(f)) => {
+                    self.split_reasoning("", true, &mut pieces);
                     self.splitter.finish(&mut pieces);
                     self.take_pieces(pieces);
                     pieces = Vec::new();
@@ -201,6 +221,29 @@ impl Generation {
         }
     }
 
+    /// Routes reasoning straight out and the answer text through the tool splitter.
+    fn split_reasoning(&mut self, text: &str, last: bool, pieces: &mut Vec<Piece>) {
+        let Some(think) = self.think.as_mut() else {
+            self.splitter.push(text, pieces);
+            return;
+        };
+        let mut parts = Vec::new();
+        think.push(text, &mut parts);
+        if last {
+            think.finish(&mut parts);
+        }
+        for p in parts {
+            match p {
+                Part::Reasoning(r) => {
+                    self.take_pieces(std::mem::take(pieces));
+                    self.reasoning.push_str(&r);
+                    self.ready.push_back(Delta::Reasoning(r));
+                }
+                Part::Text(t) => self.splitter.push(&t, pieces),
+            }
+        }
+    }
+
     /// Runs to the end: all text, all calls, and how it ended.
     pub async fn collect(&mut self) -> Result<Collected, ApiError> {
         let mut calls = Vec::new();
@@ -208,8 +251,12 @@ impl Generation {
         while let Some(d) = self.next().await {
             match d {
                 Delta::Text(t) => text.push_str(&t),
+                Delta::Reasoning(_) => {}
                 Delta::Call(c) => calls.push(c),
-                Delta::End { finish, usage } => return Ok(Collected { text, calls, finish, usage }),
+                Delta::End { finish, usage } => {
+                    let reasoning = std::mem::take(&mut self.reasoning);
+                    return Ok(Collected { text, reasoning, calls, finish, usage });
+                }
                 Delta::Error(e) => {
                     return Err(ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e));
                 }
@@ -221,6 +268,7 @@ impl Generation {
 
 pub struct Collected {
     pub text: String,
+    pub reasoning: String,
     pub calls: Vec<ToolCall>,
     pub finish: Finish,
     pub usage: Usage,

@@ -19,6 +19,7 @@ mod http;
 pub mod metrics;
 mod openai;
 mod prompt;
+mod reasoning;
 mod responses;
 mod server;
 pub mod state;

@@ -55,6 +55,13 @@ pub struct ChatCompletionRequest {
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub response_format: Option<Value>,
+    /// "none" | "minimal" | "low" | "medium" | "high": turns a reasoning template's thinking off or on.
+    pub reasoning_effort: Option<String>,
+}
+
+/// `reasoning_effort` → `enable_thinking` for reasoning templates.
+pub fn thinking_from_effort(effort: Option<&str>) -> Option<bool> {
+    effort.map(|e| !matches!(e, "none" | "minimal"))
 }
 
 pub fn sampling(
@@ -188,6 +195,7 @@ impl ChatCompletionRequest {
             response_format: response_format(self.response_format.as_ref())?,
             max_tokens,
             max_tokens_field: field,
+            thinking: thinking_from_effort(self.reasoning_effort.as_deref()),
             sampling: sampling(
                 self.temperature,
                 self.top_p,
@@ -226,6 +234,9 @@ pub async fn chat_completions(
             .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
             .collect();
         let mut message = json!({"role": "assistant", "content": if out.text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(out.text) }});
+        if !out.reasoning.is_empty() {
+            message["reasoning_content"] = Value::String(out.reasoning);
+        }
         if !calls.is_empty() {
             message["tool_calls"] = Value::Array(calls);
         }
@@ -250,6 +261,7 @@ pub async fn chat_completions(
         while let Some(d) = sink.next(&mut generation).await {
             let ok = match d {
                 Delta::Text(t) => sink.data(&chunk(json!({"content": t}), None)).await,
+                Delta::Reasoning(r) => sink.data(&chunk(json!({"reasoning_content": r}), None)).await,
                 Delta::Call(c) => {
                     let delta = json!({"tool_calls": [{"index": call_index, "id": c.id, "type": "function",
                                         "function": {"name": c.name, "arguments": c.arguments}}]});
@@ -336,6 +348,7 @@ pub async fn completions(
         }
         while let Some(d) = sink.next(&mut generation).await {
             match d {
+                Delta::Reasoning(_) => {}
                 Delta::Text(t) | Delta::Call(crate::chat::ToolCall { arguments: t, .. }) => {
                     if !sink.data(&chunk(&t, None)).await {
                         return;

@@ -6,6 +6,7 @@
 use crate::chat::{ChatRequest, Generation, ResponseFormat, ToolChoice, ToolDef};
 use crate::error::ApiError;
 use crate::guide::JsonGuide;
+use crate::reasoning::ThinkSplitter;
 use crate::state::AppState;
 use crate::tools::{ToolFormat, ToolSplitter};
 use crate::Schema;
@@ -21,6 +22,7 @@ pub struct Prepared {
     pub request: GenerateRequest,
     pub guide: Option<JsonGuide>,
     pub splitter: ToolSplitter,
+    pub think: Option<ThinkSplitter>,
 }
 
 impl Prepared {
@@ -218,7 +220,8 @@ fn render(state: &AppState, req: &ChatRequest) -> Result<(String, bool, Option<V
     let mut text = match &state.template {
         Some(t) => {
             let tools_arg = (use_tools && format.native()).then(|| tools_json(&tools));
-            t.render(&Value::Array(messages), tools_arg.as_ref(), true, None)
+            let extra = req.thinking.map(|on| json!({"enable_thinking": on}));
+            t.render(&Value::Array(messages), tools_arg.as_ref(), true, extra.as_ref())
                 .map_err(|e| ApiError::bad_request(Some("messages"), format!("the chat template failed: {e}")))?
         }
         None => plain_prompt(&messages),
@@ -299,6 +302,8 @@ pub fn prepare_chat(state: &AppState, req: &ChatRequest) -> Result<Prepared, Api
     let parse_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
     let splitter = ToolSplitter::new(state.tool_format, forced);
     let splitter = if parse_tools || forced { splitter } else { ToolSplitter::new_plain() };
+    // Reasoning templates: split `<think>` text out (not when the output is guided JSON).
+    let think = (state.reasoning && guide.is_none()).then(|| ThinkSplitter::new(text.trim_end().ends_with("<think>")));
     Ok(Prepared {
         request: GenerateRequest {
             prompt_ids,
@@ -310,6 +315,7 @@ pub fn prepare_chat(state: &AppState, req: &ChatRequest) -> Result<Prepared, Api
         },
         guide,
         splitter,
+        think,
     })
 }
 
@@ -339,6 +345,7 @@ pub fn prepare_text(
         },
         guide: None,
         splitter: ToolSplitter::new_plain(),
+        think: None,
     })
 }
 
@@ -367,7 +374,7 @@ pub fn start(state: &AppState, p: Prepared) -> Result<Generation, ApiError> {
     let guided = p.guide.is_some();
     let stops = !p.request.stop_strings.is_empty();
     let rx = state.engine.submit(p.request, p.guide).map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e))?;
-    let mut g = Generation::new(rx, p.splitter, prompt_tokens, guided);
+    let mut g = Generation::new(rx, p.splitter, p.think, prompt_tokens, guided);
     g.stop_strings = stops;
     Ok(g)
 }

@@ -30,6 +30,7 @@ pub struct ResponsesRequest {
     pub stream: bool,
     pub text: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    pub reasoning: Option<Value>,
 }
 
 fn bad(param: &str, msg: impl Into<String>) -> ApiError {
@@ -99,6 +100,9 @@ fn to_chat(req: &ResponsesRequest) -> Result<ChatRequest, ApiError> {
         response_format: response_format(req.text.as_ref().and_then(|t| t.get("format")))?,
         max_tokens: req.max_output_tokens,
         max_tokens_field: "max_output_tokens",
+        thinking: crate::openai::thinking_from_effort(
+            req.reasoning.as_ref().and_then(|r| r.get("effort")).and_then(Value::as_str),
+        ),
         sampling: sampling(req.temperature, req.top_p, None, None, None, None),
         stop: Vec::new(),
     })
@@ -168,7 +172,7 @@ pub async fn responses(
         parallel_tool_calls: body.parallel_tool_calls.unwrap_or(true),
     };
     if !body.stream {
-        let Collected { text, calls, finish, usage } = generation.collect().await?;
+        let Collected { text, calls, finish, usage, .. } = generation.collect().await?;
         let mut output = Vec::new();
         if !text.is_empty() || calls.is_empty() {
             output.push(message_item(&new_id("msg_"), &text, status_of(finish)));
@@ -188,6 +192,8 @@ pub async fn responses(
         let mut open: Option<(String, usize, String)> = None;
         while let Some(d) = out.sink.next(&mut generation).await {
             match d {
+                // Reasoning is not returned (nothing is encrypted or stored to give it back).
+                Delta::Reasoning(_) => {}
                 Delta::Text(t) => {
                     if open.is_none() {
                         let id = new_id("msg_");

@@ -84,6 +84,7 @@ pub fn serve(engine: &mut Engine, files: &formats::ModelFiles, cfg: ServerConfig
         None => None,
     };
     let tool_format = ToolFormat::detect(files.chat_template.as_deref());
+    let reasoning = files.chat_template.as_deref().is_some_and(|t| t.contains("<think>"));
     let vocab = Arc::new(AppState::build_vocab(&tokenizer, engine.model.config.vocab_size));
     let metrics = Arc::new(Metrics::default());
     let (handle, queue) = channel(metrics.clone());
@@ -93,6 +94,7 @@ pub fn serve(engine: &mut Engine, files: &formats::ModelFiles, cfg: ServerConfig
         tokenizer,
         template,
         tool_format,
+        reasoning,
         vocab,
         engine: handle,
         metrics: metrics.clone(),

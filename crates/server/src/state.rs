@@ -37,6 +37,8 @@ pub struct AppState {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub tool_format: ToolFormat,
+    /// The template writes `<think>` reasoning.
+    pub reasoning: bool,
     pub vocab: Arc<Vocab>,
     pub engine: EngineHandle,
     pub metrics: Arc<Metrics>,
