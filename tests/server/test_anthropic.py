@@ -86,3 +86,41 @@ def test_structured_output_json_schema(claude):
                                messages=[{"role": "user", "content": "Capital of Italy? Answer in JSON."}])
     import json
     jsonschema.validate(json.loads(r.content[0].text), schema)
+
+
+def test_claude_code_shaped_request(server):
+    """What Claude Code sends (2.1.x), scaled down to the test model's context:
+    `?beta=true`, several anthropic-beta values, thinking with a large budget,
+    max_tokens 32000 (clamped), cache_control, defer_loading, context_management."""
+    import httpx
+
+    from conftest import API_KEY
+
+    tools = [{"name": f"Tool{i}", "description": "Does a thing. " * 5,
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
+                               "additionalProperties": False, "$schema": "http://json-schema.org/draft-07/schema#"}}
+             for i in range(12)]
+    tools[-1]["defer_loading"] = True
+    tools[0]["cache_control"] = {"type": "ephemeral"}
+    body = {
+        "model": "claude-sonnet-4-5-20250929", "max_tokens": 32000, "stream": True,
+        "thinking": {"type": "enabled", "budget_tokens": 31999},
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+                   {"type": "text", "text": "Be brief."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                                                   {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}],
+        "tools": tools, "metadata": {"user_id": "user_abc_account_x_session_y"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        # Not sent by Claude Code: keeps the tiny model from writing thousands of tokens.
+        "temperature": 0, "stop_sequences": ["\n", "."],
+    }
+    headers = {"x-api-key": API_KEY, "anthropic-version": "2023-06-01",
+               "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27,x-unknown-2099"}
+    events = []
+    with httpx.stream("POST", server.base + "/v1/messages?beta=true", json=body, headers=headers, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                events.append(line.split(":", 1)[1].strip())
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert "error" not in events
