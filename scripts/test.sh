@@ -13,3 +13,12 @@ for isa in avx2 scalar; do
   echo "== SHARDLM_ISA=$isa"
   SHARDLM_ISA=$isa cargo test --release -p shardlm-kernels -p shardlm-model
 done
+
+# HTTP APIs through the official openai and anthropic SDKs against `shardlm serve`
+# (pip deps: openai anthropic pytest jsonschema httpx; .ci/run installs them):
+# the whole suite on one process and on 2 pipeline ranks, a smoke subset on
+# tensor 2. The 16×10 concurrency run goes once, on the single process.
+echo "== HTTP API tests (tests/server)"
+python3 -m pytest -q tests/server
+SHARDLM_SKIP_HEAVY=1 SHARDLM_SERVE_ARGS="--ranks 2 --strategy pipeline" python3 -m pytest -q tests/server
+SHARDLM_SERVE_ARGS="--ranks 2 --strategy tensor" python3 -m pytest -q -m smoke tests/server

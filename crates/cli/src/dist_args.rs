@@ -81,11 +81,25 @@ pub fn load_engine_dist(
     quantize: Option<kernels::DType>,
     d: &DistArgs,
 ) -> Result<Option<(Engine, formats::ModelFiles, String)>> {
+    load_engine_dist_with(model, threads, explicit_threads, quantize, d, &|_| Ok(()))
+}
+
+/// `load_engine_dist` with the model's config adjusted before loading (`serve
+/// --context --rope-scaling`); every rank applies the same change.
+pub fn load_engine_dist_with(
+    model: Option<&str>,
+    threads: usize,
+    explicit_threads: bool,
+    quantize: Option<kernels::DType>,
+    d: &DistArgs,
+    adjust: &dyn Fn(&mut formats::ModelConfig) -> Result<()>,
+) -> Result<Option<(Engine, formats::ModelFiles, String)>> {
     let strategy = Strategy::parse(&d.strategy, d.tp).map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
     // Before any rank exists: an alias is fetched here, once, not by every rank.
     let path = model_source::resolve(model)?;
     relaunch_if_asked(d)?;
-    let files = formats::open_model(&path)?;
+    let mut files = formats::open_model(&path)?;
+    adjust(&mut files.config)?;
     let name = model.unwrap_or(model_source::DEFAULT_MODEL).to_string();
     let world = comm::Group::from_env(fingerprint(&path, &files.config)).context("joining the cluster")?;
     if d.verbose {

@@ -13,6 +13,7 @@ mod progress;
 mod quantize;
 mod quantize_gguf;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +28,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Run(Box<run::RunArgs>),
+    /// Serve the OpenAI, Anthropic and Responses APIs over HTTP.
+    Serve(Box<serve::ServeArgs>),
     /// Show a model's architecture, size, tensor types and template.
     Inspect(inspect::InspectArgs),
     /// Re-encode a checkpoint as nvfp4, mxfp4, fp8 (safetensors) or a ggml type (GGUF).
@@ -56,6 +59,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::run(*a),
+        Command::Serve(a) => serve::serve(*a),
         Command::Inspect(a) => inspect::inspect(a),
         Command::Bench(a) => bench::bench(a),
         Command::Quantize(a) => quantize::quantize(a),

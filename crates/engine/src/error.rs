@@ -24,4 +24,6 @@ pub enum EngineError {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("{0}")]
     BadArgument(String),
+    #[error("the request was cancelled")]
+    Cancelled,
 }

@@ -48,6 +48,42 @@ pub struct GenerateOutput {
     pub decode_tok_s: f64,
     /// `prompt_len × vocab` when requested.
     pub prompt_logits: Option<Vec<f32>>,
+    /// The stop string that ended generation, if one did.
+    pub stop_string: Option<String>,
+}
+
+/// What a caller can do at each step of `Engine::generate_hooked`: mask logits
+/// (constrained decoding), see each token, stop early, cancel. A server keeps one
+/// per request; a batching scheduler can keep the same per sequence.
+pub trait GenerateHooks {
+    /// Whether `constrain` needs every logit (greedy decode otherwise fetches only
+    /// the argmax, which sharded heads find without gathering the vocabulary).
+    fn wants_logits(&self) -> bool {
+        false
+    }
+    /// Masks `logits` (sets some to -inf) before each sample; `remaining` counts
+    /// the tokens left, this one included.
+    fn constrain(&mut self, _logits: &mut [f32], _remaining: usize) {}
+    /// Each sampled token that is not EOS; returning false ends generation with
+    /// finish reason `Stop` once its text is out.
+    fn on_token(&mut self, _id: u32) -> bool {
+        true
+    }
+    /// Text as soon as it is complete UTF-8 and cannot be the start of a stop string.
+    fn on_text(&mut self, text: &str);
+    /// Polled between steps; true abandons the request with `EngineError::Cancelled`.
+    fn cancelled(&self) -> bool {
+        false
+    }
+}
+
+/// `generate`'s plain text callback as hooks.
+struct TextOnly<'a>(&'a mut dyn FnMut(&str));
+
+impl GenerateHooks for TextOnly<'_> {
+    fn on_text(&mut self, text: &str) {
+        (self.0)(text)
+    }
 }
 
 /// A model shard plus what rank 0 needs to talk to it.
@@ -146,6 +182,22 @@ impl Engine {
         all: bool,
         comm: &dyn AllReduce,
     ) -> Result<(Vec<f32>, Option<Vec<f32>>), EngineError> {
+        self.prefill_checked(cache, tokens, all, comm, &|| false)
+    }
+
+    /// `prefill` that polls `cancelled` between chunks (a cluster runs the whole
+    /// prompt as one pipelined step, so only before it).
+    fn prefill_checked(
+        &mut self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        all: bool,
+        comm: &dyn AllReduce,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>), EngineError> {
+        if cancelled() {
+            return Err(EngineError::Cancelled);
+        }
         let vocab = self.model.config.vocab_size;
         if self.cluster.is_some() {
             let mode = if all { LogitsMode::All } else { LogitsMode::Last };
@@ -157,6 +209,9 @@ impl Engine {
         let chunk = self.prefill_chunk.max(1);
         let n_chunks = tokens.len().div_ceil(chunk);
         for (ci, part) in tokens.chunks(chunk).enumerate() {
+            if ci > 0 && cancelled() {
+                return Err(EngineError::Cancelled);
+            }
             let last = ci + 1 == n_chunks;
             let mode = if all {
                 LogitsMode::All
@@ -190,6 +245,16 @@ impl Engine {
         on_text: &mut dyn FnMut(&str),
         comm: &dyn AllReduce,
     ) -> Result<GenerateOutput, EngineError> {
+        self.generate_hooked(req, &mut TextOnly(on_text), comm)
+    }
+
+    /// Generates for one request with `hooks` consulted at every step.
+    pub fn generate_hooked(
+        &mut self,
+        req: &GenerateRequest,
+        hooks: &mut dyn GenerateHooks,
+        comm: &dyn AllReduce,
+    ) -> Result<GenerateOutput, EngineError> {
         req.sampling.validate().map_err(EngineError::BadArgument)?;
         let prompt = &req.prompt_ids;
         if prompt.is_empty() {
@@ -216,7 +281,8 @@ impl Engine {
         let mut decoder = StreamDecoder::new();
 
         let t0 = Instant::now();
-        let (mut logits, prompt_logits) = self.prefill(&mut cache, prompt, req.want_prompt_logits, comm)?;
+        let (mut logits, prompt_logits) =
+            self.prefill_checked(&mut cache, prompt, req.want_prompt_logits, comm, &|| hooks.cancelled())?;
         let prefill_s = t0.elapsed().as_secs_f64();
         let mut ttft_ms = 0.0;
         let mut t_first = None;
@@ -225,8 +291,12 @@ impl Engine {
         // Greedy decoding without a penalty needs only the argmax, which sharded
         // heads find without gathering every logit.
         let greedy = req.sampling.temperature <= 0.0 && req.sampling.repetition_penalty == 1.0;
-        let decode_mode = if greedy { LogitsMode::Argmax } else { LogitsMode::Last };
+        let decode_mode = if greedy && !hooks.wants_logits() { LogitsMode::Argmax } else { LogitsMode::Last };
         while out_ids.len() < req.max_tokens {
+            if hooks.cancelled() {
+                return Err(EngineError::Cancelled);
+            }
+            hooks.constrain(&mut logits, req.max_tokens - out_ids.len());
             let id = sampler.sample(&mut logits, &history);
             if t_first.is_none() {
                 ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -238,12 +308,17 @@ impl Engine {
             }
             out_ids.push(id);
             history.push(id);
+            let go_on = hooks.on_token(id);
             if let Some(tok) = &self.tokenizer {
                 let piece = decoder.push(tok, id);
-                if stream.push(&piece, on_text) {
+                if stream.push(&piece, &mut |t| hooks.on_text(t)) {
                     finish = FinishReason::Stop;
                     break;
                 }
+            }
+            if !go_on {
+                finish = FinishReason::Stop;
+                break;
             }
             if out_ids.len() == req.max_tokens {
                 break;
@@ -255,9 +330,9 @@ impl Engine {
         let decode_s = t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());
         if stream.stopped.is_none() {
             let tail = decoder.finish();
-            stream.push(&tail, on_text);
+            stream.push(&tail, &mut |t| hooks.on_text(t));
         }
-        stream.flush(on_text);
+        stream.flush(&mut |t| hooks.on_text(t));
         let decoded = out_ids.len().saturating_sub(1);
         Ok(GenerateOutput {
             output_ids: out_ids,
@@ -267,6 +342,7 @@ impl Engine {
             prefill_tok_s: prompt.len() as f64 / prefill_s.max(1e-9),
             decode_tok_s: if decoded > 0 { decoded as f64 / decode_s.max(1e-9) } else { 0.0 },
             prompt_logits,
+            stop_string: stream.stopped_by.map(|i| req.stop_strings[i].clone()),
         })
     }
 }
@@ -278,11 +354,13 @@ struct TextStream<'a> {
     /// Bytes of `text` already given to the caller.
     emitted: usize,
     stopped: Option<usize>,
+    /// Index in `stops` of the string that hit.
+    stopped_by: Option<usize>,
 }
 
 impl<'a> TextStream<'a> {
     fn new(stops: &'a [String]) -> Self {
-        TextStream { stops, text: String::new(), emitted: 0, stopped: None }
+        TextStream { stops, text: String::new(), emitted: 0, stopped: None, stopped_by: None }
     }
 
     /// Adds a piece; returns true when a stop string appeared (text is cut before it).
@@ -296,12 +374,14 @@ impl<'a> TextStream<'a> {
         let hit = self
             .stops
             .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.text[search_from..].find(s.as_str()).map(|p| p + search_from))
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .filter_map(|(i, s)| self.text[search_from..].find(s.as_str()).map(|p| (p + search_from, i)))
             .min();
-        if let Some(pos) = hit {
+        if let Some((pos, which)) = hit {
             self.text.truncate(pos);
             self.stopped = Some(pos);
+            self.stopped_by = Some(which);
             self.flush(on_text);
             return true;
         }

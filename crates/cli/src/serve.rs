@@ -1,0 +1,157 @@
+//! `shardlm serve`: the OpenAI, Anthropic and Responses APIs over HTTP. With
+//! `--ranks N` rank 0 serves and the other ranks follow it in lockstep.
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use formats::{ModelConfig, RopeScaling};
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum RopeScalingArg {
+    Linear,
+    Yarn,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// GGUF file, HF directory, or alias (default: smollm2-135m).
+    #[arg(long)]
+    model: Option<String>,
+    /// Address to bind (loopback by default; use 0.0.0.0 to serve the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// TCP port to listen on.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`). Also read
+    /// from SHARDLM_API_KEY.
+    #[arg(long, env = "SHARDLM_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Requests admitted at once, queued or running; more are answered 429.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    max_concurrency: u64,
+    /// KV cache budget in bytes (accepted for the paged cache; not used yet).
+    #[arg(long)]
+    kv_cache_bytes: Option<u64>,
+    /// Context length in tokens (default: the model's). Beyond the model's own,
+    /// use --rope-scaling.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(16..))]
+    context: Option<u64>,
+    /// Extend the context by rope scaling (as llama.cpp's --rope-scaling).
+    #[arg(long, value_enum)]
+    rope_scaling: Option<RopeScalingArg>,
+    /// Rope scaling factor (default: --context ÷ the model's context).
+    #[arg(long)]
+    rope_factor: Option<f32>,
+    /// The model name `/v1/models` lists and responses carry (default: the model's).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// `max_tokens` for requests that give none (default: the room left in the context).
+    #[arg(long)]
+    max_tokens_default: Option<usize>,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 16 << 20)]
+    max_body_bytes: usize,
+    /// Time limit of a non-streamed request, seconds.
+    #[arg(long, default_value_t = 600)]
+    request_timeout: u64,
+    /// Interval of SSE keep-alive comments while a stream is silent, milliseconds.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(10..))]
+    sse_keepalive_ms: u64,
+    /// Worker threads (default: all cores).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    threads: Option<u64>,
+    /// Prompt tokens per prefill step.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    prefill_chunk: u64,
+    /// Re-encode float weights at load: q8_0 or q4_0.
+    #[arg(long, value_parser = parse_quantize)]
+    quantize: Option<kernels::DType>,
+    #[command(flatten)]
+    dist: crate::dist_args::DistArgs,
+}
+
+fn parse_quantize(s: &str) -> Result<kernels::DType, String> {
+    match kernels::DType::parse(s) {
+        Some(d @ (kernels::DType::Q8_0 | kernels::DType::Q4_0)) => Ok(d),
+        _ => Err(format!("'{s}' is not a load-time quantization (use q8_0 or q4_0)")),
+    }
+}
+
+/// Applies --context / --rope-scaling / --rope-factor to the model's config.
+fn adjust_context(a: &ServeArgs, cfg: &mut ModelConfig) -> Result<()> {
+    let native = cfg.max_position_embeddings;
+    let wanted = a.context.map_or(native, |c| c as usize);
+    let factor = match (a.rope_factor, a.rope_scaling) {
+        (Some(f), _) if !(f.is_finite() && f >= 1.0) => bail!("bad flag value: --rope-factor must be ≥ 1, got {f}"),
+        (Some(f), _) => f,
+        (None, _) => (wanted as f32 / native as f32).max(1.0),
+    };
+    match a.rope_scaling {
+        None if a.rope_factor.is_some() => bail!("bad flag value: --rope-factor needs --rope-scaling linear|yarn"),
+        None => {
+            if wanted > native {
+                tracing::warn!("--context {wanted} exceeds the model's {native} without --rope-scaling");
+            }
+        }
+        Some(RopeScalingArg::Linear) => cfg.rope_scaling = RopeScaling::Linear { factor },
+        Some(RopeScalingArg::Yarn) => {
+            cfg.rope_scaling = RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: native,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: None,
+                mscale: None,
+                mscale_all_dim: None,
+            }
+        }
+    }
+    cfg.max_position_embeddings = wanted;
+    Ok(())
+}
+
+pub fn serve(a: ServeArgs) -> Result<()> {
+    let threads = a.threads.map_or_else(crate::run::default_threads, |t| t as usize);
+    let loaded = crate::dist_args::load_engine_dist_with(
+        a.model.as_deref(),
+        threads,
+        a.threads.is_some(),
+        a.quantize,
+        &a.dist,
+        &|cfg| adjust_context(&a, cfg),
+    )?;
+    let Some((mut engine, files, model_name)) = loaded else {
+        return Ok(()); // a rank other than 0 followed rank 0 until shutdown
+    };
+    engine.prefill_chunk = a.prefill_chunk as usize;
+    if a.kv_cache_bytes.is_some() {
+        tracing::info!("--kv-cache-bytes is accepted but not used until the paged KV cache lands");
+    }
+    let served = a.served_model_name.clone().unwrap_or_else(|| {
+        std::path::Path::new(&model_name).file_stem().map_or(model_name.clone(), |s| s.to_string_lossy().into_owned())
+    });
+    let ranks = engine.cluster.as_ref().map_or(1, |c| c.world.size());
+    let cfg = server::ServerConfig {
+        host: a.host.clone(),
+        port: a.port,
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        served_model_name: served,
+        max_tokens_default: a.max_tokens_default,
+        max_concurrency: a.max_concurrency as usize,
+        context: engine.context_length(),
+        body_limit: a.max_body_bytes,
+        request_timeout: Duration::from_secs(a.request_timeout),
+        sse_keepalive: Duration::from_millis(a.sse_keepalive_ms),
+        ranks,
+        strategy: if ranks > 1 { a.dist.strategy.clone() } else { "single".into() },
+    };
+    let result = server::serve(&mut engine, &files, cfg);
+    // On SIGTERM from `launch` the other ranks get the signal too and may be gone
+    // before rank 0 says goodbye: that is a normal stop, not a failure.
+    if let Err(e) = engine.shutdown() {
+        eprintln!("shardlm serve: stopping the other ranks: {e}");
+    }
+    result?;
+    Ok(())
+}

@@ -1,0 +1,275 @@
+//! The one request shape every API is converted into (`ChatRequest`), and the
+//! running generation seen as `Delta`s: text, complete tool calls, the end.
+
+use crate::error::ApiError;
+use crate::reasoning::{Part, ThinkSplitter};
+use crate::tools::{ParsedCall, Piece, ToolSplitter};
+use crate::worker::Event;
+use engine::generate::FinishReason;
+use engine::sampler::SamplingParams;
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+#[derive(Debug, Clone)]
+pub struct ToolDef {
+    pub name: String,
+    pub description: Option<String>,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    Named(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema(Value),
+}
+
+/// A chat request in OpenAI's message form (what HF templates expect):
+/// `{"role", "content", "tool_calls"?: [{"id", "type", "function": {"name",
+/// "arguments"}}], "tool_call_id"?}`; content is a string, parts or null.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub messages: Vec<Value>,
+    pub tools: Vec<ToolDef>,
+    pub tool_choice: ToolChoice,
+    pub response_format: ResponseFormat,
+    /// As asked; `None` = the server default or the room left in the context.
+    pub max_tokens: Option<i64>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Which field `max_tokens` came from, for error messages.
+    pub max_tokens_field: &'static str,
+    /// Ask a reasoning template to think (`enable_thinking`); `None` = its default.
+    pub thinking: Option<bool>,
+}
+
+/// Why generation ended, in OpenAI's words (each API maps it to its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+    ToolCalls,
+}
+
+impl Finish {
+    pub fn openai(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
+        }
+    }
+
+    pub fn anthropic(self, stop_sequence_hit: bool) -> &'static str {
+        match self {
+            Finish::Stop if stop_sequence_hit => "stop_sequence",
+            Finish::Stop => "end_turn",
+            Finish::Length => "max_tokens",
+            Finish::ToolCalls => "tool_use",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug)]
+pub enum Delta {
+    Text(String),
+    /// Reasoning text (`<think>` of reasoning templates).
+    Reasoning(String),
+    Call(ToolCall),
+    End {
+        finish: Finish,
+        usage: Usage,
+    },
+    Error(String),
+}
+
+/// A fresh id with a prefix (`call_…`, `chatcmpl-…`, `msg_…`): time and a counter.
+pub fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Relaxed);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mix = (t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    format!("{prefix}{mix:016x}{n:04x}")
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A running generation. Dropping it cancels the engine job.
+pub struct Generation {
+    events: UnboundedReceiver<Event>,
+    splitter: ToolSplitter,
+    /// Set for reasoning templates.
+    think: Option<ThinkSplitter>,
+    ready: VecDeque<Delta>,
+    calls: usize,
+    done: bool,
+    pub prompt_tokens: usize,
+    /// Stop strings were asked for (to tell Anthropic's `stop_sequence` from `end_turn`).
+    pub stop_strings: bool,
+    /// The guide ended the output (forced call / JSON); a cut JSON would be `Length`.
+    guided: bool,
+    pub text: String,
+    pub reasoning: String,
+    /// The stop string that ended the output (known after `End`).
+    pub stop_sequence: Option<String>,
+}
+
+impl Generation {
+    pub fn new(
+        events: UnboundedReceiver<Event>,
+        splitter: ToolSplitter,
+        think: Option<ThinkSplitter>,
+        prompt_tokens: usize,
+        guided: bool,
+    ) -> Self {
+        Generation {
+            events,
+            splitter,
+            think,
+            ready: VecDeque::new(),
+            calls: 0,
+            done: false,
+            prompt_tokens,
+            stop_strings: false,
+            guided,
+            text: String::new(),
+            reasoning: String::new(),
+            stop_sequence: None,
+        }
+    }
+
+    fn take_pieces(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => {
+                    self.text.push_str(&t);
+                    self.ready.push_back(Delta::Text(t));
+                }
+                Piece::Call(ParsedCall { name, arguments }) => {
+                    self.calls += 1;
+                    self.ready.push_back(Delta::Call(ToolCall { id: new_id("call_"), name, arguments }));
+                }
+            }
+        }
+    }
+
+    /// The next delta; `None` after `End` or `Error`.
+    pub async fn next(&mut self) -> Option<Delta> {
+        loop {
+            if let Some(d) = self.ready.pop_front() {
+                return Some(d);
+            }
+            if self.done {
+                return None;
+            }
+            let mut pieces = Vec::new();
+            match self.events.recv().await {
+                Some(Event::Text(t)) => self.split_reasoning(&t, false, &mut pieces),
+                Some(Event::Done(f)) => {
+                    self.split_reasoning("", true, &mut pieces);
+                    self.splitter.finish(&mut pieces);
+                    self.take_pieces(pieces);
+                    pieces = Vec::new();
+                    let finish = if self.calls > 0 {
+                        Finish::ToolCalls
+                    } else if f.finish == FinishReason::Length && !(self.guided && f.guide_complete) {
+                        Finish::Length
+                    } else {
+                        Finish::Stop
+                    };
+                    self.stop_sequence = f.stop_sequence.clone();
+                    let usage = Usage { prompt_tokens: f.prompt_tokens, completion_tokens: f.completion_tokens };
+                    self.ready.push_back(Delta::End { finish, usage });
+                    self.done = true;
+                }
+                Some(Event::Error(e)) => {
+                    self.ready.push_back(Delta::Error(e));
+                    self.done = true;
+                }
+                None => {
+                    self.ready.push_back(Delta::Error("the engine stopped".into()));
+                    self.done = true;
+                }
+            }
+            self.take_pieces(pieces);
+        }
+    }
+
+    /// Routes reasoning straight out and the answer text through the tool splitter.
+    fn split_reasoning(&mut self, text: &str, last: bool, pieces: &mut Vec<Piece>) {
+        let Some(think) = self.think.as_mut() else {
+            self.splitter.push(text, pieces);
+            return;
+        };
+        let mut parts = Vec::new();
+        think.push(text, &mut parts);
+        if last {
+            think.finish(&mut parts);
+        }
+        for p in parts {
+            match p {
+                Part::Reasoning(r) => {
+                    self.take_pieces(std::mem::take(pieces));
+                    self.reasoning.push_str(&r);
+                    self.ready.push_back(Delta::Reasoning(r));
+                }
+                Part::Text(t) => self.splitter.push(&t, pieces),
+            }
+        }
+    }
+
+    /// Runs to the end: all text, all calls, and how it ended.
+    pub async fn collect(&mut self) -> Result<Collected, ApiError> {
+        let mut calls = Vec::new();
+        let mut text = String::new();
+        while let Some(d) = self.next().await {
+            match d {
+                Delta::Text(t) => text.push_str(&t),
+                Delta::Reasoning(_) => {}
+                Delta::Call(c) => calls.push(c),
+                Delta::End { finish, usage } => {
+                    let reasoning = std::mem::take(&mut self.reasoning);
+                    return Ok(Collected { text, reasoning, calls, finish, usage });
+                }
+                Delta::Error(e) => {
+                    return Err(ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e));
+                }
+            }
+        }
+        Err(ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "generation ended without a result"))
+    }
+}
+
+pub struct Collected {
+    pub text: String,
+    pub reasoning: String,
+    pub calls: Vec<ToolCall>,
+    pub finish: Finish,
+    pub usage: Usage,
+}

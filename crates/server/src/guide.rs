@@ -1,0 +1,636 @@
+//! Constrained decoding: the output is guaranteed to be JSON valid against a
+//! schema (forced tool calls, `response_format: json_schema`/`json_object`).
+//!
+//! Why not `llguidance`: it is the general tool (Lark grammars, a token trie,
+//! its own JSON-schema compiler), but it adds a grammar compiler and regex-derivative
+//! engine to a build that runs on two shared cores, and the server only needs
+//! JSON Schema. This guide is a byte-level pushdown automaton over the compiled
+//! schema (`guide_schema`), run nondeterministically (a set of stacks) so that
+//! `anyOf`, type lists and enum prefixes need no backtracking. Each step:
+//! - the highest-logit candidates are fed to a copy of the state; the ones that
+//!   keep it alive stay, every other logit becomes -inf (the sampler then draws
+//!   among valid tokens with the request's temperature/top-p);
+//! - when the token budget gets down to the length of the shortest completion
+//!   of the current state, the guide forces that completion token by token, so
+//!   the JSON closes before `max_tokens` cuts it;
+//! - once the value is complete, `accept` returns false and generation stops.
+//!
+//! It assumes every byte is some token (true of byte-level BPE and of
+//! SentencePiece with byte fallback), so a valid continuation always exists.
+
+use crate::guide_schema::{Node, NodeId, Schema, MAX_PROPS};
+use std::sync::Arc;
+
+/// Longest run of whitespace allowed between JSON tokens (stops newline loops).
+const WS_CAP: u8 = 4;
+/// Candidates checked per step before scanning the whole vocabulary.
+const TOP_CANDIDATES: usize = 64;
+/// Alternative parses kept at once.
+const MAX_STACKS: usize = 64;
+/// Longest number literal (digits loops).
+const MAX_NUMBER: u8 = 24;
+
+/// The bytes of each token id, and which ids are control tokens.
+pub struct Vocab {
+    pub bytes: Vec<Vec<u8>>,
+    pub special: Vec<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Obj {
+    Open,
+    AfterOpen,
+    InKey,
+    AfterKey,
+    InValue,
+    AfterValue,
+    AfterComma,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arr {
+    Open,
+    AfterOpen,
+    InValue,
+    AfterValue,
+    AfterComma,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Num {
+    Start,
+    Minus,
+    Zero,
+    Int,
+    Dot,
+    Frac,
+    Exp,
+    ExpSign,
+    ExpDigits,
+    /// Two exponent digits: the most (larger exponents overflow f64 parsers).
+    ExpDigits2,
+}
+
+#[derive(Debug, Clone)]
+enum Frame {
+    /// A value of `node` comes next (whitespace first is fine).
+    Value(NodeId),
+    /// Matching an exact text; `key` is the property index when it is an object key.
+    Lit {
+        text: Arc<[u8]>,
+        pos: usize,
+        key: Option<u16>,
+    },
+    /// `esc`: 0 none, 1 after `\`, 2..=5 hex digits of `\u` still to come.
+    Str {
+        node: NodeId,
+        opened: bool,
+        chars: usize,
+        esc: u8,
+    },
+    Num {
+        integer: bool,
+        state: Num,
+        len: u8,
+    },
+    Obj {
+        node: NodeId,
+        state: Obj,
+        seen: u64,
+        current: u16,
+    },
+    Arr {
+        node: NodeId,
+        state: Arr,
+        count: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Stack {
+    frames: Vec<Frame>,
+    ws: u8,
+}
+
+/// Free key of an open object (no listed property).
+const FREE_KEY: u16 = u16::MAX;
+
+pub struct JsonGuide {
+    schema: Arc<Schema>,
+    vocab: Arc<Vocab>,
+    stacks: Vec<Stack>,
+}
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+impl JsonGuide {
+    pub fn new(schema: Arc<Schema>, vocab: Arc<Vocab>) -> JsonGuide {
+        let root = schema.root;
+        JsonGuide { schema, vocab, stacks: vec![Stack { frames: vec![Frame::Value(root)], ws: 0 }] }
+    }
+
+    /// A complete JSON value has been produced.
+    pub fn is_complete(&self) -> bool {
+        self.stacks.iter().any(|s| self.stack_complete(s))
+    }
+
+    fn stack_complete(&self, s: &Stack) -> bool {
+        match s.frames.as_slice() {
+            [] => true,
+            [Frame::Num { state, .. }] => num_accepting(*state),
+            _ => false,
+        }
+    }
+
+    /// Feeds bytes to every stack; the result is empty when they cannot continue.
+    fn feed(&self, stacks: &[Stack], bytes: &[u8]) -> Vec<Stack> {
+        let mut cur = stacks.to_vec();
+        for &b in bytes {
+            let mut next = Vec::new();
+            for s in cur {
+                self.step(s, b, &mut next);
+                if next.len() > MAX_STACKS {
+                    next.truncate(MAX_STACKS);
+                }
+            }
+            if next.is_empty() {
+                return next;
+            }
+            cur = next;
+        }
+        cur
+    }
+
+    /// Whether `text` could continue the output so far.
+    pub fn allows(&self, text: &[u8]) -> bool {
+        !text.is_empty() && !self.feed(&self.stacks, text).is_empty()
+    }
+
+    /// Records the chosen token; false once the JSON value is complete.
+    pub fn accept(&mut self, id: u32) -> bool {
+        let bytes = self.vocab.bytes.get(id as usize).cloned().unwrap_or_default();
+        let next = self.feed(&self.stacks, &bytes);
+        if !next.is_empty() {
+            self.stacks = next;
+        }
+        !self.is_complete()
+    }
+
+    /// Leaves only valid tokens in `logits` (see the module doc).
+    pub fn mask(&self, logits: &mut [f32], remaining: usize) {
+        let closing = self.shortest_completion();
+        if closing.len() + 1 >= remaining {
+            if let Some(id) = self.longest_token_prefix(&closing).filter(|&id| self.token_ok(id)) {
+                keep_only(logits, &[id]);
+                return;
+            }
+        }
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        let k = TOP_CANDIDATES.min(order.len());
+        let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
+        order.select_nth_unstable_by(k.saturating_sub(1), by_logit);
+        let mut valid: Vec<u32> = order[..k].iter().copied().filter(|&id| self.token_ok(id)).collect();
+        if valid.is_empty() {
+            order.sort_unstable_by(by_logit);
+            valid = order.iter().copied().filter(|&id| self.token_ok(id)).take(16).collect();
+        }
+        if valid.is_empty() {
+            if let Some(id) = self.longest_token_prefix(&closing).filter(|&id| self.token_ok(id)) {
+                valid.push(id);
+            }
+        }
+        if !valid.is_empty() {
+            keep_only(logits, &valid);
+        }
+    }
+
+    fn token_ok(&self, id: u32) -> bool {
+        let i = id as usize;
+        match (self.vocab.bytes.get(i), self.vocab.special.get(i)) {
+            (Some(b), Some(false)) => self.allows(b),
+            _ => false,
+        }
+    }
+
+    /// The token whose bytes are the longest prefix of `text` (and valid).
+    fn longest_token_prefix(&self, text: &[u8]) -> Option<u32> {
+        let mut best: Option<(usize, u32)> = None;
+        for (i, b) in self.vocab.bytes.iter().enumerate() {
+            if !b.is_empty() && !self.vocab.special[i] && text.starts_with(b) && best.is_none_or(|(l, _)| b.len() > l) {
+                best = Some((b.len(), i as u32));
+            }
+        }
+        best.map(|(_, id)| id)
+    }
+
+    /// The shortest text that completes the value from the current state.
+    pub fn shortest_completion(&self) -> Vec<u8> {
+        self.stacks.iter().map(|s| self.complete_stack(s)).min_by_key(|t| t.len()).unwrap_or_default()
+    }
+
+    fn complete_stack(&self, s: &Stack) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut child_key = None;
+        for frame in s.frames.iter().rev() {
+            self.complete_frame(frame, child_key, &mut out);
+            child_key = match frame {
+                Frame::Lit { key, .. } => *key,
+                _ => None,
+            };
+        }
+        out
+    }
+
+    /// Appends the shortest text that closes `frame`; `child_key` is the property
+    /// index of the key being matched just above it, if any.
+    fn complete_frame(&self, frame: &Frame, child_key: Option<u16>, out: &mut Vec<u8>) {
+        let sch = &self.schema;
+        match frame {
+            Frame::Value(node) => out.extend(sch.min_text(*node, 0)),
+            Frame::Lit { text, pos, .. } => out.extend_from_slice(&text[*pos..]),
+            Frame::Str { node, opened, chars, esc } => {
+                if !opened {
+                    out.extend(sch.min_text(*node, 0));
+                    return;
+                }
+                match esc {
+                    1 => out.push(b'n'),
+                    2..=5 => out.extend(std::iter::repeat_n(b'0', (*esc - 1) as usize)),
+                    _ => {}
+                }
+                let min = match sch.nodes.get(*node) {
+                    Some(Node::String { min, .. }) => *min,
+                    _ => 0,
+                };
+                out.extend(std::iter::repeat_n(b'a', min.saturating_sub(*chars)));
+                out.push(b'"');
+            }
+            Frame::Num { state, .. } => {
+                if !num_accepting(*state) {
+                    out.push(b'0');
+                }
+            }
+            Frame::Obj { node, state, seen, current } => {
+                let Node::Object { props, required, additional } = &sch.nodes[*node] else { return };
+                let missing = required & !seen;
+                let value_of = |cur: u16| match props.get(cur as usize) {
+                    Some((_, v)) if cur != FREE_KEY => sch.min_text(*v, 0),
+                    _ => additional.map(|a| sch.min_text(a, 0)).unwrap_or_else(|| b"null".to_vec()),
+                };
+                let mut first = matches!(state, Obj::AfterOpen | Obj::AfterComma | Obj::Open);
+                match state {
+                    Obj::Open => {
+                        out.extend(sch.min_text(*node, 0));
+                        return;
+                    }
+                    Obj::InKey => {
+                        out.extend_from_slice(b": ");
+                        out.extend(value_of(child_key.unwrap_or(FREE_KEY)));
+                    }
+                    Obj::AfterKey => {
+                        out.extend_from_slice(b": ");
+                        out.extend(value_of(*current));
+                    }
+                    Obj::AfterComma if missing == 0 => {
+                        // A comma needs one more member: the first unseen key, or a free one.
+                        match (0..props.len()).find(|i| seen & (1 << i) == 0) {
+                            Some(i) => {
+                                out.extend_from_slice(&props[i].0);
+                                out.extend_from_slice(b": ");
+                                out.extend(sch.min_text(props[i].1, 0));
+                            }
+                            None => out.extend_from_slice(b"\"k\": null"),
+                        }
+                        first = false;
+                    }
+                    _ => {}
+                }
+                for (i, (key, value)) in props.iter().enumerate() {
+                    if missing & (1 << i) != 0 {
+                        if !first {
+                            out.extend_from_slice(b", ");
+                        }
+                        first = false;
+                        out.extend_from_slice(key);
+                        out.extend_from_slice(b": ");
+                        out.extend(sch.min_text(*value, 0));
+                    }
+                }
+                out.push(b'}');
+            }
+            Frame::Arr { node, state, count } => {
+                let Node::Array { items, min, .. } = &sch.nodes[*node] else { return };
+                if *state == Arr::Open {
+                    out.extend(sch.min_text(*node, 0));
+                    return;
+                }
+                let item = sch.min_text(*items, 0);
+                // Items present (the one being written counts) and whether the next needs a comma.
+                let (mut have, mut comma) = match state {
+                    Arr::AfterOpen | Arr::Open => (0, false),
+                    Arr::InValue => (*count + 1, true),
+                    Arr::AfterValue => (*count, true),
+                    Arr::AfterComma => {
+                        out.extend_from_slice(&item);
+                        (*count + 1, true)
+                    }
+                };
+                while have < *min {
+                    if comma {
+                        out.extend_from_slice(b", ");
+                    }
+                    out.extend_from_slice(&item);
+                    have += 1;
+                    comma = true;
+                }
+                out.push(b']');
+            }
+        }
+    }
+
+    /// Advances one stack by byte `b`, pushing every way it can continue.
+    fn step(&self, mut st: Stack, b: u8, out: &mut Vec<Stack>) {
+        let sch = &self.schema;
+        let ws_ok = |st: &mut Stack| {
+            if st.ws < WS_CAP {
+                st.ws += 1;
+                true
+            } else {
+                false
+            }
+        };
+        let Some(top) = st.frames.last_mut() else {
+            if is_ws(b) && ws_ok(&mut st) {
+                out.push(st);
+            }
+            return;
+        };
+        if !is_ws(b) || matches!(top, Frame::Lit { .. } | Frame::Str { opened: true, .. }) {
+            st.ws = 0;
+        }
+        match top {
+            Frame::Value(node) => {
+                if is_ws(b) {
+                    if ws_ok(&mut st) {
+                        out.push(st);
+                    }
+                    return;
+                }
+                let node = *node;
+                st.frames.pop();
+                for f in self.expand(node) {
+                    let mut s = st.clone();
+                    s.frames.push(f);
+                    self.step(s, b, out);
+                }
+            }
+            Frame::Lit { text, pos, key } => {
+                if text.get(*pos) != Some(&b) {
+                    return;
+                }
+                *pos += 1;
+                if *pos == text.len() {
+                    let key = *key;
+                    st.frames.pop();
+                    self.child_done(&mut st, key);
+                }
+                out.push(st);
+            }
+            Frame::Str { node, opened, chars, esc } => {
+                let (min, max) = match sch.nodes.get(*node) {
+                    Some(Node::String { min, max }) => (*min, *max),
+                    _ => (0, None),
+                };
+                if !*opened {
+                    if b == b'"' {
+                        *opened = true;
+                        out.push(st);
+                    }
+                    return;
+                }
+                match *esc {
+                    1 => {
+                        if b == b'u' {
+                            *esc = 5;
+                        } else if b"\"\\/bfnrt".contains(&b) {
+                            *esc = 0;
+                            *chars += 1;
+                        } else {
+                            return;
+                        }
+                    }
+                    2..=5 => {
+                        if !b.is_ascii_hexdigit() {
+                            return;
+                        }
+                        *esc -= 1;
+                        if *esc == 1 {
+                            *esc = 0;
+                            *chars += 1;
+                        }
+                    }
+                    _ if b == b'"' => {
+                        if *chars < min {
+                            return;
+                        }
+                        st.frames.pop();
+                        self.child_done(&mut st, Some(FREE_KEY));
+                    }
+                    _ if b == b'\\' => *esc = 1,
+                    _ if b < 0x20 => return,
+                    _ => {
+                        if b & 0xC0 != 0x80 {
+                            if max.is_some_and(|m| *chars >= m) {
+                                return;
+                            }
+                            *chars += 1;
+                        }
+                    }
+                }
+                out.push(st);
+            }
+            Frame::Num { integer, state, len } => {
+                let next = num_next(*state, b, *integer);
+                match next {
+                    Some(n) if *len < MAX_NUMBER => {
+                        *state = n;
+                        *len += 1;
+                        out.push(st);
+                    }
+                    Some(_) => {}
+                    None if num_accepting(*state) => {
+                        st.frames.pop();
+                        self.child_done(&mut st, None);
+                        self.step(st, b, out);
+                    }
+                    None => {}
+                }
+            }
+            Frame::Obj { node, state, seen, current } => {
+                let Node::Object { props, required, additional } = &sch.nodes[*node] else { return };
+                let all_required = required & !*seen == 0;
+                let key_left = additional.is_some() || (0..props.len()).any(|i| *seen & (1 << i) == 0);
+                match (*state, b) {
+                    (Obj::Open, b'{') => *state = Obj::AfterOpen,
+                    (Obj::Open, _) => return,
+                    (Obj::AfterOpen | Obj::AfterComma | Obj::AfterKey | Obj::AfterValue, w) if is_ws(w) => {
+                        if !ws_ok(&mut st) {
+                            return;
+                        }
+                    }
+                    (Obj::AfterOpen | Obj::AfterValue, b'}') if all_required => {
+                        st.frames.pop();
+                        self.child_done(&mut st, None);
+                    }
+                    (Obj::AfterOpen | Obj::AfterComma, b'"') => {
+                        *state = Obj::InKey;
+                        let seen = *seen;
+                        let additional = *additional;
+                        for (i, (key, _)) in props.iter().enumerate() {
+                            if seen & (1 << i) == 0 {
+                                let mut s = st.clone();
+                                s.frames.push(Frame::Lit { text: key.clone(), pos: 1, key: Some(i as u16) });
+                                out.push(s);
+                            }
+                        }
+                        if additional.is_some() {
+                            st.frames.push(Frame::Str { node: usize::MAX, opened: true, chars: 0, esc: 0 });
+                            out.push(st);
+                        }
+                        return;
+                    }
+                    (Obj::AfterKey, b':') => {
+                        let value = if *current == FREE_KEY {
+                            additional.expect("free keys only in open objects")
+                        } else {
+                            props[*current as usize].1
+                        };
+                        *state = Obj::InValue;
+                        st.frames.push(Frame::Value(value));
+                    }
+                    (Obj::AfterValue, b',') if key_left => *state = Obj::AfterComma,
+                    _ => return,
+                }
+                out.push(st);
+            }
+            Frame::Arr { node, state, count } => {
+                let Node::Array { items, min, max } = &sch.nodes[*node] else { return };
+                let (items, min, max) = (*items, *min, *max);
+                match (*state, b) {
+                    (Arr::Open, b'[') => *state = Arr::AfterOpen,
+                    (Arr::Open, _) => return,
+                    (Arr::AfterOpen | Arr::AfterValue | Arr::AfterComma, w) if is_ws(w) => {
+                        if !ws_ok(&mut st) {
+                            return;
+                        }
+                    }
+                    (Arr::AfterOpen | Arr::AfterValue, b']') if *count >= min => {
+                        st.frames.pop();
+                        self.child_done(&mut st, None);
+                    }
+                    (Arr::AfterValue, b',') if max.is_none_or(|m| *count < m) => *state = Arr::AfterComma,
+                    (Arr::AfterOpen | Arr::AfterComma, _) if max.is_none_or(|m| *count < m) => {
+                        *state = Arr::InValue;
+                        st.frames.push(Frame::Value(items));
+                        self.step(st, b, out);
+                        return;
+                    }
+                    _ => return,
+                }
+                out.push(st);
+            }
+        }
+    }
+
+    /// The frames a value of `node` can start as.
+    fn expand(&self, node: NodeId) -> Vec<Frame> {
+        let mut out = Vec::new();
+        self.expand_into(node, &mut out, 0);
+        out
+    }
+
+    fn expand_into(&self, node: NodeId, out: &mut Vec<Frame>, depth: usize) {
+        if depth > 16 {
+            return;
+        }
+        match &self.schema.nodes[node] {
+            Node::Object { .. } => out.push(Frame::Obj { node, state: Obj::Open, seen: 0, current: 0 }),
+            Node::Array { .. } => out.push(Frame::Arr { node, state: Arr::Open, count: 0 }),
+            Node::String { .. } => out.push(Frame::Str { node, opened: false, chars: 0, esc: 0 }),
+            Node::Number { integer } => out.push(Frame::Num { integer: *integer, state: Num::Start, len: 0 }),
+            Node::Literals(alts) => {
+                out.extend(alts.iter().map(|t| Frame::Lit { text: t.clone(), pos: 0, key: None }));
+            }
+            Node::AnyOf(alts) => {
+                for &a in alts {
+                    self.expand_into(a, out, depth + 1);
+                }
+            }
+        }
+    }
+
+    /// Tells the frame now on top that its child finished (`key`: which key).
+    fn child_done(&self, st: &mut Stack, key: Option<u16>) {
+        match st.frames.last_mut() {
+            Some(Frame::Obj { state, seen, current, .. }) => match *state {
+                Obj::InKey => {
+                    let k = key.unwrap_or(FREE_KEY);
+                    if k != FREE_KEY && (k as usize) < MAX_PROPS {
+                        *seen |= 1 << k;
+                    }
+                    *current = k;
+                    *state = Obj::AfterKey;
+                }
+                Obj::InValue => *state = Obj::AfterValue,
+                _ => {}
+            },
+            Some(Frame::Arr { state, count, .. }) if *state == Arr::InValue => {
+                *state = Arr::AfterValue;
+                *count += 1;
+            }
+            _ => {}
+        }
+    }
+}
+
+fn keep_only(logits: &mut [f32], ids: &[u32]) {
+    let kept: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+    logits.fill(f32::NEG_INFINITY);
+    for (&i, &v) in ids.iter().zip(&kept) {
+        // A kept token must stay drawable even if its own logit was -inf.
+        logits[i as usize] = if v.is_finite() { v } else { 0.0 };
+    }
+}
+
+fn num_accepting(s: Num) -> bool {
+    matches!(s, Num::Zero | Num::Int | Num::Frac | Num::ExpDigits | Num::ExpDigits2)
+}
+
+/// JSON number grammar, one byte at a time; `None` ends (or breaks) the number.
+fn num_next(s: Num, b: u8, integer: bool) -> Option<Num> {
+    let digit = b.is_ascii_digit();
+    match (s, b) {
+        (Num::Start, b'-') => Some(Num::Minus),
+        (Num::Start | Num::Minus, b'0') => Some(Num::Zero),
+        (Num::Start | Num::Minus, _) if digit => Some(Num::Int),
+        (Num::Int, _) if digit => Some(Num::Int),
+        (Num::Zero | Num::Int, b'.') if !integer => Some(Num::Dot),
+        (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') if !integer => Some(Num::Exp),
+        (Num::Dot | Num::Frac, _) if digit => Some(Num::Frac),
+        (Num::Exp, b'+' | b'-') => Some(Num::ExpSign),
+        (Num::Exp | Num::ExpSign, _) if digit => Some(Num::ExpDigits),
+        (Num::ExpDigits, _) if digit => Some(Num::ExpDigits2),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[path = "guide_tests.rs"]
+mod tests;
+
+#[cfg(test)]
+pub(crate) fn guide_tests_argmax(x: &[f32]) -> u32 {
+    engine::sampler::argmax(x)
+}

@@ -1,0 +1,283 @@
+//! JSON Schema compiled to the small graph the guide walks. Supported: `type`
+//! (one or a list), `properties`/`required`/`additionalProperties`, `items`,
+//! `minItems`/`maxItems`, `minLength`/`maxLength`, `enum`, `const`, `anyOf`,
+//! `oneOf`, `allOf` (first member), local `$ref` (`#/$defs/..`,
+//! `#/definitions/..`, `#`). Unknown keywords (`format`, `pattern`, `minimum`…)
+//! are ignored: the output still has the right shape and types.
+//!
+//! An object with listed `properties` is closed (only those keys), which keeps a
+//! small model on the schema's keys; `additionalProperties` only opens objects
+//! that list none.
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub type NodeId = usize;
+
+#[derive(Debug, Clone)]
+pub enum Node {
+    Object {
+        /// `(key, value node)`, keys pre-quoted as the guide matches them: `"name"`.
+        props: Vec<(Arc<[u8]>, NodeId)>,
+        required: u64,
+        /// Node for keys not in `props` (free-form string keys); `None` = closed.
+        additional: Option<NodeId>,
+    },
+    Array {
+        items: NodeId,
+        min: usize,
+        max: Option<usize>,
+    },
+    String {
+        min: usize,
+        max: Option<usize>,
+    },
+    Number {
+        integer: bool,
+    },
+    /// Exact JSON texts (`true`, `null`, enum values serialized).
+    Literals(Vec<Arc<[u8]>>),
+    AnyOf(Vec<NodeId>),
+}
+
+/// Most properties an object node tracks (a bit each in `required`/`seen`).
+pub const MAX_PROPS: usize = 64;
+
+#[derive(Debug)]
+pub struct Schema {
+    pub nodes: Vec<Node>,
+    pub root: NodeId,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unsupported JSON schema: {0}")]
+pub struct SchemaError(pub String);
+
+impl Schema {
+    /// Compiles `schema`; `true`/`{}` mean any JSON value.
+    pub fn compile(schema: &Value) -> Result<Schema, SchemaError> {
+        let mut c = Compiler { root: schema, nodes: Vec::new(), refs: HashMap::new(), any: None, depth: 0 };
+        let root = c.node(schema)?;
+        Ok(Schema { nodes: c.nodes, root })
+    }
+
+    /// Any JSON object (`response_format: json_object`).
+    pub fn any_object() -> Schema {
+        Schema::compile(&serde_json::json!({"type": "object"})).expect("static schema")
+    }
+
+    /// The shortest JSON text `node` accepts (used to close the output when the
+    /// token budget runs out). `depth` stops recursive schemas.
+    pub fn min_text(&self, node: NodeId, depth: usize) -> Vec<u8> {
+        if depth > 12 {
+            return b"null".to_vec();
+        }
+        match &self.nodes[node] {
+            Node::Object { props, required, .. } => {
+                let mut out = b"{".to_vec();
+                let mut first = true;
+                for (i, (key, value)) in props.iter().enumerate() {
+                    if required & (1 << i) != 0 {
+                        if !first {
+                            out.extend_from_slice(b", ");
+                        }
+                        first = false;
+                        out.extend_from_slice(key);
+                        out.extend_from_slice(b": ");
+                        out.extend(self.min_text(*value, depth + 1));
+                    }
+                }
+                out.push(b'}');
+                out
+            }
+            Node::Array { items, min, .. } => {
+                let item = self.min_text(*items, depth + 1);
+                let mut out = b"[".to_vec();
+                for i in 0..*min {
+                    if i > 0 {
+                        out.extend_from_slice(b", ");
+                    }
+                    out.extend_from_slice(&item);
+                }
+                out.push(b']');
+                out
+            }
+            Node::String { min, .. } => {
+                let mut out = b"\"".to_vec();
+                out.extend(std::iter::repeat_n(b'a', *min));
+                out.push(b'"');
+                out
+            }
+            Node::Number { .. } => b"0".to_vec(),
+            Node::Literals(alts) => alts.iter().min_by_key(|a| a.len()).map(|a| a.to_vec()).unwrap_or_default(),
+            Node::AnyOf(alts) => {
+                alts.iter().map(|&a| self.min_text(a, depth + 1)).min_by_key(|t| t.len()).unwrap_or_default()
+            }
+        }
+    }
+}
+
+struct Compiler<'a> {
+    root: &'a Value,
+    nodes: Vec<Node>,
+    /// `$ref` target → node, filled before the target compiles (recursion).
+    refs: HashMap<String, NodeId>,
+    any: Option<NodeId>,
+    depth: usize,
+}
+
+impl Compiler<'_> {
+    fn push(&mut self, n: Node) -> NodeId {
+        self.nodes.push(n);
+        self.nodes.len() - 1
+    }
+
+    /// Any JSON value: one shared node (objects and arrays of it refer back to it).
+    fn any(&mut self) -> NodeId {
+        if let Some(id) = self.any {
+            return id;
+        }
+        let id = self.push(Node::AnyOf(Vec::new()));
+        self.any = Some(id);
+        let obj = self.push(Node::Object { props: Vec::new(), required: 0, additional: Some(id) });
+        let arr = self.push(Node::Array { items: id, min: 0, max: None });
+        let s = self.push(Node::String { min: 0, max: None });
+        let n = self.push(Node::Number { integer: false });
+        let lits = self.push(literals(&["true", "false", "null"]));
+        self.nodes[id] = Node::AnyOf(vec![obj, arr, s, n, lits]);
+        id
+    }
+
+    fn node(&mut self, s: &Value) -> Result<NodeId, SchemaError> {
+        self.depth += 1;
+        if self.depth > 64 {
+            return Err(SchemaError("nested too deeply".into()));
+        }
+        let r = self.node_inner(s);
+        self.depth -= 1;
+        r
+    }
+
+    fn node_inner(&mut self, s: &Value) -> Result<NodeId, SchemaError> {
+        let obj = match s {
+            Value::Bool(true) => return Ok(self.any()),
+            Value::Bool(false) => return Err(SchemaError("`false` accepts nothing".into())),
+            Value::Object(o) => o,
+            _ => return Err(SchemaError(format!("a schema must be an object, got {s}"))),
+        };
+        if let Some(r) = obj.get("$ref").and_then(Value::as_str) {
+            return self.reference(r);
+        }
+        if let Some(c) = obj.get("const") {
+            return Ok(self.push(literals(&[c.to_string().as_str()])));
+        }
+        if let Some(Value::Array(e)) = obj.get("enum") {
+            if e.is_empty() {
+                return Err(SchemaError("empty enum".into()));
+            }
+            let texts: Vec<String> = e.iter().map(Value::to_string).collect();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            return Ok(self.push(literals(&refs)));
+        }
+        for key in ["anyOf", "oneOf"] {
+            if let Some(Value::Array(alts)) = obj.get(key) {
+                let ids = alts.iter().map(|a| self.node(a)).collect::<Result<Vec<_>, _>>()?;
+                return Ok(self.push(Node::AnyOf(ids)));
+            }
+        }
+        if let Some(first) = obj.get("allOf").and_then(Value::as_array).and_then(|a| a.first()) {
+            return self.node(first);
+        }
+        match obj.get("type") {
+            Some(Value::String(t)) => self.typed(t, obj),
+            Some(Value::Array(ts)) => {
+                let mut ids = Vec::new();
+                for t in ts {
+                    let t = t.as_str().ok_or_else(|| SchemaError(format!("bad type {t}")))?;
+                    ids.push(self.typed(t, obj)?);
+                }
+                Ok(self.push(Node::AnyOf(ids)))
+            }
+            None if obj.contains_key("properties") => self.typed("object", obj),
+            None if obj.contains_key("items") => self.typed("array", obj),
+            None => Ok(self.any()),
+            Some(t) => Err(SchemaError(format!("bad type {t}"))),
+        }
+    }
+
+    fn typed(&mut self, t: &str, obj: &serde_json::Map<String, Value>) -> Result<NodeId, SchemaError> {
+        let usize_of = |k: &str| obj.get(k).and_then(Value::as_u64).map(|v| v as usize);
+        Ok(match t {
+            "object" => {
+                let mut props = Vec::new();
+                let mut required = 0u64;
+                let req: Vec<&str> = obj
+                    .get("required")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                if let Some(Value::Object(p)) = obj.get("properties") {
+                    for (i, (name, sub)) in p.iter().take(MAX_PROPS).enumerate() {
+                        let id = self.node(sub)?;
+                        props.push((quoted(name), id));
+                        if req.contains(&name.as_str()) {
+                            required |= 1 << i;
+                        }
+                    }
+                }
+                let additional = if !props.is_empty() {
+                    None
+                } else {
+                    match obj.get("additionalProperties") {
+                        Some(Value::Bool(false)) => None,
+                        None | Some(Value::Bool(true)) => Some(self.any()),
+                        Some(sub) => Some(self.node(sub)?),
+                    }
+                };
+                self.push(Node::Object { props, required, additional })
+            }
+            "array" => {
+                let items = match obj.get("items") {
+                    Some(i) => self.node(i)?,
+                    None => self.any(),
+                };
+                self.push(Node::Array { items, min: usize_of("minItems").unwrap_or(0), max: usize_of("maxItems") })
+            }
+            "string" => self.push(Node::String { min: usize_of("minLength").unwrap_or(0), max: usize_of("maxLength") }),
+            "number" => self.push(Node::Number { integer: false }),
+            "integer" => self.push(Node::Number { integer: true }),
+            "boolean" => self.push(literals(&["true", "false"])),
+            "null" => self.push(literals(&["null"])),
+            other => return Err(SchemaError(format!("unknown type '{other}'"))),
+        })
+    }
+
+    fn reference(&mut self, r: &str) -> Result<NodeId, SchemaError> {
+        if let Some(&id) = self.refs.get(r) {
+            return Ok(id);
+        }
+        let target = if r == "#" {
+            self.root
+        } else {
+            let ptr = r.strip_prefix('#').ok_or_else(|| SchemaError(format!("only local $ref is supported: {r}")))?;
+            self.root.pointer(ptr).ok_or_else(|| SchemaError(format!("$ref {r} points nowhere")))?
+        };
+        // Reserve the id first so a recursive reference finds it.
+        let id = self.push(Node::AnyOf(Vec::new()));
+        self.refs.insert(r.to_string(), id);
+        let inner = self.node(target)?;
+        self.nodes[id] = Node::AnyOf(vec![inner]);
+        Ok(id)
+    }
+}
+
+fn literals(texts: &[&str]) -> Node {
+    Node::Literals(texts.iter().map(|t| Arc::from(t.as_bytes())).collect())
+}
+
+fn quoted(name: &str) -> Arc<[u8]> {
+    Arc::from(Value::String(name.to_string()).to_string().as_bytes())
+}

@@ -1,0 +1,133 @@
+use super::*;
+use serde_json::json;
+
+fn guide(schema: serde_json::Value, tokens: &[&str]) -> JsonGuide {
+    let schema = Arc::new(Schema::compile(&schema).unwrap());
+    let mut bytes: Vec<Vec<u8>> = tokens.iter().map(|t| t.as_bytes().to_vec()).collect();
+    let mut special = vec![false; bytes.len()];
+    bytes.push(b"<eos>".to_vec());
+    special.push(true);
+    JsonGuide::new(schema, Arc::new(Vocab { bytes, special }))
+}
+
+fn accepts(schema: serde_json::Value, text: &str) -> bool {
+    let g = guide(schema, &[]);
+    let st = g.feed(&g.stacks, text.as_bytes());
+    st.iter().any(|s| g.stack_complete(s))
+}
+
+#[test]
+fn valid_documents_complete_and_invalid_ones_do_not() {
+    let s = json!({"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "days"]});
+    assert!(accepts(s.clone(), r#"{"city": "Paris", "days": 3}"#));
+    assert!(accepts(s.clone(), r#"{"days":-12,"unit":"f","city":"a\"b\u00e9"}"#));
+    assert!(!accepts(s.clone(), r#"{"city": "Paris"}"#), "missing required");
+    assert!(!accepts(s.clone(), r#"{"city": "Paris", "days": 3.5}"#), "integer");
+    assert!(!accepts(s.clone(), r#"{"city": "Paris", "days": 3, "x": 1}"#), "closed object");
+    assert!(!accepts(s.clone(), r#"{"city": "Paris", "days": 3, "unit": "k"}"#), "enum");
+    assert!(!accepts(s, r#"{"city": "Paris",, "days": 3}"#));
+}
+
+#[test]
+fn any_of_lists_and_nested_values() {
+    let s = json!({"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "n": {"type": ["number", "null"]},
+        "meta": {}}});
+    assert!(accepts(s.clone(), r#"{"tags": ["a", "b"], "n": null, "meta": {"x": [1, true, {"y": 2.5e3}]}}"#));
+    assert!(accepts(s.clone(), r#"{"n": 0.25}"#));
+    assert!(!accepts(s.clone(), r#"{"tags": []}"#), "minItems");
+    assert!(accepts(
+        json!({"$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}}}},
+        "$ref": "#/$defs/t"}),
+        r#"{"k": {"k": {}}}"#
+    ));
+}
+
+/// Greedy decoding over a toy vocabulary whose preferred tokens are all invalid
+/// still yields schema-valid JSON, closed within the token budget.
+#[test]
+fn masking_forces_valid_json_within_budget() {
+    let tokens = [
+        "hello", " world", "{", "}", "\"", ":", "city", "\":", " \"", "Par", "is", "\",", "days", "1", "2", ",", " ",
+        "\n\n\n",
+    ];
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"]});
+    // The smallest valid document is 23 bytes; any budget from there works.
+    for budget in [24, 26, 40] {
+        let mut g = guide(schema.clone(), &tokens);
+        let mut out = Vec::new();
+        let n = g.vocab.bytes.len();
+        for step in 0..budget {
+            // Prefers "hello", then the string pieces, so strings would never end.
+            let mut logits: Vec<f32> = (0..n)
+                .map(|i| match tokens.get(i) {
+                    Some(&"hello") => 10.0,
+                    Some(&"Par") | Some(&"is") => 5.0,
+                    Some(&"\n\n\n") => 4.0,
+                    _ => (i % 5) as f32,
+                })
+                .collect();
+            logits[n - 1] = 20.0; // EOS is never allowed mid-value
+            g.mask(&mut logits, budget - step);
+            let id = super::guide_tests_argmax(&logits);
+            out.extend_from_slice(&g.vocab.bytes[id as usize]);
+            if !g.accept(id) {
+                break;
+            }
+        }
+        let text = String::from_utf8(out).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("budget {budget}: {text:?}: {e}"));
+        assert!(v["city"].is_string() && v["days"].is_i64(), "{text}");
+    }
+}
+
+/// Random logits over JSON-ish tokens, many schemas and budgets: the output
+/// always parses, and the guide stops it as soon as it is complete.
+#[test]
+fn random_logits_always_give_json() {
+    let tokens = [
+        "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "a", "b", "key", "\"a\"", "\"k\": ", "1", "0", "-", ".", "e",
+        "true", "false", "null", "\\", "u", "00", "\": \"", "\"}", "]}", "x\"", "{\"", "é",
+    ];
+    let schemas = [
+        json!({"type": "object"}),
+        json!({}),
+        json!({"type": "array", "items": {"type": "number"}, "minItems": 2}),
+        json!({"type": "object", "properties": {"a": {"type": "string"}, "k": {"type": "boolean"}}, "required": ["k"]}),
+        json!({"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"b": {"type": "null"}}}]}),
+    ];
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
+    for schema in schemas {
+        for budget in [3, 6, 10, 30, 80] {
+            let mut g = guide(schema.clone(), &tokens);
+            let n = g.vocab.bytes.len();
+            let mut out = Vec::new();
+            for step in 0..budget {
+                let mut logits: Vec<f32> = (0..n)
+                    .map(|_| {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        (rng % 1000) as f32 / 100.0
+                    })
+                    .collect();
+                g.mask(&mut logits, budget - step);
+                let id = super::guide_tests_argmax(&logits);
+                out.extend_from_slice(&g.vocab.bytes[id as usize]);
+                if !g.accept(id) {
+                    break;
+                }
+            }
+            let text = String::from_utf8_lossy(&out).into_owned();
+            if budget >= 30 {
+                assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), "{schema} budget {budget}: {text:?}");
+                assert!(g.is_complete());
+            }
+        }
+    }
+}

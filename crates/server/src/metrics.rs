@@ -1,0 +1,139 @@
+//! Prometheus counters, gauges and histograms kept in atomics, rendered as the
+//! text exposition format on `GET /metrics`.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// Upper bounds (seconds) shared by the latency histograms.
+const LATENCY_BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+pub struct Histogram {
+    /// Cumulative counts are computed at render; these are per-bucket (+Inf last).
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    /// Sum in microseconds (integers keep it atomic).
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn new() -> Histogram {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_us: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, seconds: f64) {
+        let i = LATENCY_BUCKETS.iter().position(|&b| seconds <= b).unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add((seconds.max(0.0) * 1e6) as u64, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        cumulative += self.buckets[LATENCY_BUCKETS.len()].load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {}", self.count.load(Relaxed));
+    }
+}
+
+/// Everything `/metrics` shows. One per server, shared by handlers and the worker.
+pub struct Metrics {
+    pub requests_total: AtomicU64,
+    pub requests_failed: AtomicU64,
+    pub requests_cancelled: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// Requests waiting for the engine.
+    pub queue_depth: AtomicI64,
+    /// Requests admitted and not yet finished (queued or generating).
+    pub active: AtomicI64,
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    pub request_duration: Histogram,
+    /// The engine thread has ended (`/health` reports degraded).
+    pub engine_stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests_total: AtomicU64::new(0),
+            requests_failed: AtomicU64::new(0),
+            requests_cancelled: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            queue_depth: AtomicI64::new(0),
+            active: AtomicI64::new(0),
+            ttft: Histogram::new(),
+            inter_token: Histogram::new(),
+            request_duration: Histogram::new(),
+            engine_stopped: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        let gauge = |out: &mut String, name: &str, help: &str, v: i64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        counter(&mut out, "shardlm_requests_total", "Generation requests admitted.", self.requests_total.load(Relaxed));
+        counter(
+            &mut out,
+            "shardlm_requests_failed_total",
+            "Requests that ended in an error.",
+            self.requests_failed.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "shardlm_requests_cancelled_total",
+            "Requests cancelled by a client disconnect.",
+            self.requests_cancelled.load(Relaxed),
+        );
+        counter(&mut out, "shardlm_prompt_tokens_total", "Prompt tokens processed.", self.prompt_tokens.load(Relaxed));
+        counter(&mut out, "shardlm_generation_tokens_total", "Tokens generated.", self.generated_tokens.load(Relaxed));
+        gauge(&mut out, "shardlm_queue_depth", "Requests waiting for the engine.", self.queue_depth.load(Relaxed));
+        gauge(&mut out, "shardlm_active_requests", "Requests queued or generating.", self.active.load(Relaxed));
+        // Until the paged KV cache and prefix cache land, these are fixed at 0 so
+        // dashboards can be built against the final names.
+        gauge(&mut out, "shardlm_kv_blocks_used", "KV cache blocks in use (paged cache not yet enabled).", 0);
+        gauge(&mut out, "shardlm_kv_blocks_free", "KV cache blocks free (paged cache not yet enabled).", 0);
+        counter(&mut out, "shardlm_prefix_cache_hits_total", "Prefix cache hits (prefix cache not yet enabled).", 0);
+        counter(&mut out, "shardlm_prefix_cache_tokens_total", "Prompt tokens served from the prefix cache.", 0);
+        self.ttft.render("shardlm_time_to_first_token_seconds", "Time from admission to the first token.", &mut out);
+        self.inter_token.render("shardlm_inter_token_latency_seconds", "Time between generated tokens.", &mut out);
+        self.request_duration.render("shardlm_request_duration_seconds", "Time from admission to the end.", &mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::default();
+        m.ttft.observe(0.003);
+        m.ttft.observe(0.2);
+        m.ttft.observe(100.0);
+        let text = m.render();
+        assert!(text.contains("shardlm_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"), "{text}");
+        assert!(text.contains("shardlm_time_to_first_token_seconds_bucket{le=\"0.25\"} 2"));
+        assert!(text.contains("shardlm_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"));
+        assert!(text.contains("shardlm_time_to_first_token_seconds_count 3"));
+    }
+}

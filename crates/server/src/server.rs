@@ -1,0 +1,142 @@
+//! The router and `serve`: HTTP on a tokio runtime, the engine on the calling
+//! thread (rank 0 of a cluster drives the other ranks from there).
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::state::{AppState, ServerConfig, SharedState};
+use crate::tools::ToolFormat;
+use crate::worker::{channel, run_worker};
+use crate::{anthropic, http, openai, responses};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use engine::generate::Engine;
+use engine::{ChatTemplate, Tokenizer};
+use serde_json::json;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use tower_http::timeout::TimeoutLayer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("this model has no tokenizer; the server needs one")]
+    NoTokenizer,
+    #[error(transparent)]
+    Engine(#[from] engine::EngineError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub fn router(state: SharedState) -> Router {
+    let body_limit = state.cfg.body_limit;
+    let timeout = state.cfg.request_timeout;
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{id}", get(openai::model))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(responses::responses))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), http::auth))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
+        .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no route for {}", uri.path()))
+        .in_dialect(http::dialect_of(uri.path()))
+}
+
+/// `ready` while the engine thread runs; each rank is driven in lockstep by rank 0,
+/// so they share its state.
+async fn health(State(state): State<SharedState>) -> (StatusCode, Json<serde_json::Value>) {
+    let alive = state.engine.is_alive();
+    let status = if alive { "ready" } else { "degraded" };
+    let ranks: Vec<_> = (0..state.cfg.ranks).map(|r| json!({"rank": r, "state": status})).collect();
+    let code = if alive { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (
+        code,
+        Json(json!({
+            "status": status, "model": state.cfg.served_model_name, "context": state.cfg.context,
+            "strategy": state.cfg.strategy, "ranks": ranks,
+            "queue_depth": state.metrics.queue_depth.load(Relaxed), "active_requests": state.metrics.active.load(Relaxed),
+        })),
+    )
+}
+
+async fn metrics(State(state): State<SharedState>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}
+
+/// Serves until SIGINT/SIGTERM. Blocks the calling thread, which runs the engine.
+pub fn serve(engine: &mut Engine, files: &formats::ModelFiles, cfg: ServerConfig) -> Result<(), ServerError> {
+    let tokenizer = Tokenizer::from_source(&files.tokenizer)?.ok_or(ServerError::NoTokenizer)?;
+    let template = match files.chat_template.as_deref() {
+        Some(src) => Some(ChatTemplate::new(src, files.bos_token.as_deref(), files.eos_token.as_deref())?),
+        None => None,
+    };
+    let tool_format = ToolFormat::detect(files.chat_template.as_deref());
+    let reasoning = files.chat_template.as_deref().is_some_and(|t| t.contains("<think>"));
+    let vocab = Arc::new(AppState::build_vocab(&tokenizer, engine.model.config.vocab_size));
+    let metrics = Arc::new(Metrics::default());
+    let (handle, queue) = channel(metrics.clone());
+    let addr = format!("{}:{}", cfg.host, cfg.port);
+    let state = Arc::new(AppState {
+        cfg,
+        tokenizer,
+        template,
+        tool_format,
+        reasoning,
+        vocab,
+        engine: handle,
+        metrics: metrics.clone(),
+        bos_token: files.bos_token.clone(),
+        started: crate::chat::unix_now(),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(&addr))
+        .map_err(|source| ServerError::Bind { addr: addr.clone(), source })?;
+    let local = listener.local_addr()?;
+    eprintln!(
+        "shardlm serve: listening on http://{local} (model {}, context {}, tools {:?})",
+        state.cfg.served_model_name, state.cfg.context, state.tool_format
+    );
+    let app = router(state);
+    let server = rt.spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await });
+    // The router (and with it the queue's sender) drops when the server ends,
+    // which ends the worker loop.
+    run_worker(engine, queue, &metrics);
+    let result = rt.block_on(server);
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(r) => r.map_err(ServerError::Io),
+        Err(e) => Err(ServerError::Io(std::io::Error::other(e.to_string()))),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => t,
+            Err(_) => return ctrl_c.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    eprintln!("shardlm serve: shutting down");
+}

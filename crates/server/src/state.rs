@@ -1,0 +1,70 @@
+//! What every handler shares: the configuration, tokenizer, chat template, the
+//! engine's queue and the metrics.
+
+use crate::guide::Vocab;
+use crate::metrics::Metrics;
+use crate::tools::ToolFormat;
+use crate::worker::EngineHandle;
+use engine::{ChatTemplate, Tokenizer};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    pub api_key: Option<String>,
+    /// The one model name `/v1/models` lists and responses carry.
+    pub served_model_name: String,
+    /// `max_tokens` when a request gives none (else the room left in the context).
+    pub max_tokens_default: Option<usize>,
+    /// Requests admitted at once (queued or running); more get 429.
+    pub max_concurrency: usize,
+    /// Context length in tokens (prompt plus output).
+    pub context: usize,
+    pub body_limit: usize,
+    pub request_timeout: Duration,
+    /// Interval of SSE keep-alive comments while nothing else is sent.
+    pub sse_keepalive: Duration,
+    /// Ranks in the world (1 = single process), for `/health`.
+    pub ranks: usize,
+    /// How the model is split (`/health`).
+    pub strategy: String,
+}
+
+pub struct AppState {
+    pub cfg: ServerConfig,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub tool_format: ToolFormat,
+    /// The template writes `<think>` reasoning.
+    pub reasoning: bool,
+    pub vocab: Arc<Vocab>,
+    pub engine: EngineHandle,
+    pub metrics: Arc<Metrics>,
+    /// The template's BOS text, when it writes one itself.
+    pub bos_token: Option<String>,
+    /// Unix time the server started (`created` of the model).
+    pub started: u64,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    /// The vocabulary as bytes per id, for the JSON guide.
+    pub fn build_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Vocab {
+        let n = model_vocab.max(tokenizer.vocab_size());
+        let mut bytes = Vec::with_capacity(n);
+        let mut special = Vec::with_capacity(n);
+        for id in 0..n as u32 {
+            if (id as usize) < tokenizer.vocab_size() {
+                bytes.push(tokenizer.token_bytes(id));
+                special.push(tokenizer.is_special(id));
+            } else {
+                bytes.push(Vec::new());
+                special.push(true);
+            }
+        }
+        Vocab { bytes, special }
+    }
+}
