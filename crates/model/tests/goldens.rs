@@ -1,4 +1,4 @@
-//! Every dense architecture against the transformers goldens (f32 compute on the
+//! Every architecture (dense and mixture-of-experts) against the transformers goldens (f32 compute on the
 //! bf16 weights): logits of every prompt position within 1e-3 with the default
 //! (f32, for float checkpoints) KV cache and within 3e-3 with an f16 cache, and
 //! the greedy continuation identical (decoded incrementally through the KV cache).
@@ -106,6 +106,21 @@ fn qwen3_matches_transformers() {
 #[test]
 fn mistral_matches_transformers() {
     check("mistral", 2);
+}
+
+#[test]
+fn mixtral_matches_transformers() {
+    check("mixtral", 2);
+}
+
+#[test]
+fn qwen2_moe_matches_transformers() {
+    check("qwen2_moe", 1);
+}
+
+#[test]
+fn qwen3_moe_matches_transformers() {
+    check("qwen3_moe", 2);
 }
 
 /// Two sequences in one step give the same logits as each alone.
