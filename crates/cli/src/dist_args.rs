@@ -149,8 +149,18 @@ fn rank_weights(d: &DistArgs, n: usize) -> Result<Vec<f64>> {
 }
 
 /// MLP columns are split in whole blocks of the down projection's storage type.
+/// The quant block the intermediate widths are cut in: the coarsest of every
+/// down projection's (dense MLPs, routed and shared experts: `down_proj`, or
+/// mixtral's `w2`), whose input columns tensor parallelism splits.
 fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> usize {
-    let stored = files.tensors.get("model.layers.0.mlp.down_proj.weight").map(|t| t.dtype.block_elems()).unwrap_or(1);
+    let stored = files
+        .tensors
+        .tensors
+        .iter()
+        .filter(|(name, _)| name.ends_with("down_proj.weight") || name.ends_with(".w2.weight"))
+        .map(|(_, t)| t.dtype.block_elems())
+        .max()
+        .unwrap_or(1);
     stored.max(quantize.map_or(1, |q| q.block_elems()))
 }
 
