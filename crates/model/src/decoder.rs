@@ -78,15 +78,24 @@ impl LayerLoader<'_> {
     /// "All-to-sharded" (`[out, hidden]`): keeps output rows `rows`.
     pub fn col_par(&self, name: &str, out: usize, rows: &Range<usize>, bias: bool) -> Result<Linear, ModelError> {
         let p = &self.prefix;
-        let w = slice::rows(self.store.get_shaped(&format!("{p}{name}.weight"), &[out, self.hidden])?, rows.clone());
+        let w = self.store.get_shaped(&format!("{p}{name}.weight"), &[out, self.hidden])?;
         let b =
             if bias { Some(vector(self.store, &format!("{p}{name}.bias"), out)?[rows.clone()].to_vec()) } else { None };
-        Ok(Linear::new(quantized(w, self.opts)?, b))
+        self.col_par_of(w, rows, b)
+    }
+
+    /// [`Self::col_par`] of a weight already in hand.
+    pub fn col_par_of(&self, w: &WeightTensor, rows: &Range<usize>, b: Option<Vec<f32>>) -> Result<Linear, ModelError> {
+        Ok(Linear::new(quantized(slice::rows(w, rows.clone()), self.opts)?, b))
     }
 
     /// "Sharded-to-all" (`[hidden, inp]`): keeps input columns `cols`.
     pub fn row_par(&self, name: &str, inp: usize, cols: &Range<usize>) -> Result<Linear, ModelError> {
-        let full = self.store.get_shaped(&format!("{}{name}.weight", self.prefix), &[self.hidden, inp])?;
+        self.row_par_of(self.store.get_shaped(&format!("{}{name}.weight", self.prefix), &[self.hidden, inp])?, cols)
+    }
+
+    /// [`Self::row_par`] of a weight already in hand.
+    pub fn row_par_of(&self, full: &WeightTensor, cols: &Range<usize>) -> Result<Linear, ModelError> {
         // Exact mode keeps whole input rows and splits the output instead.
         let w = match self.tp {
             Some(tp) if tp.exact => slice::rows(full, tp.hidden.clone()),
@@ -97,9 +106,31 @@ impl LayerLoader<'_> {
 
     /// A small `[out, hidden]` weight every rank holds whole and keeps in the
     /// file's type (routers: their choices must not move with `--quantize`).
+    /// A one-row weight may also be stored as a `[hidden]` vector (GGUF).
     pub fn replicated(&self, name: &str, out: usize) -> Result<Linear, ModelError> {
-        let w = self.store.get_shaped(&format!("{}{name}.weight", self.prefix), &[out, self.hidden])?;
-        Ok(Linear::new(w.clone(), None))
+        let name = format!("{}{name}.weight", self.prefix);
+        let w = match self.store.get(&name)? {
+            w if out == 1 && w.shape == [self.hidden] => WeightTensor { shape: vec![1, self.hidden], ..w.clone() },
+            _ => self.store.get_shaped(&name, &[out, self.hidden])?.clone(),
+        };
+        Ok(Linear::new(w, None))
+    }
+
+    /// Whether the layer has tensor `name` (`.weight` included).
+    pub fn contains(&self, name: &str) -> bool {
+        self.store.contains(&format!("{}{name}", self.prefix))
+    }
+
+    /// Expert `e` of a stacked `[n_experts, rows, cols]` weight (GGUF's
+    /// `ffn_*_exps`) as a 2-D `[rows, cols]` weight: a byte range, still mapped.
+    pub fn stacked(&self, name: &str, shape: [usize; 3], e: usize) -> Result<WeightTensor, ModelError> {
+        let all = self.store.get_shaped(&format!("{}{name}.weight", self.prefix), &shape)?;
+        let one = slice::rows(all, e..e + 1);
+        Ok(WeightTensor { shape: vec![shape[1], shape[2]], ..one })
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
     }
 
     /// This rank's part of an intermediate width (all of it in one process).

@@ -176,9 +176,24 @@ impl Moe {
                 down: ld.row_par(&format!("{prefix}.{}", n.down), width, &cols)?,
             })
         };
-        let experts = (0..spec.n_experts)
-            .map(|e| expert(&format!("{b}.experts.{e}"), spec.expert_ffn))
-            .collect::<Result<_, _>>()?;
+        // GGUF stacks every expert's projection in one `[n_experts, out, in]`
+        // tensor (llama.cpp's `ffn_{gate,up,down}_exps`, mapped by formats).
+        let stacked = |e: usize| -> Result<Mlp, ModelError> {
+            let (h, w, ne) = (ld.hidden(), spec.expert_ffn, spec.n_experts);
+            let cols = ld.part_of(w)?;
+            Ok(Mlp {
+                gate: ld.col_par_of(&ld.stacked(&format!("{b}.experts.gate_exps"), [ne, w, h], e)?, &cols, None)?,
+                up: ld.col_par_of(&ld.stacked(&format!("{b}.experts.up_exps"), [ne, w, h], e)?, &cols, None)?,
+                down: ld.row_par_of(&ld.stacked(&format!("{b}.experts.down_exps"), [ne, h, w], e)?, &cols)?,
+            })
+        };
+        let experts = if ld.contains(&format!("{b}.experts.gate_exps.weight")) {
+            (0..spec.n_experts).map(stacked).collect::<Result<_, _>>()?
+        } else {
+            (0..spec.n_experts)
+                .map(|e| expert(&format!("{b}.experts.{e}"), spec.expert_ffn))
+                .collect::<Result<_, _>>()?
+        };
         let (shared, shared_gate) = match spec.shared_ffn {
             Some(w) => (
                 Some(Mlp {

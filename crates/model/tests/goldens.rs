@@ -42,12 +42,14 @@ fn argmax(x: &[f32]) -> u32 {
 }
 
 fn check(name: &str, threads: usize) {
-    check_kv(name, threads, None);
-    check_kv(name, threads, Some(KvType::F16));
+    check_kv(name, &fixture(name), threads, None);
+    check_kv(name, &fixture(name), threads, Some(KvType::F16));
 }
 
-fn check_kv(name: &str, threads: usize, kv_type: Option<KvType>) {
-    let files = formats::open_model(&fixture(name)).unwrap();
+/// The model at `path` (the fixture, or a conversion of it) against the
+/// fixture `name`'s goldens.
+fn check_kv(name: &str, path: &std::path::Path, threads: usize, kv_type: Option<KvType>) {
+    let files = formats::open_model(path).unwrap();
     let opts = LoadOptions { kv_type, ..Default::default() };
     let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &opts).unwrap();
     assert_eq!(m.kv_type, kv_type.unwrap_or(KvType::F32), "{name}: float checkpoints default to an f32 cache");
@@ -121,6 +123,95 @@ fn qwen2_moe_matches_transformers() {
 #[test]
 fn qwen3_moe_matches_transformers() {
     check("qwen3_moe", 2);
+}
+
+/// The qwen3_moe fixture written as a GGUF the way llama.cpp's converter names
+/// it (stacked `ffn_{gate,up,down}_exps`, router `ffn_gate_inp`, MoE metadata
+/// keys; layer 0 stays dense as `mlp_only_layers` says) gives the same logits.
+#[test]
+fn qwen3_moe_gguf_matches_transformers() {
+    let path = std::env::temp_dir().join(format!("shardlm-qwen3moe-{}.gguf", std::process::id()));
+    gguf_of_qwen3_moe(&path);
+    check_kv("qwen3_moe", &path, 1, None);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// HF tensor name → llama.cpp's (the per-expert ones are stacked separately).
+fn gguf_name(hf: &str) -> String {
+    let parts = [
+        ("model.embed_tokens", "token_embd"),
+        ("model.norm", "output_norm"),
+        ("lm_head", "output"),
+        ("input_layernorm", "attn_norm"),
+        ("self_attn.q_proj", "attn_q"),
+        ("self_attn.k_proj", "attn_k"),
+        ("self_attn.v_proj", "attn_v"),
+        ("self_attn.o_proj", "attn_output"),
+        ("self_attn.q_norm", "attn_q_norm"),
+        ("self_attn.k_norm", "attn_k_norm"),
+        ("post_attention_layernorm", "ffn_norm"),
+        ("mlp.gate_proj", "ffn_gate"),
+        ("mlp.up_proj", "ffn_up"),
+        ("mlp.down_proj", "ffn_down"),
+        ("mlp.gate", "ffn_gate_inp"),
+    ];
+    let (stem, suffix) = hf.rsplit_once('.').unwrap();
+    let (layer, part) = match stem.strip_prefix("model.layers.") {
+        Some(rest) => {
+            let (l, p) = rest.split_once('.').unwrap();
+            (Some(l), p)
+        }
+        None => (None, stem),
+    };
+    let g = parts.iter().find(|(h, _)| *h == part).unwrap_or_else(|| panic!("no GGUF name for {hf}")).1;
+    match layer {
+        Some(l) => format!("blk.{l}.{g}.{suffix}"),
+        None => format!("{g}.{suffix}"),
+    }
+}
+
+fn gguf_of_qwen3_moe(path: &std::path::Path) {
+    use formats::gguf_writer::GgufWriter;
+    let bytes = std::fs::read(fixture("qwen3_moe").join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (layers, experts, hidden, moe_ffn) = (3, 8, 128, 64);
+    let mut w = GgufWriter::new();
+    let a = "qwen3moe";
+    w.add_str("general.architecture", a)
+        .add_u32(&format!("{a}.block_count"), layers)
+        .add_u32(&format!("{a}.context_length"), 4096)
+        .add_u32(&format!("{a}.embedding_length"), hidden as u32)
+        .add_u32(&format!("{a}.feed_forward_length"), 256)
+        .add_u32(&format!("{a}.expert_feed_forward_length"), moe_ffn as u32)
+        .add_u32(&format!("{a}.expert_count"), experts as u32)
+        .add_u32(&format!("{a}.expert_used_count"), 2)
+        .add_u32(&format!("{a}.attention.head_count"), 4)
+        .add_u32(&format!("{a}.attention.head_count_kv"), 2)
+        .add_u32(&format!("{a}.attention.key_length"), 32)
+        .add_u32(&format!("{a}.attention.value_length"), 32)
+        .add_f32(&format!("{a}.rope.freq_base"), 1e6)
+        .add_f32(&format!("{a}.attention.layer_norm_rms_epsilon"), 1e-6);
+    for (name, t) in st.tensors() {
+        if name.contains(".experts.") {
+            continue;
+        }
+        w.add_tensor(&gguf_name(&name), t.shape(), kernels::DType::BF16, t.data().to_vec());
+    }
+    for l in 1..layers {
+        for (hf, g, shape) in [
+            ("gate_proj", "ffn_gate_exps", [experts, moe_ffn, hidden]),
+            ("up_proj", "ffn_up_exps", [experts, moe_ffn, hidden]),
+            ("down_proj", "ffn_down_exps", [experts, hidden, moe_ffn]),
+        ] {
+            let data: Vec<u8> = (0..experts)
+                .flat_map(|e| {
+                    st.tensor(&format!("model.layers.{l}.mlp.experts.{e}.{hf}.weight")).unwrap().data().to_vec()
+                })
+                .collect();
+            w.add_tensor(&format!("blk.{l}.{g}.weight"), &shape, kernels::DType::BF16, data);
+        }
+    }
+    w.write_to(path).unwrap();
 }
 
 /// Two sequences in one step give the same logits as each alone.
