@@ -181,7 +181,12 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
     moe_keys(g, &arch, n_layers, &mut raw);
 
     Ok(ModelConfig {
-        arch: hf_arch_name(&arch),
+        // llama.cpp writes Mixtral as `llama` with experts.
+        arch: if arch == "llama" && int("expert_count").is_some_and(|n| n > 0) {
+            "mixtral".to_string()
+        } else {
+            hf_arch_name(&arch)
+        },
         source: SourceFormat::Gguf,
         hidden_size,
         n_layers,
@@ -207,8 +212,8 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
 /// The mixture-of-experts metadata under the HF config names the model code
 /// reads (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
 /// `shared_expert_intermediate_size`, `norm_topk_prob`, `mlp_only_layers`).
-/// llama.cpp renormalizes the top-k weights for qwen3moe and not for qwen2moe
-/// unless `expert_weights_norm` says otherwise; a layer with a dense
+/// llama.cpp renormalizes the top-k weights for qwen3moe and llama (Mixtral),
+/// not for qwen2moe, unless `expert_weights_norm` says otherwise; a layer with a dense
 /// `ffn_gate` and no router `ffn_gate_inp` is a dense (`mlp_only`) layer.
 fn moe_keys(g: &GgufFile, arch: &str, n_layers: usize, raw: &mut Map<String, Value>) {
     let int = |k: &str| g.get(&format!("{arch}.{k}")).and_then(GgufValue::as_usize);
@@ -223,7 +228,7 @@ fn moe_keys(g: &GgufFile, arch: &str, n_layers: usize, raw: &mut Map<String, Val
             raw.insert(hf.into(), v.into());
         }
     }
-    let norm = g.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(arch == "qwen3moe");
+    let norm = g.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(matches!(arch, "qwen3moe" | "llama"));
     raw.insert("norm_topk_prob".into(), norm.into());
     let dense: Vec<Value> = (0..n_layers)
         .filter(|l| {

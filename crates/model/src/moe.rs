@@ -54,8 +54,8 @@ pub struct MoeNames {
     pub down: &'static str,
 }
 
-/// The qwen*_moe names (the shared expert, if any, is `shared_expert.*` and
-/// its gate `shared_expert_gate`).
+/// The qwen*_moe names, also every GGUF's as formats maps llama.cpp's (the
+/// shared expert, if any, is `shared_expert.*`, its gate `shared_expert_gate`).
 pub const QWEN_NAMES: MoeNames =
     MoeNames { block: "mlp", router: "gate", gate: "gate_proj", up: "up_proj", down: "down_proj" };
 

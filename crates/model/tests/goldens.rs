@@ -6,6 +6,9 @@
 use shardlm_model::{KvType, LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
 use std::path::PathBuf;
 
+#[path = "support/gguf.rs"]
+mod gguf;
+
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name)
 }
@@ -125,93 +128,68 @@ fn qwen3_moe_matches_transformers() {
     check("qwen3_moe", 2);
 }
 
-/// The qwen3_moe fixture written as a GGUF the way llama.cpp's converter names
-/// it (stacked `ffn_{gate,up,down}_exps`, router `ffn_gate_inp`, MoE metadata
-/// keys; layer 0 stays dense as `mlp_only_layers` says) gives the same logits.
-#[test]
-fn qwen3_moe_gguf_matches_transformers() {
-    let path = std::env::temp_dir().join(format!("shardlm-qwen3moe-{}.gguf", std::process::id()));
-    gguf_of_qwen3_moe(&path);
-    check_kv("qwen3_moe", &path, 1, None);
+/// The MoE fixtures written as llama.cpp's converter would (stacked
+/// `ffn_*_exps` experts, `ffn_gate_inp` routers, MoE metadata keys; mixtral as
+/// arch `llama` with permuted q/k; qwen3_moe's layer 0 stays a dense
+/// `ffn_gate/up/down`, which is how its `mlp_only_layers` is read back) give
+/// the transformers logits.
+fn check_gguf(name: &str, arch: &str, ints: &[(&str, u32)], heads: (usize, usize)) {
+    let path = std::env::temp_dir().join(format!("shardlm-{name}-{}.gguf", std::process::id()));
+    gguf::write(&fixture(name), arch, ints, heads, &path);
+    let files = formats::open_model(&path).unwrap();
+    assert_eq!(files.config.arch, name);
+    check_kv(name, &path, 1, None);
     std::fs::remove_file(&path).unwrap();
 }
 
-/// HF tensor name → llama.cpp's (the per-expert ones are stacked separately).
-fn gguf_name(hf: &str) -> String {
-    let parts = [
-        ("model.embed_tokens", "token_embd"),
-        ("model.norm", "output_norm"),
-        ("lm_head", "output"),
-        ("input_layernorm", "attn_norm"),
-        ("self_attn.q_proj", "attn_q"),
-        ("self_attn.k_proj", "attn_k"),
-        ("self_attn.v_proj", "attn_v"),
-        ("self_attn.o_proj", "attn_output"),
-        ("self_attn.q_norm", "attn_q_norm"),
-        ("self_attn.k_norm", "attn_k_norm"),
-        ("post_attention_layernorm", "ffn_norm"),
-        ("mlp.gate_proj", "ffn_gate"),
-        ("mlp.up_proj", "ffn_up"),
-        ("mlp.down_proj", "ffn_down"),
-        ("mlp.gate", "ffn_gate_inp"),
+#[test]
+fn qwen3_moe_gguf_matches_transformers() {
+    let ints = [
+        ("block_count", 3),
+        ("context_length", 4096),
+        ("embedding_length", 128),
+        ("feed_forward_length", 256),
+        ("expert_feed_forward_length", 64),
+        ("expert_count", 8),
+        ("expert_used_count", 2),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+        ("attention.key_length", 32),
+        ("attention.value_length", 32),
     ];
-    let (stem, suffix) = hf.rsplit_once('.').unwrap();
-    let (layer, part) = match stem.strip_prefix("model.layers.") {
-        Some(rest) => {
-            let (l, p) = rest.split_once('.').unwrap();
-            (Some(l), p)
-        }
-        None => (None, stem),
-    };
-    let g = parts.iter().find(|(h, _)| *h == part).unwrap_or_else(|| panic!("no GGUF name for {hf}")).1;
-    match layer {
-        Some(l) => format!("blk.{l}.{g}.{suffix}"),
-        None => format!("{g}.{suffix}"),
-    }
+    check_gguf("qwen3_moe", "qwen3moe", &ints, (4, 2));
 }
 
-fn gguf_of_qwen3_moe(path: &std::path::Path) {
-    use formats::gguf_writer::GgufWriter;
-    let bytes = std::fs::read(fixture("qwen3_moe").join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let (layers, experts, hidden, moe_ffn) = (3, 8, 128, 64);
-    let mut w = GgufWriter::new();
-    let a = "qwen3moe";
-    w.add_str("general.architecture", a)
-        .add_u32(&format!("{a}.block_count"), layers)
-        .add_u32(&format!("{a}.context_length"), 4096)
-        .add_u32(&format!("{a}.embedding_length"), hidden as u32)
-        .add_u32(&format!("{a}.feed_forward_length"), 256)
-        .add_u32(&format!("{a}.expert_feed_forward_length"), moe_ffn as u32)
-        .add_u32(&format!("{a}.expert_count"), experts as u32)
-        .add_u32(&format!("{a}.expert_used_count"), 2)
-        .add_u32(&format!("{a}.attention.head_count"), 4)
-        .add_u32(&format!("{a}.attention.head_count_kv"), 2)
-        .add_u32(&format!("{a}.attention.key_length"), 32)
-        .add_u32(&format!("{a}.attention.value_length"), 32)
-        .add_f32(&format!("{a}.rope.freq_base"), 1e6)
-        .add_f32(&format!("{a}.attention.layer_norm_rms_epsilon"), 1e-6);
-    for (name, t) in st.tensors() {
-        if name.contains(".experts.") {
-            continue;
-        }
-        w.add_tensor(&gguf_name(&name), t.shape(), kernels::DType::BF16, t.data().to_vec());
-    }
-    for l in 1..layers {
-        for (hf, g, shape) in [
-            ("gate_proj", "ffn_gate_exps", [experts, moe_ffn, hidden]),
-            ("up_proj", "ffn_up_exps", [experts, moe_ffn, hidden]),
-            ("down_proj", "ffn_down_exps", [experts, hidden, moe_ffn]),
-        ] {
-            let data: Vec<u8> = (0..experts)
-                .flat_map(|e| {
-                    st.tensor(&format!("model.layers.{l}.mlp.experts.{e}.{hf}.weight")).unwrap().data().to_vec()
-                })
-                .collect();
-            w.add_tensor(&format!("blk.{l}.{g}.weight"), &shape, kernels::DType::BF16, data);
-        }
-    }
-    w.write_to(path).unwrap();
+#[test]
+fn qwen2_moe_gguf_matches_transformers() {
+    let ints = [
+        ("block_count", 2),
+        ("context_length", 4096),
+        ("embedding_length", 128),
+        ("feed_forward_length", 256),
+        ("expert_feed_forward_length", 64),
+        ("expert_shared_feed_forward_length", 128),
+        ("expert_count", 8),
+        ("expert_used_count", 4),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+    ];
+    check_gguf("qwen2_moe", "qwen2moe", &ints, (4, 2));
+}
+
+#[test]
+fn mixtral_gguf_matches_transformers() {
+    let ints = [
+        ("block_count", 2),
+        ("context_length", 4096),
+        ("embedding_length", 128),
+        ("feed_forward_length", 128),
+        ("expert_count", 8),
+        ("expert_used_count", 2),
+        ("attention.head_count", 8),
+        ("attention.head_count_kv", 2),
+    ];
+    check_gguf("mixtral", "llama", &ints, (8, 2));
 }
 
 /// Two sequences in one step give the same logits as each alone.
