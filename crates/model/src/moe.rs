@@ -249,6 +249,11 @@ impl Moe {
         grow(&mut s.probs, t * ne);
         self.router.forward(pool, x, t, &mut s.probs, &mut s.matmul);
         self.route(t, s);
+        if t == 1 {
+            self.forward_token(pool, x, out, s);
+            s.routes.iter_mut().for_each(Vec::clear);
+            return;
+        }
         let mut routes = std::mem::take(&mut s.routes);
         for (expert, tokens) in self.experts.iter().zip(&routes) {
             let m = tokens.len();
@@ -284,6 +289,59 @@ impl Moe {
                 dst.iter_mut().zip(&rows_out[i * h..(i + 1) * h]).for_each(|(d, v)| *d += g * v);
             }
             s.rows_out = rows_out;
+        }
+    }
+
+    /// Decode of one token (`x`: `1 × hidden`, routes already chosen): every
+    /// chosen expert's gate and up projection, the shared expert's and its gate
+    /// read the same input, so they run as one multi-weight product (one pool
+    /// run over all their rows, the input quantized once) instead of two runs
+    /// per expert; then each expert's down projection. Only the chosen
+    /// experts' weights are read. Sums in the order of [`Moe::forward`]
+    /// (experts by index, then the shared expert).
+    fn forward_token(&self, pool: &ThreadPool, x: &[f32], out: &mut [f32], s: &mut MoeScratch) {
+        let h = self.router.in_features();
+        let mut mlps: Vec<(&Mlp, Option<f32>)> = s
+            .routes
+            .iter()
+            .enumerate()
+            .filter_map(|(e, r)| r.first().map(|&(_, w)| (&self.experts[e], Some(w))))
+            .collect();
+        if let (Some(shared), Some(_)) = (&self.shared, &self.shared_gate) {
+            mlps.push((shared, None));
+        }
+        let total: usize = mlps.iter().map(|(m, _)| m.gate.out_features()).sum();
+        grow(&mut s.gate, total);
+        grow(&mut s.up, total);
+        grow(&mut s.shared_gate, 1);
+        {
+            let mut layers: Vec<&Linear> = Vec::with_capacity(2 * mlps.len() + 1);
+            let mut outs: Vec<&mut [f32]> = Vec::with_capacity(2 * mlps.len() + 1);
+            let (mut gates, mut ups) = (&mut s.gate[..total], &mut s.up[..total]);
+            for (m, _) in &mlps {
+                let f = m.gate.out_features();
+                let (g, rest) = std::mem::take(&mut gates).split_at_mut(f);
+                gates = rest;
+                let (u, rest) = std::mem::take(&mut ups).split_at_mut(f);
+                ups = rest;
+                layers.extend([&m.gate, &m.up]);
+                outs.extend([g, u]);
+            }
+            if let (Some(_), Some(gate)) = (&self.shared, &self.shared_gate) {
+                layers.push(gate);
+                outs.push(&mut s.shared_gate[..1]);
+            }
+            Linear::forward_many(pool, &layers, x, 1, &mut outs, &mut s.matmul);
+        }
+        ops::silu_mul(&mut s.gate[..total], &s.up[..total]);
+        grow(&mut s.rows_out, h);
+        let mut off = 0;
+        for (m, weight) in &mlps {
+            let f = m.gate.out_features();
+            m.down.forward(pool, &s.gate[off..off + f], 1, &mut s.rows_out, &mut s.matmul);
+            let w = weight.unwrap_or_else(|| 1.0 / (1.0 + (-s.shared_gate[0]).exp()));
+            out[..h].iter_mut().zip(&s.rows_out[..h]).for_each(|(d, v)| *d += w * v);
+            off += f;
         }
     }
 
