@@ -133,6 +133,15 @@ impl LayerLoader<'_> {
         self.hidden
     }
 
+    /// The routed experts this rank holds of `n`, and whether whole (expert
+    /// parallelism) rather than a slice of each.
+    pub fn held_experts(&self, n: usize) -> (Range<usize>, bool) {
+        match self.tp.and_then(|t| t.experts.clone()) {
+            Some(r) => (r, true),
+            None => (0..n, false),
+        }
+    }
+
     /// This rank's part of an intermediate width (all of it in one process).
     pub fn part_of(&self, width: usize) -> Result<Range<usize>, ModelError> {
         Ok(match self.tp {

@@ -139,6 +139,10 @@ pub struct Moe {
     pub norm_topk: bool,
     /// `[n_experts, hidden]`, replicated on every rank.
     pub router: Linear,
+    /// The experts this rank holds: `first..first + experts.len()` (all of
+    /// them, sliced, under tensor parallelism; whole ones under expert
+    /// parallelism).
+    pub first: usize,
     pub experts: Vec<Mlp>,
     pub shared: Option<Mlp>,
     /// `[1, hidden]`, replicated.
@@ -168,8 +172,11 @@ impl Moe {
     pub(crate) fn load(ld: &LayerLoader<'_>, spec: &MoeSpec) -> Result<Moe, ModelError> {
         let n = &spec.names;
         let b = n.block;
+        // Expert parallelism: whole experts `held`; otherwise a slice of all.
+        let (held, whole) = ld.held_experts(spec.n_experts);
+        let routed_cols = |w: usize| if whole { Ok(0..w) } else { ld.part_of(w) };
         let expert = |prefix: &str, width: usize| -> Result<Mlp, ModelError> {
-            let cols = ld.part_of(width)?;
+            let cols = routed_cols(width)?;
             Ok(Mlp {
                 gate: ld.col_par(&format!("{prefix}.{}", n.gate), width, &cols, false)?,
                 up: ld.col_par(&format!("{prefix}.{}", n.up), width, &cols, false)?,
@@ -180,7 +187,7 @@ impl Moe {
         // tensor (llama.cpp's `ffn_{gate,up,down}_exps`, mapped by formats).
         let stacked = |e: usize| -> Result<Mlp, ModelError> {
             let (h, w, ne) = (ld.hidden(), spec.expert_ffn, spec.n_experts);
-            let cols = ld.part_of(w)?;
+            let cols = routed_cols(w)?;
             Ok(Mlp {
                 gate: ld.col_par_of(&ld.stacked(&format!("{b}.experts.gate_exps"), [ne, w, h], e)?, &cols, None)?,
                 up: ld.col_par_of(&ld.stacked(&format!("{b}.experts.up_exps"), [ne, w, h], e)?, &cols, None)?,
@@ -188,11 +195,9 @@ impl Moe {
             })
         };
         let experts = if ld.contains(&format!("{b}.experts.gate_exps.weight")) {
-            (0..spec.n_experts).map(stacked).collect::<Result<_, _>>()?
+            held.clone().map(stacked).collect::<Result<_, _>>()?
         } else {
-            (0..spec.n_experts)
-                .map(|e| expert(&format!("{b}.experts.{e}"), spec.expert_ffn))
-                .collect::<Result<_, _>>()?
+            held.clone().map(|e| expert(&format!("{b}.experts.{e}"), spec.expert_ffn)).collect::<Result<_, _>>()?
         };
         let (shared, shared_gate) = match spec.shared_ffn {
             Some(w) => (
@@ -209,19 +214,27 @@ impl Moe {
             top_k: spec.top_k,
             norm_topk: spec.norm_topk,
             router: ld.replicated(&format!("{b}.{}", n.router), spec.n_experts)?,
+            first: held.start,
             experts,
             shared,
             shared_gate,
         })
     }
 
+    /// Of the `top_k` experts a token uses, how many this rank holds on
+    /// average (all `top_k` unless expert-parallel), as `top_k · held / n`.
+    fn active_held(&self, per_expert: usize) -> usize {
+        self.top_k * per_expert * self.experts.len() / self.router.out_features().max(1)
+    }
+
     /// Weight bytes one decoded token reads: the router, `top_k` experts (all
-    /// experts have the same size) and the shared expert.
+    /// experts have the same size; expert-parallel: this rank's expected
+    /// share of them) and the shared expert.
     pub fn weight_bytes_per_token(&self) -> usize {
         let one = self.experts.first().map_or(0, Mlp::bytes);
         let shared =
             self.shared.as_ref().map_or(0, Mlp::bytes) + self.shared_gate.as_ref().map_or(0, Linear::weight_bytes);
-        self.router.weight_bytes() + self.top_k * one + shared
+        self.router.weight_bytes() + self.active_held(one) + shared
     }
 
     /// Bytes of every expert this rank holds (memory, not traffic).
@@ -237,14 +250,14 @@ impl Moe {
         let one = self.experts.first().map_or(0, |e| e.flops(m));
         let shared =
             self.shared.as_ref().map_or(0, |e| e.flops(m)) + self.shared_gate.as_ref().map_or(0, |g| g.flops(m));
-        self.router.flops(m) + self.top_k * one + shared
+        self.router.flops(m) + self.active_held(one) + shared
     }
 
     /// `out (T × hidden)` = this rank's part of the block's output for the
     /// normalized inputs `x (T × hidden)`; the caller all-reduces it.
     pub fn forward(&self, pool: &ThreadPool, x: &[f32], t: usize, out: &mut [f32], s: &mut MoeScratch) {
         let h = self.router.in_features();
-        let ne = self.experts.len();
+        let ne = self.router.out_features();
         out[..t * h].fill(0.0);
         grow(&mut s.probs, t * ne);
         self.router.forward(pool, x, t, &mut s.probs, &mut s.matmul);
@@ -255,7 +268,7 @@ impl Moe {
             return;
         }
         let mut routes = std::mem::take(&mut s.routes);
-        for (expert, tokens) in self.experts.iter().zip(&routes) {
+        for (expert, tokens) in self.experts.iter().zip(&routes[self.first..]) {
             let m = tokens.len();
             if m == 0 {
                 continue;
@@ -305,7 +318,9 @@ impl Moe {
             .routes
             .iter()
             .enumerate()
-            .filter_map(|(e, r)| r.first().map(|&(_, w)| (&self.experts[e], Some(w))))
+            .skip(self.first)
+            .take(self.experts.len())
+            .filter_map(|(e, r)| r.first().map(|&(_, w)| (&self.experts[e - self.first], Some(w))))
             .collect();
         if let (Some(shared), Some(_)) = (&self.shared, &self.shared_gate) {
             mlps.push((shared, None));
@@ -349,7 +364,7 @@ impl Moe {
     /// over all experts, the `top_k` largest (ties to the lower index, as
     /// `torch.topk`), optionally renormalized to sum to one.
     fn route(&self, t: usize, s: &mut MoeScratch) {
-        let ne = self.experts.len();
+        let ne = self.router.out_features();
         s.routes.resize_with(ne, Vec::new);
         let mut chosen: Vec<(usize, f32)> = Vec::with_capacity(self.top_k);
         for tok in 0..t {

@@ -62,6 +62,9 @@ pub struct TpSlice {
     pub weights: Vec<f64>,
     pub rank: usize,
     pub block: usize,
+    /// Expert parallelism: the routed experts this rank holds whole (`None`:
+    /// every expert, each sliced like the MLP).
+    pub experts: Option<Range<usize>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +73,8 @@ pub enum PlanError {
     TooFewHeads { heads: usize, ranks: usize },
     #[error("cannot split an MLP of width {ffn} over {ranks} ranks in blocks of {block}")]
     TooNarrow { ffn: usize, ranks: usize, block: usize },
+    #[error("cannot place {experts} experts on {ranks} expert-parallel ranks")]
+    TooFewExperts { experts: usize, ranks: usize },
     #[error("cannot split {layers} layers over {stages} pipeline stages")]
     TooFewLayers { layers: usize, stages: usize },
 }
@@ -150,10 +155,23 @@ pub fn tp_slice(
         weights: weights.to_vec(),
         rank,
         block: ffn_block,
+        experts: None,
     })
 }
 
 impl TpSlice {
+    /// Switches MoE blocks to expert parallelism: this rank holds a contiguous
+    /// run of whole experts, as many as its weight's share (all experts have
+    /// the same bytes, so this balances bytes), at least one each.
+    pub fn expert_parallel(mut self, n_experts: usize) -> Result<TpSlice, PlanError> {
+        let ranks = self.weights.len();
+        if n_experts < ranks {
+            return Err(PlanError::TooFewExperts { experts: n_experts, ranks });
+        }
+        self.experts = Some(proportional_ranges(n_experts, &self.weights, 1)[self.rank].clone());
+        Ok(self)
+    }
+
     /// This rank's part of another intermediate width (an expert's, a shared
     /// expert's), cut like the MLP columns: weighted, in whole quant blocks.
     pub fn part_of(&self, width: usize) -> Result<Range<usize>, PlanError> {
@@ -274,5 +292,14 @@ mod tests {
         let s = tp_slice(8, 8, 1024, 100, 32, &[1.0; 4], 3).unwrap();
         assert_eq!(s.part_of(128).unwrap(), 96..128);
         assert!(matches!(s.part_of(64), Err(PlanError::TooNarrow { ffn: 64, ranks: 4, block: 32 })));
+    }
+
+    #[test]
+    fn experts_are_placed_whole_by_weight() {
+        let held = |w: &[f64], r| tp_slice(8, 8, 1024, 100, 32, w, r).unwrap().expert_parallel(8).unwrap().experts;
+        assert_eq!((held(&[1.0; 2], 0), held(&[1.0; 2], 1)), (Some(0..4), Some(4..8)));
+        assert_eq!((held(&[3.0, 1.0], 0), held(&[3.0, 1.0], 1)), (Some(0..6), Some(6..8)));
+        let s = tp_slice(8, 8, 1024, 100, 32, &[1.0; 4], 0).unwrap();
+        assert!(matches!(s.expert_parallel(3), Err(PlanError::TooFewExperts { experts: 3, ranks: 4 })));
     }
 }

@@ -4,7 +4,7 @@
 //! mixture-of-experts fixtures alike.
 
 use shardlm_model::plan::{pipeline_layers, tp_slice};
-use shardlm_model::{LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
+use shardlm_model::{Arch, LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
@@ -51,8 +51,9 @@ fn pipeline(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64]) -> Vec
     logits
 }
 
-/// Tensor-parallel logits; intermediate widths (MLP, experts) cut in `block`s.
-fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64], block: usize) -> Vec<f32> {
+/// Tensor-parallel logits; intermediate widths (MLP, experts) cut in `block`s,
+/// or, `expert`, whole routed experts placed on the ranks.
+fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64], block: usize, expert: bool) -> Vec<f32> {
     let groups = comm::Group::local(weights.len());
     let cfg = &files.config;
     std::thread::scope(|s| {
@@ -71,6 +72,12 @@ fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64], block: u
                         rank,
                     )
                     .unwrap();
+                    let tp = if expert {
+                        let moe = Arch::from_name(&cfg.arch).unwrap().spec(cfg).unwrap().moe.unwrap();
+                        tp.expert_parallel(moe.n_experts).unwrap()
+                    } else {
+                        tp
+                    };
                     let spec = ShardSpec { layers: 0..cfg.n_layers, has_embed: true, has_head: true, tp: Some(tp) };
                     let m = Model::load(files, &spec, &LoadOptions::default()).unwrap();
                     let pool = kernels::ThreadPool::new(1);
@@ -118,7 +125,7 @@ fn tensor_parallel_matches_single() {
         let tokens = prompt(name);
         let want = single(&files, &tokens);
         for w in [vec![1.0; 2], vec![1.0; 4], vec![3.0, 1.0]] {
-            let got = tensor(&files, &tokens, &w, 32);
+            let got = tensor(&files, &tokens, &w, 32, false);
             assert_close(&format!("{name} tp {w:?}"), &got, &want, 1e-4);
         }
     }
@@ -126,7 +133,9 @@ fn tensor_parallel_matches_single() {
 
 /// MoE blocks: every expert's (and the shared expert's) intermediate width cut
 /// across ranks, the router replicated, one all-reduce per block. Blocks of 16
-/// so the 64-wide qwen experts split four ways too.
+/// so the 64-wide qwen experts split four ways too. Expert parallelism: whole
+/// routed experts per rank (attention, dense layers and the shared expert
+/// tensor-parallel), the same one all-reduce.
 #[test]
 fn tensor_parallel_moe_matches_single() {
     for name in ["mixtral", "qwen2_moe", "qwen3_moe"] {
@@ -134,8 +143,10 @@ fn tensor_parallel_moe_matches_single() {
         let tokens = prompt(name);
         let want = single(&files, &tokens);
         for w in [vec![1.0; 2], vec![1.0; 4], vec![3.0, 1.0]] {
-            let got = tensor(&files, &tokens, &w, 16);
+            let got = tensor(&files, &tokens, &w, 16, false);
             assert_close(&format!("{name} tp {w:?}"), &got, &want, 1e-4);
+            let got = tensor(&files, &tokens, &w, 16, true);
+            assert_close(&format!("{name} expert {w:?}"), &got, &want, 1e-4);
         }
     }
 }
