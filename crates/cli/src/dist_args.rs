@@ -17,7 +17,8 @@ pub struct DistArgs {
     /// Run as N ranks on this machine (shorthand for `shardlm launch --local N -- …`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub ranks: Option<u64>,
-    /// How to split the model: pipeline (by depth), tensor (by width) or hybrid.
+    /// How to split the model: pipeline (by depth), tensor (by width), expert
+    /// (whole MoE experts per rank) or hybrid.
     #[arg(long, default_value = "pipeline")]
     pub strategy: String,
     /// Tensor-parallel group size for --strategy hybrid.

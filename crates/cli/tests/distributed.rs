@@ -80,8 +80,8 @@ fn tiny_models_pipeline_tensor_hybrid() {
 }
 
 /// The mixture-of-experts fixtures: pipeline bit-identical; tensor (each expert's
-/// width split, router replicated) and hybrid within 1e-4 relative, greedy
-/// identical. Exact tensor parallelism does not split MoE blocks: a one-line error.
+/// width split, router replicated), expert (whole experts per rank) and hybrid
+/// within 1e-4 relative, greedy identical. Exact tensor parallelism does not split MoE blocks: a one-line error.
 #[test]
 fn moe_models_pipeline_tensor_hybrid() {
     for name in ["mixtral", "qwen2_moe", "qwen3_moe"] {
@@ -97,6 +97,9 @@ fn moe_models_pipeline_tensor_hybrid() {
             vec!["--ranks", "2", "--strategy", "tensor"],
             vec!["--ranks", "4", "--strategy", "tensor", "--backend", "tcp"],
             vec!["--ranks", "4", "--strategy", "hybrid", "--tp", "2"],
+            vec!["--ranks", "2", "--strategy", "expert"],
+            vec!["--ranks", "4", "--strategy", "expert", "--backend", "tcp"],
+            vec!["--ranks", "2", "--strategy", "expert", "--weights", "3,1", "--prefill-chunk", "7"],
         ] {
             let (got_ids, got) = run(m, &prompt, &c);
             let d = rel_diff(&want, &got);
@@ -104,6 +107,24 @@ fn moe_models_pipeline_tensor_hybrid() {
             assert_eq!(got_ids, want_ids, "{name} {c:?}");
         }
     }
+    let llama = fixture("llama");
+    let o = shardlm(&[
+        "run",
+        "--model",
+        llama.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--ranks",
+        "2",
+        "--strategy",
+        "expert",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--strategy expert needs a mixture-of-experts model; llama is dense"),
+        "{}",
+        stderr(&o)
+    );
     let m = fixture("mixtral");
     let o = shardlm(&[
         "run",

@@ -325,6 +325,10 @@ impl Moe {
         if let (Some(shared), Some(_)) = (&self.shared, &self.shared_gate) {
             mlps.push((shared, None));
         }
+        if mlps.is_empty() {
+            // Expert-parallel: this rank holds none of the chosen experts.
+            return;
+        }
         let total: usize = mlps.iter().map(|(m, _)| m.gate.out_features()).sum();
         grow(&mut s.gate, total);
         grow(&mut s.up, total);
