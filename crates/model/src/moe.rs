@@ -365,8 +365,8 @@ impl Moe {
     }
 
     /// Turns the router logits in `s.probs` into per-expert token lists: softmax
-    /// over all experts, the `top_k` largest (ties to the lower index, as
-    /// `torch.topk`), optionally renormalized to sum to one.
+    /// over all experts, the `top_k` largest (exact ties to the lower index),
+    /// optionally renormalized to sum to one.
     fn route(&self, t: usize, s: &mut MoeScratch) {
         let ne = self.router.out_features();
         s.routes.resize_with(ne, Vec::new);
