@@ -101,6 +101,7 @@ fn assert_close(name: &str, got: &[f32], want: &[f32], rel: f32) {
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(d <= rel * scale, "{name}: max |Δ| {d} > {rel} × {scale}");
+    eprintln!("{name}: max |Δ| / max |logit| = {:.1e}", d / scale);
 }
 
 #[test]
