@@ -17,7 +17,8 @@ pub struct DistArgs {
     /// Run as N ranks on this machine (shorthand for `shardlm launch --local N -- …`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub ranks: Option<u64>,
-    /// How to split the model: pipeline (by depth), tensor (by width) or hybrid.
+    /// How to split the model: pipeline (by depth), tensor (by width), expert
+    /// (whole MoE experts per rank) or hybrid.
     #[arg(long, default_value = "pipeline")]
     pub strategy: String,
     /// Tensor-parallel group size for --strategy hybrid.
@@ -170,8 +171,18 @@ fn rank_weights(d: &DistArgs, n: usize) -> Result<Vec<f64>> {
 }
 
 /// MLP columns are split in whole blocks of the down projection's storage type.
+/// The quant block the intermediate widths are cut in: the coarsest of every
+/// down projection's (dense MLPs, routed and shared experts: `down_proj`, or
+/// mixtral's `w2`), whose input columns tensor parallelism splits.
 fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> usize {
-    let stored = files.tensors.get("model.layers.0.mlp.down_proj.weight").map(|t| t.dtype.block_elems()).unwrap_or(1);
+    let stored = files
+        .tensors
+        .tensors
+        .iter()
+        .filter(|(name, _)| name.ends_with("down_proj.weight") || name.ends_with(".w2.weight"))
+        .map(|(_, t)| t.dtype.block_elems())
+        .max()
+        .unwrap_or(1);
     stored.max(quantize.map_or(1, |q| q.block_elems()))
 }
 

@@ -38,9 +38,20 @@ pub struct QuantizeArgs {
     pub keep: Vec<String>,
 }
 
-/// Names kept by default (the publishers keep these in 16 bits).
-pub const DEFAULT_KEEP: [&str; 6] =
-    ["*embed_tokens*", "lm_head*", "*norm*", "*.mlp.gate.weight", "*router*", "token_embd*"];
+/// Names kept by default (the publishers keep these in 16 bits): embeddings,
+/// head, norms, and the MoE routers and shared-expert gates, whose choices
+/// must not move with the format.
+pub const DEFAULT_KEEP: [&str; 9] = [
+    "*embed_tokens*",
+    "lm_head*",
+    "*norm*",
+    "*.mlp.gate.weight",
+    "*.block_sparse_moe.gate.weight",
+    "*shared_expert_gate*",
+    "*router*",
+    "*ffn_gate_inp*",
+    "token_embd*",
+];
 
 /// `*`-only glob: whether `name` matches `pat`.
 pub fn glob(pat: &str, name: &str) -> bool {

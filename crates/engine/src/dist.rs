@@ -25,6 +25,11 @@ pub enum Strategy {
     Hybrid {
         tp: usize,
     },
+    /// Every rank in one group holding whole routed experts (balanced by the
+    /// rank weights); attention, dense layers and shared experts split as in
+    /// `Tensor`. Tokens are replicated in the group, so one all-reduce per
+    /// MoE block combines the experts' outputs.
+    Expert,
 }
 
 impl Strategy {
@@ -32,10 +37,11 @@ impl Strategy {
         match (s, tp) {
             ("pipeline", None) => Ok(Strategy::Pipeline),
             ("tensor", None) => Ok(Strategy::Tensor),
+            ("expert", None) => Ok(Strategy::Expert),
             ("hybrid", Some(tp)) if tp >= 1 => Ok(Strategy::Hybrid { tp }),
             ("hybrid", _) => Err("--strategy hybrid needs --tp N".into()),
-            ("pipeline" | "tensor", Some(_)) => Err("--tp only applies to --strategy hybrid".into()),
-            (other, _) => Err(format!("unknown strategy '{other}' (pipeline, tensor or hybrid)")),
+            ("pipeline" | "tensor" | "expert", Some(_)) => Err("--tp only applies to --strategy hybrid".into()),
+            (other, _) => Err(format!("unknown strategy '{other}' (pipeline, tensor, expert or hybrid)")),
         }
     }
 }
@@ -54,6 +60,24 @@ pub struct Cluster {
     /// Tensor parallelism that reproduces the single process bit for bit
     /// (see `model::plan::TpSlice::exact`).
     pub exact_tp: bool,
+    /// `--strategy expert`: MoE blocks place whole experts on the ranks.
+    pub expert: bool,
+}
+
+/// Routed experts per MoE layer, for `--strategy expert` (an error for a dense model).
+fn n_experts(files: &formats::ModelFiles) -> Result<usize, EngineError> {
+    let cfg = &files.config;
+    let arch = model::Arch::from_name(&cfg.arch).ok_or_else(|| {
+        model::ModelError::Unsupported(format!("--strategy expert: unknown architecture '{}'", cfg.arch))
+    })?;
+    match arch.spec(cfg)?.moe {
+        Some(m) => Ok(m.n_experts),
+        None => Err(model::ModelError::Unsupported(format!(
+            "--strategy expert needs a mixture-of-experts model; {} is dense",
+            cfg.arch
+        ))
+        .into()),
+    }
 }
 
 const OP_STEP: u32 = 1;
@@ -116,7 +140,7 @@ impl Cluster {
         let n = world.size();
         let tp = match strategy {
             Strategy::Pipeline => 1,
-            Strategy::Tensor => n,
+            Strategy::Tensor | Strategy::Expert => n,
             Strategy::Hybrid { tp } => tp,
         };
         if tp == 0 || !n.is_multiple_of(tp) {
@@ -128,7 +152,8 @@ impl Cluster {
         } else {
             world.split(stage as u32, tp_rank as u32).map_err(comm_err)?
         };
-        Ok(Cluster { world, tp_group, stages: n / tp, tp, stage, tp_rank, overlap_prefill, exact_tp: false })
+        let expert = strategy == Strategy::Expert;
+        Ok(Cluster { world, tp_group, stages: n / tp, tp, stage, tp_rank, overlap_prefill, exact_tp: false, expert })
     }
 
     pub fn rank(&self) -> usize {
@@ -165,7 +190,12 @@ impl Cluster {
             let slice =
                 tp_slice(cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, cfg.vocab_size, block, w, self.tp_rank)
                     .map_err(model::ModelError::from)?;
-            Some(if self.exact_tp { slice.exact(cfg.hidden_size, w, self.tp_rank) } else { slice })
+            let slice = if self.exact_tp { slice.exact(cfg.hidden_size, w, self.tp_rank) } else { slice };
+            Some(if self.expert {
+                slice.expert_parallel(n_experts(files)?).map_err(model::ModelError::from)?
+            } else {
+                slice
+            })
         } else {
             None
         };

@@ -178,9 +178,15 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
         }
         raw.insert(k.clone(), v.to_json());
     }
+    moe_keys(g, &arch, n_layers, &mut raw);
 
     Ok(ModelConfig {
-        arch: hf_arch_name(&arch),
+        // llama.cpp writes Mixtral as `llama` with experts.
+        arch: if arch == "llama" && int("expert_count").is_some_and(|n| n > 0) {
+            "mixtral".to_string()
+        } else {
+            hf_arch_name(&arch)
+        },
         source: SourceFormat::Gguf,
         hidden_size,
         n_layers,
@@ -201,6 +207,37 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
         eos_token_ids,
         raw: Value::Object(raw),
     })
+}
+
+/// The mixture-of-experts metadata under the HF config names the model code
+/// reads (`num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
+/// `shared_expert_intermediate_size`, `norm_topk_prob`, `mlp_only_layers`).
+/// llama.cpp renormalizes the top-k weights for qwen3moe and llama (Mixtral),
+/// not for qwen2moe, unless `expert_weights_norm` says otherwise; a layer with a dense
+/// `ffn_gate` and no router `ffn_gate_inp` is a dense (`mlp_only`) layer.
+fn moe_keys(g: &GgufFile, arch: &str, n_layers: usize, raw: &mut Map<String, Value>) {
+    let int = |k: &str| g.get(&format!("{arch}.{k}")).and_then(GgufValue::as_usize);
+    let Some(experts) = int("expert_count").filter(|&n| n > 0) else { return };
+    raw.insert("num_experts".into(), experts.into());
+    for (gguf, hf) in [
+        ("expert_used_count", "num_experts_per_tok"),
+        ("expert_feed_forward_length", "moe_intermediate_size"),
+        ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+    ] {
+        if let Some(v) = int(gguf) {
+            raw.insert(hf.into(), v.into());
+        }
+    }
+    let norm = g.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(matches!(arch, "qwen3moe" | "llama"));
+    raw.insert("norm_topk_prob".into(), norm.into());
+    let dense: Vec<Value> = (0..n_layers)
+        .filter(|l| {
+            g.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_none()
+                && g.tensor(&format!("blk.{l}.ffn_gate.weight")).is_some()
+        })
+        .map(Value::from)
+        .collect();
+    raw.insert("mlp_only_layers".into(), Value::Array(dense));
 }
 
 /// Moves the `tokenizer.ggml.*` arrays out of the metadata (they can be large).

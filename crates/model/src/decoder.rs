@@ -1,15 +1,18 @@
-//! The common pre-norm decoder layer shared by the dense architectures:
+//! The common pre-norm decoder layer: an attention block, then the feed-forward
+//! block the architecture chose for this layer ([`FeedForward`]):
 //!
 //! ```text
 //! x ─ RMSNorm ─ q,k,v ─(q/k norm)─ rope ─ attention ─ o ─ all-reduce ─(+x)
-//!   ─ RMSNorm ─ gate,up ─ silu·mul ─ down ─ all-reduce ─(+x)
+//!   ─ RMSNorm ─ dense MLP: gate,up ─ silu·mul ─ down  ─ all-reduce ─(+x)
+//!             │ or MoE: router ─ top-k experts (+ shared) ─┘
 //! ```
 //!
 //! Shapes (local to the shard): `T` tokens in the step, `hq = heads·head_dim`,
 //! `hkv = kv_heads·head_dim`, `ffn` = intermediate size.
 
-use crate::arch::ArchSpec;
+use crate::arch::{ArchSpec, FfnKind};
 use crate::linear::{pack_for_decode, quantize_weight, Linear};
+use crate::moe::{Mlp, Moe};
 use crate::plan::TpSlice;
 use crate::slice;
 use crate::{LoadOptions, ModelError};
@@ -26,9 +29,25 @@ pub struct DecoderLayer {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub mlp_norm: Vec<f32>,
-    pub gate: Linear,
-    pub up: Linear,
-    pub down: Linear,
+    pub ffn: FeedForward,
+}
+
+/// The feed-forward block of a layer.
+#[derive(Debug)]
+pub enum FeedForward {
+    /// The dense SwiGLU MLP of width `intermediate_size`.
+    Dense(Box<Mlp>),
+    Moe(Box<Moe>),
+}
+
+impl FeedForward {
+    /// Weight bytes one decoded token reads (for a MoE: the active experts').
+    pub fn weight_bytes_per_token(&self) -> usize {
+        match self {
+            FeedForward::Dense(m) => m.bytes(),
+            FeedForward::Moe(m) => m.weight_bytes_per_token(),
+        }
+    }
 }
 
 /// The weight as the kernels will read it: quantized at load if asked, then
@@ -45,9 +64,96 @@ fn vector(store: &TensorStore, name: &str, len: usize) -> Result<Vec<f32>, Model
     Ok(store.get_shaped(name, &[len])?.to_f32())
 }
 
+/// Loads the projections of one layer (`model.layers.N.` + name), sliced for a
+/// tensor-parallel rank when there is one.
+pub(crate) struct LayerLoader<'a> {
+    store: &'a TensorStore,
+    prefix: String,
+    hidden: usize,
+    tp: Option<&'a TpSlice>,
+    opts: &'a LoadOptions,
+}
+
+impl LayerLoader<'_> {
+    /// "All-to-sharded" (`[out, hidden]`): keeps output rows `rows`.
+    pub fn col_par(&self, name: &str, out: usize, rows: &Range<usize>, bias: bool) -> Result<Linear, ModelError> {
+        let p = &self.prefix;
+        let w = self.store.get_shaped(&format!("{p}{name}.weight"), &[out, self.hidden])?;
+        let b =
+            if bias { Some(vector(self.store, &format!("{p}{name}.bias"), out)?[rows.clone()].to_vec()) } else { None };
+        self.col_par_of(w, rows, b)
+    }
+
+    /// [`Self::col_par`] of a weight already in hand.
+    pub fn col_par_of(&self, w: &WeightTensor, rows: &Range<usize>, b: Option<Vec<f32>>) -> Result<Linear, ModelError> {
+        Ok(Linear::new(quantized(slice::rows(w, rows.clone()), self.opts)?, b))
+    }
+
+    /// "Sharded-to-all" (`[hidden, inp]`): keeps input columns `cols`.
+    pub fn row_par(&self, name: &str, inp: usize, cols: &Range<usize>) -> Result<Linear, ModelError> {
+        self.row_par_of(self.store.get_shaped(&format!("{}{name}.weight", self.prefix), &[self.hidden, inp])?, cols)
+    }
+
+    /// [`Self::row_par`] of a weight already in hand.
+    pub fn row_par_of(&self, full: &WeightTensor, cols: &Range<usize>) -> Result<Linear, ModelError> {
+        // Exact mode keeps whole input rows and splits the output instead.
+        let w = match self.tp {
+            Some(tp) if tp.exact => slice::rows(full, tp.hidden.clone()),
+            _ => slice::cols(full, cols.clone()),
+        };
+        Ok(Linear::new(quantized(w, self.opts)?, None))
+    }
+
+    /// A small `[out, hidden]` weight every rank holds whole and keeps in the
+    /// file's type (routers: their choices must not move with `--quantize`).
+    /// A one-row weight may also be stored as a `[hidden]` vector (GGUF).
+    pub fn replicated(&self, name: &str, out: usize) -> Result<Linear, ModelError> {
+        let name = format!("{}{name}.weight", self.prefix);
+        let w = match self.store.get(&name)? {
+            w if out == 1 && w.shape == [self.hidden] => WeightTensor { shape: vec![1, self.hidden], ..w.clone() },
+            _ => self.store.get_shaped(&name, &[out, self.hidden])?.clone(),
+        };
+        Ok(Linear::new(w, None))
+    }
+
+    /// Whether the layer has tensor `name` (`.weight` included).
+    pub fn contains(&self, name: &str) -> bool {
+        self.store.contains(&format!("{}{name}", self.prefix))
+    }
+
+    /// Expert `e` of a stacked `[n_experts, rows, cols]` weight (GGUF's
+    /// `ffn_*_exps`) as a 2-D `[rows, cols]` weight: a byte range, still mapped.
+    pub fn stacked(&self, name: &str, shape: [usize; 3], e: usize) -> Result<WeightTensor, ModelError> {
+        let all = self.store.get_shaped(&format!("{}{name}.weight", self.prefix), &shape)?;
+        let one = slice::rows(all, e..e + 1);
+        Ok(WeightTensor { shape: vec![shape[1], shape[2]], ..one })
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// The routed experts this rank holds of `n`, and whether whole (expert
+    /// parallelism) rather than a slice of each.
+    pub fn held_experts(&self, n: usize) -> (Range<usize>, bool) {
+        match self.tp.and_then(|t| t.experts.clone()) {
+            Some(r) => (r, true),
+            None => (0..n, false),
+        }
+    }
+
+    /// This rank's part of an intermediate width (all of it in one process).
+    pub fn part_of(&self, width: usize) -> Result<Range<usize>, ModelError> {
+        Ok(match self.tp {
+            Some(tp) => tp.part_of(width)?,
+            None => 0..width,
+        })
+    }
+}
+
 impl DecoderLayer {
     /// Loads layer `layer`, keeping only the tensor-parallel slice `tp` (query heads
-    /// and their KV heads, MLP columns) when given.
+    /// and their KV heads, MLP columns, expert columns) when given.
     pub fn load(
         store: &TensorStore,
         cfg: &ModelConfig,
@@ -56,37 +162,15 @@ impl DecoderLayer {
         tp: Option<&TpSlice>,
         opts: &LoadOptions,
     ) -> Result<DecoderLayer, ModelError> {
-        let p = format!("model.layers.{layer}.");
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (hq, hkv, ffn) = (cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.intermediate_size);
-        let full = TpSlice {
-            q_heads: 0..cfg.n_heads,
-            kv_heads: 0..cfg.n_kv_heads,
-            ffn: 0..ffn,
-            vocab: 0..cfg.vocab_size,
-            vocab_all: vec![],
-            q_heads_all: vec![],
-            ffn_all: vec![],
-            exact: false,
-            hidden: 0..h,
-            hidden_all: vec![],
-        };
-        let tp = tp.unwrap_or(&full);
+        let ld = LayerLoader { store, prefix: format!("model.layers.{layer}."), hidden: h, tp, opts };
         let heads = |r: &Range<usize>| r.start * hd..r.end * hd;
-        let (q_rows, kv_rows) = (heads(&tp.q_heads), heads(&tp.kv_heads));
-        // "all-to-sharded": keep output rows; "sharded-to-all": keep input columns.
-        let col_par = |name: &str, out: usize, rows: &Range<usize>, bias: bool| -> Result<Linear, ModelError> {
-            let w = slice::rows(store.get_shaped(&format!("{p}{name}.weight"), &[out, h])?, rows.clone());
-            let b =
-                if bias { Some(vector(store, &format!("{p}{name}.bias"), out)?[rows.clone()].to_vec()) } else { None };
-            Ok(Linear::new(quantized(w, opts)?, b))
+        let (q_rows, kv_rows, ffn_cols) = match tp {
+            Some(tp) => (heads(&tp.q_heads), heads(&tp.kv_heads), tp.ffn.clone()),
+            None => (0..hq, 0..hkv, 0..ffn),
         };
-        let row_par = |name: &str, inp: usize, cols: &Range<usize>| -> Result<Linear, ModelError> {
-            let full = store.get_shaped(&format!("{p}{name}.weight"), &[h, inp])?;
-            // Exact mode keeps whole input rows and splits the output instead.
-            let w = if tp.exact { slice::rows(full, tp.hidden.clone()) } else { slice::cols(full, cols.clone()) };
-            Ok(Linear::new(quantized(w, opts)?, None))
-        };
+        let p = &ld.prefix;
         let (q_norm, k_norm) = if spec.qk_norm {
             (
                 Some(vector(store, &format!("{p}self_attn.q_norm.weight"), hd)?),
@@ -95,23 +179,36 @@ impl DecoderLayer {
         } else {
             (None, None)
         };
+        let ffn = match spec.ffn(layer) {
+            FfnKind::Dense => FeedForward::Dense(Box::new(Mlp {
+                gate: ld.col_par("mlp.gate_proj", ffn, &ffn_cols, false)?,
+                up: ld.col_par("mlp.up_proj", ffn, &ffn_cols, false)?,
+                down: ld.row_par("mlp.down_proj", ffn, &ffn_cols)?,
+            })),
+            FfnKind::Moe(_) if tp.is_some_and(|t| t.exact) => {
+                return Err(ModelError::Unsupported(format!(
+                    "layer {layer}: exact tensor parallelism does not split MoE blocks yet"
+                )))
+            }
+            FfnKind::Moe(m) => FeedForward::Moe(Box::new(Moe::load(&ld, m)?)),
+        };
         Ok(DecoderLayer {
             attn_norm: vector(store, &format!("{p}input_layernorm.weight"), h)?,
-            q: col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?,
-            k: col_par("self_attn.k_proj", hkv, &kv_rows, spec.qkv_bias)?,
-            v: col_par("self_attn.v_proj", hkv, &kv_rows, spec.qkv_bias)?,
-            o: row_par("self_attn.o_proj", hq, &q_rows)?,
+            q: ld.col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?,
+            k: ld.col_par("self_attn.k_proj", hkv, &kv_rows, spec.qkv_bias)?,
+            v: ld.col_par("self_attn.v_proj", hkv, &kv_rows, spec.qkv_bias)?,
+            o: ld.row_par("self_attn.o_proj", hq, &q_rows)?,
             q_norm,
             k_norm,
             mlp_norm: vector(store, &format!("{p}post_attention_layernorm.weight"), h)?,
-            gate: col_par("mlp.gate_proj", ffn, &tp.ffn, false)?,
-            up: col_par("mlp.up_proj", ffn, &tp.ffn, false)?,
-            down: row_par("mlp.down_proj", ffn, &tp.ffn)?,
+            ffn,
         })
     }
 
-    /// Weight bytes this layer reads per forward step.
+    /// Weight bytes this layer reads per decoded token (a MoE layer: only the
+    /// router, the active experts and the shared expert).
     pub fn weight_bytes(&self) -> usize {
-        [&self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down].iter().map(|l| l.weight_bytes()).sum()
+        [&self.q, &self.k, &self.v, &self.o].iter().map(|l| l.weight_bytes()).sum::<usize>()
+            + self.ffn.weight_bytes_per_token()
     }
 }

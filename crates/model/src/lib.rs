@@ -9,6 +9,7 @@ pub mod decoder;
 pub mod kv_cache;
 pub mod linear;
 pub mod model;
+pub mod moe;
 pub mod plan;
 pub mod registry;
 pub mod rope;
@@ -38,6 +39,10 @@ pub enum ModelError {
     ContextOverflow { needed: usize, capacity: usize },
     #[error(transparent)]
     Plan(#[from] plan::PlanError),
+    #[error("model config: {0}")]
+    Config(String),
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     #[error("communication failed: {0}")]
     Comm(String),
 }

@@ -1,7 +1,7 @@
 //! A loaded model shard and its forward pass over a batch of sequences.
 
 use crate::arch::ArchSpec;
-use crate::decoder::DecoderLayer;
+use crate::decoder::{DecoderLayer, FeedForward};
 use crate::kv_cache::{KvLayers, KvType};
 use crate::linear::Linear;
 use crate::registry::Arch;
@@ -125,7 +125,7 @@ impl Model {
             arch: cfg.arch.clone(),
             supported: Arch::supported().join(", "),
         })?;
-        let spec = arch.spec(&cfg);
+        let spec = arch.spec(&cfg)?;
         let store = &files.tensors;
         let (h, vocab) = (cfg.hidden_size, cfg.vocab_size);
         let embed_name = "model.embed_tokens.weight";
@@ -358,32 +358,12 @@ impl Model {
             }
             ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
 
-            // MLP block.
+            // Feed-forward block: into `ws.o`, all-reduced.
             ops::rms_norm(&ws.x[..n * h], &layer.mlp_norm, eps, h, &mut ws.xn[..n * h]);
-            Linear::forward_many(
-                pool,
-                &[&layer.gate, &layer.up],
-                &ws.xn,
-                n,
-                &mut [&mut ws.gate, &mut ws.up],
-                &mut ws.scratch,
-            );
-            ops::silu_mul(&mut ws.gate[..n * ffn], &ws.up[..n * ffn]);
-            match self.shard.tp.as_ref().filter(|t| t.exact) {
-                Some(tp) => {
-                    grow(&mut ws.full_in, n * cfg.intermediate_size);
-                    let gate = std::mem::take(&mut ws.gate);
-                    gather_columns(comm, &gate[..n * ffn], n, &tp.ffn_all, 1, ws, Dest::FullIn)?;
-                    ws.gate = gate;
-                    let hl = tp.hidden.len();
-                    grow(&mut ws.part, n * hl);
-                    layer.down.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
-                    let part = std::mem::take(&mut ws.part);
-                    gather_columns(comm, &part[..n * hl], n, &tp.hidden_all, 1, ws, Dest::O)?;
-                    ws.part = part;
-                }
-                None => {
-                    layer.down.forward(pool, &ws.gate, n, &mut ws.o, &mut ws.scratch);
+            match &layer.ffn {
+                FeedForward::Dense(mlp) => self.dense_mlp(pool, ws, [&mlp.gate, &mlp.up, &mlp.down], n, comm)?,
+                FeedForward::Moe(moe) => {
+                    moe.forward(pool, &ws.xn[..n * h], n, &mut ws.o[..n * h], &mut ws.moe);
                     comm.all_reduce_sum(&mut ws.o[..n * h])?;
                 }
             }
@@ -391,6 +371,40 @@ impl Model {
         }
         for s in seqs.iter_mut() {
             s.cache.len += s.tokens.len();
+        }
+        Ok(())
+    }
+
+    /// The dense SwiGLU MLP over the normalized rows `ws.xn` (`n × hidden`) into
+    /// `ws.o`, all-reduced (or, exact mode, gathered) across the tensor group.
+    fn dense_mlp(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        [gate, up, down]: [&Linear; 3],
+        n: usize,
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        let (cfg, ffn, h) = (&self.config, self.local.ffn, self.config.hidden_size);
+        Linear::forward_many(pool, &[gate, up], &ws.xn, n, &mut [&mut ws.gate, &mut ws.up], &mut ws.scratch);
+        ops::silu_mul(&mut ws.gate[..n * ffn], &ws.up[..n * ffn]);
+        match self.shard.tp.as_ref().filter(|t| t.exact) {
+            Some(tp) => {
+                grow(&mut ws.full_in, n * cfg.intermediate_size);
+                let gate = std::mem::take(&mut ws.gate);
+                gather_columns(comm, &gate[..n * ffn], n, &tp.ffn_all, 1, ws, Dest::FullIn)?;
+                ws.gate = gate;
+                let hl = tp.hidden.len();
+                grow(&mut ws.part, n * hl);
+                down.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
+                let part = std::mem::take(&mut ws.part);
+                gather_columns(comm, &part[..n * hl], n, &tp.hidden_all, 1, ws, Dest::O)?;
+                ws.part = part;
+            }
+            None => {
+                down.forward(pool, &ws.gate, n, &mut ws.o, &mut ws.scratch);
+                comm.all_reduce_sum(&mut ws.o[..n * h])?;
+            }
         }
         Ok(())
     }

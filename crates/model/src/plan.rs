@@ -38,7 +38,7 @@ pub fn proportional_ranges(n: usize, weights: &[f64], unit: usize) -> Vec<Range<
 }
 
 /// What one tensor-parallel rank owns of every layer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TpSlice {
     pub q_heads: Range<usize>,
     pub kv_heads: Range<usize>,
@@ -57,6 +57,14 @@ pub struct TpSlice {
     pub exact: bool,
     pub hidden: Range<usize>,
     pub hidden_all: Vec<Range<usize>>,
+    /// Every rank's weight, this rank's index and the quant block the widths are
+    /// cut in: [`TpSlice::part_of`] slices further widths (MoE experts) alike.
+    pub weights: Vec<f64>,
+    pub rank: usize,
+    pub block: usize,
+    /// Expert parallelism: the routed experts this rank holds whole (`None`:
+    /// every expert, each sliced like the MLP).
+    pub experts: Option<Range<usize>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +73,8 @@ pub enum PlanError {
     TooFewHeads { heads: usize, ranks: usize },
     #[error("cannot split an MLP of width {ffn} over {ranks} ranks in blocks of {block}")]
     TooNarrow { ffn: usize, ranks: usize, block: usize },
+    #[error("cannot place {experts} experts on {ranks} expert-parallel ranks")]
+    TooFewExperts { experts: usize, ranks: usize },
     #[error("cannot split {layers} layers over {stages} pipeline stages")]
     TooFewLayers { layers: usize, stages: usize },
 }
@@ -142,10 +152,36 @@ pub fn tp_slice(
         exact: false,
         hidden: 0..0,
         hidden_all: vec![],
+        weights: weights.to_vec(),
+        rank,
+        block: ffn_block,
+        experts: None,
     })
 }
 
 impl TpSlice {
+    /// Switches MoE blocks to expert parallelism: this rank holds a contiguous
+    /// run of whole experts, as many as its weight's share (all experts have
+    /// the same bytes, so this balances bytes), at least one each.
+    pub fn expert_parallel(mut self, n_experts: usize) -> Result<TpSlice, PlanError> {
+        let ranks = self.weights.len();
+        if n_experts < ranks {
+            return Err(PlanError::TooFewExperts { experts: n_experts, ranks });
+        }
+        self.experts = Some(proportional_ranges(n_experts, &self.weights, 1)[self.rank].clone());
+        Ok(self)
+    }
+
+    /// This rank's part of another intermediate width (an expert's, a shared
+    /// expert's), cut like the MLP columns: weighted, in whole quant blocks.
+    pub fn part_of(&self, width: usize) -> Result<Range<usize>, PlanError> {
+        let ranks = self.weights.len();
+        if width / self.block < ranks {
+            return Err(PlanError::TooNarrow { ffn: width, ranks, block: self.block });
+        }
+        Ok(proportional_ranges(width, &self.weights, self.block)[self.rank].clone())
+    }
+
     /// Switches to exact mode, splitting the `hidden` output rows of o and down.
     pub fn exact(mut self, hidden: usize, weights: &[f64], rank: usize) -> TpSlice {
         self.hidden_all = proportional_ranges(hidden, weights, 1);
@@ -246,5 +282,24 @@ mod tests {
         assert_eq!(s.kv_heads, 0..6);
         assert_eq!(s.ffn, 0..768);
         assert!(tp_slice(2, 2, 1024, 100, 32, &[1.0; 3], 0).is_err());
+    }
+
+    #[test]
+    fn expert_widths_follow_the_mlp_rule() {
+        let parts: Vec<Range<usize>> =
+            (0..2).map(|r| tp_slice(8, 8, 1024, 100, 32, &[3.0, 1.0], r).unwrap().part_of(256).unwrap()).collect();
+        assert_eq!(parts, vec![0..192, 192..256]);
+        let s = tp_slice(8, 8, 1024, 100, 32, &[1.0; 4], 3).unwrap();
+        assert_eq!(s.part_of(128).unwrap(), 96..128);
+        assert!(matches!(s.part_of(64), Err(PlanError::TooNarrow { ffn: 64, ranks: 4, block: 32 })));
+    }
+
+    #[test]
+    fn experts_are_placed_whole_by_weight() {
+        let held = |w: &[f64], r| tp_slice(8, 8, 1024, 100, 32, w, r).unwrap().expert_parallel(8).unwrap().experts;
+        assert_eq!((held(&[1.0; 2], 0), held(&[1.0; 2], 1)), (Some(0..4), Some(4..8)));
+        assert_eq!((held(&[3.0, 1.0], 0), held(&[3.0, 1.0], 1)), (Some(0..6), Some(6..8)));
+        let s = tp_slice(8, 8, 1024, 100, 32, &[1.0; 4], 0).unwrap();
+        assert!(matches!(s.expert_parallel(3), Err(PlanError::TooFewExperts { experts: 3, ranks: 4 })));
     }
 }

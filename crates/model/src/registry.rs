@@ -2,14 +2,18 @@
 //! point at every place that must know about it.
 
 use crate::arch::{self, ArchSpec};
+use crate::ModelError;
 use formats::ModelConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     Llama,
     Mistral,
+    Mixtral,
     Qwen2,
+    Qwen2Moe,
     Qwen3,
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -18,22 +22,30 @@ impl Arch {
         Some(match name {
             "llama" => Arch::Llama,
             "mistral" => Arch::Mistral,
+            "mixtral" => Arch::Mixtral,
             "qwen2" => Arch::Qwen2,
+            "qwen2_moe" => Arch::Qwen2Moe,
             "qwen3" => Arch::Qwen3,
+            "qwen3_moe" => Arch::Qwen3Moe,
             _ => return None,
         })
     }
 
-    pub fn spec(self, cfg: &ModelConfig) -> ArchSpec {
-        match self {
+    /// The layer knobs from the config; a MoE config missing a key it needs is
+    /// an error naming the key.
+    pub fn spec(self, cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
+        Ok(match self {
             Arch::Llama => arch::llama::spec(cfg),
             Arch::Mistral => arch::mistral::spec(cfg),
+            Arch::Mixtral => arch::mixtral::spec(cfg)?,
             Arch::Qwen2 => arch::qwen2::spec(cfg),
+            Arch::Qwen2Moe => arch::qwen2_moe::spec(cfg)?,
             Arch::Qwen3 => arch::qwen3::spec(cfg),
-        }
+            Arch::Qwen3Moe => arch::qwen3_moe::spec(cfg)?,
+        })
     }
 
     pub fn supported() -> &'static [&'static str] {
-        &["llama", "mistral", "qwen2", "qwen3"]
+        &["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
     }
 }

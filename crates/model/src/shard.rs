@@ -4,7 +4,7 @@
 use crate::plan::TpSlice;
 use std::ops::Range;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ShardSpec {
     /// Layers this rank computes.
     pub layers: Range<usize>,

@@ -28,6 +28,8 @@ pub struct Workspace {
     pub(crate) scratch: MatmulScratch,
     /// One embedding row unpacked from a packed (tied) table.
     pub(crate) embed_row: Vec<u8>,
+    /// Routing and expert buffers of MoE layers.
+    pub(crate) moe: crate::moe::MoeScratch,
 }
 
 pub(crate) fn grow(v: &mut Vec<f32>, len: usize) {

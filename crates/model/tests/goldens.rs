@@ -1,10 +1,13 @@
-//! Every dense architecture against the transformers goldens (f32 compute on the
+//! Every architecture (dense and mixture-of-experts) against the transformers goldens (f32 compute on the
 //! bf16 weights): logits of every prompt position within 1e-3 with the default
 //! (f32, for float checkpoints) KV cache and within 3e-3 with an f16 cache, and
 //! the greedy continuation identical (decoded incrementally through the KV cache).
 
 use shardlm_model::{KvType, LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
 use std::path::PathBuf;
+
+#[path = "support/gguf.rs"]
+mod gguf;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name)
@@ -42,12 +45,14 @@ fn argmax(x: &[f32]) -> u32 {
 }
 
 fn check(name: &str, threads: usize) {
-    check_kv(name, threads, None);
-    check_kv(name, threads, Some(KvType::F16));
+    check_kv(name, &fixture(name), threads, None);
+    check_kv(name, &fixture(name), threads, Some(KvType::F16));
 }
 
-fn check_kv(name: &str, threads: usize, kv_type: Option<KvType>) {
-    let files = formats::open_model(&fixture(name)).unwrap();
+/// The model at `path` (the fixture, or a conversion of it) against the
+/// fixture `name`'s goldens.
+fn check_kv(name: &str, path: &std::path::Path, threads: usize, kv_type: Option<KvType>) {
+    let files = formats::open_model(path).unwrap();
     let opts = LoadOptions { kv_type, ..Default::default() };
     let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &opts).unwrap();
     assert_eq!(m.kv_type, kv_type.unwrap_or(KvType::F32), "{name}: float checkpoints default to an f32 cache");
@@ -106,6 +111,85 @@ fn qwen3_matches_transformers() {
 #[test]
 fn mistral_matches_transformers() {
     check("mistral", 2);
+}
+
+#[test]
+fn mixtral_matches_transformers() {
+    check("mixtral", 2);
+}
+
+#[test]
+fn qwen2_moe_matches_transformers() {
+    check("qwen2_moe", 1);
+}
+
+#[test]
+fn qwen3_moe_matches_transformers() {
+    check("qwen3_moe", 2);
+}
+
+/// The MoE fixtures written as llama.cpp's converter would (stacked
+/// `ffn_*_exps` experts, `ffn_gate_inp` routers, MoE metadata keys; mixtral as
+/// arch `llama` with permuted q/k; qwen3_moe's layer 0 stays a dense
+/// `ffn_gate/up/down`, which is how its `mlp_only_layers` is read back) give
+/// the transformers logits.
+fn check_gguf(name: &str, arch: &str, ints: &[(&str, u32)], heads: (usize, usize)) {
+    let path = std::env::temp_dir().join(format!("shardlm-{name}-{}.gguf", std::process::id()));
+    gguf::write(&fixture(name), arch, ints, heads, &path);
+    let files = formats::open_model(&path).unwrap();
+    assert_eq!(files.config.arch, name);
+    check_kv(name, &path, 1, None);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn qwen3_moe_gguf_matches_transformers() {
+    let ints = [
+        ("block_count", 3),
+        ("context_length", 4096),
+        ("embedding_length", 128),
+        ("feed_forward_length", 256),
+        ("expert_feed_forward_length", 64),
+        ("expert_count", 8),
+        ("expert_used_count", 2),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+        ("attention.key_length", 32),
+        ("attention.value_length", 32),
+    ];
+    check_gguf("qwen3_moe", "qwen3moe", &ints, (4, 2));
+}
+
+#[test]
+fn qwen2_moe_gguf_matches_transformers() {
+    let ints = [
+        ("block_count", 2),
+        ("context_length", 4096),
+        ("embedding_length", 128),
+        ("feed_forward_length", 256),
+        ("expert_feed_forward_length", 64),
+        ("expert_shared_feed_forward_length", 128),
+        ("expert_count", 8),
+        ("expert_used_count", 4),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+    ];
+    check_gguf("qwen2_moe", "qwen2moe", &ints, (4, 2));
+}
+
+#[test]
+fn mixtral_gguf_matches_transformers() {
+    let ints = [
+        ("block_count", 2),
+        ("context_length", 4096),
+        ("embedding_length", 128),
+        ("feed_forward_length", 128),
+        ("expert_count", 8),
+        ("expert_used_count", 2),
+        ("attention.head_count", 8),
+        ("attention.head_count_kv", 2),
+    ];
+    check_gguf("mixtral", "llama", &ints, (8, 2));
 }
 
 /// Two sequences in one step give the same logits as each alone.

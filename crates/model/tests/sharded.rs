@@ -1,9 +1,10 @@
 //! Sharded forward passes inside one process (threads joined by the in-process
 //! transport) against the single-process run: pipeline stages must give
-//! bit-identical logits; tensor-parallel ranks within 1e-4 relative.
+//! bit-identical logits; tensor-parallel ranks within 1e-4 relative. Dense and
+//! mixture-of-experts fixtures alike.
 
 use shardlm_model::plan::{pipeline_layers, tp_slice};
-use shardlm_model::{LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
+use shardlm_model::{Arch, LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
@@ -50,10 +51,11 @@ fn pipeline(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64]) -> Vec
     logits
 }
 
-fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64]) -> Vec<f32> {
+/// Tensor-parallel logits; intermediate widths (MLP, experts) cut in `block`s,
+/// or, `expert`, whole routed experts placed on the ranks.
+fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64], block: usize, expert: bool) -> Vec<f32> {
     let groups = comm::Group::local(weights.len());
     let cfg = &files.config;
-    let block = 32;
     std::thread::scope(|s| {
         let handles: Vec<_> = groups
             .into_iter()
@@ -70,6 +72,12 @@ fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64]) -> Vec<f
                         rank,
                     )
                     .unwrap();
+                    let tp = if expert {
+                        let moe = Arch::from_name(&cfg.arch).unwrap().spec(cfg).unwrap().moe.unwrap();
+                        tp.expert_parallel(moe.n_experts).unwrap()
+                    } else {
+                        tp
+                    };
                     let spec = ShardSpec { layers: 0..cfg.n_layers, has_embed: true, has_head: true, tp: Some(tp) };
                     let m = Model::load(files, &spec, &LoadOptions::default()).unwrap();
                     let pool = kernels::ThreadPool::new(1);
@@ -93,11 +101,12 @@ fn assert_close(name: &str, got: &[f32], want: &[f32], rel: f32) {
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(d <= rel * scale, "{name}: max |Δ| {d} > {rel} × {scale}");
+    eprintln!("{name}: max |Δ| / max |logit| = {:.1e}", d / scale);
 }
 
 #[test]
 fn pipeline_is_bit_identical() {
-    for name in ["llama", "qwen2", "qwen3", "mistral"] {
+    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let want = single(&files, &tokens);
@@ -117,8 +126,41 @@ fn tensor_parallel_matches_single() {
         let tokens = prompt(name);
         let want = single(&files, &tokens);
         for w in [vec![1.0; 2], vec![1.0; 4], vec![3.0, 1.0]] {
-            let got = tensor(&files, &tokens, &w);
+            let got = tensor(&files, &tokens, &w, 32, false);
             assert_close(&format!("{name} tp {w:?}"), &got, &want, 1e-4);
         }
     }
+}
+
+/// MoE blocks: every expert's (and the shared expert's) intermediate width cut
+/// across ranks, the router replicated, one all-reduce per block. Blocks of 16
+/// so the 64-wide qwen experts split four ways too. Expert parallelism: whole
+/// routed experts per rank (attention, dense layers and the shared expert
+/// tensor-parallel), the same one all-reduce.
+#[test]
+fn tensor_parallel_moe_matches_single() {
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe"] {
+        let files = formats::open_model(&fixture(name)).unwrap();
+        let tokens = prompt(name);
+        let want = single(&files, &tokens);
+        for w in [vec![1.0; 2], vec![1.0; 4], vec![3.0, 1.0]] {
+            let got = tensor(&files, &tokens, &w, 16, false);
+            assert_close(&format!("{name} tp {w:?}"), &got, &want, 1e-4);
+            let got = tensor(&files, &tokens, &w, 16, true);
+            assert_close(&format!("{name} expert {w:?}"), &got, &want, 1e-4);
+        }
+    }
+}
+
+/// An expert too narrow for the ranks in whole blocks is a plan error naming
+/// the width, not a panic.
+#[test]
+fn too_narrow_experts_are_refused() {
+    let files = formats::open_model(&fixture("qwen3_moe")).unwrap();
+    let cfg = &files.config;
+    // 64-wide experts over 4 ranks in blocks of 32.
+    let tp = tp_slice(cfg.n_heads, cfg.n_kv_heads, cfg.intermediate_size, cfg.vocab_size, 32, &[1.0; 4], 0).unwrap();
+    let spec = ShardSpec { layers: 0..cfg.n_layers, has_embed: true, has_head: true, tp: Some(tp) };
+    let err = Model::load(&files, &spec, &LoadOptions::default()).unwrap_err().to_string();
+    assert_eq!(err, "cannot split an MLP of width 64 over 4 ranks in blocks of 32");
 }

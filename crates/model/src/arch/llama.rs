@@ -13,5 +13,6 @@ pub fn spec(cfg: &ModelConfig) -> ArchSpec {
         // together; HF checkpoints rotate halves.
         rope_style: if cfg.source == SourceFormat::Gguf { RopeStyle::Interleaved } else { RopeStyle::Neox },
         sliding_window: None,
+        moe: None,
     }
 }

@@ -1,15 +1,21 @@
 //! One file per architecture. Each says how its decoder layer differs from the
-//! common one ([`crate::decoder`]): biases, q/k norms, rope pairing. Adding an
-//! architecture: a file here plus one arm in [`crate::registry`].
+//! common one ([`crate::decoder`]): biases, q/k norms, rope pairing, and which
+//! feed-forward block each layer has (the dense MLP or a mixture of experts,
+//! [`crate::moe`]). Adding an architecture: a file here plus one arm in
+//! [`crate::registry`].
 
 pub mod llama;
 pub mod mistral;
+pub mod mixtral;
 pub mod qwen2;
+pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_moe;
 
+use crate::moe::MoeSpec;
 use kernels::ops::RopeStyle;
 
-/// The knobs that distinguish the dense decoder architectures.
+/// The knobs that distinguish the decoder architectures.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ArchSpec {
     /// q/k/v projections carry biases.
@@ -19,4 +25,24 @@ pub struct ArchSpec {
     pub rope_style: RopeStyle,
     /// Attention only sees this many most recent positions.
     pub sliding_window: Option<usize>,
+    /// The mixture of experts, for the layers [`MoeSpec::sparse`] names; every
+    /// other layer (all of them when `None`) has the dense MLP.
+    pub moe: Option<MoeSpec>,
+}
+
+/// The feed-forward block of one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FfnKind<'a> {
+    /// `down(silu(gate(x)) · up(x))` of width `intermediate_size`.
+    Dense,
+    Moe(&'a MoeSpec),
+}
+
+impl ArchSpec {
+    pub fn ffn(&self, layer: usize) -> FfnKind<'_> {
+        match &self.moe {
+            Some(m) if m.sparse.get(layer).copied().unwrap_or(false) => FfnKind::Moe(m),
+            _ => FfnKind::Dense,
+        }
+    }
 }

@@ -6,5 +6,11 @@ use formats::ModelConfig;
 use kernels::ops::RopeStyle;
 
 pub fn spec(cfg: &ModelConfig) -> ArchSpec {
-    ArchSpec { qkv_bias: true, qk_norm: false, rope_style: RopeStyle::Neox, sliding_window: cfg.sliding_window }
+    ArchSpec {
+        qkv_bias: true,
+        qk_norm: false,
+        rope_style: RopeStyle::Neox,
+        sliding_window: cfg.sliding_window,
+        moe: None,
+    }
 }

@@ -11,5 +11,6 @@ pub fn spec(cfg: &ModelConfig) -> ArchSpec {
         qk_norm: true,
         rope_style: RopeStyle::Neox,
         sliding_window: cfg.sliding_window,
+        moe: None,
     }
 }
