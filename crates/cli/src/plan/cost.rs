@@ -185,38 +185,23 @@ pub fn predict(
     };
     let kv_layer = shape.kv_elems_per_layer as f64 * w.kv_elem * depth;
     if strategy == Strategy::Expert {
-        // Whole experts on each rank; attention, dense parts, embedding and head
-        // on every rank (replicated); tokens go to the ranks of their experts.
-        let dense = shape.layers as f64 * (shape.attn_bytes + shape.dense_bytes);
-        let head = shape.embed_bytes + if shape.head_reads_embed { 0.0 } else { shape.head_bytes };
-        for r in 0..n {
-            p.weights_bytes[r] = dense + head + shape.layers as f64 * shape.expert_bytes / n as f64;
-            p.kv_bytes[r] = shape.layers as f64 * kv_layer;
-            p.work_bytes[r] = work_bytes(shape, w.chunk.min(w.context), 1);
+        // As the engine runs it (docs/ARCHITECTURE.md): attention, dense layers
+        // and shared experts tensor-parallel, whole routed experts per rank, and
+        // the same one all-reduce per block as tensor parallelism. So memory and
+        // communication are tensor's; decode differs in who reads the chosen
+        // experts: the busiest rank holds more than k/n of them (one standard
+        // deviation above the mean of a binomial draw).
+        let mut p = predict(shape, machines, link, Strategy::Tensor, n, n, w);
+        p.strategy = Strategy::Expert;
+        p.tp = 1;
+        if shape.experts > 0 && shape.active_experts > 0 && n > 1 {
+            let k = shape.active_experts as f64;
+            let q = 1.0 / n as f64;
+            let busiest = ((k * q + (k * q * (1.0 - q)).sqrt()) / k).min(1.0);
+            let active = shape.layers as f64 * shape.expert_bytes * k / shape.experts as f64;
+            let extra = active * (busiest - q) / ms[0].decode_bytes_per_s;
+            p.decode_tok_s = 1.0 / (1.0 / p.decode_tok_s + extra);
         }
-        let m = &ms[0];
-        let k = shape.active_experts.min(n.saturating_sub(1)) as f64;
-        let remote = if n > 1 { shape.active_experts as f64 * (n - 1) as f64 / n as f64 } else { 0.0 };
-        let moe_layers = if shape.experts > 0 { shape.layers as f64 } else { 0.0 };
-        let dec_local = {
-            let s = Shape { expert_bytes: shape.expert_bytes, ..shape.clone() };
-            stage_decode(&s, m, shape.layers, true, 1.0, depth, w)
-        };
-        // Experts a token uses are spread over the ranks; each rank reads ~k/n of them.
-        let expert_share = shape.layers as f64 * shape.expert_bytes * shape.active_experts as f64
-            / shape.experts.max(1) as f64
-            * (1.0 - 1.0 / n as f64)
-            / m.decode_bytes_per_s;
-        let comm = if n > 1 { moe_layers * 2.0 * link.send(act * remote.max(k.min(1.0))) } else { 0.0 };
-        let t = dec_local.0 - expert_share + comm;
-        p.wire_bytes_per_token = moe_layers * 2.0 * act * remote;
-        p.decode_tok_s = 1.0 / t;
-        p.decode_bottleneck = if comm > dec_local.0 - expert_share { link_kind(link, act) } else { "memory bandwidth" };
-        let (pf, _) = stage_prefill(shape, m, shape.layers, true, 1.0, w);
-        let pcomm = if n > 1 { moe_layers * 2.0 * link.send(act * remote * w.context as f64) } else { 0.0 };
-        p.ttft_s = pf / n as f64 + pcomm;
-        p.prefill_bottleneck = if pcomm > pf / n as f64 { "link bandwidth" } else { "compute" };
-        fit(&mut p, ms);
         return p;
     }
     // Stage s holds layers[s]; the last stage (data-flow order) also the head;
