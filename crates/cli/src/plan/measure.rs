@@ -135,6 +135,38 @@ pub fn local_machine_for(threads: usize, quant: &str) -> Result<Machine> {
     })
 }
 
+/// The fixed cost per layer of a decode step, from the model itself: times a
+/// few decode steps of the whole model at depth 64 on `threads` threads and
+/// takes away what streaming its weights at `bytes_per_s` explains. The pool
+/// hand-offs, norms, rope and attention of a real step on small matrices cost
+/// several times what any synthetic probe shows. `None` if the model cannot
+/// be loaded here (a config or parameters only).
+pub fn layer_overhead_from_model(path: &std::path::Path, threads: usize, bytes_per_s: f64) -> Option<f64> {
+    let files = formats::open_model(path).ok()?;
+    let spec = model::ShardSpec::full(files.config.n_layers);
+    let m = model::Model::load(&files, &spec, &model::LoadOptions::from_env(None)).ok()?;
+    let pool = ThreadPool::new(threads);
+    let mut ws = model::Workspace::default();
+    let mut cache = m.new_cache(128);
+    let mut logits = Vec::new();
+    let vocab = files.config.vocab_size.max(2) as u32;
+    let prompt: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let mut step = |tokens: &[u32], cache: &mut model::KvCache| {
+        let mut steps = [model::SeqStep { tokens, cache, mode: model::LogitsMode::Last, logits: &mut logits }];
+        m.forward(&pool, &mut ws, &mut steps, &model::NoComm).ok()
+    };
+    step(&prompt, &mut cache)?;
+    step(&[1], &mut cache)?;
+    let start = Instant::now();
+    let n = 16;
+    for i in 0..n {
+        step(&[(i * 31 + 7) % vocab], &mut cache)?;
+    }
+    let t = start.elapsed().as_secs_f64() / n as f64;
+    let layers = files.config.n_layers.max(1) as f64;
+    Some(((t - m.weight_bytes_per_token() as f64 / bytes_per_s) / layers).max(0.0))
+}
+
 /// All-reduce between two local ranks over shared memory or TCP loopback,
 /// measured with `shardlm launch --local 2 … -- plan-probe --links-only`.
 pub fn local_link(shm: bool) -> Result<Link> {

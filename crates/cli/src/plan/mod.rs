@@ -63,7 +63,19 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     }
     let shape = shape::load(&a.model, a.quant.as_deref())?;
     let threads = a.threads.unwrap_or_else(crate::run::default_threads);
-    let (machines, profile_link) = hardware::parse_machines(&a.machines, threads, &shape.quant)?;
+    let (mut machines, profile_link) = hardware::parse_machines(&a.machines, threads, &shape.quant)?;
+    // On measured machines, the per-layer cost comes from decoding the model
+    // itself when it is here (a file or folder, not a config or parameters).
+    if let Some(path) = shape.path.as_deref() {
+        if let Some(first) = machines.iter().position(|m| m.name.starts_with("local")) {
+            let m = &machines[first];
+            if let Some(o) = measure::layer_overhead_from_model(path, threads, m.decode_bytes_per_s) {
+                for m in machines.iter_mut().filter(|m| m.name.starts_with("local")) {
+                    m.layer_overhead_s = o;
+                }
+            }
+        }
+    }
     let link = match (&a.links, profile_link) {
         (Some(l), _) => hardware::parse_link(l)?,
         (None, Some(l)) => l,

@@ -54,6 +54,8 @@ pub struct Shape {
     pub active_experts: usize,
     /// The quantization the bytes are for, and its block size (never split).
     pub quant: String,
+    /// The model's files, when it was read from them (not a config or parameters).
+    pub path: Option<std::path::PathBuf>,
 }
 
 impl Shape {
@@ -197,6 +199,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         experts: experts as usize,
         active_experts: active as usize,
         quant,
+        path: Some(path.to_path_buf()),
     })
 }
 
@@ -266,6 +269,7 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
         experts,
         active_experts: active,
         quant,
+        path: None,
     })
 }
 
@@ -335,6 +339,7 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
         experts,
         active_experts,
         quant,
+        path: None,
     })
 }
 
