@@ -14,32 +14,7 @@ fn golden_ids(name: &str) -> String {
 
 /// Runs `shardlm run` with `extra` flags; returns (output ids, logits of every prompt position).
 fn run(model: &str, prompt: &[&str], extra: &[&str]) -> (Vec<u64>, Vec<f32>) {
-    let dir = tempfile::tempdir().unwrap();
-    let dump = dir.path().join("logits.safetensors");
-    let mut args = vec!["run", "--model", model, "--max-tokens", "12", "--ignore-eos", "--json", "--threads", "1"];
-    args.extend_from_slice(prompt);
-    args.extend_from_slice(&["--dump-logits", dump.to_str().unwrap()]);
-    args.extend_from_slice(extra);
-    let o = shardlm(&args);
-    assert!(o.status.success(), "{extra:?} failed: {}", stderr(&o));
-    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object on stdout");
-    let ids = j["output_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-    let bytes = std::fs::read(&dump).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let logits = st
-        .tensor("logits")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (ids, logits)
-}
-
-fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    run_with_logits(model, "12", prompt, extra)
 }
 
 #[test]

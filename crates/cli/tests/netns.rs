@@ -250,25 +250,7 @@ fn run_args<'a>(model: &'a str, ids: &'a str, dump: &'a str, strategy: &'a str) 
 
 /// Output ids from rank 0's JSON and the dumped prompt logits.
 fn results(stdout: &str, dump: &Path) -> (Vec<u64>, Vec<f32>) {
-    let j: serde_json::Value =
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"));
-    let ids = j["output_ids"].as_array().expect("output_ids").iter().map(|v| v.as_u64().unwrap()).collect();
-    let bytes = std::fs::read(dump).unwrap_or_else(|e| panic!("{}: {e}", dump.display()));
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let logits = st
-        .tensor("logits")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (ids, logits)
-}
-
-fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    (common::output_ids(stdout.trim().as_bytes()), common::dumped_logits(dump))
 }
 
 #[test]

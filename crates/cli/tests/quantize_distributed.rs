@@ -9,26 +9,7 @@ use common::*;
 
 /// Runs `shardlm run` on token ids; returns (output ids, logits of every prompt position).
 fn run(model: &str, extra: &[&str]) -> (Vec<u64>, Vec<f32>) {
-    let dir = tempfile::tempdir().unwrap();
-    let dump = dir.path().join("logits.safetensors");
-    let mut args = vec!["run", "--model", model, "--max-tokens", "8", "--ignore-eos", "--json", "--threads", "1"];
-    args.extend_from_slice(&["--prompt-ids", "1,17,230,5,999,64,3,512"]);
-    args.extend_from_slice(&["--dump-logits", dump.to_str().unwrap()]);
-    args.extend_from_slice(extra);
-    let o = shardlm(&args);
-    assert!(o.status.success(), "{model} {extra:?} failed: {}", stderr(&o));
-    let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object on stdout");
-    let ids = j["output_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-    let bytes = std::fs::read(&dump).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let logits = st
-        .tensor("logits")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (ids, logits)
+    run_with_logits(model, "8", &["--prompt-ids", "1,17,230,5,999,64,3,512"], extra)
 }
 
 #[test]

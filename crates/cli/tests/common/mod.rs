@@ -53,3 +53,39 @@ pub fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     f(&mut v);
     std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
+
+/// The output ids of a `run --json` object.
+pub fn output_ids(stdout: &[u8]) -> Vec<u64> {
+    let j: serde_json::Value = serde_json::from_slice(stdout)
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {}", String::from_utf8_lossy(stdout)));
+    j["output_ids"].as_array().expect("output_ids").iter().map(|v| v.as_u64().unwrap()).collect()
+}
+
+/// The `[prompt_len, vocab]` f32 logits a `--dump-logits` file holds, flat.
+pub fn dumped_logits(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensor("logits").unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// `shardlm run` greedy on one thread, `max_tokens` tokens past EOS, with
+/// `prompt` flags and `extra`: (output ids, logits of every prompt position).
+pub fn run_with_logits(model: &str, max_tokens: &str, prompt: &[&str], extra: &[&str]) -> (Vec<u64>, Vec<f32>) {
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("logits.safetensors");
+    let mut args =
+        vec!["run", "--model", model, "--max-tokens", max_tokens, "--ignore-eos", "--json", "--threads", "1"];
+    args.extend_from_slice(prompt);
+    args.extend_from_slice(&["--dump-logits", dump.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    let o = shardlm(&args);
+    assert!(o.status.success(), "{model} {extra:?} failed: {}", stderr(&o));
+    (output_ids(&o.stdout), dumped_logits(&dump))
+}
+
+/// Largest absolute difference relative to the largest |a|.
+pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
