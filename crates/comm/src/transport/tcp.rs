@@ -347,14 +347,7 @@ impl TcpInner {
                 return;
             }
             let cancel = AtomicBool::new(false);
-            let ctx = PumpCtx {
-                peers: &self.peers,
-                op_timeout: self.op_timeout,
-                spin: self.spin,
-                cancel: &cancel,
-                resumer: Some(self),
-                idle: &[],
-            };
+            let ctx = self.pump_ctx(&cancel);
             while let Some((p, k)) = self.accept_one() {
                 if let Err(e) = resume_idle(&self.links[p][k], "its peer connected again to continue it", &ctx) {
                     self.fail(e);
@@ -394,18 +387,24 @@ impl TcpInner {
         err
     }
 
+    /// A pump context over every peer that resumes lost cables through us,
+    /// watching no idle connections.
+    fn pump_ctx<'a>(&'a self, cancel: &'a AtomicBool) -> PumpCtx<'a> {
+        PumpCtx {
+            peers: &self.peers,
+            op_timeout: self.op_timeout,
+            spin: self.spin,
+            cancel,
+            resumer: Some(self),
+            idle: &[],
+        }
+    }
+
     fn run(&self, sends: &[SendOp<'_>], recvs: &mut [RecvOp<'_>]) -> Result<()> {
         let stripe = |peer: usize, len: usize| self.links[peer].len() > 1 && len >= self.stripe_threshold;
         let small = |peer: usize| &self.links[peer][self.plans[peer].small];
         let cancel = AtomicBool::new(false);
-        let ctx = PumpCtx {
-            peers: &self.peers,
-            op_timeout: self.op_timeout,
-            spin: self.spin,
-            cancel: &cancel,
-            resumer: Some(self),
-            idle: &[],
-        };
+        let ctx = self.pump_ctx(&cancel);
         let any_striped =
             sends.iter().any(|s| stripe(s.peer, s.data.len())) || recvs.iter().any(|r| stripe(r.peer, r.buf.len()));
         // Connections this exchange leaves alone are watched by the first pump.
