@@ -45,7 +45,7 @@ def test_responses_stream_ends_with_completed(oai):
 
 def test_responses_stream_function_call(oai):
     events = list(oai.responses.create(model="m", input="Weather in Lima?", tools=TOOLS, tool_choice="required",
-                                       max_output_tokens=80, stream=True))
+                                       max_output_tokens=80, temperature=0, stream=True))
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert done
     jsonschema.validate(json.loads(done[0].arguments), WEATHER_SCHEMA)
