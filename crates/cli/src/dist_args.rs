@@ -128,8 +128,16 @@ pub fn load_engine_dist_with(
         let pool = kernels::ThreadPool::new(threads);
         let mut ws = model::Workspace::default();
         let mut logits = Vec::new();
-        let mut runner =
-            StageRunner { cluster: &cluster, model: &m, pool: &pool, ws: &mut ws, cache: None, logits: &mut logits };
+        let mut runner = StageRunner {
+            cluster: &cluster,
+            model: &m,
+            pool: &pool,
+            ws: &mut ws,
+            cache: None,
+            logits: &mut logits,
+            paged: &mut None,
+            batch_logits: &mut Vec::new(),
+        };
         runner.serve()?;
         return Ok(None);
     }

@@ -30,9 +30,13 @@ pub struct ServeArgs {
     /// Requests admitted at once, queued or running; more are answered 429.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     max_concurrency: u64,
-    /// KV cache budget in bytes (accepted for the paged cache; not used yet).
+    /// Bytes of KV cache for all requests together, across all ranks (default:
+    /// room for twice the context). Requests wait for blocks when it is full.
     #[arg(long)]
     kv_cache_bytes: Option<u64>,
+    /// Most requests decoded together in one step.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    max_batch: u64,
     /// Context length in tokens (default: the model's). Beyond the model's own,
     /// use --rope-scaling.
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..))]
@@ -111,6 +115,42 @@ fn adjust_context(a: &ServeArgs, cfg: &mut ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// Positions per KV block: the attention kernel's key step, and fine enough
+/// that a resent conversation reuses all but its last partial block.
+const KV_BLOCK: usize = 32;
+
+/// The KV pool and batch limits from the flags. `--kv-cache-bytes` counts the
+/// whole model's KV (every layer, every KV head), so it means the same number
+/// of tokens however the model is split.
+fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<engine::serving::SchedulerConfig> {
+    let cfg = &engine.model.config;
+    let per_token = (cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * engine.model.kv_type.bytes()).max(1);
+    let tokens = match a.kv_cache_bytes {
+        Some(b) => b as usize / per_token,
+        None => 2 * engine.context_length(),
+    };
+    let n_blocks = tokens / KV_BLOCK;
+    if n_blocks == 0 {
+        anyhow::bail!(
+            "--kv-cache-bytes {} holds no KV block: one block of {KV_BLOCK} tokens takes {} bytes",
+            a.kv_cache_bytes.unwrap_or(0),
+            per_token * KV_BLOCK
+        );
+    }
+    eprintln!(
+        "shardlm serve: KV pool of {n_blocks} blocks × {KV_BLOCK} tokens ({:.1} MiB in all), batches of up to {}",
+        (n_blocks * KV_BLOCK * per_token) as f64 / (1 << 20) as f64,
+        a.max_batch
+    );
+    Ok(engine::serving::SchedulerConfig {
+        block: KV_BLOCK,
+        n_blocks,
+        max_batch: a.max_batch as usize,
+        step_tokens: a.prefill_chunk as usize,
+        prefix_cache: true,
+    })
+}
+
 pub fn serve(a: ServeArgs) -> Result<()> {
     let threads = a.threads.map_or_else(crate::run::default_threads, |t| t as usize);
     let loaded = crate::dist_args::load_engine_dist_with(
@@ -125,9 +165,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         return Ok(()); // a rank other than 0 followed rank 0 until shutdown
     };
     engine.prefill_chunk = a.prefill_chunk as usize;
-    if a.kv_cache_bytes.is_some() {
-        tracing::info!("--kv-cache-bytes is accepted but not used until the paged KV cache lands");
-    }
+    let sched = scheduler_config(&a, &engine)?;
     let served = a.served_model_name.clone().unwrap_or_else(|| {
         std::path::Path::new(&model_name).file_stem().map_or(model_name.clone(), |s| s.to_string_lossy().into_owned())
     });
@@ -146,7 +184,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         ranks,
         strategy: if ranks > 1 { a.dist.strategy.clone() } else { "single".into() },
     };
-    let result = server::serve(&mut engine, &files, cfg);
+    let result = server::serve(&mut engine, &files, cfg, sched);
     // On SIGTERM from `launch` the other ranks get the signal too and may be gone
     // before rank 0 says goodbye: that is a normal stop, not a failure.
     if let Err(e) = engine.shutdown() {

@@ -18,7 +18,7 @@
 //! Also checks that the written checkpoint carries the publishers' names and
 //! `quantization_config`.
 
-use model::{KvType, LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
+use model::{KvType, LoadOptions, LogitsMode, Model, NoComm, SeqKv, SeqStep, ShardSpec, Workspace};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -34,7 +34,7 @@ fn logits(dir: &Path, ids: &[u32]) -> Vec<f32> {
     let mut ws = Workspace::default();
     let mut cache = m.new_cache(ids.len());
     let mut out = Vec::new();
-    let mut steps = [SeqStep { tokens: ids, cache: &mut cache, mode: LogitsMode::All, logits: &mut out }];
+    let mut steps = [SeqStep { tokens: ids, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut out }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     out
 }

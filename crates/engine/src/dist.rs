@@ -14,7 +14,7 @@
 use crate::EngineError;
 use comm::Group;
 use model::plan::{pipeline_layers_by_bytes, tp_slice};
-use model::{AllReduce, KvCache, LogitsMode, Model, SeqStep, ShardSpec, Workspace};
+use model::{AllReduce, KvCache, LogitsMode, Model, SeqKv, SeqStep, ShardSpec, Workspace};
 
 /// How the model is split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,20 +82,25 @@ fn n_experts(files: &formats::ModelFiles) -> Result<usize, EngineError> {
 
 const OP_STEP: u32 = 1;
 const OP_HIDDEN: u32 = 2;
+/// Allocate the KV block pool (`n` blocks of `chunk` positions).
+pub(crate) const OP_POOL: u32 = 3;
+/// One batched step over paged sequences (see `dist_batch`).
+pub(crate) const OP_BATCH: u32 = 4;
 const OP_SHUTDOWN: u32 = 9;
 
 /// The fixed-size message that precedes every step's payload.
 #[derive(Debug, Clone, Copy, Default)]
-struct Header {
-    op: u32,
+pub(crate) struct Header {
+    pub(crate) op: u32,
     /// Tokens in the payload.
-    n: u32,
+    pub(crate) n: u32,
     /// 0 none, 1 last, 2 all (for a whole prompt: the mode of the final chunk).
-    mode: u32,
-    /// Tokens per chunk (steps sent to the embedding stage).
-    chunk: u32,
+    pub(crate) mode: u32,
+    /// Tokens per chunk (steps sent to the embedding stage); for a batch, the
+    /// length of its descriptor in u32s.
+    pub(crate) chunk: u32,
     /// Non-zero: start a new sequence with a KV cache of this many positions.
-    new_capacity: u32,
+    pub(crate) new_capacity: u32,
 }
 
 impl Header {
@@ -112,7 +117,7 @@ impl Header {
     }
 }
 
-fn mode_code(m: LogitsMode) -> u32 {
+pub(crate) fn mode_code(m: LogitsMode) -> u32 {
     match m {
         LogitsMode::None => 0,
         LogitsMode::Last => 1,
@@ -121,7 +126,7 @@ fn mode_code(m: LogitsMode) -> u32 {
     }
 }
 
-fn mode_of(c: u32) -> LogitsMode {
+pub(crate) fn mode_of(c: u32) -> LogitsMode {
     match c {
         1 => LogitsMode::Last,
         2 => LogitsMode::All,
@@ -130,7 +135,7 @@ fn mode_of(c: u32) -> LogitsMode {
     }
 }
 
-fn comm_err(e: comm::CommError) -> EngineError {
+pub(crate) fn comm_err(e: comm::CommError) -> EngineError {
     EngineError::Model(model::ModelError::Comm(e.to_string()))
 }
 
@@ -202,26 +207,26 @@ impl Cluster {
         Ok(ShardSpec { layers, has_embed: self.stage == self.stages - 1, has_head: self.stage == 0, tp })
     }
 
-    fn embed_stage_ranks(&self) -> impl Iterator<Item = usize> + '_ {
+    pub(crate) fn embed_stage_ranks(&self) -> impl Iterator<Item = usize> + '_ {
         let base = (self.stages - 1) * self.tp;
         (base..base + self.tp).filter(move |&r| r != 0)
     }
 
     /// World rank this rank receives the residual stream from (stage + 1).
-    fn upstream(&self) -> Option<usize> {
+    pub(crate) fn upstream(&self) -> Option<usize> {
         (self.stage + 1 < self.stages).then(|| (self.stage + 1) * self.tp + self.tp_rank)
     }
 
     /// World rank this rank sends the residual stream to (stage − 1).
-    fn downstream(&self) -> Option<usize> {
+    pub(crate) fn downstream(&self) -> Option<usize> {
         (self.stage > 0).then(|| (self.stage - 1) * self.tp + self.tp_rank)
     }
 
-    fn send_header(&self, to: usize, h: Header) -> Result<(), EngineError> {
+    pub(crate) fn send_header(&self, to: usize, h: Header) -> Result<(), EngineError> {
         self.world.send(to, &h.to_bytes()).map_err(comm_err)
     }
 
-    fn recv_header(&self, from: usize) -> Result<Header, EngineError> {
+    pub(crate) fn recv_header(&self, from: usize) -> Result<Header, EngineError> {
         let mut b = [0u8; 20];
         self.world.recv(from, &mut b).map_err(comm_err)?;
         Ok(Header::from_bytes(&b))
@@ -236,6 +241,10 @@ pub struct StageRunner<'a> {
     pub ws: &'a mut Workspace,
     pub cache: Option<KvCache>,
     pub logits: &'a mut Vec<f32>,
+    /// The paged KV pool of batched serving (`OP_POOL`), and each batched
+    /// sequence's logits.
+    pub paged: &'a mut Option<model::KvPool>,
+    pub batch_logits: &'a mut Vec<Vec<f32>>,
 }
 
 impl StageRunner<'_> {
@@ -252,12 +261,12 @@ impl StageRunner<'_> {
         } else {
             tokens
         };
-        let mut steps = [SeqStep { tokens: toks, cache, mode, logits: self.logits }];
+        let mut steps = [SeqStep { tokens: toks, cache: SeqKv::Own(cache), mode, logits: self.logits }];
         let comm: &dyn AllReduce = &self.cluster.tp_group;
         if !tokens.is_empty() {
             self.model.embed_tokens(self.ws, &steps, comm)?;
         }
-        self.model.run_layers(self.pool, self.ws, &mut steps, comm)?;
+        self.model.run_layers(self.pool, self.ws, &mut steps, None, comm)?;
         self.model.head(self.pool, self.ws, &mut steps, comm)?;
         if let Some(to) = self.cluster.downstream() {
             let h = Header { op: OP_HIDDEN, n: n as u32, mode: mode_code(mode), chunk: 0, new_capacity };
@@ -285,6 +294,13 @@ impl StageRunner<'_> {
         }
         let n = h.n as usize;
         match h.op {
+            OP_POOL => {
+                if let Some(to) = c.downstream().filter(|&to| to != 0) {
+                    c.send_header(to, h)?;
+                }
+                *self.paged = Some(self.model.new_pool(h.chunk.max(1) as usize, n));
+            }
+            OP_BATCH => self.handle_batch(h, from)?,
             OP_STEP => {
                 let mut tokens = vec![0u32; n];
                 c.world.recv(from, bytemuck::cast_slice_mut(&mut tokens)).map_err(comm_err)?;

@@ -2,10 +2,11 @@
 //! stop conditions (EOS ids, stop strings, length) and streamed UTF-8 text.
 
 use crate::dist::{Cluster, StageRunner};
+use crate::dist_batch::BatchItem;
 use crate::sampler::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::EngineError;
-use model::{AllReduce, KvCache, LogitsMode, Model, NoComm, SeqStep, Workspace};
+use model::{AllReduce, KvCache, KvPool, LogitsMode, Model, NoComm, SeqKv, SeqStep, Workspace};
 use std::time::Instant;
 
 #[derive(Debug, Clone)]
@@ -100,6 +101,9 @@ pub struct Engine {
     logits: Vec<f32>,
     /// The sequence's KV cache for this rank's shard when distributed.
     dist_cache: Option<KvCache>,
+    /// The block pool of batched serving ([`Engine::init_pool`]).
+    paged: Option<KvPool>,
+    batch_logits: Vec<Vec<f32>>,
 }
 
 impl Engine {
@@ -120,7 +124,62 @@ impl Engine {
             ws: Workspace::default(),
             logits: Vec::new(),
             dist_cache: None,
+            paged: None,
+            batch_logits: Vec::new(),
         }
+    }
+
+    /// Allocates the KV block pool for batched serving, on every rank of a cluster.
+    pub fn init_pool(&mut self, block: usize, n_blocks: usize) -> Result<(), EngineError> {
+        if let Some(r) = self.with_runner(|r| r.init_pool(block, n_blocks)) {
+            return r;
+        }
+        self.paged = Some(self.model.new_pool(block, n_blocks));
+        Ok(())
+    }
+
+    /// One forward step of a batch of paged sequences (locally or across the
+    /// cluster). Returns each item's requested logits.
+    pub fn step_batch(&mut self, items: &[BatchItem<'_>]) -> Result<&[Vec<f32>], EngineError> {
+        if let Some(r) = self.with_runner(|r| r.drive_batch(items)) {
+            r?;
+            return Ok(&self.batch_logits[..items.len()]);
+        }
+        let kv = self.paged.as_mut().ok_or_else(|| EngineError::BadArgument("step_batch before init_pool".into()))?;
+        if self.batch_logits.len() < items.len() {
+            self.batch_logits.resize_with(items.len(), Vec::new);
+        }
+        let mut steps: Vec<SeqStep<'_>> = items
+            .iter()
+            .zip(self.batch_logits.iter_mut())
+            .map(|(it, logits)| SeqStep {
+                tokens: it.tokens,
+                cache: SeqKv::Paged { table: it.table, start: it.start },
+                mode: it.mode,
+                logits,
+            })
+            .collect();
+        self.model.forward_paged(&self.pool, &mut self.ws, kv, &mut steps, &NoComm)?;
+        Ok(&self.batch_logits[..items.len()])
+    }
+
+    /// Runs `f` with a stage runner over this engine's buffers when this engine
+    /// is rank 0 of a cluster (`None` in a single process).
+    fn with_runner<R>(&mut self, f: impl FnOnce(&mut StageRunner<'_>) -> R) -> Option<R> {
+        let cluster = self.cluster.as_ref()?;
+        let mut runner = StageRunner {
+            cluster,
+            model: &self.model,
+            pool: &self.pool,
+            ws: &mut self.ws,
+            cache: self.dist_cache.take(),
+            logits: &mut self.logits,
+            paged: &mut self.paged,
+            batch_logits: &mut self.batch_logits,
+        };
+        let r = f(&mut runner);
+        self.dist_cache = runner.cache.take();
+        Some(r)
     }
 
     pub fn context_length(&self) -> usize {
@@ -146,12 +205,14 @@ impl Engine {
                 ws: &mut self.ws,
                 cache: self.dist_cache.take(),
                 logits: &mut self.logits,
+                paged: &mut self.paged,
+                batch_logits: &mut self.batch_logits,
             };
             let r = runner.drive(tokens, self.prefill_chunk, mode, new_capacity);
             self.dist_cache = runner.cache.take();
             return r;
         }
-        let mut steps = [SeqStep { tokens, cache, mode, logits: &mut self.logits }];
+        let mut steps = [SeqStep { tokens, cache: SeqKv::Own(cache), mode, logits: &mut self.logits }];
         self.model.forward(&self.pool, &mut self.ws, &mut steps, comm)?;
         Ok(())
     }
@@ -167,6 +228,8 @@ impl Engine {
                 ws: &mut self.ws,
                 cache: None,
                 logits: &mut self.logits,
+                paged: &mut self.paged,
+                batch_logits: &mut self.batch_logits,
             };
             return runner.shutdown();
         }
@@ -348,23 +411,23 @@ impl Engine {
 }
 
 /// Accumulates generated text, holding back any tail that could begin a stop string.
-struct TextStream<'a> {
-    stops: &'a [String],
-    text: String,
+pub(crate) struct TextStream {
+    stops: Vec<String>,
+    pub(crate) text: String,
     /// Bytes of `text` already given to the caller.
     emitted: usize,
-    stopped: Option<usize>,
+    pub(crate) stopped: Option<usize>,
     /// Index in `stops` of the string that hit.
-    stopped_by: Option<usize>,
+    pub(crate) stopped_by: Option<usize>,
 }
 
-impl<'a> TextStream<'a> {
-    fn new(stops: &'a [String]) -> Self {
-        TextStream { stops, text: String::new(), emitted: 0, stopped: None, stopped_by: None }
+impl TextStream {
+    pub(crate) fn new(stops: &[String]) -> Self {
+        TextStream { stops: stops.to_vec(), text: String::new(), emitted: 0, stopped: None, stopped_by: None }
     }
 
     /// Adds a piece; returns true when a stop string appeared (text is cut before it).
-    fn push(&mut self, piece: &str, on_text: &mut dyn FnMut(&str)) -> bool {
+    pub(crate) fn push(&mut self, piece: &str, on_text: &mut dyn FnMut(&str)) -> bool {
         if self.stopped.is_some() {
             return true;
         }
@@ -387,7 +450,7 @@ impl<'a> TextStream<'a> {
         }
         // Hold back the longest suffix that is a prefix of some stop string.
         let mut safe = self.text.len();
-        for s in self.stops {
+        for s in &self.stops {
             for k in (1..s.len()).rev() {
                 if self.text.len() >= k && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
                     safe = safe.min(self.text.len() - k);
@@ -402,7 +465,7 @@ impl<'a> TextStream<'a> {
         false
     }
 
-    fn flush(&mut self, on_text: &mut dyn FnMut(&str)) {
+    pub(crate) fn flush(&mut self, on_text: &mut dyn FnMut(&str)) {
         if self.text.len() > self.emitted {
             on_text(&self.text[self.emitted..]);
             self.emitted = self.text.len();

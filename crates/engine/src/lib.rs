@@ -2,9 +2,11 @@
 
 pub mod chat_template;
 pub mod dist;
+pub mod dist_batch;
 pub mod error;
 pub mod generate;
 pub mod sampler;
+pub mod serving;
 pub mod tokenizer;
 
 pub use chat_template::ChatTemplate;

@@ -5,7 +5,7 @@
 //! Our numeric choice matches llama.cpp's: activations are quantized to 8 bits
 //! (Q8_1 for Q4_1 weights, Q8_0 for the Q8_0 output layer).
 
-use model::{LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
+use model::{LoadOptions, LogitsMode, Model, NoComm, SeqKv, SeqStep, ShardSpec, Workspace};
 use serde_json::Value;
 use shardlm_engine::generate::{Engine, GenerateRequest};
 use std::path::PathBuf;
@@ -48,7 +48,7 @@ fn all_logits(m: &Model, tokens: &[u32]) -> Vec<f32> {
     let mut ws = Workspace::default();
     let mut cache = m.new_cache(tokens.len());
     let mut logits = Vec::new();
-    let mut steps = [SeqStep { tokens, cache: &mut cache, mode: LogitsMode::All, logits: &mut logits }];
+    let mut steps = [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     logits
 }
@@ -166,7 +166,8 @@ fn packed_layout_matches_file_layout_bit_for_bit() {
         let mut cache = m.new_cache(8);
         let mut logits = Vec::new();
         for &t in &tokens[..4] {
-            let mut steps = [SeqStep { tokens: &[t], cache: &mut cache, mode: LogitsMode::Last, logits: &mut logits }];
+            let mut steps =
+                [SeqStep { tokens: &[t], cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut logits }];
             m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         }
         logits

@@ -110,12 +110,61 @@ impl AttnShape {
         lo..p + 1
     }
 
-    fn check(&self, q: usize, k: usize, v: usize, out: usize) {
+    fn check<T: KvElem>(&self, q: usize, kv: &KvView<'_, T>, out: usize) {
         assert!(self.n_kv_heads > 0 && self.n_heads.is_multiple_of(self.n_kv_heads), "attention: bad head counts");
         let rows = self.n_new * self.n_heads * self.head_dim;
         assert!(q >= rows && out >= rows, "attention: q/out too short");
-        let ctx = (self.start_pos + self.n_new) * self.n_kv_heads * self.head_dim;
-        assert!(k >= ctx && v >= ctx, "attention: KV cache too short");
+        kv.check(self.start_pos + self.n_new, self.n_kv_heads * self.head_dim);
+    }
+}
+
+/// Where one layer's keys and values live: a pool of fixed-size blocks and the
+/// sequence's block table. Position `p` is row `p % block` of block
+/// `table[p / block]`, and a block is `block × n_kv_heads × head_dim` values, so
+/// K of block `b` starts at `k[b · block · stride]` (`stride = n_kv_heads·head_dim`).
+/// A contiguous cache is the one-block case ([`KvView::contiguous`]).
+#[derive(Debug, Clone, Copy)]
+pub struct KvView<'a, T> {
+    pub k: &'a [T],
+    pub v: &'a [T],
+    /// Block ids in position order.
+    pub table: &'a [u32],
+    /// Positions per block.
+    pub block: usize,
+}
+
+/// The table of a contiguous cache: its single block 0.
+const ONE_BLOCK: [u32; 1] = [0];
+
+impl<'a, T: KvElem> KvView<'a, T> {
+    /// A `n_ctx × stride` cache in one piece.
+    pub fn contiguous(k: &'a [T], v: &'a [T], stride: usize) -> KvView<'a, T> {
+        KvView { k, v, table: &ONE_BLOCK, block: (k.len() / stride.max(1)).max(1) }
+    }
+
+    /// K and V from position `p` on, and how many rows follow contiguously
+    /// (to the end of `p`'s block).
+    #[inline]
+    fn rows(&self, p: usize, stride: usize) -> (&'a [T], &'a [T], usize) {
+        let (b, r) = (p / self.block, p % self.block);
+        let at = (self.table[b] as usize * self.block + r) * stride;
+        (&self.k[at..], &self.v[at..], self.block - r)
+    }
+
+    /// Position `p`'s key and value rows (`stride` values each).
+    pub fn row(&self, p: usize, stride: usize) -> (&'a [T], &'a [T]) {
+        let (k, v, _) = self.rows(p, stride);
+        (&k[..stride], &v[..stride])
+    }
+
+    fn check(&self, positions: usize, stride: usize) {
+        let blocks = positions.div_ceil(self.block);
+        assert!(self.table.len() >= blocks, "attention: block table shorter than the context");
+        let pool_blocks = self.k.len().min(self.v.len()) / (self.block * stride).max(1);
+        assert!(
+            self.table[..blocks].iter().all(|&b| (b as usize) < pool_blocks),
+            "attention: block id out of the pool"
+        );
     }
 }
 
@@ -136,7 +185,13 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
 /// Plain reference: per (token, head), f32 scores over the f16-widened keys, a
 /// two-pass softmax, then the weighted sum of values. Same contract as [`attention`].
 pub fn attention_reference<T: KvElem>(q: &[f32], k: &[T], v: &[T], sh: &AttnShape, out: &mut [f32]) {
-    sh.check(q.len(), k.len(), v.len(), out.len());
+    let stride = sh.n_kv_heads * sh.head_dim;
+    attention_reference_paged(q, &KvView::contiguous(k, v, stride), sh, out)
+}
+
+/// [`attention_reference`] reading through a block table.
+pub fn attention_reference_paged<T: KvElem>(q: &[f32], kv: &KvView<'_, T>, sh: &AttnShape, out: &mut [f32]) {
+    sh.check(q.len(), kv, out.len());
     let (nh, d) = (sh.n_heads, sh.head_dim);
     let (group, stride) = (nh / sh.n_kv_heads, sh.n_kv_heads * d);
     for i in 0..sh.n_new {
@@ -147,7 +202,8 @@ pub fn attention_reference<T: KvElem>(q: &[f32], k: &[T], v: &[T], sh: &AttnShap
             let s: Vec<f32> = keys
                 .clone()
                 .map(|p| {
-                    qh.iter().zip(&k[p * stride + off..][..d]).map(|(&a, &b)| a * b.to_f32()).sum::<f32>() * sh.scale
+                    let kp = &kv.row(p, stride).0[off..][..d];
+                    qh.iter().zip(kp).map(|(&a, &b)| a * b.to_f32()).sum::<f32>() * sh.scale
                 })
                 .collect();
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -156,7 +212,7 @@ pub fn attention_reference<T: KvElem>(q: &[f32], k: &[T], v: &[T], sh: &AttnShap
             let o = &mut out[(i * nh + h) * d..][..d];
             o.fill(0.0);
             for (p, &w) in keys.clone().zip(&e) {
-                for (od, vd) in o.iter_mut().zip(&v[p * stride + off..][..d]) {
+                for (od, vd) in o.iter_mut().zip(&kv.row(p, stride).1[off..][..d]) {
                     *od += w / sum * KvElem::to_f32(*vd);
                 }
             }
@@ -277,7 +333,14 @@ thread_local! {
 ///
 /// Uses AVX2 when active and `head_dim % 8 == 0`, else scalar code (same tiling).
 pub fn attention<T: KvElem>(pool: &ThreadPool, q: &[f32], k: &[T], v: &[T], sh: &AttnShape, out: &mut [f32]) {
-    sh.check(q.len(), k.len(), v.len(), out.len());
+    let stride = sh.n_kv_heads * sh.head_dim;
+    attention_paged(pool, q, &KvView::contiguous(k, v, stride), sh, out)
+}
+
+/// [`attention`] over a paged cache: the same tiles, each key block cut short
+/// at the end of a cache block.
+pub fn attention_paged<T: KvElem>(pool: &ThreadPool, q: &[f32], kv: &KvView<'_, T>, sh: &AttnShape, out: &mut [f32]) {
+    sh.check(q.len(), kv, out.len());
     if sh.n_new == 0 || sh.head_dim == 0 {
         return;
     }
@@ -304,7 +367,7 @@ pub fn attention<T: KvElem>(pool: &ThreadPool, q: &[f32], k: &[T], v: &[T], sh: 
                         break;
                     }
                     let job = tiling.job(j, sh);
-                    run_tile(simd, q, k, v, sh, &job, &mut sc);
+                    run_tile(simd, q, kv, sh, &job, &mut sc);
                     if tiling.splits == 1 {
                         // SAFETY: tiles cover disjoint (token, head) rows of `out`.
                         unsafe { write_rows(sh, &job, &sc, out_ptr.0) };
@@ -323,7 +386,7 @@ pub fn attention<T: KvElem>(pool: &ThreadPool, q: &[f32], k: &[T], v: &[T], sh: 
 }
 
 /// Runs `job`'s rows over its keys, leaving `m`, `l` and unnormalized `o` in `sc`.
-fn run_tile<T: KvElem>(simd: bool, q: &[f32], k: &[T], v: &[T], sh: &AttnShape, job: &Job, sc: &mut Scratch) {
+fn run_tile<T: KvElem>(simd: bool, q: &[f32], kv: &KvView<'_, T>, sh: &AttnShape, job: &Job, sc: &mut Scratch) {
     let (nh, d) = (sh.n_heads, sh.head_dim);
     let stride = sh.n_kv_heads * d;
     let rows = job.toks * job.heads;
@@ -340,15 +403,17 @@ fn run_tile<T: KvElem>(simd: bool, q: &[f32], k: &[T], v: &[T], sh: &AttnShape, 
     let koff = job.kvh * d;
     let mut b0 = job.keys.start;
     while b0 < job.keys.end {
-        let n = KB.min(job.keys.end - b0);
+        let (k, v, run) = kv.rows(b0, stride);
+        let n = KB.min(job.keys.end - b0).min(run);
         let n4 = n.next_multiple_of(4);
-        let next = (job.keys.end - b0 - n).min(KB);
-        if next > 0 {
-            T::prefetch(simd, &k[(b0 + n) * stride + koff..], stride, next, d);
-            T::prefetch(simd, &v[(b0 + n) * stride + koff..], stride, next, d);
+        if job.keys.end > b0 + n {
+            let (kn, vn, run_n) = kv.rows(b0 + n, stride);
+            let next = (job.keys.end - b0 - n).min(KB).min(run_n);
+            T::prefetch(simd, &kn[koff..], stride, next, d);
+            T::prefetch(simd, &vn[koff..], stride, next, d);
         }
-        T::widen(simd, &k[b0 * stride + koff..], stride, n, n4, d, kb);
-        T::widen(simd, &v[b0 * stride + koff..], stride, n, n, d, vb);
+        T::widen(simd, &k[koff..], stride, n, n4, d, kb);
+        T::widen(simd, &v[koff..], stride, n, n, d, vb);
         scores(simd, &qb[..rows * d], rows, &kb[..n4 * d], n4, d, s);
         for r in 0..rows {
             let keys = sh.keys(job.t0 + r / job.heads);
@@ -401,8 +466,9 @@ pub(crate) fn self_test_avx2(unit: &mut dyn FnMut() -> f32) -> Result<(), String
         let (mut a, mut b) = (Scratch::default(), Scratch::default());
         a.fit(d);
         b.fit(d);
-        run_tile(false, &q, k, v, &sh, &job, &mut a);
-        run_tile(true, &q, k, v, &sh, &job, &mut b);
+        let kv = KvView::contiguous(k, v, nkv * d);
+        run_tile(false, &q, &kv, &sh, &job, &mut a);
+        run_tile(true, &q, &kv, &sh, &job, &mut b);
         for r in 0..job.toks * job.heads {
             let (want, got) = (&a.o[r * d..(r + 1) * d], &b.o[r * d..(r + 1) * d]);
             let mag = want.iter().fold(a.l[r], |m, x| m.max(x.abs()));

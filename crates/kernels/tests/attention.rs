@@ -114,6 +114,30 @@ fn attention_matches_naive() {
             attention::attention(&pool, &q, &k32, &v32, &sh, &mut out);
             close(&out, &want, 2e-5, &format!("tiled f32 cache {what} threads {threads}"));
         }
+        // The same cache scattered over shuffled blocks of a pool (paged KV),
+        // with a block size that divides the key step (16) and one that does not (48).
+        for block in [16, 48] {
+            let stride = nkv * hd;
+            let n_blocks = ctx.div_ceil(block);
+            let mut table: Vec<u32> = (0..n_blocks as u32).collect();
+            table.sort_by_key(|&b| b.wrapping_mul(2_654_435_761).rotate_left(7));
+            let (mut kp, mut vp) =
+                (vec![f16::ZERO; n_blocks * block * stride], vec![f16::ZERO; n_blocks * block * stride]);
+            for p in 0..ctx {
+                let at = (table[p / block] as usize * block + p % block) * stride;
+                kp[at..at + stride].copy_from_slice(&k[p * stride..(p + 1) * stride]);
+                vp[at..at + stride].copy_from_slice(&v[p * stride..(p + 1) * stride]);
+            }
+            let view = attention::KvView { k: &kp, v: &vp, table: &table, block };
+            for threads in [1, 3] {
+                let mut out = vec![f32::NAN; n_new * nh * hd];
+                attention::attention_paged(&ThreadPool::new(threads), &q, &view, &sh, &mut out);
+                close(&out, &want, 2e-5, &format!("paged (block {block}) {what} threads {threads}"));
+            }
+            let mut out = vec![f32::NAN; n_new * nh * hd];
+            attention::attention_reference_paged(&q, &view, &sh, &mut out);
+            close(&out, &want, 2e-5, &format!("paged reference (block {block}) {what}"));
+        }
         let mut reference32 = vec![f32::NAN; n_new * nh * hd];
         let (k32, v32): (Vec<f32>, Vec<f32>) =
             (k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());

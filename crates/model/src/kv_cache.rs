@@ -44,37 +44,44 @@ impl KvType {
     }
 }
 
-/// One (k, v) pair per owned layer, each `capacity × kv_width`, of one type.
+/// One (k, v) pair per owned layer, each `n_blocks × block × kv_width`, of one type.
 #[derive(Debug, Clone)]
 pub enum KvLayers {
     F16(Vec<(Vec<f16>, Vec<f16>)>),
     F32(Vec<(Vec<f32>, Vec<f32>)>),
 }
 
-/// The cache of one sequence. Capacity is fixed at creation so decode never allocates.
+/// `n` zero f16 values from zeroed memory, so a large pool costs no resident
+/// memory until its blocks are written (`vec![f16::ZERO; n]` writes every slot).
+fn zeroed_f16(n: usize) -> Vec<f16> {
+    let mut v = std::mem::ManuallyDrop::new(vec![0u16; n]);
+    // SAFETY: f16 is a transparent u16 (same size and alignment) and 0 is +0.0.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut f16, v.len(), v.capacity()) }
+}
+
+/// Fixed-size blocks of KV storage for every layer this shard owns: block `b`
+/// holds `block` consecutive positions of some sequence, `[row, kv_head,
+/// head_dim]`, at the same offset in every layer. Sequences hold block tables
+/// (`SeqKv::Paged`); which sequence owns which block is the caller's business
+/// (the serving engine's block manager, decided on rank 0 and broadcast).
 #[derive(Debug, Clone)]
-pub struct KvCache {
+pub struct KvPool {
     pub layers: KvLayers,
     /// Local KV heads × head_dim.
     pub kv_width: usize,
-    pub capacity: usize,
-    /// Positions filled so far (the next token's position).
-    pub len: usize,
+    /// Positions per block.
+    pub block: usize,
+    pub n_blocks: usize,
 }
 
-impl KvCache {
-    /// An f16 cache.
-    pub fn new(n_layers: usize, kv_width: usize, capacity: usize) -> KvCache {
-        KvCache::with_type(n_layers, kv_width, capacity, KvType::F16)
-    }
-
-    pub fn with_type(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
-        let n = capacity * kv_width;
+impl KvPool {
+    pub fn new(n_layers: usize, kv_width: usize, block: usize, n_blocks: usize, ty: KvType) -> KvPool {
+        let n = n_blocks * block * kv_width;
         let layers = match ty {
-            KvType::F16 => KvLayers::F16((0..n_layers).map(|_| (vec![f16::ZERO; n], vec![f16::ZERO; n])).collect()),
+            KvType::F16 => KvLayers::F16((0..n_layers).map(|_| (zeroed_f16(n), zeroed_f16(n))).collect()),
             KvType::F32 => KvLayers::F32((0..n_layers).map(|_| (vec![0f32; n], vec![0f32; n])).collect()),
         };
-        KvCache { layers, kv_width, capacity, len: 0 }
+        KvPool { layers, kv_width, block, n_blocks }
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -93,11 +100,70 @@ impl KvCache {
 
     /// Bytes held (for memory accounting).
     pub fn bytes(&self) -> usize {
-        self.n_layers() * 2 * self.capacity * self.kv_width * self.kv_type().bytes()
+        self.n_layers() * 2 * self.n_blocks * self.block * self.kv_width * self.kv_type().bytes()
+    }
+
+    /// Bytes one block takes across the owned layers.
+    pub fn block_bytes(&self) -> usize {
+        self.n_layers() * 2 * self.block * self.kv_width * self.kv_type().bytes()
+    }
+}
+
+/// The cache of one sequence, contiguous: a pool of one block of `capacity`
+/// positions. Capacity is fixed at creation so decode never allocates.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    pub pool: KvPool,
+    pub capacity: usize,
+    /// Positions filled so far (the next token's position).
+    pub len: usize,
+}
+
+impl KvCache {
+    /// An f16 cache.
+    pub fn new(n_layers: usize, kv_width: usize, capacity: usize) -> KvCache {
+        KvCache::with_type(n_layers, kv_width, capacity, KvType::F16)
+    }
+
+    pub fn with_type(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
+        KvCache { pool: KvPool::new(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0 }
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.pool.kv_type()
+    }
+
+    pub fn n_layers(&self) -> usize {
+        self.pool.n_layers()
+    }
+
+    /// Bytes held (for memory accounting).
+    pub fn bytes(&self) -> usize {
+        self.pool.bytes()
     }
 
     /// Forgets positions from `len` on (for prefix reuse or retries).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+    }
+}
+
+/// Where a sequence's KV lives during a forward step.
+pub enum SeqKv<'a> {
+    /// Its own contiguous cache; the step advances `len`.
+    Own(&'a mut KvCache),
+    /// Blocks of the pool given to `Model::forward_paged`: `table` covers
+    /// positions `0..start + tokens`, `start` positions are already filled. The
+    /// caller advances its own count.
+    Paged { table: &'a [u32], start: usize },
+}
+
+impl SeqKv<'_> {
+    /// Positions already in the cache (the first new token's position).
+    pub fn start(&self) -> usize {
+        match self {
+            SeqKv::Own(c) => c.len,
+            SeqKv::Paged { start, .. } => *start,
+        }
     }
 }

@@ -17,7 +17,7 @@ pub mod shard;
 pub mod slice;
 pub mod workspace;
 
-pub use kv_cache::{KvCache, KvLayers, KvType};
+pub use kv_cache::{KvCache, KvLayers, KvPool, KvType, SeqKv};
 pub use model::{LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
 pub use registry::Arch;
 pub use shard::{AllReduce, NoComm, ShardSpec};

@@ -2,7 +2,7 @@
 
 use crate::arch::ArchSpec;
 use crate::decoder::{DecoderLayer, FeedForward};
-use crate::kv_cache::{KvLayers, KvType};
+use crate::kv_cache::{KvLayers, KvPool, KvType, SeqKv};
 use crate::linear::Linear;
 use crate::registry::Arch;
 use crate::rope::Rope;
@@ -10,7 +10,7 @@ use crate::shard::{AllReduce, ShardSpec};
 use crate::workspace::{grow, Workspace};
 use crate::{slice, KvCache, ModelError};
 use formats::{ModelConfig, ModelFiles, WeightTensor};
-use kernels::attention::{attention, AttnShape, KvElem};
+use kernels::attention::{attention_paged, AttnShape, KvElem, KvView};
 use kernels::{ops, DType, ThreadPool};
 
 #[derive(Debug, Clone, Default)]
@@ -80,9 +80,9 @@ pub enum LogitsMode {
 
 /// One sequence's share of a forward step.
 pub struct SeqStep<'a> {
-    /// New tokens; they take positions `cache.len ..`.
+    /// New tokens; they take positions `cache.start() ..`.
     pub tokens: &'a [u32],
-    pub cache: &'a mut KvCache,
+    pub cache: SeqKv<'a>,
     pub mode: LogitsMode,
     /// Filled with `rows × vocab` logits (rows = 0, 1 or `tokens.len()`).
     pub logits: &'a mut Vec<f32>,
@@ -225,8 +225,33 @@ impl Model {
         comm: &dyn AllReduce,
     ) -> Result<(), ModelError> {
         self.embed_tokens(ws, seqs, comm)?;
-        self.run_layers(pool, ws, seqs, comm)?;
+        self.run_layers(pool, ws, seqs, None, comm)?;
         self.head(pool, ws, seqs, comm)
+    }
+
+    /// [`Model::forward`] for sequences whose KV lives in blocks of `kv`
+    /// (`SeqKv::Paged`); sequences with their own cache may be mixed in.
+    pub fn forward_paged(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        kv: &mut KvPool,
+        seqs: &mut [SeqStep<'_>],
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        self.embed_tokens(ws, seqs, comm)?;
+        self.run_layers(pool, ws, seqs, Some(kv), comm)?;
+        self.head(pool, ws, seqs, comm)
+    }
+
+    /// A pool of `n_blocks` KV blocks of `block` positions for this shard's layers.
+    pub fn new_pool(&self, block: usize, n_blocks: usize) -> KvPool {
+        KvPool::new(self.layers.len(), self.local.n_kv_heads * self.config.head_dim, block, n_blocks, self.kv_type)
+    }
+
+    /// KV bytes one position takes in this shard.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.layers.len() * 2 * self.local.n_kv_heads * self.config.head_dim * self.kv_type.bytes()
     }
 
     /// Writes the embeddings of every sequence's tokens, concatenated, into `ws.x`.
@@ -274,14 +299,30 @@ impl Model {
         pool: &ThreadPool,
         ws: &mut Workspace,
         seqs: &mut [SeqStep<'_>],
+        mut paged: Option<&mut KvPool>,
         comm: &dyn AllReduce,
     ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let t_total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         for s in seqs.iter() {
-            let needed = s.cache.len + s.tokens.len();
-            if needed > s.cache.capacity {
-                return Err(ModelError::ContextOverflow { needed, capacity: s.cache.capacity });
+            let needed = s.cache.start() + s.tokens.len();
+            let capacity = match (&s.cache, paged.as_deref()) {
+                (SeqKv::Own(c), _) => c.capacity,
+                (SeqKv::Paged { table, .. }, Some(p)) => {
+                    if let Some(&b) = table.iter().find(|&&b| b as usize >= p.n_blocks) {
+                        return Err(ModelError::Unsupported(format!(
+                            "KV block {b} is outside the pool of {} blocks",
+                            p.n_blocks
+                        )));
+                    }
+                    table.len() * p.block
+                }
+                (SeqKv::Paged { .. }, None) => {
+                    return Err(ModelError::Unsupported("a paged sequence needs a KV pool".into()))
+                }
+            };
+            if needed > capacity {
+                return Err(ModelError::ContextOverflow { needed, capacity });
             }
         }
         let (h, hd, ffn) = (cfg.hidden_size, cfg.head_dim, self.local.ffn);
@@ -299,7 +340,7 @@ impl Model {
         for s in seqs.iter() {
             for i in 0..s.tokens.len() {
                 let (c, sn) = (&mut ws.cos[t * half..(t + 1) * half], &mut ws.sin[t * half..(t + 1) * half]);
-                self.rope.cos_sin(s.cache.len + i, c, sn);
+                self.rope.cos_sin(s.cache.start() + i, c, sn);
                 t += 1;
             }
         }
@@ -328,12 +369,17 @@ impl Model {
             let mut row = 0;
             for s in seqs.iter_mut() {
                 let len = s.tokens.len();
-                let start = s.cache.len;
+                let start = s.cache.start();
                 let (k, v) = (&ws.k[row * hkv..(row + len) * hkv], &ws.v[row * hkv..(row + len) * hkv]);
                 let (q, out) = (&ws.q[row * hq..(row + len) * hq], &mut ws.attn[row * hq..]);
-                match &mut s.cache.layers {
-                    KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], k, v, q, start, out),
-                    KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], k, v, q, start, out),
+                let (kv, table): (&mut KvPool, &[u32]) = match &mut s.cache {
+                    SeqKv::Own(c) => (&mut c.pool, &[0]),
+                    SeqKv::Paged { table, .. } => (paged.as_deref_mut().expect("checked above"), table),
+                };
+                let block = kv.block;
+                match &mut kv.layers {
+                    KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
+                    KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
                 }
                 row += len;
             }
@@ -370,7 +416,9 @@ impl Model {
             ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
         }
         for s in seqs.iter_mut() {
-            s.cache.len += s.tokens.len();
+            if let SeqKv::Own(c) = &mut s.cache {
+                c.len += s.tokens.len();
+            }
         }
         Ok(())
     }
@@ -410,15 +458,17 @@ impl Model {
     }
 
     /// Stores the new tokens' keys and values (`k`, `v`: `len × kv_heads ×
-    /// head_dim`) at positions `start..` of one layer's cache (`capacity ×
-    /// kv_heads × head_dim` each), then runs causal attention of their queries
-    /// `q` (`len × heads × head_dim`) against it into `out`, honoring a sliding
-    /// window.
+    /// head_dim`) at positions `start..` of one layer's cache (blocks of
+    /// `block × kv_heads × head_dim` each, in `table` order), then runs causal
+    /// attention of their queries `q` (`len × heads × head_dim`) against it into
+    /// `out`, honoring a sliding window.
     #[allow(clippy::too_many_arguments)]
     fn store_and_attend<T: KvElem>(
         &self,
         pool: &ThreadPool,
         cache: &mut (Vec<T>, Vec<T>),
+        block: usize,
+        table: &[u32],
         k: &[f32],
         v: &[f32],
         q: &[f32],
@@ -429,8 +479,17 @@ impl Model {
         let hkv = self.local.n_kv_heads * hd;
         let len = k.len() / hkv.max(1);
         let (kc, vc) = cache;
-        T::store(k, &mut kc[start * hkv..(start + len) * hkv]);
-        T::store(v, &mut vc[start * hkv..(start + len) * hkv]);
+        // Runs of new positions that stay inside one block.
+        let mut p = start;
+        while p < start + len {
+            let n = (block - p % block).min(start + len - p);
+            let at = (table[p / block] as usize * block + p % block) * hkv;
+            let src = (p - start) * hkv..(p - start + n) * hkv;
+            T::store(&k[src.clone()], &mut kc[at..at + n * hkv]);
+            T::store(&v[src], &mut vc[at..at + n * hkv]);
+            p += n;
+        }
+        let view = KvView { k: kc, v: vc, table, block };
         let shape = AttnShape {
             n_new: len,
             start_pos: start,
@@ -440,7 +499,7 @@ impl Model {
             window: self.spec.sliding_window,
             scale: 1.0 / (hd as f32).sqrt(),
         };
-        attention(pool, q, kc, vc, &shape, &mut out[..len * self.local.n_heads * hd]);
+        attention_paged(pool, q, &view, &shape, &mut out[..len * self.local.n_heads * hd]);
     }
 
     /// Final norm and lm_head for the rows each sequence asked for.

@@ -3,7 +3,7 @@
 //! (f32, for float checkpoints) KV cache and within 3e-3 with an f16 cache, and
 //! the greedy continuation identical (decoded incrementally through the KV cache).
 
-use shardlm_model::{KvType, LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
+use shardlm_model::{KvType, LoadOptions, LogitsMode, Model, NoComm, SeqKv, SeqStep, ShardSpec, Workspace};
 use std::path::PathBuf;
 
 #[path = "support/gguf.rs"]
@@ -66,7 +66,8 @@ fn check_kv(name: &str, path: &std::path::Path, threads: usize, kv_type: Option<
     let split = g.input_ids.len() / 3;
     let mut all = Vec::new();
     for part in [&g.input_ids[..split], &g.input_ids[split..]] {
-        let mut steps = [SeqStep { tokens: part, cache: &mut cache, mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps =
+            [SeqStep { tokens: part, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         all.extend_from_slice(&logits);
     }
@@ -84,7 +85,8 @@ fn check_kv(name: &str, path: &std::path::Path, threads: usize, kv_type: Option<
     let mut greedy = vec![next];
     while greedy.len() < g.greedy.len() {
         let tok = [next];
-        let mut steps = [SeqStep { tokens: &tok, cache: &mut cache, mode: LogitsMode::Last, logits: &mut logits }];
+        let mut steps =
+            [SeqStep { tokens: &tok, cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut logits }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         next = argmax(&logits);
         greedy.push(next);
@@ -204,15 +206,93 @@ fn batch_of_two_sequences_matches_single() {
     let (mut ca, mut cb) = (m.new_cache(32), m.new_cache(32));
     let (mut la, mut lb) = (Vec::new(), Vec::new());
     let mut steps = [
-        SeqStep { tokens: a, cache: &mut ca, mode: LogitsMode::Last, logits: &mut la },
-        SeqStep { tokens: b, cache: &mut cb, mode: LogitsMode::All, logits: &mut lb },
+        SeqStep { tokens: a, cache: SeqKv::Own(&mut ca), mode: LogitsMode::Last, logits: &mut la },
+        SeqStep { tokens: b, cache: SeqKv::Own(&mut cb), mode: LogitsMode::All, logits: &mut lb },
     ];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     let mut single = Vec::new();
     let mut c = m.new_cache(32);
-    let mut steps = [SeqStep { tokens: b, cache: &mut c, mode: LogitsMode::All, logits: &mut single }];
+    let mut steps = [SeqStep { tokens: b, cache: SeqKv::Own(&mut c), mode: LogitsMode::All, logits: &mut single }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     let d = lb.iter().zip(&single).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(d < 1e-5, "batched vs single differ by {d}");
     assert_eq!(la.len(), m.config.vocab_size);
+}
+
+/// Paged KV: sequence A runs its prompt in chunks through scattered blocks of a
+/// shared pool; sequence B shares A's first two full blocks (a prefix-cache
+/// hit), then B's rest and A's decode run in one batched step. Every logit
+/// matches the same tokens run alone through a contiguous cache.
+#[test]
+fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
+    for name in ["llama", "qwen3_moe"] {
+        let files = formats::open_model(&fixture(name)).unwrap();
+        let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
+        let g = golden(name);
+        let pool = kernels::ThreadPool::new(2);
+        let mut ws = Workspace::default();
+        let alone = |tokens: &[u32]| {
+            let (mut c, mut l, mut ws) = (m.new_cache(64), Vec::new(), Workspace::default());
+            let mut steps = [SeqStep { tokens, cache: SeqKv::Own(&mut c), mode: LogitsMode::All, logits: &mut l }];
+            m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
+            l
+        };
+        let block = 4;
+        let mut kv = m.new_pool(block, 16);
+        let ids = &g.input_ids;
+        let n = ids.len().min(14);
+        let a: Vec<u32> = ids[..n].to_vec();
+        let mut b: Vec<u32> = ids[..8].to_vec();
+        b.extend(ids[..n].iter().rev().take(5));
+        let table_a = [9u32, 2, 14, 5];
+        let table_b = [9u32, 2, 7, 11];
+        // A's prompt in chunks of 5 and n−5 tokens.
+        let mut got_a = Vec::new();
+        for (start, end) in [(0, 5), (5, n - 1)] {
+            let mut l = Vec::new();
+            let mut steps = [SeqStep {
+                tokens: &a[start..end],
+                cache: SeqKv::Paged { table: &table_a, start },
+                mode: LogitsMode::All,
+                logits: &mut l,
+            }];
+            m.forward_paged(&pool, &mut ws, &mut kv, &mut steps, &NoComm).unwrap();
+            got_a.extend(l);
+        }
+        // One step: A's last token and B's tokens after the shared 8.
+        let (mut la, mut lb) = (Vec::new(), Vec::new());
+        let mut steps = [
+            SeqStep {
+                tokens: &a[n - 1..],
+                cache: SeqKv::Paged { table: &table_a, start: n - 1 },
+                mode: LogitsMode::All,
+                logits: &mut la,
+            },
+            SeqStep {
+                tokens: &b[8..],
+                cache: SeqKv::Paged { table: &table_b, start: 8 },
+                mode: LogitsMode::All,
+                logits: &mut lb,
+            },
+        ];
+        m.forward_paged(&pool, &mut ws, &mut kv, &mut steps, &NoComm).unwrap();
+        got_a.extend(la);
+        let vocab = m.config.vocab_size;
+        let max_diff = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+        let want_a = alone(&a);
+        assert_eq!(got_a.len(), want_a.len());
+        let da = max_diff(&got_a, &want_a);
+        let want_b = alone(&b);
+        let db = max_diff(&lb, &want_b[8 * vocab..]);
+        assert!(da < 1e-4 && db < 1e-4, "{name}: paged vs contiguous differ by {da} (A), {db} (B)");
+        // A table too short for the step is an error, not a panic.
+        let mut l = Vec::new();
+        let mut steps = [SeqStep {
+            tokens: &a[..6],
+            cache: SeqKv::Paged { table: &table_a[..1], start: 0 },
+            mode: LogitsMode::Last,
+            logits: &mut l,
+        }];
+        assert!(m.forward_paged(&pool, &mut ws, &mut kv, &mut steps, &NoComm).is_err());
+    }
 }

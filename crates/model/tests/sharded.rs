@@ -4,7 +4,7 @@
 //! mixture-of-experts fixtures alike.
 
 use shardlm_model::plan::{pipeline_layers, tp_slice};
-use shardlm_model::{Arch, LoadOptions, LogitsMode, Model, NoComm, SeqStep, ShardSpec, Workspace};
+use shardlm_model::{Arch, LoadOptions, LogitsMode, Model, NoComm, SeqKv, SeqStep, ShardSpec, Workspace};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
@@ -21,7 +21,7 @@ fn single(files: &formats::ModelFiles, tokens: &[u32]) -> Vec<f32> {
     let m = Model::load(files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
     let pool = kernels::ThreadPool::new(1);
     let (mut ws, mut cache, mut logits) = (Workspace::default(), m.new_cache(tokens.len()), Vec::new());
-    let mut steps = [SeqStep { tokens, cache: &mut cache, mode: LogitsMode::All, logits: &mut logits }];
+    let mut steps = [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     logits
 }
@@ -44,7 +44,7 @@ fn pipeline(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64]) -> Vec
         let mut ws = Workspace::default();
         ws.x = x.clone();
         let mut cache = m.new_cache(tokens.len());
-        let mut steps = [SeqStep { tokens, cache: &mut cache, mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps = [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         x = ws.x;
     }
@@ -82,7 +82,8 @@ fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64], block: u
                     let m = Model::load(files, &spec, &LoadOptions::default()).unwrap();
                     let pool = kernels::ThreadPool::new(1);
                     let (mut ws, mut cache, mut logits) = (Workspace::default(), m.new_cache(tokens.len()), Vec::new());
-                    let mut steps = [SeqStep { tokens, cache: &mut cache, mode: LogitsMode::All, logits: &mut logits }];
+                    let mut steps =
+                        [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
                     m.forward(&pool, &mut ws, &mut steps, &g).unwrap();
                     logits
                 })

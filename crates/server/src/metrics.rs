@@ -61,6 +61,16 @@ pub struct Metrics {
     pub request_duration: Histogram,
     /// The engine thread has ended (`/health` reports degraded).
     pub engine_stopped: std::sync::atomic::AtomicBool,
+    pub kv_blocks_total: AtomicI64,
+    pub kv_blocks_used: AtomicI64,
+    pub kv_blocks_cached: AtomicI64,
+    pub kv_blocks_free: AtomicI64,
+    pub kv_block_size: AtomicI64,
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    pub prefix_cached_tokens: AtomicU64,
+    pub batch_size: AtomicI64,
+    pub preemptions: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -77,6 +87,16 @@ impl Default for Metrics {
             inter_token: Histogram::new(),
             request_duration: Histogram::new(),
             engine_stopped: std::sync::atomic::AtomicBool::new(false),
+            kv_blocks_total: AtomicI64::new(0),
+            kv_blocks_used: AtomicI64::new(0),
+            kv_blocks_cached: AtomicI64::new(0),
+            kv_blocks_free: AtomicI64::new(0),
+            kv_block_size: AtomicI64::new(0),
+            prefix_queries: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            prefix_cached_tokens: AtomicU64::new(0),
+            batch_size: AtomicI64::new(0),
+            preemptions: AtomicU64::new(0),
         }
     }
 }
@@ -109,10 +129,33 @@ impl Metrics {
         gauge(&mut out, "shardlm_active_requests", "Requests queued or generating.", self.active.load(Relaxed));
         // Until the paged KV cache and prefix cache land, these are fixed at 0 so
         // dashboards can be built against the final names.
-        gauge(&mut out, "shardlm_kv_blocks_used", "KV cache blocks in use (paged cache not yet enabled).", 0);
-        gauge(&mut out, "shardlm_kv_blocks_free", "KV cache blocks free (paged cache not yet enabled).", 0);
-        counter(&mut out, "shardlm_prefix_cache_hits_total", "Prefix cache hits (prefix cache not yet enabled).", 0);
-        counter(&mut out, "shardlm_prefix_cache_tokens_total", "Prompt tokens served from the prefix cache.", 0);
+        gauge(
+            &mut out,
+            "shardlm_kv_blocks_used",
+            "KV blocks referenced by running sequences.",
+            self.kv_blocks_used.load(Relaxed),
+        );
+        gauge(
+            &mut out,
+            "shardlm_kv_blocks_cached",
+            "Unreferenced KV blocks kept for the prefix cache.",
+            self.kv_blocks_cached.load(Relaxed),
+        );
+        gauge(&mut out, "shardlm_kv_blocks_free", "KV blocks free.", self.kv_blocks_free.load(Relaxed));
+        gauge(&mut out, "shardlm_kv_blocks_total", "KV blocks in the pool.", self.kv_blocks_total.load(Relaxed));
+        counter(
+            &mut out,
+            "shardlm_prefix_cache_hits_total",
+            "Requests that reused cached blocks.",
+            self.prefix_hits.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "shardlm_prefix_cache_cached_tokens_total",
+            "Prompt tokens served from the prefix cache.",
+            self.prefix_cached_tokens.load(Relaxed),
+        );
+        gauge(&mut out, "shardlm_batch_size", "Sequences in the last forward step.", self.batch_size.load(Relaxed));
         self.ttft.render("shardlm_time_to_first_token_seconds", "Time from admission to the first token.", &mut out);
         self.inter_token.render("shardlm_inter_token_latency_seconds", "Time between generated tokens.", &mut out);
         self.request_duration.render("shardlm_request_duration_seconds", "Time from admission to the end.", &mut out);

@@ -77,7 +77,12 @@ async fn metrics(State(state): State<SharedState>) -> ([(axum::http::HeaderName,
 }
 
 /// Serves until SIGINT/SIGTERM. Blocks the calling thread, which runs the engine.
-pub fn serve(engine: &mut Engine, files: &formats::ModelFiles, cfg: ServerConfig) -> Result<(), ServerError> {
+pub fn serve(
+    engine: &mut Engine,
+    files: &formats::ModelFiles,
+    cfg: ServerConfig,
+    sched: engine::serving::SchedulerConfig,
+) -> Result<(), ServerError> {
     let tokenizer = Tokenizer::from_source(&files.tokenizer)?.ok_or(ServerError::NoTokenizer)?;
     let template = match files.chat_template.as_deref() {
         Some(src) => Some(ChatTemplate::new(src, files.bos_token.as_deref(), files.eos_token.as_deref())?),
@@ -114,7 +119,7 @@ pub fn serve(engine: &mut Engine, files: &formats::ModelFiles, cfg: ServerConfig
     let server = rt.spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await });
     // The router (and with it the queue's sender) drops when the server ends,
     // which ends the worker loop.
-    run_worker(engine, queue, &metrics);
+    run_worker(engine, queue, &metrics, sched);
     let result = rt.block_on(server);
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -1,14 +1,15 @@
-//! The engine side of the server: one thread owns the `Engine` and runs jobs
-//! one at a time in arrival order. Handlers talk to it only through
-//! `EngineHandle::submit`, which returns a channel of `Event`s; a batching
-//! scheduler can later take this thread's place behind the same interface.
+//! The engine side of the server: one thread owns the `Engine` and runs the
+//! continuous-batching scheduler (`engine::serving`) over every admitted job.
+//! Handlers talk to it only through `EngineHandle::submit`, which returns a
+//! channel of `Event`s.
 //!
 //! A job is cancelled when its event receiver is dropped (the client went away):
-//! the engine polls `cancelled()` between steps and gives the thread back.
+//! the scheduler polls `cancelled()` before every step and frees its KV blocks.
 
 use crate::guide::JsonGuide;
 use crate::metrics::Metrics;
 use engine::generate::{Engine, FinishReason, GenerateHooks, GenerateRequest};
+use engine::serving::{Scheduler, SchedulerConfig, SchedulerStats, SeqHooks, SeqOutcome, Submission};
 use engine::EngineError;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -32,6 +33,8 @@ pub struct Finished {
     pub guide_complete: bool,
     /// The stop string that ended the output.
     pub stop_sequence: Option<String>,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
 }
 
 /// One request for the engine.
@@ -93,8 +96,18 @@ pub fn channel(metrics: Arc<Metrics>) -> (EngineHandle, JobQueue) {
     (EngineHandle { tx, metrics }, JobQueue(rx))
 }
 
-/// Runs jobs until every `EngineHandle` is gone.
-pub fn run_worker(engine: &mut Engine, queue: JobQueue, metrics: &Metrics) {
+/// Turns a queued job into a scheduler submission whose hooks own its channel.
+fn submission(job: Job, metrics: &Arc<Metrics>) -> Submission {
+    let Job { request, guide, events, admitted, _active } = job;
+    let prompt_tokens = request.prompt_ids.len();
+    let hooks =
+        JobHooks { events, guide, metrics: metrics.clone(), admitted, last_token: None, prompt_tokens, _active };
+    Submission { request, hooks: Box::new(hooks) }
+}
+
+/// Runs jobs through the batching scheduler until every `EngineHandle` is
+/// gone and the last sequence has finished.
+pub fn run_worker(engine: &mut Engine, queue: JobQueue, metrics: &Arc<Metrics>, cfg: SchedulerConfig) {
     struct Stopped<'a>(&'a Metrics);
     impl Drop for Stopped<'_> {
         fn drop(&mut self) {
@@ -102,35 +115,91 @@ pub fn run_worker(engine: &mut Engine, queue: JobQueue, metrics: &Metrics) {
         }
     }
     let _stopped = Stopped(metrics);
-    while let Ok(mut job) = queue.0.recv() {
-        metrics.queue_depth.fetch_sub(1, Relaxed);
-        if job.events.is_closed() {
-            metrics.requests_cancelled.fetch_add(1, Relaxed);
-            continue;
+    let mut sched = match Scheduler::new(engine, cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("the serving engine could not start: {e}");
+            return;
         }
-        let mut hooks = JobHooks {
-            events: &job.events,
-            guide: job.guide.as_mut(),
-            metrics,
-            admitted: job.admitted,
-            last_token: None,
-        };
-        // A panic in one request must not take the server down with it.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            engine.generate_hooked(&job.request, &mut hooks, &model::NoComm)
-        }))
-        .unwrap_or_else(|_| Err(EngineError::BadArgument("internal error: generation panicked".into())));
-        metrics.request_duration.observe(job.admitted.elapsed().as_secs_f64());
-        let guide_complete = job.guide.as_ref().is_some_and(|g| g.is_complete());
+    };
+    let mut open = true;
+    let mut waiting = 0usize;
+    loop {
+        // Block for work when idle; otherwise take whatever has arrived.
+        if !sched.has_work() {
+            match queue.0.recv() {
+                Ok(job) => {
+                    metrics.queue_depth.fetch_sub(1, Relaxed);
+                    sched.submit(submission(job, metrics));
+                }
+                Err(_) => return,
+            }
+        }
+        while open {
+            match queue.0.try_recv() {
+                Ok(job) => {
+                    metrics.queue_depth.fetch_sub(1, Relaxed);
+                    sched.submit(submission(job, metrics));
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => open = false,
+            }
+        }
+        if !open && !sched.has_work() {
+            return;
+        }
+        // A panic in a step must not take the server down: its sequences fail.
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.step(engine)));
+        if stepped.is_err() {
+            tracing::error!("a batched step panicked; failing its requests");
+            sched.abort_all("internal error: generation panicked");
+        }
+        let st = sched.stats();
+        // Requests the scheduler holds but has not admitted still count as queued.
+        metrics.queue_depth.fetch_add(st.waiting as i64 - waiting as i64, Relaxed);
+        waiting = st.waiting;
+        publish(metrics, &st);
+    }
+}
+
+fn publish(m: &Metrics, st: &SchedulerStats) {
+    m.kv_blocks_total.store(st.blocks.total as i64, Relaxed);
+    m.kv_blocks_used.store(st.blocks.used as i64, Relaxed);
+    m.kv_blocks_cached.store(st.blocks.cached as i64, Relaxed);
+    m.kv_blocks_free.store(st.blocks.free as i64, Relaxed);
+    m.kv_block_size.store(st.block as i64, Relaxed);
+    m.prefix_queries.store(st.prefix_queries, Relaxed);
+    m.prefix_hits.store(st.prefix_hits, Relaxed);
+    m.prefix_cached_tokens.store(st.prefix_cached_tokens, Relaxed);
+    m.batch_size.store(st.batch_size as i64, Relaxed);
+    m.preemptions.store(st.preemptions, Relaxed);
+}
+
+/// One request's callbacks; it owns the request's event channel.
+struct JobHooks {
+    events: mpsc::UnboundedSender<Event>,
+    guide: Option<JsonGuide>,
+    metrics: Arc<Metrics>,
+    admitted: Instant,
+    last_token: Option<Instant>,
+    prompt_tokens: usize,
+    _active: ActiveGuard,
+}
+
+impl SeqHooks for JobHooks {
+    fn done(&mut self, result: Result<SeqOutcome, EngineError>) {
+        let metrics = &self.metrics;
+        metrics.request_duration.observe(self.admitted.elapsed().as_secs_f64());
         match result {
             Ok(out) => {
-                metrics.prompt_tokens.fetch_add(job.request.prompt_ids.len() as u64, Relaxed);
-                let _ = job.events.send(Event::Done(Finished {
+                metrics.prompt_tokens.fetch_add(self.prompt_tokens as u64, Relaxed);
+                let _ = self.events.send(Event::Done(Finished {
                     finish: out.finish_reason,
-                    prompt_tokens: job.request.prompt_ids.len(),
+                    prompt_tokens: out.prompt_tokens,
                     completion_tokens: out.output_ids.len(),
-                    guide_complete,
+                    guide_complete: self.guide.as_ref().is_some_and(|g| g.is_complete()),
                     stop_sequence: out.stop_string,
+                    cached_tokens: out.cached_tokens,
                 }));
             }
             Err(EngineError::Cancelled) => {
@@ -139,27 +208,19 @@ pub fn run_worker(engine: &mut Engine, queue: JobQueue, metrics: &Metrics) {
             Err(e) => {
                 tracing::warn!("generation failed: {e}");
                 metrics.requests_failed.fetch_add(1, Relaxed);
-                let _ = job.events.send(Event::Error(e.to_string()));
+                let _ = self.events.send(Event::Error(e.to_string()));
             }
         }
     }
 }
 
-struct JobHooks<'a> {
-    events: &'a mpsc::UnboundedSender<Event>,
-    guide: Option<&'a mut JsonGuide>,
-    metrics: &'a Metrics,
-    admitted: Instant,
-    last_token: Option<Instant>,
-}
-
-impl GenerateHooks for JobHooks<'_> {
+impl GenerateHooks for JobHooks {
     fn wants_logits(&self) -> bool {
         self.guide.is_some()
     }
 
     fn constrain(&mut self, logits: &mut [f32], remaining: usize) {
-        if let Some(g) = self.guide.as_deref_mut() {
+        if let Some(g) = self.guide.as_mut() {
             g.mask(logits, remaining);
         }
     }
@@ -172,7 +233,7 @@ impl GenerateHooks for JobHooks<'_> {
         }
         self.last_token = Some(now);
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
-        match self.guide.as_deref_mut() {
+        match self.guide.as_mut() {
             Some(g) => g.accept(id),
             None => true,
         }

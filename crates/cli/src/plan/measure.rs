@@ -152,7 +152,12 @@ pub fn layer_overhead_from_model(path: &std::path::Path, threads: usize, bytes_p
     let vocab = files.config.vocab_size.max(2) as u32;
     let prompt: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
     let mut step = |tokens: &[u32], cache: &mut model::KvCache| {
-        let mut steps = [model::SeqStep { tokens, cache, mode: model::LogitsMode::Last, logits: &mut logits }];
+        let mut steps = [model::SeqStep {
+            tokens,
+            cache: model::SeqKv::Own(cache),
+            mode: model::LogitsMode::Last,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &model::NoComm).ok()
     };
     step(&prompt, &mut cache)?;

@@ -1,0 +1,8 @@
+//! Serving many requests at once: the KV block manager with its prefix cache,
+//! and the continuous-batching scheduler that drives an [`crate::generate::Engine`].
+
+pub mod blocks;
+pub mod scheduler;
+
+pub use blocks::{BlockManager, BlockStats};
+pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats, SeqHooks, SeqOutcome, Submission};

@@ -1,0 +1,445 @@
+//! Continuous batching over a paged KV pool.
+//!
+//! Each call to [`Scheduler::step`] runs one forward pass for a batch made of:
+//! - one token of every running sequence that is decoding;
+//! - prefill chunks of sequences still reading their prompt, oldest first,
+//!   until the step holds `step_tokens` tokens.
+//!
+//! So the weights are read once per step for all decoding sequences, and a new
+//! request's prefill joins between decode steps instead of stalling them for
+//! its whole prompt.
+//!
+//! # Sequence state
+//! A sequence's `history` is its prompt plus every sampled token; `kv_len`
+//! positions of it have KV in its blocks. It needs `history[kv_len..]` run: more
+//! than one token is prefill, exactly one is a decode step (the last sampled
+//! token); the step's logits are sampled when the run reaches the end.
+//!
+//! # Admission, memory and preemption
+//! Waiting requests are admitted first come, first served while the batch has
+//! room and the pool can hold the whole prompt (after the prefix cache took its
+//! share). Decode allocates a block each time a sequence crosses a block
+//! boundary; when none is left, the most recently admitted sequence is
+//! preempted: its blocks are released (its full ones stay cached) and it waits
+//! at the front of the queue to be recomputed, as in vLLM's recompute
+//! preemption. A request that could not fit even alone is refused at submission.
+
+use super::blocks::{block_hashes, chain_hash, BlockManager, BlockStats};
+use crate::dist_batch::BatchItem;
+use crate::generate::{Engine, FinishReason, GenerateHooks, GenerateRequest, TextStream};
+use crate::sampler::Sampler;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::EngineError;
+use model::LogitsMode;
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Positions per KV block.
+    pub block: usize,
+    pub n_blocks: usize,
+    /// Most sequences in one step.
+    pub max_batch: usize,
+    /// Most tokens in one step (decode tokens plus prefill chunks).
+    pub step_tokens: usize,
+    pub prefix_cache: bool,
+}
+
+/// A sequence's outcome, given to [`SeqHooks::done`].
+#[derive(Debug, Clone)]
+pub struct SeqOutcome {
+    pub output_ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub stop_string: Option<String>,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// The per-request callbacks: [`GenerateHooks`] for every step, and `done` once.
+pub trait SeqHooks: GenerateHooks + Send {
+    fn done(&mut self, result: Result<SeqOutcome, EngineError>);
+}
+
+pub struct Submission {
+    pub request: GenerateRequest,
+    pub hooks: Box<dyn SeqHooks>,
+}
+
+struct Seq {
+    req: GenerateRequest,
+    hooks: Box<dyn SeqHooks>,
+    sampler: Sampler,
+    history: Vec<u32>,
+    out_ids: Vec<u32>,
+    stream: TextStream,
+    decoder: StreamDecoder,
+    blocks: Vec<u32>,
+    /// Positions of `history` whose KV is in `blocks`.
+    kv_len: usize,
+    /// Chained hashes of the full blocks registered so far (prefix cache).
+    hashes: Vec<u64>,
+    /// Prompt tokens served by the prefix cache at first admission.
+    cached_tokens: Option<usize>,
+    greedy: bool,
+    /// Set when sampling ended the sequence.
+    finish: Option<FinishReason>,
+}
+
+impl Seq {
+    /// Tokens still to run through the model.
+    fn pending(&self) -> usize {
+        self.history.len() - self.kv_len
+    }
+}
+
+/// Counters for `/metrics`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SchedulerStats {
+    pub blocks: BlockStats,
+    pub block: usize,
+    pub running: usize,
+    pub waiting: usize,
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub prefix_cached_tokens: u64,
+    pub preemptions: u64,
+    /// Sequences in the last step.
+    pub batch_size: usize,
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    blocks: BlockManager,
+    waiting: VecDeque<Seq>,
+    /// In admission order (the last one is preempted first).
+    running: Vec<Seq>,
+    eos_ids: Vec<u32>,
+    vocab: usize,
+    context: usize,
+    stats: SchedulerStats,
+}
+
+impl Scheduler {
+    /// Allocates the pool on the engine (every rank of its cluster).
+    pub fn new(engine: &mut Engine, cfg: SchedulerConfig) -> Result<Scheduler, EngineError> {
+        if cfg.block == 0 || cfg.n_blocks == 0 || cfg.max_batch == 0 || cfg.step_tokens == 0 {
+            return Err(EngineError::BadArgument(format!("bad scheduler configuration {cfg:?}")));
+        }
+        engine.init_pool(cfg.block, cfg.n_blocks)?;
+        Ok(Scheduler {
+            blocks: BlockManager::new(cfg.n_blocks, cfg.block, cfg.prefix_cache),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            eos_ids: engine.eos_ids.clone(),
+            vocab: engine.model.config.vocab_size,
+            context: engine.context_length(),
+            stats: SchedulerStats { block: cfg.block, ..Default::default() },
+            cfg,
+        })
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            blocks: self.blocks.stats(),
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            ..self.stats
+        }
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Queues a request, or refuses it at once (`done` with the error).
+    pub fn submit(&mut self, sub: Submission) {
+        let Submission { request: req, mut hooks } = sub;
+        if let Err(e) = self.validate(&req) {
+            hooks.done(Err(e));
+            return;
+        }
+        let greedy = req.sampling.temperature <= 0.0 && req.sampling.repetition_penalty == 1.0;
+        self.waiting.push_back(Seq {
+            sampler: Sampler::new(req.sampling.clone()),
+            history: req.prompt_ids.clone(),
+            out_ids: Vec::new(),
+            stream: TextStream::new(&req.stop_strings),
+            decoder: StreamDecoder::new(),
+            blocks: Vec::new(),
+            kv_len: 0,
+            hashes: Vec::new(),
+            cached_tokens: None,
+            greedy,
+            finish: None,
+            req,
+            hooks,
+        });
+    }
+
+    fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
+        req.sampling.validate().map_err(EngineError::BadArgument)?;
+        let prompt = &req.prompt_ids;
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab: self.vocab });
+        }
+        if prompt.len() + req.max_tokens > self.context {
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt.len(),
+                generate: req.max_tokens,
+                ctx: self.context,
+            });
+        }
+        if req.want_prompt_logits {
+            return Err(EngineError::BadArgument("the batching scheduler does not return prompt logits".into()));
+        }
+        let pool = self.cfg.n_blocks * self.cfg.block;
+        if prompt.len() + req.max_tokens > pool {
+            return Err(EngineError::BadArgument(format!(
+                "the request needs {} KV positions (prompt {} + max_tokens {}) but the KV pool holds {pool} \
+                 (raise --kv-cache-bytes)",
+                prompt.len() + req.max_tokens,
+                prompt.len(),
+                req.max_tokens
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fails every running and waiting sequence with `msg` and frees its blocks
+    /// (after a step went wrong in a way that leaves their state unknown).
+    pub fn abort_all(&mut self, msg: &str) {
+        for mut s in std::mem::take(&mut self.running).into_iter().chain(std::mem::take(&mut self.waiting)) {
+            self.blocks.release(&s.blocks);
+            s.hooks.done(Err(EngineError::BadArgument(msg.to_string())));
+        }
+    }
+
+    /// Ends and removes every sequence whose client went away.
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].hooks.cancelled() {
+                let mut s = self.running.remove(i);
+                self.blocks.release(&s.blocks);
+                s.hooks.done(Err(EngineError::Cancelled));
+            } else {
+                i += 1;
+            }
+        }
+        let (keep, gone): (VecDeque<Seq>, VecDeque<Seq>) =
+            std::mem::take(&mut self.waiting).into_iter().partition(|s| !s.hooks.cancelled());
+        self.waiting = keep;
+        for mut s in gone {
+            s.hooks.done(Err(EngineError::Cancelled));
+        }
+    }
+
+    /// Moves waiting sequences into the batch while there is room.
+    fn admit(&mut self) {
+        let b = self.cfg.block;
+        while self.running.len() < self.cfg.max_batch {
+            let Some(mut s) = self.waiting.pop_front() else { break };
+            // Reuse cached full blocks, leaving at least one token to run (its
+            // logits start the output).
+            let hashes = block_hashes(&s.history, b);
+            let reusable = (s.history.len() - 1) / b;
+            let got = self.blocks.acquire_prefix(&hashes, reusable);
+            let needed = s.history.len().div_ceil(b) - got.len();
+            // Keep one block in hand for the running sequences' decode.
+            let headroom = usize::from(!self.running.is_empty());
+            if self.blocks.available() < needed + headroom {
+                self.blocks.release(&got);
+                self.waiting.push_front(s);
+                break;
+            }
+            if s.cached_tokens.is_none() {
+                self.stats.prefix_queries += 1;
+                self.stats.prefix_hits += u64::from(!got.is_empty());
+                self.stats.prefix_cached_tokens += (got.len() * b) as u64;
+                s.cached_tokens = Some(got.len() * b);
+            }
+            s.kv_len = got.len() * b;
+            s.hashes = hashes[..got.len()].to_vec();
+            s.blocks = got;
+            for _ in 0..needed {
+                s.blocks.push(self.blocks.allocate().expect("counted available blocks"));
+            }
+            self.running.push(s);
+        }
+    }
+
+    /// Gives back the youngest running sequence's blocks and requeues it first.
+    fn preempt_youngest(&mut self) {
+        if let Some(mut s) = self.running.pop() {
+            self.blocks.release(&s.blocks);
+            s.blocks.clear();
+            s.hashes.clear();
+            s.kv_len = 0;
+            self.stats.preemptions += 1;
+            self.waiting.push_front(s);
+        }
+    }
+
+    /// Makes sure every decoding sequence has a block for its next position,
+    /// preempting the youngest sequences when the pool runs dry.
+    fn reserve_decode_blocks(&mut self) {
+        let b = self.cfg.block;
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            if s.blocks.len() * b > s.kv_len + s.pending() - 1 {
+                i += 1;
+                continue;
+            }
+            match self.blocks.allocate() {
+                Some(blk) => {
+                    self.running[i].blocks.push(blk);
+                    i += 1;
+                }
+                // Preempting may remove sequence i itself (it is the youngest).
+                None => self.preempt_youngest(),
+            }
+        }
+    }
+
+    /// Runs one step: admits, batches, runs the model, samples. Errors of the
+    /// step end the sequences in it; the scheduler stays usable.
+    pub fn step(&mut self, engine: &mut Engine) {
+        self.drop_cancelled();
+        self.admit();
+        self.reserve_decode_blocks();
+        if self.running.is_empty() {
+            return;
+        }
+        // Decode tokens first, then prefill chunks oldest first.
+        let mut budget = self.cfg.step_tokens.saturating_sub(self.running.iter().filter(|s| s.pending() == 1).count());
+        let mut plan: Vec<(usize, usize)> = Vec::new(); // (running index, tokens)
+        for (i, s) in self.running.iter().enumerate() {
+            let n = match s.pending() {
+                1 => 1,
+                p if budget > 0 => {
+                    let n = p.min(budget);
+                    budget -= n;
+                    n
+                }
+                _ => continue,
+            };
+            plan.push((i, n));
+        }
+        let items: Vec<BatchItem<'_>> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                let ends = s.kv_len + n == s.history.len();
+                let mode = match ends {
+                    false => LogitsMode::None,
+                    true if s.greedy && !s.hooks.wants_logits() => LogitsMode::Argmax,
+                    true => LogitsMode::Last,
+                };
+                BatchItem { tokens: &s.history[s.kv_len..s.kv_len + n], table: &s.blocks, start: s.kv_len, mode }
+            })
+            .collect();
+        self.stats.batch_size = items.len();
+        let result = engine.step_batch(&items).map(|l| l.iter().map(|row| row[..self.vocab.min(row.len())].to_vec()));
+        let logits: Vec<Vec<f32>> = match result {
+            Ok(l) => l.collect(),
+            Err(e) => {
+                let msg = e.to_string();
+                let mut idx: Vec<usize> = plan.iter().map(|&(i, _)| i).collect();
+                idx.sort_unstable_by(|a, b| b.cmp(a));
+                for i in idx {
+                    let mut s = self.running.remove(i);
+                    self.blocks.release(&s.blocks);
+                    s.hooks.done(Err(EngineError::BadArgument(format!("the forward step failed: {msg}"))));
+                }
+                return;
+            }
+        };
+        let tok = engine.tokenizer.as_ref();
+        let mut finished = Vec::new();
+        for (&(i, n), mut row) in plan.iter().zip(logits) {
+            let s = &mut self.running[i];
+            s.kv_len += n;
+            register_full_blocks(&mut self.blocks, s);
+            if s.kv_len == s.history.len() && row.len() == self.vocab && self.sample(i, &mut row, tok) {
+                finished.push(i);
+            }
+        }
+        finished.sort_unstable_by(|a, b| b.cmp(a));
+        for i in finished {
+            let mut s = self.running.remove(i);
+            self.blocks.release(&s.blocks);
+            let outcome = finish(&mut s);
+            s.hooks.done(Ok(outcome));
+        }
+    }
+
+    /// Samples sequence `i`'s next token from `logits`; true when it is done
+    /// (its `finish` is then set). Mirrors `Engine::generate_hooked`.
+    fn sample(&mut self, i: usize, logits: &mut [f32], tok: Option<&Tokenizer>) -> bool {
+        let s = &mut self.running[i];
+        let remaining = s.req.max_tokens - s.out_ids.len();
+        if remaining == 0 {
+            s.finish = Some(FinishReason::Length);
+            return true;
+        }
+        s.hooks.constrain(logits, remaining);
+        let id = s.sampler.sample(logits, &s.history);
+        if !s.req.ignore_eos && self.eos_ids.contains(&id) {
+            s.finish = Some(FinishReason::Stop);
+            return true;
+        }
+        s.out_ids.push(id);
+        s.history.push(id);
+        let go_on = s.hooks.on_token(id);
+        if let Some(tok) = tok {
+            let piece = s.decoder.push(tok, id);
+            let hooks = &mut s.hooks;
+            if s.stream.push(&piece, &mut |t| hooks.on_text(t)) {
+                s.finish = Some(FinishReason::Stop);
+                return true;
+            }
+        }
+        if !go_on {
+            s.finish = Some(FinishReason::Stop);
+        } else if s.out_ids.len() == s.req.max_tokens {
+            s.finish = Some(FinishReason::Length);
+        }
+        s.finish.is_some()
+    }
+}
+
+/// Registers each block of `s` that has become full since the last call.
+fn register_full_blocks(blocks: &mut BlockManager, s: &mut Seq) {
+    let b = blocks.block;
+    while (s.hashes.len() + 1) * b <= s.kv_len && s.hashes.len() < s.blocks.len() {
+        let k = s.hashes.len();
+        let parent = k.checked_sub(1).map_or(0, |p| s.hashes[p]);
+        let h = chain_hash(parent, &s.history[k * b..(k + 1) * b]);
+        blocks.register(s.blocks[k], h);
+        s.hashes.push(h);
+    }
+}
+
+/// Flushes the text and builds the outcome of a finished sequence.
+fn finish(s: &mut Seq) -> SeqOutcome {
+    let hooks = &mut s.hooks;
+    if s.stream.stopped.is_none() {
+        let tail = s.decoder.finish();
+        s.stream.push(&tail, &mut |t| hooks.on_text(t));
+    }
+    s.stream.flush(&mut |t| hooks.on_text(t));
+    let finish_reason = s.finish.unwrap_or(FinishReason::Length);
+    SeqOutcome {
+        output_ids: std::mem::take(&mut s.out_ids),
+        finish_reason,
+        stop_string: s.stream.stopped_by.map(|i| s.req.stop_strings[i].clone()),
+        prompt_tokens: s.req.prompt_ids.len(),
+        cached_tokens: s.cached_tokens.unwrap_or(0),
+    }
+}
