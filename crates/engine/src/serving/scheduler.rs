@@ -345,6 +345,8 @@ impl Scheduler {
             })
             .collect();
         self.stats.batch_size = items.len();
+        let t0 = std::time::Instant::now();
+        let ntok: usize = items.iter().map(|i| i.tokens.len()).sum();
         let result = engine.step_batch(&items).map(|l| l.iter().map(|row| row[..self.vocab.min(row.len())].to_vec()));
         let logits: Vec<Vec<f32>> = match result {
             Ok(l) => l.collect(),
@@ -360,6 +362,7 @@ impl Scheduler {
                 return;
             }
         };
+        tracing::debug!("step: {} seqs, {ntok} tokens, {:.2} ms", plan.len(), t0.elapsed().as_secs_f64() * 1e3);
         let tok = engine.tokenizer.as_ref();
         let mut finished = Vec::new();
         for (&(i, n), mut row) in plan.iter().zip(logits) {
