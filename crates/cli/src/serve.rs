@@ -12,6 +12,12 @@ pub enum RopeScalingArg {
     Yarn,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// GGUF file, HF directory, or alias (default: smollm2-135m).
@@ -30,9 +36,12 @@ pub struct ServeArgs {
     /// Requests admitted at once, queued or running; more are answered 429.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     max_concurrency: u64,
-    /// KV cache budget in bytes (accepted for the paged cache; not used yet).
-    #[arg(long)]
+    /// KV cache pool budget in bytes (default: the engine's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     kv_cache_bytes: Option<u64>,
+    /// Reuse the KV cache of earlier prompts that share a prefix with a new one.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    prefix_cache: OnOff,
     /// Context length in tokens (default: the model's). Beyond the model's own,
     /// use --rope-scaling.
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..))]
@@ -125,9 +134,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         return Ok(()); // a rank other than 0 followed rank 0 until shutdown
     };
     engine.prefill_chunk = a.prefill_chunk as usize;
-    if a.kv_cache_bytes.is_some() {
-        tracing::info!("--kv-cache-bytes is accepted but not used until the paged KV cache lands");
-    }
     let served = a.served_model_name.clone().unwrap_or_else(|| {
         std::path::Path::new(&model_name).file_stem().map_or(model_name.clone(), |s| s.to_string_lossy().into_owned())
     });
@@ -145,6 +151,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         sse_keepalive: Duration::from_millis(a.sse_keepalive_ms),
         ranks,
         strategy: if ranks > 1 { a.dist.strategy.clone() } else { "single".into() },
+        prefix_cache: a.prefix_cache == OnOff::On,
+        kv_cache_bytes: a.kv_cache_bytes,
     };
     let result = server::serve(&mut engine, &files, cfg);
     // On SIGTERM from `launch` the other ranks get the signal too and may be gone

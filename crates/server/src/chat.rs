@@ -52,6 +52,8 @@ pub struct ChatRequest {
     pub max_tokens_field: &'static str,
     /// Ask a reasoning template to think (`enable_thinking`); `None` = its default.
     pub thinking: Option<bool>,
+    /// Generate to `max_tokens` past end-of-sequence (a benchmarking extension).
+    pub ignore_eos: bool,
 }
 
 /// Why generation ended, in OpenAI's words (each API maps it to its own).
@@ -83,8 +85,18 @@ impl Finish {
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Usage {
+    /// All prompt tokens, cached or not.
     pub prompt_tokens: usize,
+    /// The part of `prompt_tokens` served from the prefix cache.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
+}
+
+impl Usage {
+    /// Prompt tokens that were prefilled (Anthropic's `input_tokens`).
+    pub fn uncached_prompt_tokens(&self) -> usize {
+        self.prompt_tokens.saturating_sub(self.cached_tokens)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -204,7 +216,12 @@ impl Generation {
                         Finish::Stop
                     };
                     self.stop_sequence = f.stop_sequence.clone();
-                    let usage = Usage { prompt_tokens: f.prompt_tokens, completion_tokens: f.completion_tokens };
+                    let usage = Usage {
+                        prompt_tokens: f.prompt_tokens,
+                        // Clamped: a cache can never cover more than the prompt.
+                        cached_tokens: f.cached_tokens.min(f.prompt_tokens),
+                        completion_tokens: f.completion_tokens,
+                    };
                     self.ready.push_back(Delta::End { finish, usage });
                     self.done = true;
                 }

@@ -27,6 +27,9 @@ pub enum Event {
 pub struct Finished {
     pub finish: FinishReason,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache instead of a prefill
+    /// (reported as `cached_tokens` / `cache_read_input_tokens`).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     /// The guide saw a complete JSON value (constrained decoding ended it).
     pub guide_complete: bool,
@@ -128,6 +131,8 @@ pub fn run_worker(engine: &mut Engine, queue: JobQueue, metrics: &Metrics) {
                 let _ = job.events.send(Event::Done(Finished {
                     finish: out.finish_reason,
                     prompt_tokens: job.request.prompt_ids.len(),
+                    // This serial worker has no prefix cache: every prompt token is prefilled.
+                    cached_tokens: 0,
                     completion_tokens: out.output_ids.len(),
                     guide_complete,
                     stop_sequence: out.stop_string,
