@@ -162,9 +162,10 @@ fn to_chat(req: MessagesRequest) -> Result<ChatRequest, ApiError> {
     })
 }
 
-/// Anthropic usage. Their total input is `input_tokens + cache_creation_input_tokens
-/// + cache_read_input_tokens`, so `input_tokens` is only the prefilled part; the
-/// prefix cache fills itself without being asked, so nothing counts as a cache write.
+/// Anthropic usage. Their total input is the sum of `input_tokens`,
+/// `cache_creation_input_tokens` and `cache_read_input_tokens`, so `input_tokens`
+/// is only the prefilled part; the prefix cache fills itself without being
+/// asked, so nothing counts as a cache write.
 fn usage(u: Usage) -> Value {
     json!({"input_tokens": u.uncached_prompt_tokens(), "output_tokens": u.completion_tokens,
            "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens})
