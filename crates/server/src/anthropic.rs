@@ -384,3 +384,15 @@ pub async fn count_tokens(
     let n = count_chat_tokens(&state, &chat).map_err(|e| e.in_dialect(Dialect::Anthropic))?;
     Ok(Json(json!({"input_tokens": n})))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn usage_splits_the_prompt_into_input_and_cache_read() {
+        let u = super::usage(super::Usage { prompt_tokens: 100, cached_tokens: 64, completion_tokens: 5 });
+        assert_eq!(u["input_tokens"], 36);
+        assert_eq!(u["cache_read_input_tokens"], 64);
+        assert_eq!(u["cache_creation_input_tokens"], 0);
+        assert_eq!(u["output_tokens"], 5);
+    }
+}

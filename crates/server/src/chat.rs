@@ -290,3 +290,32 @@ pub struct Collected {
     pub finish: Finish,
     pub usage: Usage,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::Finished;
+
+    #[tokio::test]
+    async fn usage_carries_cached_tokens_clamped_to_the_prompt() {
+        // (reported by the engine, expected in the usage)
+        for (cached, want) in [(0, 0), (64, 64), (500, 100)] {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut g = Generation::new(rx, ToolSplitter::new_plain(), None, 100, false);
+            tx.send(Event::Text("hi".into())).expect("open");
+            tx.send(Event::Done(Finished {
+                finish: FinishReason::Stop,
+                prompt_tokens: 100,
+                cached_tokens: cached,
+                completion_tokens: 1,
+                guide_complete: false,
+                stop_sequence: None,
+            }))
+            .expect("open");
+            let out = g.collect().await.expect("finished");
+            assert_eq!(out.text, "hi");
+            assert_eq!((out.usage.prompt_tokens, out.usage.cached_tokens), (100, want));
+            assert_eq!(out.usage.uncached_prompt_tokens(), 100 - want);
+        }
+    }
+}

@@ -424,6 +424,14 @@ pub async fn model(State(state): State<SharedState>, Path(_id): Path<String>) ->
 #[cfg(test)]
 mod tests {
     #[test]
+    fn usage_reports_cached_prompt_tokens() {
+        let u = super::usage_json(super::Usage { prompt_tokens: 100, cached_tokens: 64, completion_tokens: 5 });
+        assert_eq!(u["prompt_tokens"], 100);
+        assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 64);
+        assert_eq!(u["total_tokens"], 105);
+    }
+
+    #[test]
     fn rfc3339_dates() {
         assert_eq!(super::chrono_like(0), "1970-01-01T00:00:00Z");
         assert_eq!(super::chrono_like(1_800_000_000), "2027-01-15T08:00:00Z");
