@@ -11,13 +11,16 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from conftest import API_KEY
 
 H = {"Authorization": f"Bearer {API_KEY}"}
 GREEDY = {"temperature": 0}
+# Also on the tests that start a second server: they run once, on the single process.
 HEAVY = pytest.mark.skipif(os.environ.get("SHARDLM_SKIP_HEAVY") == "1", reason="SHARDLM_SKIP_HEAVY")
 # SmolLM2-135M: 30 layers × (K and V) × 3 KV heads × 64 × 2 bytes (f16).
 KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2
@@ -223,7 +226,30 @@ def test_disconnect_frees_kv_blocks(server):
              timeout=30, what="the cancelled request's KV blocks to be released")
 
 
-# --- KV pressure ----------------------------------------------------------------
+# --- admission and KV pressure -----------------------------------------------------
+
+
+@HEAVY
+def test_429_carries_retry_after_through_both_sdks(spawn_server):
+    srv = spawn_server("--max-concurrency", "1")
+    body = {"model": "m", "max_tokens": 2000, "stream": True, **GREEDY,
+            "messages": [{"role": "user", "content": "Count from 1 to 10000, comma separated."}]}
+    ask = [{"role": "user", "content": "Hi."}]
+    with httpx.stream("POST", srv.base + "/v1/chat/completions", json=body, headers=H, timeout=60) as r:
+        assert r.status_code == 200
+        # Kept referenced: a dropped line iterator closes the stream, which cancels the request.
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        oai = openai.OpenAI(base_url=srv.base + "/v1", api_key=API_KEY, max_retries=0)
+        with pytest.raises(openai.RateLimitError) as e:
+            oai.chat.completions.create(model="m", messages=ask, max_tokens=2)
+        assert e.value.response.headers.get("retry-after") == "1"
+        claude = anthropic.Anthropic(base_url=srv.base, api_key=API_KEY, max_retries=0)
+        with pytest.raises(anthropic.RateLimitError) as e:
+            claude.messages.create(model="c", messages=ask, max_tokens=2)
+        assert e.value.response.headers.get("retry-after") == "1"
+        assert e.value.body["error"]["type"] == "rate_limit_error"
+
 
 
 @HEAVY
