@@ -21,7 +21,7 @@ streams' tokens after their first over the span from the earliest first token
 to the latest last one.
 
 Usage: scripts/bench-serve-batch.py [--rounds 3] [--threads N] [--context 4096]
-           [--model GGUF] [--prefix-lines 75] [--gen 128] [--streams 8]
+           [--model GGUF] [--prefix-lines 54] [--gen 128] [--streams 8]
            [--no-llama] [--json PATH] [--shardlm-args "..."] [--llama-args "..."]
 Environment:
   SHARDLM        the shardlm binary (default: target/release/shardlm; build it
@@ -151,7 +151,7 @@ def stream_chat(base, messages, max_tokens, ignore_eos=False):
 
 
 def code_file(salt, lines):
-    """Numbered lines of a made-up Python file (about 27 tokens a line), varied so
+    """Numbered lines of a made-up Python file (about 36 tokens a line), varied so
     nothing but a real prefix match can reuse them."""
     rng = random.Random(salt)
     out = []
@@ -271,7 +271,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--context", type=int, default=4096, help="tokens per sequence (both servers)")
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--prefix-lines", type=int, default=75, help="lines of the conversation's file (75 ≈ 2,000 tokens)")
+    ap.add_argument("--prefix-lines", type=int, default=54, help="lines of the conversation's file (54 ≈ 2,000 tokens)")
     ap.add_argument("--turn-tokens", type=int, default=16, help="max_tokens of each conversation turn")
     ap.add_argument("--gen", type=int, default=128, help="tokens per decode stream")
     ap.add_argument("--streams", type=int, default=8)
