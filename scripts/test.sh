@@ -17,7 +17,8 @@ done
 # HTTP APIs through the official openai and anthropic SDKs against `shardlm serve`
 # (pip deps: openai anthropic pytest jsonschema httpx; .ci/run installs them):
 # the whole suite on one process and on 2 pipeline ranks, a smoke subset on
-# tensor 2. The 16×10 concurrency run goes once, on the single process.
+# tensor 2. The heavy runs (16×10 concurrency, the KV-pressure second server of
+# test_serving.py) go once, on the single process.
 echo "== HTTP API tests (tests/server)"
 python3 -m pytest -q tests/server
 SHARDLM_SKIP_HEAVY=1 SHARDLM_SERVE_ARGS="--ranks 2 --strategy pipeline" python3 -m pytest -q tests/server

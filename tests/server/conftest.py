@@ -29,9 +29,10 @@ def _free_port():
 
 
 class Server:
-    def __init__(self, port, proc):
+    def __init__(self, port, proc, log=None):
         self.port = port
         self.proc = proc
+        self.log = log
         self.base = f"http://127.0.0.1:{port}"
 
     def metrics(self):
@@ -45,20 +46,23 @@ class Server:
         return out
 
 
-@pytest.fixture(scope="session")
-def server():
+def start_server(*extra):
+    """Starts `shardlm serve` with the test flags, SHARDLM_SERVE_ARGS, then `extra`
+    (later flags win), and waits for /health."""
     binary = os.environ.get("SHARDLM_BIN", os.path.join(ROOT, "target", "release", "shardlm"))
     port = _free_port()
     args = [binary, "serve", "--port", str(port), "--api-key", API_KEY,
             "--served-model-name", MODEL, "--sse-keepalive-ms", "100",
             "--max-body-bytes", str(BODY_LIMIT)]
     args += shlex.split(os.environ.get("SHARDLM_SERVE_ARGS", ""))
+    args += list(extra)
     log = open(os.path.join(ROOT, "target", f"serve-test-{port}.log"), "w")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    srv = Server(port, proc)
+    srv = Server(port, proc, log)
     deadline = time.time() + 180
     while True:
         if proc.poll() is not None:
+            log.close()
             raise RuntimeError(f"shardlm serve exited with {proc.returncode}; see {log.name}")
         try:
             if httpx.get(srv.base + "/health", timeout=2).status_code == 200:
@@ -67,15 +71,42 @@ def server():
             pass
         if time.time() > deadline:
             proc.kill()
+            log.close()
             raise RuntimeError("shardlm serve did not become healthy in 180 s")
         time.sleep(0.2)
-    yield srv
-    proc.terminate()
+    return srv
+
+
+def stop_server(srv):
+    srv.proc.terminate()
     try:
-        proc.wait(timeout=30)
+        srv.proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+        srv.proc.kill()
+    srv.log.close()
+
+
+@pytest.fixture(scope="session")
+def server():
+    srv = start_server()
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture
+def spawn_server():
+    """Starts extra servers with their own flags (`spawn_server("--max-concurrency", "4")`);
+    they stop when the test ends."""
+    started = []
+
+    def spawn(*extra):
+        srv = start_server(*extra)
+        started.append(srv)
+        return srv
+
+    yield spawn
+    for srv in started:
+        stop_server(srv)
 
 
 @pytest.fixture(scope="session")

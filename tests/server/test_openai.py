@@ -36,7 +36,9 @@ def test_chat_non_stream(oai):
     assert isinstance(c.message.content, str) and c.message.content
     assert c.finish_reason in ("stop", "length")
     assert r.usage.prompt_tokens > 5 and 0 < r.usage.completion_tokens <= 12
-    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    # The template's default system prompt is shared with earlier requests, so
+    # the prefix cache may serve the first blocks; never the whole prompt.
+    assert 0 <= r.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens
     assert r.model == MODEL
 
 

@@ -12,6 +12,12 @@ pub enum RopeScalingArg {
     Yarn,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// GGUF file, HF directory, or alias (default: smollm2-135m).
@@ -32,11 +38,14 @@ pub struct ServeArgs {
     max_concurrency: u64,
     /// Bytes of KV cache for all requests together, across all ranks (default:
     /// room for twice the context). Requests wait for blocks when it is full.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     kv_cache_bytes: Option<u64>,
     /// Most requests decoded together in one step.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
     max_batch: u64,
+    /// Reuse the KV cache of earlier prompts that share a prefix with a new one.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    prefix_cache: OnOff,
     /// Context length in tokens (default: the model's). Beyond the model's own,
     /// use --rope-scaling.
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..))]
@@ -147,7 +156,7 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
         n_blocks,
         max_batch: a.max_batch as usize,
         step_tokens: a.prefill_chunk as usize,
-        prefix_cache: true,
+        prefix_cache: a.prefix_cache == OnOff::On,
     })
 }
 
@@ -183,6 +192,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         sse_keepalive: Duration::from_millis(a.sse_keepalive_ms),
         ranks,
         strategy: if ranks > 1 { a.dist.strategy.clone() } else { "single".into() },
+        prefix_cache: a.prefix_cache == OnOff::On,
+        kv_cache_bytes: a.kv_cache_bytes,
     };
     let result = server::serve(&mut engine, &files, cfg, sched);
     // On SIGTERM from `launch` the other ranks get the signal too and may be gone

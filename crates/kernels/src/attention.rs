@@ -246,7 +246,10 @@ impl Tiling {
         // Split keys only when tiles alone cannot feed every thread twice, and
         // keep each piece at least two blocks long.
         let max_keys = sh.keys(sh.n_new.saturating_sub(1)).len();
-        let splits = if threads <= 1 || tiles >= 2 * threads {
+        // Only decode (one new token) splits: a prefill row's result must not
+        // depend on how many tokens share its chunk, so that a prompt resumed
+        // from the prefix cache computes exactly what a cold run computed.
+        let splits = if threads <= 1 || tiles >= 2 * threads || sh.n_new > 1 {
             1
         } else {
             (2 * threads).div_ceil(tiles).min(max_keys / (2 * KB)).max(1)

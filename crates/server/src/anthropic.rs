@@ -5,7 +5,7 @@
 //! request is accepted and, on models without reasoning, answered without
 //! thinking blocks.
 
-use crate::chat::{new_id, ChatRequest, Delta, ToolDef};
+use crate::chat::{new_id, ChatRequest, Delta, ToolDef, Usage};
 use crate::error::{ApiError, Dialect};
 use crate::http::{sse, ApiJson};
 use crate::openai::{response_format, sampling, tool_choice};
@@ -157,12 +157,18 @@ fn to_chat(req: MessagesRequest) -> Result<ChatRequest, ApiError> {
         // Anthropic's default temperature is 1.
         sampling: sampling(req.temperature, req.top_p, req.top_k, None, None, None),
         stop: req.stop_sequences.unwrap_or_default(),
+        ignore_eos: false,
         messages,
     })
 }
 
-fn usage(input: usize, output: usize) -> Value {
-    json!({"input_tokens": input, "output_tokens": output, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0})
+/// Anthropic usage. Their total input is the sum of `input_tokens`,
+/// `cache_creation_input_tokens` and `cache_read_input_tokens`, so `input_tokens`
+/// is only the prefilled part; the prefix cache fills itself without being
+/// asked, so nothing counts as a cache write.
+fn usage(u: Usage) -> Value {
+    json!({"input_tokens": u.uncached_prompt_tokens(), "output_tokens": u.completion_tokens,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": u.cached_tokens})
 }
 
 /// A tool call's arguments as the `input` object.
@@ -197,7 +203,7 @@ pub async fn messages(
         return Ok(Json(json!({
             "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": out.finish.anthropic(stop_sequence.is_some()), "stop_sequence": stop_sequence,
-            "usage": usage(out.usage.prompt_tokens, out.usage.completion_tokens),
+            "usage": usage(out.usage),
         }))
         .into_response());
     }
@@ -205,7 +211,10 @@ pub async fn messages(
     Ok(sse(&state, move |sink| async move {
         let start = json!({"type": "message_start", "message": {
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": null, "stop_sequence": null, "usage": usage(prompt_tokens, 0)}});
+            "stop_reason": null, "stop_sequence": null,
+            // How much of the prompt was cached is known only at the end: until
+            // then it all counts as input; `message_delta` carries the split.
+            "usage": usage(Usage { prompt_tokens, cached_tokens: 0, completion_tokens: 0 })}});
         if !sink.event("message_start", &start).await || !sink.event("ping", &json!({"type": "ping"})).await {
             return;
         }
@@ -316,7 +325,7 @@ pub async fn messages(
                     let stop_sequence = generation.stop_sequence.clone();
                     sink.event("message_delta", &json!({"type": "message_delta",
                         "delta": {"stop_reason": finish.anthropic(stop_sequence.is_some()), "stop_sequence": stop_sequence},
-                        "usage": {"output_tokens": u.completion_tokens, "input_tokens": u.prompt_tokens}}))
+                        "usage": usage(u)}))
                         .await;
                     sink.event("message_stop", &json!({"type": "message_stop"})).await;
                     return;
@@ -374,4 +383,16 @@ pub async fn count_tokens(
     let chat = to_chat(req)?;
     let n = count_chat_tokens(&state, &chat).map_err(|e| e.in_dialect(Dialect::Anthropic))?;
     Ok(Json(json!({"input_tokens": n})))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn usage_splits_the_prompt_into_input_and_cache_read() {
+        let u = super::usage(super::Usage { prompt_tokens: 100, cached_tokens: 64, completion_tokens: 5 });
+        assert_eq!(u["input_tokens"], 36);
+        assert_eq!(u["cache_read_input_tokens"], 64);
+        assert_eq!(u["cache_creation_input_tokens"], 0);
+        assert_eq!(u["output_tokens"], 5);
+    }
 }

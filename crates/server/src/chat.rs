@@ -52,6 +52,8 @@ pub struct ChatRequest {
     pub max_tokens_field: &'static str,
     /// Ask a reasoning template to think (`enable_thinking`); `None` = its default.
     pub thinking: Option<bool>,
+    /// Generate to `max_tokens` past end-of-sequence (a benchmarking extension).
+    pub ignore_eos: bool,
 }
 
 /// Why generation ended, in OpenAI's words (each API maps it to its own).
@@ -83,8 +85,18 @@ impl Finish {
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Usage {
+    /// All prompt tokens, cached or not.
     pub prompt_tokens: usize,
+    /// The part of `prompt_tokens` served from the prefix cache.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
+}
+
+impl Usage {
+    /// Prompt tokens that were prefilled (Anthropic's `input_tokens`).
+    pub fn uncached_prompt_tokens(&self) -> usize {
+        self.prompt_tokens.saturating_sub(self.cached_tokens)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -204,7 +216,12 @@ impl Generation {
                         Finish::Stop
                     };
                     self.stop_sequence = f.stop_sequence.clone();
-                    let usage = Usage { prompt_tokens: f.prompt_tokens, completion_tokens: f.completion_tokens };
+                    let usage = Usage {
+                        prompt_tokens: f.prompt_tokens,
+                        // Clamped: a cache can never cover more than the prompt.
+                        cached_tokens: f.cached_tokens.min(f.prompt_tokens),
+                        completion_tokens: f.completion_tokens,
+                    };
                     self.ready.push_back(Delta::End { finish, usage });
                     self.done = true;
                 }
@@ -272,4 +289,33 @@ pub struct Collected {
     pub calls: Vec<ToolCall>,
     pub finish: Finish,
     pub usage: Usage,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::Finished;
+
+    #[tokio::test]
+    async fn usage_carries_cached_tokens_clamped_to_the_prompt() {
+        // (reported by the engine, expected in the usage)
+        for (cached, want) in [(0, 0), (64, 64), (500, 100)] {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut g = Generation::new(rx, ToolSplitter::new_plain(), None, 100, false);
+            tx.send(Event::Text("hi".into())).expect("open");
+            tx.send(Event::Done(Finished {
+                finish: FinishReason::Stop,
+                prompt_tokens: 100,
+                cached_tokens: cached,
+                completion_tokens: 1,
+                guide_complete: false,
+                stop_sequence: None,
+            }))
+            .expect("open");
+            let out = g.collect().await.expect("finished");
+            assert_eq!(out.text, "hi");
+            assert_eq!((out.usage.prompt_tokens, out.usage.cached_tokens), (100, want));
+            assert_eq!(out.usage.uncached_prompt_tokens(), 100 - want);
+        }
+    }
 }

@@ -88,9 +88,18 @@ impl ApiError {
     }
 }
 
+/// Seconds a 429 asks the client to wait. Both SDKs honour `Retry-After` in
+/// their retry loop; a second is about one short request on a busy server.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        // Every 429 leaves here, so each carries the header whatever raised it.
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+        }
+        response
     }
 }
 
@@ -130,6 +139,17 @@ mod tests {
         let e = decode(r#"{"max_tokens": "ten"}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         assert!(e.message.contains("max_tokens"), "{}", e.message);
+    }
+
+    #[test]
+    fn too_many_requests_carries_retry_after() {
+        for dialect in [Dialect::OpenAi, Dialect::Anthropic] {
+            let r = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy").in_dialect(dialect).into_response();
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(r.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+        }
+        let r = ApiError::bad_request(None, "no").into_response();
+        assert!(r.headers().get("retry-after").is_none());
     }
 
     #[test]

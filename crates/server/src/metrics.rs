@@ -45,6 +45,14 @@ impl Histogram {
     }
 }
 
+fn counter(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: i64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
 /// Everything `/metrics` shows. One per server, shared by handlers and the worker.
 pub struct Metrics {
     pub requests_total: AtomicU64,
@@ -61,15 +69,28 @@ pub struct Metrics {
     pub request_duration: Histogram,
     /// The engine thread has ended (`/health` reports degraded).
     pub engine_stopped: std::sync::atomic::AtomicBool,
+    // The paged KV cache and the scheduler own the numbers below and store
+    // them here; the server only renders them. Block counts are gauges
+    // (`total = used + cached + free`), the prefix cache counters only grow.
+    /// Blocks in the KV pool.
     pub kv_blocks_total: AtomicI64,
+    /// Blocks referenced by running sequences.
     pub kv_blocks_used: AtomicI64,
+    /// Unreferenced blocks kept for the prefix cache (evictable).
     pub kv_blocks_cached: AtomicI64,
+    /// Blocks holding nothing.
     pub kv_blocks_free: AtomicI64,
+    /// Tokens per KV block.
     pub kv_block_size: AtomicI64,
+    /// Prompts looked up in the prefix cache.
     pub prefix_queries: AtomicU64,
+    /// Lookups that matched at least one block.
     pub prefix_hits: AtomicU64,
+    /// Prompt tokens served from the prefix cache instead of a prefill.
     pub prefix_cached_tokens: AtomicU64,
+    /// Sequences in the last forward step.
     pub batch_size: AtomicI64,
+    /// Sequences evicted from the KV cache to make room (to be recomputed).
     pub preemptions: AtomicU64,
 }
 
@@ -104,12 +125,6 @@ impl Default for Metrics {
 impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        let gauge = |out: &mut String, name: &str, help: &str, v: i64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        };
         counter(&mut out, "shardlm_requests_total", "Generation requests admitted.", self.requests_total.load(Relaxed));
         counter(
             &mut out,
@@ -127,39 +142,52 @@ impl Metrics {
         counter(&mut out, "shardlm_generation_tokens_total", "Tokens generated.", self.generated_tokens.load(Relaxed));
         gauge(&mut out, "shardlm_queue_depth", "Requests waiting for the engine.", self.queue_depth.load(Relaxed));
         gauge(&mut out, "shardlm_active_requests", "Requests queued or generating.", self.active.load(Relaxed));
-        // Until the paged KV cache and prefix cache land, these are fixed at 0 so
-        // dashboards can be built against the final names.
-        gauge(
-            &mut out,
-            "shardlm_kv_blocks_used",
-            "KV blocks referenced by running sequences.",
-            self.kv_blocks_used.load(Relaxed),
-        );
-        gauge(
-            &mut out,
-            "shardlm_kv_blocks_cached",
-            "Unreferenced KV blocks kept for the prefix cache.",
-            self.kv_blocks_cached.load(Relaxed),
-        );
-        gauge(&mut out, "shardlm_kv_blocks_free", "KV blocks free.", self.kv_blocks_free.load(Relaxed));
-        gauge(&mut out, "shardlm_kv_blocks_total", "KV blocks in the pool.", self.kv_blocks_total.load(Relaxed));
-        counter(
-            &mut out,
-            "shardlm_prefix_cache_hits_total",
-            "Requests that reused cached blocks.",
-            self.prefix_hits.load(Relaxed),
-        );
-        counter(
-            &mut out,
-            "shardlm_prefix_cache_cached_tokens_total",
-            "Prompt tokens served from the prefix cache.",
-            self.prefix_cached_tokens.load(Relaxed),
-        );
-        gauge(&mut out, "shardlm_batch_size", "Sequences in the last forward step.", self.batch_size.load(Relaxed));
+        self.render_kv(&mut out);
         self.ttft.render("shardlm_time_to_first_token_seconds", "Time from admission to the first token.", &mut out);
         self.inter_token.render("shardlm_inter_token_latency_seconds", "Time between generated tokens.", &mut out);
         self.request_duration.render("shardlm_request_duration_seconds", "Time from admission to the end.", &mut out);
         out
+    }
+
+    /// The KV pool, prefix cache and batch numbers the engine stores.
+    fn render_kv(&self, out: &mut String) {
+        let g = |a: &AtomicI64| a.load(Relaxed);
+        let c = |a: &AtomicU64| a.load(Relaxed);
+        gauge(out, "shardlm_kv_blocks_total", "Blocks in the KV cache pool.", g(&self.kv_blocks_total));
+        gauge(out, "shardlm_kv_blocks_used", "KV blocks referenced by running sequences.", g(&self.kv_blocks_used));
+        gauge(
+            out,
+            "shardlm_kv_blocks_cached",
+            "Unreferenced KV blocks kept for the prefix cache (evictable).",
+            g(&self.kv_blocks_cached),
+        );
+        gauge(out, "shardlm_kv_blocks_free", "KV blocks holding nothing.", g(&self.kv_blocks_free));
+        gauge(out, "shardlm_kv_block_size_tokens", "Tokens per KV block.", g(&self.kv_block_size));
+        counter(
+            out,
+            "shardlm_prefix_cache_queries_total",
+            "Prompts looked up in the prefix cache.",
+            c(&self.prefix_queries),
+        );
+        counter(
+            out,
+            "shardlm_prefix_cache_hits_total",
+            "Prefix cache lookups that matched at least one block.",
+            c(&self.prefix_hits),
+        );
+        counter(
+            out,
+            "shardlm_prefix_cache_cached_tokens_total",
+            "Prompt tokens served from the prefix cache instead of a prefill.",
+            c(&self.prefix_cached_tokens),
+        );
+        gauge(out, "shardlm_batch_size", "Sequences in the last forward step.", g(&self.batch_size));
+        counter(
+            out,
+            "shardlm_preemptions_total",
+            "Sequences evicted from the KV cache to make room, to be recomputed.",
+            c(&self.preemptions),
+        );
     }
 }
 
@@ -178,5 +206,34 @@ mod tests {
         assert!(text.contains("shardlm_time_to_first_token_seconds_bucket{le=\"0.25\"} 2"));
         assert!(text.contains("shardlm_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"));
         assert!(text.contains("shardlm_time_to_first_token_seconds_count 3"));
+    }
+
+    #[test]
+    fn kv_and_prefix_cache_numbers_are_rendered_with_help_and_type() {
+        let m = Metrics::default();
+        m.kv_blocks_total.store(100, Relaxed);
+        m.kv_blocks_used.store(7, Relaxed);
+        m.prefix_cached_tokens.fetch_add(64, Relaxed);
+        m.batch_size.store(8, Relaxed);
+        let text = m.render();
+        for (name, kind) in [
+            ("shardlm_kv_blocks_total", "gauge"),
+            ("shardlm_kv_blocks_used", "gauge"),
+            ("shardlm_kv_blocks_cached", "gauge"),
+            ("shardlm_kv_blocks_free", "gauge"),
+            ("shardlm_kv_block_size_tokens", "gauge"),
+            ("shardlm_prefix_cache_queries_total", "counter"),
+            ("shardlm_prefix_cache_hits_total", "counter"),
+            ("shardlm_prefix_cache_cached_tokens_total", "counter"),
+            ("shardlm_batch_size", "gauge"),
+            ("shardlm_preemptions_total", "counter"),
+        ] {
+            assert!(text.contains(&format!("# HELP {name} ")), "{name}");
+            assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
+        }
+        assert!(text.contains("\nshardlm_kv_blocks_total 100\n"));
+        assert!(text.contains("\nshardlm_kv_blocks_used 7\n"));
+        assert!(text.contains("\nshardlm_prefix_cache_cached_tokens_total 64\n"));
+        assert!(text.contains("\nshardlm_batch_size 8\n"));
     }
 }

@@ -1,7 +1,7 @@
 //! OpenAI: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`.
 //! Unknown fields and non-function tools are ignored, never refused.
 
-use crate::chat::{new_id, unix_now, ChatRequest, Delta, ResponseFormat, ToolChoice, ToolDef};
+use crate::chat::{new_id, unix_now, ChatRequest, Delta, ResponseFormat, ToolChoice, ToolDef, Usage};
 use crate::error::ApiError;
 use crate::http::{sse, ApiJson};
 use crate::prompt::{prepare_chat, prepare_text, start};
@@ -57,6 +57,10 @@ pub struct ChatCompletionRequest {
     pub response_format: Option<Value>,
     /// "none" | "minimal" | "low" | "medium" | "high": turns a reasoning template's thinking off or on.
     pub reasoning_effort: Option<String>,
+    /// Extension (vLLM, llama.cpp): keep generating past end-of-sequence until
+    /// `max_tokens`, for benchmarks that need a fixed output length.
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 /// `reasoning_effort` → `enable_thinking` for reasoning templates.
@@ -205,15 +209,18 @@ impl ChatCompletionRequest {
                 self.seed,
             ),
             stop: Stop::into_vec(self.stop),
+            ignore_eos: self.ignore_eos,
             messages: self.messages,
         };
         Ok((req, self.stream, include_usage))
     }
 }
 
-fn usage_json(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-           "prompt_tokens_details": {"cached_tokens": 0}})
+/// OpenAI usage; `prompt_tokens` counts cached tokens too, as OpenAI's does.
+fn usage_json(u: Usage) -> Value {
+    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": u.prompt_tokens + u.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": u.cached_tokens}})
 }
 
 pub async fn chat_completions(
@@ -243,7 +250,7 @@ pub async fn chat_completions(
         return Ok(Json(json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": out.finish.openai(), "logprobs": null}],
-            "usage": usage_json(out.usage.prompt_tokens, out.usage.completion_tokens),
+            "usage": usage_json(out.usage),
             "system_fingerprint": "shardlm",
         }))
         .into_response());
@@ -273,7 +280,7 @@ pub async fn chat_completions(
                     if include_usage {
                         let mut last = chunk(json!({}), None);
                         last["choices"] = json!([]);
-                        last["usage"] = usage_json(usage.prompt_tokens, usage.completion_tokens);
+                        last["usage"] = usage_json(usage);
                         sink.data(&last).await;
                     }
                     break;
@@ -308,6 +315,9 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub echo: bool,
+    /// As in chat completions: run to `max_tokens` whatever the model says.
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 pub async fn completions(
@@ -322,7 +332,8 @@ pub async fn completions(
     let sampling = sampling(body.temperature, body.top_p, body.top_k, body.min_p, body.repetition_penalty, body.seed);
     // Legacy completions default to 16 tokens, as OpenAI's do.
     let max_tokens = body.max_tokens.or(Some(16));
-    let prepared = prepare_text(&state, &prompt, max_tokens, sampling, Stop::into_vec(body.stop))?;
+    let mut prepared = prepare_text(&state, &prompt, max_tokens, sampling, Stop::into_vec(body.stop))?;
+    prepared.request.ignore_eos = body.ignore_eos;
     let mut generation = start(&state, prepared)?;
     let id = new_id("cmpl-");
     let created = unix_now();
@@ -333,7 +344,7 @@ pub async fn completions(
         return Ok(Json(json!({
             "id": id, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": format!("{echo}{}", out.text), "finish_reason": out.finish.openai(), "logprobs": null}],
-            "usage": usage_json(out.usage.prompt_tokens, out.usage.completion_tokens),
+            "usage": usage_json(out.usage),
         }))
         .into_response());
     }
@@ -359,7 +370,7 @@ pub async fn completions(
                     if include_usage {
                         let mut last = chunk("", None);
                         last["choices"] = json!([]);
-                        last["usage"] = usage_json(usage.prompt_tokens, usage.completion_tokens);
+                        last["usage"] = usage_json(usage);
                         sink.data(&last).await;
                     }
                     break;
@@ -412,6 +423,14 @@ pub async fn model(State(state): State<SharedState>, Path(_id): Path<String>) ->
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn usage_reports_cached_prompt_tokens() {
+        let u = super::usage_json(super::Usage { prompt_tokens: 100, cached_tokens: 64, completion_tokens: 5 });
+        assert_eq!(u["prompt_tokens"], 100);
+        assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 64);
+        assert_eq!(u["total_tokens"], 105);
+    }
+
     #[test]
     fn rfc3339_dates() {
         assert_eq!(super::chrono_like(0), "1970-01-01T00:00:00Z");

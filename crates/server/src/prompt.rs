@@ -310,7 +310,7 @@ pub fn prepare_chat(state: &AppState, req: &ChatRequest) -> Result<Prepared, Api
             max_tokens,
             sampling: req.sampling.clone(),
             stop_strings: req.stop.clone(),
-            ignore_eos: false,
+            ignore_eos: req.ignore_eos,
             want_prompt_logits: false,
         },
         guide,

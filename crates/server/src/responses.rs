@@ -105,6 +105,7 @@ fn to_chat(req: &ResponsesRequest) -> Result<ChatRequest, ApiError> {
         ),
         sampling: sampling(req.temperature, req.top_p, None, None, None, None),
         stop: Vec::new(),
+        ignore_eos: false,
     })
 }
 
@@ -130,7 +131,7 @@ impl Envelope {
             "usage": usage.map(|u| json!({
                 "input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
                 "total_tokens": u.prompt_tokens + u.completion_tokens,
-                "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}})),
+                "input_tokens_details": {"cached_tokens": u.cached_tokens}, "output_tokens_details": {"reasoning_tokens": 0}})),
         })
     }
 }

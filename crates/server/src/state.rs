@@ -30,6 +30,11 @@ pub struct ServerConfig {
     pub ranks: usize,
     /// How the model is split (`/health`).
     pub strategy: String,
+    /// Keep finished prompts' KV blocks for reuse by later requests that share
+    /// their prefix (`--prefix-cache on|off`).
+    pub prefix_cache: bool,
+    /// KV cache pool budget in bytes (`--kv-cache-bytes`); `None` = the engine's default.
+    pub kv_cache_bytes: Option<u64>,
 }
 
 pub struct AppState {

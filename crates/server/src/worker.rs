@@ -28,13 +28,14 @@ pub enum Event {
 pub struct Finished {
     pub finish: FinishReason,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache instead of a prefill
+    /// (reported as `cached_tokens` / `cache_read_input_tokens`).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     /// The guide saw a complete JSON value (constrained decoding ended it).
     pub guide_complete: bool,
     /// The stop string that ended the output.
     pub stop_sequence: Option<String>,
-    /// Prompt tokens served from the prefix cache.
-    pub cached_tokens: usize,
 }
 
 /// One request for the engine.
