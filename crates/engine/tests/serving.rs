@@ -5,14 +5,17 @@
 //! - cold, and again with its prompt served from the prefix cache: **bit for
 //!   bit equal** (prefill rows never depend on their chunk: attention splits
 //!   keys only in decode, and cached prefixes end on even, block-aligned rows);
-//! - batched with other requests: within `LOGIT_BOUND`, greedy tokens identical.
+//! - batched with other requests: bit for bit equal at the AVX-512 level (its
+//!   tile kernels give every activation row the one-row arithmetic); at the
+//!   AVX2 and scalar levels within `LOGIT_BOUND`, greedy tokens identical.
 //!
-//! Why a bound when batched: a decode step of `m` sequences runs the matmuls
-//! with the two-row tile kernel, a lone decode with the four-row one; their
+//! Why a bound below AVX-512: there a step of `m` sequences runs the matmuls
+//! with the AVX2 two-row tile kernel, a lone decode with the four-row one; their
 //! float sums differ in the last bit, and the 8-bit activation quantization
 //! (as llama.cpp's) turns a last-bit change into a one-step rounding change of
 //! an int8 activation now and then, which 30 layers carry to the logits.
-//! Measured: up to 0.9 on logits of magnitude ~20 (top-1 unchanged here).
+//! Measured before the AVX-512 tiles existed: up to 0.9 on logits of magnitude
+//! ~20 (top-1 unchanged here).
 
 use model::{LoadOptions, Model, ShardSpec};
 use shardlm_engine::generate::{Engine, GenerateHooks, GenerateRequest};
@@ -134,8 +137,9 @@ fn scheduler_matches_cold_single_runs_with_prefix_cache_and_batching() {
         }
         let d = max_diff(&seen.logits, &reference.logits);
         eprintln!("{what}: max |Δlogit| {d:.2e} vs the cold contiguous run ({cached} tokens cached)");
-        if others == 0 {
-            assert_eq!(d, 0.0, "{what}: a lone request must match the cold run exactly");
+        // Exact alone; exact batched too where the AVX-512 tiles run.
+        if others == 0 || kernels::isa::active() == kernels::isa::Isa::Avx512 {
+            assert_eq!(d, 0.0, "{what}: must match the cold run exactly");
         }
         assert!(d < LOGIT_BOUND, "{what}: logits differ by {d}");
         assert_eq!(seen.tokens, reference.tokens, "{what}: greedy tokens differ");

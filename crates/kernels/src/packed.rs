@@ -164,6 +164,12 @@ pub fn dot4_fn(dtype: DType, isa: crate::isa::Isa) -> Option<Dot4Fn> {
 /// (without one, `m > 1` runs the four-row kernel once per activation row).
 pub fn tile_fn(dtype: DType, isa: crate::isa::Isa) -> Option<TileFn> {
     #[cfg(target_arch = "x86_64")]
+    if isa == crate::isa::Isa::Avx512 {
+        if let Some(f) = crate::simd::avx512_packed::tile_fn(dtype) {
+            return Some(f);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     if matches!(isa, crate::isa::Isa::Avx2 | crate::isa::Isa::Avx512) {
         return crate::simd::avx2_packed::tile_fn(dtype);
     }

@@ -198,3 +198,39 @@ fn packed_matches_row_major_every_isa() {
     assert!(MatRef::new_packed(DType::Q4_0, 6, 64, &[0u8; 6 * 36]).is_err());
     assert!(MatRef::new_packed(DType::Q5_0, 4, 64, &[0u8; 4 * 44]).is_err());
 }
+
+/// At the AVX-512 level a row's products do not depend on the batch it is in:
+/// the tile kernels give each activation row the four-row kernel's exact
+/// arithmetic, so row `i` of an `m = 5` product equals the `m = 1` product of
+/// that row bit for bit (what makes a batched decode step compute what a lone
+/// one does). Packed and file layouts alike.
+#[test]
+fn avx512_rows_are_batch_invariant() {
+    use shardlm_kernels::packed;
+    if !isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipping: no AVX-512 here");
+        return;
+    }
+    let mut rng = rng(12);
+    let pool = ThreadPool::new(2);
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        let (rows, cols, m) = (36, 576, 5);
+        let w = random_weight(&mut rng, dtype, rows, cols);
+        let pw = packed::pack(dtype, rows, cols, &w);
+        let x = random_acts(&mut rng, m * cols);
+        for (what, mat) in [
+            ("file", MatRef::new(dtype, rows, cols, &w).unwrap()),
+            ("packed", MatRef::new_packed(dtype, rows, cols, &pw).unwrap()),
+        ] {
+            let mut scratch = MatmulScratch::default();
+            let mut all = vec![f32::NAN; m * rows];
+            matmul_isa(Isa::Avx512, &pool, mat, &x, m, &mut all, &mut scratch);
+            for i in 0..m {
+                let mut one = vec![f32::NAN; rows];
+                matmul_isa(Isa::Avx512, &pool, mat, &x[i * cols..(i + 1) * cols], 1, &mut one, &mut scratch);
+                let differ = one.iter().zip(&all[i * rows..]).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(differ, 0, "{dtype} {what}: row {i} of a batch of {m} differs from it alone");
+            }
+        }
+    }
+}

@@ -178,6 +178,12 @@ pub type TileFn =
 /// The 4 × 2 tile kernel for `dtype` at `isa`, where one exists.
 pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        if let Some(f) = crate::simd::avx512::tile_fn(dtype) {
+            return Some(f);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
         if let Some(f) = crate::simd::avx2_fp::tile_fn(dtype) {
             return Some(f);

@@ -187,37 +187,62 @@ impl BlockPairs for FileRows {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 pub(super) unsafe fn q4_1_rows<const R: usize, L: BlockPairs>(n: usize, l: L, a: *const u8) -> [f32; 4] {
+    q4_1_tile::<R, 1, L>(n, l, [a])[0]
+}
+
+/// `R` rows of Q4_1 × `A` Q8_1 rows. Each activation row goes through exactly
+/// the instructions of the one-row case (the weight nibbles are only unpacked
+/// once for all of them), so a row's result does not depend on how many rows
+/// share its call: a batched decode step computes what a lone one does.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4_1_tile<const R: usize, const A: usize, L: BlockPairs>(
+    n: usize,
+    l: L,
+    a: [*const u8; A],
+) -> [[f32; 4]; A] {
     let nb = n / 32;
-    let mut acc = [_mm512_setzero_ps(); R];
-    let mut accm = _mm512_setzero_ps();
+    let mut acc = [[_mm512_setzero_ps(); R]; A];
+    let mut accm = [_mm512_setzero_ps(); A];
     let mut b = 0;
     while b < nb {
         let pair = b + 1 < nb;
-        let y0 = a.add(b * 36);
-        let y1 = if pair { y0.add(36) } else { ZERO_BLOCK.as_ptr() };
-        let yv = y2_nibble_order(y0.add(4), y1.add(4));
         // Lanes 4r+2k / 4r+2k+1: d_x·d_y and m_x·s_y of row r, block k.
         let xs = _mm512_cvtph_ps(l.heads32::<R>(b, pair));
-        let ys = _mm512_cvtph_ps(_mm256_set1_epi64x((rd32(y0) as u32 as i64) | ((rd32(y1) as i64) << 32)));
-        let prod = _mm512_mul_ps(xs, ys);
-        accm = _mm512_add_ps(accm, prod);
+        let mut yv = [_mm512_setzero_si512(); A];
+        let mut prod = [_mm512_setzero_ps(); A];
+        for j in 0..A {
+            let y0 = a[j].add(b * 36);
+            let y1 = if pair { y0.add(36) } else { ZERO_BLOCK.as_ptr() };
+            yv[j] = y2_nibble_order(y0.add(4), y1.add(4));
+            let ys = _mm512_cvtph_ps(_mm256_set1_epi64x((rd32(y0) as u32 as i64) | ((rd32(y1) as i64) << 32)));
+            prod[j] = _mm512_mul_ps(xs, ys);
+            accm[j] = _mm512_add_ps(accm[j], prod[j]);
+        }
         l.prefetch::<R>(b);
         for r in 0..R {
             let (q0, q1) = l.quants(r, b, pair);
-            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nib2(q0, q1), yv);
+            let q = nib2(q0, q1);
             let k = 4 * r as i32;
             let idx = _mm512_setr_epi32(k, k, k, k, k + 2, k + 2, k + 2, k + 2, k, k, k, k, k + 2, k + 2, k + 2, k + 2);
-            acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prod), _mm512_cvtepi32_ps(p), acc[r]);
+            for j in 0..A {
+                let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, yv[j]);
+                acc[j][r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prod[j]), _mm512_cvtepi32_ps(p), acc[j][r]);
+            }
         }
         b += 2;
     }
-    let mut out = reduce(acc);
-    let mut m = [0f32; 16];
-    _mm512_storeu_ps(m.as_mut_ptr(), accm);
-    for r in 0..R {
-        out[r] += m[4 * r + 1] + m[4 * r + 3];
+    let mut outs = [[0f32; 4]; A];
+    for j in 0..A {
+        let mut out = reduce(acc[j]);
+        let mut m = [0f32; 16];
+        _mm512_storeu_ps(m.as_mut_ptr(), accm[j]);
+        for r in 0..R {
+            out[r] += m[4 * r + 1] + m[4 * r + 3];
+        }
+        outs[j] = out;
     }
-    out
+    outs
 }
 
 /// Q4_1 × Q8_1 (see [`DotFn`]).
@@ -250,39 +275,62 @@ pub(super) unsafe fn q8act_rows<const R: usize, const Q8: bool, L: BlockPairs>(
     l: L,
     a: *const u8,
 ) -> [f32; 4] {
+    q8act_tile::<R, 1, Q8, L>(n, l, [a])[0]
+}
+
+/// `R` rows of Q4_0/Q8_0 × `A` Q8_0 rows, each activation row through exactly
+/// the one-row instructions (see [`q4_1_tile`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q8act_tile<const R: usize, const A: usize, const Q8: bool, L: BlockPairs>(
+    n: usize,
+    l: L,
+    a: [*const u8; A],
+) -> [[f32; 4]; A] {
     let nb = n / 32;
-    let mut acc = [_mm512_setzero_ps(); R];
+    let mut acc = [[_mm512_setzero_ps(); R]; A];
     // Q4_0: q − 8 = nibble − 8; Q8_0: q = (q ^ 0x80) − 128.
     let c = _mm512_set1_epi8(if Q8 { -128 } else { 8 });
     let flip = _mm512_set1_epi8(-128);
     let mut b = 0;
     while b < nb {
         let pair = b + 1 < nb;
-        let y0 = a.add(b * 34);
-        let y1 = if pair { y0.add(34) } else { ZERO_BLOCK.as_ptr() };
-        let yv = if Q8 { ld2(y0.add(2), y1.add(2)) } else { y2_nibble_order(y0.add(2), y1.add(2)) };
-        // −c·Σy per 4-byte group; c·y as u8·i8 (c = 128 reads as unsigned 0x80).
-        let seed = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, yv));
         // Lanes 2r+k: d_x(r, k)·d_y(k).
         let xs = _mm256_cvtph_ps(l.heads16::<R>(b, pair));
-        let ys = _mm256_cvtph_ps(_mm_set1_epi32((rd16(y0) as u32 | (rd16(y1) as u32) << 16) as i32));
-        let prod = _mm512_castps256_ps512(_mm256_mul_ps(xs, ys));
+        let mut yv = [_mm512_setzero_si512(); A];
+        let mut seed = [_mm512_setzero_si512(); A];
+        let mut prod = [_mm512_setzero_ps(); A];
+        for j in 0..A {
+            let y0 = a[j].add(b * 34);
+            let y1 = if pair { y0.add(34) } else { ZERO_BLOCK.as_ptr() };
+            yv[j] = if Q8 { ld2(y0.add(2), y1.add(2)) } else { y2_nibble_order(y0.add(2), y1.add(2)) };
+            // −c·Σy per 4-byte group; c·y as u8·i8 (c = 128 reads as unsigned 0x80).
+            seed[j] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, yv[j]));
+            let ys = _mm256_cvtph_ps(_mm_set1_epi32((rd16(y0) as u32 | (rd16(y1) as u32) << 16) as i32));
+            prod[j] = _mm512_castps256_ps512(_mm256_mul_ps(xs, ys));
+        }
         l.prefetch::<R>(b);
         for r in 0..R {
             let (q0, q1) = l.quants(r, b, pair);
             let q = if Q8 { _mm512_xor_si512(ld2(q0, q1), flip) } else { nib2(q0, q1) };
-            let p = _mm512_dpbusd_epi32(seed, q, yv);
             let k = 2 * r as i32;
             let idx = if Q8 {
                 _mm512_setr_epi32(k, k, k, k, k, k, k, k, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1)
             } else {
                 _mm512_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1, k, k, k, k, k + 1, k + 1, k + 1, k + 1)
             };
-            acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prod), _mm512_cvtepi32_ps(p), acc[r]);
+            for j in 0..A {
+                let p = _mm512_dpbusd_epi32(seed[j], q, yv[j]);
+                acc[j][r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prod[j]), _mm512_cvtepi32_ps(p), acc[j][r]);
+            }
         }
         b += 2;
     }
-    reduce(acc)
+    let mut outs = [[0f32; 4]; A];
+    for j in 0..A {
+        outs[j] = reduce(acc[j]);
+    }
+    outs
 }
 
 /// Q4_0 × Q8_0 (see [`DotFn`]).
@@ -400,3 +448,53 @@ unsafe fn loadm_bf16(m: __mmask16, p: *const u8) -> __m512 {
 float_dot512!(dot_f32, 4, load_f32, loadm_f32);
 float_dot512!(dot_f16, 2, load_f16, loadm_f16);
 float_dot512!(dot_bf16, 2, load_bf16, loadm_bf16);
+
+// ------------------------------------------------------- tiles (file layout)
+
+/// The tile kernel (4 weight rows × 2 activation rows) over the file layout
+/// for `dtype`: each activation row gets the four-row kernel's exact
+/// arithmetic, like the packed tiles ([`super::avx512_packed::tile_fn`]).
+pub fn tile_fn(dtype: DType) -> Option<crate::quant::TileFn> {
+    match dtype {
+        DType::Q4_0 => Some(tile_q4_0),
+        DType::Q4_1 => Some(tile_q4_1),
+        DType::Q8_0 => Some(tile_q8_0),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+unsafe fn store_tile(r: [[f32; 4]; 2], y: *mut f32, y_stride: usize) {
+    std::ptr::copy_nonoverlapping(r[0].as_ptr(), y, 4);
+    std::ptr::copy_nonoverlapping(r[1].as_ptr(), y.add(y_stride), 4);
+}
+
+/// Four Q4_0 rows × two Q8_0 rows (see [`crate::quant::TileFn`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`crate::quant::TileFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_q4_0(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
+    let r = q8act_tile::<4, 2, false, _>(n, FileRows::new::<4>(w, stride, n, 18, 2), [a, a.add(a_stride)]);
+    store_tile(r, y, ys);
+}
+
+/// Four Q8_0 rows × two Q8_0 rows (see [`crate::quant::TileFn`]).
+///
+/// # Safety
+/// As for [`tile_q4_0`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_q8_0(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
+    let r = q8act_tile::<4, 2, true, _>(n, FileRows::new::<4>(w, stride, n, 34, 2), [a, a.add(a_stride)]);
+    store_tile(r, y, ys);
+}
+
+/// Four Q4_1 rows × two Q8_1 rows (see [`crate::quant::TileFn`]).
+///
+/// # Safety
+/// As for [`tile_q4_0`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_q4_1(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
+    let r = q4_1_tile::<4, 2, _>(n, FileRows::new::<4>(w, stride, n, 20, 4), [a, a.add(a_stride)]);
+    store_tile(r, y, ys);
+}

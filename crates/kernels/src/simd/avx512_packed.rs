@@ -9,9 +9,9 @@
 //! layout at this ISA level, as the AVX2 packed kernels do at theirs.
 
 use super::avx2_rows::prefetch;
-use super::avx512::{q4_1_rows, q8act_rows, BlockPairs};
+use super::avx512::{q4_1_rows, q4_1_tile, q8act_rows, q8act_tile, BlockPairs};
 use crate::packed::PACK_ROWS;
-use crate::quant::Dot4Fn;
+use crate::quant::{Dot4Fn, TileFn};
 use crate::DType;
 use std::arch::x86_64::*;
 
@@ -23,6 +23,55 @@ pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
         DType::Q8_0 => Some(dot4_q8_0),
         _ => None,
     }
+}
+
+/// The packed tile kernel (4 weight rows × 2 activation rows) for `dtype`.
+/// Each activation row gets exactly [`dot4_fn`]'s arithmetic, so results do
+/// not depend on whether a row went through the tile or the four-row kernel.
+pub fn tile_fn(dtype: DType) -> Option<TileFn> {
+    match dtype {
+        DType::Q4_0 => Some(tile_q4_0),
+        DType::Q4_1 => Some(tile_q4_1),
+        DType::Q8_0 => Some(tile_q8_0),
+        _ => None,
+    }
+}
+
+/// Writes a tile's two rows of four outputs.
+#[inline(always)]
+unsafe fn store_tile(r: [[f32; 4]; 2], y: *mut f32, y_stride: usize) {
+    std::ptr::copy_nonoverlapping(r[0].as_ptr(), y, 4);
+    std::ptr::copy_nonoverlapping(r[1].as_ptr(), y.add(y_stride), 4);
+}
+
+/// Packed Q4_0 group × two Q8_0 activation rows (see [`TileFn`]).
+///
+/// # Safety
+/// As for [`dot4_q4_0`], for both activation rows; `y` valid for the writes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_q4_0(n: usize, w: *const u8, _s: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
+    let r = q8act_tile::<4, 2, false, _>(n, PackedGroup { w, bb: 18, head: 2 }, [a, a.add(a_stride)]);
+    store_tile(r, y, ys);
+}
+
+/// Packed Q8_0 group × two Q8_0 activation rows (see [`TileFn`]).
+///
+/// # Safety
+/// As for [`tile_q4_0`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_q8_0(n: usize, w: *const u8, _s: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
+    let r = q8act_tile::<4, 2, true, _>(n, PackedGroup { w, bb: 34, head: 2 }, [a, a.add(a_stride)]);
+    store_tile(r, y, ys);
+}
+
+/// Packed Q4_1 group × two Q8_1 activation rows (see [`TileFn`]).
+///
+/// # Safety
+/// As for [`tile_q4_0`], with Q8_1 activations.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_q4_1(n: usize, w: *const u8, _s: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
+    let r = q4_1_tile::<4, 2, _>(n, PackedGroup { w, bb: 20, head: 4 }, [a, a.add(a_stride)]);
+    store_tile(r, y, ys);
 }
 
 /// How far ahead of the current block pair the stream is prefetched, in bytes
