@@ -13,7 +13,7 @@
 
 use crate::EngineError;
 use comm::Group;
-use model::plan::{pipeline_layers_by_bytes, tp_slice};
+use model::plan::{pipeline_layers_by_layer_bytes, tp_slice};
 use model::{AllReduce, KvCache, LogitsMode, Model, SeqKv, SeqStep, ShardSpec, Workspace};
 
 /// How the model is split.
@@ -181,13 +181,18 @@ impl Cluster {
             (0..self.stages).map(|s| weights[s * self.tp..(s + 1) * self.tp].iter().sum()).collect();
         // Data-flow order: index 0 embeds. Stage p holds data-flow slot S−1−p.
         let flow_w: Vec<f64> = stage_w.iter().rev().copied().collect();
-        let prefix = "model.layers.0.";
-        let layer_bytes: usize =
-            files.tensors.tensors.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, t)| t.bytes().len()).sum();
+        // Each layer's own bytes: dense and MoE layers differ by an order of magnitude.
+        let mut layer_bytes = vec![0f64; cfg.n_layers];
+        for (name, t) in files.tensors.tensors.iter() {
+            let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+            if let Some(slot) = layer.and_then(|l| layer_bytes.get_mut(l)) {
+                *slot += t.bytes().len() as f64;
+            }
+        }
         let head = files.tensors.get("lm_head.weight").or_else(|_| files.tensors.get("model.embed_tokens.weight"));
         // Rank 0 also holds the tokenizer (measured ~400 bytes per vocabulary entry).
         let head_bytes = head.map_or(0, |t| t.bytes().len()) + cfg.vocab_size * 384;
-        let ranges = pipeline_layers_by_bytes(cfg.n_layers, layer_bytes as f64, head_bytes as f64, &flow_w)
+        let ranges = pipeline_layers_by_layer_bytes(&layer_bytes, head_bytes as f64, &flow_w)
             .map_err(model::ModelError::from)?;
         let layers = ranges[self.stages - 1 - self.stage].clone();
         let tp = if self.tp > 1 {

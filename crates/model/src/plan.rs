@@ -96,22 +96,49 @@ pub fn pipeline_layers_by_bytes(
     head_bytes: f64,
     weights: &[f64],
 ) -> Result<Vec<Range<usize>>, PlanError> {
-    let stages = weights.len();
+    pipeline_layers_by_layer_bytes(&vec![layer_bytes; n_layers], head_bytes, weights)
+}
+
+/// [`pipeline_layers_by_bytes`] for layers of different sizes (`layer_bytes[i]`
+/// for layer `i`: a model whose first layers are dense and the rest MoE, as
+/// DeepSeek's): each boundary goes where the running sum of layer bytes comes
+/// closest to the stages' shares, ties to the later layer (so equal layers
+/// split as `round` would).
+pub fn pipeline_layers_by_layer_bytes(
+    layer_bytes: &[f64],
+    head_bytes: f64,
+    weights: &[f64],
+) -> Result<Vec<Range<usize>>, PlanError> {
+    let (n_layers, stages) = (layer_bytes.len(), weights.len());
     if stages > n_layers {
         return Err(PlanError::TooFewLayers { layers: n_layers, stages });
     }
-    if layer_bytes <= 0.0 {
+    let layers_total: f64 = layer_bytes.iter().sum();
+    if layers_total <= 0.0 {
         return pipeline_layers(n_layers, weights);
     }
+    // prefix[k]: bytes of layers 0..k.
+    let prefix: Vec<f64> = std::iter::once(0.0)
+        .chain(layer_bytes.iter().scan(0.0, |acc, b| {
+            *acc += b;
+            Some(*acc)
+        }))
+        .collect();
     let total_w: f64 = weights.iter().sum();
-    let total_bytes = n_layers as f64 * layer_bytes + head_bytes;
+    let total_bytes = layers_total + head_bytes;
     let mut bounds = vec![0usize];
     let mut cum = 0.0;
     for i in 0..stages - 1 {
         cum += total_bytes * weights[i] / total_w;
-        let b = (cum / layer_bytes).round() as usize;
         let (min, max) = (bounds[i] + 1, n_layers - (stages - 1 - i));
-        bounds.push(b.clamp(min, max));
+        let mut best = min;
+        for k in min..=max {
+            // Relative slack keeps float noise from breaking exact ties.
+            if (prefix[k] - cum).abs() <= (prefix[best] - cum).abs() * (1.0 + 1e-12) {
+                best = k;
+            }
+        }
+        bounds.push(best);
     }
     bounds.push(n_layers);
     Ok(bounds.windows(2).map(|w| w[0]..w[1]).collect())
@@ -301,5 +328,17 @@ mod tests {
         assert_eq!((held(&[3.0, 1.0], 0), held(&[3.0, 1.0], 1)), (Some(0..6), Some(6..8)));
         let s = tp_slice(8, 8, 1024, 100, 32, &[1.0; 4], 0).unwrap();
         assert!(matches!(s.expert_parallel(3), Err(PlanError::TooFewExperts { experts: 3, ranks: 4 })));
+    }
+
+    #[test]
+    fn uneven_layers_split_by_their_own_bytes() {
+        // Three small dense layers, then five MoE layers four times their size.
+        let bytes = [1.0, 1.0, 1.0, 4.0, 4.0, 4.0, 4.0, 4.0];
+        let r = pipeline_layers_by_layer_bytes(&bytes, 0.0, &[1.0, 1.0]).unwrap();
+        // 23 bytes in all: half is 11.5, reached after layer 5 (3 + 8 = 11).
+        assert_eq!(r, vec![0..5, 5..8]);
+        // Equal layers split as before.
+        let even = pipeline_layers_by_layer_bytes(&[2.0; 10], 4.0, &[1.0, 1.0, 1.0]).unwrap();
+        assert_eq!(even, pipeline_layers_by_bytes(10, 2.0, 4.0, &[1.0, 1.0, 1.0]).unwrap());
     }
 }
