@@ -47,6 +47,7 @@
 pub mod attention;
 pub mod dtype;
 pub mod isa;
+pub mod kv_quant;
 pub mod matmul;
 pub mod ops;
 pub mod packed;
