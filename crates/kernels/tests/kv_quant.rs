@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::*;
 use bytemuck::Zeroable;
+use common::*;
 use rand::Rng;
 use shardlm_kernels::attention::{self, AttnShape, KvElem, KvView};
 use shardlm_kernels::isa;
@@ -123,7 +123,8 @@ fn attention_at_depth<T: Quant>() {
             let n_blocks = ctx.div_ceil(block);
             let mut table: Vec<u32> = (0..n_blocks as u32).collect();
             table.sort_by_key(|&b| b.wrapping_mul(2_654_435_761).rotate_left(7));
-            let (mut kp, mut vp) = (vec![T::zeroed(); n_blocks * block * stride], vec![T::zeroed(); n_blocks * block * stride]);
+            let (mut kp, mut vp) =
+                (vec![T::zeroed(); n_blocks * block * stride], vec![T::zeroed(); n_blocks * block * stride]);
             for p in 0..ctx {
                 let at = (table[p / block] as usize * block + p % block) * stride;
                 kp[at..at + stride].copy_from_slice(&k[p * stride..(p + 1) * stride]);

@@ -127,7 +127,21 @@ fn softmax_exp_accuracy() {
     // Dense over [−100, 0] (step ~1e-4), plus the edges; 13 values past a
     // multiple of 16 so the masked tail runs.
     let mut xs: Vec<f32> = (0..=1_000_000).map(|i| -(i as f32) * 1e-4).collect();
-    xs.extend([-86.0, -85.999, -86.001, -87.5, -1e-30, -0.0, -103.0, -150.0, f32::NEG_INFINITY, -0.5, -1.5, -2.5, -3.5]);
+    xs.extend([
+        -86.0,
+        -85.999,
+        -86.001,
+        -87.5,
+        -1e-30,
+        -0.0,
+        -103.0,
+        -150.0,
+        f32::NEG_INFINITY,
+        -0.5,
+        -1.5,
+        -2.5,
+        -3.5,
+    ]);
     let mut e2 = xs.clone();
     // SAFETY: AVX2 checked above.
     let s2 = unsafe { avx2_ops::exp_sub_sum(e2.as_mut_ptr(), 0.0, e2.len()) };
