@@ -172,7 +172,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let vocab = cfg.vocab_size;
     // What the generate loop allocates: K and V for every layer, p + g positions.
     let kv_type = engine.model.kv_type;
-    let kv_cache_bytes = (cfg.n_layers * 2 * (p + g) * cfg.n_kv_heads * cfg.head_dim * kv_type.bytes()) as u64;
+    let kv_cache_bytes = (cfg.n_layers * 2 * (p + g) * kv_type.bytes_for(cfg.n_kv_heads * cfg.head_dim)) as u64;
     let weight_bytes_per_token = engine.model.weight_bytes_per_token() as u64;
     let file_bytes = model_file_bytes(&files.path);
     let rss_after_load = peak_rss_bytes();
@@ -241,9 +241,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     } else {
         println!(
             "Averages: prompt_tps={avg_prompt:.3}, generation_tps={avg_gen:.3}, ttft={avg_ttft:.3} s, \
-             peak_memory={:.3} GiB (model files {:.3} GiB + KV cache {:.3} GiB)",
+             peak_memory={:.3} GiB (model files {:.3} GiB + {} KV cache {:.3} GiB)",
             gib(avg_rss),
             gib(file_bytes),
+            kv_type.name(),
             gib(kv_cache_bytes)
         );
         if per_rank_rss.len() > 1 {

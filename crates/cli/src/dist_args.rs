@@ -49,6 +49,21 @@ pub struct DistArgs {
     /// Let ranks other than 0 print.
     #[arg(long)]
     pub verbose: bool,
+    /// KV cache type: f16, q8_0 or q4_0 (GGUF blocks of 32 with an f16 scale, as
+    /// llama.cpp's --cache-type-k/v), or f32. Default: f32 for float checkpoints,
+    /// f16 otherwise (or SHARDLM_KV_TYPE).
+    #[arg(long, value_parser = parse_kv_type)]
+    pub kv_type: Option<model::KvType>,
+}
+
+fn parse_kv_type(s: &str) -> Result<model::KvType, String> {
+    model::KvType::parse(s).ok_or_else(|| format!("'{s}' is not a KV cache type (f16, q8_0, q4_0 or f32)"))
+}
+
+/// Load options from the environment, with `--kv-type` over `SHARDLM_KV_TYPE`.
+fn load_options(d: &DistArgs, quantize: Option<kernels::DType>, rank: Option<usize>) -> model::LoadOptions {
+    let env = model::LoadOptions::from_env(quantize);
+    model::LoadOptions { progress: load_progress(rank), kv_type: d.kv_type.or(env.kv_type), ..env }
 }
 
 fn parse_wire(s: &str) -> Result<comm::Wire, String> {
@@ -110,7 +125,7 @@ pub fn load_engine_dist_with(
     }
     if world.size() == 1 {
         let tokenizer = Tokenizer::from_source(&files.tokenizer)?;
-        let opts = model::LoadOptions { progress: load_progress(None), ..model::LoadOptions::from_env(quantize) };
+        let opts = load_options(d, quantize, None);
         let m = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &opts)?;
         return Ok(Some((Engine::new(m, tokenizer, threads), files, name)));
     }
@@ -121,8 +136,7 @@ pub fn load_engine_dist_with(
     cluster.exact_tp = d.tp_exact;
     let block = mlp_block(&files, quantize);
     let spec = cluster.shard_spec(&files, &weights, block)?;
-    let opts =
-        model::LoadOptions { progress: load_progress(Some(cluster.rank())), ..model::LoadOptions::from_env(quantize) };
+    let opts = load_options(d, quantize, Some(cluster.rank()));
     let m = model::Model::load(&files, &spec, &opts)?;
     if cluster.rank() != 0 {
         let pool = kernels::ThreadPool::new(threads);

@@ -133,7 +133,8 @@ const KV_BLOCK: usize = 32;
 /// of tokens however the model is split.
 fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<engine::serving::SchedulerConfig> {
     let cfg = &engine.model.config;
-    let per_token = (cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * engine.model.kv_type.bytes()).max(1);
+    // Whole quantized blocks per K/V row for q8_0/q4_0 (a row is whole heads).
+    let per_token = (cfg.n_layers * 2 * engine.model.kv_type.bytes_for(cfg.n_kv_heads * cfg.head_dim)).max(1);
     let tokens = match a.kv_cache_bytes {
         Some(b) => b as usize / per_token,
         None => 2 * engine.context_length(),

@@ -1,19 +1,33 @@
 //! Times `attention::attention` on SmolLM2-135M's shape (9 heads, 3 KV heads,
-//! head_dim 64): a 512-token prefill chunk at several depths, and decode steps.
-//! `cargo run --release -p shardlm-kernels --example attn_bench [threads]`.
+//! head_dim 64): a 512-token prefill chunk at several depths, and decode steps,
+//! over an f16 (default), q8_0 or q4_0 KV cache.
+//! `cargo run --release -p shardlm-kernels --example attn_bench [threads] [f16|q8_0|q4_0]`.
 
+use bytemuck::Zeroable;
 use half::f16;
-use shardlm_kernels::attention::{attention, AttnShape};
+use shardlm_kernels::attention::{attention, AttnShape, KvElem};
+use shardlm_kernels::quant::{q4_0::BlockQ4_0, q8_0::BlockQ8_0};
 use shardlm_kernels::ThreadPool;
 use std::time::Instant;
 
 fn main() {
     let threads = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2);
     let pool = ThreadPool::new(threads);
+    match std::env::args().nth(2).as_deref().unwrap_or("f16") {
+        "q8_0" => bench::<BlockQ8_0>(&pool, BlockQ8_0::zeroed()),
+        "q4_0" => bench::<BlockQ4_0>(&pool, BlockQ4_0::zeroed()),
+        _ => bench::<f16>(&pool, f16::ZERO),
+    }
+}
+
+fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
     let (nh, nkv, d) = (9, 3, 64);
     let ctx = 8192 + 512;
-    let k: Vec<f16> = (0..ctx * nkv * d).map(|i| f16::from_f32(((i * 7919) % 1000) as f32 / 1000.0 - 0.5)).collect();
-    let v = k.iter().rev().copied().collect::<Vec<_>>();
+    let x: Vec<f32> = (0..ctx * nkv * d).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let (mut k, mut v) = (vec![zero; x.len() / T::VALUES], vec![zero; x.len() / T::VALUES]);
+    T::store(&x, &mut k);
+    let xr: Vec<f32> = x.iter().rev().copied().collect();
+    T::store(&xr, &mut v);
     for (n_new, start) in [(512, 0), (512, 1536), (1, 512), (1, 2048), (1, 8192)] {
         let q: Vec<f32> = (0..n_new * nh * d).map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5).collect();
         let mut out = vec![0f32; n_new * nh * d];
@@ -27,10 +41,10 @@ fn main() {
             scale: 0.125,
         };
         let reps = if n_new == 1 { 300 } else { 5 };
-        attention(&pool, &q, &k, &v, &sh, &mut out);
+        attention(pool, &q, &k, &v, &sh, &mut out);
         let (t, c) = (Instant::now(), cpu_ns());
         for _ in 0..reps {
-            attention(&pool, &q, &k, &v, &sh, &mut out);
+            attention(pool, &q, &k, &v, &sh, &mut out);
         }
         let s = t.elapsed().as_secs_f64() / reps as f64;
         let cpu = (cpu_ns() - c) as f64 * 1e-9 / reps as f64;

@@ -1,5 +1,6 @@
 //! Causal (optionally sliding-window) attention of one sequence's new tokens
-//! against its f16 KV cache: tiled, with an online (flash-attention) softmax.
+//! against its KV cache (f16, f32, Q8_0 or Q4_0: [`KvElem`]): tiled, with an
+//! online (flash-attention) softmax.
 //!
 //! # Work split
 //! A *tile* is one KV head × up to [`RMAX`] query rows: all query heads of that
@@ -18,13 +19,15 @@
 //! and the caller merges them.
 //!
 //! # Numerics
-//! K and V are f16 (the default cache format) or f32 ([`KvElem`]), widened
-//! exactly to f32; all arithmetic is f32. [`attention_reference`] is the plain two-pass version, for tests.
+//! K and V are f16 (the default cache format), f32, or Q8_0/Q4_0 blocks
+//! ([`KvElem`], [`crate::kv_quant`]), widened to f32 (exactly for the float
+//! types, `q·d` for the quantized ones); all arithmetic is f32. The softmax
+//! exp is a polynomial (relative error < 2.5e-7, see `exp_sub_sum`). [`attention_reference`] is the plain two-pass version, for tests.
 
 use crate::isa::{self, Isa};
 use crate::ops::SendPtr;
 #[cfg(target_arch = "x86_64")]
-use crate::simd::{avx2_attn, avx2_ops};
+use crate::simd::{avx2_attn, avx2_ops, avx512_attn};
 use crate::ThreadPool;
 use half::f16;
 use std::cell::RefCell;
@@ -39,25 +42,29 @@ pub const KB: usize = 32;
 /// (`2·RMAX·d + RMAX·KB` floats besides the K/V blocks: 40 KiB at d = 64).
 pub const RMAX: usize = 64;
 
-/// An element type of the KV cache: f16 (the default, as llama.cpp's) or f32
-/// (for float checkpoints, so their logits stay within 1e-3 of transformers).
-/// Blocks are widened to f32 once per tile either way.
+/// An element type of the KV cache: f16 (the default, as llama.cpp's), f32 (for
+/// float checkpoints, so their logits stay within 1e-3 of transformers), or a
+/// quantized block of [`KvElem::VALUES`] values (Q8_0, Q4_0: [`crate::kv_quant`]).
+/// Blocks of keys are widened to f32 once per tile whatever the type.
+///
+/// Strides and offsets into a cache slice count *elements*: a cache row of `w`
+/// values is `w / VALUES` elements, so a head's `head_dim` values must be a
+/// whole number of elements (`head_dim % VALUES == 0`, checked by [`attention`]).
 pub trait KvElem: Copy + Send + Sync + 'static {
-    /// One value as f32 (exact for both types).
-    fn to_f32(self) -> f32;
-    /// Stores `src` into `dst` (f16: rounding to nearest even).
+    /// Values one element holds: 1 for f16/f32, 32 for a Q8_0/Q4_0 block.
+    const VALUES: usize;
+    /// Stores `src` (`dst.len() · VALUES` values) into `dst` (f16: rounding to
+    /// nearest even; quantized: one scale per block).
     fn store(src: &[f32], dst: &mut [Self]);
-    /// [`widen`]'s job for this type: `n` rows at `src[j·stride..]` of `d`
-    /// values into `dst` (`n_pad × d`, rows past `n` zeroed).
+    /// [`widen`]'s job for this type: `n` rows at `src[j·stride..]` (`stride` in
+    /// elements) of `d` values into `dst` (`n_pad × d` f32, rows past `n` zeroed).
     fn widen(simd: bool, src: &[Self], stride: usize, n: usize, n_pad: usize, d: usize, dst: &mut [f32]);
     /// Brings the next block's rows into cache (a hint).
     fn prefetch(simd: bool, src: &[Self], stride: usize, n: usize, d: usize);
 }
 
 impl KvElem for f16 {
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
+    const VALUES: usize = 1;
     fn store(src: &[f32], dst: &mut [f16]) {
         f32_to_f16(src, dst)
     }
@@ -70,9 +77,7 @@ impl KvElem for f16 {
 }
 
 impl KvElem for f32 {
-    fn to_f32(self) -> f32 {
-        self
-    }
+    const VALUES: usize = 1;
     fn store(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src)
     }
@@ -112,16 +117,23 @@ impl AttnShape {
 
     fn check<T: KvElem>(&self, q: usize, kv: &KvView<'_, T>, out: usize) {
         assert!(self.n_kv_heads > 0 && self.n_heads.is_multiple_of(self.n_kv_heads), "attention: bad head counts");
+        assert!(self.head_dim.is_multiple_of(T::VALUES), "attention: head_dim not a whole number of cache blocks");
         let rows = self.n_new * self.n_heads * self.head_dim;
         assert!(q >= rows && out >= rows, "attention: q/out too short");
-        kv.check(self.start_pos + self.n_new, self.n_kv_heads * self.head_dim);
+        kv.check(self.start_pos + self.n_new, self.stride::<T>());
+    }
+
+    /// Elements of type `T` per cache row (`n_kv_heads · head_dim / T::VALUES`).
+    pub fn stride<T: KvElem>(&self) -> usize {
+        self.n_kv_heads * self.head_dim / T::VALUES
     }
 }
 
 /// Where one layer's keys and values live: a pool of fixed-size blocks and the
 /// sequence's block table. Position `p` is row `p % block` of block
 /// `table[p / block]`, and a block is `block × n_kv_heads × head_dim` values, so
-/// K of block `b` starts at `k[b · block · stride]` (`stride = n_kv_heads·head_dim`).
+/// K of block `b` starts at `k[b · block · stride]` (`stride` = elements per row,
+/// `n_kv_heads·head_dim / T::VALUES`).
 /// A contiguous cache is the one-block case ([`KvView::contiguous`]).
 #[derive(Debug, Clone, Copy)]
 pub struct KvView<'a, T> {
@@ -137,7 +149,7 @@ pub struct KvView<'a, T> {
 const ONE_BLOCK: [u32; 1] = [0];
 
 impl<'a, T: KvElem> KvView<'a, T> {
-    /// A `n_ctx × stride` cache in one piece.
+    /// A `n_ctx × stride` cache in one piece (`stride` in elements).
     pub fn contiguous(k: &'a [T], v: &'a [T], stride: usize) -> KvView<'a, T> {
         KvView { k, v, table: &ONE_BLOCK, block: (k.len() / stride.max(1)).max(1) }
     }
@@ -151,7 +163,7 @@ impl<'a, T: KvElem> KvView<'a, T> {
         (&self.k[at..], &self.v[at..], self.block - r)
     }
 
-    /// Position `p`'s key and value rows (`stride` values each).
+    /// Position `p`'s key and value rows (`stride` elements each).
     pub fn row(&self, p: usize, stride: usize) -> (&'a [T], &'a [T]) {
         let (k, v, _) = self.rows(p, stride);
         (&k[..stride], &v[..stride])
@@ -182,28 +194,33 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     }
 }
 
-/// Plain reference: per (token, head), f32 scores over the f16-widened keys, a
-/// two-pass softmax, then the weighted sum of values. Same contract as [`attention`].
+/// Plain reference: per (token, head), f32 scores over the widened keys (one
+/// row at a time, scalar code), a two-pass softmax, then the weighted sum of
+/// values. Same contract as [`attention`].
 pub fn attention_reference<T: KvElem>(q: &[f32], k: &[T], v: &[T], sh: &AttnShape, out: &mut [f32]) {
-    let stride = sh.n_kv_heads * sh.head_dim;
-    attention_reference_paged(q, &KvView::contiguous(k, v, stride), sh, out)
+    attention_reference_paged(q, &KvView::contiguous(k, v, sh.stride::<T>()), sh, out)
 }
 
 /// [`attention_reference`] reading through a block table.
 pub fn attention_reference_paged<T: KvElem>(q: &[f32], kv: &KvView<'_, T>, sh: &AttnShape, out: &mut [f32]) {
     sh.check(q.len(), kv, out.len());
     let (nh, d) = (sh.n_heads, sh.head_dim);
-    let (group, stride) = (nh / sh.n_kv_heads, sh.n_kv_heads * d);
+    let (group, stride) = (nh / sh.n_kv_heads, sh.stride::<T>());
+    // One widened key or value row of one head.
+    let row = |src: &[T], h: usize| {
+        let mut x = vec![0f32; d];
+        T::widen(false, &src[(h / group) * d / T::VALUES..], stride, 1, 1, d, &mut x);
+        x
+    };
     for i in 0..sh.n_new {
         let keys = sh.keys(i);
         for h in 0..nh {
-            let off = (h / group) * d;
             let qh = &q[(i * nh + h) * d..][..d];
             let s: Vec<f32> = keys
                 .clone()
                 .map(|p| {
-                    let kp = &kv.row(p, stride).0[off..][..d];
-                    qh.iter().zip(kp).map(|(&a, &b)| a * b.to_f32()).sum::<f32>() * sh.scale
+                    let kp = row(kv.row(p, stride).0, h);
+                    qh.iter().zip(&kp).map(|(&a, &b)| a * b).sum::<f32>() * sh.scale
                 })
                 .collect();
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -212,8 +229,8 @@ pub fn attention_reference_paged<T: KvElem>(q: &[f32], kv: &KvView<'_, T>, sh: &
             let o = &mut out[(i * nh + h) * d..][..d];
             o.fill(0.0);
             for (p, &w) in keys.clone().zip(&e) {
-                for (od, vd) in o.iter_mut().zip(&kv.row(p, stride).1[off..][..d]) {
-                    *od += w / sum * KvElem::to_f32(*vd);
+                for (od, vd) in o.iter_mut().zip(row(kv.row(p, stride).1, h)) {
+                    *od += w / sum * vd;
                 }
             }
         }
@@ -336,8 +353,7 @@ thread_local! {
 ///
 /// Uses AVX2 when active and `head_dim % 8 == 0`, else scalar code (same tiling).
 pub fn attention<T: KvElem>(pool: &ThreadPool, q: &[f32], k: &[T], v: &[T], sh: &AttnShape, out: &mut [f32]) {
-    let stride = sh.n_kv_heads * sh.head_dim;
-    attention_paged(pool, q, &KvView::contiguous(k, v, stride), sh, out)
+    attention_paged(pool, q, &KvView::contiguous(k, v, sh.stride::<T>()), sh, out)
 }
 
 /// [`attention`] over a paged cache: the same tiles, each key block cut short
@@ -347,7 +363,9 @@ pub fn attention_paged<T: KvElem>(pool: &ThreadPool, q: &[f32], kv: &KvView<'_, 
     if sh.n_new == 0 || sh.head_dim == 0 {
         return;
     }
-    let simd = matches!(isa::active(), Isa::Avx2 | Isa::Avx512) && sh.head_dim.is_multiple_of(8);
+    let level = isa::active();
+    let simd = matches!(level, Isa::Avx2 | Isa::Avx512) && sh.head_dim.is_multiple_of(8);
+    let avx512 = simd && level == Isa::Avx512;
     let tiling = Tiling::new(sh, pool.n_threads());
     let n_jobs = tiling.jobs(sh.n_kv_heads);
     let d = sh.head_dim;
@@ -370,7 +388,7 @@ pub fn attention_paged<T: KvElem>(pool: &ThreadPool, q: &[f32], kv: &KvView<'_, 
                         break;
                     }
                     let job = tiling.job(j, sh);
-                    run_tile(simd, q, kv, sh, &job, &mut sc);
+                    run_tile(simd, avx512, q, kv, sh, &job, &mut sc);
                     if tiling.splits == 1 {
                         // SAFETY: tiles cover disjoint (token, head) rows of `out`.
                         unsafe { write_rows(sh, &job, &sc, out_ptr.0) };
@@ -389,9 +407,18 @@ pub fn attention_paged<T: KvElem>(pool: &ThreadPool, q: &[f32], kv: &KvView<'_, 
 }
 
 /// Runs `job`'s rows over its keys, leaving `m`, `l` and unnormalized `o` in `sc`.
-fn run_tile<T: KvElem>(simd: bool, q: &[f32], kv: &KvView<'_, T>, sh: &AttnShape, job: &Job, sc: &mut Scratch) {
+/// `simd`: AVX2 block steps; `avx512`: also the AVX-512 softmax exp.
+fn run_tile<T: KvElem>(
+    simd: bool,
+    avx512: bool,
+    q: &[f32],
+    kv: &KvView<'_, T>,
+    sh: &AttnShape,
+    job: &Job,
+    sc: &mut Scratch,
+) {
     let (nh, d) = (sh.n_heads, sh.head_dim);
-    let stride = sh.n_kv_heads * d;
+    let stride = sh.stride::<T>();
     let rows = job.toks * job.heads;
     let Scratch { q: qb, k: kb, v: vb, s, m, l, o } = sc;
     for r in 0..rows {
@@ -403,7 +430,7 @@ fn run_tile<T: KvElem>(simd: bool, q: &[f32], kv: &KvView<'_, T>, sh: &AttnShape
     m[..rows].fill(f32::NEG_INFINITY);
     l[..rows].fill(0.0);
     o[..rows * d].fill(0.0);
-    let koff = job.kvh * d;
+    let koff = job.kvh * d / T::VALUES;
     let mut b0 = job.keys.start;
     while b0 < job.keys.end {
         let (k, v, run) = kv.rows(b0, stride);
@@ -428,7 +455,7 @@ fn run_tile<T: KvElem>(simd: bool, q: &[f32], kv: &KvView<'_, T>, sh: &AttnShape
             }
             let bmax = p[js..je].iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let m_new = m[r].max(bmax);
-            let sum = exp_sub_sum(simd, &mut p[js..je], m_new);
+            let sum = exp_sub_sum(simd, avx512, &mut p[js..je], m_new);
             p[..js].fill(0.0);
             p[je..].fill(0.0);
             if m[r] != m_new {
@@ -450,7 +477,7 @@ fn run_tile<T: KvElem>(simd: bool, q: &[f32], kv: &KvView<'_, T>, sh: &AttnShape
 /// [`isa::active`]): two tiles (a decode tile of a GQA group of 3, and 2 tokens ×
 /// 3 heads over a window) at head_dim 64 on fixed data, and the f16 store.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn self_test_avx2(unit: &mut dyn FnMut() -> f32) -> Result<(), String> {
+pub(crate) fn self_test_avx2(avx512: bool, unit: &mut dyn FnMut() -> f32) -> Result<(), String> {
     let (nkv, d, ctx) = (2, 64, 75);
     let kv: Vec<f32> = (0..2 * ctx * nkv * d).map(|_| unit()).collect();
     let mut h = vec![f16::ZERO; kv.len()];
@@ -470,8 +497,8 @@ pub(crate) fn self_test_avx2(unit: &mut dyn FnMut() -> f32) -> Result<(), String
         a.fit(d);
         b.fit(d);
         let kv = KvView::contiguous(k, v, nkv * d);
-        run_tile(false, &q, &kv, &sh, &job, &mut a);
-        run_tile(true, &q, &kv, &sh, &job, &mut b);
+        run_tile(false, false, &q, &kv, &sh, &job, &mut a);
+        run_tile(true, avx512, &q, &kv, &sh, &job, &mut b);
         for r in 0..job.toks * job.heads {
             let (want, got) = (&a.o[r * d..(r + 1) * d], &b.o[r * d..(r + 1) * d]);
             let mag = want.iter().fold(a.l[r], |m, x| m.max(x.abs()));
@@ -610,14 +637,21 @@ fn pv(simd: bool, p: &[f32], rows: usize, v: &[f32], n: usize, d: usize, o: &mut
     }
 }
 
-/// `x[i] = e^(x[i] − max)`, returning the sum.
-fn exp_sub_sum(simd: bool, x: &mut [f32], max: f32) -> f32 {
+/// `x[i] = e^(x[i] − max)`, returning the sum. The SIMD versions are the
+/// polynomial exp of [`avx2_ops::exp8`] / [`avx512_attn::exp16`] (relative
+/// error < 2.5e-7 for `x − max ≥ −86`, exactly 0 below); scalar is `f32::exp`.
+fn exp_sub_sum(simd: bool, avx512: bool, x: &mut [f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx512 {
+        // SAFETY: `avx512` implies the AVX-512 level is active.
+        return unsafe { avx512_attn::exp_sub_sum(x.as_mut_ptr(), max, x.len()) };
+    }
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: `simd` implies AVX2+FMA.
         return unsafe { avx2_ops::exp_sub_sum(x.as_mut_ptr(), max, x.len()) };
     }
-    let _ = simd;
+    let _ = (simd, avx512);
     x.iter_mut().fold(0.0, |sum, v| {
         *v = (*v - max).exp();
         sum + *v

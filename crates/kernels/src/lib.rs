@@ -6,7 +6,8 @@
 //! * [`matmul`](mod@matmul): `y = x · Wᵀ` over a weight stored in any [`DType`], multi-threaded on
 //!   the persistent [`pool::ThreadPool`], dispatched at run time to the best ISA.
 //! * [`ops`]: the small f32 steps (RMSNorm, rope, softmax, SiLU/GELU).
-//! * [`attention`](mod@attention): tiled causal attention over the f16 KV cache (online softmax).
+//! * [`attention`](mod@attention): tiled causal attention over the KV cache (online softmax);
+//!   f16, f32 or the quantized Q8_0/Q4_0 blocks of [`kv_quant`].
 //!
 //! We write these ourselves because they *are* the product: speed on CPUs comes from
 //! kernels that read quantized weights directly, and distribution needs kernels that
@@ -47,6 +48,7 @@
 pub mod attention;
 pub mod dtype;
 pub mod isa;
+pub mod kv_quant;
 pub mod matmul;
 pub mod ops;
 pub mod packed;

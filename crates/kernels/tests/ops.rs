@@ -111,3 +111,67 @@ fn vector_exp_accuracy() {
     let got = unsafe { shardlm_kernels::simd::avx2_ops::exp_sub_sum(small.as_mut_ptr(), 0.0, small.len()) };
     assert!((got as f64 - want).abs() <= 1e-5 * want, "{got} vs {want}");
 }
+
+/// The softmax exp of the attention (AVX2 `exp8` and AVX-512 `exp16`, through
+/// their `exp_sub_sum`) over the range attention uses, `x ≤ 0` down to −100:
+/// relative error against f64 `exp` below 2.5e-7 for `x ≥ −86`, exactly 0 below,
+/// and both levels bit-identical.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn softmax_exp_accuracy() {
+    use shardlm_kernels::isa::{self, Isa};
+    use shardlm_kernels::simd::{avx2_ops, avx512_attn};
+    if !isa::available().contains(&Isa::Avx2) {
+        return;
+    }
+    // Dense over [−100, 0] (step ~1e-4), plus the edges; 13 values past a
+    // multiple of 16 so the masked tail runs.
+    let mut xs: Vec<f32> = (0..=1_000_000).map(|i| -(i as f32) * 1e-4).collect();
+    xs.extend([
+        -86.0,
+        -85.999,
+        -86.001,
+        -87.5,
+        -1e-30,
+        -0.0,
+        -103.0,
+        -150.0,
+        f32::NEG_INFINITY,
+        -0.5,
+        -1.5,
+        -2.5,
+        -3.5,
+    ]);
+    let mut e2 = xs.clone();
+    // SAFETY: AVX2 checked above.
+    let s2 = unsafe { avx2_ops::exp_sub_sum(e2.as_mut_ptr(), 0.0, e2.len()) };
+    let mut worst = 0f64;
+    let mut want_sum = 0f64;
+    for (&x, &e) in xs.iter().zip(&e2) {
+        if x < -86.0 {
+            assert_eq!(e, 0.0, "exp({x})");
+            continue;
+        }
+        let w = (x as f64).exp();
+        want_sum += w;
+        worst = worst.max(((e as f64) - w).abs() / w);
+    }
+    assert!(worst < 2.5e-7, "AVX2 exp: max relative error {worst:e}");
+    // The f32 running sums over a million terms lose ~4e-5 to rounding.
+    assert!((s2 as f64 - want_sum).abs() <= 1e-4 * want_sum, "sum {s2} vs {want_sum}");
+    eprintln!("softmax exp: max relative error {worst:e} over [-86, 0]");
+    if isa::available().contains(&Isa::Avx512) {
+        let mut e5 = xs.clone();
+        // SAFETY: AVX-512 checked above.
+        let s5 = unsafe { avx512_attn::exp_sub_sum(e5.as_mut_ptr(), 0.0, e5.len()) };
+        assert!(e2.iter().zip(&e5).all(|(a, b)| a.to_bits() == b.to_bits()), "AVX-512 exp differs from AVX2");
+        assert!((s5 as f64 - want_sum).abs() <= 1e-4 * want_sum, "AVX-512 sum {s5} vs {want_sum}");
+        // A shift by the row maximum, as attention calls it.
+        let mut row: Vec<f32> = (0..29).map(|i| i as f32 * 0.7).collect();
+        let max = 28.0 * 0.7;
+        let want: f64 = row.iter().map(|&x| ((x - max) as f64).exp()).sum();
+        // SAFETY: as above.
+        let got = unsafe { avx512_attn::exp_sub_sum(row.as_mut_ptr(), max, row.len()) };
+        assert!((got as f64 - want).abs() <= 1e-6 * want, "{got} vs {want}");
+    }
+}

@@ -7,56 +7,125 @@
 //! exactly when read, so the only error is the storage rounding (relative ≤ 2⁻¹¹
 //! for normal values). f32 is chosen automatically for float checkpoints (whose
 //! compute is f32 end to end, and whose logits must stay within 1e-3 of
-//! transformers), or forced with `SHARDLM_KV_TYPE=f16|f32`.
+//! transformers), or forced with `SHARDLM_KV_TYPE=f16|f32|q8_0|q4_0` / `--kv-type`.
+//!
+//! Q8_0 and Q4_0 (GGUF block layouts, as llama.cpp's `--cache-type-k/v`) store
+//! each head's `head_dim` values in blocks of 32 with one f16 scale: 34 and 18
+//! bytes per 32 values (0.53× and 0.28× of f16). They need `head_dim % 32 == 0`
+//! ([`KvType::check_head_dim`]). Measured logit error: docs/LONGCTX.md.
 
 use half::f16;
+use kernels::quant::q4_0::BlockQ4_0;
+use kernels::quant::q8_0::BlockQ8_0;
 
 /// The KV cache's element type.
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvType {
     #[default]
     F16,
     F32,
+    Q8_0,
+    Q4_0,
 }
 
 impl KvType {
+    pub const ALL: [KvType; 4] = [KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0];
+
     pub fn parse(s: &str) -> Option<KvType> {
-        match s.to_ascii_lowercase().as_str() {
-            "f16" => Some(KvType::F16),
-            "f32" => Some(KvType::F32),
-            _ => None,
-        }
+        let s = s.to_ascii_lowercase();
+        KvType::ALL.into_iter().find(|t| t.name() == s)
     }
 
     pub fn name(self) -> &'static str {
         match self {
             KvType::F16 => "f16",
             KvType::F32 => "f32",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
         }
     }
 
-    /// Bytes per stored value.
-    pub fn bytes(self) -> usize {
+    /// Values per stored element (a quantized block holds 32).
+    pub fn block_values(self) -> usize {
+        match self {
+            KvType::F16 | KvType::F32 => 1,
+            KvType::Q8_0 | KvType::Q4_0 => 32,
+        }
+    }
+
+    /// Bytes per stored element (one value, or one block of [`KvType::block_values`]).
+    pub fn block_bytes(self) -> usize {
         match self {
             KvType::F16 => 2,
             KvType::F32 => 4,
+            KvType::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
+            KvType::Q4_0 => std::mem::size_of::<BlockQ4_0>(),
         }
+    }
+
+    /// Bytes of `values` stored values (a whole number of blocks for the
+    /// quantized types: a K or V row is whole heads of whole blocks).
+    pub fn bytes_for(self, values: usize) -> usize {
+        values.div_ceil(self.block_values()) * self.block_bytes()
+    }
+
+    /// Whether heads of `head_dim` values can be stored: the quantized types
+    /// need whole blocks per head.
+    pub fn check_head_dim(self, head_dim: usize) -> Result<(), crate::ModelError> {
+        if head_dim.is_multiple_of(self.block_values()) {
+            return Ok(());
+        }
+        Err(crate::ModelError::Unsupported(format!(
+            "a {} KV cache needs head_dim to be a multiple of {} (this model's is {head_dim}); use --kv-type f16",
+            self.name(),
+            self.block_values()
+        )))
     }
 }
 
-/// One (k, v) pair per owned layer, each `n_blocks × block × kv_width`, of one type.
+/// One (k, v) pair per owned layer, each `n_blocks × block × kv_width` values
+/// (`kv_width / 32` blocks per row for the quantized types), of one type.
 #[derive(Debug, Clone)]
 pub enum KvLayers {
     F16(Vec<(Vec<f16>, Vec<f16>)>),
     F32(Vec<(Vec<f32>, Vec<f32>)>),
+    Q8_0(Vec<(Vec<BlockQ8_0>, Vec<BlockQ8_0>)>),
+    Q4_0(Vec<(Vec<BlockQ4_0>, Vec<BlockQ4_0>)>),
 }
 
-/// `n` zero f16 values from zeroed memory, so a large pool costs no resident
-/// memory until its blocks are written (`vec![f16::ZERO; n]` writes every slot).
-fn zeroed_f16(n: usize) -> Vec<f16> {
-    let mut v = std::mem::ManuallyDrop::new(vec![0u16; n]);
-    // SAFETY: f16 is a transparent u16 (same size and alignment) and 0 is +0.0.
-    unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut f16, v.len(), v.capacity()) }
+/// Element types whose all-zero bit pattern is a valid value (+0.0, or a block
+/// with scale 0 and codes 0).
+///
+/// # Safety
+/// Implement only for such types.
+unsafe trait ZeroBits: Copy {}
+// SAFETY: +0.0 for the floats; zero scale and codes for the blocks (both Pod).
+unsafe impl ZeroBits for f16 {}
+unsafe impl ZeroBits for f32 {}
+unsafe impl ZeroBits for BlockQ8_0 {}
+unsafe impl ZeroBits for BlockQ4_0 {}
+
+/// `n` zero elements from zeroed memory, so a large pool costs no resident
+/// memory until its blocks are written (`vec![x; n]` writes every slot).
+fn zeroed<T: ZeroBits>(n: usize) -> Vec<T> {
+    let layout = std::alloc::Layout::array::<T>(n).expect("KV pool size overflows");
+    if layout.size() == 0 {
+        return Vec::new();
+    }
+    // SAFETY: non-zero size; the memory is allocated with `T`'s layout for
+    // exactly `n` elements, and zero bits are a valid `T` (`ZeroBits`).
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut T;
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(p, n, n)
+    }
+}
+
+fn layer_pairs<T: ZeroBits>(n_layers: usize, n: usize) -> Vec<(Vec<T>, Vec<T>)> {
+    (0..n_layers).map(|_| (zeroed(n), zeroed(n))).collect()
 }
 
 /// Fixed-size blocks of KV storage for every layer this shard owns: block `b`
@@ -75,11 +144,16 @@ pub struct KvPool {
 }
 
 impl KvPool {
+    /// A pool for rows of `kv_width` values. For the quantized types
+    /// `kv_width` must be whole blocks of 32 (the model checks `head_dim` at
+    /// load, [`KvType::check_head_dim`]); a partial block is rounded up.
     pub fn new(n_layers: usize, kv_width: usize, block: usize, n_blocks: usize, ty: KvType) -> KvPool {
-        let n = n_blocks * block * kv_width;
+        let n = n_blocks * block * kv_width.div_ceil(ty.block_values());
         let layers = match ty {
-            KvType::F16 => KvLayers::F16((0..n_layers).map(|_| (zeroed_f16(n), zeroed_f16(n))).collect()),
-            KvType::F32 => KvLayers::F32((0..n_layers).map(|_| (vec![0f32; n], vec![0f32; n])).collect()),
+            KvType::F16 => KvLayers::F16(layer_pairs(n_layers, n)),
+            KvType::F32 => KvLayers::F32(layer_pairs(n_layers, n)),
+            KvType::Q8_0 => KvLayers::Q8_0(layer_pairs(n_layers, n)),
+            KvType::Q4_0 => KvLayers::Q4_0(layer_pairs(n_layers, n)),
         };
         KvPool { layers, kv_width, block, n_blocks }
     }
@@ -88,6 +162,8 @@ impl KvPool {
         match self.layers {
             KvLayers::F16(_) => KvType::F16,
             KvLayers::F32(_) => KvType::F32,
+            KvLayers::Q8_0(_) => KvType::Q8_0,
+            KvLayers::Q4_0(_) => KvType::Q4_0,
         }
     }
 
@@ -95,17 +171,24 @@ impl KvPool {
         match &self.layers {
             KvLayers::F16(l) => l.len(),
             KvLayers::F32(l) => l.len(),
+            KvLayers::Q8_0(l) => l.len(),
+            KvLayers::Q4_0(l) => l.len(),
         }
+    }
+
+    /// Bytes of one position's K (or V) row in one layer.
+    pub fn row_bytes(&self) -> usize {
+        self.kv_type().bytes_for(self.kv_width)
     }
 
     /// Bytes held (for memory accounting).
     pub fn bytes(&self) -> usize {
-        self.n_layers() * 2 * self.n_blocks * self.block * self.kv_width * self.kv_type().bytes()
+        self.n_blocks * self.block_bytes()
     }
 
     /// Bytes one block takes across the owned layers.
     pub fn block_bytes(&self) -> usize {
-        self.n_layers() * 2 * self.block * self.kv_width * self.kv_type().bytes()
+        self.n_layers() * 2 * self.block * self.row_bytes()
     }
 }
 

@@ -52,7 +52,7 @@ impl std::fmt::Debug for LoadProgress {
 
 impl LoadOptions {
     /// Options from the environment: `SHARDLM_PACK=0` sets `keep_file_layout`,
-    /// `SHARDLM_KV_TYPE=f16|f32` the cache type (anything else: automatic).
+    /// `SHARDLM_KV_TYPE=f16|f32|q8_0|q4_0` the cache type (anything else: automatic).
     pub fn from_env(quantize: Option<DType>) -> LoadOptions {
         LoadOptions {
             quantize,
@@ -188,6 +188,7 @@ impl Model {
         // unless told otherwise; quantized ones use f16 as llama.cpp does.
         let float_weights = opts.quantize.is_none() && layers.iter().all(|l| !l.q.weight.dtype.is_quantized());
         let kv_type = opts.kv_type.unwrap_or(if float_weights { KvType::F32 } else { KvType::F16 });
+        kv_type.check_head_dim(cfg.head_dim)?;
         opts.progress.report(steps, steps);
         Ok(Model {
             config: cfg,
@@ -249,9 +250,10 @@ impl Model {
         KvPool::new(self.layers.len(), self.local.n_kv_heads * self.config.head_dim, block, n_blocks, self.kv_type)
     }
 
-    /// KV bytes one position takes in this shard.
+    /// KV bytes one position takes in this shard (K and V rows of every owned
+    /// layer, in whole quantized blocks for the Q8_0/Q4_0 types).
     pub fn kv_bytes_per_token(&self) -> usize {
-        self.layers.len() * 2 * self.local.n_kv_heads * self.config.head_dim * self.kv_type.bytes()
+        self.layers.len() * 2 * self.kv_type.bytes_for(self.local.n_kv_heads * self.config.head_dim)
     }
 
     /// Writes the embeddings of every sequence's tokens, concatenated, into `ws.x`.
@@ -380,6 +382,8 @@ impl Model {
                 match &mut kv.layers {
                     KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
                     KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
+                    KvLayers::Q8_0(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
+                    KvLayers::Q4_0(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
                 }
                 row += len;
             }
@@ -477,16 +481,18 @@ impl Model {
     ) {
         let hd = self.config.head_dim;
         let hkv = self.local.n_kv_heads * hd;
+        // Cache elements per row (quantized: blocks of 32; head_dim checked at load).
+        let row = hkv / T::VALUES;
         let len = k.len() / hkv.max(1);
         let (kc, vc) = cache;
         // Runs of new positions that stay inside one block.
         let mut p = start;
         while p < start + len {
             let n = (block - p % block).min(start + len - p);
-            let at = (table[p / block] as usize * block + p % block) * hkv;
+            let at = (table[p / block] as usize * block + p % block) * row;
             let src = (p - start) * hkv..(p - start + n) * hkv;
-            T::store(&k[src.clone()], &mut kc[at..at + n * hkv]);
-            T::store(&v[src], &mut vc[at..at + n * hkv]);
+            T::store(&k[src.clone()], &mut kc[at..at + n * row]);
+            T::store(&v[src], &mut vc[at..at + n * row]);
             p += n;
         }
         let view = KvView { k: kc, v: vc, table, block };

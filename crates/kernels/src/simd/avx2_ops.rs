@@ -9,7 +9,10 @@
 use super::avx2::hsum_ps;
 use std::arch::x86_64::*;
 
-/// `e^x` for 8 lanes.
+/// `e^x` for 8 lanes: Cody–Waite reduction `x = n·ln2 + r` (|r| ≤ ln2/2),
+/// degree-6 Taylor polynomial of `e^r` (Horner, FMA), `2^n` in the exponent
+/// field. Max relative error against f64 `exp` over `x ∈ [−86, 0]`: 2.3e-7
+/// (`softmax_exp_accuracy` in tests/ops.rs); below −86 exactly 0.
 ///
 /// # Safety
 /// AVX2+FMA CPU.

@@ -116,7 +116,8 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
     tiles(&mut rng, isa)?;
     packed(&mut rng, isa)?;
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
-        crate::attention::self_test_avx2(&mut || rng.unit())?;
+        crate::attention::self_test_avx2(isa == Isa::Avx512, &mut || rng.unit())?;
+        crate::kv_quant::self_test(isa, &mut || rng.next() as u8)?;
     }
     for dtype in DType::ALL {
         let n = test_len(dtype);
