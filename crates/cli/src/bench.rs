@@ -18,7 +18,6 @@ use engine::sampler::SamplingParams;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// GGUF file, HF directory, or alias (default: smollm2-135m).
@@ -236,9 +235,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let cfg = &engine.model.config;
     let vocab = cfg.vocab_size;
-    // What the generate loop allocates: K and V for every layer, p + g positions.
+    // What the generate loop allocates: K and V for every layer, p + g positions
+    // (this process's layers and KV heads: rank 0's share in a cluster).
     let kv_type = engine.model.kv_type;
-    let kv_cache_bytes = (cfg.n_layers * 2 * (p + g) * cfg.n_kv_heads * cfg.head_dim * kv_type.bytes()) as u64;
+    let kv_cache_bytes = (engine.model.kv_bytes_per_position() * (p + g)) as u64;
     let weight_bytes_per_token = engine.model.weight_bytes_per_token() as u64;
     let file_bytes = model_file_bytes(&files.path);
     let rss_after_load = peak_rss_bytes();

@@ -207,6 +207,12 @@ impl Model {
         KvCache::with_type(self.layers.len(), self.local.n_kv_heads * self.config.head_dim, capacity, self.kv_type)
     }
 
+    /// Bytes of KV cache one position takes in this shard's caches (its layers,
+    /// its KV heads), for memory predictions.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        self.layers.len() * 2 * self.local.n_kv_heads * self.config.head_dim * self.kv_type.bytes()
+    }
+
     /// Bytes of weights read per decoded token by this shard.
     pub fn weight_bytes_per_token(&self) -> usize {
         let layers: usize = self.layers.iter().map(|l| l.weight_bytes()).sum();
