@@ -11,6 +11,9 @@ Shapes (--shape):
            vocab 128256, tied embeddings
   tiny     2 layers, hidden 64, 2 heads, 1 KV head, FFN 128: a few-MiB file for
            tests of the long-context code paths, not for speed
+  kv       2 layers, hidden 256, 4 heads, 4 KV heads (no sharing), FFN 512: the
+           KV cache dominates memory at long context (0.125 GiB at 65536 in
+           f16, against ~50 MiB of everything else) at a minute of prefill
 
 The llama3 scaling is written the way llama.cpp's convert_hf_to_gguf.py writes it
 for Llama 3.x: as a `rope_freqs.weight` tensor of per-frequency divisors, with no
@@ -23,7 +26,7 @@ Weights: N(0, 0.02) matrices in --type (q8_0 default, or q4_0 or f16), F32 ones
 for the norms. The tiny shape takes a second, smollm2 about 20 s, 1b a few
 minutes on two cores.
 
-Usage: scripts/make_longctx_model.py [--shape smollm2|1b|tiny] [--type q8_0|q4_0|f16]
+Usage: scripts/make_longctx_model.py [--shape smollm2|1b|tiny|kv] [--type q8_0|q4_0|f16]
        [--vocab N] [--out FILE] [--tokenizer-from GGUF] [--seed N] [--force]
 Default output: $SHARDLM_CACHE/longctx/longctx-<shape>-<type>.gguf
 (SHARDLM_CACHE defaults to ~/.cache/shardlm). Needs the `gguf` and `numpy` packages.
@@ -47,6 +50,7 @@ SHAPES = {
     "smollm2": dict(n_layers=30, hidden=576, ffn=1536, n_heads=9, n_kv_heads=3, head_dim=64, vocab=49152),
     "1b": dict(n_layers=16, hidden=2048, ffn=8192, n_heads=32, n_kv_heads=8, head_dim=64, vocab=128256),
     "tiny": dict(n_layers=2, hidden=64, ffn=128, n_heads=2, n_kv_heads=1, head_dim=32, vocab=49152),
+    "kv": dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=4, head_dim=64, vocab=49152),
 }
 CTX = 131072
 ROPE_THETA = 500000.0
