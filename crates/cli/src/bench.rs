@@ -4,14 +4,19 @@
 //! trial runs first, then `-n` measured trials; each prints prompt tok/s, generation
 //! tok/s, time to first token, the peak RSS so far and the wall time, then the
 //! averages.
+//!
+//! Long prompts (8K to 64K tokens) take minutes on a few cores, so prefill
+//! progress goes to stderr, and the peak RSS is predicted before the first trial
+//! (resident after load + KV cache + prefill workspace) to be checked against
+//! the measured one: memory must stay bounded by what the context needs.
 
 use crate::run::default_threads;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use engine::generate::{Engine, GenerateRequest};
+use engine::generate::{Engine, GenerateHooks, GenerateRequest};
 use engine::sampler::SamplingParams;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -42,6 +47,9 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
+    /// Seconds between prefill progress lines on stderr (0: after every chunk).
+    #[arg(long, default_value_t = 2.0)]
+    progress_secs: f64,
     #[command(flatten)]
     dist: crate::dist_args::DistArgs,
 }
@@ -95,9 +103,14 @@ fn random_prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 
 /// The process's resident-set high-water mark (`VmHWM`), in bytes; 0 where unknown.
 pub fn peak_rss_bytes() -> u64 {
+    status_bytes("VmHWM:")
+}
+
+/// A `/proc/self/status` size field (`VmHWM:`, `VmRSS:`), in bytes; 0 where unknown.
+fn status_bytes(field: &str) -> u64 {
     let Ok(s) = std::fs::read_to_string("/proc/self/status") else { return 0 };
     s.lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
@@ -114,8 +127,56 @@ fn model_file_bytes(path: &Path) -> u64 {
         .sum()
 }
 
+/// Bytes of the scratch one prefill chunk of `chunk` tokens needs: the f32
+/// activation buffers of `model::Workspace` (residual, norm, q, k, v, attention
+/// output, projection output, gate, up, cos/sin), the quantized copy of the
+/// widest matmul input, and three vocabulary-long logit rows (the head's, the
+/// engine's, the sampler's copy). The attention kernel's scratch is per thread
+/// and a few hundred KiB, left out.
+fn workspace_bytes(cfg: &formats::ModelConfig, chunk: usize) -> u64 {
+    let hq = cfg.n_heads * cfg.head_dim;
+    let hkv = cfg.n_kv_heads * cfg.head_dim;
+    let per_token = 3 * cfg.hidden_size + 2 * hq + 2 * hkv + 2 * cfg.intermediate_size + cfg.rope_dim;
+    let act_q = chunk * cfg.intermediate_size.max(cfg.hidden_size).max(hq) * 9 / 8;
+    (4 * chunk * per_token + act_q + 3 * 4 * cfg.vocab_size) as u64
+}
+
+/// Prefill progress on stderr with the rate so far, a line every `every` (and
+/// only once the prefill has run that long, so short prompts stay quiet).
+struct BenchHooks {
+    every: Duration,
+    start: Instant,
+    last: Option<Instant>,
+}
+
+impl BenchHooks {
+    fn new(every: Duration) -> BenchHooks {
+        BenchHooks { every, start: Instant::now(), last: None }
+    }
+}
+
+impl GenerateHooks for BenchHooks {
+    fn on_text(&mut self, _text: &str) {}
+
+    fn on_prefill(&mut self, done: usize, total: usize) {
+        let now = Instant::now();
+        let since = now.duration_since(self.last.unwrap_or(self.start));
+        // The last chunk is reported only when earlier ones were, to close the sequence.
+        if since < self.every && !(done == total && self.last.is_some()) {
+            return;
+        }
+        self.last = Some(now);
+        let secs = now.duration_since(self.start).as_secs_f64();
+        eprintln!(
+            "prefill {done}/{total} tokens ({:.0}%), {:.1} tok/s, {secs:.1} s",
+            100.0 * done as f64 / total.max(1) as f64,
+            done as f64 / secs.max(1e-9)
+        );
+    }
+}
+
 /// Runs one trial: prefill the prompt, generate `g` tokens.
-fn trial(engine: &mut Engine, prompt: &[u32], g: usize) -> Result<Trial> {
+fn trial(engine: &mut Engine, prompt: &[u32], g: usize, progress: Duration) -> Result<Trial> {
     let req = GenerateRequest {
         prompt_ids: prompt.to_vec(),
         max_tokens: g,
@@ -125,7 +186,7 @@ fn trial(engine: &mut Engine, prompt: &[u32], g: usize) -> Result<Trial> {
         want_prompt_logits: false,
     };
     let t0 = Instant::now();
-    let out = engine.generate(&req, &mut |_| {})?;
+    let out = engine.generate_hooked(&req, &mut BenchHooks::new(progress), &model::NoComm)?;
     let total_s = t0.elapsed().as_secs_f64();
     if out.output_ids.len() != g {
         bail!("generated {} tokens instead of {g}", out.output_ids.len());
@@ -155,6 +216,10 @@ fn gib(bytes: u64) -> f64 {
 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let threads = a.threads.map_or_else(default_threads, |t| t as usize);
+    if !(a.progress_secs.is_finite() && a.progress_secs >= 0.0) {
+        bail!("--progress-secs must be a number of seconds, 0 or more (got {})", a.progress_secs);
+    }
+    let progress = Duration::from_secs_f64(a.progress_secs);
     let (p, g, n) = (a.prompt_tokens as usize, a.generation_tokens as usize, a.num_trials as usize);
     let t_load = Instant::now();
     let Some((mut engine, files, model_name)) =
@@ -170,12 +235,19 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let cfg = &engine.model.config;
     let vocab = cfg.vocab_size;
-    // What the generate loop allocates: K and V for every layer, p + g positions.
+    // What the generate loop allocates: K and V for every layer, p + g positions
+    // (this process's layers and KV heads: rank 0's share in a cluster).
     let kv_type = engine.model.kv_type;
-    let kv_cache_bytes = (cfg.n_layers * 2 * (p + g) * kv_type.bytes_for(cfg.n_kv_heads * cfg.head_dim)) as u64;
+    let kv_cache_bytes = (engine.model.kv_bytes_per_token() * (p + g)) as u64;
     let weight_bytes_per_token = engine.model.weight_bytes_per_token() as u64;
     let file_bytes = model_file_bytes(&files.path);
     let rss_after_load = peak_rss_bytes();
+    // Predicted before any trial runs: what is resident once loaded (weights,
+    // tokenizer, runtime), plus the KV cache, plus one prefill chunk's scratch;
+    // or loading's own high-water mark (its transient buffers) where that is higher.
+    let resident = status_bytes("VmRSS:");
+    let ws_bytes = workspace_bytes(cfg, engine.prefill_chunk.min(p));
+    let predicted_rss = (resident + kv_cache_bytes + ws_bytes).max(rss_after_load);
     let prompt = random_prompt(p, vocab, a.seed);
 
     if !a.json {
@@ -187,15 +259,25 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             gib(weight_bytes_per_token)
         );
         println!("prompt {p} tokens, generation {g} tokens, {n} trials after {} warm-up", a.warmup);
+        println!(
+            "predicted peak_memory={:.3} GiB (resident after load {:.3} GiB + KV cache {:.3} GiB {} \
+             + workspace {:.3} GiB; loading peaked at {:.3} GiB)",
+            gib(predicted_rss),
+            gib(resident),
+            gib(kv_cache_bytes),
+            kv_type.name(),
+            gib(ws_bytes),
+            gib(rss_after_load)
+        );
     }
     for w in 0..a.warmup {
         eprintln!("warm-up {}/{} ...", w + 1, a.warmup);
-        trial(&mut engine, &prompt, g).context("warm-up trial")?;
+        trial(&mut engine, &prompt, g, progress).context("warm-up trial")?;
     }
     let mut trials = Vec::with_capacity(n);
     for i in 0..n {
         eprintln!("trial {}/{n} ...", i + 1);
-        let t = trial(&mut engine, &prompt, g).with_context(|| format!("trial {}", i + 1))?;
+        let t = trial(&mut engine, &prompt, g, progress).with_context(|| format!("trial {}", i + 1))?;
         if !a.json {
             println!(
                 "Trial {}: prompt_tps={:.3}, generation_tps={:.3}, ttft={:.3} s, peak_memory={:.3} GiB, total={:.3} s",
@@ -227,6 +309,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "kv_cache_bytes": kv_cache_bytes,
             "kv_type": kv_type.name(),
             "rss_after_load_bytes": rss_after_load,
+            "resident_after_load_bytes": resident,
+            "workspace_bytes": ws_bytes,
+            "predicted_peak_rss_bytes": predicted_rss,
             "load_s": load_s,
             "trials": trials.iter().map(|t| t.to_json()).collect::<Vec<_>>(),
             "avg": {
@@ -246,6 +331,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             gib(file_bytes),
             kv_type.name(),
             gib(kv_cache_bytes)
+        );
+        // The high-water mark of the whole run (the averages hide nothing here:
+        // it only grows), against the prediction printed before the trials.
+        let peak = trials.iter().map(|t| t.peak_rss_bytes).max().unwrap_or(0);
+        println!(
+            "Peak memory {:.3} GiB vs predicted {:.3} GiB ({:+.1}%)",
+            gib(peak),
+            gib(predicted_rss),
+            100.0 * (peak as f64 / predicted_rss.max(1) as f64 - 1.0)
         );
         if per_rank_rss.len() > 1 {
             let list: Vec<String> = per_rank_rss.iter().map(|b| format!("{:.3}", gib(*b))).collect();

@@ -32,6 +32,13 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     }
     let total_bytes: usize = by_type.values().map(|v| v.2).sum();
     let supported = model::Arch::from_name(&cfg.arch).is_some();
+    // llama.cpp's form of llama3 rope scaling: a tensor of per-frequency divisors.
+    let rope_freqs = files.tensors.tensors.contains_key("rope_freqs.weight");
+    let rope_scaling = match &cfg.rope_scaling {
+        formats::RopeScaling::None if rope_freqs => "rope_freqs.weight (per-frequency divisors)".to_string(),
+        formats::RopeScaling::None => "none".to_string(),
+        other => format!("{other:?}"),
+    };
     if a.json {
         let types: serde_json::Map<String, serde_json::Value> = by_type
             .iter()
@@ -49,6 +56,9 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
             "bytes_per_weight": total_bytes as f64 / params.max(1) as f64,
             "tensor_types": types,
             "context_length": cfg.max_position_embeddings,
+            "rope_theta": cfg.rope_theta,
+            "rope_scaling": rope_scaling,
+            "rope_freqs": rope_freqs,
             "layers": cfg.n_layers,
             "hidden_size": cfg.hidden_size,
             "heads": cfg.n_heads,
@@ -84,6 +94,7 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         total_bytes as f64 / params.max(1) as f64
     );
     println!("context        {}", cfg.max_position_embeddings);
+    println!("rope           theta {}, scaling {rope_scaling}", cfg.rope_theta);
     println!(
         "shape          {} layers, hidden {}, {} heads / {} kv heads × {}, ffn {}, vocab {}",
         cfg.n_layers, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size

@@ -76,6 +76,17 @@ pub trait GenerateHooks {
     fn cancelled(&self) -> bool {
         false
     }
+    /// After each prefill chunk: `done` of `total` prompt tokens are in the cache.
+    /// A long prompt takes minutes on a few cores, so callers can show progress
+    /// (a cluster runs the prompt as one pipelined step: 0 before it, total after).
+    fn on_prefill(&mut self, _done: usize, _total: usize) {}
+}
+
+/// Hooks that do nothing (plain `prefill`).
+struct NoHooks;
+
+impl GenerateHooks for NoHooks {
+    fn on_text(&mut self, _text: &str) {}
 }
 
 /// `generate`'s plain text callback as hooks.
@@ -245,26 +256,30 @@ impl Engine {
         all: bool,
         comm: &dyn AllReduce,
     ) -> Result<(Vec<f32>, Option<Vec<f32>>), EngineError> {
-        self.prefill_checked(cache, tokens, all, comm, &|| false)
+        self.prefill_checked(cache, tokens, all, comm, &mut NoHooks)
     }
 
-    /// `prefill` that polls `cancelled` between chunks (a cluster runs the whole
-    /// prompt as one pipelined step, so only before it).
+    /// `prefill` that polls `hooks.cancelled` and reports `hooks.on_prefill`
+    /// between chunks (a cluster runs the whole prompt as one pipelined step, so
+    /// only before and after it).
     fn prefill_checked(
         &mut self,
         cache: &mut KvCache,
         tokens: &[u32],
         all: bool,
         comm: &dyn AllReduce,
-        cancelled: &dyn Fn() -> bool,
+        hooks: &mut dyn GenerateHooks,
     ) -> Result<(Vec<f32>, Option<Vec<f32>>), EngineError> {
-        if cancelled() {
+        if hooks.cancelled() {
             return Err(EngineError::Cancelled);
         }
         let vocab = self.model.config.vocab_size;
+        let total = tokens.len();
         if self.cluster.is_some() {
             let mode = if all { LogitsMode::All } else { LogitsMode::Last };
+            hooks.on_prefill(0, total);
             self.step(cache, tokens, mode, cache.capacity, comm)?;
+            hooks.on_prefill(total, total);
             let last = self.logits[self.logits.len() - vocab..].to_vec();
             return Ok((last, all.then(|| self.logits.clone())));
         }
@@ -272,7 +287,7 @@ impl Engine {
         let chunk = self.prefill_chunk.max(1);
         let n_chunks = tokens.len().div_ceil(chunk);
         for (ci, part) in tokens.chunks(chunk).enumerate() {
-            if ci > 0 && cancelled() {
+            if ci > 0 && hooks.cancelled() {
                 return Err(EngineError::Cancelled);
             }
             let last = ci + 1 == n_chunks;
@@ -284,6 +299,7 @@ impl Engine {
                 LogitsMode::None
             };
             self.step(cache, part, mode, 0, comm)?;
+            hooks.on_prefill((ci * chunk + part.len()).min(total), total);
             if let Some(a) = all_logits.as_mut() {
                 a.extend_from_slice(&self.logits);
             }
@@ -345,7 +361,7 @@ impl Engine {
 
         let t0 = Instant::now();
         let (mut logits, prompt_logits) =
-            self.prefill_checked(&mut cache, prompt, req.want_prompt_logits, comm, &|| hooks.cancelled())?;
+            self.prefill_checked(&mut cache, prompt, req.want_prompt_logits, comm, hooks)?;
         let prefill_s = t0.elapsed().as_secs_f64();
         let mut ttft_ms = 0.0;
         let mut t_first = None;

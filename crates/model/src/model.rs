@@ -180,9 +180,7 @@ impl Model {
         let mut rope = Rope::new(cfg.rope_theta, cfg.rope_dim, &cfg.rope_scaling, cfg.max_position_embeddings, style);
         // llama.cpp stores llama3-style scaling as per-frequency divisors.
         if let Ok(f) = store.get("rope_freqs.weight") {
-            for (inv, d) in rope.inv_freq.iter_mut().zip(f.to_f32()) {
-                *inv /= d;
-            }
+            rope.apply_freq_divisors(&f.to_f32()).map_err(ModelError::Config)?;
         }
         // Float checkpoints compute in f32 end to end: keep their cache f32 too,
         // unless told otherwise; quantized ones use f16 as llama.cpp does.

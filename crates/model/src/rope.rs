@@ -88,6 +88,27 @@ impl Rope {
         Rope { inv_freq, attention_factor, style }
     }
 
+    /// Divides each inverse frequency by its entry of `divisors`: llama.cpp's
+    /// `rope_freqs.weight` (convert_hf_to_gguf.py writes llama3 scaling that way,
+    /// with no rope.scaling.type). One divisor per frequency, each positive and
+    /// finite; anything else would silently skew positions, so it is an error.
+    pub fn apply_freq_divisors(&mut self, divisors: &[f32]) -> Result<(), String> {
+        if divisors.len() != self.inv_freq.len() {
+            return Err(format!(
+                "rope_freqs.weight has {} entries, the rope has {} frequencies",
+                divisors.len(),
+                self.inv_freq.len()
+            ));
+        }
+        if let Some(d) = divisors.iter().find(|d| !(d.is_finite() && **d > 0.0)) {
+            return Err(format!("rope_freqs.weight holds {d}, not a positive divisor"));
+        }
+        for (inv, d) in self.inv_freq.iter_mut().zip(divisors) {
+            *inv /= d;
+        }
+        Ok(())
+    }
+
     /// Fills `cos`/`sin` (each `rot_dim/2`) for position `pos`.
     pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
         for (i, &f) in self.inv_freq.iter().enumerate() {
@@ -124,6 +145,55 @@ mod tests {
         assert_eq!(r.inv_freq[0], plain.inv_freq[0]);
         let last = plain.inv_freq.len() - 1;
         assert!((r.inv_freq[last] - plain.inv_freq[last] / 8.0).abs() < 1e-12);
+    }
+
+    /// The divisors convert_hf_to_gguf.py writes as `rope_freqs.weight` for
+    /// Llama 3.2's scaling, applied to the plain frequencies, give what
+    /// `RopeScaling::Llama3` computes from the HF config: a llama3 GGUF and its
+    /// safetensors source rotate alike.
+    #[test]
+    fn gguf_rope_freqs_match_llama3_scaling() {
+        let (theta, dim, factor, lo, hi, old) = (500000.0f32, 64usize, 32.0f32, 1.0f32, 4.0f32, 8192usize);
+        let s = RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: lo,
+            high_freq_factor: hi,
+            original_max_position_embeddings: old,
+        };
+        let want = Rope::new(theta, dim, &s, 131072, RopeStyle::Interleaved);
+        let mut got = Rope::new(theta, dim, &RopeScaling::None, 131072, RopeStyle::Interleaved);
+        let old = old as f32;
+        let divisors: Vec<f32> = got
+            .inv_freq
+            .iter()
+            .map(|&f| {
+                let wavelen = 2.0 * std::f32::consts::PI / f;
+                if wavelen < old / hi {
+                    1.0
+                } else if wavelen > old / lo {
+                    factor
+                } else {
+                    let smooth = (old / wavelen - lo) / (hi - lo);
+                    1.0 / ((1.0 - smooth) / factor + smooth)
+                }
+            })
+            .collect();
+        // All three regimes occur at this shape.
+        assert!(divisors.contains(&1.0) && divisors.contains(&factor));
+        assert!(divisors.iter().any(|&d| d > 1.0 && d < factor));
+        got.apply_freq_divisors(&divisors).unwrap();
+        for (a, b) in got.inv_freq.iter().zip(&want.inv_freq) {
+            assert!((a - b).abs() <= 1e-6 * b, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn bad_rope_freqs_are_errors() {
+        let mut r = Rope::new(10000.0, 8, &RopeScaling::None, 100, RopeStyle::Neox);
+        assert!(r.apply_freq_divisors(&[1.0; 3]).unwrap_err().contains("3 entries"));
+        assert!(r.apply_freq_divisors(&[1.0, 0.0, 1.0, 1.0]).is_err());
+        assert!(r.apply_freq_divisors(&[1.0, f32::NAN, 1.0, 1.0]).is_err());
+        assert!(r.apply_freq_divisors(&[2.0; 4]).is_ok());
     }
 
     #[test]
