@@ -82,11 +82,18 @@ enum Frame {
         key: Option<u16>,
     },
     /// `esc`: 0 none, 1 after `\`, 2..=5 hex digits of `\u` still to come.
+    /// `cont`: UTF-8 continuation bytes still due for the current character,
+    /// the next of which must lie in `next` (`lo..=hi`): only well-formed UTF-8
+    /// is accepted, so every character counted against `maxLength` is one the
+    /// client will decode as one (a stray continuation byte would decode as
+    /// U+FFFD and add a character nobody counted).
     Str {
         node: NodeId,
         opened: bool,
         chars: usize,
         esc: u8,
+        cont: u8,
+        next: (u8, u8),
     },
     Num {
         integer: bool,
@@ -250,10 +257,15 @@ impl JsonGuide {
         match frame {
             Frame::Value(node) => out.extend(sch.min_text(*node, 0)),
             Frame::Lit { text, pos, .. } => out.extend_from_slice(&text[*pos..]),
-            Frame::Str { node, opened, chars, esc } => {
+            Frame::Str { node, opened, chars, esc, cont, next } => {
                 if !opened {
                     out.extend(sch.min_text(*node, 0));
                     return;
+                }
+                // Finish a character under way: the lowest allowed byte, then 0x80s.
+                if *cont > 0 {
+                    out.push(next.0);
+                    out.extend(std::iter::repeat_n(0x80, (*cont - 1) as usize));
                 }
                 match esc {
                     1 => out.push(b'n'),
@@ -398,7 +410,7 @@ impl JsonGuide {
                 }
                 out.push(st);
             }
-            Frame::Str { node, opened, chars, esc } => {
+            Frame::Str { node, opened, chars, esc, cont, next } => {
                 let (min, max) = match sch.nodes.get(*node) {
                     Some(Node::String { min, max }) => (*min, *max),
                     _ => (0, None),
@@ -431,6 +443,13 @@ impl JsonGuide {
                             *chars += 1;
                         }
                     }
+                    _ if *cont > 0 => {
+                        if !(next.0..=next.1).contains(&b) {
+                            return;
+                        }
+                        *cont -= 1;
+                        *next = (0x80, 0xBF);
+                    }
                     _ if b == b'"' => {
                         if *chars < min {
                             return;
@@ -438,15 +457,34 @@ impl JsonGuide {
                         st.frames.pop();
                         self.child_done(&mut st, Some(FREE_KEY));
                     }
-                    _ if b == b'\\' => *esc = 1,
+                    _ if b == b'\\' => {
+                        // An escape is one more character: room for it first.
+                        if max.is_some_and(|m| *chars >= m) {
+                            return;
+                        }
+                        *esc = 1;
+                    }
                     _ if b < 0x20 => return,
                     _ => {
-                        if b & 0xC0 != 0x80 {
-                            if max.is_some_and(|m| *chars >= m) {
-                                return;
-                            }
-                            *chars += 1;
+                        // A lead byte: how many continuation bytes follow, and the
+                        // range of the first (no overlongs, surrogates or > U+10FFFF).
+                        let (n, first) = match b {
+                            0x00..=0x7F => (0, (0x80, 0xBF)),
+                            0xC2..=0xDF => (1, (0x80, 0xBF)),
+                            0xE0 => (2, (0xA0, 0xBF)),
+                            0xED => (2, (0x80, 0x9F)),
+                            0xE1..=0xEF => (2, (0x80, 0xBF)),
+                            0xF0 => (3, (0x90, 0xBF)),
+                            0xF1..=0xF3 => (3, (0x80, 0xBF)),
+                            0xF4 => (3, (0x80, 0x8F)),
+                            _ => return, // continuation without a lead, C0/C1, F5..
+                        };
+                        if max.is_some_and(|m| *chars >= m) {
+                            return;
                         }
+                        *chars += 1;
+                        *cont = n;
+                        *next = first;
                     }
                 }
                 out.push(st);
@@ -496,7 +534,14 @@ impl JsonGuide {
                             }
                         }
                         if additional.is_some() {
-                            st.frames.push(Frame::Str { node: usize::MAX, opened: true, chars: 0, esc: 0 });
+                            st.frames.push(Frame::Str {
+                                node: usize::MAX,
+                                opened: true,
+                                chars: 0,
+                                esc: 0,
+                                cont: 0,
+                                next: (0x80, 0xBF),
+                            });
                             out.push(st);
                         }
                         return;
@@ -558,7 +603,9 @@ impl JsonGuide {
         match &self.schema.nodes[node] {
             Node::Object { .. } => out.push(Frame::Obj { node, state: Obj::Open, seen: 0, current: 0 }),
             Node::Array { .. } => out.push(Frame::Arr { node, state: Arr::Open, count: 0 }),
-            Node::String { .. } => out.push(Frame::Str { node, opened: false, chars: 0, esc: 0 }),
+            Node::String { .. } => {
+                out.push(Frame::Str { node, opened: false, chars: 0, esc: 0, cont: 0, next: (0x80, 0xBF) })
+            }
             Node::Number { integer } => out.push(Frame::Num { integer: *integer, state: Num::Start, len: 0 }),
             Node::Literals(alts) => {
                 out.extend(alts.iter().map(|t| Frame::Lit { text: t.clone(), pos: 0, key: None }));

@@ -131,3 +131,55 @@ fn random_logits_always_give_json() {
         }
     }
 }
+
+/// `maxLength` holds whatever the tokens: escapes count and are refused at the
+/// limit, and only well-formed UTF-8 is accepted, so a byte-fallback token that
+/// is a lone continuation byte (which a client would decode as U+FFFD, one
+/// more character) never gets in.
+#[test]
+fn max_length_counts_escapes_and_whole_utf8_characters() {
+    let s = json!({"type": "string", "maxLength": 3});
+    assert!(accepts(s.clone(), r#""abc""#));
+    assert!(accepts(s.clone(), "\"é€😀\""), "three multibyte characters");
+    assert!(!accepts(s.clone(), "\"é€😀a\""));
+    assert!(!accepts(s.clone(), r#""ab\nc""#), "an escape is a character");
+    assert!(!accepts(s.clone(), r#""abc\u00e9""#));
+    for bad in
+        [&[b'"', 0x80, b'"'][..], &[b'"', 0xC3, b'"'], &[b'"', 0xE0, 0x80, 0x80, b'"'], &[b'"', 0xC0, 0xAF, b'"']]
+    {
+        let g = guide(s.clone(), &[]);
+        let st = g.feed(&g.stacks, bad);
+        assert!(!st.iter().any(|s| g.stack_complete(s)), "{bad:?} must be refused");
+    }
+    // Sampling among byte tokens under a tight budget still closes valid UTF-8
+    // within maxLength.
+    let tokens = ["\"", "a", "\\", "n", "\u{e9}", "\u{20ac}"];
+    let mut byte_tokens: Vec<Vec<u8>> = tokens.iter().map(|t| t.as_bytes().to_vec()).collect();
+    byte_tokens.extend([vec![0xE2], vec![0x82], vec![0xAC], vec![0xC3], vec![0xA9], vec![0x80]]);
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for budget in [12, 20, 40] {
+        let schema = Arc::new(Schema::compile(&s).unwrap());
+        let special = vec![false; byte_tokens.len()];
+        let mut g = JsonGuide::new(schema, Arc::new(Vocab { bytes: byte_tokens.clone(), special }));
+        let mut out = Vec::new();
+        for step in 0..budget {
+            let mut logits: Vec<f32> = (0..byte_tokens.len())
+                .map(|_| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    (rng % 1000) as f32
+                })
+                .collect();
+            g.mask(&mut logits, budget - step);
+            let id = super::guide_tests_argmax(&logits);
+            out.extend_from_slice(&byte_tokens[id as usize]);
+            if !g.accept(id) {
+                break;
+            }
+        }
+        let text = String::from_utf8(out.clone()).unwrap_or_else(|_| panic!("budget {budget}: not UTF-8: {out:?}"));
+        let v: String = serde_json::from_str(&text).unwrap_or_else(|e| panic!("budget {budget}: {text:?}: {e}"));
+        assert!(v.chars().count() <= 3, "budget {budget}: {v:?}");
+    }
+}
