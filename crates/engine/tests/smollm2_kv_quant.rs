@@ -72,11 +72,14 @@ fn quantized_kv_error_against_f16() {
     // is the yardstick: f16 rounding alone moves these logits by rms 0.28 (the
     // Q4_1 weights take 8-bit activations, whose rounding amplifies any change);
     // q8_0 stays at that level, q4_0 is several times worse (measured: f32 0.28 /
-    // 97.5%, q8_0 0.31 / 98.2%, q4_0 2.37 / 81.4%).
+    // 97.5%, q8_0 0.31 / 98.2%, q4_0 2.37 / 81.4%). The max is one outlier
+    // position and moves with any change of kernel arithmetic (4.4 for f32 after
+    // the AVX-512 tiles, 2.6 before), so its bound is loose; rms and top-1 carry
+    // the test.
     let scale = (want.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
     eprintln!("SmolLM2 f16 KV: logits rms {scale:.2}");
     for (ty, max_b, rms_b, top1_b) in
-        [(KvType::F32, 4.0, 0.45, 0.95), (KvType::Q8_0, 4.0, 0.5, 0.95), (KvType::Q4_0, 40.0, 3.5, 0.75)]
+        [(KvType::F32, 8.0, 0.45, 0.95), (KvType::Q8_0, 8.0, 0.5, 0.95), (KvType::Q4_0, 40.0, 3.5, 0.75)]
     {
         let got = all_logits(&load(ty), &tokens);
         let (mut max, mut sq, mut same) = (0f32, 0f64, 0usize);
