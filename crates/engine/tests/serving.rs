@@ -17,27 +17,15 @@
 //! Measured before the AVX-512 tiles existed: up to 0.9 on logits of magnitude
 //! ~20 (top-1 unchanged here).
 
+mod common;
+use common::smollm2;
 use model::{LoadOptions, Model, ShardSpec};
 use shardlm_engine::generate::{Engine, GenerateHooks, GenerateRequest};
 use shardlm_engine::serving::{Scheduler, SchedulerConfig, SeqHooks, SeqOutcome, Submission};
 use shardlm_engine::EngineError;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 const LOGIT_BOUND: f32 = 1.5;
-
-fn smollm2() -> Option<PathBuf> {
-    let cache = std::env::var_os("SHARDLM_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/shardlm"));
-    let p = cache.join("smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(std::env::var("CI").map_or(true, |v| v != "true"), "SmolLM2 missing at {}", p.display());
-    eprintln!("skipping: {} not found", p.display());
-    None
-}
 
 /// What a run saw: the logits before each sample, and the outcome.
 #[derive(Default)]

@@ -5,22 +5,11 @@
 //! keys of earlier ones). Bounds on max and rms |Δ logit| and on top-1
 //! agreement over every position; the figures are in docs/LONGCTX.md.
 
+mod common;
+use common::smollm2;
 use model::{KvType, LoadOptions, LogitsMode, Model, NoComm, SeqKv, SeqStep, ShardSpec, Workspace};
 use serde_json::Value;
 use std::path::PathBuf;
-
-fn smollm2() -> Option<PathBuf> {
-    let cache = std::env::var_os("SHARDLM_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/shardlm"));
-    let p = cache.join("smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(std::env::var("CI").map_or(true, |v| v != "true"), "SmolLM2 missing at {}", p.display());
-    eprintln!("skipping: {} not found", p.display());
-    None
-}
 
 /// Every reference case's prompt and output ids, one after another.
 fn text_tokens() -> Vec<u32> {

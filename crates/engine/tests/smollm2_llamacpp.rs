@@ -5,23 +5,12 @@
 //! Our numeric choice matches llama.cpp's: activations are quantized to 8 bits
 //! (Q8_1 for Q4_1 weights, Q8_0 for the Q8_0 output layer).
 
+mod common;
+use common::smollm2;
 use model::{LoadOptions, LogitsMode, Model, NoComm, SeqKv, SeqStep, ShardSpec, Workspace};
 use serde_json::Value;
 use shardlm_engine::generate::{Engine, GenerateRequest};
 use std::path::PathBuf;
-
-fn smollm2() -> Option<PathBuf> {
-    let cache = std::env::var_os("SHARDLM_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/shardlm"));
-    let p = cache.join("smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    assert!(std::env::var("CI").map_or(true, |v| v != "true"), "SmolLM2 missing at {}", p.display());
-    eprintln!("skipping: {} not found", p.display());
-    None
-}
 
 fn data(name: &str) -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/smollm2").join(name);

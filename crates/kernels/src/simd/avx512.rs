@@ -463,8 +463,9 @@ pub fn tile_fn(dtype: DType) -> Option<crate::quant::TileFn> {
     }
 }
 
+/// Writes a tile's two rows of four outputs (`y`, `y + y_stride`).
 #[inline(always)]
-unsafe fn store_tile(r: [[f32; 4]; 2], y: *mut f32, y_stride: usize) {
+pub(super) unsafe fn store_tile(r: [[f32; 4]; 2], y: *mut f32, y_stride: usize) {
     std::ptr::copy_nonoverlapping(r[0].as_ptr(), y, 4);
     std::ptr::copy_nonoverlapping(r[1].as_ptr(), y.add(y_stride), 4);
 }

@@ -9,7 +9,7 @@
 //! layout at this ISA level, as the AVX2 packed kernels do at theirs.
 
 use super::avx2_rows::prefetch;
-use super::avx512::{q4_1_rows, q4_1_tile, q8act_rows, q8act_tile, BlockPairs};
+use super::avx512::{q4_1_rows, q4_1_tile, q8act_rows, q8act_tile, store_tile, BlockPairs};
 use crate::packed::PACK_ROWS;
 use crate::quant::{Dot4Fn, TileFn};
 use crate::DType;
@@ -35,13 +35,6 @@ pub fn tile_fn(dtype: DType) -> Option<TileFn> {
         DType::Q8_0 => Some(tile_q8_0),
         _ => None,
     }
-}
-
-/// Writes a tile's two rows of four outputs.
-#[inline(always)]
-unsafe fn store_tile(r: [[f32; 4]; 2], y: *mut f32, y_stride: usize) {
-    std::ptr::copy_nonoverlapping(r[0].as_ptr(), y, 4);
-    std::ptr::copy_nonoverlapping(r[1].as_ptr(), y.add(y_stride), 4);
 }
 
 /// Packed Q4_0 group × two Q8_0 activation rows (see [`TileFn`]).
