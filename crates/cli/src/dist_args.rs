@@ -21,7 +21,8 @@ pub struct DistArgs {
     /// (whole MoE experts per rank) or hybrid.
     #[arg(long, default_value = "pipeline")]
     pub strategy: String,
-    /// Tensor-parallel group size for --strategy hybrid.
+    /// Group size for --strategy hybrid (tensor-parallel groups) or expert
+    /// (expert-parallel groups, one per pipeline stage).
     #[arg(long)]
     pub tp: Option<usize>,
     /// Transport between ranks: auto (shm on one host, else tcp), tcp or shm.

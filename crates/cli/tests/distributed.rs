@@ -56,7 +56,7 @@ fn tiny_models_pipeline_tensor_hybrid() {
 
 /// The mixture-of-experts fixtures: pipeline bit-identical; tensor (each expert's
 /// width split, router replicated), expert (whole experts per rank) and hybrid
-/// within 1e-4 relative, greedy identical. Exact tensor parallelism does not split MoE blocks: a one-line error.
+/// and expert × pipeline within 1e-4 relative, greedy identical. Exact tensor parallelism does not split MoE blocks: a one-line error.
 #[test]
 fn moe_models_pipeline_tensor_hybrid() {
     for name in ["mixtral", "qwen2_moe", "qwen3_moe"] {
@@ -75,6 +75,8 @@ fn moe_models_pipeline_tensor_hybrid() {
             vec!["--ranks", "2", "--strategy", "expert"],
             vec!["--ranks", "4", "--strategy", "expert", "--backend", "tcp"],
             vec!["--ranks", "2", "--strategy", "expert", "--weights", "3,1", "--prefill-chunk", "7"],
+            // Expert × pipeline: two stages of two expert-parallel ranks each.
+            vec!["--ranks", "4", "--strategy", "expert", "--tp", "2"],
         ] {
             let (got_ids, got) = run(m, &prompt, &c);
             let d = rel_diff(&want, &got);

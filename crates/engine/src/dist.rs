@@ -25,11 +25,15 @@ pub enum Strategy {
     Hybrid {
         tp: usize,
     },
-    /// Every rank in one group holding whole routed experts (balanced by the
-    /// rank weights); attention, dense layers and shared experts split as in
-    /// `Tensor`. Tokens are replicated in the group, so one all-reduce per
-    /// MoE block combines the experts' outputs.
-    Expert,
+    /// Every rank of a group holds whole routed experts (balanced by the rank
+    /// weights); attention, dense layers and shared experts split as in
+    /// `Tensor`. Tokens are replicated in the group, so one all-reduce per MoE
+    /// block combines the experts' outputs. `tp`: the group size, when the
+    /// groups are pipeline stages (expert × pipeline, `--strategy expert --tp
+    /// N`); `None` puts every rank in one group.
+    Expert {
+        tp: Option<usize>,
+    },
 }
 
 impl Strategy {
@@ -37,10 +41,12 @@ impl Strategy {
         match (s, tp) {
             ("pipeline", None) => Ok(Strategy::Pipeline),
             ("tensor", None) => Ok(Strategy::Tensor),
-            ("expert", None) => Ok(Strategy::Expert),
+            ("expert", None) => Ok(Strategy::Expert { tp: None }),
+            ("expert", Some(tp)) if tp >= 1 => Ok(Strategy::Expert { tp: Some(tp) }),
             ("hybrid", Some(tp)) if tp >= 1 => Ok(Strategy::Hybrid { tp }),
             ("hybrid", _) => Err("--strategy hybrid needs --tp N".into()),
-            ("pipeline" | "tensor" | "expert", Some(_)) => Err("--tp only applies to --strategy hybrid".into()),
+            ("expert", Some(_)) => Err("--tp must be at least 1".into()),
+            ("pipeline" | "tensor", Some(_)) => Err("--tp only applies to --strategy hybrid or expert".into()),
             (other, _) => Err(format!("unknown strategy '{other}' (pipeline, tensor, expert or hybrid)")),
         }
     }
@@ -145,8 +151,8 @@ impl Cluster {
         let n = world.size();
         let tp = match strategy {
             Strategy::Pipeline => 1,
-            Strategy::Tensor | Strategy::Expert => n,
-            Strategy::Hybrid { tp } => tp,
+            Strategy::Tensor | Strategy::Expert { tp: None } => n,
+            Strategy::Hybrid { tp } | Strategy::Expert { tp: Some(tp) } => tp,
         };
         if tp == 0 || !n.is_multiple_of(tp) {
             return Err(EngineError::BadArgument(format!("--tp {tp} does not divide {n} ranks")));
@@ -157,7 +163,7 @@ impl Cluster {
         } else {
             world.split(stage as u32, tp_rank as u32).map_err(comm_err)?
         };
-        let expert = strategy == Strategy::Expert;
+        let expert = matches!(strategy, Strategy::Expert { .. });
         Ok(Cluster { world, tp_group, stages: n / tp, tp, stage, tp_rank, overlap_prefill, exact_tp: false, expert })
     }
 
