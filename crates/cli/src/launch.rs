@@ -462,6 +462,8 @@ struct Rank {
     stdin: Option<ChildStdin>,
     status: Option<ExitStatus>,
     tail: Option<Tail>,
+    /// We signalled it (after another rank failed, or on Ctrl-C) before it exited.
+    stopped: bool,
 }
 
 impl Rank {
@@ -561,7 +563,7 @@ fn start(p: Planned, verbose: bool, tx: &mpsc::Sender<usize>, readers: &mut Vec<
         readers.push(if rank == 0 { forward_raw(err, false) } else { forward_lines(err, rank, tail.clone()) });
     }
     notify_exit(child.id(), rank, tx.clone());
-    Ok(Rank { rank, child, host: remote.map(|(h, _)| h), stdin, status: None, tail })
+    Ok(Rank { rank, child, host: remote.map(|(h, _)| h), stdin, status: None, tail, stopped: false })
 }
 
 /// Tells `tx` when the child exits, without reaping it (the supervisor does).
@@ -643,6 +645,7 @@ fn forward_lines(src: impl Read + Send + 'static, rank: usize, tail: Option<Tail
 fn signal_all(ranks: &mut [Rank], sig: libc::c_int) {
     for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
         r.stdin = None;
+        r.stopped = true;
         // SAFETY: the child is not reaped yet, so its pid still names it.
         unsafe { libc::kill(r.child.id() as libc::pid_t, sig) };
     }
@@ -737,6 +740,20 @@ fn supervise(
         let _ = write_out(false, shown.as_bytes());
     }
     eprintln!("error: {} {}", r.label(), describe(status, r.host.is_some()));
+    // Every other rank's end too: a peer that vanished first is often the real cause.
+    for (j, other) in ranks.iter().enumerate().filter(|(j, _)| *j != i) {
+        let Some(st) = other.status else { continue };
+        if other.stopped {
+            eprintln!("note: {} was stopped after rank {i} failed ({})", other.label(), describe(st, false));
+            continue;
+        }
+        if let (false, false, Some(tail)) = (verbose, st.success(), &other.tail) {
+            let lines = tail.lock().unwrap_or_else(|e| e.into_inner());
+            let shown: String = lines.iter().map(|l| format!("[rank {j}] {l}\n")).collect();
+            let _ = write_out(false, shown.as_bytes());
+        }
+        eprintln!("note: {} had already {}", other.label(), describe(st, other.host.is_some()));
+    }
     Ok(status.code().filter(|&c| c != 0).unwrap_or(1))
 }
 

@@ -144,6 +144,23 @@ fn check_gguf(name: &str, arch: &str, ints: &[(&str, u32)], heads: (usize, usize
     std::fs::remove_file(&path).unwrap();
 }
 
+/// The MoE fixtures converted by `scripts/hf_moe_to_gguf.py`, which writes with
+/// llama.cpp's own `gguf` Python package and takes the tensor names from its
+/// `TensorNameMap` (as `convert_hf_to_gguf.py` does), give the transformers
+/// logits. Needs python3 with numpy and gguf (`.ci/run` installs them).
+#[test]
+fn moe_ggufs_written_by_gguf_py_match_transformers() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_moe_to_gguf.py");
+    for name in ["qwen3_moe", "qwen2_moe", "mixtral"] {
+        let path = std::env::temp_dir().join(format!("shardlm-gguf-py-{name}-{}.gguf", std::process::id()));
+        let out = std::process::Command::new("python3").arg(&script).arg(fixture(name)).arg(&path).output().unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(formats::open_model(&path).unwrap().config.arch, name);
+        check_kv(name, &path, 1, None);
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
 #[test]
 fn qwen3_moe_gguf_matches_transformers() {
     let ints = [
