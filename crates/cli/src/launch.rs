@@ -739,14 +739,10 @@ fn supervise(
         let shown: String = lines.iter().map(|l| format!("[rank {i}] {l}\n")).collect();
         let _ = write_out(false, shown.as_bytes());
     }
-    eprintln!("error: {} {}", r.label(), describe(status, r.host.is_some()));
-    // Every other rank's end too: a peer that vanished first is often the real cause.
-    for (j, other) in ranks.iter().enumerate().filter(|(j, _)| *j != i) {
+    // The ranks that ended on their own before we stopped the rest: a peer
+    // that vanished first is often the real cause of the failure reported.
+    for (j, other) in ranks.iter().enumerate().filter(|(j, r)| *j != i && !r.stopped) {
         let Some(st) = other.status else { continue };
-        if other.stopped {
-            eprintln!("note: {} was stopped after rank {i} failed ({})", other.label(), describe(st, false));
-            continue;
-        }
         if let (false, false, Some(tail)) = (verbose, st.success(), &other.tail) {
             let lines = tail.lock().unwrap_or_else(|e| e.into_inner());
             let shown: String = lines.iter().map(|l| format!("[rank {j}] {l}\n")).collect();
@@ -754,6 +750,7 @@ fn supervise(
         }
         eprintln!("note: {} had already {}", other.label(), describe(st, other.host.is_some()));
     }
+    eprintln!("error: {} {}", r.label(), describe(status, r.host.is_some()));
     Ok(status.code().filter(|&c| c != 0).unwrap_or(1))
 }
 
