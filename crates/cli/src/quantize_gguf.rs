@@ -1,9 +1,11 @@
 //! `shardlm quantize IN.gguf OUT.gguf --to q8_0|q4_0|mxfp4|nvfp4`: a GGUF file
 //! re-encoded to a ggml type. Metadata is copied as it is; linear weights
-//! (2-D `*.weight`, except `--keep` matches and the defaults of
+//! (2-D `*.weight` and stacked `*_exps.weight`, except `--keep` matches and the defaults of
 //! [`crate::quantize::DEFAULT_KEEP`] plus `output.weight`) are dequantized and
 //! quantized row by row. NVFP4 gets llama.cpp's per-tensor scale: the blocks
-//! hold `x / s` with `s = amax/(6·448)` and `X.scale` (F32 [1]) holds `s`.
+//! hold `x / s` with `s = amax/(6·448)` and `X.scale` (F32 [1]) holds `s`; a
+//! stacked expert tensor gets one per expert (`X.scale`, F32 [n_expert]), as
+//! llama.cpp's loader expects for `ffn_*_exps`.
 //!
 //! The GGUF writer assembles the file in memory before writing it, so this path
 //! holds the output model in memory (the safetensors path streams).
@@ -57,27 +59,37 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
         let off = g.tensor_file_offset(t);
         let raw = &g.map()[off..off + t.n_bytes];
         let shape = t.shape();
+        // A stacked expert tensor `[n_expert, rows, cols]` (`ffn_*_exps`) is
+        // quantized as `n_expert · rows` rows; NVFP4 gives it a scale per expert.
+        let experts = if shape.len() == 3 && t.name.contains("_exps.") { shape[0] } else { 1 };
+        let as_2d = if experts > 1 { vec![shape[0] * shape[1], shape[2]] } else { shape.clone() };
         let quantize = t.dtype().is_some_and(|d| d != target)
             && t.name != "output.weight"
-            && eligible(&t.name, &shape, target.block_elems(), &a.keep);
+            && eligible(&t.name, &as_2d, target.block_elems(), &a.keep);
         if !quantize {
             w.add_tensor_raw(&t.name, &t.dims, t.ggml_type, raw.to_vec());
             bar.inc(1);
             continue;
         }
         let src = t.dtype().expect("checked");
-        let (rows, cols) = (shape[0], shape[1]);
+        let (rows, cols) = (as_2d[0], as_2d[1]);
         let mut x = vec![0f32; rows * cols];
         quant::dequantize_row(src, raw, &mut x);
         let rb = target.bytes_for(cols).expect("eligible: whole blocks");
         let mut out = vec![0u8; rows * rb];
         if target == DType::NVFP4 {
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = if amax > 0.0 { amax / (6.0 * 448.0) } else { 1.0 };
-            nvfp4::quantize(&x, s, bytemuck::cast_slice_mut(&mut out));
+            let per = x.len() / experts;
+            let mut scales = Vec::with_capacity(experts);
+            let out_per = out.len() / experts;
+            for (xe, oe) in x.chunks_exact(per).zip(out.chunks_exact_mut(out_per)) {
+                let amax = xe.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let s = if amax > 0.0 { amax / (6.0 * 448.0) } else { 1.0 };
+                nvfp4::quantize(xe, s, bytemuck::cast_slice_mut(oe));
+                scales.push(s);
+            }
             let base = t.name.trim_end_matches(".weight");
             w.add_tensor(&t.name, &shape, target, out);
-            w.add_f32_tensor(&format!("{base}.scale"), &[1], &[s]);
+            w.add_f32_tensor(&format!("{base}.scale"), &[experts], &scales);
         } else {
             for (xr, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
                 quant::quantize_row(target, xr, o).with_context(|| format!("tensor '{}'", t.name))?;

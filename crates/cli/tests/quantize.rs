@@ -136,3 +136,79 @@ fn quantize_errors_are_one_line() {
         assert!(!o.status.success() && err.contains(want) && err.trim().lines().count() == 1, "{all:?}: {err}");
     }
 }
+
+/// A MoE GGUF (qwen3_moe, converted by llama.cpp's gguf package through
+/// `scripts/hf_moe_to_gguf.py`) quantized by `shardlm quantize` to GGUF
+/// nvfp4, mxfp4 and q8_0, stacked `ffn_*_exps` experts included: NVFP4 gives
+/// each expert its own second-level scale (`ffn_*_exps.scale`, F32
+/// `[n_expert]`, as llama.cpp loads it). Checked against the same model run in
+/// f32 on its dequantized weights, with those scales applied here per expert,
+/// within the bound derived at the top of this file.
+#[test]
+fn moe_gguf_quantized_with_per_expert_scales() {
+    let ids: Vec<u32> = vec![1, 17, 230, 5, 999, 64, 3, 512, 77, 300];
+    let tmp = tempfile::tempdir().unwrap();
+    let f32_gguf = tmp.path().join("qwen3_moe-f32.gguf");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_moe_to_gguf.py");
+    let o = Command::new("python3").arg(&script).arg(fixture("qwen3_moe")).arg(&f32_gguf).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for to in ["nvfp4", "mxfp4", "q8_0"] {
+        let q = tmp.path().join(format!("qwen3_moe-{to}.gguf"));
+        let st = Command::new(env!("CARGO_BIN_EXE_shardlm"))
+            .args(["quantize", f32_gguf.to_str().unwrap(), q.to_str().unwrap(), "--to", to])
+            .status()
+            .unwrap();
+        assert!(st.success(), "{to}: quantize failed");
+        let files = formats::open_model(&q).unwrap();
+        let stacks = files.tensors.tensors.keys().filter(|n| n.ends_with("_exps.weight")).count();
+        let scaled = files.tensors.tensors.keys().filter(|n| n.ends_with("_exps_scales")).count();
+        assert_eq!(stacks, 6, "{to}: 2 sparse layers × 3 stacks");
+        assert_eq!(scaled, if to == "nvfp4" { 6 } else { 0 }, "{to}: per-expert scales");
+        // The reference: every tensor in f32, each expert times its own scale.
+        let d = tmp.path().join(format!("qwen3_moe-{to}-f32"));
+        dequantized_copy_applying_expert_scales(&files, &d);
+        let (a, b) = (logits(&q, &ids), logits(&d, &ids));
+        let top = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let bound = 0.05 * top;
+        let per: Vec<f32> = a
+            .chunks(1024)
+            .zip(b.chunks(1024))
+            .map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max))
+            .collect();
+        eprintln!("qwen3_moe GGUF {to}: per-position max |Δ logits| {per:.2?} (bound {bound:.2e})");
+        // One router near-tie may flip, as in the safetensors test above.
+        let over = per.iter().filter(|&&d| d > bound).count();
+        assert!(over <= 1, "qwen3_moe GGUF {to}: {over} positions beyond {bound}: {per:?}");
+    }
+}
+
+/// Writes `files` as an f32 safetensors checkpoint (config.json from the
+/// qwen3_moe fixture), multiplying expert `e` of each stacked `X_exps.weight`
+/// by `X_exps_scales[e]` and dropping the scale tensors.
+fn dequantized_copy_applying_expert_scales(files: &formats::ModelFiles, dst: &Path) {
+    let t = &files.tensors.tensors;
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, w) in t.iter().filter(|(n, _)| !n.ends_with("_scales")) {
+        let mut v = w.to_f32();
+        if let Some(s) = name.strip_suffix(".weight").and_then(|b| t.get(&format!("{b}_scales"))) {
+            let s = s.to_f32();
+            let per = v.len() / s.len();
+            v.chunks_mut(per).zip(&s).for_each(|(e, k)| e.iter_mut().for_each(|x| *x *= k));
+        }
+        let start = data.len();
+        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": w.shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    std::fs::create_dir_all(dst).unwrap();
+    std::fs::write(dst.join("model.safetensors"), out).unwrap();
+    std::fs::copy(fixture("qwen3_moe").join("config.json"), dst.join("config.json")).unwrap();
+}

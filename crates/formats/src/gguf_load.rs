@@ -7,6 +7,7 @@ use crate::{
     FormatError, GgufTokenizer, ModelConfig, ModelFiles, RopeScaling, SourceFormat, TensorData, TensorStore,
     TokenizerSource, WeightTensor,
 };
+use kernels::DType;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -29,26 +30,30 @@ pub(crate) fn model_files(mut g: GgufFile) -> Result<ModelFiles, FormatError> {
     Ok(ModelFiles { path: g.path.clone(), config, tensors, tokenizer, chat_template, bos_token, eos_token })
 }
 
-/// NVFP4's FP32 per-tensor scales, as llama.cpp writes them beside the weight:
-/// `blk.N.ffn_gate.scale` (or `…weight.scale`), one F32 each; keyed by the
-/// weight's GGUF name. `….input_scale` (activation scales) are not needed.
-fn tensor_scales(g: &GgufFile) -> Result<BTreeMap<String, f32>, FormatError> {
+/// NVFP4's FP32 second-level scales, as llama.cpp writes them beside the
+/// weight: `blk.N.ffn_gate.scale` (or `…weight.scale`), one F32 for a 2-D
+/// weight, or one per expert (`blk.N.ffn_gate_exps.scale`, F32 `[n_expert]`)
+/// for a stacked expert tensor; keyed by the weight's GGUF name.
+/// `….input_scale` (activation scales) are not needed.
+fn tensor_scales(g: &GgufFile) -> Result<BTreeMap<String, Vec<f32>>, FormatError> {
     let mut out = BTreeMap::new();
     for t in &g.tensors {
         let Some(base) = t.name.strip_suffix(".scale") else { continue };
         let bad = |what: String| FormatError::BadTensor { path: g.path.clone(), tensor: t.name.clone(), what };
-        if t.ggml_type != 0 || t.n_bytes != 4 {
+        if t.ggml_type != 0 || t.n_bytes == 0 || t.n_bytes % 4 != 0 || t.shape().len() != 1 {
             return Err(bad(format!(
-                "a per-tensor scale must be one F32, got {} ({} bytes)",
+                "a second-level scale must be an F32 vector (one value, or one per expert), got {} {:?}",
                 t.type_name(),
-                t.n_bytes
+                t.shape()
             )));
         }
         let off = g.tensor_file_offset(t);
-        let b = &g.map()[off..off + 4];
-        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        if !v.is_finite() || v <= 0.0 {
-            return Err(bad(format!("per-tensor scale {v} is not a positive finite number")));
+        let v: Vec<f32> = g.map()[off..off + t.n_bytes]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        if let Some(x) = v.iter().find(|x| !x.is_finite() || **x <= 0.0) {
+            return Err(bad(format!("per-tensor scale {x} is not a positive finite number")));
         }
         let weight = if base.ends_with(".weight") { base.to_string() } else { format!("{base}.weight") };
         out.insert(weight, v);
@@ -76,8 +81,29 @@ fn tensor_store(g: &GgufFile) -> Result<TensorStore, FormatError> {
             tensor: t.name.clone(),
             what: e.to_string(),
         })?;
-        if let Some(s) = scales.remove(&t.name) {
-            w.out_scale = s;
+        match scales.remove(&t.name) {
+            Some(s) if s.len() == 1 => w.out_scale = s[0],
+            // One per expert: kept beside the stack as `<name>_scales` (F32
+            // `[n_expert]`), which the model applies to each expert it slices.
+            Some(s) if t.shape().len() == 3 && s.len() == t.shape()[0] => {
+                let bytes: Vec<u8> = s.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let scales_name = format!("{}_scales", name.trim_end_matches(".weight"));
+                let sw = WeightTensor::new(
+                    scales_name.clone(),
+                    DType::F32,
+                    vec![s.len()],
+                    TensorData::Owned(std::sync::Arc::new(bytes)),
+                );
+                tensors.insert(scales_name, sw);
+            }
+            Some(s) => {
+                return Err(FormatError::BadTensor {
+                    path: g.path.clone(),
+                    tensor: format!("{}.scale", t.name.trim_end_matches(".weight")),
+                    what: format!("{} scale values for a weight of shape {:?}", s.len(), t.shape()),
+                })
+            }
+            None => {}
         }
         if tensors.insert(name.clone(), w).is_some() {
             return Err(FormatError::Corrupt {

@@ -123,10 +123,18 @@ impl LayerLoader<'_> {
 
     /// Expert `e` of a stacked `[n_experts, rows, cols]` weight (GGUF's
     /// `ffn_*_exps`) as a 2-D `[rows, cols]` weight: a byte range, still mapped.
+    /// A per-expert second-level scale (NVFP4's `ffn_*_exps.scale`, read into
+    /// `<name>_scales` by formats) becomes that expert's output scale.
     pub fn stacked(&self, name: &str, shape: [usize; 3], e: usize) -> Result<WeightTensor, ModelError> {
         let all = self.store.get_shaped(&format!("{}{name}.weight", self.prefix), &shape)?;
         let one = slice::rows(all, e..e + 1);
-        Ok(WeightTensor { shape: vec![shape[1], shape[2]], ..one })
+        let scales = format!("{}{name}_scales", self.prefix);
+        let out_scale = if self.store.contains(&scales) {
+            all.out_scale * self.store.get_shaped(&scales, &[shape[0]])?.to_f32()[e]
+        } else {
+            all.out_scale
+        };
+        Ok(WeightTensor { shape: vec![shape[1], shape[2]], out_scale, ..one })
     }
 
     pub fn hidden(&self) -> usize {
