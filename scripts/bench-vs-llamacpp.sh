@@ -12,6 +12,10 @@
 #   1b-q4_0-tN         random 1.1B llama (scripts/make_test_model.py), Q4_0: tg128
 #                      after a 16-token prompt (llama-bench -d 16)
 #   1b-q8_0-tN         the same weights in Q8_0: tg128
+#   moe-T-t1, moe-T-tN random 2.6B-total / 0.4B-active qwen3moe (64 experts, top-8;
+#                      scripts/make_moe_model.py), T = q4_0, q8_0, mxfp4, nvfp4:
+#                      pp512, and tg128 after it (not in the default set)
+#   moe-ctx-q4_0-tN    the same in Q4_0 at the seeds' depth: pp8192, tg128 after it
 # Decode rows also show speed as a fraction of the bandwidth ceiling
 # (shardlm membw at that thread count ÷ weight bytes read per token), and every
 # case shows peak RSS next to model file + KV cache bytes.
@@ -259,6 +263,7 @@ LLAMA_DIR="$CACHE/llama.cpp-b$LLAMA_VERSION"
 SMOL="$CACHE/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
 M1B_Q4="$CACHE/test-1b/llama-1b-q4_0.gguf"
 M1B_Q8="$CACHE/test-1b/llama-1b-q8_0.gguf"
+MOE_DIR="$CACHE/test-moe"
 TIME=/usr/bin/time
 [ "$SERVER_ONLY" = 1 ] || [ -x "$TIME" ] || die "needs GNU time at /usr/bin/time (apt-get install time) for peak RSS"
 command -v python3 >/dev/null || die "needs python3"
@@ -347,6 +352,18 @@ if [[ ",$CASES," == *",1b-"* ]] && { [ ! -f "$M1B_Q4" ] || [ ! -f "$M1B_Q8" ]; }
     python3 "$REPO/scripts/make_test_model.py" >&2
 fi
 
+if [[ ",$CASES," == *",moe-"* ]]; then
+    if [ ! -f "$MOE_DIR/qwen3moe-2.6b-q8_0.gguf" ]; then
+        echo "writing the random MoE test model ..." >&2
+        python3 "$REPO/scripts/make_moe_model.py" >&2
+    fi
+    # gguf-py cannot write NVFP4: shardlm quantizes the Q8_0 file (llama.cpp's
+    # layout, per-expert second-level scales).
+    if [ ! -f "$MOE_DIR/qwen3moe-2.6b-nvfp4.gguf" ]; then
+        "$SHARDLM" quantize "$MOE_DIR/qwen3moe-2.6b-q8_0.gguf" "$MOE_DIR/qwen3moe-2.6b-nvfp4.gguf" --to nvfp4 >&2
+    fi
+fi
+
 # --- cases ----------------------------------------------------------------------
 # name | model | threads | shardlm -p | shardlm -g | llama-bench runs (';'-separated) | metrics
 # A metric is label=kind:tokens:depth; kind pp compares shardlm's prompt_tps with
@@ -362,6 +379,13 @@ mkdir -p "$RAW"
     echo "smol-ctx-tN|$SMOL|$NT|$CTX|$TG|-p $CTX -n 0;-p 0 -n $TG -d $CTX|pp$CTX=pp:$CTX:0 tg$TG@$CTX=tg:$TG:$CTX"
     echo "1b-q4_0-tN|$M1B_Q4|$NT|16|$TG1B|-p 0 -n $TG1B -d 16|tg$TG1B=tg:$TG1B:16"
     echo "1b-q8_0-tN|$M1B_Q8|$NT|16|$TG1B|-p 0 -n $TG1B -d 16|tg$TG1B=tg:$TG1B:16"
+    for t in q4_0 q8_0 mxfp4 nvfp4; do
+        for th in 1 "$NT"; do
+            tn=$([ "$th" = 1 ] && echo t1 || echo tN)
+            echo "moe-$t-$tn|$MOE_DIR/qwen3moe-2.6b-$t.gguf|$th|$PP|$TG|-p $PP -n 0;-p 0 -n $TG -d $PP|pp$PP=pp:$PP:0 tg$TG=tg:$TG:$PP"
+        done
+    done
+    echo "moe-ctx-q4_0-tN|$MOE_DIR/qwen3moe-2.6b-q4_0.gguf|$NT|8192|$TG|-p 8192 -n 0;-p 0 -n $TG -d 8192|pp8192=pp:8192:0 tg$TG@8192=tg:$TG:8192"
 } | while IFS= read -r line; do
     if [[ ",$CASES," == *",${line%%|*},"* ]]; then echo "$line"; fi
 done >"$RAW/cases.txt"

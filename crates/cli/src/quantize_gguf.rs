@@ -46,11 +46,19 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
     }
     let mut w = GgufWriter::new();
     for (k, v) in &g.metadata {
-        if k == "general.alignment" {
+        if k == "general.alignment" || k == "general.file_type" {
             continue;
         }
         w.add(k, v.clone());
     }
+    // llama.cpp's `llama_ftype` for the new weights (what its tools print).
+    let ftype = match target {
+        DType::Q4_0 => 2,
+        DType::Q8_0 => 7,
+        DType::MXFP4 => 38,
+        _ => 39, // NVFP4
+    };
+    w.add("general.file_type", formats::gguf::GgufValue::U32(ftype));
     let bar = ProgressBar::new(g.tensors.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
     let mut n_quantized = 0;
