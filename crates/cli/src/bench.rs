@@ -296,7 +296,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let avg_ttft = mean(trials.iter().map(|t| t.ttft_s));
     let avg_rss = mean(trials.iter().map(|t| t.peak_rss_bytes as f64)) as u64;
     // Every rank's high-water mark (rank 0 first); one entry in a single process.
-    let per_rank_rss = engine.shutdown()?;
+    let reports = engine.shutdown()?;
+    let per_rank_rss: Vec<u64> = reports.iter().map(|r| r.peak_rss_bytes).collect();
+    // Bytes all ranks sent per decoded token (rank 0 takes part in every step).
+    let decode_steps = reports[0].decode_steps;
+    let wire_per_token = (decode_steps > 0)
+        .then(|| reports.iter().map(|r| r.decode_bytes_sent).sum::<u64>() as f64 / decode_steps as f64);
     if a.json {
         let j = serde_json::json!({
             "model": model_name,
@@ -321,6 +326,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 "peak_rss_bytes": avg_rss,
             },
             "peak_rss_bytes_per_rank": per_rank_rss,
+            "decode_wire_bytes_per_token": wire_per_token,
+            "decode_wire_bytes_per_token_per_rank": reports
+                .iter()
+                .map(|r| r.decode_bytes_sent as f64 / decode_steps.max(1) as f64)
+                .collect::<Vec<_>>(),
         });
         println!("{j}");
     } else {
@@ -344,6 +354,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         if per_rank_rss.len() > 1 {
             let list: Vec<String> = per_rank_rss.iter().map(|b| format!("{:.3}", gib(*b))).collect();
             println!("Peak memory per rank (GiB): {}", list.join(", "));
+        }
+        if let (true, Some(w)) = (per_rank_rss.len() > 1, wire_per_token) {
+            println!("Decode traffic: {w:.0} bytes sent per token by all ranks together");
         }
     }
     Ok(())

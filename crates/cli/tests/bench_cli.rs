@@ -39,6 +39,30 @@ fn bench_json_shape() {
     assert!(stderr(&o).contains("trial 1/1"), "{}", stderr(&o));
 }
 
+/// Decode traffic on the wire, counted by the transport, against what each
+/// strategy must send per token on the tiny qwen3_moe (hidden 128, 3 layers):
+/// a pipeline of 2 sends one f32 hidden row (512 bytes) plus a 20-byte step
+/// header one way and the header and the token id back; tensor and expert
+/// parallelism send, per rank, one 512-byte all-reduce for the embedding and
+/// two per layer (attention, feed-forward: one covers the routed experts), the
+/// 8-byte argmax pair, and rank 0's step header and token.
+#[test]
+fn bench_reports_decode_traffic_per_strategy() {
+    let m = fixture("qwen3_moe");
+    let bench = |strategy: &str| {
+        let args = ["bench", "--model", m.to_str().unwrap(), "-p", "8", "-g", "4", "-n", "1", "--json", "--ranks", "2"];
+        let mut all = args.to_vec();
+        all.extend(["--strategy", strategy]);
+        let j = json_of(&shardlm(&all));
+        j["decode_wire_bytes_per_token"].as_f64().unwrap_or_else(|| panic!("{strategy}: no traffic in {j}"))
+    };
+    assert_eq!(bench("pipeline"), (512 + 20 + 24) as f64);
+    let per_rank = (1 + 2 * 3) * 512 + 8;
+    for s in ["tensor", "expert"] {
+        assert_eq!(bench(s), (2 * per_rank + 24) as f64, "{s}");
+    }
+}
+
 #[test]
 fn bench_text_output_and_trial_count() {
     let m = fixture("llama");

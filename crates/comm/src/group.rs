@@ -36,6 +36,16 @@ impl Default for Tuning {
 /// [`Group::split`] share their parent's transport: issue operations on all
 /// groups of one transport from one thread, in the same order on every rank.
 /// Any error is fatal to the transport (and so to every group on it).
+/// Bytes this process has handed to its transport, over every group (each
+/// rank is one process). Wire-traffic figures (`bench`) read its differences.
+static BYTES_SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes this process has sent to other ranks so far (payloads, before any
+/// transport framing).
+pub fn bytes_sent() -> u64 {
+    BYTES_SENT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 #[derive(Clone)]
 pub struct Group {
     pub(crate) transport: Arc<dyn Transport>,
@@ -132,6 +142,8 @@ impl Group {
 
     /// Runs one exchange; peers are group ranks.
     pub(crate) fn xchg(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
+        let sent: usize = sends.iter().map(|(_, d)| d.len()).sum();
+        BYTES_SENT.fetch_add(sent as u64, std::sync::atomic::Ordering::Relaxed);
         let s: Vec<SendOp> = sends.iter().map(|&(p, data)| SendOp { peer: self.members[p], data }).collect();
         let mut r: Vec<RecvOp> =
             recvs.iter_mut().map(|(p, buf)| RecvOp { peer: self.members[*p], buf: &mut buf[..] }).collect();

@@ -80,7 +80,7 @@ pub mod wire;
 pub use bootstrap::Bootstrap;
 pub use collectives::chunk_range;
 pub use error::{CommError, Result};
-pub use group::{Group, Tuning};
+pub use group::{bytes_sent, Group, Tuning};
 pub use handshake::PROTOCOL_VERSION;
 pub use hostfile::Hostfile;
 pub use transport::local::LocalTransport;

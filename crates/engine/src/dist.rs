@@ -15,6 +15,7 @@ use crate::EngineError;
 use comm::Group;
 use model::plan::{pipeline_layers_by_layer_bytes, tp_slice};
 use model::{AllReduce, KvCache, LogitsMode, Model, SeqKv, SeqStep, ShardSpec, Workspace};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How the model is split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,58 @@ fn n_experts(files: &formats::ModelFiles) -> Result<usize, EngineError> {
         ))
         .into()),
     }
+}
+
+/// What a rank reports to rank 0 when the cluster shuts down.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RankReport {
+    /// High-water resident memory (`VmHWM`).
+    pub peak_rss_bytes: u64,
+    /// Bytes this rank sent to other ranks during one-token (decode) steps.
+    pub decode_bytes_sent: u64,
+    /// One-token steps this rank took part in.
+    pub decode_steps: u64,
+}
+
+impl RankReport {
+    fn here() -> RankReport {
+        RankReport {
+            peak_rss_bytes: peak_rss_bytes().unwrap_or(0),
+            decode_bytes_sent: DECODE_BYTES.load(Ordering::Relaxed),
+            decode_steps: DECODE_STEPS.load(Ordering::Relaxed),
+        }
+    }
+
+    fn to_bytes(self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        for (i, v) in [self.peak_rss_bytes, self.decode_bytes_sent, self.decode_steps].into_iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    fn from_bytes(b: &[u8; 24]) -> RankReport {
+        let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        RankReport { peak_rss_bytes: w(0), decode_bytes_sent: w(1), decode_steps: w(2) }
+    }
+}
+
+/// This process's decode traffic (each rank is one process): bytes sent
+/// during one-token steps, and how many such steps it ran.
+static DECODE_BYTES: AtomicU64 = AtomicU64::new(0);
+static DECODE_STEPS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs `f`, counting what this rank sends meanwhile as decode traffic when
+/// the step is one token.
+fn count_decode<T>(n_tokens: usize, f: impl FnOnce() -> T) -> T {
+    if n_tokens != 1 {
+        return f();
+    }
+    let before = comm::bytes_sent();
+    let out = f();
+    DECODE_BYTES.fetch_add(comm::bytes_sent() - before, Ordering::Relaxed);
+    DECODE_STEPS.fetch_add(1, Ordering::Relaxed);
+    out
 }
 
 const OP_STEP: u32 = 1;
@@ -296,8 +349,8 @@ impl StageRunner<'_> {
             if let Some(to) = c.downstream().filter(|&to| to != 0) {
                 c.send_header(to, h)?;
             }
-            // Report this rank's peak memory to rank 0 (per-rank figures in `bench`).
-            c.world.send(0, &peak_rss_bytes().unwrap_or(0).to_le_bytes()).map_err(comm_err)?;
+            // Report this rank's peak memory and decode traffic to rank 0 (`bench`).
+            c.world.send(0, &RankReport::here().to_bytes()).map_err(comm_err)?;
             return Ok(false);
         }
         if h.new_capacity > 0 {
@@ -318,13 +371,16 @@ impl StageRunner<'_> {
                 if c.stage + 1 != c.stages {
                     return Err(EngineError::BadArgument("token step sent to a stage that does not embed".into()));
                 }
-                self.run_prompt(&tokens, h.chunk.max(1) as usize, mode_of(h.mode))?;
+                // Rank 0 counts its whole step in `drive`.
+                let n_counted = if c.rank() == 0 { 0 } else { n };
+                count_decode(n_counted, || self.run_prompt(&tokens, h.chunk.max(1) as usize, mode_of(h.mode)))?;
             }
             OP_HIDDEN => {
                 let width = self.model.config.hidden_size;
                 model_grow(&mut self.ws.x, n * width);
                 c.world.recv(from, bytemuck::cast_slice_mut(&mut self.ws.x[..n * width])).map_err(comm_err)?;
-                self.run_chunk(&[], n, mode_of(h.mode))?;
+                let n_counted = if c.rank() == 0 { 0 } else { n };
+                count_decode(n_counted, || self.run_chunk(&[], n, mode_of(h.mode)))?;
             }
             op => {
                 return Err(EngineError::BadArgument(format!("rank {} got unknown op {op} from rank {from}", c.rank())))
@@ -390,6 +446,16 @@ impl StageRunner<'_> {
         mode: LogitsMode,
         new_capacity: usize,
     ) -> Result<(), EngineError> {
+        count_decode(tokens.len(), || self.drive_step(tokens, chunk, mode, new_capacity))
+    }
+
+    fn drive_step(
+        &mut self,
+        tokens: &[u32],
+        chunk: usize,
+        mode: LogitsMode,
+        new_capacity: usize,
+    ) -> Result<(), EngineError> {
         let c = self.cluster;
         let parts: Vec<&[u32]> =
             if c.overlap_prefill || c.stages == 1 { vec![tokens] } else { tokens.chunks(chunk).collect() };
@@ -438,20 +504,20 @@ impl StageRunner<'_> {
         Ok(())
     }
 
-    /// Rank 0: tells every rank to exit its loop; returns every rank's peak RSS
-    /// in bytes, rank 0's first.
-    pub fn shutdown(&mut self) -> Result<Vec<u64>, EngineError> {
+    /// Rank 0: tells every rank to exit its loop; returns every rank's report
+    /// (peak RSS, decode traffic), rank 0's first.
+    pub fn shutdown(&mut self) -> Result<Vec<RankReport>, EngineError> {
         let h = Header { op: OP_SHUTDOWN, ..Default::default() };
         for r in self.cluster.embed_stage_ranks() {
             self.cluster.send_header(r, h)?;
         }
-        let mut peaks = vec![peak_rss_bytes().unwrap_or(0)];
+        let mut reports = vec![RankReport::here()];
         for r in 1..self.cluster.world.size() {
-            let mut b = [0u8; 8];
+            let mut b = [0u8; 24];
             self.cluster.world.recv(r, &mut b).map_err(comm_err)?;
-            peaks.push(u64::from_le_bytes(b));
+            reports.push(RankReport::from_bytes(&b));
         }
-        Ok(peaks)
+        Ok(reports)
     }
 }
 

@@ -229,8 +229,8 @@ impl Engine {
     }
 
     /// Tells the other ranks to exit (rank 0 of a cluster) and returns each rank's
-    /// peak RSS, rank 0 first; a single process returns its own.
-    pub fn shutdown(&mut self) -> Result<Vec<u64>, EngineError> {
+    /// report (peak RSS, decode traffic), rank 0 first; a single process returns its own.
+    pub fn shutdown(&mut self) -> Result<Vec<crate::dist::RankReport>, EngineError> {
         if let Some(cluster) = &self.cluster {
             let mut runner = StageRunner {
                 cluster,
@@ -244,7 +244,10 @@ impl Engine {
             };
             return runner.shutdown();
         }
-        Ok(vec![crate::dist::peak_rss_bytes().unwrap_or(0)])
+        Ok(vec![crate::dist::RankReport {
+            peak_rss_bytes: crate::dist::peak_rss_bytes().unwrap_or(0),
+            ..Default::default()
+        }])
     }
 
     /// Runs `tokens` through the model in chunks; returns the logits of the last
