@@ -157,6 +157,7 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
             attention_factor: float("rope.scaling.attn_factor"),
             mscale: None,
             mscale_all_dim: None,
+            truncate: true,
         },
         other => return Err(bad(format!("unsupported rope scaling type '{other}' in '{}'", key("rope.scaling.type")))),
     };

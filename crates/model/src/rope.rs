@@ -57,6 +57,7 @@ impl Rope {
                 attention_factor: af,
                 mscale,
                 mscale_all_dim,
+                truncate,
             } => {
                 let get_mscale = |scale: f32, m: f32| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
                 attention_factor = match (af, mscale, mscale_all_dim) {
@@ -68,11 +69,16 @@ impl Rope {
                 };
                 let orig =
                     if original_max_position_embeddings > 0 { original_max_position_embeddings } else { max_pos };
-                let dim = rot_dim as f32;
-                let corr =
-                    |rot: f32| dim * (orig as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * theta.ln());
-                let low = corr(beta_fast).floor().max(0.0);
-                let high = corr(beta_slow).ceil().min(dim - 1.0);
+                // The correction range in f64, as transformers computes it in Python.
+                let dim = rot_dim as f64;
+                let corr = |rot: f32| {
+                    dim * (orig as f64 / (rot as f64 * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (theta as f64).ln())
+                };
+                let (low, high) = match truncate {
+                    true => (corr(beta_fast).floor(), corr(beta_slow).ceil()),
+                    false => (corr(beta_fast), corr(beta_slow)),
+                };
+                let (low, high) = (low.max(0.0) as f32, high.min(dim - 1.0) as f32);
                 let high = if low == high { high + 0.001 } else { high };
                 (0..half)
                     .map(|i| {

@@ -125,6 +125,13 @@ fn qwen2_moe_matches_transformers() {
     check("qwen2_moe", 1);
 }
 
+/// gpt-oss: sinks, sliding/full layers, biases, clamped SwiGLU, yarn rope
+/// without truncation, fused bf16 experts.
+#[test]
+fn gpt_oss_matches_transformers() {
+    check("gpt_oss", 2);
+}
+
 #[test]
 fn qwen3_moe_matches_transformers() {
     check("qwen3_moe", 2);
