@@ -126,9 +126,11 @@ impl LayerLoader<'_> {
         Ok(self.store.get(&format!("{}{name}", self.prefix))?)
     }
 
-    /// A float tensor of exactly `shape`, as f32 values (biases).
-    pub fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
-        Ok(self.store.get_shaped(&format!("{}{name}", self.prefix), shape)?.to_f32())
+    /// Row `row` of a stacked `[n, len]` tensor as f32 values (one expert's
+    /// bias), converting only that row.
+    pub fn row_values(&self, name: &str, [n, len]: [usize; 2], row: usize) -> Result<Vec<f32>, ModelError> {
+        let all = self.store.get_shaped(&format!("{}{name}", self.prefix), &[n, len])?;
+        Ok(slice::rows(all, row..row + 1).to_f32())
     }
 
     /// The part of a row-parallel projection's output bias (`[hidden]`) this

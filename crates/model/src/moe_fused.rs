@@ -64,14 +64,13 @@ pub(crate) fn expert(
     let (h, f, n) = (ld.hidden(), spec.expert_ffn, spec.n_experts);
     let b = format!("{}.experts", spec.names.block);
     let gate_up = expert_matrix(ld, &format!("{b}.gate_up_proj"), n, 2 * f, h, e)?;
-    let gu_bias = ld.values(&format!("{b}.gate_up_proj_bias"), &[n, 2 * f])?;
-    let gu_bias = &gu_bias[e * 2 * f..(e + 1) * 2 * f];
+    let gu_bias = ld.row_values(&format!("{b}.gate_up_proj_bias"), [n, 2 * f], e)?;
     // De-interleave: gate = even rows, up = odd rows (and so their biases).
     let half_bias = |parity: usize| -> Vec<f32> { cols.clone().map(|c| gu_bias[2 * c + parity]).collect::<Vec<f32>>() };
     let gate = ld.col_par_of(&slice::strided_rows(&gate_up, 0, 2), cols, Some(half_bias(0)))?;
     let up = ld.col_par_of(&slice::strided_rows(&gate_up, 1, 2), cols, Some(half_bias(1)))?;
     let down_w = expert_matrix(ld, &format!("{b}.down_proj"), n, h, f, e)?;
-    let down_bias = ld.values(&format!("{b}.down_proj_bias"), &[n, h])?[e * h..(e + 1) * h].to_vec();
+    let down_bias = ld.row_values(&format!("{b}.down_proj_bias"), [n, h], e)?;
     let down = Linear { bias: ld.row_bias(down_bias, whole), ..ld.row_par_of(&down_w, cols)? };
     Ok(Mlp { gate, up, down, act: spec.act })
 }
