@@ -202,6 +202,31 @@ mod tests {
         assert!(r.apply_freq_divisors(&[2.0; 4]).is_ok());
     }
 
+    /// gpt-oss's yarn (`truncate: false`): the ramp runs between the
+    /// fractional correction dims 4.046 and 8.699 (truncated: 4 and 9).
+    /// Expected values from transformers' formula evaluated in f64.
+    #[test]
+    fn yarn_without_truncation_matches_transformers() {
+        let yarn = |truncate| RopeScaling::Yarn {
+            factor: 32.0,
+            original_max_position_embeddings: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: None,
+            mscale: None,
+            mscale_all_dim: None,
+            truncate,
+        };
+        let r = Rope::new(150000.0, 32, &yarn(false), 4096, RopeStyle::Neox);
+        let want = [0.05081327482, 0.01933500113, 0.00679495949, 0.002093792379, 0.0004564839192, 3.830881237e-05];
+        for (i, w) in (4..10).zip(want) {
+            assert!((r.inv_freq[i] as f64 - w).abs() <= 2e-6 * w, "inv_freq[{i}] = {} vs {w}", r.inv_freq[i]);
+        }
+        assert!((r.attention_factor - 1.3465736).abs() < 1e-6);
+        let truncated = Rope::new(150000.0, 32, &yarn(true), 4096, RopeStyle::Neox);
+        assert!((truncated.inv_freq[5] - r.inv_freq[5]).abs() > 1e-4 * r.inv_freq[5]);
+    }
+
     #[test]
     fn linear_divides_all() {
         let r = Rope::new(10000.0, 8, &RopeScaling::Linear { factor: 2.0 }, 100, RopeStyle::Neox);
