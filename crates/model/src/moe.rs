@@ -210,13 +210,28 @@ impl Moe {
         };
         // GGUF stacks every expert's projection in one `[n_experts, out, in]`
         // tensor (llama.cpp's `ffn_{gate,up,down}_exps`, mapped by formats).
+        // With biases (gpt-oss), `…_exps.bias` `[n_experts, out]`.
         let stacked = |e: usize| -> Result<Mlp, ModelError> {
             let (h, w, ne) = (ld.hidden(), spec.expert_ffn, spec.n_experts);
             let cols = routed_cols(w)?;
+            let bias = |name: &str, len: usize| match spec.bias {
+                true => ld.row_values(&format!("{b}.experts.{name}.bias"), [ne, len], e).map(Some),
+                false => Ok(None),
+            };
+            let part = |v: Option<Vec<f32>>| v.map(|v| v[cols.clone()].to_vec());
+            let down = ld.row_par_of(&ld.stacked(&format!("{b}.experts.down_exps"), [ne, h, w], e)?, &cols)?;
             Ok(Mlp {
-                gate: ld.col_par_of(&ld.stacked(&format!("{b}.experts.gate_exps"), [ne, w, h], e)?, &cols, None)?,
-                up: ld.col_par_of(&ld.stacked(&format!("{b}.experts.up_exps"), [ne, w, h], e)?, &cols, None)?,
-                down: ld.row_par_of(&ld.stacked(&format!("{b}.experts.down_exps"), [ne, h, w], e)?, &cols)?,
+                gate: ld.col_par_of(
+                    &ld.stacked(&format!("{b}.experts.gate_exps"), [ne, w, h], e)?,
+                    &cols,
+                    part(bias("gate_exps", w)?),
+                )?,
+                up: ld.col_par_of(
+                    &ld.stacked(&format!("{b}.experts.up_exps"), [ne, w, h], e)?,
+                    &cols,
+                    part(bias("up_exps", w)?),
+                )?,
+                down: Linear { bias: bias("down_exps", h)?.and_then(|v| ld.row_bias(v, whole)), ..down },
                 act: spec.act,
             })
         };

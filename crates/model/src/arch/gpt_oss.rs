@@ -11,7 +11,7 @@
 use super::{ArchSpec, AttnExtras};
 use crate::moe::{config_usize, text_config, validate, ExpertAct, MoeNames, MoeSpec};
 use crate::ModelError;
-use formats::ModelConfig;
+use formats::{ModelConfig, SourceFormat};
 use kernels::ops::RopeStyle;
 use serde_json::Value;
 
@@ -25,7 +25,15 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         norm_topk: true,
         shared_ffn: None,
         sparse: vec![true; cfg.n_layers],
-        names: MoeNames { block: "mlp", router: "router", gate: "gate_up_proj", up: "gate_up_proj", down: "down_proj" },
+        // A GGUF (llama.cpp's `gpt-oss`) has the router at `ffn_gate_inp`, which
+        // formats maps to `mlp.gate`, and separate stacked `ffn_{gate,up,down}_exps`.
+        names: MoeNames {
+            block: "mlp",
+            router: if cfg.source == SourceFormat::Gguf { "gate" } else { "router" },
+            gate: "gate_up_proj",
+            up: "gate_up_proj",
+            down: "down_proj",
+        },
         act: ExpertAct::ClampedSwiglu { alpha: float("swiglu_alpha", 1.702), limit: float("swiglu_limit", 7.0) },
         bias: true,
     };
