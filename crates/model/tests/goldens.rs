@@ -257,10 +257,11 @@ fn batch_of_two_sequences_matches_single() {
 /// Paged KV: sequence A runs its prompt in chunks through scattered blocks of a
 /// shared pool; sequence B shares A's first two full blocks (a prefix-cache
 /// hit), then B's rest and A's decode run in one batched step. Every logit
-/// matches the same tokens run alone through a contiguous cache.
+/// matches the same tokens run alone through a contiguous cache (gpt_oss:
+/// sinks and a window of 8 through block tables).
 #[test]
 fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
-    for name in ["llama", "qwen3_moe"] {
+    for name in ["llama", "qwen3_moe", "gpt_oss"] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
         let g = golden(name);
