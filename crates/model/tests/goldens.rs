@@ -151,34 +151,6 @@ fn check_gguf(name: &str, arch: &str, ints: &[(&str, u32)], heads: (usize, usize
     std::fs::remove_file(&path).unwrap();
 }
 
-/// gpt-oss as llama.cpp's converter writes it (arch `gpt-oss`: separate
-/// stacked experts with biases, `attn_sinks`, `attn_post_norm`, router at
-/// `ffn_gate_inp`, yarn metadata, the default sliding-window pattern of 2).
-#[test]
-fn gpt_oss_gguf_matches_transformers() {
-    let ints = [
-        ("block_count", 2),
-        ("context_length", 4096),
-        ("embedding_length", 128),
-        ("expert_feed_forward_length", 128),
-        ("expert_count", 8),
-        ("expert_used_count", 2),
-        ("attention.head_count", 8),
-        ("attention.head_count_kv", 2),
-        ("attention.key_length", 32),
-        ("attention.value_length", 32),
-        ("attention.sliding_window", 8),
-        ("rope.scaling.original_context_length", 4096),
-    ];
-    let floats = [("rope.freq_base", 150000.0), ("rope.scaling.factor", 32.0)];
-    let path = std::env::temp_dir().join(format!("shardlm-gpt_oss-{}.gguf", std::process::id()));
-    gguf::write_meta(&fixture("gpt_oss"), "gpt-oss", &ints, &floats, &[("rope.scaling.type", "yarn")], (8, 2), &path);
-    let files = formats::open_model(&path).unwrap();
-    assert_eq!(files.config.arch, "gpt_oss");
-    check_kv("gpt_oss", &path, 1, None);
-    std::fs::remove_file(&path).unwrap();
-}
-
 #[test]
 fn qwen3_moe_gguf_matches_transformers() {
     let ints = [
@@ -227,6 +199,34 @@ fn mixtral_gguf_matches_transformers() {
         ("attention.head_count_kv", 2),
     ];
     check_gguf("mixtral", "llama", &ints, (8, 2));
+}
+
+/// gpt-oss as llama.cpp's converter writes it (arch `gpt-oss`: separate
+/// stacked experts with biases, `attn_sinks`, `attn_post_norm`, router at
+/// `ffn_gate_inp`, yarn metadata, the default sliding-window pattern of 2).
+#[test]
+fn gpt_oss_gguf_matches_transformers() {
+    let ints = [
+        ("block_count", 2),
+        ("context_length", 4096),
+        ("embedding_length", 128),
+        ("expert_feed_forward_length", 128),
+        ("expert_count", 8),
+        ("expert_used_count", 2),
+        ("attention.head_count", 8),
+        ("attention.head_count_kv", 2),
+        ("attention.key_length", 32),
+        ("attention.value_length", 32),
+        ("attention.sliding_window", 8),
+        ("rope.scaling.original_context_length", 4096),
+    ];
+    let floats = [("rope.freq_base", 150000.0), ("rope.scaling.factor", 32.0)];
+    let path = std::env::temp_dir().join(format!("shardlm-gpt_oss-{}.gguf", std::process::id()));
+    gguf::write_meta(&fixture("gpt_oss"), "gpt-oss", &ints, &floats, &[("rope.scaling.type", "yarn")], (8, 2), &path);
+    let files = formats::open_model(&path).unwrap();
+    assert_eq!(files.config.arch, "gpt_oss");
+    check_kv("gpt_oss", &path, 1, None);
+    std::fs::remove_file(&path).unwrap();
 }
 
 /// Two sequences in one step give the same logits as each alone.
