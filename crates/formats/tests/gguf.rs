@@ -182,6 +182,10 @@ fn qwen_moe_config_bias_untied_and_rope_scaling() {
     m.tensors.get_shaped("model.layers.0.mlp.experts.up_exps.weight", &[3, 4, 8]).unwrap();
 }
 
+/// A sliding-window pattern written as an array or a period, and the
+/// `layer_types` expected from it.
+type PatternCase = (Option<Vec<i32>>, Option<u32>, [&'static str; 4]);
+
 /// gpt-oss: the arch name, `layer_types` from llama.cpp's sliding-window
 /// pattern (a per-layer array, or a period; default 2: even layers windowed),
 /// and yarn without truncation (the model's definition).
@@ -200,7 +204,7 @@ fn gpt_oss_layer_types_and_yarn() {
         w.add_f32_tensor("output.weight", &[6, 8], &[0.0; 48]);
     };
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(Option<Vec<i32>>, Option<u32>, [&str; 4]); 3] = [
+    let cases: [PatternCase; 3] = [
         (None, None, ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
         (None, Some(4), ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]),
         (Some(vec![0, 1, 1, 0]), None, ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]),
