@@ -12,7 +12,9 @@ DeepSeek block FP8 by numpy code that follows each publisher's quantize and
 dequantize code; shardlm runs each checkpoint and the same model in f32 on the
 weights as the publisher's dequantizer decodes them. The logits agree within the
 bound `crates/cli/tests/quantize.rs` derives: 5% of the largest |logit| for the
-FP4 formats (8-bit activations), 1e-3 for FP8 (f32 activations).
+FP4 formats (8-bit activations), 1e-3 for FP8 (f32 activations). The tiny gpt_oss
+is written as OpenAI publishes gpt-oss: stacked experts in MXFP4 `_blocks`/`_scales`
+(output-major), the rest in bf16.
 
 Part 2, llama.cpp's GGUF types: the tiny llama as GGUF with its linear weights
 quantized to MXFP4 and NVFP4 by gguf-py (`gguf.quants.quantize`, llama.cpp's
@@ -257,6 +259,38 @@ def publisher_layouts(tmp):
     return ok
 
 
+def gpt_oss_experts(tmp):
+    """The gpt_oss fixture as OpenAI publishes gpt-oss: the stacked experts in MXFP4
+    (`X_blocks` [E, out, in/32, 16], `X_scales` [E, out, in/32]: the bf16 `[E, in, out]`
+    transposed to output-major, then quantized along `in`), everything else in bf16.
+    The reference holds the publisher's dequantization, back in HF's `[E, in, out]`."""
+    src = os.path.join(ROOT, "tests/fixtures/tiny/gpt_oss")
+    tensors = read_st(os.path.join(src, "model.safetensors"))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    qdir, rdir = os.path.join(tmp, "gpt_oss-mxfp4"), os.path.join(tmp, "gpt_oss-mxfp4-f32")
+    os.makedirs(qdir), os.makedirs(rdir)
+    qt, rt, kept = [], [], []
+    for name, (dtype, shape, raw) in sorted(tensors.items()):
+        w = to_f32(dtype, shape, raw)
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            e, k, n = shape
+            parts, deq = gpt_oss_mxfp4(name, w.transpose(0, 2, 1).reshape(e * n, k))
+            (blocks, scales) = (parts[0][3], parts[1][3])
+            qt += [(f"{name}_blocks", "U8", [e, n, k // 32, 16], blocks), (f"{name}_scales", "U8", [e, n, k // 32], scales)]
+            rt.append((name, "F32", shape, deq.reshape(e, n, k).transpose(0, 2, 1).astype(np.float32).tobytes()))
+        else:
+            if name.endswith(".weight") and len(shape) == 2:
+                kept.append(name[: -len(".weight")])
+            qt.append((name, dtype, shape, raw))
+            rt.append((name, "F32", shape, w.astype(np.float32).tobytes()))
+    write_st(os.path.join(qdir, "model.safetensors"), qt)
+    write_st(os.path.join(rdir, "model.safetensors"), rt)
+    qcfg = {"quant_method": "mxfp4", "modules_to_not_convert": kept}
+    json.dump(dict(cfg, quantization_config=qcfg), open(os.path.join(qdir, "config.json"), "w"))
+    json.dump(cfg, open(os.path.join(rdir, "config.json"), "w"))
+    return compare("gpt_oss gpt-oss-mxfp4 experts", qdir, rdir, False)
+
+
 # ---------------------------------------------------------------------- GGUF
 
 
@@ -366,6 +400,7 @@ def gguf_interop(tmp):
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         ok = publisher_layouts(tmp)
+        ok &= gpt_oss_experts(tmp)
         try:
             import gguf  # noqa: F401
         except ImportError:

@@ -196,13 +196,16 @@ fn rank_weights(d: &DistArgs, n: usize) -> Result<Vec<f64>> {
 /// MLP columns are split in whole blocks of the down projection's storage type.
 /// The quant block the intermediate widths are cut in: the coarsest of every
 /// down projection's (dense MLPs, routed and shared experts: `down_proj`, or
-/// mixtral's `w2`), whose input columns tensor parallelism splits.
+/// mixtral's `w2`, gpt-oss's stacked `experts.down_proj`), whose input
+/// columns tensor parallelism splits.
 fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> usize {
     let stored = files
         .tensors
         .tensors
         .iter()
-        .filter(|(name, _)| name.ends_with("down_proj.weight") || name.ends_with(".w2.weight"))
+        .filter(|(name, _)| {
+            name.ends_with("down_proj.weight") || name.ends_with(".w2.weight") || name.ends_with("experts.down_proj")
+        })
         .map(|(_, t)| t.dtype.block_elems())
         .max()
         .unwrap_or(1);

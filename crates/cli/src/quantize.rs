@@ -6,6 +6,11 @@
 //!   compressed-tensors MXFP4 (`weight_packed`, `weight_scale` E8M0) and
 //!   DeepSeek-style block FP8 (`weight` E4M3, `weight_scale_inv` per 128×128),
 //!   with `quantization_config` in `config.json` and the tokenizer files copied.
+//!   gpt-oss's stacked experts (`mlp.experts.{gate_up_proj,down_proj}`, bf16
+//!   `[E, in, out]`) become OpenAI's MXFP4 layout under `mxfp4`
+//!   (`X_blocks` `[E, out, in/32, 16]`, `X_scales` `[E, out, in/32]`, as the
+//!   published checkpoints); under nvfp4 and fp8 they stay in 16 bits (no
+//!   publisher layout for stacked experts in those formats).
 //! * A ggml type into `OUT.gguf` (from a GGUF input): see [`crate::quantize_gguf`].
 //!
 //! Streaming: the header is computed from the shapes first, then one tensor at a
@@ -83,6 +88,35 @@ pub fn eligible(name: &str, shape: &[usize], block: usize, keep: &[String]) -> b
         && !keep.iter().any(|p| glob(p, name))
 }
 
+/// Whether `name` is a gpt-oss stacked expert projection (`[E, in, out]`, in
+/// a whole number of 32-value blocks) to write in OpenAI's MXFP4 layout.
+fn stacked_expert(name: &str, shape: &[usize], keep: &[String]) -> bool {
+    (name.ends_with(".experts.gate_up_proj") || name.ends_with(".experts.down_proj"))
+        && shape.len() == 3
+        && shape[1].is_multiple_of(32)
+        && !keep.iter().any(|p| glob(p, name))
+}
+
+/// A stacked `[E, in, out]` float tensor as gpt-oss MXFP4: every expert
+/// transposed to `[out, in]` and quantized in blocks of 32 along `in`; returns
+/// the `_blocks` bytes (`[E, out, in/32, 16]`) then the `_scales` (`[E, out, in/32]`).
+fn encode_stacked(x: &[f32], shape: &[usize]) -> Vec<Vec<u8>> {
+    let (e, k, n) = (shape[0], shape[1], shape[2]);
+    let (mut blocks, mut scales) = (Vec::with_capacity(e * n * k / 2), Vec::with_capacity(e * n * k / 32));
+    let mut t = vec![0f32; n * k];
+    for one in x.chunks_exact(k * n) {
+        for (i, row) in one.chunks_exact(n).enumerate() {
+            for (o, &v) in row.iter().enumerate() {
+                t[o * k + i] = v;
+            }
+        }
+        let mut parts = encode(Target::Mxfp4, &t, &[n, k]).into_iter();
+        blocks.extend(parts.next().expect("packed codes"));
+        scales.extend(parts.next().expect("scales"));
+    }
+    vec![blocks, scales]
+}
+
 /// One output tensor: name, safetensors dtype, shape, bytes.
 type OutTensor = (String, &'static str, Vec<usize>, usize);
 
@@ -135,8 +169,16 @@ pub fn quantize(a: QuantizeArgs) -> Result<()> {
                 t.dtype
             );
         }
-        let q = eligible(&t.name, &t.shape, target.block(), &a.keep);
-        let outs = if q {
+        let stacked = target == Target::Mxfp4 && stacked_expert(&t.name, &t.shape, &a.keep);
+        let q = stacked || eligible(&t.name, &t.shape, target.block(), &a.keep);
+        let outs = if stacked {
+            quantized_any.push(t.name.clone());
+            let (e, k, n) = (t.shape[0], t.shape[1], t.shape[2]);
+            vec![
+                (format!("{}_blocks", t.name), "U8", vec![e, n, k / 32, 16], e * n * k / 2),
+                (format!("{}_scales", t.name), "U8", vec![e, n, k / 32], e * n * k / 32),
+            ]
+        } else if q {
             quantized_any.push(t.name.clone());
             outputs(target, &t.name, &t.shape)
         } else {
@@ -181,6 +223,10 @@ pub fn quantize(a: QuantizeArgs) -> Result<()> {
         bar.set_message(t.name.clone());
         if !q {
             out.write_all(t.bytes())?;
+        } else if t.shape.len() == 3 {
+            for part in encode_stacked(&t.to_f32(), &t.shape) {
+                out.write_all(&part)?;
+            }
         } else {
             for part in encode(target, &t.to_f32(), &t.shape) {
                 out.write_all(&part)?;

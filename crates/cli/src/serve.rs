@@ -117,6 +117,7 @@ fn adjust_context(a: &ServeArgs, cfg: &mut ModelConfig) -> Result<()> {
                 attention_factor: None,
                 mscale: None,
                 mscale_all_dim: None,
+                truncate: true,
             }
         }
     }

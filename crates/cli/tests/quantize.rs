@@ -1,5 +1,5 @@
 //! `shardlm quantize` on the tiny fixtures (dense llama, qwen3; MoE mixtral,
-//! qwen2_moe, qwen3_moe) to nvfp4, mxfp4 and fp8: the quantized checkpoint, loaded back, gives the same logits as the
+//! qwen2_moe, qwen3_moe, gpt_oss) to nvfp4, mxfp4 and fp8: the quantized checkpoint, loaded back, gives the same logits as the
 //! same model run in f32 on its dequantized weights, within a bound set by the
 //! activation quantization (the weights are identical in both runs):
 //!
@@ -16,7 +16,8 @@
 //!   2.7% (mxfp4 on llama; printed by the test).
 //!
 //! Also checks that the written checkpoint carries the publishers' names and
-//! `quantization_config`.
+//! `quantization_config`; gpt_oss's stacked experts in OpenAI's MXFP4 layout
+//! (`_blocks`/`_scales`, `[E, out, in/32, …]`) under mxfp4.
 
 use model::{KvType, LoadOptions, LogitsMode, Model, NoComm, SeqKv, SeqStep, ShardSpec, Workspace};
 use std::path::{Path, PathBuf};
@@ -46,10 +47,26 @@ fn dequantized_copy(src: &Path, dst: &Path) {
     let mut data = Vec::new();
     for t in files.tensors.tensors.values() {
         let start = data.len();
-        data.extend(t.to_f32().iter().flat_map(|v| v.to_le_bytes()));
+        let mut values = t.to_f32();
+        let mut shape = t.shape.clone();
+        if t.dtype.is_quantized() && shape.len() == 3 {
+            // gpt-oss MXFP4 experts are `[E, out, in]`; float ones `[E, in, out]`.
+            let (e, n, k) = (shape[0], shape[1], shape[2]);
+            let src = std::mem::take(&mut values);
+            values = vec![0.0; src.len()];
+            for x in 0..e {
+                for o in 0..n {
+                    for i in 0..k {
+                        values[(x * k + i) * n + o] = src[(x * n + o) * k + i];
+                    }
+                }
+            }
+            shape = vec![e, k, n];
+        }
+        data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
         header.insert(
             t.name.clone(),
-            serde_json::json!({"dtype": "F32", "shape": t.shape, "data_offsets": [start, data.len()]}),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
         );
     }
     let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
@@ -69,7 +86,7 @@ fn dequantized_copy(src: &Path, dst: &Path) {
 fn quantized_fixtures_match_f32_on_dequantized_weights() {
     let ids: Vec<u32> = vec![1, 17, 230, 5, 999, 64, 3, 512, 77, 300];
     let tmp = tempfile::tempdir().unwrap();
-    for arch in ["llama", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"] {
+    for arch in ["llama", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"] {
         for (to, names) in [
             ("nvfp4", ["q_proj.weight", "q_proj.weight_scale", "q_proj.weight_scale_2"]),
             ("mxfp4", ["q_proj.weight_packed", "q_proj.weight_scale", "q_proj.weight_packed"]),
@@ -90,6 +107,13 @@ fn quantized_fixtures_match_f32_on_dequantized_weights() {
             for name in names {
                 assert!(header.contains(&format!("model.layers.0.self_attn.{name}\"")), "{arch} {to}: no {name}");
             }
+            if arch == "gpt_oss" {
+                let experts = ["gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"];
+                for name in experts {
+                    let has = header.contains(&format!("model.layers.0.mlp.experts.{name}\""));
+                    assert_eq!(has, to == "mxfp4", "{arch} {to}: {name}");
+                }
+            }
             let d = tmp.path().join(format!("{arch}-{to}-f32"));
             dequantized_copy(&q, &d);
             let (a, b) = (logits(&q, &ids), logits(&d, &ids));
@@ -107,8 +131,11 @@ fn quantized_fixtures_match_f32_on_dequantized_weights() {
             // Routing is discontinuous: a token whose router scores two experts
             // closer than the activation-quantization noise may pick the other
             // one. One such position is allowed in a MoE model (qwen3_moe mxfp4:
-            // position 8 moves by 1.06, the others ≤ 0.13).
-            let allowed = usize::from(to != "fp8" && (arch.contains("moe") || arch == "mixtral"));
+            // position 8 moves by 1.06, the others ≤ 0.13; gpt_oss mxfp4:
+            // position 4 by 1.32, the others ≤ 0.09 — with attention left in
+            // bf16, scripts/lowbit_interop.py sees ≤ 0.05 on the same tokens).
+            let moe = arch.contains("moe") || arch == "mixtral" || arch == "gpt_oss";
+            let allowed = usize::from(to != "fp8" && moe);
             let over = per.iter().filter(|&&d| d > bound).count();
             assert!(over <= allowed, "{arch} {to}: {over} positions beyond {bound}: {per:?}");
         }

@@ -34,6 +34,9 @@ pub enum RopeScaling {
         attention_factor: Option<f32>,
         mscale: Option<f32>,
         mscale_all_dim: Option<f32>,
+        /// Round the correction range to whole dimensions (transformers' default;
+        /// gpt-oss sets `truncate: false` and keeps the fractional bounds).
+        truncate: bool,
     },
 }
 

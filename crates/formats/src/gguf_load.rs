@@ -127,6 +127,7 @@ pub fn hf_arch_name(gguf_arch: &str) -> String {
     match gguf_arch {
         "qwen2moe" => "qwen2_moe".to_string(),
         "qwen3moe" => "qwen3_moe".to_string(),
+        "gpt-oss" => "gpt_oss".to_string(),
         other => other.to_string(),
     }
 }
@@ -183,6 +184,7 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
             attention_factor: float("rope.scaling.attn_factor"),
             mscale: None,
             mscale_all_dim: None,
+            truncate: true,
         },
         other => return Err(bad(format!("unsupported rope scaling type '{other}' in '{}'", key("rope.scaling.type")))),
     };
@@ -205,6 +207,15 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
         raw.insert(k.clone(), v.to_json());
     }
     moe_keys(g, &arch, n_layers, &mut raw);
+    let mut rope_scaling = rope_scaling;
+    if arch == "gpt-oss" {
+        gpt_oss_keys(g, n_layers, &mut raw);
+        // gpt-oss defines its yarn without rounding the correction range
+        // (transformers' `truncate: false`); llama.cpp rounds it.
+        if let RopeScaling::Yarn { truncate, .. } = &mut rope_scaling {
+            *truncate = false;
+        }
+    }
 
     Ok(ModelConfig {
         // llama.cpp writes Mixtral as `llama` with experts.
@@ -264,6 +275,23 @@ fn moe_keys(g: &GgufFile, arch: &str, n_layers: usize, raw: &mut Map<String, Val
         .map(Value::from)
         .collect();
     raw.insert("mlp_only_layers".into(), Value::Array(dense));
+}
+
+/// gpt-oss's windowed layers as HF `layer_types`: llama.cpp's
+/// `attention.sliding_window_pattern` is a per-layer bool array, or a period
+/// `n` (layer `l` windowed when `l % n < n − 1`; absent: 2, even layers).
+fn gpt_oss_keys(g: &GgufFile, n_layers: usize, raw: &mut Map<String, Value>) {
+    let windowed: Vec<bool> = match g.get("gpt-oss.attention.sliding_window_pattern") {
+        Some(GgufValue::Array(_, items)) => {
+            items.iter().map(|v| matches!(v, GgufValue::Bool(true)) || v.as_usize().is_some_and(|x| x != 0)).collect()
+        }
+        other => {
+            let n = other.and_then(GgufValue::as_usize).unwrap_or(2).max(1);
+            (0..n_layers).map(|l| l % n < n - 1).collect()
+        }
+    };
+    let types = windowed.iter().map(|&w| Value::from(if w { "sliding_attention" } else { "full_attention" }));
+    raw.insert("layer_types".into(), Value::Array(types.collect()));
 }
 
 /// Moves the `tokenizer.ggml.*` arrays out of the metadata (they can be large).

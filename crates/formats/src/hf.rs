@@ -224,6 +224,7 @@ fn rope(c: &Value, max_pos: usize) -> Result<(f32, RopeScaling), String> {
             attention_factor: f("attention_factor"),
             mscale: f("mscale"),
             mscale_all_dim: f("mscale_all_dim"),
+            truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
         },
         other => return Err(format!("unsupported rope type '{other}' (supported: default, linear, llama3, yarn)")),
     };

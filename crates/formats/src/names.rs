@@ -15,6 +15,8 @@ pub fn gguf_to_hf(name: &str) -> String {
         _ => map_block(stem),
     };
     match (mapped, suffix) {
+        // gpt-oss's sinks are a parameter, not a layer: HF names it bare.
+        (Some(m), Some(_)) if m.ends_with(".sinks") => m,
         (Some(m), Some(suf)) => format!("{m}.{suf}"),
         (Some(m), None) => m,
         (None, _) => name.to_string(),
@@ -42,6 +44,9 @@ fn block_part(part: &str) -> Option<&'static str> {
         "attn_q_norm" => "self_attn.q_norm",
         "attn_k_norm" => "self_attn.k_norm",
         "ffn_norm" => "post_attention_layernorm",
+        // gpt-oss: the norm before the MoE block, and the attention sinks.
+        "attn_post_norm" => "post_attention_layernorm",
+        "attn_sinks" => "self_attn.sinks",
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
@@ -88,6 +93,10 @@ mod tests {
             ("blk.4.ffn_up_shexp.weight", "model.layers.4.mlp.shared_expert.up_proj.weight"),
             ("blk.4.ffn_down_shexp.weight", "model.layers.4.mlp.shared_expert.down_proj.weight"),
             ("blk.4.ffn_gate_inp_shexp.weight", "model.layers.4.mlp.shared_expert_gate.weight"),
+            // gpt-oss: expert biases, the post-attention norm, bare sinks.
+            ("blk.5.ffn_gate_exps.bias", "model.layers.5.mlp.experts.gate_exps.bias"),
+            ("blk.5.attn_post_norm.weight", "model.layers.5.post_attention_layernorm.weight"),
+            ("blk.5.attn_sinks.weight", "model.layers.5.self_attn.sinks"),
         ];
         for (g, h) in cases {
             assert_eq!(gguf_to_hf(g), h, "{g}");

@@ -181,3 +181,48 @@ fn qwen_moe_config_bias_untied_and_rope_scaling() {
     m.tensors.get_shaped("model.layers.0.mlp.gate.weight", &[3, 8]).unwrap();
     m.tensors.get_shaped("model.layers.0.mlp.experts.up_exps.weight", &[3, 4, 8]).unwrap();
 }
+
+/// A sliding-window pattern written as an array or a period, and the
+/// `layer_types` expected from it.
+type PatternCase = (Option<Vec<i32>>, Option<u32>, [&'static str; 4]);
+
+/// gpt-oss: the arch name, `layer_types` from llama.cpp's sliding-window
+/// pattern (a per-layer array, or a period; default 2: even layers windowed),
+/// and yarn without truncation (the model's definition).
+#[test]
+fn gpt_oss_layer_types_and_yarn() {
+    let base = |w: &mut GgufWriter| {
+        w.add_str("general.architecture", "gpt-oss")
+            .add_u32("gpt-oss.block_count", 4)
+            .add_u32("gpt-oss.embedding_length", 8)
+            .add_u32("gpt-oss.expert_feed_forward_length", 4)
+            .add_u32("gpt-oss.expert_count", 2)
+            .add_u32("gpt-oss.attention.head_count", 2)
+            .add_u32("gpt-oss.vocab_size", 6)
+            .add_str("gpt-oss.rope.scaling.type", "yarn")
+            .add_f32("gpt-oss.rope.scaling.factor", 32.0);
+        w.add_f32_tensor("output.weight", &[6, 8], &[0.0; 48]);
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [PatternCase; 3] = [
+        (None, None, ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
+        (None, Some(4), ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]),
+        (Some(vec![0, 1, 1, 0]), None, ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]),
+    ];
+    for (i, (array, period, want)) in cases.into_iter().enumerate() {
+        let mut w = GgufWriter::new();
+        base(&mut w);
+        if let Some(a) = array {
+            w.add_i32_array("gpt-oss.attention.sliding_window_pattern", &a);
+        }
+        if let Some(n) = period {
+            w.add_u32("gpt-oss.attention.sliding_window_pattern", n);
+        }
+        let path = dir.path().join(format!("gpt-oss-{i}.gguf"));
+        w.write_to(&path).unwrap();
+        let c = open_model(&path).unwrap().config;
+        assert_eq!(c.arch, "gpt_oss");
+        assert_eq!(c.raw["layer_types"], serde_json::json!(want), "case {i}");
+        assert!(matches!(c.rope_scaling, RopeScaling::Yarn { truncate: false, .. }));
+    }
+}

@@ -160,6 +160,7 @@ fn rope_variants() {
                 attention_factor: Some(1.1),
                 mscale: Some(0.707),
                 mscale_all_dim: None,
+                truncate: true,
             },
         ),
         (json!({"rope_scaling": null, "rope_theta": 7.0}), RopeScaling::None),

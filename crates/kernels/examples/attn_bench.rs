@@ -39,6 +39,7 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             head_dim: d,
             window: None,
             scale: 0.125,
+            sinks: None,
         };
         let reps = if n_new == 1 { 300 } else { 5 };
         attention(pool, &q, &k, &v, &sh, &mut out);

@@ -1,6 +1,13 @@
 //! Causal (optionally sliding-window) attention of one sequence's new tokens
 //! against its KV cache (f16, f32, Q8_0 or Q4_0: [`KvElem`]): tiled, with an
-//! online (flash-attention) softmax.
+//! online (flash-attention) softmax, optionally with attention sinks.
+//!
+//! # Sinks (gpt-oss)
+//! A sink is a learned logit per query head that joins the softmax denominator
+//! but carries no value: `o = Σ_j e^(s_j − M) v_j / (Σ_j e^(s_j − M) + e^(sink − M))`.
+//! It is applied once, when a row is finalized (in [`write_rows`] or [`merge`]),
+//! from the row's running `(m, l, o)`: `M = max(m, sink)`, so the block loops
+//! and their SIMD kernels are the same with or without sinks.
 //!
 //! # Work split
 //! A *tile* is one KV head × up to [`RMAX`] query rows: all query heads of that
@@ -93,7 +100,7 @@ impl KvElem for f32 {
 
 /// The geometry of one [`attention`] call.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttnShape {
+pub struct AttnShape<'a> {
     /// New tokens; token `i` sits at position `start_pos + i`.
     pub n_new: usize,
     pub start_pos: usize,
@@ -105,9 +112,12 @@ pub struct AttnShape {
     pub window: Option<usize>,
     /// Multiplies every score (usually `1/√head_dim`).
     pub scale: f32,
+    /// Attention sinks: one logit per query head (`n_heads` values, compared
+    /// with the *scaled* scores), added to the softmax denominator only.
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl AttnShape {
+impl AttnShape<'_> {
     /// Cache positions new token `i` attends to.
     pub fn keys(&self, i: usize) -> Range<usize> {
         let p = self.start_pos + i;
@@ -120,6 +130,7 @@ impl AttnShape {
         assert!(self.head_dim.is_multiple_of(T::VALUES), "attention: head_dim not a whole number of cache blocks");
         let rows = self.n_new * self.n_heads * self.head_dim;
         assert!(q >= rows && out >= rows, "attention: q/out too short");
+        assert!(self.sinks.is_none_or(|s| s.len() == self.n_heads), "attention: one sink per query head");
         kv.check(self.start_pos + self.n_new, self.stride::<T>());
     }
 
@@ -223,9 +234,10 @@ pub fn attention_reference_paged<T: KvElem>(q: &[f32], kv: &KvView<'_, T>, sh: &
                     qh.iter().zip(&kp).map(|(&a, &b)| a * b).sum::<f32>() * sh.scale
                 })
                 .collect();
-            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sink = sh.sinks.map(|s| s[h]);
+            let max = s.iter().copied().chain(sink).fold(f32::NEG_INFINITY, f32::max);
             let e: Vec<f32> = s.iter().map(|x| (x - max).exp()).collect();
-            let sum: f32 = e.iter().sum();
+            let sum: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |x| (x - max).exp());
             let o = &mut out[(i * nh + h) * d..][..d];
             o.fill(0.0);
             for (p, &w) in keys.clone().zip(&e) {
@@ -489,8 +501,16 @@ pub(crate) fn self_test_avx2(avx512: bool, unit: &mut dyn FnMut() -> f32) -> Res
     let (k, v) = h.split_at(ctx * nkv * d);
     let q: Vec<f32> = (0..2 * 6 * d).map(|_| 2.0 * unit()).collect();
     for (n_new, window) in [(1, None), (2, Some(40))] {
-        let sh =
-            AttnShape { n_new, start_pos: ctx - n_new, n_heads: 6, n_kv_heads: nkv, head_dim: d, window, scale: 0.125 };
+        let sh = AttnShape {
+            n_new,
+            start_pos: ctx - n_new,
+            n_heads: 6,
+            n_kv_heads: nkv,
+            head_dim: d,
+            window,
+            scale: 0.125,
+            sinks: None,
+        };
         let tiling = Tiling::new(&sh, 1);
         let job = tiling.job(tiling.jobs(nkv) - 1, &sh);
         let (mut a, mut b) = (Scratch::default(), Scratch::default());
@@ -522,9 +542,23 @@ unsafe fn write_rows(sh: &AttnShape, job: &Job, sc: &Scratch, out: *mut f32) {
     for r in 0..job.toks * job.heads {
         let (t, h) = (job.t0 + r / job.heads, job.h0 + r % job.heads);
         let dst = std::slice::from_raw_parts_mut(out.add((t * sh.n_heads + h) * d), d);
-        let inv = 1.0 / sc.l[r];
+        let inv = finish(sh, h, sc.m[r], sc.l[r]);
         for (x, &y) in dst.iter_mut().zip(&sc.o[r * d..(r + 1) * d]) {
             *x = y * inv;
+        }
+    }
+}
+
+/// The factor that turns a row's unnormalized output `o` (running max `m`,
+/// sum `l`) into the result: `1/l`, or with a sink `e^(m−M) / (l·e^(m−M) + e^(sink−M))`
+/// where `M = max(m, sink)` (so neither exponent can overflow).
+fn finish(sh: &AttnShape, head: usize, m: f32, l: f32) -> f32 {
+    match sh.sinks {
+        None => 1.0 / l,
+        Some(s) => {
+            let big = m.max(s[head]);
+            let c = (m - big).exp();
+            c / (l * c + (s[head] - big).exp())
         }
     }
 }
@@ -548,9 +582,11 @@ fn merge(sh: &AttnShape, tiling: &Tiling, parts: &[f32], out: &mut [f32]) {
         for r in 0..job.toks * job.heads {
             let (t, h) = (job.t0 + r / job.heads, job.h0 + r % job.heads);
             let dst = &mut out[(t * sh.n_heads + h) * d..][..d];
-            let big = slots.chunks_exact(part_len).map(|p| p[r]).fold(f32::NEG_INFINITY, f32::max);
+            let sink = sh.sinks.map(|s| s[h]);
+            let big = slots.chunks_exact(part_len).map(|p| p[r]).chain(sink).fold(f32::NEG_INFINITY, f32::max);
             dst.fill(0.0);
-            let mut l = 0.0;
+            // The sink's share of the denominator (no value).
+            let mut l = sink.map_or(0.0, |s| (s - big).exp());
             for p in slots.chunks_exact(part_len) {
                 if p[RMAX + r] == 0.0 {
                     continue; // a piece with no keys for this row (m = −∞)

@@ -115,6 +115,18 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// gpt-oss's clamped SwiGLU, in place:
+/// `gate[i] = (clamp(up[i], −limit, limit) + 1) · g · sigmoid(alpha · g)` with
+/// `g = min(gate[i], limit)`. Scalar only: it runs on the expert width of the
+/// few routed tokens, a small fraction of the matmuls around it.
+pub fn swiglu_clamped(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let glu = x / (1.0 + (-alpha * x).exp());
+        *g = (u.clamp(-limit, limit) + 1.0) * glu;
+    }
+}
+
 /// `x[i] += y[i]`.
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     let n = x.len().min(y.len());

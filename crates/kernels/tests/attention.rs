@@ -26,9 +26,11 @@ fn naive(q: &[f32], k: &[f16], v: &[f16], sh: &AttnShape) -> Vec<f64> {
                     qh.iter().zip(kp).map(|(&a, b)| a as f64 * b.to_f64()).sum::<f64>() * sh.scale as f64
                 })
                 .collect();
-            let m = s.iter().fold(f64::MIN, |a, &b| a.max(b));
+            // A sink joins the denominator only.
+            let sink = sh.sinks.map(|s| s[h] as f64);
+            let m = s.iter().copied().chain(sink).fold(f64::MIN, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let sum: f64 = e.iter().sum();
+            let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
             for (p, w) in keys.zip(&e) {
                 let vp = &v[p * stride + off..][..d];
                 for (o, x) in out[(i * nh + h) * d..][..d].iter_mut().zip(vp) {
@@ -51,34 +53,43 @@ fn halves(rng: &mut TestRng, n: usize, a: f32) -> Vec<f16> {
     (0..n).map(|_| f16::from_f32(rng.gen_range(-a..a))).collect()
 }
 
-/// (n_new, start_pos, heads, kv heads, head_dim, window, |q|).
-type Case = (usize, usize, usize, usize, usize, Option<usize>, f32);
+/// (n_new, start_pos, heads, kv heads, head_dim, window, |q|, sinks: none, or
+/// logits drawn in ±this (large values dominate the scores, small ones not)).
+type Case = (usize, usize, usize, usize, usize, Option<usize>, f32, Option<f32>);
 
 #[test]
 fn attention_matches_naive() {
     let mut rng = rng(32);
     let cases: &[Case] = &[
-        (1, 0, 9, 3, 64, None, 1.0),
-        (1, 37, 9, 3, 64, None, 1.0),
-        (1, 3000, 9, 3, 64, None, 1.0),
-        (1, 3000, 8, 2, 128, None, 4.0),
-        (1, 2500, 4, 4, 64, None, 1.0),
-        (7, 3000, 12, 4, 64, None, 1.0),
-        (5, 3, 4, 4, 16, None, 1.0),
-        (17, 0, 8, 2, 12, None, 1.0),
-        (33, 0, 4, 4, 64, None, 3.0),
-        (40, 5, 12, 3, 128, None, 1.0),
-        (19, 60, 6, 2, 80, None, 2.0),
-        (3, 10, 32, 1, 64, None, 1.0),
-        (3, 40, 72, 1, 64, None, 1.0),
-        (2, 70, 136, 2, 16, Some(50), 1.0),
-        (200, 0, 9, 3, 64, None, 1.0),
-        (20, 100, 6, 2, 64, Some(16), 1.0),
-        (1, 3000, 9, 3, 64, Some(512), 1.0),
-        (37, 2000, 9, 3, 64, Some(100), 1.0),
-        (9, 0, 4, 2, 64, Some(1), 1.0),
+        (1, 0, 9, 3, 64, None, 1.0, None),
+        (1, 37, 9, 3, 64, None, 1.0, None),
+        (1, 3000, 9, 3, 64, None, 1.0, None),
+        (1, 3000, 8, 2, 128, None, 4.0, None),
+        (1, 2500, 4, 4, 64, None, 1.0, None),
+        (7, 3000, 12, 4, 64, None, 1.0, None),
+        (5, 3, 4, 4, 16, None, 1.0, None),
+        (17, 0, 8, 2, 12, None, 1.0, None),
+        (33, 0, 4, 4, 64, None, 3.0, None),
+        (40, 5, 12, 3, 128, None, 1.0, None),
+        (19, 60, 6, 2, 80, None, 2.0, None),
+        (3, 10, 32, 1, 64, None, 1.0, None),
+        (3, 40, 72, 1, 64, None, 1.0, None),
+        (2, 70, 136, 2, 16, Some(50), 1.0, None),
+        (200, 0, 9, 3, 64, None, 1.0, None),
+        (20, 100, 6, 2, 64, Some(16), 1.0, None),
+        (1, 3000, 9, 3, 64, Some(512), 1.0, None),
+        (37, 2000, 9, 3, 64, Some(100), 1.0, None),
+        (9, 0, 4, 2, 64, Some(1), 1.0, None),
+        // gpt-oss: sinks, with and without a window, prefill and (split) decode.
+        (1, 0, 8, 2, 32, None, 1.0, Some(2.0)),
+        (1, 3000, 8, 2, 32, None, 1.0, Some(2.0)),
+        (1, 3000, 8, 2, 32, Some(128), 1.0, Some(20.0)),
+        (24, 0, 8, 2, 32, Some(8), 1.0, Some(2.0)),
+        (37, 60, 8, 2, 64, None, 2.0, Some(20.0)),
+        (5, 3, 4, 4, 16, None, 1.0, Some(0.5)),
     ];
-    for &(n_new, start_pos, nh, nkv, hd, window, qa) in cases {
+    for &(n_new, start_pos, nh, nkv, hd, window, qa, sinks) in cases {
+        let sinks: Option<Vec<f32>> = sinks.map(|a| (0..nh).map(|_| rng.gen_range(-a..a)).collect());
         // The cache ends exactly at the last new token on odd cases (no slack to
         // read past), with slack on even ones.
         let ctx = start_pos + n_new + if n_new % 2 == 1 { 0 } else { 3 };
@@ -93,6 +104,7 @@ fn attention_matches_naive() {
             head_dim: hd,
             window,
             scale: 1.0 / (hd as f32).sqrt(),
+            sinks: sinks.as_deref(),
         };
         let want = naive(&q, &k, &v, &sh);
         let what = format!("{sh:?}");

@@ -47,6 +47,20 @@ fn norms_and_elementwise() {
         ops::silu_mul(&mut g, &u);
         close(&g, &want, 1e-5, "silu_mul");
 
+        // gpt-oss: gate clamped above at 7, up at ±7 (both sides reached here).
+        let mut g = randv(&mut rng, dim, 12.0);
+        let u = randv(&mut rng, dim, 12.0);
+        let want: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| {
+                let x = (g as f64).min(7.0);
+                ((u as f64).clamp(-7.0, 7.0) + 1.0) * x / (1.0 + (-1.702 * x).exp())
+            })
+            .collect();
+        ops::swiglu_clamped(&mut g, &u, 1.702, 7.0);
+        close(&g, &want, 1e-5, "swiglu_clamped");
+
         let mut s = randv(&mut rng, dim, 20.0);
         let max = s.iter().fold(f64::MIN, |m, &v| m.max(v as f64));
         let e: Vec<f64> = s.iter().map(|&v| (v as f64 - max).exp()).collect();

@@ -12,7 +12,7 @@
 
 use crate::arch::{ArchSpec, FfnKind};
 use crate::linear::{pack_for_decode, quantize_weight, Linear};
-use crate::moe::{Mlp, Moe};
+use crate::moe::{ExpertAct, Mlp, Moe};
 use crate::plan::TpSlice;
 use crate::slice;
 use crate::{LoadOptions, ModelError};
@@ -28,6 +28,10 @@ pub struct DecoderLayer {
     pub o: Linear,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// This layer's sliding window ([`ArchSpec::attention`]).
+    pub window: Option<usize>,
+    /// Attention sinks of this rank's query heads (gpt-oss).
+    pub sinks: Option<Vec<f32>>,
     pub mlp_norm: Vec<f32>,
     pub ffn: FeedForward,
 }
@@ -107,13 +111,39 @@ impl LayerLoader<'_> {
     /// A small `[out, hidden]` weight every rank holds whole and keeps in the
     /// file's type (routers: their choices must not move with `--quantize`).
     /// A one-row weight may also be stored as a `[hidden]` vector (GGUF).
-    pub fn replicated(&self, name: &str, out: usize) -> Result<Linear, ModelError> {
+    pub fn replicated(&self, name: &str, out: usize, bias: bool) -> Result<Linear, ModelError> {
+        let b = if bias { Some(vector(self.store, &format!("{}{name}.bias", self.prefix), out)?) } else { None };
         let name = format!("{}{name}.weight", self.prefix);
         let w = match self.store.get(&name)? {
             w if out == 1 && w.shape == [self.hidden] => WeightTensor { shape: vec![1, self.hidden], ..w.clone() },
             _ => self.store.get_shaped(&name, &[out, self.hidden])?.clone(),
         };
-        Ok(Linear::new(w, None))
+        Ok(Linear::new(w, b))
+    }
+
+    /// Tensor `name` of the layer as stored (no `.weight` appended).
+    pub fn tensor(&self, name: &str) -> Result<&WeightTensor, ModelError> {
+        Ok(self.store.get(&format!("{}{name}", self.prefix))?)
+    }
+
+    /// Row `row` of a stacked `[n, len]` tensor as f32 values (one expert's
+    /// bias), converting only that row.
+    pub fn row_values(&self, name: &str, [n, len]: [usize; 2], row: usize) -> Result<Vec<f32>, ModelError> {
+        let all = self.store.get_shaped(&format!("{}{name}", self.prefix), &[n, len])?;
+        Ok(slice::rows(all, row..row + 1).to_f32())
+    }
+
+    /// The part of a row-parallel projection's output bias (`[hidden]`) this
+    /// rank adds: partial outputs are summed across the group, so the bias is
+    /// added once, on rank 0, or whole by the rank holding a whole expert
+    /// (`whole`); exact mode splits outputs, so each rank adds its rows' bias.
+    pub fn row_bias(&self, full: Vec<f32>, whole: bool) -> Option<Vec<f32>> {
+        match self.tp {
+            None => Some(full),
+            Some(_) if whole => Some(full),
+            Some(tp) if tp.exact => Some(full[tp.hidden.clone()].to_vec()),
+            Some(tp) => (tp.rank == 0).then_some(full),
+        }
     }
 
     /// Whether the layer has tensor `name` (`.weight` included).
@@ -179,6 +209,18 @@ impl DecoderLayer {
             None => (0..hq, 0..hkv, 0..ffn),
         };
         let p = &ld.prefix;
+        let attn = spec.attention(layer);
+        let sinks = match attn.sinks {
+            true => Some(
+                vector(store, &format!("{p}self_attn.sinks"), cfg.n_heads)?[q_rows.start / hd..q_rows.end / hd]
+                    .to_vec(),
+            ),
+            false => None,
+        };
+        let mut o = ld.row_par("self_attn.o_proj", hq, &q_rows)?;
+        if attn.o_bias {
+            o.bias = ld.row_bias(vector(store, &format!("{p}self_attn.o_proj.bias"), h)?, false);
+        }
         let (q_norm, k_norm) = if spec.qk_norm {
             (
                 Some(vector(store, &format!("{p}self_attn.q_norm.weight"), hd)?),
@@ -192,6 +234,7 @@ impl DecoderLayer {
                 gate: ld.col_par("mlp.gate_proj", ffn, &ffn_cols, false)?,
                 up: ld.col_par("mlp.up_proj", ffn, &ffn_cols, false)?,
                 down: ld.row_par("mlp.down_proj", ffn, &ffn_cols)?,
+                act: ExpertAct::Silu,
             })),
             FfnKind::Moe(_) if tp.is_some_and(|t| t.exact) => {
                 return Err(ModelError::Unsupported(format!(
@@ -205,9 +248,11 @@ impl DecoderLayer {
             q: ld.col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?,
             k: ld.col_par("self_attn.k_proj", hkv, &kv_rows, spec.qkv_bias)?,
             v: ld.col_par("self_attn.v_proj", hkv, &kv_rows, spec.qkv_bias)?,
-            o: ld.row_par("self_attn.o_proj", hq, &q_rows)?,
+            o,
             q_norm,
             k_norm,
+            window: attn.window,
+            sinks,
             mlp_norm: vector(store, &format!("{p}post_attention_layernorm.weight"), h)?,
             ffn,
         })

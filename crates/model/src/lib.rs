@@ -10,6 +10,7 @@ pub mod kv_cache;
 pub mod linear;
 pub mod model;
 pub mod moe;
+mod moe_fused;
 pub mod plan;
 pub mod registry;
 pub mod rope;

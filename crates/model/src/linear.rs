@@ -62,14 +62,16 @@ impl Linear {
         }
     }
 
-    /// Bytes read per forward call (for cost accounting).
+    /// Bytes read per forward call (for cost accounting): the weight and its
+    /// f32 bias.
     pub fn weight_bytes(&self) -> usize {
-        self.weight.bytes().len()
+        self.weight.bytes().len() + self.bias.as_ref().map_or(0, |b| 4 * b.len())
     }
 
-    /// FLOPs of one forward call over `m` rows.
+    /// FLOPs of one forward call over `m` rows (a multiply-add per weight and
+    /// row, plus the bias additions).
     pub fn flops(&self, m: usize) -> usize {
-        2 * m * self.in_features() * self.out_features()
+        2 * m * self.in_features() * self.out_features() + self.bias.as_ref().map_or(0, |b| m * b.len())
     }
 }
 

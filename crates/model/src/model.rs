@@ -377,11 +377,12 @@ impl Model {
                     SeqKv::Paged { table, .. } => (paged.as_deref_mut().expect("checked above"), table),
                 };
                 let block = kv.block;
+                let at = (layer, block, table, start);
                 match &mut kv.layers {
-                    KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
-                    KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
-                    KvLayers::Q8_0(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
-                    KvLayers::Q4_0(l) => self.store_and_attend(pool, &mut l[li], block, table, k, v, q, start, out),
+                    KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                    KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                    KvLayers::Q8_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                    KvLayers::Q4_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
                 }
                 row += len;
             }
@@ -463,18 +464,17 @@ impl Model {
     /// head_dim`) at positions `start..` of one layer's cache (blocks of
     /// `block × kv_heads × head_dim` each, in `table` order), then runs causal
     /// attention of their queries `q` (`len × heads × head_dim`) against it into
-    /// `out`, honoring a sliding window.
+    /// `out`, honoring the layer's sliding window and sinks. `at`: the layer,
+    /// block size, block table and first new position.
     #[allow(clippy::too_many_arguments)]
     fn store_and_attend<T: KvElem>(
         &self,
         pool: &ThreadPool,
         cache: &mut (Vec<T>, Vec<T>),
-        block: usize,
-        table: &[u32],
+        (layer, block, table, start): (&DecoderLayer, usize, &[u32], usize),
         k: &[f32],
         v: &[f32],
         q: &[f32],
-        start: usize,
         out: &mut [f32],
     ) {
         let hd = self.config.head_dim;
@@ -500,8 +500,9 @@ impl Model {
             n_heads: self.local.n_heads,
             n_kv_heads: self.local.n_kv_heads,
             head_dim: hd,
-            window: self.spec.sliding_window,
+            window: layer.window,
             scale: 1.0 / (hd as f32).sqrt(),
+            sinks: layer.sinks.as_deref(),
         };
         attention_paged(pool, q, &view, &shape, &mut out[..len * self.local.n_heads * hd]);
     }

@@ -38,6 +38,29 @@ pub struct MoeSpec {
     /// `sparse[l]`: layer `l` is a MoE layer (the others are dense).
     pub sparse: Vec<bool>,
     pub names: MoeNames,
+    /// The experts' activation.
+    pub act: ExpertAct,
+    /// The router and every expert projection carry biases (gpt-oss).
+    pub bias: bool,
+}
+
+/// How an expert combines its gate and up projections.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertAct {
+    /// `silu(gate) · up`.
+    Silu,
+    /// gpt-oss: `(clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)`, `g = min(gate, limit)`.
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl ExpertAct {
+    /// `gate[i] = act(gate[i], up[i])`.
+    pub fn apply(self, gate: &mut [f32], up: &[f32]) {
+        match self {
+            ExpertAct::Silu => ops::silu_mul(gate, up),
+            ExpertAct::ClampedSwiglu { alpha, limit } => ops::swiglu_clamped(gate, up, alpha, limit),
+        }
+    }
 }
 
 /// Tensor names under `model.layers.N.{block}.`.
@@ -103,13 +126,14 @@ pub fn validate(spec: MoeSpec, arch: &str) -> Result<MoeSpec, ModelError> {
     Ok(spec)
 }
 
-/// One SwiGLU MLP, `down(silu(gate(x)) · up(x))`: a dense layer's feed-forward,
+/// One SwiGLU MLP, `down(act(gate(x), up(x)))`: a dense layer's feed-forward,
 /// a routed or a shared expert; possibly a tensor-parallel slice.
 #[derive(Debug)]
 pub struct Mlp {
     pub gate: Linear,
     pub up: Linear,
     pub down: Linear,
+    pub act: ExpertAct,
 }
 
 impl Mlp {
@@ -127,7 +151,7 @@ impl Mlp {
         grow(&mut s.gate, m * f);
         grow(&mut s.up, m * f);
         Linear::forward_many(pool, &[&self.gate, &self.up], x, m, &mut [&mut s.gate, &mut s.up], &mut s.matmul);
-        ops::silu_mul(&mut s.gate[..m * f], &s.up[..m * f]);
+        self.act.apply(&mut s.gate[..m * f], &s.up[..m * f]);
         self.down.forward(pool, &s.gate, m, out, &mut s.matmul);
     }
 }
@@ -181,21 +205,41 @@ impl Moe {
                 gate: ld.col_par(&format!("{prefix}.{}", n.gate), width, &cols, false)?,
                 up: ld.col_par(&format!("{prefix}.{}", n.up), width, &cols, false)?,
                 down: ld.row_par(&format!("{prefix}.{}", n.down), width, &cols)?,
+                act: spec.act,
             })
         };
         // GGUF stacks every expert's projection in one `[n_experts, out, in]`
         // tensor (llama.cpp's `ffn_{gate,up,down}_exps`, mapped by formats).
+        // With biases (gpt-oss), `…_exps.bias` `[n_experts, out]`.
         let stacked = |e: usize| -> Result<Mlp, ModelError> {
             let (h, w, ne) = (ld.hidden(), spec.expert_ffn, spec.n_experts);
             let cols = routed_cols(w)?;
+            let bias = |name: &str, len: usize| match spec.bias {
+                true => ld.row_values(&format!("{b}.experts.{name}.bias"), [ne, len], e).map(Some),
+                false => Ok(None),
+            };
+            let part = |v: Option<Vec<f32>>| v.map(|v| v[cols.clone()].to_vec());
+            let down = ld.row_par_of(&ld.stacked(&format!("{b}.experts.down_exps"), [ne, h, w], e)?, &cols)?;
             Ok(Mlp {
-                gate: ld.col_par_of(&ld.stacked(&format!("{b}.experts.gate_exps"), [ne, w, h], e)?, &cols, None)?,
-                up: ld.col_par_of(&ld.stacked(&format!("{b}.experts.up_exps"), [ne, w, h], e)?, &cols, None)?,
-                down: ld.row_par_of(&ld.stacked(&format!("{b}.experts.down_exps"), [ne, h, w], e)?, &cols)?,
+                gate: ld.col_par_of(
+                    &ld.stacked(&format!("{b}.experts.gate_exps"), [ne, w, h], e)?,
+                    &cols,
+                    part(bias("gate_exps", w)?),
+                )?,
+                up: ld.col_par_of(
+                    &ld.stacked(&format!("{b}.experts.up_exps"), [ne, w, h], e)?,
+                    &cols,
+                    part(bias("up_exps", w)?),
+                )?,
+                down: Linear { bias: bias("down_exps", h)?.and_then(|v| ld.row_bias(v, whole)), ..down },
+                act: spec.act,
             })
         };
         let experts = if ld.contains(&format!("{b}.experts.gate_exps.weight")) {
             held.clone().map(stacked).collect::<Result<_, _>>()?
+        } else if ld.contains(&format!("{b}.experts.gate_up_proj")) {
+            let cols = routed_cols(spec.expert_ffn)?;
+            held.clone().map(|e| crate::moe_fused::expert(ld, spec, e, &cols, whole)).collect::<Result<_, _>>()?
         } else {
             held.clone().map(|e| expert(&format!("{b}.experts.{e}"), spec.expert_ffn)).collect::<Result<_, _>>()?
         };
@@ -205,15 +249,16 @@ impl Moe {
                     gate: ld.col_par(&format!("{b}.shared_expert.gate_proj"), w, &ld.part_of(w)?, false)?,
                     up: ld.col_par(&format!("{b}.shared_expert.up_proj"), w, &ld.part_of(w)?, false)?,
                     down: ld.row_par(&format!("{b}.shared_expert.down_proj"), w, &ld.part_of(w)?)?,
+                    act: spec.act,
                 }),
-                Some(ld.replicated(&format!("{b}.shared_expert_gate"), 1)?),
+                Some(ld.replicated(&format!("{b}.shared_expert_gate"), 1, false)?),
             ),
             None => (None, None),
         };
         Ok(Moe {
             top_k: spec.top_k,
             norm_topk: spec.norm_topk,
-            router: ld.replicated(&format!("{b}.{}", n.router), spec.n_experts)?,
+            router: ld.replicated(&format!("{b}.{}", n.router), spec.n_experts, spec.bias)?,
             first: held.start,
             experts,
             shared,
@@ -352,7 +397,12 @@ impl Moe {
             }
             Linear::forward_many(pool, &layers, x, 1, &mut outs, &mut s.matmul);
         }
-        ops::silu_mul(&mut s.gate[..total], &s.up[..total]);
+        let mut off = 0;
+        for (m, _) in &mlps {
+            let f = m.gate.out_features();
+            m.act.apply(&mut s.gate[off..off + f], &s.up[off..off + f]);
+            off += f;
+        }
         grow(&mut s.rows_out, h);
         let mut off = 0;
         for (m, weight) in &mlps {

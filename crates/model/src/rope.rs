@@ -57,6 +57,7 @@ impl Rope {
                 attention_factor: af,
                 mscale,
                 mscale_all_dim,
+                truncate,
             } => {
                 let get_mscale = |scale: f32, m: f32| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
                 attention_factor = match (af, mscale, mscale_all_dim) {
@@ -68,11 +69,16 @@ impl Rope {
                 };
                 let orig =
                     if original_max_position_embeddings > 0 { original_max_position_embeddings } else { max_pos };
-                let dim = rot_dim as f32;
-                let corr =
-                    |rot: f32| dim * (orig as f32 / (rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * theta.ln());
-                let low = corr(beta_fast).floor().max(0.0);
-                let high = corr(beta_slow).ceil().min(dim - 1.0);
+                // The correction range in f64, as transformers computes it in Python.
+                let dim = rot_dim as f64;
+                let corr = |rot: f32| {
+                    dim * (orig as f64 / (rot as f64 * 2.0 * std::f64::consts::PI)).ln() / (2.0 * (theta as f64).ln())
+                };
+                let (low, high) = match truncate {
+                    true => (corr(beta_fast).floor(), corr(beta_slow).ceil()),
+                    false => (corr(beta_fast), corr(beta_slow)),
+                };
+                let (low, high) = (low.max(0.0) as f32, high.min(dim - 1.0) as f32);
                 let high = if low == high { high + 0.001 } else { high };
                 (0..half)
                     .map(|i| {
@@ -194,6 +200,31 @@ mod tests {
         assert!(r.apply_freq_divisors(&[1.0, 0.0, 1.0, 1.0]).is_err());
         assert!(r.apply_freq_divisors(&[1.0, f32::NAN, 1.0, 1.0]).is_err());
         assert!(r.apply_freq_divisors(&[2.0; 4]).is_ok());
+    }
+
+    /// gpt-oss's yarn (`truncate: false`): the ramp runs between the
+    /// fractional correction dims 4.046 and 8.699 (truncated: 4 and 9).
+    /// Expected values from transformers' formula evaluated in f64.
+    #[test]
+    fn yarn_without_truncation_matches_transformers() {
+        let yarn = |truncate| RopeScaling::Yarn {
+            factor: 32.0,
+            original_max_position_embeddings: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: None,
+            mscale: None,
+            mscale_all_dim: None,
+            truncate,
+        };
+        let r = Rope::new(150000.0, 32, &yarn(false), 4096, RopeStyle::Neox);
+        let want = [0.05081327482, 0.01933500113, 0.00679495949, 0.002093792379, 0.0004564839192, 3.830881237e-05];
+        for (i, w) in (4..10).zip(want) {
+            assert!((r.inv_freq[i] as f64 - w).abs() <= 2e-6 * w, "inv_freq[{i}] = {} vs {w}", r.inv_freq[i]);
+        }
+        assert!((r.attention_factor - 1.3465736).abs() < 1e-6);
+        let truncated = Rope::new(150000.0, 32, &yarn(true), 4096, RopeStyle::Neox);
+        assert!((truncated.inv_freq[5] - r.inv_freq[5]).abs() > 1e-4 * r.inv_freq[5]);
     }
 
     #[test]

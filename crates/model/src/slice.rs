@@ -71,3 +71,50 @@ pub fn cols(w: &WeightTensor, c: Range<usize>) -> WeightTensor {
 pub fn range_of(v: &[f32], r: Range<usize>) -> Vec<f32> {
     v[r].to_vec()
 }
+
+/// The transpose of a 2-D float weight (F32/F16/BF16: one value per element),
+/// in the same type, owned. gpt-oss's bf16 experts are stored `[in, out]`;
+/// the kernels read `[out, in]`. `None` for block-quantized types.
+pub fn transpose(w: &WeightTensor) -> Option<WeightTensor> {
+    if w.shape.len() != 2 || w.dtype.block_elems() != 1 || w.is_packed() {
+        return None;
+    }
+    let (rows, cols) = (w.shape[0], w.shape[1]);
+    let size = w.dtype.block_bytes();
+    let src = w.bytes();
+    let mut out = vec![0u8; src.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (from, to) = ((r * cols + c) * size, (c * rows + r) * size);
+            out[to..to + size].copy_from_slice(&src[from..from + size]);
+        }
+    }
+    Some(WeightTensor {
+        name: w.name.clone(),
+        dtype: w.dtype,
+        shape: vec![cols, rows],
+        data: TensorData::Owned(Arc::new(out)),
+        out_scale: w.out_scale,
+    })
+}
+
+/// Rows `first, first + step, first + 2·step, …` of a 2-D weight (any type:
+/// rows are whole blocks), owned: de-interleaves gpt-oss's fused gate/up
+/// projection (gate on even rows, up on odd ones).
+pub fn strided_rows(w: &WeightTensor, first: usize, step: usize) -> WeightTensor {
+    let (n_rows, n_cols) = (w.shape[0], w.shape[1]);
+    let row_bytes = w.dtype.bytes_for(n_cols).expect("rows are whole blocks");
+    let src = w.row_major();
+    let picked: Vec<usize> = (first..n_rows).step_by(step.max(1)).collect();
+    let mut out = Vec::with_capacity(picked.len() * row_bytes);
+    for &r in &picked {
+        out.extend_from_slice(&src[r * row_bytes..(r + 1) * row_bytes]);
+    }
+    WeightTensor {
+        name: w.name.clone(),
+        dtype: w.dtype,
+        shape: vec![picked.len(), n_cols],
+        data: TensorData::Owned(Arc::new(out)),
+        out_scale: w.out_scale,
+    }
+}

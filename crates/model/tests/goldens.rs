@@ -125,6 +125,13 @@ fn qwen2_moe_matches_transformers() {
     check("qwen2_moe", 1);
 }
 
+/// gpt-oss: sinks, sliding/full layers, biases, clamped SwiGLU, yarn rope
+/// without truncation, fused bf16 experts.
+#[test]
+fn gpt_oss_matches_transformers() {
+    check("gpt_oss", 2);
+}
+
 #[test]
 fn qwen3_moe_matches_transformers() {
     check("qwen3_moe", 2);
@@ -211,6 +218,34 @@ fn mixtral_gguf_matches_transformers() {
     check_gguf("mixtral", "llama", &ints, (8, 2));
 }
 
+/// gpt-oss as llama.cpp's converter writes it (arch `gpt-oss`: separate
+/// stacked experts with biases, `attn_sinks`, `attn_post_norm`, router at
+/// `ffn_gate_inp`, yarn metadata, the default sliding-window pattern of 2).
+#[test]
+fn gpt_oss_gguf_matches_transformers() {
+    let ints = [
+        ("block_count", 2),
+        ("context_length", 4096),
+        ("embedding_length", 128),
+        ("expert_feed_forward_length", 128),
+        ("expert_count", 8),
+        ("expert_used_count", 2),
+        ("attention.head_count", 8),
+        ("attention.head_count_kv", 2),
+        ("attention.key_length", 32),
+        ("attention.value_length", 32),
+        ("attention.sliding_window", 8),
+        ("rope.scaling.original_context_length", 4096),
+    ];
+    let floats = [("rope.freq_base", 150000.0), ("rope.scaling.factor", 32.0)];
+    let path = std::env::temp_dir().join(format!("shardlm-gpt_oss-{}.gguf", std::process::id()));
+    gguf::write_meta(&fixture("gpt_oss"), "gpt-oss", &ints, &floats, &[("rope.scaling.type", "yarn")], (8, 2), &path);
+    let files = formats::open_model(&path).unwrap();
+    assert_eq!(files.config.arch, "gpt_oss");
+    check_kv("gpt_oss", &path, 1, None);
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// Two sequences in one step give the same logits as each alone.
 #[test]
 fn batch_of_two_sequences_matches_single() {
@@ -239,10 +274,11 @@ fn batch_of_two_sequences_matches_single() {
 /// Paged KV: sequence A runs its prompt in chunks through scattered blocks of a
 /// shared pool; sequence B shares A's first two full blocks (a prefix-cache
 /// hit), then B's rest and A's decode run in one batched step. Every logit
-/// matches the same tokens run alone through a contiguous cache.
+/// matches the same tokens run alone through a contiguous cache (gpt_oss:
+/// sinks and a window of 8 through block tables).
 #[test]
 fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
-    for name in ["llama", "qwen3_moe"] {
+    for name in ["llama", "qwen3_moe", "gpt_oss"] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
         let g = golden(name);

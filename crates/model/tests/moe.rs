@@ -24,7 +24,7 @@ fn load(dir: &Path) -> Result<Model, ModelError> {
 /// over many rows); decode runs each token alone. Both give the same logits.
 #[test]
 fn grouped_prefill_equals_one_token_steps() {
-    for name in ["mixtral", "qwen2_moe", "qwen3_moe"] {
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"] {
         let m = load(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let pool = kernels::ThreadPool::new(2);
@@ -58,12 +58,20 @@ fn decode_bytes_count_only_active_experts() {
     let expert = 3 * 128 * 128 * 2;
     let head = 1024 * 128 * 2;
     assert_eq!(m.weight_bytes_per_token(), 2 * (attn + router + 2 * expert) + head);
-    // qwen2_moe: 4 heads of 32, 2 KV heads; 8 experts of width 64, top-4; a
-    // 128-wide shared expert and its [1, 128] gate.
+    // qwen2_moe: 4 heads of 32, 2 KV heads (q/k/v biases, f32); 8 experts of
+    // width 64, top-4; a 128-wide shared expert and its [1, 128] gate.
     let m = load(&fixture("qwen2_moe")).unwrap();
-    let attn = (128 * 128 + 2 * 64 * 128 + 128 * 128) * 2;
+    let attn = (128 * 128 + 2 * 64 * 128 + 128 * 128) * 2 + (128 + 2 * 64) * 4;
     let moe = 8 * 128 * 2 + 4 * (3 * 64 * 128 * 2) + 3 * 128 * 128 * 2 + 128 * 2;
     assert_eq!(m.weight_bytes_per_token(), 2 * (attn + moe) + head);
+    // gpt_oss: 8 heads of 32, 2 KV heads, q/k/v/o biases; a router with a bias;
+    // 8 experts of width 128 (bf16, transposed at load), top-2, each with
+    // gate/up/down biases.
+    let m = load(&fixture("gpt_oss")).unwrap();
+    let attn = (256 * 128 + 2 * 64 * 128 + 128 * 256) * 2 + (256 + 2 * 64 + 128) * 4;
+    let router = 8 * 128 * 2 + 8 * 4;
+    let expert = 3 * 128 * 128 * 2 + 3 * 128 * 4;
+    assert_eq!(m.weight_bytes_per_token(), 2 * (attn + router + 2 * expert) + head);
 }
 
 /// Edits a parsed `config.json`.
@@ -101,6 +109,21 @@ fn bad_moe_configs_are_one_line_errors() {
             "mixtral",
             Box::new(|c| c["num_local_experts"] = 9.into()),
             "model.layers.0.block_sparse_moe.experts.8.w1.weight",
+        ),
+        (
+            "gpt_oss",
+            Box::new(|c| c["layer_types"] = serde_json::json!(["sliding_attention"])),
+            "model config: gpt_oss: 'layer_types' lists 1 layers, the model has 2",
+        ),
+        (
+            "gpt_oss",
+            Box::new(|c| c["layer_types"][1] = "chunked_attention".into()),
+            "model config: gpt_oss: layer_types[1] is \"chunked_attention\", not sliding/full_attention",
+        ),
+        (
+            "gpt_oss",
+            Box::new(|c| c["num_local_experts"] = 9.into()),
+            "mlp.experts.gate_up_proj: shape [8, 128, 256], expected [9, 128, 256] (float [experts, in, out] layout)",
         ),
     ];
     for (i, (name, edit, want)) in cases.into_iter().enumerate() {

@@ -105,9 +105,17 @@ fn assert_close(name: &str, got: &[f32], want: &[f32], rel: f32) {
     eprintln!("{name}: max |Δ| / max |logit| = {:.1e}", d / scale);
 }
 
+/// Greedy choice at every position is the single process's.
+fn assert_same_argmax(name: &str, got: &[f32], want: &[f32], vocab: usize) {
+    let argmax = |r: &[f32]| (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b });
+    for (i, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+        assert_eq!(argmax(g), argmax(w), "{name}: greedy token at position {i}");
+    }
+}
+
 #[test]
 fn pipeline_is_bit_identical() {
-    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"] {
+    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let want = single(&files, &tokens);
@@ -137,18 +145,23 @@ fn tensor_parallel_matches_single() {
 /// across ranks, the router replicated, one all-reduce per block. Blocks of 16
 /// so the 64-wide qwen experts split four ways too. Expert parallelism: whole
 /// routed experts per rank (attention, dense layers and the shared expert
-/// tensor-parallel), the same one all-reduce.
+/// tensor-parallel), the same one all-reduce. gpt_oss over 4 ranks has more
+/// ranks than its 2 KV heads: each rank holds one KV head (replicated) and 2
+/// of its query heads, with their sinks; row-parallel biases (o, down) are
+/// added on rank 0 only.
 #[test]
 fn tensor_parallel_moe_matches_single() {
-    for name in ["mixtral", "qwen2_moe", "qwen3_moe"] {
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let want = single(&files, &tokens);
         for w in [vec![1.0; 2], vec![1.0; 4], vec![3.0, 1.0]] {
             let got = tensor(&files, &tokens, &w, 16, false);
             assert_close(&format!("{name} tp {w:?}"), &got, &want, 1e-4);
+            assert_same_argmax(&format!("{name} tp {w:?}"), &got, &want, files.config.vocab_size);
             let got = tensor(&files, &tokens, &w, 16, true);
             assert_close(&format!("{name} expert {w:?}"), &got, &want, 1e-4);
+            assert_same_argmax(&format!("{name} expert {w:?}"), &got, &want, files.config.vocab_size);
         }
     }
 }

@@ -5,7 +5,7 @@
 //! `mlp.gate` (as formats maps llama.cpp's names).
 
 use super::ArchSpec;
-use crate::moe::{config_usize, validate, MoeNames, MoeSpec, QWEN_NAMES};
+use crate::moe::{config_usize, validate, ExpertAct, MoeNames, MoeSpec, QWEN_NAMES};
 use crate::ModelError;
 use formats::{ModelConfig, SourceFormat};
 
@@ -21,6 +21,8 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
             SourceFormat::Gguf => QWEN_NAMES,
             _ => MoeNames { block: "block_sparse_moe", router: "gate", gate: "w1", up: "w3", down: "w2" },
         },
+        act: ExpertAct::Silu,
+        bias: false,
     };
     Ok(ArchSpec { moe: Some(validate(moe, &cfg.arch)?), ..super::mistral::spec(cfg) })
 }

@@ -4,6 +4,7 @@
 //! [`crate::moe`]). Adding an architecture: a file here plus one arm in
 //! [`crate::registry`].
 
+pub mod gpt_oss;
 pub mod llama;
 pub mod mistral;
 pub mod mixtral;
@@ -28,6 +29,31 @@ pub struct ArchSpec {
     /// The mixture of experts, for the layers [`MoeSpec::sparse`] names; every
     /// other layer (all of them when `None`) has the dense MLP.
     pub moe: Option<MoeSpec>,
+    /// Attention details beyond GQA with one global window (gpt-oss).
+    pub extras: Option<AttnExtras>,
+}
+
+/// gpt-oss's attention additions: a window on some layers only, per-head
+/// sinks, and an output-projection bias.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttnExtras {
+    /// `windowed[l]`: layer `l` uses [`ArchSpec::sliding_window`] (the others
+    /// attend to every position). From `layer_types` (`sliding_attention`).
+    pub windowed: Vec<bool>,
+    /// Every layer has `self_attn.sinks`, one logit per query head.
+    pub sinks: bool,
+    /// `self_attn.o_proj` carries a bias.
+    pub o_bias: bool,
+}
+
+/// The attention of one layer, as [`ArchSpec::attention`] answers it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerAttention {
+    /// Keys a position sees: `p + 1 − w ..= p`, or all of `0..=p`.
+    pub window: Option<usize>,
+    /// The layer has attention sinks (`self_attn.sinks`).
+    pub sinks: bool,
+    pub o_bias: bool,
 }
 
 /// The feed-forward block of one layer.
@@ -39,6 +65,19 @@ pub enum FfnKind<'a> {
 }
 
 impl ArchSpec {
+    /// Layer `layer`'s attention: its window (per layer with
+    /// [`AttnExtras::windowed`], else the global one), sinks and o bias.
+    pub fn attention(&self, layer: usize) -> LayerAttention {
+        match &self.extras {
+            None => LayerAttention { window: self.sliding_window, sinks: false, o_bias: false },
+            Some(x) => LayerAttention {
+                window: self.sliding_window.filter(|_| x.windowed.get(layer).copied().unwrap_or(false)),
+                sinks: x.sinks,
+                o_bias: x.o_bias,
+            },
+        }
+    }
+
     pub fn ffn(&self, layer: usize) -> FfnKind<'_> {
         match &self.moe {
             Some(m) if m.sparse.get(layer).copied().unwrap_or(false) => FfnKind::Moe(m),
