@@ -16,8 +16,10 @@
 # that drift depends on the model and the activation rounding, not on the weight
 # format. The original Q4_1 file (whose parity with llama.cpp is tested in CI,
 # crates/engine/tests/smollm2_llamacpp.rs) measures it in the same run, and each
-# FP4 file must stay within 2× that baseline's rms and max |Δ logit|, and agree
-# on the top-1 token wherever llama.cpp's top-2 gap is ≥ 1. For scale, the row
+# FP4 file must stay within 2× that baseline's rms |Δ logit| and median over
+# positions of the largest |Δ logit|, within 3× its max (the max is one outlier
+# position that moves by ±2 with any change of summation order in either
+# engine), and agree on the top-1 token wherever llama.cpp's top-2 gap is ≥ 1. For scale, the row
 # "different encodings" compares two 4-bit encodings of the same model (MXFP4 in
 # shardlm vs Q4_1 in llama.cpp): what a misread of the format at least looks like.
 #
@@ -97,21 +99,22 @@ def compare(ours, theirs):
     top2 = np.sort(theirs, axis=1)[:, -2:]
     confident = top2[:, 1] - top2[:, 0] >= 1.0
     agree = ours.argmax(1) == theirs.argmax(1)
-    return dict(rms=float(np.sqrt((d**2).mean())), max=float(d.max()), top1=float(agree.mean()),
+    return dict(rms=float(np.sqrt((d**2).mean())), max=float(d.max()), pmed=float(np.median(d.max(1))),
+                top1=float(agree.mean()),
                 confident=int(confident.sum()), confident_miss=int((confident & ~agree).sum()),
                 max_logit=float(np.abs(theirs).max()))
 
 base_sh = shardlm("q4_1")
 base = compare(base_sh, llamacpp("q4_1", base_sh.shape))
-rms_bound, max_bound = 2 * base["rms"], 2 * base["max"]
-print(f"positions: {base_sh.shape[0]}, vocab {base_sh.shape[1]}; bound: rms ≤ {rms_bound:.3f}, "
-      f"max ≤ {max_bound:.3f} (2× the Q4_1 baseline), top-1 equal where llama.cpp's gap ≥ 1")
-print(f"{'file':<44} {'rms Δ':>7} {'max Δ':>7} {'max|l|':>7} {'top-1':>6} {'conf. miss':>10}")
+rms_bound, pmed_bound, max_bound = 2 * base["rms"], 2 * base["pmed"], 3 * base["max"]
+print(f"positions: {base_sh.shape[0]}, vocab {base_sh.shape[1]}; bound (from the Q4_1 baseline): rms ≤ {rms_bound:.3f}, "
+      f"median position max ≤ {pmed_bound:.3f}, max ≤ {max_bound:.3f}, top-1 equal where llama.cpp's gap ≥ 1")
+print(f"{'file':<44} {'rms Δ':>7} {'pos.med':>7} {'max Δ':>7} {'max|l|':>7} {'top-1':>6} {'conf. miss':>10}")
 
 def row(what, r, check):
-    ok = r["rms"] <= rms_bound and r["max"] <= max_bound and r["confident_miss"] == 0
+    ok = r["rms"] <= rms_bound and r["pmed"] <= pmed_bound and r["max"] <= max_bound and r["confident_miss"] == 0
     tag = ("ok  " if ok else "FAIL") if check else "    "
-    print(f"{tag} {what:<39} {r['rms']:7.3f} {r['max']:7.3f} {r['max_logit']:7.1f} {r['top1']:6.3f} "
+    print(f"{tag} {what:<39} {r['rms']:7.3f} {r['pmed']:7.3f} {r['max']:7.3f} {r['max_logit']:7.1f} {r['top1']:6.3f} "
           f"{r['confident_miss']:>4}/{r['confident']:<5}")
     return ok or not check
 
