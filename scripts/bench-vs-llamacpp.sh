@@ -16,6 +16,16 @@
 #                      scripts/make_moe_model.py), T = q4_0, q8_0, mxfp4, nvfp4:
 #                      pp512, and tg128 after it (not in the default set)
 #   moe-ctx-q4_0-tN    the same in Q4_0 at the seeds' depth: pp8192, tg128 after it
+# Low-bit cases (docs/LOWBIT.md; not in the default set, name them with --cases):
+#   1b-mxfp4-t1, 1b-nvfp4-t1  the 1.1B model re-encoded by `shardlm quantize` from
+#                      its Q8_0 GGUF to MXFP4 / NVFP4 GGUF: tg64 after 16 tokens
+#   1b-mxfp4-tN, 1b-nvfp4-tN  pp512, and tg64 after it (llama-bench -d 512)
+#   1b-st-mxfp4-tN, 1b-st-nvfp4-tN  shardlm only: the same shape as an HF bf16
+#                      checkpoint (scripts/make_test_model_hf.py) quantized to
+#                      compressed-tensors MXFP4 / ModelOpt NVFP4 safetensors
+#                      (lm_head and embeddings stay bf16, as the publishers keep them)
+#   1b-st-fp8-t1, 1b-st-fp8-tN, 1b-q8_0-t1  tg64: DeepSeek block FP8 safetensors, and
+#                      Q8_0 GGUF (same bytes per weight) at 1 thread
 # Decode rows also show speed as a fraction of the bandwidth ceiling
 # (shardlm membw at that thread count ÷ weight bytes read per token), and every
 # case shows peak RSS next to model file + KV cache bytes.
@@ -252,9 +262,9 @@ fi
 
 if [ "$QUICK" = 1 ]; then
     [ "$ROUNDS" = 4 ] && ROUNDS=2
-    PP=128; TG=32; CTX=512; TG1B=32
+    PP=128; TG=32; CTX=512; TG1B=32; TGLB=16
 else
-    PP=512; TG=128; CTX=2048; TG1B=128
+    PP=512; TG=128; CTX=2048; TG1B=128; TGLB=64
 fi
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -264,6 +274,7 @@ SMOL="$CACHE/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
 M1B_Q4="$CACHE/test-1b/llama-1b-q4_0.gguf"
 M1B_Q8="$CACHE/test-1b/llama-1b-q8_0.gguf"
 MOE_DIR="$CACHE/test-moe"
+M1B_HF="$CACHE/test-1b/llama-1b-hf"
 TIME=/usr/bin/time
 [ "$SERVER_ONLY" = 1 ] || [ -x "$TIME" ] || die "needs GNU time at /usr/bin/time (apt-get install time) for peak RSS"
 command -v python3 >/dev/null || die "needs python3"
@@ -351,6 +362,18 @@ if [[ ",$CASES," == *",1b-"* ]] && { [ ! -f "$M1B_Q4" ] || [ ! -f "$M1B_Q8" ]; }
     echo "writing the random 1.1B test model ..." >&2
     python3 "$REPO/scripts/make_test_model.py" >&2
 fi
+# Low-bit files, made once from the Q8_0 GGUF (GGUF) or the bf16 HF copy (safetensors).
+for t in mxfp4 nvfp4; do
+    if [[ ",$CASES," == *",1b-$t-"* ]] && [ ! -f "$CACHE/test-1b/llama-1b-$t.gguf" ]; then
+        "$SHARDLM" quantize "$M1B_Q8" "$CACHE/test-1b/llama-1b-$t.gguf" --to "$t" >&2
+    fi
+done
+for t in mxfp4 nvfp4 fp8; do
+    if [[ ",$CASES," == *",1b-st-$t-"* ]] && [ ! -f "$CACHE/test-1b/llama-1b-st-$t/config.json" ]; then
+        [ -f "$M1B_HF/model.safetensors" ] || python3 "$REPO/scripts/make_test_model_hf.py" >&2
+        "$SHARDLM" quantize "$M1B_HF" "$CACHE/test-1b/llama-1b-st-$t" --to "$t" >&2
+    fi
+done
 
 if [[ ",$CASES," == *",moe-"* ]]; then
     if [ ! -f "$MOE_DIR/qwen3moe-2.6b-q8_0.gguf" ]; then
@@ -386,6 +409,15 @@ mkdir -p "$RAW"
         done
     done
     echo "moe-ctx-q4_0-tN|$MOE_DIR/qwen3moe-2.6b-q4_0.gguf|$NT|8192|$TG|-p 8192 -n 0;-p 0 -n $TG -d 8192|pp8192=pp:8192:0 tg$TG@8192=tg:$TG:8192"
+    for t in mxfp4 nvfp4; do
+        m="$CACHE/test-1b/llama-1b-$t.gguf"
+        echo "1b-$t-t1|$m|1|16|$TGLB|-p 0 -n $TGLB -d 16|tg$TGLB=tg:$TGLB:16"
+        echo "1b-$t-tN|$m|$NT|$PP|$TGLB|-p $PP -n 0;-p 0 -n $TGLB -d $PP|pp$PP=pp:$PP:0 tg$TGLB@$PP=tg:$TGLB:$PP"
+        echo "1b-st-$t-tN|$CACHE/test-1b/llama-1b-st-$t|$NT|$PP|$TGLB||pp$PP=pp:$PP:0 tg$TGLB@$PP=tg:$TGLB:$PP"
+    done
+    echo "1b-st-fp8-t1|$CACHE/test-1b/llama-1b-st-fp8|1|16|$TGLB||tg$TGLB=tg:$TGLB:16"
+    echo "1b-st-fp8-tN|$CACHE/test-1b/llama-1b-st-fp8|$NT|16|$TGLB||tg$TGLB=tg:$TGLB:16"
+    echo "1b-q8_0-t1|$M1B_Q8|1|16|$TGLB|-p 0 -n $TGLB -d 16|tg$TGLB=tg:$TGLB:16"
 } | while IFS= read -r line; do
     if [[ ",$CASES," == *",${line%%|*},"* ]]; then echo "$line"; fi
 done >"$RAW/cases.txt"

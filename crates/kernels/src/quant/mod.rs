@@ -154,7 +154,7 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Isa::Avx512 {
-            if let Some(f) = crate::simd::avx512::dot4_fn(dtype) {
+            if let Some(f) = crate::simd::avx512::dot4_fn(dtype).or_else(|| crate::simd::avx512_fp4::dot4_fn(dtype)) {
                 return Some(f);
             }
         }
@@ -179,7 +179,7 @@ pub type TileFn =
 pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        if let Some(f) = crate::simd::avx512::tile_fn(dtype) {
+        if let Some(f) = crate::simd::avx512::tile_fn(dtype).or_else(|| crate::simd::avx512_fp4::tile_fn(dtype)) {
             return Some(f);
         }
     }

@@ -47,7 +47,7 @@ pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
 
 /// Stand-in for the missing second activation block of an odd tail: all-zero
 /// scales and values, so it contributes nothing.
-static ZERO_BLOCK: [u8; 64] = [0; 64];
+pub(super) static ZERO_BLOCK: [u8; 64] = [0; 64];
 
 #[inline(always)]
 unsafe fn rd32(p: *const u8) -> i32 {
@@ -78,7 +78,7 @@ unsafe fn nib2(a: *const u8, b: *const u8) -> __m512i {
 /// Activations of two blocks in nibble order (see module docs).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn y2_nibble_order(a: *const u8, b: *const u8) -> __m512i {
+pub(super) unsafe fn y2_nibble_order(a: *const u8, b: *const u8) -> __m512i {
     let y = ld2(a, b);
     _mm512_shuffle_i64x2(y, y, 0b11_01_10_00)
 }
@@ -86,7 +86,7 @@ unsafe fn y2_nibble_order(a: *const u8, b: *const u8) -> __m512i {
 /// Horizontal sums of `R` (1 or 4) 512-bit accumulators.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn reduce<const R: usize>(acc: [__m512; R]) -> [f32; 4] {
+pub(super) unsafe fn reduce<const R: usize>(acc: [__m512; R]) -> [f32; 4] {
     let half = |v: __m512| {
         _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))
     };

@@ -117,6 +117,38 @@ pub unsafe fn dot_nvfp4(n: usize, w: *const u8, a: *const u8) -> f32 {
     _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
 }
 
+/// 32 E4M3 bytes → 32 f16 values `E4M3(b)·2⁻⁸` (exact). Sign-extending the
+/// byte to 16 bits and shifting left by 7 puts the magnitude in bits 7..13 and
+/// the sign in bits 14 and 15; clearing bit 14 leaves `sign<<15 | (b&0x7F)<<7`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn e4m3_to_f16x32(p: *const u8) -> __m512i {
+    let v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(p as *const __m256i));
+    _mm512_and_si512(_mm512_slli_epi16(v, 7), _mm512_set1_epi16(!0x4000))
+}
+
+/// Σ over one 64-value FP8 block of `E4M3(q)·2⁻⁸ · a` (block at `x`, values at `x + 4`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn fp8_block(x: *const u8, a: *const f32) -> __m512 {
+    let mut s = [_mm512_setzero_ps(); 2];
+    for c in 0..2 {
+        let h = e4m3_to_f16x32(x.add(4 + 32 * c));
+        let w0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        let w1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+        let ap = a.add(32 * c);
+        s[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(ap), s[0]);
+        s[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(ap.add(16)), s[1]);
+    }
+    _mm512_add_ps(s[0], s[1])
+}
+
+/// The block's f32 scale times 2⁸ (undoing the f16 bias of [`e4m3_to_f16x32`]).
+#[inline(always)]
+unsafe fn fp8_scale(x: *const u8) -> f32 {
+    f32::from_le_bytes([*x, *x.add(1), *x.add(2), *x.add(3)]) * 256.0
+}
+
 /// FP8 (64-value blocks) × f32 activations.
 ///
 /// # Safety
@@ -126,27 +158,48 @@ pub unsafe fn dot_fp8(n: usize, w: *const u8, a: *const u8) -> f32 {
     let nb = n / 64;
     let a = a as *const f32;
     let mut acc = _mm512_setzero_ps();
-    let m7f = _mm512_set1_epi16(0x7F);
-    let m80 = _mm512_set1_epi16(0x80);
     for i in 0..nb {
         let x = w.add(i * 68);
         prefetch(x.wrapping_add(2 * nb * 68));
         prefetch(x.wrapping_add(2 * nb * 68 + 64));
-        let d = f32::from_le_bytes([*x, *x.add(1), *x.add(2), *x.add(3)]) * 256.0;
-        let mut s = [_mm512_setzero_ps(); 2];
-        for c in 0..2 {
-            let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(x.add(4 + 32 * c) as *const __m256i));
-            let h = _mm512_or_si512(
-                _mm512_slli_epi16(_mm512_and_si512(v, m7f), 7),
-                _mm512_slli_epi16(_mm512_and_si512(v, m80), 8),
-            );
-            let w0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-            let w1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-            let ap = a.add(i * 64 + 32 * c);
-            s[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(ap), s[0]);
-            s[1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(ap.add(16)), s[1]);
-        }
-        acc = _mm512_fmadd_ps(_mm512_add_ps(s[0], s[1]), _mm512_set1_ps(d), acc);
+        acc = _mm512_fmadd_ps(fp8_block(x, a.add(i * 64)), _mm512_set1_ps(fp8_scale(x)), acc);
     }
     _mm512_reduce_add_ps(acc)
+}
+
+/// Four FP8 rows × one f32 activation row (see [`crate::quant::Dot4Fn`]): each
+/// activation vector is loaded once for the four rows (cache-resident, but the
+/// loads were half of the one-row kernel's instructions).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`crate::quant::Dot4Fn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot4_fp8(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let nb = n / 64;
+    let a = a as *const f32;
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for i in 0..nb {
+        let ap = a.add(i * 64);
+        let av = [
+            _mm512_loadu_ps(ap),
+            _mm512_loadu_ps(ap.add(16)),
+            _mm512_loadu_ps(ap.add(32)),
+            _mm512_loadu_ps(ap.add(48)),
+        ];
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let x = w.add(r * stride + i * 68);
+            prefetch(x.wrapping_add(super::avx2_rows::PREFETCH_ROWS * stride));
+            prefetch(x.wrapping_add(super::avx2_rows::PREFETCH_ROWS * stride + 64));
+            let mut s = [_mm512_setzero_ps(); 2];
+            for c in 0..2 {
+                let h = e4m3_to_f16x32(x.add(4 + 32 * c));
+                s[0] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), av[2 * c], s[0]);
+                s[1] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), av[2 * c + 1], s[1]);
+            }
+            *acc_r = _mm512_fmadd_ps(_mm512_add_ps(s[0], s[1]), _mm512_set1_ps(fp8_scale(x)), *acc_r);
+        }
+    }
+    for (r, v) in acc.iter().enumerate() {
+        *out.add(r) = _mm512_reduce_add_ps(*v);
+    }
 }
