@@ -196,7 +196,7 @@ fn rank_weights(d: &DistArgs, n: usize) -> Result<Vec<f64>> {
 /// The quant block the intermediate widths are cut in: the coarsest of every
 /// down projection's (dense MLPs, routed and shared experts: `down_proj`, or
 /// mixtral's `w2`), whose input columns tensor parallelism splits.
-fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> usize {
+pub(crate) fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> usize {
     let stored = files
         .tensors
         .tensors
