@@ -175,3 +175,22 @@ fn config_json_and_errors() {
         assert!(err.contains(want) && err.lines().count() == 1, "{args:?}: {err}");
     }
 }
+
+/// The KV type sizes the cache: the engine's pick by default (f32 for float
+/// weights run as stored, f16 once quantized), or `--kv-type`.
+#[test]
+fn kv_type_sizes_the_cache() {
+    let model = "params:total=1e9,layers=16,hidden=2048,heads=32,kv-heads=8,head-dim=64";
+    let kv = |extra: &[&str]| {
+        let mut args = vec!["plan", "--model", model, "--machines", "h100", "--json"];
+        args.extend(extra);
+        let v = json(&args);
+        (v["model"]["kv_type"].as_str().unwrap().to_string(), v["model"]["kv_bytes_per_token"].as_f64().unwrap())
+    };
+    // 16 layers × K and V × 8 heads × 64 values.
+    let values = 16.0 * 2.0 * 8.0 * 64.0;
+    assert_eq!(kv(&[]), ("f32".into(), values * 4.0));
+    assert_eq!(kv(&["--quant", "q4_0"]), ("f16".into(), values * 2.0));
+    assert_eq!(kv(&["--kv-type", "q8_0"]), ("q8_0".into(), values * 34.0 / 32.0));
+    assert_eq!(kv(&["--kv-type", "q4_0"]), ("q4_0".into(), values * 18.0 / 32.0));
+}

@@ -156,7 +156,16 @@ pub fn measure_shard(
         layer_prefill_s += r * mu + per_pair * r * (start as f64 + (r + 1.0) / 2.0);
         start += w.chunk.max(1);
     }
-    Ok(Measured { tp, expert, layer_decode_s, head_decode_s, layer_prefill_s, head_prefill_s })
+    Ok(Measured {
+        tp,
+        expert,
+        layer_decode_s,
+        head_decode_s,
+        layer_prefill_s,
+        head_prefill_s,
+        attn_s_per_key: per_key,
+        attn_s_per_pair: per_pair,
+    })
 }
 
 /// (seconds per cached key of one decode step, seconds per (row, key) pair of
@@ -194,7 +203,7 @@ fn time_attention<T: KvElem>(
     deep: usize,
 ) -> Result<(f64, f64)> {
     let stride = sh.stride::<T>();
-    if stride == 0 || sh.head_dim % T::VALUES != 0 {
+    if stride == 0 || !sh.head_dim.is_multiple_of(T::VALUES) {
         return Err(anyhow!("attention: head_dim {} does not fit the KV type", sh.head_dim));
     }
     // Written, not left zeroed: untouched pages would all read one zero page.

@@ -70,6 +70,10 @@ pub struct Measured {
     pub layer_prefill_s: f64,
     /// The head on the prompt's last token.
     pub head_prefill_s: f64,
+    /// The attention kernel's slopes in one layer: seconds per cached key of
+    /// a decode step, and per (row, key) pair of a prompt chunk.
+    pub attn_s_per_key: f64,
+    pub attn_s_per_pair: f64,
 }
 
 /// Runtime memory that is not weights, KV or activations: the binary and its
@@ -370,8 +374,10 @@ fn predict_split(
     // each chunk's activations twice a layer.
     let c = w.context as f64;
     let chunks = (c / w.chunk as f64).ceil().max(1.0);
-    // Stages overlap chunk by chunk: the slowest stage paces, plus the fill.
-    let pf_compute = if stages > 1 { pf_stage_max * (chunks + stages as f64 - 1.0) / chunks } else { pf_total };
+    // Stages overlap chunk by chunk: the first chunk passes every stage in
+    // turn (the fill), the other K − 1 follow at the slowest stage's pace.
+    // One chunk is no overlap at all: the sum of the stages.
+    let pf_compute = pf_total / chunks + pf_stage_max * (chunks - 1.0) / chunks;
     let pf_comm =
         if tp > 1 { (shape.layers as f64 * 2.0 + 1.0) * chunks * link.all_reduce(act * c / chunks, tp) } else { 0.0 }
             + if stages > 1 { (stages - 1) as f64 * chunks * link.send(act * c / chunks) } else { 0.0 };
