@@ -198,7 +198,7 @@ fn rank_weights(d: &DistArgs, n: usize) -> Result<Vec<f64>> {
 /// down projection's (dense MLPs, routed and shared experts: `down_proj`, or
 /// mixtral's `w2`, gpt-oss's stacked `experts.down_proj`), whose input
 /// columns tensor parallelism splits.
-fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> usize {
+pub(crate) fn mlp_block(files: &formats::ModelFiles, quantize: Option<kernels::DType>) -> usize {
     let stored = files
         .tensors
         .tensors

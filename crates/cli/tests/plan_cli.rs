@@ -14,30 +14,50 @@ fn json(args: &[&str]) -> Value {
     serde_json::from_slice(&o.stdout).expect("JSON on stdout")
 }
 
-/// Peak RSS per rank of `bench` (prompt `p`, 16 tokens) for one strategy.
-fn bench_rss(model: &str, p: usize, strategy: Option<&str>) -> Vec<f64> {
+/// Peak RSS per rank of `bench` (prompt `p`, 16 tokens) on `ranks` ranks with
+/// `strategy` (and its flags) at 1 thread a rank.
+fn bench_rss(model: &str, p: usize, ranks: usize, strategy: &[&str]) -> Vec<f64> {
     let p = p.to_string();
+    let ranks = ranks.to_string();
     let mut args = vec!["bench", "--model", model, "-p", &p, "-g", "16", "-n", "1", "--threads", "1", "--json"];
-    if let Some(s) = strategy {
-        args.extend(["--ranks", "2", "--strategy", s]);
+    if ranks != "1" {
+        args.extend(["--ranks", &ranks]);
+        args.extend(strategy);
     }
     let v = json(&args);
     v["peak_rss_bytes_per_rank"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
 }
 
-fn check_memory(model: &str, p: usize) {
+/// The planned strategies checked against bench: (plan's name, ranks, tensor
+/// width, bench's flags).
+type Case<'a> = (&'a str, u64, u64, &'a [&'a str]);
+
+const DENSE: &[Case] = &[
+    ("single", 1, 1, &[]),
+    ("pipeline", 2, 1, &["--strategy", "pipeline"]),
+    ("tensor", 2, 2, &["--strategy", "tensor"]),
+];
+
+/// Predicted per-rank totals against bench's peak RSS, all within ±10%.
+fn check_memory(model: &str, p: usize, cases: &[Case]) {
     let ctx = (p + 16).to_string();
+    let most = cases.iter().map(|c| c.1).max().unwrap_or(1).to_string();
+    let machines = format!("{most}xlocal");
     let plan =
-        json(&["plan", "--model", model, "--machines", "2xlocal", "--threads", "1", "--context", &ctx, "--json"]);
+        json(&["plan", "--model", model, "--machines", &machines, "--threads", "1", "--context", &ctx, "--json"]);
     let preds = plan["predictions"].as_array().unwrap();
-    for (strategy, name) in [(None, "single"), (Some("pipeline"), "pipeline"), (Some("tensor"), "tensor")] {
-        let measured = bench_rss(model, p, strategy);
-        let pred = preds.iter().find(|x| x["strategy"] == name && x["ranks"] == measured.len()).expect("predicted");
+    for &(name, ranks, tp, flags) in cases {
+        let measured = bench_rss(model, p, ranks as usize, flags);
+        let pred = preds
+            .iter()
+            .find(|x| x["strategy"] == name && x["ranks"] == ranks && (name != "hybrid" || x["tp"] == tp))
+            .expect("predicted");
         let predicted: Vec<f64> = pred["total_bytes"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(measured.len(), predicted.len(), "{name}: one figure per rank");
         for (r, (m, q)) in measured.iter().zip(&predicted).enumerate() {
             let err = q / m - 1.0;
             eprintln!(
-                "{model} {name} rank {r}: predicted {:.1} MB, measured {:.1} MB ({:+.1}%)",
+                "{model} {name} {ranks} rank {r}: predicted {:.1} MB, measured {:.1} MB ({:+.1}%)",
                 q / 1e6,
                 m / 1e6,
                 err * 100.0
@@ -50,12 +70,21 @@ fn check_memory(model: &str, p: usize) {
 #[test]
 fn memory_matches_bench_on_smollm2() {
     let Some(path) = common::smollm2() else { return };
-    check_memory(path.to_str().unwrap(), 512);
+    check_memory(path.to_str().unwrap(), 512, DENSE);
 }
 
 #[test]
 fn memory_matches_bench_on_a_tiny_fixture() {
-    check_memory(common::fixture("llama").to_str().unwrap(), 64);
+    check_memory(common::fixture("llama").to_str().unwrap(), 64, DENSE);
+}
+
+/// A tiny MoE (mixtral: 8 experts, 2 active): whole experts per rank, and
+/// tensor groups as pipeline stages (hybrid 2 × 2).
+#[test]
+fn memory_matches_bench_on_a_tiny_moe() {
+    let cases: &[Case] =
+        &[("expert", 2, 1, &["--strategy", "expert"]), ("hybrid", 4, 2, &["--strategy", "hybrid", "--tp", "2"])];
+    check_memory(common::fixture("mixtral").to_str().unwrap(), 64, cases);
 }
 
 const MOE_816B: &str = "params:total=816e9,active=42e9,bytes=493e9,layers=61,hidden=7168,heads=64,kv-heads=8,\
@@ -145,4 +174,23 @@ fn config_json_and_errors() {
         let err = common::stderr(&o);
         assert!(err.contains(want) && err.lines().count() == 1, "{args:?}: {err}");
     }
+}
+
+/// The KV type sizes the cache: the engine's pick by default (f32 for float
+/// weights run as stored, f16 once quantized), or `--kv-type`.
+#[test]
+fn kv_type_sizes_the_cache() {
+    let model = "params:total=1e9,layers=16,hidden=2048,heads=32,kv-heads=8,head-dim=64";
+    let kv = |extra: &[&str]| {
+        let mut args = vec!["plan", "--model", model, "--machines", "h100", "--json"];
+        args.extend(extra);
+        let v = json(&args);
+        (v["model"]["kv_type"].as_str().unwrap().to_string(), v["model"]["kv_bytes_per_token"].as_f64().unwrap())
+    };
+    // 16 layers × K and V × 8 heads × 64 values.
+    let values = 16.0 * 2.0 * 8.0 * 64.0;
+    assert_eq!(kv(&[]), ("f32".into(), values * 4.0));
+    assert_eq!(kv(&["--quant", "q4_0"]), ("f16".into(), values * 2.0));
+    assert_eq!(kv(&["--kv-type", "q8_0"]), ("q8_0".into(), values * 34.0 / 32.0));
+    assert_eq!(kv(&["--kv-type", "q4_0"]), ("q4_0".into(), values * 18.0 / 32.0));
 }

@@ -49,16 +49,43 @@ pub struct Workload {
     pub context: usize,
     /// Prompt tokens per prefill step.
     pub chunk: usize,
-    /// Bytes per cached K/V value (2: f16).
+    /// Bytes per cached K/V value (f16: 2, f32: 4, q8_0: 34/32, q4_0: 18/32).
     pub kv_elem: f64,
 }
 
+/// Seconds measured on this machine by running rank 0's shard of the model
+/// itself at the workload's context, chunk and KV type (`local` machines with
+/// the model on disk; `super::calibrate`). Communication is not included.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measured {
+    /// Tensor-parallel width of the shard (1: the whole width).
+    pub tp: usize,
+    /// MoE blocks hold whole experts (`--strategy expert`).
+    pub expert: bool,
+    /// One layer of a decode step at depth `context`, attention included.
+    pub layer_decode_s: f64,
+    /// Final norm, head and argmax of one decode step.
+    pub head_decode_s: f64,
+    /// One layer over the whole prompt, every chunk.
+    pub layer_prefill_s: f64,
+    /// The head on the prompt's last token.
+    pub head_prefill_s: f64,
+    /// The attention kernel's slopes in one layer: seconds per cached key of
+    /// a decode step, and per (row, key) pair of a prompt chunk.
+    pub attn_s_per_key: f64,
+    pub attn_s_per_pair: f64,
+}
+
 /// Runtime memory that is not weights, KV or activations: the binary and its
-/// libraries, thread stacks, allocator slack (~6.5 MB for shardlm on Linux:
-/// most of the 9 MB peak RSS of a tiny fixture run), and the tokenizer on rank 0
-/// (~250 bytes per vocabulary entry, measured on SmolLM2's 49152).
+/// libraries, thread stacks, allocator slack (~7.5 MB for shardlm on Linux:
+/// most of the 9–10 MB peak RSS of a tiny fixture run), the tokenizer on rank 0
+/// (~250 bytes per vocabulary entry, measured on SmolLM2's 49152), and, for
+/// weights repacked at load (Q4_0, Q4_1, Q8_0: `kernels::packed`), ~20 MB the
+/// allocator keeps from the packing buffers (measured after load: 19.8–22.9 MB
+/// on the ~1B test model, single and pipeline rank 0; 20 MB on SmolLM2).
 fn runtime_bytes(shape: &Shape, rank0: bool) -> f64 {
-    6.5e6 + if rank0 { shape.vocab as f64 * 250.0 } else { 0.0 }
+    let packed = matches!(shape.quant.as_str(), "q4_0" | "q4_1" | "q8_0");
+    7.5e6 + if rank0 { shape.vocab as f64 * 250.0 } else { 0.0 } + if packed { 20e6 } else { 0.0 }
 }
 
 /// Share of the attention weights and KV cache tensor rank `j` of `tp` holds:
@@ -75,21 +102,35 @@ fn attn_share(shape: &Shape, j: usize, tp: usize) -> f64 {
     groups as f64 / shape.kv_heads as f64
 }
 
-/// Activation buffers of one prompt chunk through a layer, in f32: the
-/// residual and its norm, q/k/v, attention output, the MLP's gate/up/down
-/// (expert or dense, whichever is wider), scores of one tile, and the logits
-/// of one position.
+/// The scratch of one prompt chunk (`model::Workspace`): per token in f32 the
+/// residual, its norm and the projection output (3h), q and the attention
+/// output, k and v, gate and up (the dense MLP or one expert, whichever is
+/// wider), rope's cos/sin; the 8-bit copy of the widest matmul input; and
+/// three vocabulary-long logit rows (head, engine, sampler). As bench's
+/// `workspace_bytes`, with the widths a tensor rank holds.
 fn work_bytes(shape: &Shape, chunk: usize, tp: usize) -> f64 {
     let h = shape.hidden as f64;
-    let qkv = ((shape.heads + 2 * shape.kv_heads) * shape.head_dim) as f64 / tp as f64;
+    let t = tp as f64;
+    let hq = (shape.heads * shape.head_dim) as f64 / t;
+    let hkv = (shape.kv_heads * shape.head_dim) as f64 / t;
     let ffn =
         (shape.dense_bytes.max(shape.expert_bytes / shape.experts.max(1) as f64) * 8.0 / shape.bits() / (3.0 * h))
             .max(h)
-            / tp as f64;
-    // Two live copies of each (the step's input and output buffers of the
-    // workspace, and the 8-bit activation copies beside them).
-    let per_token = 2.0 * 4.0 * (4.0 * h + qkv + 3.0 * ffn);
-    chunk as f64 * per_token + 4.0 * shape.vocab as f64
+            / t;
+    let per_token = 4.0 * (3.0 * h + 2.0 * hq + 2.0 * hkv + 2.0 * ffn + shape.head_dim as f64);
+    let act_q = ffn.max(h).max(hq) * 9.0 / 8.0;
+    chunk as f64 * (per_token + act_q) + 12.0 * shape.vocab as f64
+}
+
+/// Resident bytes of an untied embedding table read through the file map:
+/// each looked-up row faults in the 128 KiB around it (the kernel's mmap
+/// read-around, `read_ahead_kb`), so `n` random tokens touch
+/// `1 − exp(−n · 128 KiB / table)` of it.
+fn embed_resident(table: f64, tokens: usize) -> f64 {
+    if table <= 0.0 {
+        return 0.0;
+    }
+    table * (1.0 - (-(tokens as f64) * 131072.0 / table).exp())
 }
 
 /// Layers per pipeline stage (stage 0 holds the head), as the engine splits
@@ -144,7 +185,9 @@ fn stage_prefill(shape: &Shape, m: &Machine, layers: usize, head: bool, share: f
     (compute.max(stream), compute >= stream)
 }
 
-/// Predicts `strategy` on the first `n` machines over `link`.
+/// Predicts `strategy` on the first `n` machines over `link`. `measured`:
+/// shards timed on this machine, used for its `local` machines.
+#[allow(clippy::too_many_arguments)]
 pub fn predict(
     shape: &Shape,
     machines: &[Machine],
@@ -153,6 +196,55 @@ pub fn predict(
     n: usize,
     tp: usize,
     w: &Workload,
+    measured: &[Measured],
+) -> Prediction {
+    if strategy == Strategy::Expert {
+        return predict_expert(shape, machines, link, n, w, measured);
+    }
+    predict_split(shape, machines, link, strategy, n, tp, w, measured, false)
+}
+
+/// Expert parallelism as the engine runs it (docs/ARCHITECTURE.md):
+/// attention, dense layers and shared experts tensor-parallel, whole routed
+/// experts per rank, and the same one all-reduce per block as tensor
+/// parallelism. So memory and communication are tensor's; decode differs in
+/// who reads the chosen experts: the busiest rank holds more than k/n of them
+/// (one standard deviation above the mean of a binomial draw).
+fn predict_expert(
+    shape: &Shape,
+    machines: &[Machine],
+    link: &Link,
+    n: usize,
+    w: &Workload,
+    measured: &[Measured],
+) -> Prediction {
+    let mut p = predict_split(shape, machines, link, Strategy::Tensor, n, n, w, measured, true);
+    p.strategy = Strategy::Expert;
+    p.tp = 1;
+    if shape.experts > 0 && shape.active_experts > 0 && n > 1 {
+        let k = shape.active_experts as f64;
+        let q = 1.0 / n as f64;
+        let busiest = ((k * q + (k * q * (1.0 - q)).sqrt()) / k).min(1.0);
+        let active = shape.layers as f64 * shape.expert_bytes * k / shape.experts as f64;
+        let extra = active * (busiest - q) / machines[0].decode_bytes_per_s;
+        p.decode_tok_s = 1.0 / (1.0 / p.decode_tok_s + extra);
+    }
+    p
+}
+
+/// [`predict`] for every strategy but expert (`expert`: the tensor split with
+/// whole experts per rank, whose measured shard differs).
+#[allow(clippy::too_many_arguments)]
+fn predict_split(
+    shape: &Shape,
+    machines: &[Machine],
+    link: &Link,
+    strategy: Strategy,
+    n: usize,
+    tp: usize,
+    w: &Workload,
+    measured: &[Measured],
+    expert: bool,
 ) -> Prediction {
     let ms = &machines[..n];
     let depth = w.context as f64;
@@ -184,26 +276,6 @@ pub fn predict(
         wire_bytes_per_token: 0.0,
     };
     let kv_layer = shape.kv_elems_per_layer as f64 * w.kv_elem * depth;
-    if strategy == Strategy::Expert {
-        // As the engine runs it (docs/ARCHITECTURE.md): attention, dense layers
-        // and shared experts tensor-parallel, whole routed experts per rank, and
-        // the same one all-reduce per block as tensor parallelism. So memory and
-        // communication are tensor's; decode differs in who reads the chosen
-        // experts: the busiest rank holds more than k/n of them (one standard
-        // deviation above the mean of a binomial draw).
-        let mut p = predict(shape, machines, link, Strategy::Tensor, n, n, w);
-        p.strategy = Strategy::Expert;
-        p.tp = 1;
-        if shape.experts > 0 && shape.active_experts > 0 && n > 1 {
-            let k = shape.active_experts as f64;
-            let q = 1.0 / n as f64;
-            let busiest = ((k * q + (k * q * (1.0 - q)).sqrt()) / k).min(1.0);
-            let active = shape.layers as f64 * shape.expert_bytes * k / shape.experts as f64;
-            let extra = active * (busiest - q) / ms[0].decode_bytes_per_s;
-            p.decode_tok_s = 1.0 / (1.0 / p.decode_tok_s + extra);
-        }
-        return p;
-    }
     // Stage s holds layers[s]; the last stage (data-flow order) also the head;
     // the first the embedding. Ranks r = s·tp + j.
     let mut dec_total = 0.0;
@@ -225,19 +297,28 @@ pub fn predict(
                 wb += shape.head_read_bytes() * share;
             }
             if embed && !(head && shape.head_reads_embed) {
-                wb += shape.embed_bytes * share;
+                // An untied table is read in place: on this machine only the
+                // looked-up rows' pages count (a preset counts it whole).
+                wb += if !shape.head_reads_embed && ms[r].name.starts_with("local") {
+                    embed_resident(shape.embed_bytes * share, w.context.min(shape.vocab) / tp)
+                } else {
+                    shape.embed_bytes * share
+                };
             }
             // Tensor parallelism copies its slice of the matrices split by input
-            // columns (o, down): reading it touches every row, so the file pages
-            // of the whole matrix stay resident (measured: page cache of the
-            // mmap, counted in RSS).
+            // columns (o, down) into memory of its own (counted above): reading
+            // it touches every row, so the file pages of the whole matrix stay
+            // resident beside the copy (measured: page cache of the mmap,
+            // counted in RSS; on the ~1B test model and SmolLM2 at tensor 2).
             // (shardlm on CPUs; a preset describes the machine, not this effect.)
+            // Whole experts (expert parallelism) are not cut, so theirs are not.
             if tp > 1 && ms[r].name.starts_with("local") {
-                wb += layers[s] as f64 * shape.col_split_bytes() * (1.0 - share);
+                let split = shape.col_split_bytes() - if expert { shape.expert_bytes / 3.0 } else { 0.0 };
+                wb += layers[s] as f64 * split;
                 // The vocab-parallel embedding rows are read through the mmap
                 // too, and rank 0 (which looks tokens up) keeps the whole
-                // table's pages (measured on SmolLM2: +14 MB on rank 0).
-                if embed {
+                // table's pages (measured on SmolLM2, tied: +14 MB on rank 0).
+                if embed && shape.head_reads_embed {
                     wb += shape.embed_bytes * if j == 0 { 1.0 } else { share };
                 }
             }
@@ -246,22 +327,33 @@ pub fn predict(
             // Tensor groups all-reduce every layer through the transport's
             // buffers (shm rings, socket buffers): ~1.5 MB per peer, measured.
             p.work_bytes[r] = work_bytes(shape, w.chunk.min(w.context), tp) + 1.5e6 * (tp - 1) as f64;
-            let (d, mem) = stage_decode(shape, &ms[r], layers[s], head, share, depth, w);
+            let (mut d, mut mem) = stage_decode(shape, &ms[r], layers[s], head, share, depth, w);
+            let mut pf = stage_prefill(shape, &ms[r], layers[s], head, share, w).0;
+            // This machine, with the model's own shard timed on it: the
+            // measured seconds replace the bandwidth and FLOP estimates (which
+            // still name the bottleneck: memory if streaming explains half).
+            let timed = measured.iter().find(|m| m.tp == tp && m.expert == expert);
+            if let Some(t) = timed.filter(|_| ms[r].name.starts_with("local")) {
+                let stream = (d - layers[s] as f64 * ms[r].layer_overhead_s).max(0.0);
+                d = layers[s] as f64 * t.layer_decode_s + if head { t.head_decode_s } else { 0.0 };
+                mem = stream >= 0.5 * d;
+                pf = layers[s] as f64 * t.layer_prefill_s + if head { t.head_prefill_s } else { 0.0 };
+            }
             if d > stage_dec {
                 stage_dec = d;
                 dec_mem_bound = mem;
             }
-            stage_pf = stage_pf.max(stage_prefill(shape, &ms[r], layers[s], head, share, w).0);
+            stage_pf = stage_pf.max(pf);
         }
         dec_total += stage_dec;
         pf_stage_max = pf_stage_max.max(stage_pf);
         pf_total += stage_pf;
     }
-    // Communication per token: tensor groups all-reduce twice per layer (and
-    // once for the vocab-parallel head's argmax); stages pass one residual on.
+    // Communication per token: tensor groups all-reduce twice per layer, once
+    // for the vocab-parallel embedding's lookup (on the embedding stage) and
+    // once for the head's argmax; stages pass one residual on.
     let tp_comm = if tp > 1 {
-        (shape.layers / stages.max(1)) as f64 * stages as f64 * 2.0 * link.all_reduce(act, tp)
-            + link.all_reduce(8.0, tp)
+        (shape.layers as f64 * 2.0 + 1.0) * link.all_reduce(act, tp) + link.all_reduce(8.0, tp)
     } else {
         0.0
     };
@@ -282,10 +374,13 @@ pub fn predict(
     // each chunk's activations twice a layer.
     let c = w.context as f64;
     let chunks = (c / w.chunk as f64).ceil().max(1.0);
-    // Stages overlap chunk by chunk: the slowest stage paces, plus the fill.
-    let pf_compute = if stages > 1 { pf_stage_max * (chunks + stages as f64 - 1.0) / chunks } else { pf_total };
-    let pf_comm = if tp > 1 { shape.layers as f64 * 2.0 * chunks * link.all_reduce(act * c / chunks, tp) } else { 0.0 }
-        + if stages > 1 { (stages - 1) as f64 * chunks * link.send(act * c / chunks) } else { 0.0 };
+    // Stages overlap chunk by chunk: the first chunk passes every stage in
+    // turn (the fill), the other K − 1 follow at the slowest stage's pace.
+    // One chunk is no overlap at all: the sum of the stages.
+    let pf_compute = pf_total / chunks + pf_stage_max * (chunks - 1.0) / chunks;
+    let pf_comm =
+        if tp > 1 { (shape.layers as f64 * 2.0 + 1.0) * chunks * link.all_reduce(act * c / chunks, tp) } else { 0.0 }
+            + if stages > 1 { (stages - 1) as f64 * chunks * link.send(act * c / chunks) } else { 0.0 };
     p.ttft_s = pf_compute + pf_comm;
     p.prefill_bottleneck = if pf_comm > pf_compute { "link bandwidth" } else { "compute" };
     fit(&mut p, ms);

@@ -135,43 +135,6 @@ pub fn local_machine_for(threads: usize, quant: &str) -> Result<Machine> {
     })
 }
 
-/// The fixed cost per layer of a decode step, from the model itself: times a
-/// few decode steps of the whole model at depth 64 on `threads` threads and
-/// takes away what streaming its weights at `bytes_per_s` explains. The pool
-/// hand-offs, norms, rope and attention of a real step on small matrices cost
-/// several times what any synthetic probe shows. `None` if the model cannot
-/// be loaded here (a config or parameters only).
-pub fn layer_overhead_from_model(path: &std::path::Path, threads: usize, bytes_per_s: f64) -> Option<f64> {
-    let files = formats::open_model(path).ok()?;
-    let spec = model::ShardSpec::full(files.config.n_layers);
-    let m = model::Model::load(&files, &spec, &model::LoadOptions::from_env(None)).ok()?;
-    let pool = ThreadPool::new(threads);
-    let mut ws = model::Workspace::default();
-    let mut cache = m.new_cache(128);
-    let mut logits = Vec::new();
-    let vocab = files.config.vocab_size.max(2) as u32;
-    let prompt: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab).collect();
-    let mut step = |tokens: &[u32], cache: &mut model::KvCache| {
-        let mut steps = [model::SeqStep {
-            tokens,
-            cache: model::SeqKv::Own(cache),
-            mode: model::LogitsMode::Last,
-            logits: &mut logits,
-        }];
-        m.forward(&pool, &mut ws, &mut steps, &model::NoComm).ok()
-    };
-    step(&prompt, &mut cache)?;
-    step(&[1], &mut cache)?;
-    let start = Instant::now();
-    let n = 16;
-    for i in 0..n {
-        step(&[(i * 31 + 7) % vocab], &mut cache)?;
-    }
-    let t = start.elapsed().as_secs_f64() / n as f64;
-    let layers = files.config.n_layers.max(1) as f64;
-    Some(((t - m.weight_bytes_per_token() as f64 / bytes_per_s) / layers).max(0.0))
-}
-
 /// All-reduce between two local ranks over shared memory or TCP loopback,
 /// measured with `shardlm launch --local 2 … -- plan-probe --links-only`.
 pub fn local_link(shm: bool) -> Result<Link> {
@@ -220,18 +183,25 @@ pub fn probe(a: ProbeArgs) -> Result<()> {
     let machines: Vec<Machine> =
         all.chunks(REC).filter_map(|c| serde_json::from_slice::<Option<Machine>>(c).ok().flatten()).collect();
     let link = if group.size() > 1 {
+        // The median of many back-to-back all-reduces, each timed alone
+        // (each waits for the peers' data of the same round, as in a decode
+        // step): a mean swings with every descheduling on a shared machine,
+        // the median does not.
         let time = |floats: usize, iters: usize| -> Result<f64> {
             let mut buf = vec![1f32; floats];
+            let mut ts = Vec::with_capacity(iters);
             group.barrier()?;
-            let start = Instant::now();
             for _ in 0..iters {
+                let start = Instant::now();
                 group.all_reduce_sum_f32(&mut buf)?;
+                ts.push(start.elapsed().as_secs_f64());
             }
-            Ok(start.elapsed().as_secs_f64() / iters as f64)
+            ts.sort_by(f64::total_cmp);
+            Ok(ts[ts.len() / 2])
         };
         time(1024, 50)?;
-        let small = time(1024, 500)?; // 4 KiB
-        let large = time(1 << 20, 10)?; // 4 MiB
+        let small = time(1024, 1000)?; // 4 KiB
+        let large = time(1 << 20, 40)?; // 4 MiB
                                         // Solve the all-reduce model of Link for α and β with n ranks.
         let n = group.size();
         let k = (n - 1) as f64;

@@ -3,6 +3,7 @@
 //! strategy and machine count, names the bottleneck and prints the command to
 //! run. The cost model is in [`cost`]; docs/PLANNER.md has its equations.
 
+mod calibrate;
 mod cost;
 mod hardware;
 pub mod measure;
@@ -36,6 +37,10 @@ pub struct PlanArgs {
     /// Context to plan for: the prompt length of the TTFT prediction and the depth decode runs at.
     #[arg(long, default_value_t = 4096)]
     context: usize,
+    /// KV cache element type: f16, f32, q8_0, q4_0 (default: what the engine
+    /// picks: f32 for float weights run as stored, else f16).
+    #[arg(long, value_parser = parse_kv_type)]
+    kv_type: Option<model::KvType>,
     /// Prompt tokens per prefill step (as run's --prefill-chunk).
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
@@ -63,19 +68,15 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     }
     let shape = shape::load(&a.model, a.quant.as_deref())?;
     let threads = a.threads.unwrap_or_else(crate::run::default_threads);
-    let (mut machines, profile_link) = hardware::parse_machines(&a.machines, threads, &shape.quant)?;
-    // On measured machines, the per-layer cost comes from decoding the model
-    // itself when it is here (a file or folder, not a config or parameters).
-    if let Some(path) = shape.path.as_deref() {
-        if let Some(first) = machines.iter().position(|m| m.name.starts_with("local")) {
-            let m = &machines[first];
-            if let Some(o) = measure::layer_overhead_from_model(path, threads, m.decode_bytes_per_s) {
-                for m in machines.iter_mut().filter(|m| m.name.starts_with("local")) {
-                    m.layer_overhead_s = o;
-                }
-            }
-        }
-    }
+    let (machines, profile_link) = hardware::parse_machines(&a.machines, threads, &shape.quant)?;
+    let kv = a.kv_type.unwrap_or(if a.quant.is_none() && shape::is_float(&shape.quant) {
+        model::KvType::F32
+    } else {
+        model::KvType::F16
+    });
+    let w =
+        Workload { context: a.context.max(1), chunk: a.prefill_chunk.max(1), kv_elem: kv.bytes_for(32) as f64 / 32.0 };
+    let measured = measure_shards(&shape, &machines, a.quant.is_some(), threads, kv, &w);
     let link = match (&a.links, profile_link) {
         (Some(l), _) => hardware::parse_link(l)?,
         (None, Some(l)) => l,
@@ -88,8 +89,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         }
         (None, None) => hardware::parse_link("10gbe")?,
     };
-    let w = Workload { context: a.context.max(1), chunk: a.prefill_chunk.max(1), kv_elem: 2.0 };
-    let preds = predictions(&shape, &machines, &link, &w);
+    let preds = predictions(&shape, &machines, &link, &w, &measured);
     let best = recommend(&preds);
     if let Some(path) = &a.plot {
         std::fs::write(path, svg::chart(&shape.name, &preds)).with_context(|| format!("writing {}", path.display()))?;
@@ -100,17 +100,18 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             "model": {
                 "name": shape.name, "quant": shape.quant, "layers": shape.layers, "hidden": shape.hidden,
                 "total_bytes": shape.total_bytes(), "active_bytes_per_token": shape.active_bytes(),
-                "kv_bytes_per_token": shape.kv_bytes_per_token(w.kv_elem), "experts": shape.experts,
+                "kv_bytes_per_token": shape.kv_bytes_per_token(w.kv_elem), "kv_type": kv.name(),
+                "experts": shape.experts,
                 "active_experts": shape.active_experts,
             },
-            "machines": machines, "link": link, "context": w.context,
+            "machines": machines, "measured": measured, "link": link, "context": w.context,
             "predictions": preds,
             "recommendation": best.map(|p| serde_json::json!({"strategy": p.strategy, "ranks": p.ranks, "tp": p.tp, "command": command})),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    print_tables(&shape, &machines, &link, &w, &preds);
+    print_tables(&shape, &machines, &link, &w, kv, &preds);
     match (best, command) {
         (Some(p), Some(cmd)) => {
             println!(
@@ -127,22 +128,61 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     Ok(())
 }
 
+fn parse_kv_type(s: &str) -> Result<model::KvType, String> {
+    model::KvType::parse(s).ok_or_else(|| format!("unknown KV type '{s}' (f16, f32, q8_0, q4_0)"))
+}
+
+/// The shards the strategies would run on this machine, timed with the model
+/// itself (`local` machines, a model on disk planned as stored): the whole
+/// width and every tensor width that divides the machine count, whole
+/// experts too for MoE models. A shard that cannot be loaded or split here is
+/// left to the bandwidth and FLOP estimates.
+fn measure_shards(
+    shape: &shape::Shape,
+    machines: &[hardware::Machine],
+    requantized: bool,
+    threads: usize,
+    kv: model::KvType,
+    w: &Workload,
+) -> Vec<cost::Measured> {
+    let Some(path) = shape.path.as_deref() else { return vec![] };
+    let locals = machines.iter().filter(|m| m.name.starts_with("local")).count();
+    if requantized || locals == 0 {
+        return vec![];
+    }
+    let mut out = Vec::new();
+    for tp in 1..=machines.len() {
+        for expert in [false, true] {
+            if expert && (tp == 1 || shape.experts == 0) {
+                continue;
+            }
+            match calibrate::measure_shard(path, tp, expert, threads, kv, w) {
+                Ok(m) => out.push(m),
+                Err(e) => eprintln!("shardlm: not timing the {tp}-way shard here ({e}); estimating it"),
+            }
+        }
+    }
+    out
+}
+
 /// Every strategy on every machine count from 1 to all.
 fn predictions(
     shape: &shape::Shape,
     machines: &[hardware::Machine],
     link: &hardware::Link,
     w: &Workload,
+    measured: &[cost::Measured],
 ) -> Vec<Prediction> {
-    let mut out = vec![cost::predict(shape, machines, link, Strategy::Single, 1, 1, w)];
+    let predict = |s, n, tp| cost::predict(shape, machines, link, s, n, tp, w, measured);
+    let mut out = vec![predict(Strategy::Single, 1, 1)];
     for n in 2..=machines.len() {
-        out.push(cost::predict(shape, machines, link, Strategy::Pipeline, n, 1, w));
-        out.push(cost::predict(shape, machines, link, Strategy::Tensor, n, n, w));
+        out.push(predict(Strategy::Pipeline, n, 1));
+        out.push(predict(Strategy::Tensor, n, n));
         for tp in (2..n).filter(|tp| n % tp == 0) {
-            out.push(cost::predict(shape, machines, link, Strategy::Hybrid, n, tp, w));
+            out.push(predict(Strategy::Hybrid, n, tp));
         }
         if shape.experts > 0 {
-            out.push(cost::predict(shape, machines, link, Strategy::Expert, n, 1, w));
+            out.push(predict(Strategy::Expert, n, 1));
         }
     }
     out
@@ -202,10 +242,11 @@ fn print_tables(
     machines: &[hardware::Machine],
     link: &hardware::Link,
     w: &Workload,
+    kv: model::KvType,
     preds: &[Prediction],
 ) {
     println!(
-        "model   {}: {} layers, hidden {}, {}; {} of weights, {} read per token, KV {} per token",
+        "model   {}: {} layers, hidden {}, {}; {} of weights, {} read per token, KV {} per token ({})",
         shape.name,
         shape.layers,
         shape.hidden,
@@ -213,6 +254,7 @@ fn print_tables(
         gb(shape.total_bytes()),
         gb(shape.active_bytes()),
         kb(shape.kv_bytes_per_token(w.kv_elem)),
+        kv.name(),
     );
     if shape.experts > 0 {
         println!("        {} experts, {} active per token", shape.experts, shape.active_experts);

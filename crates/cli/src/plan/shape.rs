@@ -25,6 +25,17 @@ pub fn bits_per_weight(quant: &str) -> Option<f64> {
     })
 }
 
+/// Whether `quant` is a float format (the engine keeps a float checkpoint's
+/// KV cache in f32).
+pub fn is_float(quant: &str) -> bool {
+    matches!(quant.to_ascii_lowercase().as_str(), "f32" | "f16" | "bf16")
+}
+
+/// Routed experts per MoE layer in an HF config (0: dense).
+pub fn n_experts(config: &Value) -> usize {
+    get(config, &["num_local_experts", "num_experts", "n_routed_experts"]).unwrap_or(0) as usize
+}
+
 /// Model sizes the cost model works from. Bytes are as stored (or as they will
 /// be stored at `--quant`).
 #[derive(Debug, Clone)]
@@ -179,7 +190,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         .map(str::to_string)
         .or_else(|| main_dtype.iter().max_by(|a, b| a.1.total_cmp(b.1)).map(|(k, _)| k.clone()))
         .unwrap_or_else(|| "f16".into());
-    let experts = c.raw.get("num_local_experts").or(c.raw.get("num_experts")).and_then(Value::as_u64).unwrap_or(0);
+    let experts = n_experts(&c.raw);
     let active = c.raw.get("num_experts_per_tok").and_then(Value::as_u64).unwrap_or(0);
     Ok(Shape {
         name: path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned()),
@@ -196,7 +207,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         attn_bytes: attn / n,
         dense_bytes: dense / n,
         expert_bytes: expert / n,
-        experts: experts as usize,
+        experts,
         active_experts: active as usize,
         quant,
         path: Some(path.to_path_buf()),
