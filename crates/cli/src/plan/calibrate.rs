@@ -141,6 +141,7 @@ pub fn measure_shard(
         n_kv_heads: kv_heads,
         head_dim: cfg.head_dim,
         window: None,
+        sinks: None,
         scale: 1.0 / (cfg.head_dim as f32).sqrt(),
     };
     let depth_meas = rows + DECODE_STEPS / 2;
