@@ -1,8 +1,10 @@
-//! The common pre-norm decoder layer: an attention block, then the feed-forward
-//! block the architecture chose for this layer ([`FeedForward`]):
+//! The common pre-norm decoder layer: the attention block the architecture
+//! chose for this layer ([`Attention`]), then its feed-forward block
+//! ([`FeedForward`]):
 //!
 //! ```text
 //! x ─ RMSNorm ─ q,k,v ─(q/k norm)─ rope ─ attention ─ o ─ all-reduce ─(+x)
+//!             │ or latent attention (crate::mla) ───────┘
 //!   ─ RMSNorm ─ dense MLP: gate,up ─ silu·mul ─ down  ─ all-reduce ─(+x)
 //!             │ or MoE: router ─ top-k experts (+ shared) ─┘
 //! ```
@@ -10,8 +12,9 @@
 //! Shapes (local to the shard): `T` tokens in the step, `hq = heads·head_dim`,
 //! `hkv = kv_heads·head_dim`, `ffn` = intermediate size.
 
-use crate::arch::{ArchSpec, FfnKind};
+use crate::arch::{ArchSpec, AttnKind, FfnKind};
 use crate::linear::{pack_for_decode, quantize_weight, Linear};
+use crate::mla::Mla;
 use crate::moe::{Mlp, Moe};
 use crate::plan::TpSlice;
 use crate::slice;
@@ -22,14 +25,47 @@ use std::ops::Range;
 #[derive(Debug)]
 pub struct DecoderLayer {
     pub attn_norm: Vec<f32>,
+    pub attn: Attention,
+    pub mlp_norm: Vec<f32>,
+    pub ffn: FeedForward,
+}
+
+/// The attention block of a layer.
+#[derive(Debug)]
+pub enum Attention {
+    /// Grouped-query attention: per-head K and V rows in the cache.
+    Gqa(Box<Gqa>),
+    /// Multi-head latent attention: one latent row per position in the cache.
+    Mla(Box<Mla>),
+}
+
+/// The projections of a GQA block (this rank's heads).
+#[derive(Debug)]
+pub struct Gqa {
     pub q: Linear,
     pub k: Linear,
     pub v: Linear,
     pub o: Linear,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
-    pub mlp_norm: Vec<f32>,
-    pub ffn: FeedForward,
+}
+
+impl Attention {
+    /// Weight bytes one decoded token reads.
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            Attention::Gqa(g) => [&g.q, &g.k, &g.v, &g.o].iter().map(|l| l.weight_bytes()).sum(),
+            Attention::Mla(m) => m.weight_bytes(),
+        }
+    }
+
+    /// Whether the weights are stored quantized (picks the default cache type).
+    pub fn is_quantized(&self) -> bool {
+        match self {
+            Attention::Gqa(g) => g.q.weight.dtype.is_quantized(),
+            Attention::Mla(m) => m.is_quantized(),
+        }
+    }
 }
 
 /// The feed-forward block of a layer.
@@ -133,6 +169,16 @@ impl LayerLoader<'_> {
         self.hidden
     }
 
+    /// Tensor `name` (`.weight` included) of the layer, checked to be `shape`.
+    pub fn weight(&self, name: &str, shape: &[usize]) -> Result<&WeightTensor, ModelError> {
+        Ok(self.store.get_shaped(&format!("{}{name}", self.prefix), shape)?)
+    }
+
+    /// A 1-D tensor of the layer (norm weights, biases) widened to f32.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        vector(self.store, &format!("{}{name}", self.prefix), len)
+    }
+
     /// The routed experts this rank holds of `n`, and whether whole (expert
     /// parallelism) rather than a slice of each.
     pub fn held_experts(&self, n: usize) -> (Range<usize>, bool) {
@@ -192,14 +238,28 @@ impl DecoderLayer {
             }
             FfnKind::Moe(m) => FeedForward::Moe(Box::new(Moe::load(&ld, m)?)),
         };
+        let attn = match spec.attention(layer) {
+            AttnKind::Gqa => Attention::Gqa(Box::new(Gqa {
+                q: ld.col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?,
+                k: ld.col_par("self_attn.k_proj", hkv, &kv_rows, spec.qkv_bias)?,
+                v: ld.col_par("self_attn.v_proj", hkv, &kv_rows, spec.qkv_bias)?,
+                o: ld.row_par("self_attn.o_proj", hq, &q_rows)?,
+                q_norm,
+                k_norm,
+            })),
+            AttnKind::Mla(_) if tp.is_some_and(|t| t.exact) => {
+                return Err(ModelError::Unsupported(format!(
+                    "layer {layer}: exact tensor parallelism does not split latent attention yet"
+                )))
+            }
+            AttnKind::Mla(m) => {
+                let heads = tp.map_or(0..cfg.n_heads, |t| t.q_heads.clone());
+                Attention::Mla(Box::new(Mla::load(&ld, m, cfg.n_heads, heads, cfg.rms_norm_eps, opts.mla)?))
+            }
+        };
         Ok(DecoderLayer {
             attn_norm: vector(store, &format!("{p}input_layernorm.weight"), h)?,
-            q: ld.col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?,
-            k: ld.col_par("self_attn.k_proj", hkv, &kv_rows, spec.qkv_bias)?,
-            v: ld.col_par("self_attn.v_proj", hkv, &kv_rows, spec.qkv_bias)?,
-            o: ld.row_par("self_attn.o_proj", hq, &q_rows)?,
-            q_norm,
-            k_norm,
+            attn,
             mlp_norm: vector(store, &format!("{p}post_attention_layernorm.weight"), h)?,
             ffn,
         })
@@ -208,7 +268,6 @@ impl DecoderLayer {
     /// Weight bytes this layer reads per decoded token (a MoE layer: only the
     /// router, the active experts and the shared expert).
     pub fn weight_bytes(&self) -> usize {
-        [&self.q, &self.k, &self.v, &self.o].iter().map(|l| l.weight_bytes()).sum::<usize>()
-            + self.ffn.weight_bytes_per_token()
+        self.attn.weight_bytes() + self.ffn.weight_bytes_per_token()
     }
 }

@@ -7,6 +7,7 @@ use formats::ModelConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
+    DeepseekV3,
     Llama,
     Mistral,
     Mixtral,
@@ -20,6 +21,7 @@ impl Arch {
     /// From HF `model_type` (GGUF architectures are mapped to these by formats).
     pub fn from_name(name: &str) -> Option<Arch> {
         Some(match name {
+            "deepseek_v3" => Arch::DeepseekV3,
             "llama" => Arch::Llama,
             "mistral" => Arch::Mistral,
             "mixtral" => Arch::Mixtral,
@@ -35,6 +37,7 @@ impl Arch {
     /// an error naming the key.
     pub fn spec(self, cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         Ok(match self {
+            Arch::DeepseekV3 => arch::deepseek_v3::spec(cfg)?,
             Arch::Llama => arch::llama::spec(cfg),
             Arch::Mistral => arch::mistral::spec(cfg),
             Arch::Mixtral => arch::mixtral::spec(cfg)?,
@@ -46,6 +49,6 @@ impl Arch {
     }
 
     pub fn supported() -> &'static [&'static str] {
-        &["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
+        &["deepseek_v3", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
     }
 }

@@ -125,6 +125,13 @@ fn qwen2_moe_matches_transformers() {
     check("qwen2_moe", 1);
 }
 
+/// Latent attention (absorbed), grouped sigmoid routing, shared experts,
+/// a first dense layer.
+#[test]
+fn deepseek_v3_matches_transformers() {
+    check("deepseek_v3", 2);
+}
+
 #[test]
 fn qwen3_moe_matches_transformers() {
     check("qwen3_moe", 2);

@@ -14,5 +14,6 @@ pub fn spec(cfg: &ModelConfig) -> ArchSpec {
         rope_style: if cfg.source == SourceFormat::Gguf { RopeStyle::Interleaved } else { RopeStyle::Neox },
         sliding_window: None,
         moe: None,
+        mla: None,
     }
 }

@@ -12,5 +12,6 @@ pub fn spec(cfg: &ModelConfig) -> ArchSpec {
         rope_style: RopeStyle::Neox,
         sliding_window: cfg.sliding_window,
         moe: None,
+        mla: None,
     }
 }

@@ -5,7 +5,7 @@
 //! of width `intermediate_size`.
 
 use super::ArchSpec;
-use crate::moe::{config_usize, qwen_sparse_layers, text_config, validate, MoeSpec, QWEN_NAMES};
+use crate::moe::{config_usize, qwen_sparse_layers, text_config, validate, MoeSpec, Routing, QWEN_NAMES};
 use crate::ModelError;
 use formats::ModelConfig;
 
@@ -19,6 +19,7 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         shared_ffn: None,
         sparse: qwen_sparse_layers(cfg, n_experts),
         names: QWEN_NAMES,
+        routing: Routing::Softmax,
     };
     Ok(ArchSpec { moe: Some(validate(moe, &cfg.arch)?), ..super::qwen3::spec(cfg) })
 }
