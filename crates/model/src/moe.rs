@@ -512,3 +512,30 @@ fn keep_best_groups(sel: &mut [f32], n_group: usize, topk_group: usize, groups: 
         sel[g * size..(g + 1) * size].fill(f32::NEG_INFINITY);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::keep_best_groups;
+
+    /// Groups are ranked by the sum of their two best scores, not by their
+    /// best one: group 0 holds the best expert (0.95) yet loses to group 1
+    /// (0.5 + 0.5); ties keep the lower group.
+    #[test]
+    fn groups_rank_by_their_two_best_scores() {
+        let inf = f32::NEG_INFINITY;
+        let mut g = Vec::new();
+        let mut sel = vec![0.95, 0.0, 0.5, 0.5, 0.45, 0.45, 0.1, 0.1];
+        keep_best_groups(&mut sel, 4, 1, &mut g);
+        assert_eq!(sel, vec![inf, inf, 0.5, 0.5, inf, inf, inf, inf]);
+        let mut sel = vec![0.5, 0.5, 0.2, 0.2, 0.6, 0.4, 0.3, 0.3];
+        keep_best_groups(&mut sel, 4, 1, &mut g);
+        assert_eq!(sel, vec![0.5, 0.5, inf, inf, inf, inf, inf, inf]);
+        let mut sel = vec![0.1, 0.2, 0.7, 0.8, 0.4, 0.5, 1.0, 0.5];
+        keep_best_groups(&mut sel, 4, 2, &mut g);
+        assert_eq!(sel, vec![inf, inf, 0.7, 0.8, inf, inf, 1.0, 0.5]);
+        // Every group kept: nothing masked.
+        let mut sel = vec![0.1, 0.2, 0.3, 0.4];
+        keep_best_groups(&mut sel, 2, 2, &mut g);
+        assert_eq!(sel, vec![0.1, 0.2, 0.3, 0.4]);
+    }
+}
