@@ -386,7 +386,7 @@ impl Model {
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
             ops::rms_norm(&ws.x[..n * h], &layer.attn_norm, eps, h, &mut ws.xn[..n * h]);
-            let layer_attn = match &layer.attn {
+            let gqa = match &layer.attn {
                 Attention::Gqa(g) => g,
                 Attention::Mla(mla) => {
                     let rope = RopeRows { cos: &ws.cos, sin: &ws.sin, style: self.rope.style };
@@ -399,13 +399,13 @@ impl Model {
             };
             Linear::forward_many(
                 pool,
-                &[&layer_attn.q, &layer_attn.k, &layer_attn.v],
+                &[&gqa.q, &gqa.k, &gqa.v],
                 &ws.xn,
                 n,
                 &mut [&mut ws.q, &mut ws.k, &mut ws.v],
                 &mut ws.scratch,
             );
-            if let (Some(qn), Some(kn)) = (&layer_attn.q_norm, &layer_attn.k_norm) {
+            if let (Some(qn), Some(kn)) = (&gqa.q_norm, &gqa.k_norm) {
                 ops::rms_norm_inplace(&mut ws.q[..n * hq], qn, eps, hd);
                 ops::rms_norm_inplace(&mut ws.k[..n * hkv], kn, eps, hd);
             }
@@ -442,13 +442,13 @@ impl Model {
                     ws.attn = attn;
                     let hl = tp.hidden.len();
                     grow(&mut ws.part, n * hl);
-                    layer_attn.o.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
+                    gqa.o.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
                     let part = std::mem::take(&mut ws.part);
                     gather_columns(comm, &part[..n * hl], n, &tp.hidden_all, 1, ws, Dest::O)?;
                     ws.part = part;
                 }
                 None => {
-                    layer_attn.o.forward(pool, &ws.attn, n, &mut ws.o, &mut ws.scratch);
+                    gqa.o.forward(pool, &ws.attn, n, &mut ws.o, &mut ws.scratch);
                     comm.all_reduce_sum(&mut ws.o[..n * h])?;
                 }
             }
