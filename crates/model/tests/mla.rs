@@ -193,3 +193,25 @@ fn batched_sequences_equal_alone() {
         }
     }
 }
+
+/// Yarn scaling (DeepSeek V3's published config): the softmax scale is
+/// `qk_head_dim^-½ · (0.1 · mscale_all_dim · ln factor + 1)²`, as
+/// transformers' `yarn_apply_mscale`; the model loads and runs with it.
+#[test]
+fn yarn_scales_the_softmax() {
+    let dir = edited("yarn", |c| {
+        c["rope_scaling"] = serde_json::json!({
+            "type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0
+        });
+    });
+    let files = formats::open_model(&dir).unwrap();
+    let spec = shardlm_model::Arch::from_name("deepseek_v3").unwrap().spec(&files.config).unwrap();
+    let ms = 0.1f32 * 40f32.ln() + 1.0;
+    let want = ms * ms / 48f32.sqrt();
+    assert!((spec.mla.unwrap().scale - want).abs() <= 1e-6 * want);
+    let m = load(&dir, &LoadOptions::default()).unwrap();
+    let logits = run(&m, &prompt(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(logits.iter().all(|v| v.is_finite()));
+}
