@@ -134,8 +134,14 @@ const KV_BLOCK: usize = 32;
 /// of tokens however the model is split.
 fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<engine::serving::SchedulerConfig> {
     let cfg = &engine.model.config;
-    // Whole quantized blocks per K/V row for q8_0/q4_0 (a row is whole heads).
-    let per_token = (cfg.n_layers * 2 * engine.model.kv_type.bytes_for(cfg.n_kv_heads * cfg.head_dim)).max(1);
+    // Whole quantized blocks per K/V row for q8_0/q4_0 (a row is whole heads);
+    // latent attention keeps one latent ‖ rope-key row per layer.
+    let ty = engine.model.kv_type;
+    let per_layer = match &engine.model.spec.mla {
+        Some(m) => ty.bytes_for(m.cache_width()),
+        None => 2 * ty.bytes_for(cfg.n_kv_heads * cfg.head_dim),
+    };
+    let per_token = (cfg.n_layers * per_layer).max(1);
     let tokens = match a.kv_cache_bytes {
         Some(b) => b as usize / per_token,
         None => 2 * engine.context_length(),

@@ -59,7 +59,7 @@ fn tiny_models_pipeline_tensor_hybrid() {
 /// and expert × pipeline within 1e-4 relative, greedy identical. Exact tensor parallelism does not split MoE blocks: a one-line error.
 #[test]
 fn moe_models_pipeline_tensor_hybrid() {
-    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"] {
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3"] {
         let m = fixture(name);
         let m = m.to_str().unwrap();
         let ids = golden_ids(name);

@@ -1,8 +1,10 @@
-//! The common pre-norm decoder layer: an attention block, then the feed-forward
-//! block the architecture chose for this layer ([`FeedForward`]):
+//! The common pre-norm decoder layer: the attention block the architecture
+//! chose for this layer ([`Attention`]), then its feed-forward block
+//! ([`FeedForward`]):
 //!
 //! ```text
 //! x ─ RMSNorm ─ q,k,v ─(q/k norm)─ rope ─ attention ─ o ─ all-reduce ─(+x)
+//!             │ or latent attention (crate::mla) ───────┘
 //!   ─ RMSNorm ─ dense MLP: gate,up ─ silu·mul ─ down  ─ all-reduce ─(+x)
 //!             │ or MoE: router ─ top-k experts (+ shared) ─┘
 //! ```
@@ -10,8 +12,9 @@
 //! Shapes (local to the shard): `T` tokens in the step, `hq = heads·head_dim`,
 //! `hkv = kv_heads·head_dim`, `ffn` = intermediate size.
 
-use crate::arch::{ArchSpec, FfnKind};
+use crate::arch::{ArchSpec, AttnKind, FfnKind};
 use crate::linear::{pack_for_decode, quantize_weight, Linear};
+use crate::mla::Mla;
 use crate::moe::{ExpertAct, Mlp, Moe};
 use crate::plan::TpSlice;
 use crate::slice;
@@ -22,6 +25,23 @@ use std::ops::Range;
 #[derive(Debug)]
 pub struct DecoderLayer {
     pub attn_norm: Vec<f32>,
+    pub attn: Attention,
+    pub mlp_norm: Vec<f32>,
+    pub ffn: FeedForward,
+}
+
+/// The attention block of a layer.
+#[derive(Debug)]
+pub enum Attention {
+    /// Grouped-query attention: per-head K and V rows in the cache.
+    Gqa(Box<Gqa>),
+    /// Multi-head latent attention: one latent row per position in the cache.
+    Mla(Box<Mla>),
+}
+
+/// The projections of a GQA block (this rank's heads).
+#[derive(Debug)]
+pub struct Gqa {
     pub q: Linear,
     pub k: Linear,
     pub v: Linear,
@@ -32,8 +52,24 @@ pub struct DecoderLayer {
     pub window: Option<usize>,
     /// Attention sinks of this rank's query heads (gpt-oss).
     pub sinks: Option<Vec<f32>>,
-    pub mlp_norm: Vec<f32>,
-    pub ffn: FeedForward,
+}
+
+impl Attention {
+    /// Weight bytes one decoded token reads.
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            Attention::Gqa(g) => [&g.q, &g.k, &g.v, &g.o].iter().map(|l| l.weight_bytes()).sum(),
+            Attention::Mla(m) => m.weight_bytes(),
+        }
+    }
+
+    /// Whether the weights are stored quantized (picks the default cache type).
+    pub fn is_quantized(&self) -> bool {
+        match self {
+            Attention::Gqa(g) => g.q.weight.dtype.is_quantized(),
+            Attention::Mla(m) => m.is_quantized(),
+        }
+    }
 }
 
 /// The feed-forward block of a layer.
@@ -171,6 +207,16 @@ impl LayerLoader<'_> {
         self.hidden
     }
 
+    /// Tensor `name` (`.weight` included) of the layer, checked to be `shape`.
+    pub fn weight(&self, name: &str, shape: &[usize]) -> Result<&WeightTensor, ModelError> {
+        Ok(self.store.get_shaped(&format!("{}{name}", self.prefix), shape)?)
+    }
+
+    /// A 1-D tensor of the layer (norm weights, biases) widened to f32.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        vector(self.store, &format!("{}{name}", self.prefix), len)
+    }
+
     /// The routed experts this rank holds of `n`, and whether whole (expert
     /// parallelism) rather than a slice of each.
     pub fn held_experts(&self, n: usize) -> (Range<usize>, bool) {
@@ -209,18 +255,6 @@ impl DecoderLayer {
             None => (0..hq, 0..hkv, 0..ffn),
         };
         let p = &ld.prefix;
-        let attn = spec.attention(layer);
-        let sinks = match attn.sinks {
-            true => Some(
-                vector(store, &format!("{p}self_attn.sinks"), cfg.n_heads)?[q_rows.start / hd..q_rows.end / hd]
-                    .to_vec(),
-            ),
-            false => None,
-        };
-        let mut o = ld.row_par("self_attn.o_proj", hq, &q_rows)?;
-        if attn.o_bias {
-            o.bias = ld.row_bias(vector(store, &format!("{p}self_attn.o_proj.bias"), h)?, false);
-        }
         let (q_norm, k_norm) = if spec.qk_norm {
             (
                 Some(vector(store, &format!("{p}self_attn.q_norm.weight"), hd)?),
@@ -243,16 +277,44 @@ impl DecoderLayer {
             }
             FfnKind::Moe(m) => FeedForward::Moe(Box::new(Moe::load(&ld, m)?)),
         };
+        let attn = match spec.attn_kind(layer) {
+            AttnKind::Gqa => {
+                let extras = spec.attention(layer);
+                let sinks = match extras.sinks {
+                    true => Some(
+                        vector(store, &format!("{p}self_attn.sinks"), cfg.n_heads)?[q_rows.start / hd..q_rows.end / hd]
+                            .to_vec(),
+                    ),
+                    false => None,
+                };
+                let mut o = ld.row_par("self_attn.o_proj", hq, &q_rows)?;
+                if extras.o_bias {
+                    o.bias = ld.row_bias(vector(store, &format!("{p}self_attn.o_proj.bias"), h)?, false);
+                }
+                Attention::Gqa(Box::new(Gqa {
+                    q: ld.col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?,
+                    k: ld.col_par("self_attn.k_proj", hkv, &kv_rows, spec.qkv_bias)?,
+                    v: ld.col_par("self_attn.v_proj", hkv, &kv_rows, spec.qkv_bias)?,
+                    o,
+                    q_norm,
+                    k_norm,
+                    window: extras.window,
+                    sinks,
+                }))
+            }
+            AttnKind::Mla(_) if tp.is_some_and(|t| t.exact) => {
+                return Err(ModelError::Unsupported(format!(
+                    "layer {layer}: exact tensor parallelism does not split latent attention yet"
+                )))
+            }
+            AttnKind::Mla(m) => {
+                let heads = tp.map_or(0..cfg.n_heads, |t| t.q_heads.clone());
+                Attention::Mla(Box::new(Mla::load(&ld, m, cfg.n_heads, heads, cfg.rms_norm_eps, opts.mla)?))
+            }
+        };
         Ok(DecoderLayer {
             attn_norm: vector(store, &format!("{p}input_layernorm.weight"), h)?,
-            q: ld.col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?,
-            k: ld.col_par("self_attn.k_proj", hkv, &kv_rows, spec.qkv_bias)?,
-            v: ld.col_par("self_attn.v_proj", hkv, &kv_rows, spec.qkv_bias)?,
-            o,
-            q_norm,
-            k_norm,
-            window: attn.window,
-            sinks,
+            attn,
             mlp_norm: vector(store, &format!("{p}post_attention_layernorm.weight"), h)?,
             ffn,
         })
@@ -261,7 +323,6 @@ impl DecoderLayer {
     /// Weight bytes this layer reads per decoded token (a MoE layer: only the
     /// router, the active experts and the shared expert).
     pub fn weight_bytes(&self) -> usize {
-        [&self.q, &self.k, &self.v, &self.o].iter().map(|l| l.weight_bytes()).sum::<usize>()
-            + self.ffn.weight_bytes_per_token()
+        self.attn.weight_bytes() + self.ffn.weight_bytes_per_token()
     }
 }

@@ -124,8 +124,8 @@ fn zeroed<T: ZeroBits>(n: usize) -> Vec<T> {
     }
 }
 
-fn layer_pairs<T: ZeroBits>(n_layers: usize, n: usize) -> Vec<(Vec<T>, Vec<T>)> {
-    (0..n_layers).map(|_| (zeroed(n), zeroed(n))).collect()
+fn layer_pairs<T: ZeroBits>(n_layers: usize, n: usize, n_v: usize) -> Vec<(Vec<T>, Vec<T>)> {
+    (0..n_layers).map(|_| (zeroed(n), zeroed(n_v))).collect()
 }
 
 /// Fixed-size blocks of KV storage for every layer this shard owns: block `b`
@@ -136,8 +136,12 @@ fn layer_pairs<T: ZeroBits>(n_layers: usize, n: usize) -> Vec<(Vec<T>, Vec<T>)> 
 #[derive(Debug, Clone)]
 pub struct KvPool {
     pub layers: KvLayers,
-    /// Local KV heads × head_dim.
+    /// Values of one K row: local KV heads × head_dim, or for multi-head
+    /// latent attention the latent ‖ rope key ([`KvPool::keys_only`]).
     pub kv_width: usize,
+    /// Values of one V row: `kv_width`, or 0 for a keys-only pool (MLA reads
+    /// its values from the latent part of the K row).
+    pub v_width: usize,
     /// Positions per block.
     pub block: usize,
     pub n_blocks: usize,
@@ -148,14 +152,34 @@ impl KvPool {
     /// `kv_width` must be whole blocks of 32 (the model checks `head_dim` at
     /// load, [`KvType::check_head_dim`]); a partial block is rounded up.
     pub fn new(n_layers: usize, kv_width: usize, block: usize, n_blocks: usize, ty: KvType) -> KvPool {
+        KvPool::with_widths(n_layers, kv_width, kv_width, block, n_blocks, ty)
+    }
+
+    /// A pool of K rows only (the V arrays are empty): multi-head latent
+    /// attention caches one row of `kv_lora_rank + qk_rope_head_dim` values
+    /// per position and layer, the normalized latent then the roped key
+    /// (`crate::mla`).
+    pub fn keys_only(n_layers: usize, kv_width: usize, block: usize, n_blocks: usize, ty: KvType) -> KvPool {
+        KvPool::with_widths(n_layers, kv_width, 0, block, n_blocks, ty)
+    }
+
+    fn with_widths(
+        n_layers: usize,
+        kv_width: usize,
+        v_width: usize,
+        block: usize,
+        n_blocks: usize,
+        ty: KvType,
+    ) -> KvPool {
         let n = n_blocks * block * kv_width.div_ceil(ty.block_values());
+        let n_v = n_blocks * block * v_width.div_ceil(ty.block_values());
         let layers = match ty {
-            KvType::F16 => KvLayers::F16(layer_pairs(n_layers, n)),
-            KvType::F32 => KvLayers::F32(layer_pairs(n_layers, n)),
-            KvType::Q8_0 => KvLayers::Q8_0(layer_pairs(n_layers, n)),
-            KvType::Q4_0 => KvLayers::Q4_0(layer_pairs(n_layers, n)),
+            KvType::F16 => KvLayers::F16(layer_pairs(n_layers, n, n_v)),
+            KvType::F32 => KvLayers::F32(layer_pairs(n_layers, n, n_v)),
+            KvType::Q8_0 => KvLayers::Q8_0(layer_pairs(n_layers, n, n_v)),
+            KvType::Q4_0 => KvLayers::Q4_0(layer_pairs(n_layers, n, n_v)),
         };
-        KvPool { layers, kv_width, block, n_blocks }
+        KvPool { layers, kv_width, v_width, block, n_blocks }
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -186,9 +210,11 @@ impl KvPool {
         self.n_blocks * self.block_bytes()
     }
 
-    /// Bytes one block takes across the owned layers.
+    /// Bytes one block takes across the owned layers (K and V rows; K only
+    /// for a keys-only pool).
     pub fn block_bytes(&self) -> usize {
-        self.n_layers() * 2 * self.block * self.row_bytes()
+        let v_row = self.kv_type().bytes_for(self.v_width);
+        self.n_layers() * self.block * (self.row_bytes() + v_row)
     }
 }
 
@@ -210,6 +236,11 @@ impl KvCache {
 
     pub fn with_type(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
         KvCache { pool: KvPool::new(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0 }
+    }
+
+    /// A cache of K rows only ([`KvPool::keys_only`], multi-head latent attention).
+    pub fn keys_only(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
+        KvCache { pool: KvPool::keys_only(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0 }
     }
 
     pub fn kv_type(&self) -> KvType {

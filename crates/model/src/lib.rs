@@ -8,6 +8,7 @@ pub mod arch;
 pub mod decoder;
 pub mod kv_cache;
 pub mod linear;
+pub mod mla;
 pub mod model;
 pub mod moe;
 mod moe_fused;

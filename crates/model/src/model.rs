@@ -1,9 +1,10 @@
 //! A loaded model shard and its forward pass over a batch of sequences.
 
 use crate::arch::ArchSpec;
-use crate::decoder::{DecoderLayer, FeedForward};
+use crate::decoder::{Attention, DecoderLayer, FeedForward, Gqa};
 use crate::kv_cache::{KvLayers, KvPool, KvType, SeqKv};
 use crate::linear::Linear;
+use crate::mla::{MlaMode, RopeRows};
 use crate::registry::Arch;
 use crate::rope::Rope;
 use crate::shard::{AllReduce, ShardSpec};
@@ -25,6 +26,9 @@ pub struct LoadOptions {
     /// Told how loading goes (a bar in the CLI; repacking a model of hundreds
     /// of GB takes minutes).
     pub progress: LoadProgress,
+    /// Latent attention: absorbed projections (default) or the expanded
+    /// reference (`SHARDLM_MLA=expanded`).
+    pub mla: MlaMode,
 }
 
 /// A callback told `(steps done, steps in all)` while a shard loads; a step is
@@ -59,6 +63,10 @@ impl LoadOptions {
             keep_file_layout: std::env::var("SHARDLM_PACK").is_ok_and(|v| v == "0"),
             kv_type: std::env::var("SHARDLM_KV_TYPE").ok().and_then(|v| KvType::parse(&v)),
             progress: LoadProgress::default(),
+            mla: match std::env::var("SHARDLM_MLA") {
+                Ok(v) if v == "expanded" => MlaMode::Expanded,
+                _ => MlaMode::Absorbed,
+            },
         }
     }
 }
@@ -119,13 +127,17 @@ impl Model {
     /// Builds the shard `shard` of the model in `files`. Only the weights the shard
     /// owns are referenced, so only their pages are ever read.
     pub fn load(files: &ModelFiles, shard: &ShardSpec, opts: &LoadOptions) -> Result<Model, ModelError> {
-        let cfg = files.config.clone();
+        let mut cfg = files.config.clone();
         let arch = Arch::from_name(&cfg.arch).ok_or_else(|| ModelError::UnknownArchitecture {
             path: files.path.clone(),
             arch: cfg.arch.clone(),
             supported: Arch::supported().join(", "),
         })?;
         let spec = arch.spec(&cfg)?;
+        if let Some(m) = &spec.mla {
+            // Latent attention rotates only its qk_rope_head_dim dims.
+            cfg.rope_dim = m.rope;
+        }
         let store = &files.tensors;
         let (h, vocab) = (cfg.hidden_size, cfg.vocab_size);
         let embed_name = "model.embed_tokens.weight";
@@ -184,9 +196,12 @@ impl Model {
         }
         // Float checkpoints compute in f32 end to end: keep their cache f32 too,
         // unless told otherwise; quantized ones use f16 as llama.cpp does.
-        let float_weights = opts.quantize.is_none() && layers.iter().all(|l| !l.q.weight.dtype.is_quantized());
+        let float_weights = opts.quantize.is_none() && layers.iter().all(|l| !l.attn.is_quantized());
         let kv_type = opts.kv_type.unwrap_or(if float_weights { KvType::F32 } else { KvType::F16 });
-        kv_type.check_head_dim(cfg.head_dim)?;
+        match &spec.mla {
+            Some(m) => m.check_kv_type(kv_type)?,
+            None => kv_type.check_head_dim(cfg.head_dim)?,
+        }
         opts.progress.report(steps, steps);
         Ok(Model {
             config: cfg,
@@ -205,7 +220,15 @@ impl Model {
 
     /// A KV cache for one sequence of up to `capacity` positions.
     pub fn new_cache(&self, capacity: usize) -> KvCache {
-        KvCache::with_type(self.layers.len(), self.local.n_kv_heads * self.config.head_dim, capacity, self.kv_type)
+        match &self.spec.mla {
+            Some(m) => KvCache::keys_only(self.layers.len(), m.cache_width(), capacity, self.kv_type),
+            None => KvCache::with_type(
+                self.layers.len(),
+                self.local.n_kv_heads * self.config.head_dim,
+                capacity,
+                self.kv_type,
+            ),
+        }
     }
 
     /// Bytes of weights read per decoded token by this shard.
@@ -245,13 +268,27 @@ impl Model {
 
     /// A pool of `n_blocks` KV blocks of `block` positions for this shard's layers.
     pub fn new_pool(&self, block: usize, n_blocks: usize) -> KvPool {
-        KvPool::new(self.layers.len(), self.local.n_kv_heads * self.config.head_dim, block, n_blocks, self.kv_type)
+        match &self.spec.mla {
+            Some(m) => KvPool::keys_only(self.layers.len(), m.cache_width(), block, n_blocks, self.kv_type),
+            None => KvPool::new(
+                self.layers.len(),
+                self.local.n_kv_heads * self.config.head_dim,
+                block,
+                n_blocks,
+                self.kv_type,
+            ),
+        }
     }
 
     /// KV bytes one position takes in this shard (K and V rows of every owned
-    /// layer, in whole quantized blocks for the Q8_0/Q4_0 types).
+    /// layer, in whole quantized blocks for the Q8_0/Q4_0 types; latent
+    /// attention: one latent ‖ rope-key row per layer, the same on every
+    /// tensor-parallel rank).
     pub fn kv_bytes_per_token(&self) -> usize {
-        self.layers.len() * 2 * self.kv_type.bytes_for(self.local.n_kv_heads * self.config.head_dim)
+        match &self.spec.mla {
+            Some(m) => self.layers.len() * self.kv_type.bytes_for(m.cache_width()),
+            None => self.layers.len() * 2 * self.kv_type.bytes_for(self.local.n_kv_heads * self.config.head_dim),
+        }
     }
 
     /// Writes the embeddings of every sequence's tokens, concatenated, into `ws.x`.
@@ -349,15 +386,26 @@ impl Model {
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
             ops::rms_norm(&ws.x[..n * h], &layer.attn_norm, eps, h, &mut ws.xn[..n * h]);
+            let gqa = match &layer.attn {
+                Attention::Gqa(g) => g,
+                Attention::Mla(mla) => {
+                    let rope = RopeRows { cos: &ws.cos, sin: &ws.sin, style: self.rope.style };
+                    let paged = paged.as_deref_mut();
+                    mla.forward(pool, &ws.xn, n, &rope, seqs, paged, li, &mut ws.o[..n * h], &mut ws.mla);
+                    comm.all_reduce_sum(&mut ws.o[..n * h])?;
+                    self.feed_forward(pool, ws, layer, n, comm)?;
+                    continue;
+                }
+            };
             Linear::forward_many(
                 pool,
-                &[&layer.q, &layer.k, &layer.v],
+                &[&gqa.q, &gqa.k, &gqa.v],
                 &ws.xn,
                 n,
                 &mut [&mut ws.q, &mut ws.k, &mut ws.v],
                 &mut ws.scratch,
             );
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+            if let (Some(qn), Some(kn)) = (&gqa.q_norm, &gqa.k_norm) {
                 ops::rms_norm_inplace(&mut ws.q[..n * hq], qn, eps, hd);
                 ops::rms_norm_inplace(&mut ws.k[..n * hkv], kn, eps, hd);
             }
@@ -377,7 +425,7 @@ impl Model {
                     SeqKv::Paged { table, .. } => (paged.as_deref_mut().expect("checked above"), table),
                 };
                 let block = kv.block;
-                let at = (layer, block, table, start);
+                let at = (&**gqa, block, table, start);
                 match &mut kv.layers {
                     KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
                     KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
@@ -395,34 +443,48 @@ impl Model {
                     ws.attn = attn;
                     let hl = tp.hidden.len();
                     grow(&mut ws.part, n * hl);
-                    layer.o.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
+                    gqa.o.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
                     let part = std::mem::take(&mut ws.part);
                     gather_columns(comm, &part[..n * hl], n, &tp.hidden_all, 1, ws, Dest::O)?;
                     ws.part = part;
                 }
                 None => {
-                    layer.o.forward(pool, &ws.attn, n, &mut ws.o, &mut ws.scratch);
+                    gqa.o.forward(pool, &ws.attn, n, &mut ws.o, &mut ws.scratch);
                     comm.all_reduce_sum(&mut ws.o[..n * h])?;
                 }
             }
-            ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
-
-            // Feed-forward block: into `ws.o`, all-reduced.
-            ops::rms_norm(&ws.x[..n * h], &layer.mlp_norm, eps, h, &mut ws.xn[..n * h]);
-            match &layer.ffn {
-                FeedForward::Dense(mlp) => self.dense_mlp(pool, ws, [&mlp.gate, &mlp.up, &mlp.down], n, comm)?,
-                FeedForward::Moe(moe) => {
-                    moe.forward(pool, &ws.xn[..n * h], n, &mut ws.o[..n * h], &mut ws.moe);
-                    comm.all_reduce_sum(&mut ws.o[..n * h])?;
-                }
-            }
-            ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
+            self.feed_forward(pool, ws, layer, n, comm)?;
         }
         for s in seqs.iter_mut() {
             if let SeqKv::Own(c) = &mut s.cache {
                 c.len += s.tokens.len();
             }
         }
+        Ok(())
+    }
+
+    /// The rest of a layer after its attention block left its all-reduced
+    /// output in `ws.o`: the residual add, then the feed-forward block (into
+    /// `ws.o`, all-reduced) and its residual add.
+    fn feed_forward(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        layer: &DecoderLayer,
+        n: usize,
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        let (h, eps) = (self.config.hidden_size, self.config.rms_norm_eps);
+        ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
+        ops::rms_norm(&ws.x[..n * h], &layer.mlp_norm, eps, h, &mut ws.xn[..n * h]);
+        match &layer.ffn {
+            FeedForward::Dense(mlp) => self.dense_mlp(pool, ws, [&mlp.gate, &mlp.up, &mlp.down], n, comm)?,
+            FeedForward::Moe(moe) => {
+                moe.forward(pool, &ws.xn[..n * h], n, &mut ws.o[..n * h], &mut ws.moe);
+                comm.all_reduce_sum(&mut ws.o[..n * h])?;
+            }
+        }
+        ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
         Ok(())
     }
 
@@ -471,7 +533,7 @@ impl Model {
         &self,
         pool: &ThreadPool,
         cache: &mut (Vec<T>, Vec<T>),
-        (layer, block, table, start): (&DecoderLayer, usize, &[u32], usize),
+        (layer, block, table, start): (&Gqa, usize, &[u32], usize),
         k: &[f32],
         v: &[f32],
         q: &[f32],

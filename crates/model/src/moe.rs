@@ -1,9 +1,9 @@
 //! The mixture-of-experts feed-forward block:
 //!
 //! ```text
-//! x ─ router ─ softmax ─ top-k (─ renormalize) ─┐
+//! x ─ router ─ softmax ─ top-k (─ renormalize) ─┐   (DeepSeek: sigmoid, grouped top-k, × scale)
 //!   ├─ expert e over the tokens routed to e ────┴─ Σ weight · expert(x) ─┐
-//!   └─ shared expert · sigmoid(shared_gate(x))  (qwen2_moe) ─────────────┴─ all-reduce
+//!   └─ shared expert · sigmoid(shared_gate(x))  (qwen2_moe; no gate: DeepSeek) ┴─ all-reduce
 //! ```
 //!
 //! Every expert is a SwiGLU MLP `down(silu(gate(x)) · up(x))` of width
@@ -42,6 +42,21 @@ pub struct MoeSpec {
     pub act: ExpertAct,
     /// The router and every expert projection carry biases (gpt-oss).
     pub bias: bool,
+    pub routing: Routing,
+}
+
+/// How router logits become expert weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Routing {
+    /// Softmax over all experts, then the `top_k` largest (mixtral, qwen).
+    Softmax,
+    /// DeepSeek V3 (`noaux_tc`): sigmoid scores; the layer's
+    /// `gate.e_score_correction_bias` is added for *choosing* only; experts
+    /// form `n_group` equal groups, each scored by the sum of its two best
+    /// biased scores, and only the `topk_group` best groups are eligible; the
+    /// weights are the chosen experts' unbiased scores (renormalized when
+    /// `norm_topk`), times `scale` (`routed_scaling_factor`).
+    SigmoidGrouped { n_group: usize, topk_group: usize, scale: f32 },
 }
 
 /// How an expert combines its gate and up projections.
@@ -75,12 +90,23 @@ pub struct MoeNames {
     pub gate: &'static str,
     pub up: &'static str,
     pub down: &'static str,
+    /// The shared expert's module (`shared_expert`, DeepSeek's `shared_experts`)
+    /// and its sigmoid gate, if it has one (qwen2_moe's `shared_expert_gate`).
+    pub shared: &'static str,
+    pub shared_gate: Option<&'static str>,
 }
 
 /// The qwen*_moe names, also every GGUF's as formats maps llama.cpp's (the
 /// shared expert, if any, is `shared_expert.*`, its gate `shared_expert_gate`).
-pub const QWEN_NAMES: MoeNames =
-    MoeNames { block: "mlp", router: "gate", gate: "gate_proj", up: "up_proj", down: "down_proj" };
+pub const QWEN_NAMES: MoeNames = MoeNames {
+    block: "mlp",
+    router: "gate",
+    gate: "gate_proj",
+    up: "up_proj",
+    down: "down_proj",
+    shared: "shared_expert",
+    shared_gate: Some("shared_expert_gate"),
+};
 
 /// A config integer, or a one-line error naming the key.
 pub fn config_usize(cfg: &ModelConfig, keys: &[&str]) -> Result<usize, ModelError> {
@@ -122,6 +148,21 @@ pub fn validate(spec: MoeSpec, arch: &str) -> Result<MoeSpec, ModelError> {
     }
     if spec.expert_ffn == 0 || spec.shared_ffn == Some(0) {
         return Err(ModelError::Config(format!("{arch}: an expert of intermediate width 0")));
+    }
+    if let Routing::SigmoidGrouped { n_group, topk_group, .. } = spec.routing {
+        if n_group == 0 || !spec.n_experts.is_multiple_of(n_group) || topk_group == 0 || topk_group > n_group {
+            return Err(ModelError::Config(format!(
+                "{arch}: n_group {n_group} must divide {} experts and topk_group {topk_group} be in 1..={n_group}",
+                spec.n_experts
+            )));
+        }
+        if topk_group * (spec.n_experts / n_group) < spec.top_k {
+            return Err(ModelError::Config(format!(
+                "{arch}: {topk_group} groups of {} experts hold fewer than {} experts per token",
+                spec.n_experts / n_group,
+                spec.top_k
+            )));
+        }
     }
     Ok(spec)
 }
@@ -169,8 +210,11 @@ pub struct Moe {
     pub first: usize,
     pub experts: Vec<Mlp>,
     pub shared: Option<Mlp>,
-    /// `[1, hidden]`, replicated.
+    /// `[1, hidden]`, replicated (none: the shared expert is added with weight 1).
     pub shared_gate: Option<Linear>,
+    pub routing: Routing,
+    /// DeepSeek's `e_score_correction_bias` (`[n_experts]`), for choosing only.
+    pub score_bias: Option<Vec<f32>>,
 }
 
 /// Buffers of one MoE forward, reused across steps.
@@ -187,6 +231,9 @@ pub struct MoeScratch {
     up: Vec<f32>,
     /// `T` shared-gate logits.
     shared_gate: Vec<f32>,
+    /// Grouped routing: biased scores, group scores.
+    biased: Vec<f32>,
+    groups: Vec<(usize, f32)>,
     matmul: MatmulScratch,
 }
 
@@ -244,16 +291,24 @@ impl Moe {
             held.clone().map(|e| expert(&format!("{b}.experts.{e}"), spec.expert_ffn)).collect::<Result<_, _>>()?
         };
         let (shared, shared_gate) = match spec.shared_ffn {
-            Some(w) => (
-                Some(Mlp {
-                    gate: ld.col_par(&format!("{b}.shared_expert.gate_proj"), w, &ld.part_of(w)?, false)?,
-                    up: ld.col_par(&format!("{b}.shared_expert.up_proj"), w, &ld.part_of(w)?, false)?,
-                    down: ld.row_par(&format!("{b}.shared_expert.down_proj"), w, &ld.part_of(w)?)?,
+            Some(w) => {
+                let s = n.shared;
+                let mlp = Mlp {
+                    gate: ld.col_par(&format!("{b}.{s}.gate_proj"), w, &ld.part_of(w)?, false)?,
+                    up: ld.col_par(&format!("{b}.{s}.up_proj"), w, &ld.part_of(w)?, false)?,
+                    down: ld.row_par(&format!("{b}.{s}.down_proj"), w, &ld.part_of(w)?)?,
                     act: spec.act,
-                }),
-                Some(ld.replicated(&format!("{b}.shared_expert_gate"), 1, false)?),
-            ),
+                };
+                let gate = n.shared_gate.map(|g| ld.replicated(&format!("{b}.{g}"), 1, false)).transpose()?;
+                (Some(mlp), gate)
+            }
             None => (None, None),
+        };
+        let score_bias = match spec.routing {
+            Routing::SigmoidGrouped { .. } => {
+                Some(ld.vector(&format!("{b}.{}.e_score_correction_bias", n.router), spec.n_experts)?)
+            }
+            Routing::Softmax => None,
         };
         Ok(Moe {
             top_k: spec.top_k,
@@ -263,6 +318,8 @@ impl Moe {
             experts,
             shared,
             shared_gate,
+            routing: spec.routing,
+            score_bias,
         })
     }
 
@@ -335,12 +392,16 @@ impl Moe {
         }
         routes.iter_mut().for_each(Vec::clear);
         s.routes = routes;
-        if let (Some(shared), Some(gate)) = (&self.shared, &self.shared_gate) {
+        if let Some(shared) = &self.shared {
             grow(&mut s.rows_out, t * h);
             grow(&mut s.shared_gate, t);
             let mut rows_out = std::mem::take(&mut s.rows_out);
             shared.forward(pool, x, t, &mut rows_out, s);
-            gate.forward(pool, x, t, &mut s.shared_gate, &mut s.matmul);
+            match &self.shared_gate {
+                Some(gate) => gate.forward(pool, x, t, &mut s.shared_gate, &mut s.matmul),
+                // Ungated (DeepSeek): weight sigmoid(∞) = 1.
+                None => s.shared_gate[..t].fill(f32::INFINITY),
+            }
             for i in 0..t {
                 let g = 1.0 / (1.0 + (-s.shared_gate[i]).exp());
                 let dst = &mut out[i * h..(i + 1) * h];
@@ -367,7 +428,7 @@ impl Moe {
             .take(self.experts.len())
             .filter_map(|(e, r)| r.first().map(|&(_, w)| (&self.experts[e - self.first], Some(w))))
             .collect();
-        if let (Some(shared), Some(_)) = (&self.shared, &self.shared_gate) {
+        if let Some(shared) = &self.shared {
             mlps.push((shared, None));
         }
         if mlps.is_empty() {
@@ -391,9 +452,12 @@ impl Moe {
                 layers.extend([&m.gate, &m.up]);
                 outs.extend([g, u]);
             }
-            if let (Some(_), Some(gate)) = (&self.shared, &self.shared_gate) {
-                layers.push(gate);
-                outs.push(&mut s.shared_gate[..1]);
+            match (&self.shared, &self.shared_gate) {
+                (Some(_), Some(gate)) => {
+                    layers.push(gate);
+                    outs.push(&mut s.shared_gate[..1]);
+                }
+                _ => s.shared_gate[0] = f32::INFINITY,
             }
             Linear::forward_many(pool, &layers, x, 1, &mut outs, &mut s.matmul);
         }
@@ -414,39 +478,114 @@ impl Moe {
         }
     }
 
-    /// Turns the router logits in `s.probs` into per-expert token lists: softmax
-    /// over all experts, the `top_k` largest (exact ties to the lower index),
-    /// optionally renormalized to sum to one.
+    /// Turns the router logits in `s.probs` into per-expert token lists.
+    /// Softmax routing: softmax over all experts, the `top_k` largest (exact
+    /// ties to the lower index), optionally renormalized to sum to one.
+    /// Grouped sigmoid routing ([`Routing::SigmoidGrouped`]): chosen by the
+    /// biased scores of the eligible groups, weighted by the unbiased ones.
     fn route(&self, t: usize, s: &mut MoeScratch) {
         let ne = self.router.out_features();
         s.routes.resize_with(ne, Vec::new);
+        grow(&mut s.biased, ne);
         let mut chosen: Vec<(usize, f32)> = Vec::with_capacity(self.top_k);
         for tok in 0..t {
             let p = &mut s.probs[tok * ne..(tok + 1) * ne];
-            let max = p.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let sum: f32 = p
-                .iter_mut()
-                .map(|v| {
-                    *v = (*v - max).exp();
-                    *v
-                })
-                .sum();
-            p.iter_mut().for_each(|v| *v /= sum);
+            let sel = &mut s.biased[..ne];
+            let (eps, scale) = match self.routing {
+                Routing::Softmax => {
+                    let max = p.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                    let sum: f32 = p
+                        .iter_mut()
+                        .map(|v| {
+                            *v = (*v - max).exp();
+                            *v
+                        })
+                        .sum();
+                    p.iter_mut().for_each(|v| *v /= sum);
+                    sel.copy_from_slice(p);
+                    (0.0, 1.0)
+                }
+                Routing::SigmoidGrouped { n_group, topk_group, scale } => {
+                    let bias = self.score_bias.as_deref().unwrap_or(&[]);
+                    for (e, (v, c)) in p.iter_mut().zip(sel.iter_mut()).enumerate() {
+                        *v = 1.0 / (1.0 + (-*v).exp());
+                        *c = *v + bias.get(e).copied().unwrap_or(0.0);
+                    }
+                    keep_best_groups(sel, n_group, topk_group, &mut s.groups);
+                    // As transformers: the sum gets 1e-20 so it is never 0.
+                    (1e-20, scale)
+                }
+            };
             chosen.clear();
             for _ in 0..self.top_k {
                 let best = (0..ne)
                     .filter(|e| !chosen.iter().any(|c| c.0 == *e))
                     .fold(None, |b: Option<usize>, e| match b {
-                        Some(b) if p[b] >= p[e] => Some(b),
+                        Some(b) if sel[b] >= sel[e] => Some(b),
                         _ => Some(e),
                     })
                     .expect("top_k ≤ n_experts");
                 chosen.push((best, p[best]));
             }
-            let norm = if self.norm_topk { chosen.iter().map(|c| c.1).sum::<f32>() } else { 1.0 };
+            let norm = if self.norm_topk { chosen.iter().map(|c| c.1).sum::<f32>() + eps } else { 1.0 };
             for &(e, w) in &chosen {
-                s.routes[e].push((tok as u32, w / norm));
+                s.routes[e].push((tok as u32, w / norm * scale));
             }
         }
+    }
+}
+
+/// Group-limited choice: `sel` (one token's biased scores) in `n_group` equal
+/// groups, each scored by the sum of its two best values (its only value for
+/// groups of one); all but the `topk_group` best groups (ties to the lower
+/// group) are set to −∞ so no expert of theirs is chosen.
+fn keep_best_groups(sel: &mut [f32], n_group: usize, topk_group: usize, groups: &mut Vec<(usize, f32)>) {
+    if topk_group >= n_group {
+        return;
+    }
+    let size = sel.len() / n_group;
+    groups.clear();
+    for g in 0..n_group {
+        let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &v in &sel[g * size..(g + 1) * size] {
+            if v > a {
+                (a, b) = (v, a);
+            } else if v > b {
+                b = v;
+            }
+        }
+        groups.push((g, if size >= 2 { a + b } else { a }));
+    }
+    // Stable: equal scores keep the lower group first.
+    groups.sort_by(|x, y| y.1.total_cmp(&x.1));
+    for &(g, _) in &groups[topk_group..] {
+        sel[g * size..(g + 1) * size].fill(f32::NEG_INFINITY);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_best_groups;
+
+    /// Groups are ranked by the sum of their two best scores, not by their
+    /// best one: group 0 holds the best expert (0.95) yet loses to group 1
+    /// (0.5 + 0.5); ties keep the lower group.
+    #[test]
+    fn groups_rank_by_their_two_best_scores() {
+        let inf = f32::NEG_INFINITY;
+        let mut g = Vec::new();
+        let mut sel = vec![0.95, 0.0, 0.5, 0.5, 0.45, 0.45, 0.1, 0.1];
+        keep_best_groups(&mut sel, 4, 1, &mut g);
+        assert_eq!(sel, vec![inf, inf, 0.5, 0.5, inf, inf, inf, inf]);
+        let mut sel = vec![0.5, 0.5, 0.2, 0.2, 0.6, 0.4, 0.3, 0.3];
+        keep_best_groups(&mut sel, 4, 1, &mut g);
+        assert_eq!(sel, vec![0.5, 0.5, inf, inf, inf, inf, inf, inf]);
+        let mut sel = vec![0.1, 0.2, 0.7, 0.8, 0.4, 0.5, 1.0, 0.5];
+        keep_best_groups(&mut sel, 4, 2, &mut g);
+        assert_eq!(sel, vec![inf, inf, 0.7, 0.8, inf, inf, 1.0, 0.5]);
+        // Every group kept: nothing masked.
+        let mut sel = vec![0.1, 0.2, 0.3, 0.4];
+        keep_best_groups(&mut sel, 2, 2, &mut g);
+        assert_eq!(sel, vec![0.1, 0.2, 0.3, 0.4]);
     }
 }

@@ -7,6 +7,7 @@ use formats::ModelConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
+    DeepseekV3,
     GptOss,
     Llama,
     Mistral,
@@ -21,6 +22,7 @@ impl Arch {
     /// From HF `model_type` (GGUF architectures are mapped to these by formats).
     pub fn from_name(name: &str) -> Option<Arch> {
         Some(match name {
+            "deepseek_v3" => Arch::DeepseekV3,
             "gpt_oss" => Arch::GptOss,
             "llama" => Arch::Llama,
             "mistral" => Arch::Mistral,
@@ -37,6 +39,7 @@ impl Arch {
     /// an error naming the key.
     pub fn spec(self, cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         Ok(match self {
+            Arch::DeepseekV3 => arch::deepseek_v3::spec(cfg)?,
             Arch::GptOss => arch::gpt_oss::spec(cfg)?,
             Arch::Llama => arch::llama::spec(cfg),
             Arch::Mistral => arch::mistral::spec(cfg),
@@ -49,6 +52,6 @@ impl Arch {
     }
 
     pub fn supported() -> &'static [&'static str] {
-        &["gpt_oss", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
+        &["deepseek_v3", "gpt_oss", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
     }
 }

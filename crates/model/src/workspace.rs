@@ -30,6 +30,8 @@ pub struct Workspace {
     pub(crate) embed_row: Vec<u8>,
     /// Routing and expert buffers of MoE layers.
     pub(crate) moe: crate::moe::MoeScratch,
+    /// Buffers of latent-attention layers.
+    pub(crate) mla: crate::mla::MlaScratch,
 }
 
 pub(crate) fn grow(v: &mut Vec<f32>, len: usize) {

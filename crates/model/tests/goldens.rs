@@ -132,6 +132,13 @@ fn gpt_oss_matches_transformers() {
     check("gpt_oss", 2);
 }
 
+/// Latent attention (absorbed), grouped sigmoid routing, shared experts,
+/// a first dense layer.
+#[test]
+fn deepseek_v3_matches_transformers() {
+    check("deepseek_v3", 2);
+}
+
 #[test]
 fn qwen3_moe_matches_transformers() {
     check("qwen3_moe", 2);

@@ -54,6 +54,19 @@ fn pipeline(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64]) -> Vec
 /// Tensor-parallel logits; intermediate widths (MLP, experts) cut in `block`s,
 /// or, `expert`, whole routed experts placed on the ranks.
 fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64], block: usize, expert: bool) -> Vec<f32> {
+    tensor_decode(files, tokens, weights, block, expert, 0).0
+}
+
+/// [`tensor`], then `decode` greedy steps through every rank's cache: the
+/// prompt's logits and the greedy tokens.
+fn tensor_decode(
+    files: &formats::ModelFiles,
+    tokens: &[u32],
+    weights: &[f64],
+    block: usize,
+    expert: bool,
+    decode: usize,
+) -> (Vec<f32>, Vec<u32>) {
     let groups = comm::Group::local(weights.len());
     let cfg = &files.config;
     std::thread::scope(|s| {
@@ -81,20 +94,34 @@ fn tensor(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64], block: u
                     let spec = ShardSpec { layers: 0..cfg.n_layers, has_embed: true, has_head: true, tp: Some(tp) };
                     let m = Model::load(files, &spec, &LoadOptions::default()).unwrap();
                     let pool = kernels::ThreadPool::new(1);
-                    let (mut ws, mut cache, mut logits) = (Workspace::default(), m.new_cache(tokens.len()), Vec::new());
+                    let mut ws = Workspace::default();
+                    let (mut cache, mut logits) = (m.new_cache(tokens.len() + decode), Vec::new());
                     let mut steps =
                         [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
                     m.forward(&pool, &mut ws, &mut steps, &g).unwrap();
-                    logits
+                    let (prompt_logits, mut greedy, mut last) = (logits.clone(), vec![], logits);
+                    for _ in 0..decode {
+                        let v = cfg.vocab_size;
+                        let tok = [argmax(&last[last.len() - v..])];
+                        greedy.push(tok[0]);
+                        let cache = SeqKv::Own(&mut cache);
+                        let mut steps = [SeqStep { tokens: &tok, cache, mode: LogitsMode::Argmax, logits: &mut last }];
+                        m.forward(&pool, &mut ws, &mut steps, &g).unwrap();
+                    }
+                    (prompt_logits, greedy)
                 })
             })
             .collect();
-        let all: Vec<Vec<f32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let all: Vec<(Vec<f32>, Vec<u32>)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         for other in &all[1..] {
             assert_eq!(other, &all[0], "every tensor-parallel rank sees the same logits");
         }
         all.into_iter().next().unwrap()
     })
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b }) as u32
 }
 
 fn assert_close(name: &str, got: &[f32], want: &[f32], rel: f32) {
@@ -115,7 +142,7 @@ fn assert_same_argmax(name: &str, got: &[f32], want: &[f32], vocab: usize) {
 
 #[test]
 fn pipeline_is_bit_identical() {
-    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"] {
+    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3"] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let want = single(&files, &tokens);
@@ -148,10 +175,11 @@ fn tensor_parallel_matches_single() {
 /// tensor-parallel), the same one all-reduce. gpt_oss over 4 ranks has more
 /// ranks than its 2 KV heads: each rank holds one KV head (replicated) and 2
 /// of its query heads, with their sinks; row-parallel biases (o, down) are
-/// added on rank 0 only.
+/// added on rank 0 only. deepseek_v3: latent attention heads split, the
+/// latent replicated; grouped sigmoid routing.
 #[test]
 fn tensor_parallel_moe_matches_single() {
-    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"] {
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3"] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let want = single(&files, &tokens);
@@ -177,4 +205,21 @@ fn too_narrow_experts_are_refused() {
     let spec = ShardSpec { layers: 0..cfg.n_layers, has_embed: true, has_head: true, tp: Some(tp) };
     let err = Model::load(&files, &spec, &LoadOptions::default()).unwrap_err().to_string();
     assert_eq!(err, "cannot split an MLP of width 64 over 4 ranks in blocks of 32");
+}
+
+/// deepseek_v3 decoded greedily through sharded latent caches (tensor 2 and
+/// 4, expert 2 and 4): the transformers continuation, as in one process.
+#[test]
+fn deepseek_v3_sharded_greedy_matches_golden() {
+    let files = formats::open_model(&fixture("deepseek_v3")).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("deepseek_v3").join("golden.json")).unwrap()).unwrap();
+    let want: Vec<u32> = j["greedy_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let tokens = prompt("deepseek_v3");
+    for w in [vec![1.0; 2], vec![1.0; 4]] {
+        for expert in [false, true] {
+            let (_, greedy) = tensor_decode(&files, &tokens, &w, 16, expert, want.len());
+            assert_eq!(greedy, want, "deepseek_v3 {} {w:?}", if expert { "expert" } else { "tensor" });
+        }
+    }
 }

@@ -191,6 +191,12 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         .or_else(|| main_dtype.iter().max_by(|a, b| a.1.total_cmp(b.1)).map(|(k, _)| k.clone()))
         .unwrap_or_else(|| "f16".into());
     let experts = n_experts(&c.raw);
+    let raw = |k: &str| c.raw.get(k).and_then(Value::as_u64);
+    // MLA caches one latent ‖ rope-key row per layer (model::mla).
+    let kv_elems_per_layer = match (raw("kv_lora_rank"), raw("qk_rope_head_dim")) {
+        (Some(r), Some(p)) if r > 0 => (r + p) as usize,
+        _ => 2 * c.n_kv_heads * c.head_dim,
+    };
     let active = c.raw.get("num_experts_per_tok").and_then(Value::as_u64).unwrap_or(0);
     Ok(Shape {
         name: path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned()),
@@ -200,7 +206,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         kv_heads: c.n_kv_heads,
         head_dim: c.head_dim,
         vocab: c.vocab_size,
-        kv_elems_per_layer: 2 * c.n_kv_heads * c.head_dim,
+        kv_elems_per_layer,
         embed_bytes: embed,
         head_bytes: head,
         head_reads_embed: tied,

@@ -9,7 +9,7 @@
 //! and stacked ([`crate::moe_fused`]).
 
 use super::{ArchSpec, AttnExtras};
-use crate::moe::{config_usize, text_config, validate, ExpertAct, MoeNames, MoeSpec};
+use crate::moe::{config_usize, text_config, validate, ExpertAct, MoeNames, MoeSpec, Routing, QWEN_NAMES};
 use crate::ModelError;
 use formats::{ModelConfig, SourceFormat};
 use kernels::ops::RopeStyle;
@@ -33,9 +33,11 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
             gate: "gate_up_proj",
             up: "gate_up_proj",
             down: "down_proj",
+            ..QWEN_NAMES
         },
         act: ExpertAct::ClampedSwiglu { alpha: float("swiglu_alpha", 1.702), limit: float("swiglu_limit", 7.0) },
         bias: true,
+        routing: Routing::Softmax,
     };
     // transformers' default when `layer_types` is absent: sliding on even layers.
     let windowed = match c.get("layer_types").and_then(Value::as_array) {
@@ -67,6 +69,7 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         rope_style: RopeStyle::Neox,
         sliding_window: cfg.sliding_window,
         moe: Some(validate(moe, &cfg.arch)?),
+        mla: None,
         extras: Some(AttnExtras { windowed, sinks: true, o_bias: true }),
     })
 }

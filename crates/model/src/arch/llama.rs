@@ -15,5 +15,6 @@ pub fn spec(cfg: &ModelConfig) -> ArchSpec {
         sliding_window: None,
         moe: None,
         extras: None,
+        mla: None,
     }
 }

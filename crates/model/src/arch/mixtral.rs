@@ -5,7 +5,7 @@
 //! `mlp.gate` (as formats maps llama.cpp's names).
 
 use super::ArchSpec;
-use crate::moe::{config_usize, validate, ExpertAct, MoeNames, MoeSpec, QWEN_NAMES};
+use crate::moe::{config_usize, validate, ExpertAct, MoeNames, MoeSpec, Routing, QWEN_NAMES};
 use crate::ModelError;
 use formats::{ModelConfig, SourceFormat};
 
@@ -19,10 +19,11 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         sparse: vec![true; cfg.n_layers],
         names: match cfg.source {
             SourceFormat::Gguf => QWEN_NAMES,
-            _ => MoeNames { block: "block_sparse_moe", router: "gate", gate: "w1", up: "w3", down: "w2" },
+            _ => MoeNames { block: "block_sparse_moe", gate: "w1", up: "w3", down: "w2", ..QWEN_NAMES },
         },
         act: ExpertAct::Silu,
         bias: false,
+        routing: Routing::Softmax,
     };
     Ok(ArchSpec { moe: Some(validate(moe, &cfg.arch)?), ..super::mistral::spec(cfg) })
 }

@@ -1,9 +1,11 @@
 //! One file per architecture. Each says how its decoder layer differs from the
-//! common one ([`crate::decoder`]): biases, q/k norms, rope pairing, and which
-//! feed-forward block each layer has (the dense MLP or a mixture of experts,
-//! [`crate::moe`]). Adding an architecture: a file here plus one arm in
+//! common one ([`crate::decoder`]): biases, q/k norms, rope pairing, which
+//! attention block each layer has (GQA or multi-head latent attention,
+//! [`crate::mla`]) and which feed-forward block (the dense MLP or a mixture of
+//! experts, [`crate::moe`]). Adding an architecture: a file here plus one arm in
 //! [`crate::registry`].
 
+pub mod deepseek_v3;
 pub mod gpt_oss;
 pub mod llama;
 pub mod mistral;
@@ -13,6 +15,7 @@ pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
 
+use crate::mla::MlaSpec;
 use crate::moe::MoeSpec;
 use kernels::ops::RopeStyle;
 
@@ -29,6 +32,8 @@ pub struct ArchSpec {
     /// The mixture of experts, for the layers [`MoeSpec::sparse`] names; every
     /// other layer (all of them when `None`) has the dense MLP.
     pub moe: Option<MoeSpec>,
+    /// Multi-head latent attention in every layer (DeepSeek); `None`: GQA.
+    pub mla: Option<MlaSpec>,
     /// Attention details beyond GQA with one global window (gpt-oss).
     pub extras: Option<AttnExtras>,
 }
@@ -56,6 +61,15 @@ pub struct LayerAttention {
     pub o_bias: bool,
 }
 
+/// The attention block of one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AttnKind<'a> {
+    /// Grouped-query attention over per-head K/V caches.
+    Gqa,
+    /// Multi-head latent attention over a cache of latents.
+    Mla(&'a MlaSpec),
+}
+
 /// The feed-forward block of one layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FfnKind<'a> {
@@ -75,6 +89,14 @@ impl ArchSpec {
                 sinks: x.sinks,
                 o_bias: x.o_bias,
             },
+        }
+    }
+
+    /// Layer `layer`'s attention block: GQA, or latent attention.
+    pub fn attn_kind(&self, _layer: usize) -> AttnKind<'_> {
+        match &self.mla {
+            Some(m) => AttnKind::Mla(m),
+            None => AttnKind::Gqa,
         }
     }
 

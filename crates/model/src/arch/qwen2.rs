@@ -13,5 +13,6 @@ pub fn spec(cfg: &ModelConfig) -> ArchSpec {
         sliding_window: cfg.sliding_window,
         moe: None,
         extras: None,
+        mla: None,
     }
 }

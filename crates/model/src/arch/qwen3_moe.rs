@@ -5,7 +5,7 @@
 //! of width `intermediate_size`.
 
 use super::ArchSpec;
-use crate::moe::{config_usize, qwen_sparse_layers, text_config, validate, ExpertAct, MoeSpec, QWEN_NAMES};
+use crate::moe::{config_usize, qwen_sparse_layers, text_config, validate, ExpertAct, MoeSpec, Routing, QWEN_NAMES};
 use crate::ModelError;
 use formats::ModelConfig;
 
@@ -21,6 +21,7 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         names: QWEN_NAMES,
         act: ExpertAct::Silu,
         bias: false,
+        routing: Routing::Softmax,
     };
     Ok(ArchSpec { moe: Some(validate(moe, &cfg.arch)?), ..super::qwen3::spec(cfg) })
 }
