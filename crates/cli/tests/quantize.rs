@@ -44,10 +44,7 @@ fn logits(dir: &Path, ids: &[u32]) -> Vec<f32> {
 /// The quantized checkpoint with every tensor dequantized to f32 (same config, no quantization_config).
 fn dequantized_copy(src: &Path, dst: &Path) {
     let files = formats::open_model(src).unwrap();
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for t in files.tensors.tensors.values() {
-        let start = data.len();
+    let tensors = files.tensors.tensors.values().map(|t| {
         let mut values = t.to_f32();
         let mut shape = t.shape.clone();
         if t.dtype.is_quantized() && shape.len() == 3 {
@@ -64,11 +61,23 @@ fn dequantized_copy(src: &Path, dst: &Path) {
             }
             shape = vec![e, k, n];
         }
+        (t.name.clone(), shape, values)
+    });
+    write_f32_safetensors(tensors, dst);
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg.as_object_mut().unwrap().remove("quantization_config");
+    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
+}
+
+/// Writes `dst/model.safetensors` holding each `(name, shape, values)` as F32.
+fn write_f32_safetensors(tensors: impl Iterator<Item = (String, Vec<usize>, Vec<f32>)>, dst: &Path) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, shape, values) in tensors {
+        let start = data.len();
         data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
-        header.insert(
-            t.name.clone(),
-            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
-        );
+        header.insert(name, serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}));
     }
     let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
     h.resize(h.len().next_multiple_of(8), b' ');
@@ -77,10 +86,6 @@ fn dequantized_copy(src: &Path, dst: &Path) {
     out.extend_from_slice(&data);
     std::fs::create_dir_all(dst).unwrap();
     std::fs::write(dst.join("model.safetensors"), out).unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    cfg.as_object_mut().unwrap().remove("quantization_config");
-    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
 }
 
 #[test]
@@ -227,28 +232,15 @@ fn moe_gguf_quantized_with_per_expert_scales() {
 /// by `X_exps_scales[e]` and dropping the scale tensors.
 fn dequantized_copy_applying_expert_scales(files: &formats::ModelFiles, dst: &Path) {
     let t = &files.tensors.tensors;
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for (name, w) in t.iter().filter(|(n, _)| !n.ends_with("_scales")) {
+    let tensors = t.iter().filter(|(n, _)| !n.ends_with("_scales")).map(|(name, w)| {
         let mut v = w.to_f32();
         if let Some(s) = name.strip_suffix(".weight").and_then(|b| t.get(&format!("{b}_scales"))) {
             let s = s.to_f32();
             let per = v.len() / s.len();
             v.chunks_mut(per).zip(&s).for_each(|(e, k)| e.iter_mut().for_each(|x| *x *= k));
         }
-        let start = data.len();
-        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": "F32", "shape": w.shape, "data_offsets": [start, data.len()]}),
-        );
-    }
-    let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    h.resize(h.len().next_multiple_of(8), b' ');
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&data);
-    std::fs::create_dir_all(dst).unwrap();
-    std::fs::write(dst.join("model.safetensors"), out).unwrap();
+        (name.clone(), w.shape.clone(), v)
+    });
+    write_f32_safetensors(tensors, dst);
     std::fs::copy(fixture("qwen3_moe").join("config.json"), dst.join("config.json")).unwrap();
 }
