@@ -32,10 +32,12 @@
 #
 # Usage: scripts/bench-vs-llamacpp.sh [--quick] [--rounds N] [--threads N]
 #                                     [--cases a,b,...] [--json PATH] [--raw DIR]
-#                                     [--quiet-pct P] [--quiet-max S]
+#                                     [--quiet-pct P] [--quiet-max S] [--shardlm-only]
 #        scripts/bench-vs-llamacpp.sh --report RAW_DIR[,RAW_DIR...] [--json PATH]
 #                                     [--max-other PCT]
 #        scripts/bench-vs-llamacpp.sh --llama-server
+# --shardlm-only runs shardlm alone (its speed and share of the bandwidth
+# ceiling, e.g. to check a kernel change; the ratio columns stay empty).
 # --llama-server builds llama-server in the same llama.cpp build (same version
 # and ISA flags as llama-bench), prints its path and exits; nothing is run
 # (scripts/bench-serve-batch.py uses it).
@@ -71,6 +73,7 @@ QUIET_MAX=300
 REPORT_ONLY=""
 MAX_OTHER=""
 SERVER_ONLY=0
+SHARDLM_ONLY=
 
 die() { echo "bench-vs-llamacpp: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -88,6 +91,7 @@ while [ $# -gt 0 ]; do
         --report) REPORT_ONLY="$2"; shift ;;
         --max-other) MAX_OTHER="$2"; shift ;;
         --llama-server) SERVER_ONLY=1 ;;
+        --shardlm-only) SHARDLM_ONLY=1 ;;
         -h|--help) usage 0 ;;
         *) echo "unknown argument: $1" >&2; usage 2 ;;
     esac
@@ -512,6 +516,7 @@ while IFS='|' read -r name model threads p g lruns _metrics; do
         echo "$name: round $r/$ROUNDS shardlm (load $(cut -d' ' -f1 /proc/loadavg))" >&2
         measure "$RAW/$name.shardlm.$r" "$SHARDLM" bench --model "$model" -p "$p" -g "$g" -n 1 \
             --threads "$threads" --json
+        [ -n "${SHARDLM_ONLY:-}" ] && continue
         echo "$name: round $r/$ROUNDS llama.cpp" >&2
         i=0
         IFS=';' read -ra runs <<<"$lruns"
