@@ -353,24 +353,15 @@ impl Mla {
     fn absorb_queries(&self, pool: &ThreadPool, q: &[f32], n: usize, q_lat: &mut [f32]) {
         let sp = &self.spec;
         let (nh, r, nope, qk, w) = (self.n_heads, sp.kv_lora, sp.nope, sp.qk(), sp.cache_width());
-        assert!(q.len() >= n * nh * qk && q_lat.len() >= n * nh * w);
-        let dst = SendPtr(q_lat.as_mut_ptr());
-        pool.run(|tid, nt| {
-            let dst = &dst;
-            for h in (tid..nh).step_by(nt) {
-                let uk = &self.w_uk[h * nope * r..(h + 1) * nope * r];
-                for t in 0..n {
-                    // SAFETY: row (t, h) lies inside `q_lat` (asserted above)
-                    // and head h belongs to this thread alone.
-                    let o = unsafe { std::slice::from_raw_parts_mut(dst.0.add((t * nh + h) * w), w) };
-                    let qh = &q[(t * nh + h) * qk..(t * nh + h + 1) * qk];
-                    o[..r].fill(0.0);
-                    for (j, &a) in qh[..nope].iter().enumerate() {
-                        axpy(&mut o[..r], a, &uk[j * r..(j + 1) * r]);
-                    }
-                    o[r..].copy_from_slice(&qh[nope..]);
-                }
+        assert!(q.len() >= n * nh * qk);
+        for_each_head_row(pool, q_lat, nh, n, w, |h, t, o| {
+            let uk = &self.w_uk[h * nope * r..(h + 1) * nope * r];
+            let qh = &q[(t * nh + h) * qk..(t * nh + h + 1) * qk];
+            o[..r].fill(0.0);
+            for (j, &a) in qh[..nope].iter().enumerate() {
+                axpy(&mut o[..r], a, &uk[j * r..(j + 1) * r]);
             }
+            o[r..].copy_from_slice(&qh[nope..]);
         });
     }
 
@@ -378,21 +369,12 @@ impl Mla {
     fn lift_values(&self, pool: &ThreadPool, out_lat: &[f32], n: usize, attn: &mut [f32]) {
         let sp = &self.spec;
         let (nh, r, w, vd) = (self.n_heads, sp.kv_lora, sp.cache_width(), sp.v_dim);
-        assert!(out_lat.len() >= n * nh * w && attn.len() >= n * nh * vd);
-        let dst = SendPtr(attn.as_mut_ptr());
-        pool.run(|tid, nt| {
-            let dst = &dst;
-            for h in (tid..nh).step_by(nt) {
-                let uv = &self.w_uv_t[h * r * vd..(h + 1) * r * vd];
-                for t in 0..n {
-                    // SAFETY: row (t, h) lies inside `attn` (asserted above)
-                    // and head h belongs to this thread alone.
-                    let o = unsafe { std::slice::from_raw_parts_mut(dst.0.add((t * nh + h) * vd), vd) };
-                    o.fill(0.0);
-                    for (c, &a) in out_lat[(t * nh + h) * w..][..r].iter().enumerate() {
-                        axpy(o, a, &uv[c * vd..(c + 1) * vd]);
-                    }
-                }
+        assert!(out_lat.len() >= n * nh * w);
+        for_each_head_row(pool, attn, nh, n, vd, |h, t, o| {
+            let uv = &self.w_uv_t[h * r * vd..(h + 1) * r * vd];
+            o.fill(0.0);
+            for (c, &a) in out_lat[(t * nh + h) * w..][..r].iter().enumerate() {
+                axpy(o, a, &uv[c * vd..(c + 1) * vd]);
             }
         });
     }
@@ -512,4 +494,30 @@ fn store_rows<T: KvElem>(cache: &mut [T], block: usize, table: &[u32], new: &[f3
         T::store(&new[(p - start) * w..(p - start + n) * w], &mut cache[at..at + n * row]);
         p += n;
     }
+}
+
+/// Runs `f(head, token, row)` for every row `(token, head)` of `out`
+/// (`n × heads × width`), heads spread over the pool's threads: each thread
+/// owns whole heads, so the rows it writes are its alone.
+fn for_each_head_row(
+    pool: &ThreadPool,
+    out: &mut [f32],
+    heads: usize,
+    n: usize,
+    width: usize,
+    f: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
+    assert!(out.len() >= n * heads * width);
+    let dst = SendPtr(out.as_mut_ptr());
+    pool.run(|tid, nt| {
+        let dst = &dst;
+        for h in (tid..heads).step_by(nt) {
+            for t in 0..n {
+                // SAFETY: row (t, h) lies inside `out` (asserted above) and
+                // head h belongs to this thread alone.
+                let o = unsafe { std::slice::from_raw_parts_mut(dst.0.add((t * heads + h) * width), width) };
+                f(h, t, o);
+            }
+        }
+    });
 }
