@@ -1,4 +1,4 @@
-//! `shardlm quantize IN.gguf OUT.gguf --to q8_0|q4_0|mxfp4|nvfp4`: a GGUF file
+//! `shardlm quantize IN.gguf OUT.gguf --to q8_0|q4_0|q4_k|mxfp4|nvfp4`: a GGUF file
 //! re-encoded to a ggml type. Metadata is copied as it is; linear weights
 //! (2-D `*.weight` and stacked `*_exps.weight`, except `--keep` matches and the defaults of
 //! [`crate::quantize::DEFAULT_KEEP`] plus `output.weight`) are dequantized and
@@ -7,13 +7,15 @@
 //! stacked expert tensor gets one per expert (`X.scale`, F32 [n_expert]), as
 //! llama.cpp's loader expects for `ffn_*_exps`.
 //!
-//! The GGUF writer assembles the file in memory before writing it, so this path
-//! holds the output model in memory (the safetensors path streams).
+//! The output is streamed: the header (every tensor's type and size is known
+//! from its shape) is written first, then one tensor at a time, so memory
+//! holds one tensor's values, never the model. Q4_K needs rows of whole
+//! 256-value blocks; other rows stay in their source type.
 
 use crate::quantize::{eligible, QuantizeArgs};
 use anyhow::{bail, Context, Result};
 use formats::gguf::GgufFile;
-use formats::gguf_writer::GgufWriter;
+use formats::gguf_writer::{GgufWriter, TensorInfo};
 use indicatif::{ProgressBar, ProgressStyle};
 use kernels::quant::{self, nvfp4};
 use kernels::DType;
@@ -24,7 +26,7 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
         "q4_0" => DType::Q4_0,
         "mxfp4" => DType::MXFP4,
         "nvfp4" => DType::NVFP4,
-        "q4_k" => bail!("q4_k output is not implemented yet (shardlm has no Q4_K quantizer); use q4_0 or q8_0"),
+        "q4_k" => DType::Q4_K,
         other => bail!("unknown GGUF target '{other}'"),
     };
     if a.input.is_dir() || a.input.extension().is_none_or(|e| e != "gguf") {
@@ -55,60 +57,100 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
     let ftype = match target {
         DType::Q4_0 => 2,
         DType::Q8_0 => 7,
+        DType::Q4_K => 15,
         DType::MXFP4 => 38,
         _ => 39, // NVFP4
     };
     w.add("general.file_type", formats::gguf::GgufValue::U32(ftype));
+    // Pass 1: what each tensor becomes (no data read), for the header.
+    let plans: Vec<Plan> = g
+        .tensors
+        .iter()
+        .map(|t| {
+            let shape = t.shape();
+            // A stacked expert tensor `[n_expert, rows, cols]` (`ffn_*_exps`) is
+            // quantized as `n_expert · rows` rows; NVFP4 gives it a scale per expert.
+            let experts = if shape.len() == 3 && t.name.contains("_exps.") { shape[0] } else { 1 };
+            let as_2d = if experts > 1 { vec![shape[0] * shape[1], shape[2]] } else { shape.clone() };
+            let quantize = t.dtype().is_some_and(|d| d != target)
+                && t.name != "output.weight"
+                && eligible(&t.name, &as_2d, target.block_elems(), &a.keep);
+            Plan { quantize, shape, experts, as_2d }
+        })
+        .collect();
+    let mut infos = Vec::new();
+    for (t, p) in g.tensors.iter().zip(&plans) {
+        if !p.quantize {
+            infos.push(TensorInfo {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ggml_type: t.ggml_type,
+                n_bytes: t.n_bytes,
+            });
+            continue;
+        }
+        infos.push(TensorInfo::new(&t.name, &p.shape, target).expect("eligible: whole blocks"));
+        if target == DType::NVFP4 {
+            let base = t.name.trim_end_matches(".weight");
+            infos.push(TensorInfo::new(&format!("{base}.scale"), &[p.experts], DType::F32).expect("f32"));
+        }
+    }
+    let mut out_file =
+        w.stream_to(&a.output, infos).with_context(|| format!("{}: cannot write", a.output.display()))?;
+    let write_err = || format!("{}: cannot write", a.output.display());
+    // Pass 2: one tensor at a time.
     let bar = ProgressBar::new(g.tensors.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
     let mut n_quantized = 0;
-    for t in &g.tensors {
+    for (t, p) in g.tensors.iter().zip(&plans) {
         bar.set_message(t.name.clone());
         let off = g.tensor_file_offset(t);
         let raw = &g.map()[off..off + t.n_bytes];
-        let shape = t.shape();
-        // A stacked expert tensor `[n_expert, rows, cols]` (`ffn_*_exps`) is
-        // quantized as `n_expert · rows` rows; NVFP4 gives it a scale per expert.
-        let experts = if shape.len() == 3 && t.name.contains("_exps.") { shape[0] } else { 1 };
-        let as_2d = if experts > 1 { vec![shape[0] * shape[1], shape[2]] } else { shape.clone() };
-        let quantize = t.dtype().is_some_and(|d| d != target)
-            && t.name != "output.weight"
-            && eligible(&t.name, &as_2d, target.block_elems(), &a.keep);
-        if !quantize {
-            w.add_tensor_raw(&t.name, &t.dims, t.ggml_type, raw.to_vec());
+        if !p.quantize {
+            out_file.write_tensor(raw).with_context(write_err)?;
             bar.inc(1);
             continue;
         }
         let src = t.dtype().expect("checked");
-        let (rows, cols) = (as_2d[0], as_2d[1]);
+        let (rows, cols) = (p.as_2d[0], p.as_2d[1]);
         let mut x = vec![0f32; rows * cols];
         quant::dequantize_row(src, raw, &mut x);
         let rb = target.bytes_for(cols).expect("eligible: whole blocks");
         let mut out = vec![0u8; rows * rb];
         if target == DType::NVFP4 {
-            let per = x.len() / experts;
-            let mut scales = Vec::with_capacity(experts);
-            let out_per = out.len() / experts;
+            let per = x.len() / p.experts;
+            let mut scales = Vec::with_capacity(p.experts);
+            let out_per = out.len() / p.experts;
             for (xe, oe) in x.chunks_exact(per).zip(out.chunks_exact_mut(out_per)) {
                 let amax = xe.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let s = if amax > 0.0 { amax / (6.0 * 448.0) } else { 1.0 };
                 nvfp4::quantize(xe, s, bytemuck::cast_slice_mut(oe));
                 scales.push(s);
             }
-            let base = t.name.trim_end_matches(".weight");
-            w.add_tensor(&t.name, &shape, target, out);
-            w.add_f32_tensor(&format!("{base}.scale"), &[experts], &scales);
+            out_file.write_tensor(&out).with_context(write_err)?;
+            let scales: Vec<u8> = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+            out_file.write_tensor(&scales).with_context(write_err)?;
         } else {
             for (xr, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
                 quant::quantize_row(target, xr, o).with_context(|| format!("tensor '{}'", t.name))?;
             }
-            w.add_tensor(&t.name, &shape, target, out);
+            out_file.write_tensor(&out).with_context(write_err)?;
         }
         n_quantized += 1;
         bar.inc(1);
     }
     bar.finish_and_clear();
-    w.write_to(&a.output).with_context(|| format!("{}: cannot write", a.output.display()))?;
+    out_file.finish().with_context(write_err)?;
     eprintln!("wrote {} ({n_quantized} of {} tensors quantized to {to})", a.output.display(), g.tensors.len());
     Ok(())
+}
+
+/// What pass 1 decided for one input tensor.
+struct Plan {
+    quantize: bool,
+    /// PyTorch-order shape, and the 2-D view it is quantized as.
+    shape: Vec<usize>,
+    as_2d: Vec<usize>,
+    /// Experts stacked in it (1: a plain tensor).
+    experts: usize,
 }

@@ -12,8 +12,8 @@
 
 use crate::gguf::{GgufValue, GgufValueType, DEFAULT_ALIGNMENT, GGUF_MAGIC};
 use kernels::DType;
-use std::io;
-use std::path::Path;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone)]
 struct PendingTensor {
@@ -21,6 +21,67 @@ struct PendingTensor {
     dims: Vec<u64>,
     ggml_type: u32,
     data: Vec<u8>,
+}
+
+/// A tensor announced in a streamed file's header: GGUF-order `dims`, the ggml
+/// type id and the exact byte length its data will have.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub ggml_type: u32,
+    pub n_bytes: usize,
+}
+
+impl TensorInfo {
+    /// `shape` in PyTorch order (`[out, in]`), stored reversed; `None` if
+    /// `dtype` has no GGUF type or the shape is not whole blocks of it.
+    pub fn new(name: &str, shape: &[usize], dtype: DType) -> Option<TensorInfo> {
+        Some(TensorInfo {
+            name: name.to_string(),
+            dims: shape.iter().rev().map(|&d| d as u64).collect(),
+            ggml_type: dtype.ggml_id()?,
+            n_bytes: dtype.bytes_for(shape.iter().product())?,
+        })
+    }
+}
+
+/// A GGUF file being written tensor by tensor ([`GgufWriter::stream_to`]).
+pub struct GgufStream {
+    file: io::BufWriter<std::fs::File>,
+    tensors: Vec<TensorInfo>,
+    next: usize,
+    alignment: usize,
+    path: PathBuf,
+}
+
+impl GgufStream {
+    /// Writes the next announced tensor's data; its length must be the
+    /// announced one (an `InvalidInput` error naming the tensor otherwise).
+    pub fn write_tensor(&mut self, data: &[u8]) -> io::Result<()> {
+        let Some(t) = self.tensors.get(self.next) else {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "more tensors written than announced"));
+        };
+        if data.len() != t.n_bytes {
+            let msg = format!("tensor '{}': {} bytes written, {} announced", t.name, data.len(), t.n_bytes);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        }
+        self.file.write_all(data)?;
+        let pad = data.len().next_multiple_of(self.alignment) - data.len();
+        self.file.write_all(&vec![0u8; pad])?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Checks every announced tensor was written, then flushes and syncs.
+    pub fn finish(mut self) -> io::Result<()> {
+        if let Some(t) = self.tensors.get(self.next) {
+            let msg = format!("{}: tensor '{}' was announced but never written", self.path.display(), t.name);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
+        }
+        self.file.flush()?;
+        self.file.get_ref().sync_all()
+    }
 }
 
 /// Collects metadata and tensors, then serializes them as one GGUF file.
@@ -122,10 +183,34 @@ impl GgufWriter {
 
     /// The whole file.
     pub fn to_bytes(&self) -> Vec<u8> {
+        let infos: Vec<TensorInfo> = self
+            .tensors
+            .iter()
+            .map(|t| TensorInfo {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ggml_type: t.ggml_type,
+                n_bytes: t.data.len(),
+            })
+            .collect();
+        let (mut out, offsets) = self.header(&infos);
+        let data_start = out.len();
+        for (t, off) in self.tensors.iter().zip(offsets) {
+            out.resize(data_start + off, 0);
+            out.extend_from_slice(&t.data);
+        }
+        // Pad the last tensor too, as gguf-py does.
+        out.resize(out.len().next_multiple_of(self.alignment), 0);
+        out
+    }
+
+    /// Everything before the tensor data (magic, metadata, tensor infos,
+    /// padding to the alignment), and each tensor's offset from the data start.
+    fn header(&self, infos: &[TensorInfo]) -> (Vec<u8>, Vec<usize>) {
         let mut out = Vec::new();
         out.extend_from_slice(&GGUF_MAGIC);
         out.extend_from_slice(&self.version.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(infos.len() as u64).to_le_bytes());
         out.extend_from_slice(&(self.kvs.len() as u64).to_le_bytes());
         for (k, v) in &self.kvs {
             write_str(&mut out, k);
@@ -133,8 +218,8 @@ impl GgufWriter {
             write_value(&mut out, v);
         }
         let mut offset = 0usize;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
-        for t in &self.tensors {
+        let mut offsets = Vec::with_capacity(infos.len());
+        for t in infos {
             write_str(&mut out, &t.name);
             out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
             for d in &t.dims {
@@ -143,17 +228,21 @@ impl GgufWriter {
             out.extend_from_slice(&t.ggml_type.to_le_bytes());
             out.extend_from_slice(&(offset as u64).to_le_bytes());
             offsets.push(offset);
-            offset = (offset + t.data.len()).next_multiple_of(self.alignment);
+            offset = (offset + t.n_bytes).next_multiple_of(self.alignment);
         }
-        let data_start = out.len().next_multiple_of(self.alignment);
-        out.resize(data_start, 0);
-        for (t, off) in self.tensors.iter().zip(offsets) {
-            out.resize(data_start + off, 0);
-            out.extend_from_slice(&t.data);
-        }
-        // Pad the last tensor too, as gguf-py does.
         out.resize(out.len().next_multiple_of(self.alignment), 0);
-        out
+        (out, offsets)
+    }
+
+    /// Starts a file whose tensors are announced now (`tensors`, in file
+    /// order) and written one at a time with [`GgufStream::write_tensor`], so
+    /// a converter holds one tensor in memory, never the model. The metadata
+    /// is this writer's; tensors added to it with `add_tensor*` are ignored.
+    pub fn stream_to(&self, path: &Path, tensors: Vec<TensorInfo>) -> io::Result<GgufStream> {
+        let (head, _) = self.header(&tensors);
+        let mut file = io::BufWriter::new(std::fs::File::create(path)?);
+        file.write_all(&head)?;
+        Ok(GgufStream { file, tensors, next: 0, alignment: self.alignment, path: path.to_path_buf() })
     }
 
     pub fn write_to(&self, path: &Path) -> io::Result<()> {
@@ -187,5 +276,42 @@ fn write_value(out: &mut Vec<u8>, v: &GgufValue) {
                 write_value(out, item);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A streamed file is byte for byte what the in-memory writer makes.
+    #[test]
+    fn streamed_file_equals_in_memory_one() {
+        let mut w = GgufWriter::new();
+        w.add_str("general.architecture", "llama").add_u32("llama.block_count", 1);
+        let a: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let b = vec![0u8; DType::Q8_0.bytes_for(64).unwrap()];
+        let mut mem = w.clone();
+        mem.add_f32_tensor("a", &[3, 4], &a);
+        mem.add_tensor("b", &[2, 32], DType::Q8_0, b.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.gguf");
+        let infos = vec![
+            TensorInfo::new("a", &[3, 4], DType::F32).unwrap(),
+            TensorInfo::new("b", &[2, 32], DType::Q8_0).unwrap(),
+        ];
+        let mut s = w.stream_to(&path, infos).unwrap();
+        s.write_tensor(&a.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        assert!(s.write_tensor(&b[1..]).unwrap_err().to_string().contains("tensor 'b'"));
+        s.write_tensor(&b).unwrap();
+        s.finish().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), mem.to_bytes());
+    }
+
+    #[test]
+    fn unwritten_tensor_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.gguf");
+        let s = GgufWriter::new().stream_to(&path, vec![TensorInfo::new("x", &[32], DType::F32).unwrap()]).unwrap();
+        assert!(s.finish().unwrap_err().to_string().contains("'x' was announced but never written"));
     }
 }

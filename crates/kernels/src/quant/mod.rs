@@ -336,6 +336,7 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Ker
         DType::BF16 => float::quantize_bf16(src, dst),
         DType::Q4_0 => q4_0::quantize(src, bytemuck::cast_slice_mut(dst)),
         DType::Q8_0 => q8_0::quantize(src, bytemuck::cast_slice_mut(dst)),
+        DType::Q4_K => q4_k::quantize(src, bytemuck::cast_slice_mut(dst)),
         DType::MXFP4 => mxfp4::quantize(src, bytemuck::cast_slice_mut(dst)),
         DType::NVFP4 => nvfp4::quantize(src, 1.0, bytemuck::cast_slice_mut(dst)),
         DType::FP8 => fp8::quantize(src, bytemuck::cast_slice_mut(dst)),
