@@ -161,11 +161,13 @@ fn check_gguf(name: &str, arch: &str, ints: &[(&str, u32)], heads: (usize, usize
 /// The MoE fixtures converted by `scripts/hf_moe_to_gguf.py`, which writes with
 /// llama.cpp's own `gguf` Python package and takes the tensor names from its
 /// `TensorNameMap` (as `convert_hf_to_gguf.py` does), give the transformers
-/// logits. Needs python3 with numpy and gguf (`.ci/run` installs them).
+/// logits. deepseek_v3 becomes llama.cpp's `deepseek2` (latent attention with
+/// `kv_b_proj` split into `attn_k_b`/`attn_v_b`, `exp_probs_b`, the MLA
+/// metadata keys). Needs python3 with numpy and gguf (`.ci/run` installs them).
 #[test]
 fn moe_ggufs_written_by_gguf_py_match_transformers() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_moe_to_gguf.py");
-    for name in ["qwen3_moe", "qwen2_moe", "mixtral"] {
+    for name in ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"] {
         let path = std::env::temp_dir().join(format!("shardlm-gguf-py-{name}-{}.gguf", std::process::id()));
         let out = std::process::Command::new("python3").arg(&script).arg(fixture(name)).arg(&path).output().unwrap();
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
