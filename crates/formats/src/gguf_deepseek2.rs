@@ -17,8 +17,8 @@
 //! | `attention.head_count_kv`                  | 1 (the MQA view); shardlm uses `num_attention_heads`, as the HF config does |
 //! | `feed_forward_length`                      | `intermediate_size` (the leading dense layers) |
 //! | `leading_dense_block_count`                | `first_k_dense_replace` (absent: 0) |
-//! | `expert_count`                             | `n_routed_experts` |
-//! | `expert_used_count`                        | `num_experts_per_tok` |
+//! | `expert_count` (required)                  | `n_routed_experts` |
+//! | `expert_used_count` (required)             | `num_experts_per_tok` |
 //! | `expert_feed_forward_length` (required)    | `moe_intermediate_size` |
 //! | `expert_shared_count` (required)           | `n_shared_experts` (fused into one MLP of `n · moe_intermediate_size`) |
 //! | `expert_weights_scale`                     | `routed_scaling_factor` (absent: 1, llama.cpp's "no scaling") |
@@ -130,12 +130,8 @@ pub(crate) fn deepseek2_keys(
     set("first_k_dense_replace", int("leading_dense_block_count").unwrap_or(0).into());
     set("moe_intermediate_size", req("expert_feed_forward_length", "the routed experts' width")?.into());
     set("n_shared_experts", req("expert_shared_count", "the shared experts")?.into());
-    if let Some(n) = int("expert_count") {
-        set("n_routed_experts", n.into());
-    }
-    if let Some(k) = int("expert_used_count") {
-        set("num_experts_per_tok", k.into());
-    }
+    set("n_routed_experts", req("expert_count", "the routed experts")?.into());
+    set("num_experts_per_tok", req("expert_used_count", "experts per token")?.into());
     let scale = g.get_f32(&key("expert_weights_scale")).filter(|s| *s != 0.0).unwrap_or(1.0);
     set("routed_scaling_factor", f64::from(scale).into());
     set("norm_topk_prob", g.get_bool(&key("expert_weights_norm")).unwrap_or(false).into());

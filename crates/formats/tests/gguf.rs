@@ -313,6 +313,8 @@ fn deepseek2_keys_become_the_hf_config() {
         ("rope.dimension_count", 4),
         ("expert_feed_forward_length", 6),
         ("expert_shared_count", 0),
+        ("expert_count", 4),
+        ("expert_used_count", 1),
         ("vocab_size", 6),
     ] {
         w.add_u32(&format!("deepseek2.{k}"), v);
@@ -329,6 +331,7 @@ fn deepseek2_keys_become_the_hf_config() {
         ("attention.kv_lora_rank", "deepseek2.attention.kv_lora_rank"),
         ("rope.dimension_count", "deepseek2.rope.dimension_count"),
         ("expert_shared_count", "deepseek2.expert_shared_count"),
+        ("expert_count", "deepseek2.expert_count"),
         ("attention.q_lora_rank", "deepseek2.attention.q_lora_rank' (the file has attn_q_a"),
     ] {
         let p = dir.path().join(format!("ds2-no-{skip}.gguf"));
