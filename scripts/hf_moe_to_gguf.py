@@ -31,7 +31,10 @@ with llama.cpp's own Python package (`gguf`), the way llama.cpp's
   config.json states.
 
 Weights are written as F32 (the bf16 values exactly), so the GGUF must give the
-transformers logits. Layers that are dense in a MoE model (qwen's
+transformers logits; `--outtype bf16|f16|q8_0` writes the 2-D and 3-D weights in
+that type instead, with the converter's exceptions (1-D tensors, norms,
+routers `ffn_gate_inp*` and non-`.weight` tensors stay F32), through gguf-py's
+own `gguf.quants` (bf16 is again exact for a bf16 checkpoint). Layers that are dense in a MoE model (qwen's
 `mlp_only_layers`) get the dense names `ffn_gate/up/down`, which llama.cpp's
 qwen3moe graph does not expect but shardlm reads as a dense layer.
 
@@ -39,7 +42,7 @@ With `--dummy-vocab`, a placeholder SentencePiece vocabulary (`<unk>`, `<s>`,
 `</s>`, then `t3`, `t4`, ...) is added so llama.cpp itself loads the file
 (its loader needs a tokenizer; ids are all that is compared).
 
-Usage: scripts/hf_moe_to_gguf.py HF_DIR OUT.gguf [--dummy-vocab]
+Usage: scripts/hf_moe_to_gguf.py HF_DIR OUT.gguf [--dummy-vocab] [--outtype f32|bf16|f16|q8_0]
 Needs `numpy` and `gguf` (pip install numpy gguf).
 """
 
@@ -225,11 +228,48 @@ def generic_metadata(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if cfg.get("shared_expert_intermediate_size"):
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+
+OUTTYPES = {
+    "f32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
+    "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
+    "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+}
+
+
+def tensor_type(name: str, t: np.ndarray, outtype: str):
+    """`ModelBase.prepare_tensors`' choice for tensor `name` (GGUF name)."""
+    if outtype == "f32" or t.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        return gguf.GGMLQuantizationType.F32
+    if ".ffn_gate_inp" in name:
+        return gguf.GGMLQuantizationType.F32
+    return OUTTYPES[outtype][0]
+
+
+def add(w: gguf.GGUFWriter, name: str, t: np.ndarray, outtype: str) -> None:
+    t = np.ascontiguousarray(t, dtype=np.float32)
+    qtype = tensor_type(name, t, outtype)
+    if qtype == gguf.GGMLQuantizationType.F32:
+        w.add_tensor(name, t)
+        return
+    try:
+        w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+    except gguf.QuantError:
+        # As the converter: rows that are not whole blocks fall back to F16.
+        w.add_tensor(name, gguf.quants.quantize(t, gguf.GGMLQuantizationType.F16), raw_dtype=gguf.GGMLQuantizationType.F16)
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--dummy-vocab"]
+    argv = sys.argv[1:]
+    outtype = "f32"
+    if "--outtype" in argv:
+        i = argv.index("--outtype")
+        if i + 1 >= len(argv) or argv[i + 1] not in OUTTYPES:
+            sys.exit(f"error: --outtype needs one of {', '.join(OUTTYPES)}")
+        outtype = argv[i + 1]
+        del argv[i : i + 2]
+    args = [a for a in argv if a != "--dummy-vocab"]
     if len(args) != 2:
         sys.exit(__doc__)
     src, out = Path(args[0]), Path(args[1])
@@ -247,9 +287,9 @@ def main() -> None:
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     if arch == gguf.MODEL_ARCH.DEEPSEEK2:
         deepseek2_metadata(w, cfg)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
     else:
         generic_metadata(w, cfg)
+    w.add_file_type(OUTTYPES[outtype][1])
     if "--dummy-vocab" in sys.argv[1:]:
         add_dummy_vocab(w, cfg["vocab_size"])
 
@@ -283,12 +323,12 @@ def main() -> None:
             t = permute(t, heads if g.endswith("attn_q.weight") else kv_heads)
         if g.endswith("ffn_gate_inp_shexp.weight"):
             t = t.reshape(-1)
-        w.add_tensor(g, np.ascontiguousarray(t, dtype=np.float32))
+        add(w, g, t, outtype)
     for (pre, proj), per in sorted(stacks.items()):
         stacked = np.stack([per[e] for e in sorted(per)])
         # Mixtral's block is `block_sparse_moe`; the name map knows `mlp.experts`.
         g = gguf_name(f"{pre.replace('block_sparse_moe', 'mlp')}.experts.{proj}.weight")
-        w.add_tensor(g, np.ascontiguousarray(stacked, dtype=np.float32))
+        add(w, g, stacked, outtype)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

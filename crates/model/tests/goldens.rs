@@ -175,6 +175,26 @@ fn moe_ggufs_written_by_gguf_py_match_transformers() {
         check_kv(name, &path, 1, None);
         std::fs::remove_file(&path).unwrap();
     }
+    // The converter's `--outtype bf16`/`f16` (matrices in that type; norms,
+    // routers and `exp_probs_b` F32): the fixture's bf16 values are exact in
+    // both, so the same bound holds.
+    for outtype in ["bf16", "f16"] {
+        let path =
+            std::env::temp_dir().join(format!("shardlm-gguf-py-deepseek2-{outtype}-{}.gguf", std::process::id()));
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg(fixture("deepseek_v3"))
+            .arg(&path)
+            .args(["--outtype", outtype])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{outtype}: {}", String::from_utf8_lossy(&out.stderr));
+        let files = formats::open_model(&path).unwrap();
+        let want = if outtype == "bf16" { kernels::DType::BF16 } else { kernels::DType::F16 };
+        assert_eq!(files.tensors.get("model.layers.1.self_attn.k_b_proj.weight").unwrap().dtype, want);
+        check_kv("deepseek_v3", &path, 1, None);
+        std::fs::remove_file(&path).unwrap();
+    }
 }
 
 #[test]
