@@ -7,7 +7,11 @@
 // Build (scripts/lowbit-llamacpp.sh does this) against a llama.cpp build:
 //   c++ -O2 -std=c++17 -I$SRC/include -I$SRC/ggml/include llamacpp_logits.cpp \
 //       -L$BUILD/bin -lllama -lggml -lggml-base -Wl,-rpath,$BUILD/bin -o llamacpp-logits
-// Usage: llamacpp-logits MODEL.gguf ID,ID,... OUT.f32 [THREADS]
+// Usage: llamacpp-logits MODEL.gguf ID,ID,... OUT.f32 [THREADS [KV_TYPE [FLASH_ATTN]]]
+// KV_TYPE: f16 (llama.cpp's default) or f32, the K and V cache element type.
+// FLASH_ATTN: auto (the default) or off. The CPU flash-attention kernel keeps
+// f16 intermediates even over an f32 cache, so f32 + off is the setting that
+// compares with an f32 reference.
 #include "llama.h"
 
 #include <cstdio>
@@ -24,7 +28,7 @@ static void quiet_log(enum ggml_log_level level, const char * text, void *) {
 
 int main(int argc, char ** argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL.gguf ID,ID,... OUT.f32 [THREADS]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf ID,ID,... OUT.f32 [THREADS [f16|f32 [auto|off]]]\n", argv[0]);
         return 2;
     }
     std::vector<llama_token> ids;
@@ -33,6 +37,16 @@ int main(int argc, char ** argv) {
         ids.push_back((llama_token) std::stol(item));
     }
     const int threads = argc > 4 ? atoi(argv[4]) : 1;
+    const std::string kv_type = argc > 5 ? argv[5] : "f16";
+    if (kv_type != "f16" && kv_type != "f32") {
+        fprintf(stderr, "llamacpp-logits: KV_TYPE must be f16 or f32, not %s\n", kv_type.c_str());
+        return 2;
+    }
+    const std::string flash_attn = argc > 6 ? argv[6] : "auto";
+    if (flash_attn != "auto" && flash_attn != "off") {
+        fprintf(stderr, "llamacpp-logits: FLASH_ATTN must be auto or off, not %s\n", flash_attn.c_str());
+        return 2;
+    }
 
     llama_log_set(quiet_log, nullptr);
     llama_backend_init();
@@ -49,6 +63,13 @@ int main(int argc, char ** argv) {
     cp.n_ubatch = (uint32_t) ids.size();
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
+    if (kv_type == "f32") {
+        cp.type_k = GGML_TYPE_F32;
+        cp.type_v = GGML_TYPE_F32;
+    }
+    if (flash_attn == "off") {
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    }
     llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) {
         fprintf(stderr, "llamacpp-logits: cannot create a context\n");

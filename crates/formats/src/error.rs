@@ -17,8 +17,9 @@ pub enum FormatError {
     Corrupt { path: PathBuf, what: String },
     #[error("{path}: tensor '{tensor}' has unsupported type {type_name}")]
     UnsupportedTensorType { path: PathBuf, tensor: String, type_name: String },
-    #[error("{path}: missing tensor '{tensor}'")]
-    MissingTensor { path: PathBuf, tensor: String },
+    /// `gguf_name`: what a GGUF file would call it (llama.cpp's name), if known.
+    #[error("{path}: missing tensor '{tensor}'{}", gguf_name.as_ref().map(|g| format!(" (GGUF '{g}')")).unwrap_or_default())]
+    MissingTensor { path: PathBuf, tensor: String, gguf_name: Option<String> },
     #[error("{path}: tensor '{tensor}' has shape {got:?}, expected {expected:?}")]
     ShapeMismatch { path: PathBuf, tensor: String, expected: Vec<usize>, got: Vec<usize> },
     #[error("{path}: tensor '{tensor}': {what}")]

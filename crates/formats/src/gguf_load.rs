@@ -2,6 +2,7 @@
 //! HF names, tokenizer from `tokenizer.ggml.*`.
 
 use crate::gguf::{GgufFile, GgufValue};
+use crate::gguf_deepseek2::deepseek2_keys;
 use crate::names::gguf_to_hf;
 use crate::{
     FormatError, GgufTokenizer, ModelConfig, ModelFiles, RopeScaling, SourceFormat, TensorData, TensorStore,
@@ -128,6 +129,7 @@ pub fn hf_arch_name(gguf_arch: &str) -> String {
         "qwen2moe" => "qwen2_moe".to_string(),
         "qwen3moe" => "qwen3_moe".to_string(),
         "gpt-oss" => "gpt_oss".to_string(),
+        "deepseek2" => "deepseek_v3".to_string(),
         other => other.to_string(),
     }
 }
@@ -162,7 +164,8 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
     let intermediate_size = int("feed_forward_length")
         .or_else(|| int("expert_feed_forward_length"))
         .ok_or_else(|| bad(format!("missing or invalid metadata key '{}'", key("feed_forward_length"))))?;
-    let head_dim = int("attention.key_length").unwrap_or(hidden_size / n_heads);
+    let mut head_dim = int("attention.key_length").unwrap_or(hidden_size / n_heads);
+    let mut n_kv_heads = n_kv_heads;
     let rope_dim = int("rope.dimension_count").unwrap_or(head_dim);
     let max_position_embeddings = int("context_length").unwrap_or(2048);
     let vocab_size = int("vocab_size")
@@ -215,6 +218,10 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
         if let RopeScaling::Yarn { truncate, .. } = &mut rope_scaling {
             *truncate = false;
         }
+    }
+    if arch == "deepseek2" {
+        let dims = deepseek2_keys(g, n_heads, &mut raw, &mut rope_scaling)?;
+        (head_dim, n_kv_heads) = (dims.head_dim, dims.n_kv_heads);
     }
 
     Ok(ModelConfig {

@@ -133,9 +133,14 @@ pub struct TensorStore {
 
 impl TensorStore {
     pub fn get(&self, name: &str) -> Result<&WeightTensor, FormatError> {
-        self.tensors
-            .get(name)
-            .ok_or_else(|| FormatError::MissingTensor { path: self.path.clone(), tensor: name.to_string() })
+        self.tensors.get(name).ok_or_else(|| {
+            let is_gguf = self.path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+            FormatError::MissingTensor {
+                path: self.path.clone(),
+                tensor: name.to_string(),
+                gguf_name: if is_gguf { crate::names::hf_to_gguf(name) } else { None },
+            }
+        })
     }
 
     pub fn contains(&self, name: &str) -> bool {

@@ -226,3 +226,119 @@ fn gpt_oss_layer_types_and_yarn() {
         assert!(matches!(c.rope_scaling, RopeScaling::Yarn { truncate: false, .. }));
     }
 }
+
+/// llama.cpp's `deepseek2` metadata as the HF `deepseek_v3` config keys
+/// (formats::gguf_deepseek2): the MLA widths from the `_mla` keys (the plain
+/// key/value lengths and head_count_kv = 1 describe llama.cpp's MQA view of
+/// the latent cache), routing keys, yarn's mscale from the log multiplier;
+/// missing required keys are one-line errors naming the key.
+#[test]
+fn deepseek2_keys_become_the_hf_config() {
+    let write = |path: &std::path::Path, skip: &str, extra: &dyn Fn(&mut GgufWriter)| {
+        let mut w = GgufWriter::new();
+        w.add_str("general.architecture", "deepseek2");
+        let ints = [
+            ("block_count", 3),
+            ("embedding_length", 16),
+            ("feed_forward_length", 32),
+            ("attention.head_count", 4),
+            ("attention.head_count_kv", 1),
+            ("attention.q_lora_rank", 12),
+            ("attention.kv_lora_rank", 8),
+            ("attention.key_length", 8 + 4),
+            ("attention.value_length", 8),
+            ("attention.key_length_mla", 6 + 4),
+            ("attention.value_length_mla", 5),
+            ("rope.dimension_count", 4),
+            ("leading_dense_block_count", 1),
+            ("expert_count", 8),
+            ("expert_used_count", 2),
+            ("expert_feed_forward_length", 6),
+            ("expert_shared_count", 2),
+            ("expert_group_count", 4),
+            ("expert_group_used_count", 2),
+            ("expert_gating_func", 2),
+            ("vocab_size", 6),
+        ];
+        for (k, v) in ints.iter().filter(|(k, _)| *k != skip) {
+            w.add_u32(&format!("deepseek2.{k}"), *v);
+        }
+        w.add_f32("deepseek2.expert_weights_scale", 2.5).add_bool("deepseek2.expert_weights_norm", true);
+        w.add_f32_tensor("output.weight", &[6, 16], &[0.0; 96]);
+        extra(&mut w);
+        w.write_to(path).unwrap();
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ds2.gguf");
+    write(&path, "", &|w| {
+        w.add_str("deepseek2.rope.scaling.type", "yarn")
+            .add_f32("deepseek2.rope.scaling.factor", 40.0)
+            .add_u32("deepseek2.rope.scaling.original_context_length", 4096)
+            .add_f32("deepseek2.rope.scaling.yarn_log_multiplier", 0.1);
+    });
+    let c = open_model(&path).unwrap().config;
+    assert_eq!(c.arch, "deepseek_v3");
+    assert_eq!((c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim, c.intermediate_size), (4, 4, 4, 4, 32));
+    let want = serde_json::json!({
+        "q_lora_rank": 12, "kv_lora_rank": 8, "qk_nope_head_dim": 6, "qk_rope_head_dim": 4, "v_head_dim": 5,
+        "rope_interleave": true, "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 6, "n_shared_experts": 2, "routed_scaling_factor": 2.5, "norm_topk_prob": true,
+        "scoring_func": "sigmoid", "n_group": 4, "topk_group": 2,
+    });
+    for (k, v) in want.as_object().unwrap() {
+        assert_eq!(&c.raw[k], v, "{k}");
+    }
+    match c.rope_scaling {
+        RopeScaling::Yarn { factor, mscale, mscale_all_dim, truncate, .. } => {
+            assert_eq!(factor, 40.0);
+            assert!(truncate);
+            assert!((mscale_all_dim.unwrap() - 1.0).abs() < 1e-6 && mscale == mscale_all_dim);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Old files: no `_mla` keys, widths in key/value_length; no gating key
+    // means softmax (llama.cpp's rule for DeepSeek V2 files); no q_lora_rank
+    // and no attn_q_a: one q projection (null).
+    let old = dir.path().join("ds2-old.gguf");
+    let mut w = GgufWriter::new();
+    w.add_str("general.architecture", "deepseek2");
+    for (k, v) in [
+        ("block_count", 1),
+        ("embedding_length", 16),
+        ("attention.head_count", 4),
+        ("attention.kv_lora_rank", 8),
+        ("attention.key_length", 10),
+        ("attention.value_length", 5),
+        ("rope.dimension_count", 4),
+        ("expert_feed_forward_length", 6),
+        ("expert_shared_count", 0),
+        ("expert_count", 4),
+        ("expert_used_count", 1),
+        ("vocab_size", 6),
+    ] {
+        w.add_u32(&format!("deepseek2.{k}"), v);
+    }
+    w.write_to(&old).unwrap();
+    let c = open_model(&old).unwrap().config;
+    assert_eq!((c.raw["qk_nope_head_dim"].as_u64(), c.raw["v_head_dim"].as_u64()), (Some(6), Some(5)));
+    assert_eq!(c.raw["q_lora_rank"], serde_json::Value::Null);
+    assert_eq!(c.raw["scoring_func"], "softmax");
+    assert_eq!(c.raw["norm_topk_prob"], false);
+    assert_eq!(c.raw["routed_scaling_factor"], 1.0);
+
+    for (skip, names) in [
+        ("attention.kv_lora_rank", "deepseek2.attention.kv_lora_rank"),
+        ("rope.dimension_count", "deepseek2.rope.dimension_count"),
+        ("expert_shared_count", "deepseek2.expert_shared_count"),
+        ("expert_count", "deepseek2.expert_count"),
+        ("attention.q_lora_rank", "deepseek2.attention.q_lora_rank' (the file has attn_q_a"),
+    ] {
+        let p = dir.path().join(format!("ds2-no-{skip}.gguf"));
+        write(&p, skip, &|w| {
+            w.add_f32_tensor("blk.0.attn_q_a.weight", &[12, 16], &[0.0; 192]);
+        });
+        let err = open_model(&p).unwrap_err().to_string();
+        assert!(err.contains(names) && !err.contains('\n'), "{skip}: {err}");
+    }
+}

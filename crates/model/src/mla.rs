@@ -33,6 +33,9 @@
 //! `W_UK` and `W_UVᵀ` are held per local head in f32 (`W_UV` transposed so
 //! both folds are row-axpys): `heads · r · (nope + v)` values, widened from
 //! the file's type at load.
+//! They come from HF's `kv_b_proj`, or from llama.cpp's split form in a
+//! `deepseek2` GGUF: `attn_k_b` (`k_b_proj`, `[heads, r, nope]`: each
+//! `W_UK_h` transposed) and `attn_v_b` (`v_b_proj`, `[heads, v, r]`).
 //!
 //! **Rope.** `rope_interleave` (DeepSeek's default): transformers rotates the
 //! pairs `(x₂ᵢ, x₂ᵢ₊₁)` and writes them de-interleaved (evens, then odds). q
@@ -203,7 +206,7 @@ impl Mla {
         eps: f32,
         mode: MlaMode,
     ) -> Result<Mla, ModelError> {
-        let (r, nope, v, qk, w) = (spec.kv_lora, spec.nope, spec.v_dim, spec.qk(), spec.cache_width());
+        let (r, v, qk, w) = (spec.kv_lora, spec.v_dim, spec.qk(), spec.cache_width());
         let q_rows = heads.start * qk..heads.end * qk;
         let (q_a, q_b) = match spec.q_lora {
             Some(ql) => {
@@ -216,18 +219,12 @@ impl Mla {
         };
         let kv_a = ld.col_par("self_attn.kv_a_proj_with_mqa", w, &(0..w), false)?;
         let kv_a_norm = ld.vector("self_attn.kv_a_layernorm.weight", r)?;
-        let kv_b = ld.weight("self_attn.kv_b_proj.weight", &[n_heads_total * (nope + v), r])?;
-        let (mut w_uk, mut w_uv_t) = (Vec::with_capacity(heads.len() * nope * r), vec![0f32; heads.len() * r * v]);
-        for (i, head) in heads.clone().enumerate() {
-            // This head's `(nope + v) × r` rows, dequantized.
-            let rows = slice::rows(kv_b, head * (nope + v)..(head + 1) * (nope + v)).to_f32();
-            w_uk.extend_from_slice(&rows[..nope * r]);
-            for d in 0..v {
-                for c in 0..r {
-                    w_uv_t[(i * r + c) * v + d] = rows[(nope + d) * r + c];
-                }
-            }
-        }
+        // llama.cpp's split `attn_k_b`/`attn_v_b` when there is no joint `kv_b_proj`.
+        let split = ld.contains("self_attn.k_b_proj.weight") && !ld.contains("self_attn.kv_b_proj.weight");
+        let (w_uk, w_uv_t) = match split {
+            true => split_up_projection(ld, spec, n_heads_total, &heads)?,
+            false => joint_up_projection(ld, spec, n_heads_total, &heads)?,
+        };
         let o = ld.row_par("self_attn.o_proj", n_heads_total * v, &(heads.start * v..heads.end * v))?;
         Ok(Mla { spec: spec.clone(), n_heads: heads.len(), q_a, q_b, kv_a, kv_a_norm, w_uk, w_uv_t, o, eps, mode })
     }
@@ -467,6 +464,66 @@ impl Mla {
             }
         }
     }
+}
+
+/// `W_UK` (`heads × nope × r`) and `W_UVᵀ` (`heads × r × v`) of the local
+/// `heads` from HF's `kv_b_proj` `[heads·(nope + v), r]` (head `h`'s rows:
+/// `W_UK_h` then `W_UV_h`), as safetensors and older GGUFs (`attn_kv_b`) hold it.
+fn joint_up_projection(
+    ld: &LayerLoader<'_>,
+    spec: &MlaSpec,
+    n_heads_total: usize,
+    heads: &Range<usize>,
+) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    let (r, nope, v) = (spec.kv_lora, spec.nope, spec.v_dim);
+    let kv_b = ld.weight("self_attn.kv_b_proj.weight", &[n_heads_total * (nope + v), r])?;
+    let (mut w_uk, mut w_uv_t) = (Vec::with_capacity(heads.len() * nope * r), vec![0f32; heads.len() * r * v]);
+    for (i, head) in heads.clone().enumerate() {
+        // This head's `(nope + v) × r` rows, dequantized.
+        let rows = slice::rows(kv_b, head * (nope + v)..(head + 1) * (nope + v)).to_f32();
+        w_uk.extend_from_slice(&rows[..nope * r]);
+        for d in 0..v {
+            for c in 0..r {
+                w_uv_t[(i * r + c) * v + d] = rows[(nope + d) * r + c];
+            }
+        }
+    }
+    Ok((w_uk, w_uv_t))
+}
+
+/// [`joint_up_projection`] from llama.cpp's split form (`deepseek2` GGUFs
+/// from its b11434 converter): `k_b_proj` (`attn_k_b`) `[heads, r, nope]`,
+/// each head's `W_UK` transposed, and `v_b_proj` (`attn_v_b`) `[heads, v, r]`,
+/// each head's `W_UV` as is.
+fn split_up_projection(
+    ld: &LayerLoader<'_>,
+    spec: &MlaSpec,
+    n_heads_total: usize,
+    heads: &Range<usize>,
+) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    let (r, nope, v) = (spec.kv_lora, spec.nope, spec.v_dim);
+    let k_b = ld.weight("self_attn.k_b_proj.weight", &[n_heads_total, r, nope])?;
+    let v_b = ld.weight("self_attn.v_b_proj.weight", &[n_heads_total, v, r])?;
+    let (mut w_uk, mut w_uv_t) = (vec![0f32; heads.len() * nope * r], vec![0f32; heads.len() * r * v]);
+    for (i, head) in heads.clone().enumerate() {
+        // `W_UKᵀ` of this head, `r × nope`, back to `nope × r`.
+        let uk_t = slice::rows(k_b, head..head + 1).to_f32();
+        let uk = &mut w_uk[i * nope * r..(i + 1) * nope * r];
+        for c in 0..r {
+            for j in 0..nope {
+                uk[j * r + c] = uk_t[c * nope + j];
+            }
+        }
+        // `W_UV` of this head, `v × r`, to `W_UVᵀ` (`r × v`).
+        let uv = slice::rows(v_b, head..head + 1).to_f32();
+        let uv_t = &mut w_uv_t[i * r * v..(i + 1) * r * v];
+        for d in 0..v {
+            for c in 0..r {
+                uv_t[c * v + d] = uv[d * r + c];
+            }
+        }
+    }
+    Ok((w_uk, w_uv_t))
 }
 
 /// The expanded path's buffers, borrowed from [`MlaScratch`].

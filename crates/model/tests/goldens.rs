@@ -161,16 +161,38 @@ fn check_gguf(name: &str, arch: &str, ints: &[(&str, u32)], heads: (usize, usize
 /// The MoE fixtures converted by `scripts/hf_moe_to_gguf.py`, which writes with
 /// llama.cpp's own `gguf` Python package and takes the tensor names from its
 /// `TensorNameMap` (as `convert_hf_to_gguf.py` does), give the transformers
-/// logits. Needs python3 with numpy and gguf (`.ci/run` installs them).
+/// logits. deepseek_v3 becomes llama.cpp's `deepseek2` (latent attention with
+/// `kv_b_proj` split into `attn_k_b`/`attn_v_b`, `exp_probs_b`, the MLA
+/// metadata keys). Needs python3 with numpy and gguf (`.ci/run` installs them).
 #[test]
 fn moe_ggufs_written_by_gguf_py_match_transformers() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_moe_to_gguf.py");
-    for name in ["qwen3_moe", "qwen2_moe", "mixtral"] {
+    for name in ["qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3"] {
         let path = std::env::temp_dir().join(format!("shardlm-gguf-py-{name}-{}.gguf", std::process::id()));
         let out = std::process::Command::new("python3").arg(&script).arg(fixture(name)).arg(&path).output().unwrap();
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(formats::open_model(&path).unwrap().config.arch, name);
         check_kv(name, &path, 1, None);
+        std::fs::remove_file(&path).unwrap();
+    }
+    // The converter's `--outtype bf16`/`f16` (matrices in that type; norms,
+    // routers and `exp_probs_b` F32): the fixture's bf16 values are exact in
+    // both, so the same bound holds.
+    for outtype in ["bf16", "f16"] {
+        let path =
+            std::env::temp_dir().join(format!("shardlm-gguf-py-deepseek2-{outtype}-{}.gguf", std::process::id()));
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg(fixture("deepseek_v3"))
+            .arg(&path)
+            .args(["--outtype", outtype])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{outtype}: {}", String::from_utf8_lossy(&out.stderr));
+        let files = formats::open_model(&path).unwrap();
+        let want = if outtype == "bf16" { kernels::DType::BF16 } else { kernels::DType::F16 };
+        assert_eq!(files.tensors.get("model.layers.1.self_attn.k_b_proj.weight").unwrap().dtype, want);
+        check_kv("deepseek_v3", &path, 1, None);
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -211,14 +211,33 @@ fn too_narrow_experts_are_refused() {
 /// 4, expert 2 and 4): the transformers continuation, as in one process.
 #[test]
 fn deepseek_v3_sharded_greedy_matches_golden() {
-    let files = formats::open_model(&fixture("deepseek_v3")).unwrap();
+    deepseek_sharded_greedy(&formats::open_model(&fixture("deepseek_v3")).unwrap());
+}
+
+/// The same from the fixture written as llama.cpp's `deepseek2` GGUF by
+/// `scripts/hf_moe_to_gguf.py` (the per-head `attn_k_b`/`attn_v_b` split by
+/// rank). Needs python3 with numpy and gguf.
+#[test]
+fn deepseek2_gguf_sharded_greedy_matches_golden() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_moe_to_gguf.py");
+    let path = std::env::temp_dir().join(format!("shardlm-sharded-deepseek2-{}.gguf", std::process::id()));
+    let out =
+        std::process::Command::new("python3").arg(&script).arg(fixture("deepseek_v3")).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let files = formats::open_model(&path).unwrap();
+    assert!(files.tensors.contains("model.layers.0.self_attn.k_b_proj.weight"));
+    deepseek_sharded_greedy(&files);
+    std::fs::remove_file(&path).unwrap();
+}
+
+fn deepseek_sharded_greedy(files: &formats::ModelFiles) {
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("deepseek_v3").join("golden.json")).unwrap()).unwrap();
     let want: Vec<u32> = j["greedy_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     let tokens = prompt("deepseek_v3");
     for w in [vec![1.0; 2], vec![1.0; 4]] {
         for expert in [false, true] {
-            let (_, greedy) = tensor_decode(&files, &tokens, &w, 16, expert, want.len());
+            let (_, greedy) = tensor_decode(files, &tokens, &w, 16, expert, want.len());
             assert_eq!(greedy, want, "deepseek_v3 {} {w:?}", if expert { "expert" } else { "tensor" });
         }
     }

@@ -164,7 +164,7 @@ fn stage_decode(
     w: &Workload,
 ) -> (f64, bool) {
     let bytes = (layers as f64 * shape.layer_active_bytes() + if head { shape.head_read_bytes() } else { 0.0 }) * share;
-    let kv = (layers * shape.kv_elems_per_layer) as f64 * w.kv_elem * depth * share;
+    let kv = (layers * shape.kv_elems_per_layer) as f64 * w.kv_elem * depth * shape.kv_share(share);
     let mem = (bytes + kv) / m.decode_bytes_per_s;
     let attn = shape.decode_attn_flops(depth) * layers as f64 / shape.layers as f64 * share / m.attn_flops;
     (mem.max(attn) + layers as f64 * m.layer_overhead_s, mem >= attn)
@@ -323,7 +323,7 @@ fn predict_split(
                 }
             }
             p.weights_bytes[r] = wb;
-            p.kv_bytes[r] = layers[s] as f64 * kv_layer * a_share;
+            p.kv_bytes[r] = layers[s] as f64 * kv_layer * shape.kv_share(a_share);
             // Tensor groups all-reduce every layer through the transport's
             // buffers (shm rings, socket buffers): ~1.5 MB per peer, measured.
             p.work_bytes[r] = work_bytes(shape, w.chunk.min(w.context), tp) + 1.5e6 * (tp - 1) as f64;
@@ -393,5 +393,43 @@ fn link_kind(link: &Link, bytes: f64) -> &'static str {
         "link latency"
     } else {
         "link bandwidth"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::hardware::{link_preset, machine_preset};
+    use crate::plan::shape::from_config;
+
+    /// Per-rank KV bytes at `tp` tensor ranks (one stage) of the HF config `v`.
+    fn kv_per_rank(v: &serde_json::Value, tp: usize) -> Vec<f64> {
+        let shape = from_config(v, "test", Some("bf16")).unwrap();
+        let machines = vec![machine_preset("h200").unwrap(); tp];
+        let link = link_preset("nvlink").unwrap();
+        let w = Workload { context: 4096, chunk: 512, kv_elem: 2.0 };
+        let strategy = if tp == 1 { Strategy::Single } else { Strategy::Tensor };
+        predict(&shape, &machines, &link, strategy, tp, tp, &w, &[]).kv_bytes
+    }
+
+    /// MLA caches one latent row per position that every tensor rank holds
+    /// whole (model::mla): the per-rank cache does not shrink with the
+    /// tensor-parallel degree. GQA's K/V heads are dealt out, so it does.
+    #[test]
+    fn mla_latent_cache_is_replicated_across_tensor_ranks() {
+        let mla = serde_json::json!({"hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+            "num_key_value_heads": 128, "vocab_size": 129280, "intermediate_size": 18432,
+            "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+            "v_head_dim": 128, "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+            "n_shared_experts": 1, "first_k_dense_replace": 3});
+        let one = kv_per_rank(&mla, 1)[0];
+        assert_eq!(one, 61.0 * (512.0 + 64.0) * 2.0 * 4096.0);
+        for tp in [2, 4, 8] {
+            assert_eq!(kv_per_rank(&mla, tp), vec![one; tp], "tp {tp}");
+        }
+        let gqa = serde_json::json!({"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "vocab_size": 128256, "intermediate_size": 14336});
+        let one = kv_per_rank(&gqa, 1)[0];
+        assert_eq!(kv_per_rank(&gqa, 4), vec![one / 4.0; 4]);
     }
 }

@@ -49,6 +49,9 @@ pub struct Shape {
     pub vocab: usize,
     /// Elements cached per token per layer (K and V; MLA: latent + rope key).
     pub kv_elems_per_layer: usize,
+    /// Every tensor rank caches the whole row (MLA: the latent is shared by
+    /// all heads, so it is replicated, not split by heads like GQA's K/V).
+    pub kv_replicated: bool,
     /// Bytes of the token embedding table (read one row a token).
     pub embed_bytes: f64,
     /// Bytes of the output head (read whole every decoded token; 0 if tied and
@@ -104,6 +107,16 @@ impl Shape {
     /// Parameters per token (multiply-adds) in the layers and head, from bytes.
     pub fn active_params(&self) -> f64 {
         self.active_bytes() * 8.0 / bits_per_weight(&self.quant).unwrap_or(16.0)
+    }
+
+    /// The share of the KV cache a tensor rank holds, given its share of the
+    /// attention heads: all of it when the cache is replicated (MLA).
+    pub fn kv_share(&self, attn_share: f64) -> f64 {
+        if self.kv_replicated {
+            1.0
+        } else {
+            attn_share
+        }
     }
 
     /// KV bytes per token of context over all layers, `elem` bytes per value.
@@ -207,6 +220,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         head_dim: c.head_dim,
         vocab: c.vocab_size,
         kv_elems_per_layer,
+        kv_replicated: matches!(raw("kv_lora_rank"), Some(r) if r > 0),
         embed_bytes: embed,
         head_bytes: head,
         head_reads_embed: tied,
@@ -277,6 +291,7 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
         head_dim,
         vocab,
         kv_elems_per_layer: kv_elems,
+        kv_replicated: kv_lora > 0,
         embed_bytes: embed,
         head_bytes: if tied { 0.0 } else { embed },
         head_reads_embed: tied,
@@ -347,6 +362,7 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
         head_dim,
         vocab,
         kv_elems_per_layer: if kv_lora > 0 { kv_lora + rope_dim } else { 2 * kv_heads * head_dim },
+        kv_replicated: kv_lora > 0,
         embed_bytes: embed_params * b,
         head_bytes: embed_params * b,
         head_reads_embed: false,

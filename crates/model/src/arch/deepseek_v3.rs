@@ -6,12 +6,18 @@
 //! `n_shared_experts` always-on experts fused into one ungated MLP at
 //! `mlp.shared_experts`. Rope rotates interleaved pairs unless
 //! `rope_interleave` is false.
+//!
+//! llama.cpp's `deepseek2` GGUF reads as this architecture (formats maps its
+//! keys and tensor names, `formats::gguf_deepseek2`): the shared experts are
+//! then at `mlp.shared_expert.*` (`ffn_*_shexp`), the experts stacked
+//! (`ffn_*_exps`), and the latent up-projection split per head
+//! (`attn_k_b`/`attn_v_b`, read by [`crate::mla`]).
 
 use super::ArchSpec;
 use crate::mla::MlaSpec;
 use crate::moe::{config_usize, text_config, validate, ExpertAct, MoeNames, MoeSpec, Routing, QWEN_NAMES};
 use crate::ModelError;
-use formats::ModelConfig;
+use formats::{ModelConfig, SourceFormat};
 use kernels::ops::RopeStyle;
 use serde_json::Value;
 
@@ -23,8 +29,10 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
     let c = text_config(cfg);
     let arch = &cfg.arch;
     let text = |k: &str| c.get(k).and_then(Value::as_str);
+    let gguf = cfg.source == SourceFormat::Gguf;
     if let Some(f) = text("scoring_func").filter(|f| *f != "sigmoid") {
-        return Err(ModelError::Unsupported(format!("{arch}: scoring_func '{f}' (only sigmoid routing)")));
+        let from = if gguf { ", from deepseek2.expert_gating_func (absent: softmax)" } else { "" };
+        return Err(ModelError::Unsupported(format!("{arch}: scoring_func '{f}'{from} (only sigmoid routing)")));
     }
     if let Some(m) = text("topk_method").filter(|m| *m != "noaux_tc") {
         return Err(ModelError::Unsupported(format!("{arch}: topk_method '{m}' (only noaux_tc)")));
@@ -42,7 +50,8 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         norm_topk: c.get("norm_topk_prob").and_then(Value::as_bool).unwrap_or(true),
         shared_ffn: (n_shared > 0).then_some(n_shared * expert_ffn),
         sparse: (0..cfg.n_layers).map(|l| l >= first_dense && l % freq == 0).collect(),
-        names: DEEPSEEK_NAMES,
+        // GGUF: formats maps `ffn_*_shexp` to `mlp.shared_expert.*`.
+        names: if gguf { MoeNames { shared: "shared_expert", ..DEEPSEEK_NAMES } } else { DEEPSEEK_NAMES },
         act: ExpertAct::Silu,
         bias: false,
         routing: Routing::SigmoidGrouped {
