@@ -12,6 +12,7 @@ mod plan;
 mod progress;
 mod quantize;
 mod quantize_gguf;
+mod quantize_hf_gguf;
 mod run;
 mod serve;
 

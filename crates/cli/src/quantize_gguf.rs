@@ -29,14 +29,14 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
         "q4_k" => DType::Q4_K,
         other => bail!("unknown GGUF target '{other}'"),
     };
-    if a.input.is_dir() || a.input.extension().is_none_or(|e| e != "gguf") {
-        bail!(
-            "{}: GGUF output needs a GGUF input (HF → GGUF conversion is not implemented; use llama.cpp's convert_hf_to_gguf.py)",
-            a.input.display()
-        );
-    }
     if a.output.extension().is_none_or(|e| e != "gguf") {
         bail!("{}: {to} output to a GGUF file needs a name ending in .gguf", a.output.display());
+    }
+    if a.input.is_dir() {
+        return crate::quantize_hf_gguf::hf_to_gguf(a, target);
+    }
+    if a.input.extension().is_none_or(|e| e != "gguf") {
+        bail!("{}: GGUF output needs a GGUF file or an HF checkpoint directory as input", a.input.display());
     }
     let g = GgufFile::open(&a.input)?;
     if let Some(t) = g.tensors.iter().find(|t| t.name.ends_with(".scale")) {
@@ -53,15 +53,7 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
         }
         w.add(k, v.clone());
     }
-    // llama.cpp's `llama_ftype` for the new weights (what its tools print).
-    let ftype = match target {
-        DType::Q4_0 => 2,
-        DType::Q8_0 => 7,
-        DType::Q4_K => 15,
-        DType::MXFP4 => 38,
-        _ => 39, // NVFP4
-    };
-    w.add("general.file_type", formats::gguf::GgufValue::U32(ftype));
+    w.add("general.file_type", formats::gguf::GgufValue::U32(llama_ftype(target)));
     // Pass 1: what each tensor becomes (no data read), for the header.
     let plans: Vec<Plan> = g
         .tensors
@@ -143,6 +135,18 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
     out_file.finish().with_context(write_err)?;
     eprintln!("wrote {} ({n_quantized} of {} tensors quantized to {to})", a.output.display(), g.tensors.len());
     Ok(())
+}
+
+/// llama.cpp's `llama_ftype` for a file of mostly `target` weights (what its
+/// tools print).
+pub fn llama_ftype(target: DType) -> u32 {
+    match target {
+        DType::Q4_0 => 2,
+        DType::Q8_0 => 7,
+        DType::Q4_K => 15,
+        DType::MXFP4 => 38,
+        _ => 39, // NVFP4
+    }
 }
 
 /// What pass 1 decided for one input tensor.

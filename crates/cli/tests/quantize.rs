@@ -292,3 +292,29 @@ fn smollm2() -> Option<PathBuf> {
     eprintln!("skipping: {} not found", p.display());
     None
 }
+
+/// HF → GGUF: each tiny dense fixture written as a Q8_0 GGUF with llama.cpp's
+/// names and metadata (llama's q/k rows permuted to adjacent rope pairs, as
+/// llama.cpp's converter does) gives the HF checkpoint's logits within the
+/// bound at the top of this file (Q8_0 weights and activations: each ≤ half a
+/// step of amax/127 per 32 values, the same order as nvfp4's activation term).
+#[test]
+fn hf_checkpoints_written_as_gguf_match() {
+    let ids: Vec<u32> = vec![1, 17, 230, 5, 999, 64, 3, 512, 77, 300];
+    let tmp = tempfile::tempdir().unwrap();
+    for arch in ["llama", "mistral", "qwen2", "qwen3"] {
+        let q = tmp.path().join(format!("{arch}-q8_0.gguf"));
+        let o = Command::new(env!("CARGO_BIN_EXE_shardlm"))
+            .args(["quantize", fixture(arch).to_str().unwrap(), q.to_str().unwrap(), "--to", "q8_0"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{arch}: {}", String::from_utf8_lossy(&o.stderr));
+        let files = formats::open_model(&q).unwrap();
+        assert_eq!(files.config.source, formats::SourceFormat::Gguf);
+        let (a, b) = (logits(&q, &ids), logits(&fixture(arch), &ids));
+        let top = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        eprintln!("{arch} HF → GGUF q8_0: max |Δ logits| {d:.3} of max |logit| {top:.2}");
+        assert!(d <= 0.05 * top, "{arch}: max |Δ| {d} > 5% of {top}");
+    }
+}

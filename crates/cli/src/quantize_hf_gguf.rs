@@ -1,0 +1,268 @@
+//! `shardlm quantize HF_DIR OUT.gguf --to q8_0|q4_0|q4_k|mxfp4|nvfp4`: an HF
+//! checkpoint (bf16, f16 or f32) written as a GGUF file the way llama.cpp's
+//! `convert_hf_to_gguf.py` lays it out, for the dense architectures llama,
+//! mistral (GGUF arch `llama`), qwen2 and qwen3.
+//!
+//! * Metadata: `general.architecture`, `<arch>.block_count`, `context_length`,
+//!   `embedding_length`, `feed_forward_length`, `attention.head_count(_kv)`,
+//!   `attention.key_length`/`value_length`, `rope.dimension_count`,
+//!   `rope.freq_base`, `attention.layer_norm_rms_epsilon`, `vocab_size`,
+//!   linear/yarn rope scaling and mistral's sliding window; Llama 3's rope
+//!   scaling as the `rope_freqs.weight` divisors, as llama.cpp's converter does.
+//! * Tensors: llama.cpp's names (`blk.N.attn_q`, `ffn_down`, ...). For the
+//!   `llama` arch the q and k rows are permuted from HF's rotate-half order to
+//!   llama.cpp's adjacent pairs (its converter's `permute`), since llama.cpp
+//!   ropes `llama` GGUFs pairwise. Linear weights of whole blocks are
+//!   quantized (`--keep` and the publishers' defaults as for every target),
+//!   other matrices are written as F16, vectors (norms, biases) as F32.
+//! * Tokenizer: a BPE `tokenizer.json` becomes `tokenizer.ggml.model = gpt2`
+//!   with its tokens (ids in order, added tokens included; special ones typed
+//!   3 = control), merges, bos/eos ids and the chat template.
+//!
+//! Streamed like the GGUF → GGUF path: one tensor in memory at a time.
+
+use crate::quantize::{eligible, QuantizeArgs};
+use anyhow::{bail, Context, Result};
+use formats::gguf::GgufValue;
+use formats::gguf_writer::{GgufWriter, TensorInfo};
+use formats::{ModelConfig, RopeScaling, TokenizerSource};
+use indicatif::{ProgressBar, ProgressStyle};
+use kernels::quant::{self, nvfp4};
+use kernels::DType;
+use serde_json::Value;
+
+pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
+    let files = formats::open_model(&a.input)?;
+    let cfg = &files.config;
+    let arch = match cfg.arch.as_str() {
+        "llama" | "mistral" => "llama",
+        "qwen2" => "qwen2",
+        "qwen3" => "qwen3",
+        other => bail!(
+            "{}: HF → GGUF supports llama, mistral, qwen2 and qwen3, not '{other}' (use llama.cpp's convert_hf_to_gguf.py)",
+            a.input.display()
+        ),
+    };
+    let mut w = GgufWriter::new();
+    metadata(&mut w, cfg, arch, target).with_context(|| format!("{}", a.input.display()))?;
+    if let TokenizerSource::HfJson(path) = &files.tokenizer {
+        tokenizer(&mut w, path, cfg).with_context(|| format!("{}", path.display()))?;
+    }
+    if let Some(t) = &files.chat_template {
+        w.add_str("tokenizer.chat_template", t);
+    }
+    // Pass 1: names, output types and sizes, in the store's (sorted) order.
+    let mut plans = Vec::new();
+    for (name, t) in &files.tensors.tensors {
+        let Some(gguf) = gguf_name(name) else {
+            bail!("{}: tensor '{name}' has no llama.cpp name", a.input.display());
+        };
+        let dtype = if t.shape.len() == 2 && eligible(name, &t.shape, target.block_elems(), &a.keep) {
+            target
+        } else if t.shape.len() == 2 {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        let info = TensorInfo::new(&gguf, &t.shape, dtype)
+            .with_context(|| format!("tensor '{name}': {:?} is not whole blocks of {dtype}", t.shape))?;
+        plans.push((name.clone(), info, dtype));
+    }
+    let nvfp4 = target == DType::NVFP4;
+    let rope_freqs = llama3_rope_divisors(cfg);
+    let mut infos = Vec::new();
+    if let Some(f) = &rope_freqs {
+        infos.push(TensorInfo::new("rope_freqs.weight", &[f.len()], DType::F32).expect("f32"));
+    }
+    for (_, info, dtype) in &plans {
+        infos.push(info.clone());
+        if nvfp4 && *dtype == DType::NVFP4 {
+            let base = info.name.trim_end_matches(".weight");
+            infos.push(TensorInfo::new(&format!("{base}.scale"), &[1], DType::F32).expect("f32"));
+        }
+    }
+    let write_err = || format!("{}: cannot write", a.output.display());
+    let mut out = w.stream_to(&a.output, infos).with_context(write_err)?;
+    if let Some(f) = &rope_freqs {
+        out.write_tensor(&f.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).with_context(write_err)?;
+    }
+    // Pass 2: convert one tensor at a time.
+    let bar = ProgressBar::new(plans.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
+    let mut n_quantized = 0;
+    for (name, info, dtype) in &plans {
+        bar.set_message(name.clone());
+        let t = &files.tensors.tensors[name];
+        let mut x = t.to_f32();
+        if arch == "llama" && (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight")) {
+            let heads = if name.contains("q_proj") { cfg.n_heads } else { cfg.n_kv_heads };
+            x = pair_rope_rows(&x, heads, t.shape[0] / heads, t.shape[1]);
+        }
+        let cols = *t.shape.last().unwrap_or(&1);
+        let mut bytes = vec![0u8; info.n_bytes];
+        let mut scale = None;
+        if *dtype == DType::NVFP4 {
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s = if amax > 0.0 { amax / (6.0 * 448.0) } else { 1.0 };
+            nvfp4::quantize(&x, s, bytemuck::cast_slice_mut(&mut bytes));
+            scale = Some(s);
+        } else {
+            let rb = dtype.bytes_for(cols).expect("planned");
+            for (xr, o) in x.chunks_exact(cols).zip(bytes.chunks_exact_mut(rb)) {
+                quant::quantize_row(*dtype, xr, o).with_context(|| format!("tensor '{name}'"))?;
+            }
+        }
+        out.write_tensor(&bytes).with_context(write_err)?;
+        if let Some(s) = scale {
+            out.write_tensor(&s.to_le_bytes()).with_context(write_err)?;
+        }
+        n_quantized += usize::from(*dtype == target);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    out.finish().with_context(write_err)?;
+    eprintln!("wrote {} ({n_quantized} of {} tensors quantized to {target})", a.output.display(), plans.len());
+    Ok(())
+}
+
+/// llama.cpp's name for an HF tensor of the dense architectures.
+fn gguf_name(hf: &str) -> Option<String> {
+    formats::names::hf_to_gguf(hf).or_else(|| {
+        // HF's one post-attention norm is llama.cpp's `ffn_norm` in these
+        // architectures (gpt-oss's `attn_post_norm` makes the name ambiguous).
+        let layer = hf.strip_prefix("model.layers.")?.strip_suffix(".post_attention_layernorm.weight")?;
+        Some(format!("blk.{layer}.ffn_norm.weight"))
+    })
+}
+
+/// Rows of a q or k projection (`[heads · d, cols]`) from HF's rotate-half
+/// order (row `i` and `i + d/2` of a head form a rope pair) to adjacent pairs
+/// (rows `2i`, `2i + 1`): llama.cpp's converter `permute`.
+fn pair_rope_rows(x: &[f32], heads: usize, d: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for h in 0..heads {
+        for i in 0..d / 2 {
+            for (half, dst) in [(0, 2 * i), (1, 2 * i + 1)] {
+                let src = h * d + half * d / 2 + i;
+                out[(h * d + dst) * cols..][..cols].copy_from_slice(&x[src * cols..][..cols]);
+            }
+        }
+    }
+    out
+}
+
+fn metadata(w: &mut GgufWriter, c: &ModelConfig, arch: &str, target: DType) -> Result<()> {
+    let k = |key: &str| format!("{arch}.{key}");
+    let u = |v: usize| GgufValue::U32(v as u32);
+    w.add_str("general.architecture", arch);
+    w.add_str("general.name", c.raw.get("_name_or_path").and_then(Value::as_str).unwrap_or("shardlm-converted"));
+    w.add("general.file_type", GgufValue::U32(crate::quantize_gguf::llama_ftype(target)));
+    w.add(&k("block_count"), u(c.n_layers));
+    w.add(&k("context_length"), u(c.max_position_embeddings));
+    w.add(&k("embedding_length"), u(c.hidden_size));
+    w.add(&k("feed_forward_length"), u(c.intermediate_size));
+    w.add(&k("attention.head_count"), u(c.n_heads));
+    w.add(&k("attention.head_count_kv"), u(c.n_kv_heads));
+    w.add(&k("attention.key_length"), u(c.head_dim));
+    w.add(&k("attention.value_length"), u(c.head_dim));
+    w.add(&k("rope.dimension_count"), u(c.rope_dim));
+    w.add(&k("rope.freq_base"), GgufValue::F32(c.rope_theta));
+    w.add(&k("attention.layer_norm_rms_epsilon"), GgufValue::F32(c.rms_norm_eps));
+    w.add(&k("vocab_size"), u(c.vocab_size));
+    if let Some(win) = c.sliding_window {
+        w.add(&k("attention.sliding_window"), u(win));
+    }
+    match &c.rope_scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => {
+            w.add_str(&k("rope.scaling.type"), "linear");
+            w.add(&k("rope.scaling.factor"), GgufValue::F32(*factor));
+        }
+        RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, .. } => {
+            w.add_str(&k("rope.scaling.type"), "yarn");
+            w.add(&k("rope.scaling.factor"), GgufValue::F32(*factor));
+            w.add(&k("rope.scaling.original_context_length"), u(*original_max_position_embeddings));
+            w.add(&k("rope.scaling.yarn_beta_fast"), GgufValue::F32(*beta_fast));
+            w.add(&k("rope.scaling.yarn_beta_slow"), GgufValue::F32(*beta_slow));
+        }
+        // llama3: no scaling keys; the `rope_freqs.weight` tensor instead.
+        RopeScaling::Llama3 { .. } => {}
+    }
+    Ok(())
+}
+
+/// Llama 3's rope scaling as llama.cpp's converter stores it: one divisor per
+/// rope frequency (`rope_freqs.weight`, F32 `[rope_dim/2]`): 1 for short
+/// wavelengths, `factor` for long ones, blended in between.
+fn llama3_rope_divisors(c: &ModelConfig) -> Option<Vec<f32>> {
+    let RopeScaling::Llama3 { factor, low_freq_factor: lo, high_freq_factor: hi, original_max_position_embeddings } =
+        c.rope_scaling
+    else {
+        return None;
+    };
+    let old = original_max_position_embeddings as f64;
+    let (lo, hi, factor) = (lo as f64, hi as f64, factor as f64);
+    let dim = c.rope_dim;
+    Some(
+        (0..dim / 2)
+            .map(|i| {
+                let freq = (c.rope_theta as f64).powf(-((2 * i) as f64) / dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                let d = if wavelen < old / hi {
+                    1.0
+                } else if wavelen > old / lo {
+                    factor
+                } else {
+                    let smooth = (old / wavelen - lo) / (hi - lo);
+                    1.0 / ((1.0 - smooth) / factor + smooth)
+                };
+                d as f32
+            })
+            .collect(),
+    )
+}
+
+/// A BPE `tokenizer.json` as `tokenizer.ggml.*` (llama.cpp's `gpt2` model).
+fn tokenizer(w: &mut GgufWriter, path: &std::path::Path, c: &ModelConfig) -> Result<()> {
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let model = &j["model"];
+    if model["type"].as_str() != Some("BPE") {
+        bail!("only BPE tokenizers are written to GGUF (this one is {})", model["type"]);
+    }
+    let vocab = model["vocab"].as_object().context("model.vocab is not an object")?;
+    let mut tokens: Vec<(u64, String, i32)> =
+        vocab.iter().filter_map(|(t, id)| Some((id.as_u64()?, t.clone(), 1))).collect();
+    for added in j["added_tokens"].as_array().into_iter().flatten() {
+        let (Some(id), Some(text)) = (added["id"].as_u64(), added["content"].as_str()) else { continue };
+        let ty = if added["special"].as_bool() == Some(true) { 3 } else { 4 };
+        match tokens.iter_mut().find(|t| t.0 == id) {
+            Some(t) => t.2 = ty,
+            None => tokens.push((id, text.to_string(), ty)),
+        }
+    }
+    tokens.sort_by_key(|t| t.0);
+    if tokens.iter().enumerate().any(|(i, t)| t.0 != i as u64) {
+        bail!("token ids are not 0..{} without gaps", tokens.len());
+    }
+    let merges: Vec<String> = model["merges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| match m {
+            Value::String(s) => Some(s.clone()),
+            Value::Array(p) => Some(format!("{} {}", p.first()?.as_str()?, p.get(1)?.as_str()?)),
+            _ => None,
+        })
+        .collect();
+    w.add_str("tokenizer.ggml.model", "gpt2");
+    w.add_str_array("tokenizer.ggml.tokens", &tokens.iter().map(|t| t.1.as_str()).collect::<Vec<_>>());
+    w.add_i32_array("tokenizer.ggml.token_type", &tokens.iter().map(|t| t.2).collect::<Vec<_>>());
+    w.add_str_array("tokenizer.ggml.merges", &merges);
+    if let Some(b) = c.bos_token_id {
+        w.add_u32("tokenizer.ggml.bos_token_id", b);
+    }
+    if let Some(&e) = c.eos_token_ids.first() {
+        w.add_u32("tokenizer.ggml.eos_token_id", e);
+    }
+    Ok(())
+}
