@@ -163,6 +163,145 @@ pub unsafe fn tile_mxfp4(n: usize, w: *const u8, stride: usize, a: *const u8, a_
     store_tile(r, y, ys);
 }
 
+// ----------------------------------------------------------------- NVFP4
+
+/// `vpermb` indices from an NVFP4 block (`d[4]`, then `qs[32]` with byte
+/// `8s+j` = elements `16s+j` (low) and `16s+8+j` (high)) to element order:
+/// element `e = 16s + t` reads byte `4 + 8s + t mod 8` (the high nibble for
+/// `t ≥ 8`, moved down by the masked shift).
+static NVFP4_TO_ELEMENTS: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut e = 0;
+    while e < 64 {
+        t[e] = (4 + 8 * (e / 16) + e % 8) as u8;
+        e += 1;
+    }
+    t
+};
+
+/// `vpermt2b` indices that put the four UE4M3 scale bytes of two rows (`z_a`,
+/// `z_b`) in the low byte of 16-bit lanes `4r+s` (`[0]`: rows 0, 1 in lanes
+/// 0..8; `[1]`: rows 2, 3 in lanes 8..16).
+static NVFP4_SCALES_TO_WORDS: [[u8; 64]; 2] = {
+    let mut t = [[0u8; 64]; 2];
+    let mut k = 0;
+    while k < 8 {
+        let src = (64 * (k / 4) + k % 4) as u8;
+        t[0][2 * k] = src;
+        t[1][16 + 2 * k] = src;
+        k += 1;
+    }
+    t
+};
+
+/// The bytes [`NVFP4_SCALES_TO_WORDS`] fills.
+const NVFP4_SCALE_BYTES: [u64; 2] = [0x5555, 0x5555 << 16];
+
+/// Four NVFP4 rows × `A` Q8_0 rows, one 64-value block (two Q8_0 blocks) per
+/// step, quants in element order (so the activations load as they are) and
+/// 128-bit lane `s` of the integer sums = sub-block `s`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+#[inline]
+unsafe fn nvfp4_tile<const A: usize>(n: usize, w: *const u8, stride: usize, a: [*const u8; A]) -> [[f32; 4]; A] {
+    const R: usize = 4;
+    let nb = n / 64;
+    let lut = ld512(E2M1_X2_PLUS12_X4.as_ptr());
+    let order = ld512(NVFP4_TO_ELEMENTS.as_ptr());
+    let scale_idx = [ld512(NVFP4_SCALES_TO_WORDS[0].as_ptr()), ld512(NVFP4_SCALES_TO_WORDS[1].as_ptr())];
+    let twelve = _mm512_set1_epi8(12);
+    let mut acc = [[_mm512_setzero_ps(); R]; A];
+    for b in 0..nb {
+        let mut z = [_mm512_setzero_si512(); R];
+        for (r, zr) in z.iter_mut().enumerate() {
+            let x = w.add(r * stride + b * 36);
+            prefetch(x.wrapping_add(PREFETCH_ROWS * stride));
+            *zr = _mm512_maskz_loadu_epi8((1 << 36) - 1, x as *const i8);
+        }
+        // The 16 scales (lane 4r+s) as ggml's halved value: (c & 0x7F) << 7
+        // reads as f16 E4M3(c)·2⁻⁸, times 2⁷; 0x7F (NaN, refused at load) reads
+        // as 0 like the scalar reference.
+        let c = _mm512_or_si512(
+            _mm512_maskz_permutex2var_epi8(NVFP4_SCALE_BYTES[0], z[0], scale_idx[0], z[1]),
+            _mm512_maskz_permutex2var_epi8(NVFP4_SCALE_BYTES[1], z[2], scale_idx[1], z[3]),
+        );
+        let c = _mm256_and_si256(_mm512_castsi512_si256(c), _mm256_set1_epi16(0x7F));
+        let nan = _mm256_cmpeq_epi16_mask(c, _mm256_set1_epi16(0x7F));
+        let h = _mm256_maskz_mov_epi16(!nan, _mm256_slli_epi16(c, 7));
+        let xs = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(128.0));
+        let mut yv = [_mm512_setzero_si512(); A];
+        let mut seed = [_mm512_setzero_si512(); A];
+        let mut prod = [_mm512_setzero_ps(); A];
+        for j in 0..A {
+            let (y0, y1) = (a[j].add(2 * b * 34), a[j].add((2 * b + 1) * 34));
+            yv[j] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(y0.add(2) as *const __m256i)),
+                _mm256_loadu_si256(y1.add(2) as *const __m256i),
+                1,
+            );
+            seed[j] =
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), twelve, yv[j]));
+            // Sub-blocks 0, 1 take d_y of the first Q8_0 block, 2, 3 the second.
+            let (d0, d1) = (half::f16::from_bits(rd16(y0)).to_f32(), half::f16::from_bits(rd16(y1)).to_f32());
+            let dy = _mm512_setr_ps(d0, d0, d1, d1, d0, d0, d1, d1, d0, d0, d1, d1, d0, d0, d1, d1);
+            prod[j] = _mm512_mul_ps(xs, dy);
+        }
+        for r in 0..R {
+            let g = _mm512_permutexvar_epi8(order, z[r]);
+            let g = _mm512_mask_srli_epi16(g, 0xF0F0_F0F0, g, 4);
+            let q = _mm512_permutexvar_epi8(g, lut);
+            // 128-bit lane s takes scale 4r+s.
+            let k = 4 * r as i32;
+            let idx = _mm512_setr_epi32(
+                k,
+                k,
+                k,
+                k,
+                k + 1,
+                k + 1,
+                k + 1,
+                k + 1,
+                k + 2,
+                k + 2,
+                k + 2,
+                k + 2,
+                k + 3,
+                k + 3,
+                k + 3,
+                k + 3,
+            );
+            for j in 0..A {
+                let p = _mm512_dpbusd_epi32(seed[j], q, yv[j]);
+                acc[j][r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, prod[j]), _mm512_cvtepi32_ps(p), acc[j][r]);
+            }
+        }
+    }
+    let mut outs = [[0f32; 4]; A];
+    for j in 0..A {
+        outs[j] = reduce(acc[j]);
+    }
+    outs
+}
+
+/// Four NVFP4 rows × one Q8_0 row (see [`crate::quant::Dot4Fn`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and VBMI CPU; pointers as for [`crate::quant::Dot4Fn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn dot4_nvfp4(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let r = nvfp4_tile::<1>(n, w, stride, [a]);
+    std::ptr::copy_nonoverlapping(r[0].as_ptr(), out, 4);
+}
+
+/// Four NVFP4 rows × two Q8_0 rows (see [`crate::quant::TileFn`]).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI and VBMI CPU; pointers as for [`crate::quant::TileFn`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn tile_nvfp4(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
+    let r = nvfp4_tile::<2>(n, w, stride, [a, a.add(a_stride)]);
+    store_tile(r, y, ys);
+}
+
 /// Whether the CPU has AVX-512 VBMI (`vpermb`, `vpermt2b`). The AVX-512 level
 /// does not require it (Cascade Lake has VNNI without it), so the kernels here
 /// are picked at dispatch, with [`super::avx512_fp4`]'s as the fallback.
