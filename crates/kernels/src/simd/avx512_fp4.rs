@@ -26,7 +26,6 @@ pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
     Some(match dtype {
         DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::dot4_mxfp4,
         DType::MXFP4 => dot4_mxfp4,
-        DType::NVFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::dot4_nvfp4,
         DType::NVFP4 => dot4_nvfp4,
         DType::FP8 => super::avx512_fp::dot4_fp8,
         _ => return None,
@@ -38,7 +37,6 @@ pub fn tile_fn(dtype: DType) -> Option<TileFn> {
     Some(match dtype {
         DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::tile_mxfp4,
         DType::MXFP4 => tile_mxfp4,
-        DType::NVFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::tile_nvfp4,
         DType::NVFP4 => tile_nvfp4,
         _ => return None,
     })

@@ -200,6 +200,10 @@ const NVFP4_SCALE_BYTES: [u64; 2] = [0x5555, 0x5555 << 16];
 /// Four NVFP4 rows × `A` Q8_0 rows, one 64-value block (two Q8_0 blocks) per
 /// step, quants in element order (so the activations load as they are) and
 /// 128-bit lane `s` of the integer sums = sub-block `s`.
+///
+/// Not dispatched: tested against scalar, but end-to-end NVFP4 prefill measured
+/// no faster (slower in 3 of 4 same-binary A/B runs under load) than
+/// [`super::avx512_fp4`]'s kernels, which dispatch still picks (docs/LOWBIT.md).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
 #[inline]
 unsafe fn nvfp4_tile<const A: usize>(n: usize, w: *const u8, stride: usize, a: [*const u8; A]) -> [[f32; 4]; A] {
