@@ -229,3 +229,77 @@ fn tile_kernels_match_scalar() {
         }
     }
 }
+
+/// The AVX-512 MXFP4/NVFP4 kernels come in two variants (with VBMI byte permutes, and
+/// without for CPUs that lack them; dispatch picks one): both against the
+/// scalar dot, on odd and even block counts and (MXFP4) on the extreme E8M0
+/// scales (0 and 1 give subnormal f32 scales).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn fp4_avx512_variants_match_scalar() {
+    use shardlm_kernels::simd::{avx512_fp4, avx512_fp4_vbmi};
+    if !isa::available().contains(&Isa::Avx512) || !avx512_fp4_vbmi::has_vbmi() {
+        eprintln!("skipping: no AVX-512 VBMI here");
+        return;
+    }
+    let mut rng = rng(26);
+    type Dot4 = unsafe fn(usize, *const u8, usize, *const u8, *mut f32);
+    type Tile = unsafe fn(usize, *const u8, usize, *const u8, usize, *mut f32, usize);
+    let variants: [(DType, &str, Dot4, Tile); 4] = [
+        (DType::MXFP4, "vbmi", avx512_fp4_vbmi::dot4_mxfp4, avx512_fp4_vbmi::tile_mxfp4),
+        (DType::MXFP4, "fallback", avx512_fp4::dot4_mxfp4, avx512_fp4::tile_mxfp4),
+        (DType::NVFP4, "vbmi", avx512_fp4_vbmi::dot4_nvfp4, avx512_fp4_vbmi::tile_nvfp4),
+        (DType::NVFP4, "fallback", avx512_fp4::dot4_nvfp4, avx512_fp4::tile_nvfp4),
+    ];
+    let cases = [(DType::MXFP4, [32, 64, 96, 544, 576, 608]), (DType::NVFP4, [64, 128, 192, 576, 640, 704])];
+    for (case, (dtype, n)) in cases.into_iter().flat_map(|(d, ns)| ns.map(|n| (d, n))).enumerate() {
+        let rb = dtype.bytes_for(n).unwrap();
+        let mut w = random_weight(&mut rng, dtype, 4, n);
+        if dtype == DType::MXFP4 && case % 2 == 1 {
+            let extremes = [0u8, 1, 2, 127, 160, 180];
+            for (i, blk) in w.chunks_exact_mut(17).enumerate() {
+                blk[0] = extremes[i % extremes.len()];
+            }
+        }
+        let xs = [random_acts(&mut rng, n), random_acts(&mut rng, n)];
+        let len = VecDotType::Q8_0.row_bytes(n);
+        let stride = len.div_ceil(8) * 8 + 8;
+        let mut abuf = vec![0u64; 2 * stride / 8];
+        for (j, x) in xs.iter().enumerate() {
+            let q = quantize_acts(VecDotType::Q8_0, Isa::Scalar, x);
+            bytemuck::cast_slice_mut::<u64, u8>(&mut abuf)[j * stride..j * stride + len].copy_from_slice(&q);
+        }
+        let a = bytemuck::cast_slice::<u64, u8>(&abuf).as_ptr();
+        let mut wd = vec![0f32; n];
+        let mut want = [[0f32; 4]; 2];
+        let mut mag = [[0f32; 4]; 2];
+        for r in 0..4 {
+            quant::dequantize_row(dtype, &w[r * rb..(r + 1) * rb], &mut wd);
+            for (j, x) in xs.iter().enumerate() {
+                want[j][r] = unsafe { quant::scalar::dot_fn(dtype)(n, w[r * rb..].as_ptr(), a.add(j * stride)) };
+                mag[j][r] = wd.iter().zip(x).map(|(p, q)| (p * q).abs()).sum::<f32>() * 1.1;
+            }
+        }
+        for (_, name, dot4, tile) in variants.into_iter().filter(|v| v.0 == dtype) {
+            let mut one = [f32::NAN; 4];
+            let mut two = [f32::NAN; 10];
+            unsafe {
+                dot4(n, w.as_ptr(), rb, a, one.as_mut_ptr());
+                tile(n, w.as_ptr(), rb, a, stride, two.as_mut_ptr(), 5);
+            }
+            for r in 0..4 {
+                for j in 0..2 {
+                    let got = two[j * 5 + r];
+                    let ok = |v: f32| (v - want[j][r]).abs() <= 1e-5 * mag[j][r] + 1e-30;
+                    assert!(ok(got), "{dtype} {name} tile n={n} r={r} j={j}: {got} vs {}", want[j][r]);
+                }
+                assert_eq!(
+                    one[r].to_bits(),
+                    two[r].to_bits(),
+                    "{dtype} {name} n={n} r={r}: tile row 0 differs from dot4"
+                );
+            }
+            assert!(two[4].is_nan(), "{name}: tile wrote outside its outputs");
+        }
+    }
+}

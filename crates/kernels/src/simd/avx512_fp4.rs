@@ -24,6 +24,7 @@ use std::arch::x86_64::*;
 /// (FP8's, against f32 activations, lives in [`super::avx512_fp`]).
 pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
     Some(match dtype {
+        DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::dot4_mxfp4,
         DType::MXFP4 => dot4_mxfp4,
         DType::NVFP4 => dot4_nvfp4,
         DType::FP8 => super::avx512_fp::dot4_fp8,
@@ -34,6 +35,7 @@ pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
 /// The AVX-512 4 × 2 tile for a low-bit float `dtype`, if there is one.
 pub fn tile_fn(dtype: DType) -> Option<TileFn> {
     Some(match dtype {
+        DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::tile_mxfp4,
         DType::MXFP4 => tile_mxfp4,
         DType::NVFP4 => tile_nvfp4,
         _ => return None,
