@@ -17,4 +17,5 @@ pub mod avx512_fp4;
 pub mod avx512_k;
 pub mod avx512_packed;
 pub mod kvq;
+pub mod kvq_dot;
 pub mod selftest;
