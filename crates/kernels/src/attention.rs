@@ -474,7 +474,8 @@ fn run_tile<T: KvElem>(
     while b0 < job.keys.end {
         let (k, v, run) = kv.rows(b0, stride);
         let n = KB.min(job.keys.end - b0).min(run);
-        let n4 = n.next_multiple_of(4);
+        // Keys padded for the score kernel's key step (AVX-512: 16, else 4).
+        let n4 = if avx512 && d.is_multiple_of(16) { n.next_multiple_of(16) } else { n.next_multiple_of(4) };
         if job.keys.end > b0 + n {
             let (kn, vn, run_n) = kv.rows(b0 + n, stride);
             let next = (job.keys.end - b0 - n).min(KB).min(run_n);
@@ -485,7 +486,7 @@ fn run_tile<T: KvElem>(
             T::int_scores(level, q8, &k[koff..], stride, n, s, KB);
         } else {
             T::widen(simd, &k[koff..], stride, n, n4, d, kb);
-            scores(simd, &qb[..rows * d], rows, &kb[..n4 * d], n4, d, s);
+            scores(simd, avx512, &qb[..rows * d], rows, &kb[..n4 * d], n4, d, s);
         }
         T::widen(simd, &v[koff..], stride, n, n, d, vb);
         for r in 0..rows {
@@ -510,7 +511,7 @@ fn run_tile<T: KvElem>(
             }
             l[r] += sum;
         }
-        pv(simd, s, rows, &vb[..n * d], n, d, &mut o[..rows * d]);
+        pv(simd, avx512, s, rows, &vb[..n * d], n, d, &mut o[..rows * d]);
         b0 += n;
     }
 }
@@ -665,16 +666,24 @@ fn prefetch(simd: bool, src: &[f16], stride: usize, n: usize, d: usize) {
     let _ = (simd, src, stride, n, d);
 }
 
-/// `s[r·KB + j] = q[r] · k[j]` for `rows` rows and `n4` keys.
-fn scores(simd: bool, q: &[f32], rows: usize, k: &[f32], n4: usize, d: usize, s: &mut [f32]) {
+/// `s[r·KB + j] = q[r] · k[j]` for `rows` rows and `n4` keys (a multiple of
+/// 16 when `avx512` and `d % 16 == 0`, else of 4).
+#[allow(clippy::too_many_arguments)]
+fn scores(simd: bool, avx512: bool, q: &[f32], rows: usize, k: &[f32], n4: usize, d: usize, s: &mut [f32]) {
     assert!(q.len() >= rows * d && k.len() >= n4 * d && n4 <= KB && s.len() >= rows * KB);
+    #[cfg(target_arch = "x86_64")]
+    if avx512 && d.is_multiple_of(16) && n4.is_multiple_of(16) {
+        // SAFETY: `avx512` implies the AVX-512 level; d % 16 == 0; bounds asserted above.
+        unsafe { avx512_attn::scores(q.as_ptr(), rows, k.as_ptr(), n4, d, s.as_mut_ptr(), KB) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: `simd` implies AVX2 and d % 8 == 0; bounds asserted above.
         unsafe { avx2_attn::scores(q.as_ptr(), rows, k.as_ptr(), n4, d, s.as_mut_ptr(), KB) };
         return;
     }
-    let _ = simd;
+    let _ = (simd, avx512);
     for r in 0..rows {
         let qr = &q[r * d..(r + 1) * d];
         for j in 0..n4 {
@@ -683,16 +692,25 @@ fn scores(simd: bool, q: &[f32], rows: usize, k: &[f32], n4: usize, d: usize, s:
     }
 }
 
-/// `o[r] += Σ_j p[r·KB + j] · v[j]` for `rows` rows and `n` keys.
-fn pv(simd: bool, p: &[f32], rows: usize, v: &[f32], n: usize, d: usize, o: &mut [f32]) {
+/// `o[r] += Σ_j p[r·KB + j] · v[j]` for `rows` rows and `n` keys. AVX2 and
+/// AVX-512 both do one FMA per key in key order for each output value, so they
+/// give the same bits (scalar rounds the product first).
+#[allow(clippy::too_many_arguments)]
+fn pv(simd: bool, avx512: bool, p: &[f32], rows: usize, v: &[f32], n: usize, d: usize, o: &mut [f32]) {
     assert!(p.len() >= rows * KB && n <= KB && v.len() >= n * d && o.len() >= rows * d);
+    #[cfg(target_arch = "x86_64")]
+    if avx512 && d.is_multiple_of(16) {
+        // SAFETY: `avx512` implies the AVX-512 level; d % 16 == 0; bounds asserted above.
+        unsafe { avx512_attn::pv(p.as_ptr(), KB, rows, v.as_ptr(), n, d, o.as_mut_ptr()) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: `simd` implies AVX2 and d % 8 == 0; bounds asserted above.
         unsafe { avx2_attn::pv(p.as_ptr(), KB, rows, v.as_ptr(), n, d, o.as_mut_ptr()) };
         return;
     }
-    let _ = simd;
+    let _ = (simd, avx512);
     for r in 0..rows {
         let or = &mut o[r * d..(r + 1) * d];
         for j in 0..n {

@@ -13,7 +13,9 @@
 //! `q = round_half_even(x·127/amax)`, through the AVX2 quantizer when active;
 //! Q4_0: `quantize_row_q4_0_ref`). Widening dequantizes `x = q·d` in f32, which
 //! is exact up to one rounding of the product, and every ISA level computes the
-//! same product: the SIMD widen is bit-identical to the scalar one.
+//! same product: the SIMD widen is bit-identical to the scalar one. Values are
+//! widened; keys are not: attention scores them against the query quantized to
+//! int8 ([`KvElem::INT_SCORES`], [`crate::kv_int_dot`]).
 
 use crate::attention::KvElem;
 use crate::isa::{self, Isa};
