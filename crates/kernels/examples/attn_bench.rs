@@ -58,6 +58,34 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             s * 30e3
         );
     }
+    // A whole prompt's attention, as `shardlm bench -p P` runs it (chunks of 512,
+    // each against the cache so far): one layer, once, and × 30 layers.
+    for prompt in [2048, 8192] {
+        let mut total = 0.0;
+        for start in (0..prompt).step_by(512) {
+            let n_new = 512.min(prompt - start);
+            let q: Vec<f32> = (0..n_new * nh * d).map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5).collect();
+            let mut out = vec![0f32; n_new * nh * d];
+            let sh = AttnShape {
+                n_new,
+                start_pos: start,
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: d,
+                window: None,
+                scale: 0.125,
+                sinks: None,
+            };
+            let t = Instant::now();
+            attention(pool, &q, &k, &v, &sh, &mut out);
+            total += t.elapsed().as_secs_f64();
+        }
+        println!(
+            "prefill {prompt:5} in chunks of 512: {:8.1} ms per layer (x30 layers = {:.2} s)",
+            total * 1e3,
+            total * 30.0
+        );
+    }
 }
 
 /// Nanoseconds this thread has run on a CPU (Linux schedstat; 0 elsewhere).

@@ -28,10 +28,14 @@
 //! # Numerics
 //! K and V are f16 (the default cache format), f32, or Q8_0/Q4_0 blocks
 //! ([`KvElem`], [`crate::kv_quant`]), widened to f32 (exactly for the float
-//! types, `q·d` for the quantized ones); all arithmetic is f32. The softmax
+//! types, `q·d` for the quantized ones); all arithmetic is f32, except the
+//! scores against Q8_0/Q4_0 keys: there each query row is quantized to int8
+//! (blocks of 32, as Q8_0) and dotted with the key codes in integers
+//! ([`crate::kv_int_dot`]; bit-identical at every ISA level). The softmax
 //! exp is a polynomial (relative error < 2.5e-7, see `exp_sub_sum`). [`attention_reference`] is the plain two-pass version, for tests.
 
 use crate::isa::{self, Isa};
+use crate::kv_int_dot::QuantQuery;
 use crate::ops::SendPtr;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{avx2_attn, avx2_ops, avx512_attn};
@@ -68,6 +72,16 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     fn widen(simd: bool, src: &[Self], stride: usize, n: usize, n_pad: usize, d: usize, dst: &mut [f32]);
     /// Brings the next block's rows into cache (a hint).
     fn prefetch(simd: bool, src: &[Self], stride: usize, n: usize, d: usize);
+    /// Whether keys of this type are scored by [`KvElem::int_scores`] (the
+    /// query rows quantized to int8 once per tile, integer dot products against
+    /// the stored codes: [`crate::kv_int_dot`]) instead of widening K to f32.
+    const INT_SCORES: bool = false;
+    /// `s[r·s_stride + j]` = query row `r` · key `j` for `j < n` (key `j` at
+    /// `k[j·stride ..]`, `stride` in elements) at ISA level `isa`. Only called
+    /// when [`KvElem::INT_SCORES`]; the default does nothing.
+    fn int_scores(isa: Isa, q: &QuantQuery, k: &[Self], stride: usize, n: usize, s: &mut [f32], s_stride: usize) {
+        let _ = (isa, q, k, stride, n, s, s_stride);
+    }
 }
 
 impl KvElem for f16 {
@@ -322,11 +336,13 @@ struct Job {
     keys: Range<usize>,
 }
 
-/// Per-thread tile state (f32): scaled queries, widened K/V blocks, scores/probs,
-/// running max/sum and unnormalized outputs.
+/// Per-thread tile state (f32): scaled queries (and their int8 form for
+/// [`KvElem::INT_SCORES`] types), widened K/V blocks, scores/probs, running
+/// max/sum and unnormalized outputs.
 #[derive(Default)]
 struct Scratch {
     q: Vec<f32>,
+    q8: QuantQuery,
     k: Vec<f32>,
     v: Vec<f32>,
     s: Vec<f32>,
@@ -432,13 +448,24 @@ fn run_tile<T: KvElem>(
     let (nh, d) = (sh.n_heads, sh.head_dim);
     let stride = sh.stride::<T>();
     let rows = job.toks * job.heads;
-    let Scratch { q: qb, k: kb, v: vb, s, m, l, o } = sc;
+    let Scratch { q: qb, q8, k: kb, v: vb, s, m, l, o } = sc;
     for r in 0..rows {
         let (t, h) = (job.t0 + r / job.heads, job.h0 + r % job.heads);
         for (dst, &x) in qb[r * d..(r + 1) * d].iter_mut().zip(&q[(t * nh + h) * d..][..d]) {
             *dst = x * sh.scale;
         }
     }
+    // Per row, so a row's scores never depend on the other rows of its tile.
+    if T::INT_SCORES {
+        q8.quantize(&qb[..rows * d], rows, d);
+    }
+    let level = if avx512 {
+        Isa::Avx512
+    } else if simd {
+        Isa::Avx2
+    } else {
+        Isa::Scalar
+    };
     m[..rows].fill(f32::NEG_INFINITY);
     l[..rows].fill(0.0);
     o[..rows * d].fill(0.0);
@@ -447,16 +474,21 @@ fn run_tile<T: KvElem>(
     while b0 < job.keys.end {
         let (k, v, run) = kv.rows(b0, stride);
         let n = KB.min(job.keys.end - b0).min(run);
-        let n4 = n.next_multiple_of(4);
+        // Keys padded for the score kernel's key step (AVX-512: 16, else 4).
+        let n4 = if avx512 && d.is_multiple_of(16) { n.next_multiple_of(16) } else { n.next_multiple_of(4) };
         if job.keys.end > b0 + n {
             let (kn, vn, run_n) = kv.rows(b0 + n, stride);
             let next = (job.keys.end - b0 - n).min(KB).min(run_n);
             T::prefetch(simd, &kn[koff..], stride, next, d);
             T::prefetch(simd, &vn[koff..], stride, next, d);
         }
-        T::widen(simd, &k[koff..], stride, n, n4, d, kb);
+        if T::INT_SCORES {
+            T::int_scores(level, q8, &k[koff..], stride, n, s, KB);
+        } else {
+            T::widen(simd, &k[koff..], stride, n, n4, d, kb);
+            scores(simd, avx512, &qb[..rows * d], rows, &kb[..n4 * d], n4, d, s);
+        }
         T::widen(simd, &v[koff..], stride, n, n, d, vb);
-        scores(simd, &qb[..rows * d], rows, &kb[..n4 * d], n4, d, s);
         for r in 0..rows {
             let keys = sh.keys(job.t0 + r / job.heads);
             let (js, je) = (keys.start.clamp(b0, b0 + n) - b0, keys.end.clamp(b0, b0 + n) - b0);
@@ -479,7 +511,7 @@ fn run_tile<T: KvElem>(
             }
             l[r] += sum;
         }
-        pv(simd, s, rows, &vb[..n * d], n, d, &mut o[..rows * d]);
+        pv(simd, avx512, s, rows, &vb[..n * d], n, d, &mut o[..rows * d]);
         b0 += n;
     }
 }
@@ -634,16 +666,24 @@ fn prefetch(simd: bool, src: &[f16], stride: usize, n: usize, d: usize) {
     let _ = (simd, src, stride, n, d);
 }
 
-/// `s[r·KB + j] = q[r] · k[j]` for `rows` rows and `n4` keys.
-fn scores(simd: bool, q: &[f32], rows: usize, k: &[f32], n4: usize, d: usize, s: &mut [f32]) {
+/// `s[r·KB + j] = q[r] · k[j]` for `rows` rows and `n4` keys (a multiple of
+/// 16 when `avx512` and `d % 16 == 0`, else of 4).
+#[allow(clippy::too_many_arguments)]
+fn scores(simd: bool, avx512: bool, q: &[f32], rows: usize, k: &[f32], n4: usize, d: usize, s: &mut [f32]) {
     assert!(q.len() >= rows * d && k.len() >= n4 * d && n4 <= KB && s.len() >= rows * KB);
+    #[cfg(target_arch = "x86_64")]
+    if avx512 && d.is_multiple_of(16) && n4.is_multiple_of(16) {
+        // SAFETY: `avx512` implies the AVX-512 level; d % 16 == 0; bounds asserted above.
+        unsafe { avx512_attn::scores(q.as_ptr(), rows, k.as_ptr(), n4, d, s.as_mut_ptr(), KB) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: `simd` implies AVX2 and d % 8 == 0; bounds asserted above.
         unsafe { avx2_attn::scores(q.as_ptr(), rows, k.as_ptr(), n4, d, s.as_mut_ptr(), KB) };
         return;
     }
-    let _ = simd;
+    let _ = (simd, avx512);
     for r in 0..rows {
         let qr = &q[r * d..(r + 1) * d];
         for j in 0..n4 {
@@ -652,16 +692,25 @@ fn scores(simd: bool, q: &[f32], rows: usize, k: &[f32], n4: usize, d: usize, s:
     }
 }
 
-/// `o[r] += Σ_j p[r·KB + j] · v[j]` for `rows` rows and `n` keys.
-fn pv(simd: bool, p: &[f32], rows: usize, v: &[f32], n: usize, d: usize, o: &mut [f32]) {
+/// `o[r] += Σ_j p[r·KB + j] · v[j]` for `rows` rows and `n` keys. AVX2 and
+/// AVX-512 both do one FMA per key in key order for each output value, so they
+/// give the same bits (scalar rounds the product first).
+#[allow(clippy::too_many_arguments)]
+fn pv(simd: bool, avx512: bool, p: &[f32], rows: usize, v: &[f32], n: usize, d: usize, o: &mut [f32]) {
     assert!(p.len() >= rows * KB && n <= KB && v.len() >= n * d && o.len() >= rows * d);
+    #[cfg(target_arch = "x86_64")]
+    if avx512 && d.is_multiple_of(16) {
+        // SAFETY: `avx512` implies the AVX-512 level; d % 16 == 0; bounds asserted above.
+        unsafe { avx512_attn::pv(p.as_ptr(), KB, rows, v.as_ptr(), n, d, o.as_mut_ptr()) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY: `simd` implies AVX2 and d % 8 == 0; bounds asserted above.
         unsafe { avx2_attn::pv(p.as_ptr(), KB, rows, v.as_ptr(), n, d, o.as_mut_ptr()) };
         return;
     }
-    let _ = simd;
+    let _ = (simd, avx512);
     for r in 0..rows {
         let or = &mut o[r * d..(r + 1) * d];
         for j in 0..n {

@@ -13,10 +13,13 @@
 //! `q = round_half_even(x·127/amax)`, through the AVX2 quantizer when active;
 //! Q4_0: `quantize_row_q4_0_ref`). Widening dequantizes `x = q·d` in f32, which
 //! is exact up to one rounding of the product, and every ISA level computes the
-//! same product: the SIMD widen is bit-identical to the scalar one.
+//! same product: the SIMD widen is bit-identical to the scalar one. Values are
+//! widened; keys are not: attention scores them against the query quantized to
+//! int8 ([`KvElem::INT_SCORES`], [`crate::kv_int_dot`]).
 
 use crate::attention::KvElem;
 use crate::isa::{self, Isa};
+use crate::kv_int_dot::{self, QuantQuery};
 use crate::quant::q4_0::{self, BlockQ4_0};
 use crate::quant::q8_0::{self, BlockQ8_0};
 use crate::quant::{quantize_act_fn, VecDotType};
@@ -61,6 +64,12 @@ impl KvElem for BlockQ8_0 {
     fn prefetch(simd: bool, src: &[BlockQ8_0], stride: usize, n: usize, d: usize) {
         prefetch_blocks(simd, bytemuck::cast_slice(src), stride * 34, n, d / QK * 34);
     }
+
+    const INT_SCORES: bool = true;
+
+    fn int_scores(isa: Isa, q: &QuantQuery, k: &[Self], stride: usize, n: usize, s: &mut [f32], s_stride: usize) {
+        kv_int_dot::q8_0_scores(isa, q, k, stride, n, s, s_stride)
+    }
 }
 
 impl KvElem for BlockQ4_0 {
@@ -79,6 +88,12 @@ impl KvElem for BlockQ4_0 {
 
     fn prefetch(simd: bool, src: &[BlockQ4_0], stride: usize, n: usize, d: usize) {
         prefetch_blocks(simd, bytemuck::cast_slice(src), stride * 18, n, d / QK * 18);
+    }
+
+    const INT_SCORES: bool = true;
+
+    fn int_scores(isa: Isa, q: &QuantQuery, k: &[Self], stride: usize, n: usize, s: &mut [f32], s_stride: usize) {
+        kv_int_dot::q4_0_scores(isa, q, k, stride, n, s, s_stride)
     }
 }
 

@@ -48,6 +48,7 @@
 pub mod attention;
 pub mod dtype;
 pub mod isa;
+pub mod kv_int_dot;
 pub mod kv_quant;
 pub mod matmul;
 pub mod ops;

@@ -1,8 +1,14 @@
 //! Quantized KV cache (Q8_0, Q4_0): the store against the reference quantizers,
-//! the widen at every ISA level against scalar (bit for bit), and tiled
-//! attention at depth (contiguous, sliding window, paged) at the active ISA
-//! level against a naive f64 attention over the dequantized cache: the same
-//! stored values, so the bound stays as tight as for f16.
+//! the widen and the integer score kernels at every ISA level against scalar
+//! (bit for bit), and tiled attention at depth (contiguous, sliding window,
+//! paged) at the active ISA level against a naive f64 attention over the
+//! dequantized cache.
+//!
+//! The tiled attention scores Q8_0/Q4_0 keys against the query quantized to
+//! int8 (`kv_int_dot`), so it is checked twice: against the naive attention fed
+//! the same quantized query (the same values: the f16 bound, 2e-5 of the
+//! output scale), and against the naive attention of the exact query with the
+//! bound the query's rounding allows (derived in [`query_rounding_bound`]).
 
 mod common;
 
@@ -10,7 +16,8 @@ use bytemuck::Zeroable;
 use common::*;
 use rand::Rng;
 use shardlm_kernels::attention::{self, AttnShape, KvElem, KvView};
-use shardlm_kernels::isa;
+use shardlm_kernels::isa::{self, Isa};
+use shardlm_kernels::kv_int_dot::{q4_0_scores, q8_0_scores, QuantQuery};
 use shardlm_kernels::kv_quant::{widen_q4_0, widen_q8_0};
 use shardlm_kernels::quant::q4_0::{self, BlockQ4_0};
 use shardlm_kernels::quant::q8_0::{self, BlockQ8_0};
@@ -53,16 +60,21 @@ fn close(got: &[f32], want: &[f64], rel: f64, what: &str) {
     }
 }
 
-/// A quantized type under test: its name and its reference dequantizer.
+/// A quantized type under test: its name, its reference dequantizer and its
+/// integer score kernel.
 trait Quant: KvElem + bytemuck::Zeroable {
     const NAME: &'static str;
     fn dequantize(b: &[Self], out: &mut [f32]);
+    fn scores(isa: Isa, q: &QuantQuery, k: &[Self], stride: usize, n: usize, s: &mut [f32], s_stride: usize);
 }
 
 impl Quant for BlockQ8_0 {
     const NAME: &'static str = "q8_0";
     fn dequantize(b: &[Self], out: &mut [f32]) {
         q8_0::dequantize(b, out)
+    }
+    fn scores(isa: Isa, q: &QuantQuery, k: &[Self], stride: usize, n: usize, s: &mut [f32], s_stride: usize) {
+        q8_0_scores(isa, q, k, stride, n, s, s_stride)
     }
 }
 
@@ -71,6 +83,57 @@ impl Quant for BlockQ4_0 {
     fn dequantize(b: &[Self], out: &mut [f32]) {
         q4_0::dequantize(b, out)
     }
+    fn scores(isa: Isa, q: &QuantQuery, k: &[Self], stride: usize, n: usize, s: &mut [f32], s_stride: usize) {
+        q4_0_scores(isa, q, k, stride, n, s, s_stride)
+    }
+}
+
+/// The query as the tiled attention sees it: `q · scale` quantized per row and
+/// 32-value block (`n_new · n_heads` rows of `d`), dequantized (`code · step`).
+fn quantized_query(q: &[f32], scale: f32, d: usize) -> (QuantQuery, Vec<f32>) {
+    let scaled: Vec<f32> = q.iter().map(|&x| x * scale).collect();
+    let mut qq = QuantQuery::default();
+    qq.quantize(&scaled, q.len() / d, d);
+    let back = qq.codes.iter().enumerate().map(|(i, &c)| c as f32 * qq.scales[i / 32]).collect();
+    (qq, back)
+}
+
+/// How far the attention output may move when each query value is rounded to
+/// its int8 code (per output value `(token, head, c)`), against the exact query.
+///
+/// Rounding moves query value `i` of block `b` by at most half a step
+/// (`step_b / 2`), so a score moves by `|Δs_j| ≤ Δ = Σ_b (step_b / 2) · K_b`,
+/// where `K_b` bounds `Σ_{i∈b} |k_ji|` over every key `j` (the max over the
+/// whole cache of this KV head). A softmax weight `p_j = e^(s_j) / Σ e^(s)` then
+/// changes by a factor within `[e^(−2Δ), e^(2Δ)]`, so `Σ_j |p'_j − p_j| ≤
+/// e^(2Δ) − 1`, and output value `c` moves by at most `(e^(2Δ) − 1) · max_j |v_jc|`.
+/// Rigorous, not first-order; the tests add 2e-5 of the output scale for the
+/// float arithmetic.
+fn query_rounding_bound(qq: &QuantQuery, kf: &[f32], vf: &[f32], sh: &AttnShape) -> Vec<f64> {
+    let (nh, d, nkv) = (sh.n_heads, sh.head_dim, sh.n_kv_heads);
+    let (group, nb, stride) = (nh / nkv, d / 32, nkv * d);
+    let ctx = kf.len() / stride;
+    let mut out = vec![0f64; sh.n_new * nh * d];
+    for h in 0..nh {
+        let off = (h / group) * d;
+        let k1: Vec<f64> = (0..nb)
+            .map(|b| {
+                (0..ctx)
+                    .map(|p| kf[p * stride + off + 32 * b..][..32].iter().map(|x| x.abs() as f64).sum::<f64>())
+                    .fold(0.0, f64::max)
+            })
+            .collect();
+        let vmax: Vec<f64> =
+            (0..d).map(|c| (0..ctx).map(|p| vf[p * stride + off + c].abs() as f64).fold(0.0, f64::max)).collect();
+        for i in 0..sh.n_new {
+            let row = i * nh + h;
+            let delta: f64 = (0..nb).map(|b| qq.scales[row * nb + b] as f64 / 2.0 * k1[b]).sum();
+            for c in 0..d {
+                out[row * d + c] = ((2.0 * delta).exp() - 1.0) * vmax[c];
+            }
+        }
+    }
+    out
 }
 
 /// `n` values stored as `T` (through [`KvElem::store`]) and what they dequantize to.
@@ -107,15 +170,33 @@ fn attention_at_depth<T: Quant>() {
         let (v, vf) = stored::<T>(&mut rng, ctx * nkv * hd);
         let scale = 1.0 / (hd as f32).sqrt();
         let sh = AttnShape { n_new, start_pos, n_heads: nh, n_kv_heads: nkv, head_dim: hd, window, scale, sinks: None };
-        let want = naive(&q, &kf, &vf, &sh);
+        let want_exact_q = naive(&q, &kf, &vf, &sh);
         let what = format!("{} {sh:?}", T::NAME);
         let mut out = vec![f32::NAN; n_new * nh * hd];
         attention::attention_reference(&q, &k, &v, &sh, &mut out);
-        close(&out, &want, 2e-5, &format!("reference {what}"));
+        close(&out, &want_exact_q, 2e-5, &format!("reference {what}"));
+        // The tiled attention's query: quantized, already scaled.
+        let (qq, q_deq) = quantized_query(&q, scale, hd);
+        let want = naive(&q_deq, &kf, &vf, &AttnShape { scale: 1.0, ..sh });
+        let bound = query_rounding_bound(&qq, &kf, &vf, &sh);
+        let out_scale = want_exact_q.iter().fold(0f64, |m, v| m.max(v.abs()));
         for threads in [1, 3] {
             let mut out = vec![f32::NAN; n_new * nh * hd];
             attention::attention(&ThreadPool::new(threads), &q, &k, &v, &sh, &mut out);
             close(&out, &want, 2e-5, &format!("tiled {what} threads {threads}"));
+            let (mut worst_err, mut worst_ratio) = (0f64, 0f64);
+            for (i, ((&g, &w), &b)) in out.iter().zip(&want_exact_q).zip(&bound).enumerate() {
+                let err = (g as f64 - w).abs();
+                assert!(err <= b + 2e-5 * out_scale, "tiled {what} vs exact query [{i}]: {err} > bound {b}");
+                (worst_err, worst_ratio) = (worst_err.max(err), worst_ratio.max(err / (b + 2e-5 * out_scale)));
+            }
+            if threads == 1 {
+                eprintln!(
+                    "{what}: vs exact query max err {:.2e} of output scale, {:.3} of the bound",
+                    worst_err / out_scale,
+                    worst_ratio
+                );
+            }
         }
         // Scattered over shuffled blocks of a pool (paged KV): a block size that
         // divides the key step and one that does not.
@@ -146,6 +227,74 @@ fn q8_0_attention_at_depth() {
 #[test]
 fn q4_0_attention_at_depth() {
     attention_at_depth::<BlockQ4_0>();
+}
+
+/// The integer score kernels at every ISA level against the scalar reference,
+/// bit for bit, and the reference against the f64 dot product of the
+/// dequantized query and keys.
+fn int_scores_at_every_level<T: Quant>() {
+    let mut rng = rng(74);
+    // (query rows, head_dim, keys, key stride in blocks): full groups of 16
+    // and 8 keys, tails, one key, none, a head_dim of 128.
+    for (rows, d, n, stride) in [(3, 64, 32, 6), (1, 64, 21, 2), (7, 128, 17, 4), (2, 32, 1, 1), (2, 64, 0, 2)] {
+        let x: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-3.0..3.0)).collect();
+        let mut q = QuantQuery::default();
+        q.quantize(&x, rows, d);
+        let (k, kf) = stored::<T>(&mut rng, (n.max(1) * stride) * 32);
+        let s_stride = n + 3;
+        let mut want = vec![0f32; rows * s_stride];
+        T::scores(Isa::Scalar, &q, &k, stride, n, &mut want, s_stride);
+        for r in 0..rows {
+            for j in 0..n {
+                let exact: f64 = (0..d)
+                    .map(|i| {
+                        q.codes[r * d + i] as f64
+                            * q.scales[r * d / 32 + i / 32] as f64
+                            * kf[j * stride * 32 + i] as f64
+                    })
+                    .sum();
+                let mag: f64 = (0..d).map(|i| (x[r * d + i] as f64 * kf[j * stride * 32 + i] as f64).abs()).sum();
+                let got = want[r * s_stride + j] as f64;
+                assert!(
+                    (got - exact).abs() <= 1e-6 * mag.max(1e-30),
+                    "{} reference score {r},{j}: {got} vs {exact}",
+                    T::NAME
+                );
+            }
+        }
+        for level in isa::available() {
+            let mut got = vec![0f32; rows * s_stride];
+            T::scores(level, &q, &k, stride, n, &mut got, s_stride);
+            let same = want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{} scores at {level} (rows {rows}, d {d}, n {n}) differ from scalar", T::NAME);
+        }
+    }
+}
+
+#[test]
+fn q8_0_int_scores_at_every_level() {
+    int_scores_at_every_level::<BlockQ8_0>();
+}
+
+#[test]
+fn q4_0_int_scores_at_every_level() {
+    int_scores_at_every_level::<BlockQ4_0>();
+}
+
+#[test]
+fn query_quantizer_edges() {
+    // All-zero block, a block with one value, ±amax ties and a tiny block.
+    let mut x = vec![0f32; 128];
+    x[32] = -2.5;
+    x[64..96].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 1.0 } else { -1.0 });
+    x[96..].iter_mut().enumerate().for_each(|(i, v)| *v = 1e-30 * i as f32);
+    let mut q = QuantQuery::default();
+    q.quantize(&x, 1, 128);
+    assert_eq!((q.scales[0], q.sums[0]), (0.0, 0), "zero block");
+    assert!(q.codes[..32].iter().all(|&c| c == 0));
+    assert_eq!((q.codes[32], q.sums[1]), (-127, -127), "single value");
+    assert!(q.codes[64..96].iter().all(|&c| c == 127 || c == -127) && q.sums[2] == 0, "ties");
+    assert_eq!(q.codes[127], 127, "tiny values keep their range");
 }
 
 #[test]

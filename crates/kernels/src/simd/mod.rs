@@ -18,4 +18,5 @@ pub mod avx512_fp4_vbmi;
 pub mod avx512_k;
 pub mod avx512_packed;
 pub mod kvq;
+pub mod kvq_dot;
 pub mod selftest;

@@ -118,6 +118,7 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
         crate::attention::self_test_avx2(isa == Isa::Avx512, &mut || rng.unit())?;
         crate::kv_quant::self_test(isa, &mut || rng.next() as u8)?;
+        crate::kv_int_dot::self_test(isa, &mut || rng.next() as u8)?;
     }
     for dtype in DType::ALL {
         let n = test_len(dtype);
