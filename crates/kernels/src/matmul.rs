@@ -6,8 +6,7 @@
 //! Float weights (F32/F16/BF16) are widened to f32 and multiplied in f32.
 //!
 //! Work split: output rows are cut into units of [`ROW_GRAIN`] rows that the pool
-//! threads take in runs from a shared counter (guided at decode, see
-//! [`next_grab`]); one pool run can cover several weights ([`matmul_many`],
+//! threads take in runs from a shared counter ([`next_grab`]); one pool run can cover several weights ([`matmul_many`],
 //! [`matmul_each`]). For `m > 1` each thread walks its rows in
 //! chunks of about [`W_CHUNK_BYTES`] and, for each chunk, every activation row
 //! of a tile of [`ACT_TILE`] rows, so a weight row is read from memory once per
@@ -362,32 +361,20 @@ fn run_parts<'a>(pool: &ThreadPool, parts: impl Iterator<Item = Part<'a>>, m: us
     }
 }
 
+/// Most units one decode (`m = 1`) grab takes: 128 rows, the grab a lone
+/// 1024-row projection had, so a run over many weights (MoE decode: every
+/// chosen expert's down projection) keeps that grain and its tail stays short.
+const DECODE_GRAB_MAX: usize = 8;
+
 /// The next run of units `u0..u1` (of [`ROW_GRAIN`] rows) a thread takes from
-/// the shared counter `next`, or `None` when all `total` are taken.
-///
-/// Decode (`m = 1`) grabs are guided: each takes `1/(2·threads)` of what is
-/// left (at least one unit), so the first grabs are long contiguous streams
-/// (the prefetchers stay ahead) and the last ones are single units (the thread
-/// that finishes last waits for at most a few rows). Batched rows (`m > 1`)
-/// take fixed grabs of about a quarter of a thread's share.
+/// the shared counter `next`, or `None` when all `total` are taken: about a
+/// quarter of a thread's share, at decode at most [`DECODE_GRAB_MAX`] units.
 #[inline]
 fn next_grab(next: &AtomicUsize, total: usize, n_threads: usize, m: usize) -> Option<(usize, usize)> {
-    if m > 1 {
-        let grab = (total / (n_threads * 4)).max(1);
-        let u0 = next.fetch_add(grab, Ordering::Relaxed);
-        return (u0 < total).then(|| (u0, (u0 + grab).min(total)));
-    }
-    let mut u0 = next.load(Ordering::Relaxed);
-    loop {
-        if u0 >= total {
-            return None;
-        }
-        let u1 = u0 + ((total - u0) / (2 * n_threads)).max(1);
-        match next.compare_exchange_weak(u0, u1, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return Some((u0, u1)),
-            Err(now) => u0 = now,
-        }
-    }
+    let even = (total / (n_threads * 4)).max(1);
+    let grab = if m == 1 { even.min(DECODE_GRAB_MAX) } else { even };
+    let u0 = next.fetch_add(grab, Ordering::Relaxed);
+    (u0 < total).then(|| (u0, (u0 + grab).min(total)))
 }
 
 /// One pool run over every output row of `parts` (all `Some`).
