@@ -59,7 +59,7 @@ pub mod quant;
 pub mod simd;
 
 pub use dtype::DType;
-pub use matmul::{matmul, matmul_many, MatRef, MatmulScratch};
+pub use matmul::{matmul, matmul_each, matmul_many, MatRef, MatmulScratch};
 pub use pool::ThreadPool;
 
 /// Errors from kernel-level helpers (bad sizes, unsupported conversions).

@@ -6,7 +6,8 @@
 //! Float weights (F32/F16/BF16) are widened to f32 and multiplied in f32.
 //!
 //! Work split: output rows are cut into units of [`ROW_GRAIN`] rows that the pool
-//! threads take in small runs from a shared counter. For `m > 1` each thread walks its rows in
+//! threads take in runs from a shared counter ([`next_grab`]); one pool run can cover several weights ([`matmul_many`],
+//! [`matmul_each`]). For `m > 1` each thread walks its rows in
 //! chunks of about [`W_CHUNK_BYTES`] and, for each chunk, every activation row
 //! of a tile of [`ACT_TILE`] rows, so a weight row is read from memory once per
 //! activation tile and then served from cache.
@@ -185,8 +186,10 @@ pub fn matmul_many(
     matmul_many_isa(isa::active(), pool, ws, x, m, ys, scratch)
 }
 
-/// Most weights one [`matmul_many`] pool run covers (more are done in groups).
-const MANY_MAX: usize = 8;
+/// Most weights one pool run covers (more are done in groups of this many).
+/// MoE decode puts every chosen expert's gate and up projection in one run:
+/// `2·top_k` weights plus the shared expert's two and its gate.
+const MANY_MAX: usize = 32;
 
 /// [`matmul_many`] with an explicit ISA level.
 pub fn matmul_many_isa(
@@ -217,76 +220,195 @@ pub fn matmul_many_isa(
     let a: &[u8] = if vdt == VecDotType::F32 {
         bytemuck::cast_slice(x)
     } else {
-        let arb = vdt.row_bytes(cols);
-        let buf = scratch.bytes(m * arb);
-        let q = quant::quantize_act_fn(vdt, isa);
-        if m >= 4 && pool.n_threads() > 1 {
-            let bp = SyncPtr(buf.as_mut_ptr());
-            pool.run(|t, nt| {
-                let (i0, i1) = split_range(m, t, nt, 1);
-                for i in i0..i1 {
-                    // SAFETY: rows i0..i1 of the buffer belong to this thread only.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(bp.get().add(i * arb), arb) };
-                    q(&x[i * cols..(i + 1) * cols], dst);
-                }
-            });
-        } else {
-            for i in 0..m {
-                q(&x[i * cols..(i + 1) * cols], &mut buf[i * arb..(i + 1) * arb]);
-            }
-        }
+        let buf = scratch.bytes(m * vdt.row_bytes(cols));
+        quantize_rows(isa, pool, vdt, x, cols, m, buf);
         buf
     };
     let a_stride = a.len() / m;
-    for (wg, yg) in ws.chunks(MANY_MAX).zip(ys.chunks_mut(MANY_MAX)) {
-        let nw = wg.len();
-        let mut yp = [SyncPtr(std::ptr::null_mut::<f32>()); MANY_MAX];
-        let mut units = [0usize; MANY_MAX];
-        let mut kern: [Option<Kernels>; MANY_MAX] = [None; MANY_MAX];
-        for k in 0..nw {
-            yp[k] = SyncPtr(yg[k].as_mut_ptr());
-            units[k] = wg[k].rows.div_ceil(ROW_GRAIN);
-            let dt = wg[k].dtype;
-            kern[k] = Some(if wg[k].packed {
-                Kernels {
-                    dot: quant::dot_fn(dt, isa),
-                    dot4: crate::packed::dot4_fn(dt, isa),
-                    tile: crate::packed::tile_fn(dt, isa),
-                }
-            } else {
-                Kernels { dot: quant::dot_fn(dt, isa), dot4: quant::dot4_fn(dt, isa), tile: quant::tile_fn(dt, isa) }
-            });
+    run_parts(pool, ws.iter().zip(ys.iter_mut()).map(|(w, y)| Part::new(isa, *w, a, a_stride, y)), m);
+}
+
+/// Each weight applied to its own input, `ys[k] = xs[k] · ws[k]ᵀ` (`xs[k]`:
+/// `m × ws[k].cols`, `ys[k]`: `m × ws[k].rows`), all output rows split across
+/// the pool in one `run`. MoE decode uses it for the chosen experts' down
+/// projections, each reading its own expert's activations: one pool run
+/// instead of one per expert. Each input is quantized once, to its weight's
+/// vec-dot type, exactly as [`matmul`] would, so `ys[k]` equals
+/// `matmul(ws[k], xs[k])` bit for bit.
+pub fn matmul_each(
+    pool: &ThreadPool,
+    ws: &[MatRef<'_>],
+    xs: &[&[f32]],
+    m: usize,
+    ys: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) {
+    matmul_each_isa(isa::active(), pool, ws, xs, m, ys, scratch)
+}
+
+/// [`matmul_each`] with an explicit ISA level.
+pub fn matmul_each_isa(
+    isa: Isa,
+    pool: &ThreadPool,
+    ws: &[MatRef<'_>],
+    xs: &[&[f32]],
+    m: usize,
+    ys: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) {
+    assert_eq!(ws.len(), xs.len(), "one input per weight");
+    assert_eq!(ws.len(), ys.len(), "one output per weight");
+    for ((w, x), y) in ws.iter().zip(xs).zip(ys.iter()) {
+        check_shapes(w, x, m, y);
+    }
+    if m == 0 || ws.is_empty() {
+        return;
+    }
+    let isa = isa::clamp(isa);
+    // Bytes of weight k's quantized input in the scratch buffer (none for
+    // float weights, which read `xs[k]` itself), rounded up to 8 so every
+    // region starts aligned (Q8_K needs 4).
+    let region = |w: &MatRef<'_>| match VecDotType::of(w.dtype) {
+        VecDotType::F32 => 0,
+        vdt => (m * vdt.row_bytes(w.cols)).next_multiple_of(8),
+    };
+    let buf = scratch.bytes(ws.iter().map(region).sum());
+    let mut off = 0;
+    for (w, x) in ws.iter().zip(xs) {
+        let vdt = VecDotType::of(w.dtype);
+        if vdt != VecDotType::F32 {
+            quantize_rows(isa, pool, vdt, x, w.cols, m, &mut buf[off..off + m * vdt.row_bytes(w.cols)]);
         }
-        let total: usize = units.iter().sum();
-        if total == 0 {
-            continue;
-        }
-        // Units are handed out dynamically (about 4 grabs per thread), so a thread
-        // that starts late or runs slow simply takes fewer.
-        let grab = (total / (pool.n_threads() * 4)).max(1);
-        let next = AtomicUsize::new(0);
-        pool.run(|_, _| loop {
-            let u0 = next.fetch_add(grab, Ordering::Relaxed);
-            if u0 >= total {
-                break;
-            }
-            let u1 = (u0 + grab).min(total);
-            let mut base = 0;
-            for k in 0..nw {
-                let (lo, hi) = (u0.max(base), u1.min(base + units[k]));
-                if lo < hi {
-                    let w = &wg[k];
-                    let (r0, r1) = ((lo - base) * ROW_GRAIN, ((hi - base) * ROW_GRAIN).min(w.rows));
-                    let kk = kern[k].expect("kernel chosen");
-                    // SAFETY: units are handed out once, so only this thread writes
-                    // ys[k][i, r0..r1]; shapes were checked, and the kernels match
-                    // the CPU (clamped ISA).
-                    unsafe { rows_kernel(kk, w, r0, r1, a, a_stride, m, yp[k].get()) };
-                }
-                base += units[k];
+        off += region(w);
+    }
+    let buf: &[u8] = buf;
+    let mut off = 0;
+    let parts = ws.iter().zip(xs).zip(ys.iter_mut()).map(|((w, x), y)| {
+        let a: &[u8] = match VecDotType::of(w.dtype) {
+            VecDotType::F32 => bytemuck::cast_slice(x),
+            vdt => &buf[off..off + m * vdt.row_bytes(w.cols)],
+        };
+        off += region(w);
+        Part::new(isa, *w, a, a.len() / m, y)
+    });
+    run_parts(pool, parts, m);
+}
+
+/// Quantizes the `m` rows of `x` (`m × cols`) to `vdt` into `dst` (`m` rows of
+/// `vdt.row_bytes(cols)`), rows split across the pool when there are several.
+fn quantize_rows(isa: Isa, pool: &ThreadPool, vdt: VecDotType, x: &[f32], cols: usize, m: usize, dst: &mut [u8]) {
+    let arb = vdt.row_bytes(cols);
+    let q = quant::quantize_act_fn(vdt, isa);
+    if m >= 4 && pool.n_threads() > 1 {
+        let bp = SyncPtr(dst.as_mut_ptr());
+        pool.run(|t, nt| {
+            let (i0, i1) = split_range(m, t, nt, 1);
+            for i in i0..i1 {
+                // SAFETY: rows i0..i1 of the buffer belong to this thread only.
+                let dst = unsafe { std::slice::from_raw_parts_mut(bp.get().add(i * arb), arb) };
+                q(&x[i * cols..(i + 1) * cols], dst);
             }
         });
+    } else {
+        for i in 0..m {
+            q(&x[i * cols..(i + 1) * cols], &mut dst[i * arb..(i + 1) * arb]);
+        }
     }
+}
+
+/// One weight's share of a pool run: the weight, its kernels, its `m`
+/// activation rows (`a_stride` bytes apart, in its vec-dot type) and its
+/// `m × w.rows` outputs.
+#[derive(Clone, Copy)]
+struct Part<'a> {
+    w: MatRef<'a>,
+    kern: Kernels,
+    a: &'a [u8],
+    a_stride: usize,
+    y: SyncPtr<f32>,
+}
+
+impl<'a> Part<'a> {
+    fn new(isa: Isa, w: MatRef<'a>, a: &'a [u8], a_stride: usize, y: &mut [f32]) -> Part<'a> {
+        let dt = w.dtype;
+        let kern = if w.packed {
+            Kernels {
+                dot: quant::dot_fn(dt, isa),
+                dot4: crate::packed::dot4_fn(dt, isa),
+                tile: crate::packed::tile_fn(dt, isa),
+            }
+        } else {
+            Kernels { dot: quant::dot_fn(dt, isa), dot4: quant::dot4_fn(dt, isa), tile: quant::tile_fn(dt, isa) }
+        };
+        Part { w, kern, a, a_stride, y: SyncPtr(y.as_mut_ptr()) }
+    }
+}
+
+/// Runs `parts` in pool runs of up to [`MANY_MAX`] weights each.
+fn run_parts<'a>(pool: &ThreadPool, parts: impl Iterator<Item = Part<'a>>, m: usize) {
+    let mut group: [Option<Part<'a>>; MANY_MAX] = [None; MANY_MAX];
+    let mut n = 0;
+    for p in parts {
+        group[n] = Some(p);
+        n += 1;
+        if n == MANY_MAX {
+            run_group(pool, &group[..n], m);
+            n = 0;
+        }
+    }
+    if n > 0 {
+        run_group(pool, &group[..n], m);
+    }
+}
+
+/// Most units one decode (`m = 1`) grab takes: 128 rows, the grab a lone
+/// 1024-row projection had, so a run over many weights (MoE decode: every
+/// chosen expert's down projection) keeps that grain and its tail stays short.
+const DECODE_GRAB_MAX: usize = 8;
+
+/// The next run of units `u0..u1` (of [`ROW_GRAIN`] rows) a thread takes from
+/// the shared counter `next`, or `None` when all `total` are taken: about a
+/// quarter of a thread's share, at decode at most [`DECODE_GRAB_MAX`] units.
+#[inline]
+fn next_grab(next: &AtomicUsize, total: usize, n_threads: usize, m: usize) -> Option<(usize, usize)> {
+    let even = (total / (n_threads * 4)).max(1);
+    let grab = if m == 1 { even.min(DECODE_GRAB_MAX) } else { even };
+    let u0 = next.fetch_add(grab, Ordering::Relaxed);
+    (u0 < total).then(|| (u0, (u0 + grab).min(total)))
+}
+
+/// One pool run over every output row of `parts` (all `Some`).
+fn run_group(pool: &ThreadPool, parts: &[Option<Part<'_>>], m: usize) {
+    let mut units = [0usize; MANY_MAX];
+    for (u, p) in units.iter_mut().zip(parts) {
+        *u = p.as_ref().expect("filled part").w.rows.div_ceil(ROW_GRAIN);
+    }
+    let units = &units[..parts.len()];
+    let total: usize = units.iter().sum();
+    if total == 0 {
+        return;
+    }
+    // Units are handed out dynamically, so a thread that starts late or runs
+    // slow simply takes fewer.
+    let next = AtomicUsize::new(0);
+    let nt = pool.n_threads();
+    pool.run(|_, _| {
+        while let Some((u0, u1)) = next_grab(&next, total, nt, m) {
+            let mut base = 0;
+            for (p, &n) in parts.iter().zip(units) {
+                let (lo, hi) = (u0.max(base), u1.min(base + n));
+                if lo < hi {
+                    let p = p.as_ref().expect("filled part");
+                    let (r0, r1) = ((lo - base) * ROW_GRAIN, ((hi - base) * ROW_GRAIN).min(p.w.rows));
+                    // SAFETY: units are handed out once, so only this thread writes
+                    // y[i, r0..r1] of this part; shapes were checked, and the kernels
+                    // match the CPU (clamped ISA).
+                    unsafe { rows_kernel(p.kern, &p.w, r0, r1, p.a, p.a_stride, m, p.y.get()) };
+                }
+                base += n;
+            }
+        }
+    });
 }
 
 /// The kernels chosen for one weight.

@@ -237,3 +237,63 @@ fn avx512_rows_are_batch_invariant() {
         }
     }
 }
+
+/// `matmul_each` (one input per weight, one pool run) gives every weight the
+/// bits `matmul` gives it alone, at every ISA level and thread count: weights of
+/// every type (mixed activation types, packed and file layout, different
+/// column counts), decode and batched rows, and more weights than one pool run
+/// takes (they go in groups).
+#[test]
+fn matmul_each_equals_separate_calls_every_isa() {
+    use shardlm_kernels::matmul::matmul_each_isa;
+    use shardlm_kernels::packed;
+    let mut rng = rng(13);
+    let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
+    // (dtype, rows, cols, packed)
+    let mut specs: Vec<(DType, usize, usize, bool)> = DType::ALL
+        .iter()
+        .enumerate()
+        .map(|(k, &d)| (d, [37, 64, 19, 4][k % 4], if d.block_elems() == 256 { 512 } else { 192 }, false))
+        .collect();
+    specs.extend([(DType::Q4_0, 36, 576, true), (DType::Q8_0, 8, 64, true)]);
+    // More than one run's worth: the MoE decode shape (many equal weights).
+    specs.extend((0..24).map(|k| ([DType::MXFP4, DType::NVFP4, DType::Q4_0][k % 3], 48, 128, false)));
+    let data: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|&(d, r, c, p)| {
+            let w = random_weight(&mut rng, d, r, c);
+            if p {
+                packed::pack(d, r, c, &w)
+            } else {
+                w
+            }
+        })
+        .collect();
+    let mats: Vec<MatRef<'_>> = specs
+        .iter()
+        .zip(&data)
+        .map(|(&(d, r, c, p), w)| match p {
+            true => MatRef::new_packed(d, r, c, w).unwrap(),
+            false => MatRef::new(d, r, c, w).unwrap(),
+        })
+        .collect();
+    for m in [1, 3] {
+        let xs: Vec<Vec<f32>> = mats.iter().map(|w| random_acts(&mut rng, m * w.cols)).collect();
+        let ins: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
+        for isa in isa::available() {
+            for pool in &pools {
+                let mut scratch = MatmulScratch::default();
+                let mut outs: Vec<Vec<f32>> = mats.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
+                let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+                matmul_each_isa(isa, pool, &mats, &ins, m, &mut refs, &mut scratch);
+                for (k, w) in mats.iter().enumerate() {
+                    let mut alone = vec![f32::NAN; m * w.rows];
+                    matmul_isa(isa, pool, *w, &xs[k], m, &mut alone, &mut scratch);
+                    let differ = outs[k].iter().zip(&alone).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                    let what = format!("weight {k} ({}) {isa} m={m} threads={}", w.dtype, pool.n_threads());
+                    assert_eq!(differ, 0, "{what}: {differ} outputs differ from matmul alone");
+                }
+            }
+        }
+    }
+}

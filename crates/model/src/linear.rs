@@ -29,12 +29,7 @@ impl Linear {
     pub fn forward(&self, pool: &ThreadPool, x: &[f32], m: usize, y: &mut [f32], scratch: &mut MatmulScratch) {
         let (i, o) = (self.in_features(), self.out_features());
         kernels::matmul(pool, self.weight.mat(), &x[..m * i], m, &mut y[..m * o], scratch);
-        scale_outputs(&mut y[..m * o], self.weight.out_scale);
-        if let Some(b) = &self.bias {
-            for row in y[..m * o].chunks_exact_mut(o) {
-                kernels::ops::add_inplace(row, b);
-            }
-        }
+        finish_outputs(&mut y[..m * o], self);
     }
 
     /// Several layers over the same input (q/k/v, gate/up): the input is quantized
@@ -53,12 +48,29 @@ impl Linear {
             ys.iter_mut().zip(layers).map(|(y, l)| &mut y[..m * l.out_features()]).collect();
         kernels::matmul::matmul_many(pool, &mats, &x[..m * in_f], m, &mut outs, scratch);
         for (y, l) in outs.iter_mut().zip(layers) {
-            scale_outputs(y, l.weight.out_scale);
-            if let Some(b) = &l.bias {
-                for row in y.chunks_exact_mut(l.out_features()) {
-                    kernels::ops::add_inplace(row, b);
-                }
-            }
+            finish_outputs(y, l);
+        }
+    }
+
+    /// Each layer over its own input (the chosen experts' down projections at
+    /// MoE decode): one pool run covers every output row, each input is
+    /// quantized once. `xs[k]`: `m × in_k`; `ys[k]` gets `m × out_k`, equal to
+    /// `layers[k].forward(xs[k])`.
+    pub fn forward_each(
+        pool: &ThreadPool,
+        layers: &[&Linear],
+        xs: &[&[f32]],
+        m: usize,
+        ys: &mut [&mut [f32]],
+        scratch: &mut MatmulScratch,
+    ) {
+        let mats: Vec<kernels::MatRef<'_>> = layers.iter().map(|l| l.weight.mat()).collect();
+        let ins: Vec<&[f32]> = xs.iter().zip(layers).map(|(x, l)| &x[..m * l.in_features()]).collect();
+        let mut outs: Vec<&mut [f32]> =
+            ys.iter_mut().zip(layers).map(|(y, l)| &mut y[..m * l.out_features()]).collect();
+        kernels::matmul::matmul_each(pool, &mats, &ins, m, &mut outs, scratch);
+        for (y, l) in outs.iter_mut().zip(layers) {
+            finish_outputs(y, l);
         }
     }
 
@@ -72,6 +84,17 @@ impl Linear {
     /// row, plus the bias additions).
     pub fn flops(&self, m: usize) -> usize {
         2 * m * self.in_features() * self.out_features() + self.bias.as_ref().map_or(0, |b| m * b.len())
+    }
+}
+
+/// Applies `l`'s per-tensor scale (NVFP4) and bias to its matmul outputs `y`
+/// (`m × out`).
+fn finish_outputs(y: &mut [f32], l: &Linear) {
+    scale_outputs(y, l.weight.out_scale);
+    if let Some(b) = &l.bias {
+        for row in y.chunks_exact_mut(l.out_features()) {
+            kernels::ops::add_inplace(row, b);
+        }
     }
 }
 

@@ -415,8 +415,9 @@ impl Moe {
     /// chosen expert's gate and up projection, the shared expert's and its gate
     /// read the same input, so they run as one multi-weight product (one pool
     /// run over all their rows, the input quantized once) instead of two runs
-    /// per expert; then each expert's down projection. Only the chosen
-    /// experts' weights are read. Sums in the order of [`Moe::forward`]
+    /// per expert; then every down projection, again as one pool run (each
+    /// reading its own expert's activations). Only the chosen experts' weights
+    /// are read. Sums in the order of [`Moe::forward`]
     /// (experts by index, then the shared expert).
     fn forward_token(&self, pool: &ThreadPool, x: &[f32], out: &mut [f32], s: &mut MoeScratch) {
         let h = self.router.in_features();
@@ -467,14 +468,24 @@ impl Moe {
             m.act.apply(&mut s.gate[off..off + f], &s.up[off..off + f]);
             off += f;
         }
-        grow(&mut s.rows_out, h);
-        let mut off = 0;
-        for (m, weight) in &mlps {
-            let f = m.gate.out_features();
-            m.down.forward(pool, &s.gate[off..off + f], 1, &mut s.rows_out, &mut s.matmul);
+        // Every down projection in one pool run, each reading its own expert's
+        // activations; `rows_out` holds their outputs, `h` each.
+        grow(&mut s.rows_out, mlps.len() * h);
+        {
+            let downs: Vec<&Linear> = mlps.iter().map(|(m, _)| &m.down).collect();
+            let mut ins: Vec<&[f32]> = Vec::with_capacity(mlps.len());
+            let mut off = 0;
+            for (m, _) in &mlps {
+                let f = m.gate.out_features();
+                ins.push(&s.gate[off..off + f]);
+                off += f;
+            }
+            let mut outs: Vec<&mut [f32]> = s.rows_out[..mlps.len() * h].chunks_exact_mut(h).collect();
+            Linear::forward_each(pool, &downs, &ins, 1, &mut outs, &mut s.matmul);
+        }
+        for ((_, weight), y) in mlps.iter().zip(s.rows_out.chunks_exact(h)) {
             let w = weight.unwrap_or_else(|| 1.0 / (1.0 + (-s.shared_gate[0]).exp()));
-            out[..h].iter_mut().zip(&s.rows_out[..h]).for_each(|(d, v)| *d += w * v);
-            off += f;
+            out[..h].iter_mut().zip(y).for_each(|(d, v)| *d += w * v);
         }
     }
 
