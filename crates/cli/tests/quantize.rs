@@ -20,13 +20,11 @@
 //! `quantization_config`; gpt_oss's stacked experts in OpenAI's MXFP4 layout
 //! (`_blocks`/`_scales`, `[E, out, in/32, …]`) under mxfp4.
 
+mod common;
+use common::{fixture, smollm2};
 use model::{KvType, LoadOptions, LogitsMode, Model, NoComm, SeqKv, SeqStep, ShardSpec, Workspace};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name)
-}
 
 fn logits(dir: &Path, ids: &[u32]) -> Vec<f32> {
     let files = formats::open_model(dir).unwrap();
@@ -194,7 +192,7 @@ fn moe_gguf_quantized_with_per_expert_scales() {
     let ids: Vec<u32> = vec![1, 17, 230, 5, 999, 64, 3, 512, 77, 300];
     let tmp = tempfile::tempdir().unwrap();
     let f32_gguf = tmp.path().join("qwen3_moe-f32.gguf");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_moe_to_gguf.py");
+    let script = common::repo().join("scripts/hf_moe_to_gguf.py");
     let o = Command::new("python3").arg(&script).arg(fixture("qwen3_moe")).arg(&f32_gguf).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     for to in ["nvfp4", "mxfp4", "q8_0"] {
@@ -276,21 +274,6 @@ fn smollm2_to_q4_k_gguf() {
     let same = a.chunks(vocab).zip(b.chunks(vocab)).filter(|(x, y)| argmax(x) == argmax(y)).count();
     eprintln!("SmolLM2 q4_k vs q4_1: rms |Δ logits| {rms:.3}, top-1 same at {same}/{}", ids.len());
     assert!(rms <= 1.0 && same >= 13, "rms {rms}, top-1 same {same}/{}", ids.len());
-}
-
-/// The cached SmolLM2 GGUF; `None` (test skipped) when absent outside CI.
-fn smollm2() -> Option<PathBuf> {
-    let cache = std::env::var_os("SHARDLM_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/shardlm"));
-    let p = cache.join("smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-    assert!(!ci, "SmolLM2 GGUF missing at {} (scripts/test.sh fetches it)", p.display());
-    eprintln!("skipping: {} not found", p.display());
-    None
 }
 
 /// HF → GGUF: each tiny dense fixture written as a Q8_0 GGUF with llama.cpp's
