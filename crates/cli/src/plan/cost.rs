@@ -307,13 +307,15 @@ fn predict_split(
             }
             // Tensor parallelism copies its slice of the matrices split by input
             // columns (o, down) into memory of its own (counted above): reading
-            // it touches every row, so the file pages of the whole matrix stay
-            // resident beside the copy (measured: page cache of the mmap,
-            // counted in RSS; on the ~1B test model and SmolLM2 at tensor 2).
+            // it touches every row, so file pages of the matrix stay resident
+            // beside the copy (page cache of the mmap, counted in RSS). Measured
+            // on SmolLM2 at tensor 2: about half of them on 2026-12-01 (both
+            // ranks 8–10 MB under the whole-matrix figure, which had matched
+            // the day before; the change that moved it was not identified).
             // (shardlm on CPUs; a preset describes the machine, not this effect.)
             // Whole experts (expert parallelism) are not cut, so theirs are not.
             if tp > 1 && ms[r].name.starts_with("local") {
-                let split = shape.col_split_bytes() - if expert { shape.expert_bytes / 3.0 } else { 0.0 };
+                let split = 0.5 * (shape.col_split_bytes() - if expert { shape.expert_bytes / 3.0 } else { 0.0 });
                 wb += layers[s] as f64 * split;
                 // The vocab-parallel embedding rows are read through the mmap
                 // too, and rank 0 (which looks tokens up) keeps the whole
