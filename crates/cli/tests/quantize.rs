@@ -161,17 +161,17 @@ fn quantized_fixtures_match_f32_on_dequantized_weights() {
 #[test]
 fn quantize_errors_are_one_line() {
     let tmp = tempfile::tempdir().unwrap();
-    let llama = fixture("llama");
+    let (llama, mixtral) = (fixture("llama"), fixture("mixtral"));
     let out = tmp.path().join("o");
     let gguf = tmp.path().join("o.gguf");
-    let cases: [(Vec<&str>, &str); 4] = [
-        (vec!["--to", "fp8", gguf.to_str().unwrap()], "fp8 has no GGUF type"),
-        (vec!["--to", "q3_x", out.to_str().unwrap()], "unknown target 'q3_x'"),
-        (vec!["--to", "q8_0", gguf.to_str().unwrap()], "GGUF output needs a GGUF input"),
-        (vec!["--to", "q4_k", gguf.to_str().unwrap()], "GGUF output needs a GGUF input"),
+    let cases: [(&Path, Vec<&str>, &str); 4] = [
+        (&llama, vec!["--to", "fp8", gguf.to_str().unwrap()], "fp8 has no GGUF type"),
+        (&llama, vec!["--to", "q3_x", out.to_str().unwrap()], "unknown target 'q3_x'"),
+        (&llama, vec!["--to", "q8_0", out.to_str().unwrap()], "needs a name ending in .gguf"),
+        (&mixtral, vec!["--to", "q4_k", gguf.to_str().unwrap()], "HF → GGUF supports llama, mistral, qwen2 and qwen3"),
     ];
-    for (args, want) in cases {
-        let mut all = vec!["quantize", llama.to_str().unwrap()];
+    for (input, args, want) in cases {
+        let mut all = vec!["quantize", input.to_str().unwrap()];
         all.extend(&args[2..]);
         all.extend(&args[..2]);
         let o = Command::new(env!("CARGO_BIN_EXE_shardlm")).args(&all).output().unwrap();
