@@ -62,7 +62,12 @@ fn absorbed_equals_expanded() {
         let scale = e.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = a.iter().zip(&e).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         eprintln!("{kv_type:?}: absorbed vs expanded max |Δ| = {d:.2e} (max |logit| {scale:.2})");
-        assert!(d <= 1e-5 * scale, "{kv_type:?}: absorbed vs expanded differ by {d}");
+        // Both modes read the same cached values; they differ in association
+        // (q·(W_UK c) against (W_UKᵀ q)·c) and so in f32 rounding. The scalar
+        // score loop sums the 576-wide latent dot sequentially: worst case
+        // ~n·ε ≈ 576 · 6e-8 ≈ 3.4e-5 relative (measured 2.3e-5 there with an
+        // f16 cache, ≤ 1.1e-6 at AVX2/AVX-512).
+        assert!(d <= 5e-5 * scale, "{kv_type:?}: absorbed vs expanded differ by {d}");
     }
 }
 
