@@ -163,7 +163,9 @@ fn stage_decode(
     depth: f64,
     w: &Workload,
 ) -> (f64, bool) {
-    let bytes = (layers as f64 * shape.layer_active_bytes() + if head { shape.head_read_bytes() } else { 0.0 }) * share;
+    let split = shape.layer_active_bytes() - shape.attn_replicated_bytes;
+    let bytes = (layers as f64 * split + if head { shape.head_read_bytes() } else { 0.0 }) * share
+        + layers as f64 * shape.attn_replicated_bytes;
     let kv = (layers * shape.kv_elems_per_layer) as f64 * w.kv_elem * depth * shape.kv_share(share);
     let mem = (bytes + kv) / m.decode_bytes_per_s;
     let attn = shape.decode_attn_flops(depth) * layers as f64 / shape.layers as f64 * share / m.attn_flops;
@@ -291,8 +293,11 @@ fn predict_split(
         for j in 0..tp {
             let r = s * tp + j;
             let a_share = attn_share(shape, j, tp);
-            let mut wb =
-                layers[s] as f64 * (shape.attn_bytes * a_share + (shape.layer_bytes() - shape.attn_bytes) * share);
+            let split_attn = shape.attn_bytes - shape.attn_replicated_bytes;
+            let mut wb = layers[s] as f64
+                * (shape.attn_replicated_bytes
+                    + split_attn * a_share
+                    + (shape.layer_bytes() - shape.attn_bytes) * share);
             if head {
                 wb += shape.head_read_bytes() * share;
             }
@@ -412,6 +417,28 @@ mod tests {
         let w = Workload { context: 4096, chunk: 512, kv_elem: 2.0 };
         let strategy = if tp == 1 { Strategy::Single } else { Strategy::Tensor };
         predict(&shape, &machines, &link, strategy, tp, tp, &w, &[]).kv_bytes
+    }
+
+    /// MLA's q_a and kv_a down-projections are replicated on every tensor
+    /// rank (model::mla): a rank's weights are those bytes whole plus its
+    /// share of everything else.
+    #[test]
+    fn mla_down_projections_are_replicated_across_tensor_ranks() {
+        let mla = serde_json::json!({"hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+            "num_key_value_heads": 128, "vocab_size": 129280, "intermediate_size": 18432,
+            "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+            "v_head_dim": 128});
+        let shape = from_config(&mla, "test", Some("bf16")).unwrap();
+        assert_eq!(shape.attn_replicated_bytes, 7168.0 * (1536.0 + 512.0 + 64.0) * 2.0);
+        let weights = |tp: usize| {
+            let machines = vec![machine_preset("h200").unwrap(); tp];
+            let w = Workload { context: 4096, chunk: 512, kv_elem: 2.0 };
+            let strategy = if tp == 1 { Strategy::Single } else { Strategy::Tensor };
+            predict(&shape, &machines, &link_preset("nvlink").unwrap(), strategy, tp, tp, &w, &[]).weights_bytes
+        };
+        let (one, four) = (weights(1)[0], weights(4)[0]);
+        let repl = 61.0 * shape.attn_replicated_bytes;
+        assert!(((four - repl) - (one - repl) / 4.0).abs() < 1.0, "tp4 {four} vs tp1 {one}");
     }
 
     /// MLA caches one latent row per position that every tensor rank holds

@@ -61,6 +61,10 @@ pub struct Shape {
     pub head_reads_embed: bool,
     /// Per layer: attention projections, dense/shared MLP, and all routed experts.
     pub attn_bytes: f64,
+    /// Of `attn_bytes`, what every tensor rank holds whole: MLA's q_a and
+    /// kv_a down-projections and their norms (model::mla replicates them so
+    /// each rank computes the latent itself). 0 for GQA.
+    pub attn_replicated_bytes: f64,
     pub dense_bytes: f64,
     pub expert_bytes: f64,
     /// Routed experts per MoE layer and how many each token uses.
@@ -170,6 +174,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
     let files = formats::open_model(path)?;
     let c = &files.config;
     let (mut embed, mut head, mut attn, mut dense, mut expert) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    let mut attn_replicated = 0.0;
     let mut main_dtype = std::collections::BTreeMap::<String, f64>::new();
     let target_bits = quant.and_then(bits_per_weight);
     for (name, t) in &files.tensors.tensors {
@@ -192,6 +197,9 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
                 expert += bytes;
             } else if in_layer.starts_with("self_attn") || in_layer.contains("attention") {
                 attn += bytes;
+                if ["q_a_proj", "q_a_layernorm", "kv_a_proj", "kv_a_layernorm"].iter().any(|p| in_layer.contains(p)) {
+                    attn_replicated += bytes;
+                }
             } else {
                 dense += bytes;
             }
@@ -225,6 +233,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         head_bytes: head,
         head_reads_embed: tied,
         attn_bytes: attn / n,
+        attn_replicated_bytes: attn_replicated / n,
         dense_bytes: dense / n,
         expert_bytes: expert / n,
         experts,
@@ -261,15 +270,15 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
     let nope_dim = get(v, &["qk_nope_head_dim"]).unwrap_or(0) as usize;
     let v_dim = get(v, &["v_head_dim"]).unwrap_or(head_dim as u64) as usize;
     let tied = v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
-    let (attn_params, kv_elems) = if kv_lora > 0 {
+    let (attn_params, kv_elems, replicated_params) = if kv_lora > 0 {
         // MLA: q (through q_lora if any), the joint kv down-projection with the
         // rope key, the up-projections to k_nope and v, and o.
         let qk = nope_dim + rope_dim;
         let q = if q_lora > 0 { hidden * q_lora + q_lora * heads * qk } else { hidden * heads * qk };
         let kv = hidden * (kv_lora + rope_dim) + kv_lora * heads * (nope_dim + v_dim);
-        (q + kv + heads * v_dim * hidden, kv_lora + rope_dim)
+        (q + kv + heads * v_dim * hidden, kv_lora + rope_dim, hidden * (q_lora + kv_lora + rope_dim))
     } else {
-        (hidden * head_dim * (2 * heads + 2 * kv_heads), 2 * kv_heads * head_dim)
+        (hidden * head_dim * (2 * heads + 2 * kv_heads), 2 * kv_heads * head_dim, 0)
     };
     let moe_layers = if experts > 0 { layers - dense_first.min(layers) } else { 0 };
     let per_layer = |params: f64| params / layers.max(1) as f64;
@@ -296,6 +305,7 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
         head_bytes: if tied { 0.0 } else { embed },
         head_reads_embed: tied,
         attn_bytes: attn_params as f64 * b,
+        attn_replicated_bytes: replicated_params as f64 * b,
         dense_bytes: per_layer(dense_params) * b,
         expert_bytes: per_layer(expert_params) * b,
         experts,
@@ -367,6 +377,8 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
         head_bytes: embed_params * b,
         head_reads_embed: false,
         attn_bytes: per_layer(shared).min(attn) * b,
+        // The kv_a down-projection (q_lora is not among the parameters).
+        attn_replicated_bytes: (hidden * (kv_lora + rope_dim)) as f64 * b,
         dense_bytes: (per_layer(shared) - attn).max(0.0) * b,
         expert_bytes: per_layer(experts as f64 * per_expert) * b,
         experts,
