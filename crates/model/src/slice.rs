@@ -58,6 +58,12 @@ pub fn cols(w: &WeightTensor, c: Range<usize>) -> WeightTensor {
         }
         (DType::F32, out)
     };
+    // Gathering the columns read every row, so every page of the whole
+    // matrix became resident; the copy is all this rank keeps, so the file
+    // pages go back (re-read from the file if anything touches them again).
+    // Without this a tensor rank's resident memory held its slices plus the
+    // whole o/down matrices' pages (~1B model at tensor 2: +195 MB a rank).
+    w.data.release_pages();
     WeightTensor {
         name: w.name.clone(),
         dtype,

@@ -311,23 +311,14 @@ fn predict_split(
                 };
             }
             // Tensor parallelism copies its slice of the matrices split by input
-            // columns (o, down) into memory of its own (counted above): reading
-            // it touches every row, so file pages of the matrix stay resident
-            // beside the copy (page cache of the mmap, counted in RSS). Measured
-            // on SmolLM2 at tensor 2: about half of them on 2026-12-01 (both
-            // ranks 8–10 MB under the whole-matrix figure, which had matched
-            // the day before; the change that moved it was not identified).
+            // columns (o, down) into memory of its own (counted above) and
+            // gives the file pages it read back (`model::slice::cols`). A tied
+            // embedding is read through the mmap: the head reads the rank's
+            // vocabulary rows (counted above with the head), and rank 0, which
+            // looks tokens up, keeps the whole table's pages.
             // (shardlm on CPUs; a preset describes the machine, not this effect.)
-            // Whole experts (expert parallelism) are not cut, so theirs are not.
-            if tp > 1 && ms[r].name.starts_with("local") {
-                let split = 0.5 * (shape.col_split_bytes() - if expert { shape.expert_bytes / 3.0 } else { 0.0 });
-                wb += layers[s] as f64 * split;
-                // The vocab-parallel embedding rows are read through the mmap
-                // too, and rank 0 (which looks tokens up) keeps the whole
-                // table's pages (measured on SmolLM2, tied: +14 MB on rank 0).
-                if embed && shape.head_reads_embed {
-                    wb += shape.embed_bytes * if j == 0 { 1.0 } else { share };
-                }
+            if tp > 1 && ms[r].name.starts_with("local") && embed && shape.head_reads_embed && j == 0 {
+                wb += shape.embed_bytes * (1.0 - share);
             }
             p.weights_bytes[r] = wb;
             p.kv_bytes[r] = layers[s] as f64 * kv_layer * shape.kv_share(a_share);

@@ -142,14 +142,6 @@ impl Shape {
         4.0 * p * (self.heads * self.head_dim * self.layers) as f64
     }
 
-    /// Bytes per layer of the matrices tensor parallelism splits by input
-    /// columns: attention's output projection (hidden²·heads·head_dim/hidden)
-    /// and the MLP's down projection (a third of the dense MLP), experts too.
-    pub fn col_split_bytes(&self) -> f64 {
-        let o = (self.hidden * self.heads * self.head_dim) as f64 * self.bits() / 8.0;
-        o.min(self.attn_bytes) + (self.dense_bytes + self.expert_bytes) / 3.0
-    }
-
     pub fn bits(&self) -> f64 {
         bits_per_weight(&self.quant).unwrap_or(16.0)
     }
