@@ -17,7 +17,10 @@ fn main() {
     quant::quantize_row(DType::Q8_0, &x.repeat(4), &mut q8).unwrap();
     let mut a8 = vec![0u64; VecDotType::Q8_0.row_bytes(n).div_ceil(8)];
     let len = VecDotType::Q8_0.row_bytes(n);
-    quant::quantize_act_fn(VecDotType::Q8_0, shardlm_kernels::isa::Isa::Scalar)(&x, &mut bytemuck::cast_slice_mut(&mut a8)[..len]);
+    quant::quantize_act_fn(VecDotType::Q8_0, shardlm_kernels::isa::Isa::Scalar)(
+        &x,
+        &mut bytemuck::cast_slice_mut(&mut a8)[..len],
+    );
     type Dot4 = unsafe fn(usize, *const u8, usize, *const u8, *mut f32);
     let cases: [(&str, Dot4, &[u8], *const u8); 3] = [
         ("fp8 bf16", avx512_fp8_bf16::dot4_fp8, &fp8, x.as_ptr() as *const u8),

@@ -73,7 +73,8 @@ fn every_code_exact() {
     let scales = [1.0f32, -0.5, 2f32.powi(-20), 8.0];
     let rows: Vec<BlockFp8> = (0..4)
         .map(|r| {
-            let qs: Vec<u8> = (0..64).map(|k| (64 * r + k) as u8).map(|q| if q & 0x7F == 0x7F { q - 1 } else { q }).collect();
+            let qs: Vec<u8> =
+                (0..64).map(|k| (64 * r + k) as u8).map(|q| if q & 0x7F == 0x7F { q - 1 } else { q }).collect();
             block(scales[r], &qs)
         })
         .collect();

@@ -229,8 +229,11 @@ fn avx512_rows_are_batch_invariant() {
         let w = random_weight(&mut rng, dtype, rows, cols);
         let x = random_acts(&mut rng, m * cols);
         // The low-bit floats have no packed layout: file layout only.
-        let pw =
-            if matches!(dtype, DType::MXFP4 | DType::NVFP4 | DType::FP8) { None } else { Some(packed::pack(dtype, rows, cols, &w)) };
+        let pw = if matches!(dtype, DType::MXFP4 | DType::NVFP4 | DType::FP8) {
+            None
+        } else {
+            Some(packed::pack(dtype, rows, cols, &w))
+        };
         let mut mats = vec![("file", MatRef::new(dtype, rows, cols, &w).unwrap())];
         if let Some(pw) = &pw {
             mats.push(("packed", MatRef::new_packed(dtype, rows, cols, pw).unwrap()));

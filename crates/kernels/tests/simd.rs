@@ -179,12 +179,7 @@ fn dot4_kernels_match_scalar() {
                 for r in 0..4 {
                     let mag: f32 = wd[r * n..(r + 1) * n].iter().zip(&x).map(|(a, b)| (a * b).abs()).sum::<f32>() * 1.1;
                     let tol = tolerance(dtype, isa, &w[r * rb..(r + 1) * rb], &x, 1e-5 * mag + 1e-6);
-                    assert!(
-                        (got[r] - want[r]).abs() <= tol,
-                        "{dtype} n={n} {isa} row {r}: {} vs {}",
-                        got[r],
-                        want[r]
-                    );
+                    assert!((got[r] - want[r]).abs() <= tol, "{dtype} n={n} {isa} row {r}: {} vs {}", got[r], want[r]);
                 }
             }
         }
@@ -231,10 +226,7 @@ fn tile_kernels_match_scalar() {
                         let mag: f32 = wd.iter().zip(x).map(|(p, q)| (p * q).abs()).sum::<f32>() * 1.1;
                         let got = out[j * 5 + r];
                         let tol = tolerance(dtype, isa, &w[r * rb..(r + 1) * rb], x, 1e-5 * mag + 1e-6);
-                        assert!(
-                            (got - want).abs() <= tol,
-                            "{dtype} {isa} n={n} r={r} j={j}: {got} vs {want}"
-                        );
+                        assert!((got - want).abs() <= tol, "{dtype} {isa} n={n} r={r} j={j}: {got} vs {want}");
                     }
                 }
                 assert!(out[4].is_nan(), "tile wrote outside its outputs");

@@ -46,9 +46,16 @@
 //! kernel here to it. (Q8_0 activations, for comparison, move by up to
 //! `amax/254` per value, ≈ 1% of a typical value.)
 //!
-//! Requires AVX-512 BF16 and VBMI (`vpermi2b`); [`has_bf16`] decides, and the
-//! exact kernels of [`super::avx512_fp`] remain the fallback (`SHARDLM_BF16=0`,
-//! or `SHARDLM_VBMI=0`, selects them).
+//! Requires AVX-512 BF16 and VBMI (`vpermt2b`). **Not dispatched by default**
+//! ([`has_bf16`]: `SHARDLM_BF16=1` opts in): on the Xeon (AVX-512 BF16, VBMI,
+//! FP16, no AMX) they were written on they run no faster than the exact
+//! kernels of [`super::avx512_fp`], which stay the default. Measured (docs/LOWBIT.md,
+//! "FP8 compute"): four rows × 2048 in L1, bf16 ≈ exact ≈ 2× Q8_0's time; with
+//! the activations pre-converted and a shift-only weight conversion (both
+//! tried) still the same, so neither conversion is the limit: `vdpbf16ps` is
+//! (an 8-chain probe: about 3 FMAs' time each, against 1.3 for `vpdpbusd`),
+//! and two of them per 64 weights and row already cost what Q8_0's whole
+//! block does.
 
 use super::avx2_rows::{prefetch, PREFETCH_ROWS};
 use super::avx512::{reduce, store_tile};
@@ -92,15 +99,17 @@ const fn byte_table(hi: bool) -> [u8; 128] {
 static BF16_LO: [u8; 128] = byte_table(false);
 static BF16_HI: [u8; 128] = byte_table(true);
 
-/// Whether the bf16 kernels are used: the CPU has AVX-512 BF16 and VBMI
-/// ([`super::avx512_fp4_vbmi::has_vbmi`], so `SHARDLM_VBMI=0` turns these off
-/// too), and `SHARDLM_BF16` is not `0`. Cached.
+/// Whether the bf16 kernels are dispatched: only on request (`SHARDLM_BF16=1`)
+/// and where the CPU has AVX-512 BF16 and VBMI ([`super::avx512_fp4_vbmi::has_vbmi`],
+/// so `SHARDLM_VBMI=0` turns them off too). Off by default: on the machine they
+/// were written on they measured no faster than the exact kernels (module docs),
+/// and they round the activations. Cached.
 pub fn has_bf16() -> bool {
     static BF16: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *BF16.get_or_init(|| {
-        super::avx512_fp4_vbmi::has_vbmi()
+        std::env::var("SHARDLM_BF16").is_ok_and(|v| v.trim() == "1")
+            && super::avx512_fp4_vbmi::has_vbmi()
             && is_x86_feature_detected!("avx512bf16")
-            && std::env::var("SHARDLM_BF16").map_or(true, |v| v.trim() != "0")
     })
 }
 
@@ -177,10 +186,6 @@ unsafe fn fp8_tile<const R: usize, const A: usize>(
             prefetch(x.wrapping_add(ahead));
             prefetch(x.wrapping_add(ahead + 64));
             let q = weights_bf16(_mm512_loadu_si512(x.add(4) as *const _), &t);
-                [f(x.add(4)), f(x.add(36))]
-            } else {
-                weights_bf16(_mm512_loadu_si512(x.add(4) as *const _), &t)
-            };
             let d = _mm512_set1_ps((x as *const f32).read_unaligned());
             for j in 0..A {
                 let s = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[0], av[j][0]);
