@@ -19,9 +19,14 @@ fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
             s as u8
         })
         .collect();
-    // Sane f16 scales at the start of every block.
+    // Sane f16 scales at the start of every block (FP8: an f32 scale, no NaN codes).
     let bb = dtype.block_bytes();
-    if dtype.is_quantized() {
+    if dtype == DType::FP8 {
+        for b in v.chunks_exact_mut(bb) {
+            b[0..4].copy_from_slice(&0.01f32.to_le_bytes());
+            b[4..].iter_mut().filter(|q| **q & 0x7F == 0x7F).for_each(|q| *q -= 1);
+        }
+    } else if dtype.is_quantized() {
         for b in v.chunks_exact_mut(bb) {
             b[0..2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
             if dtype == DType::Q4_1 {

@@ -73,3 +73,43 @@ pub fn vec_dot(w: &[BlockFp8], a: &[f32]) -> f32 {
     }
     sum
 }
+
+/// Whether the FP8 kernels at `isa` round the activations to bf16 (the AVX-512
+/// BF16 kernels, [`crate::simd::avx512_fp8_bf16`]); otherwise they are exact
+/// up to f32 rounding.
+pub fn bf16_activations(isa: crate::isa::Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa == crate::isa::Isa::Avx512 {
+        return crate::simd::avx512_fp8_bf16::has_bf16();
+    }
+    let _ = isa;
+    false
+}
+
+/// The relative part of the bf16 kernels' error bound for `n`-value rows:
+/// `2⁻⁸ + 2·γ(n+2)·(1 + 2⁻⁸)` with `γ(k) = k·2⁻²⁴/(1 − k·2⁻²⁴)`, a multiple of
+/// `Σ|w·a|` (see [`bf16_dot_bound`]).
+pub fn bf16_rel_bound(n: usize) -> f32 {
+    let k = (n + 2) as f64 * 2f64.powi(-24);
+    let gamma = k / (1.0 - k);
+    ((2f64.powi(-8) + 2.0 * gamma * (1.0 + 2f64.powi(-8))) * (1.0 + 1e-6)) as f32
+}
+
+/// The bound on `|bf16 kernel − vec_dot(w, a)|` derived in
+/// [`crate::simd::avx512_fp8_bf16`]: `bf16_rel_bound(n)·Σ|w·a| +
+/// 2⁻¹²⁶·(Σ|w| + 128·Σ|d|)`, `w` the dequantized weights (the last term covers
+/// the denormals the bf16 instructions flush). Sums in f64, rounded up.
+pub fn bf16_dot_bound(w: &[BlockFp8], a: &[f32]) -> f32 {
+    let (mut wa, mut wabs, mut dabs) = (0f64, 0f64, 0f64);
+    for (x, a) in w.iter().zip(a.chunks_exact(64)) {
+        let d = x.scale() as f64;
+        dabs += d.abs();
+        for (&q, &v) in x.qs.iter().zip(a) {
+            let wv = (e4m3_to_f32(q) as f64 * d).abs();
+            wabs += wv;
+            wa += wv * (v as f64).abs();
+        }
+    }
+    let rel = bf16_rel_bound(w.len() * 64) as f64;
+    ((rel * wa + 2f64.powi(-126) * (wabs + 128.0 * dabs)) * (1.0 + 1e-6)) as f32
+}

@@ -19,6 +19,7 @@ pub fn dot_fn(dtype: DType) -> Option<DotFn> {
     Some(match dtype {
         DType::MXFP4 => dot_mxfp4,
         DType::NVFP4 => dot_nvfp4,
+        DType::FP8 if super::avx512_fp8_bf16::has_bf16() => super::avx512_fp8_bf16::dot_fp8,
         DType::FP8 => dot_fp8,
         _ => return None,
     })

@@ -21,12 +21,14 @@ use crate::DType;
 use std::arch::x86_64::*;
 
 /// The AVX-512 four-row dot for a low-bit float `dtype`, if there is one
-/// (FP8's, against f32 activations, lives in [`super::avx512_fp`]).
+/// (FP8's, against f32 activations, live in [`super::avx512_fp8_bf16`] and,
+/// without BF16, [`super::avx512_fp`]).
 pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
     Some(match dtype {
         DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::dot4_mxfp4,
         DType::MXFP4 => dot4_mxfp4,
         DType::NVFP4 => dot4_nvfp4,
+        DType::FP8 if super::avx512_fp8_bf16::has_bf16() => super::avx512_fp8_bf16::dot4_fp8,
         DType::FP8 => super::avx512_fp::dot4_fp8,
         _ => return None,
     })
@@ -38,6 +40,8 @@ pub fn tile_fn(dtype: DType) -> Option<TileFn> {
         DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::tile_mxfp4,
         DType::MXFP4 => tile_mxfp4,
         DType::NVFP4 => tile_nvfp4,
+        // Without BF16, FP8 prefill uses the AVX2 tile.
+        DType::FP8 if super::avx512_fp8_bf16::has_bf16() => super::avx512_fp8_bf16::tile_fp8,
         _ => return None,
     })
 }
