@@ -12,6 +12,8 @@ pub mod avx2_rows;
 pub mod avx2_tile;
 pub mod avx512;
 pub mod avx512_attn;
+pub mod avx512_direct;
+pub mod avx512_lanes;
 pub mod avx512_fp;
 pub mod avx512_fp4;
 pub mod avx512_fp4_vbmi;
