@@ -96,7 +96,8 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             best = best.min(t1.elapsed().as_secs_f64());
         }
         let s = t.elapsed().as_secs_f64() / reps as f64;
-        let bytes = (start + 1) as f64 * (nkv * d) as f64 * 2.0 * 30.0 * std::mem::size_of::<T>() as f64 / T::VALUES as f64;
+        let bytes =
+            (start + 1) as f64 * (nkv * d) as f64 * 2.0 * 30.0 * std::mem::size_of::<T>() as f64 / T::VALUES as f64;
         println!(
             "decode at depth {start}, 30 layers' caches: {:7.2} ms/token (best {:.2}), KV read {:5.1} GB/s",
             s * 1e3,

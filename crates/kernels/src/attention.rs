@@ -103,13 +103,33 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     /// `j < n`, reading key `j` at `k[j·stride ..]` in place, at ISA level `isa`
     /// (AVX-512, else a scalar loop). Only called when [`KvElem::DIRECT`].
     #[allow(clippy::too_many_arguments)]
-    fn direct_scores(isa: Isa, q: &[f32], rows: usize, k: &[Self], stride: usize, n: usize, d: usize, s: &mut [f32], s_stride: usize) {
+    fn direct_scores(
+        isa: Isa,
+        q: &[f32],
+        rows: usize,
+        k: &[Self],
+        stride: usize,
+        n: usize,
+        d: usize,
+        s: &mut [f32],
+        s_stride: usize,
+    ) {
         let _ = (isa, q, rows, k, stride, n, d, s, s_stride);
     }
     /// `o[r] += Σ_{j<n} p[r·p_stride + j] · v[j]` (`o`: `rows × d`), reading
     /// value `j` at `v[j·stride ..]` in place. Only called when [`KvElem::DIRECT`].
     #[allow(clippy::too_many_arguments)]
-    fn direct_pv(isa: Isa, p: &[f32], p_stride: usize, rows: usize, v: &[Self], stride: usize, n: usize, d: usize, o: &mut [f32]) {
+    fn direct_pv(
+        isa: Isa,
+        p: &[f32],
+        p_stride: usize,
+        rows: usize,
+        v: &[Self],
+        stride: usize,
+        n: usize,
+        d: usize,
+        o: &mut [f32],
+    ) {
         let _ = (isa, p, p_stride, rows, v, stride, n, d, o);
     }
 }
@@ -126,10 +146,30 @@ impl KvElem for f16 {
         prefetch(simd, src, stride, n, d)
     }
     const DIRECT: bool = true;
-    fn direct_scores(isa: Isa, q: &[f32], rows: usize, k: &[f16], stride: usize, n: usize, d: usize, s: &mut [f32], s_stride: usize) {
+    fn direct_scores(
+        isa: Isa,
+        q: &[f32],
+        rows: usize,
+        k: &[f16],
+        stride: usize,
+        n: usize,
+        d: usize,
+        s: &mut [f32],
+        s_stride: usize,
+    ) {
         direct::scores(isa, q, rows, k, stride, n, d, s, s_stride)
     }
-    fn direct_pv(isa: Isa, p: &[f32], p_stride: usize, rows: usize, v: &[f16], stride: usize, n: usize, d: usize, o: &mut [f32]) {
+    fn direct_pv(
+        isa: Isa,
+        p: &[f32],
+        p_stride: usize,
+        rows: usize,
+        v: &[f16],
+        stride: usize,
+        n: usize,
+        d: usize,
+        o: &mut [f32],
+    ) {
         direct::pv(isa, p, p_stride, rows, v, stride, n, d, o)
     }
 }
@@ -331,7 +371,16 @@ impl Tiling {
             let keys = sh.keys(0).len();
             let splits = if threads <= 1 { 1 } else { (4 * threads).min(keys / (2 * KB)).max(1) };
             let (toks, tok_tiles, head_tiles, kv_tiles) = (1, 1, 1, 1);
-            return Tiling { group, heads: sh.n_heads, head_tiles, toks, tok_tiles, splits, kv_tiles, kvn: sh.n_kv_heads };
+            return Tiling {
+                group,
+                heads: sh.n_heads,
+                head_tiles,
+                toks,
+                tok_tiles,
+                splits,
+                kv_tiles,
+                kvn: sh.n_kv_heads,
+            };
         }
         let heads = group.min(RMAX);
         let head_tiles = group.div_ceil(heads);
@@ -589,7 +638,7 @@ fn run_tile<T: KvElem>(
         for i in 0..job.kvn {
             let koff = (job.kvh + i) * d / T::VALUES;
             let (r0, r1) = (i * per, (i + 1) * per);
-            if let Some((kn, vn, nn)) = next.filter(|_| !xp_nopf()) {
+            if let Some((kn, vn, nn)) = next {
                 T::prefetch(simd, &kn[koff..], stride, nn, d);
                 T::prefetch(simd, &vn[koff..], stride, nn, d);
             }
@@ -643,12 +692,6 @@ fn run_tile<T: KvElem>(
         }
         b0 += n;
     }
-}
-
-// XXX experiment switch, removed before merge.
-fn xp_nopf() -> bool {
-    static X: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *X.get_or_init(|| std::env::var("XP_NOPF").is_ok())
 }
 
 /// Start-up check of the AVX2 block steps against the scalar ones (called by

@@ -182,7 +182,8 @@ fn f16_store_rounds_like_half() {
 #[test]
 fn direct_steps_match_scalar() {
     let mut rng = rng(34);
-    for &(rows, n, d, stride) in &[(3, 32, 64, 192), (1, 7, 64, 64), (4, 13, 128, 256), (2, 1, 32, 96), (5, 9, 16, 48)] {
+    for &(rows, n, d, stride) in &[(3, 32, 64, 192), (1, 7, 64, 64), (4, 13, 128, 256), (2, 1, 32, 96), (5, 9, 16, 48)]
+    {
         let q: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let k = halves(&mut rng, (n - 1) * stride + d, 1.0);
         let p: Vec<f32> = (0..rows * 40).map(|_| rng.gen_range(0.0..1.0)).collect();

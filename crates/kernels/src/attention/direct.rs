@@ -24,7 +24,17 @@ fn check(rows: usize, m: usize, m_stride: usize, cache: usize, stride: usize, n:
 /// `s[r·s_stride + j] = q[r] · k[j]` for `rows` query rows (`q`: `rows × d`)
 /// and `n` keys, key `j` at `k[j·stride ..][.. d]`.
 #[allow(clippy::too_many_arguments)]
-pub fn scores(isa: Isa, q: &[f32], rows: usize, k: &[f16], stride: usize, n: usize, d: usize, s: &mut [f32], s_stride: usize) {
+pub fn scores(
+    isa: Isa,
+    q: &[f32],
+    rows: usize,
+    k: &[f16],
+    stride: usize,
+    n: usize,
+    d: usize,
+    s: &mut [f32],
+    s_stride: usize,
+) {
     check(rows, s.len(), s_stride, k.len(), stride, n, d);
     assert!(q.len() >= rows * d, "direct attention: q too short");
     if n == 0 || rows == 0 {
@@ -35,7 +45,16 @@ pub fn scores(isa: Isa, q: &[f32], rows: usize, k: &[f16], stride: usize, n: usi
         // SAFETY: the level is supported (callers pass `isa::active()` or a
         // level from `isa::available()`); d % 16 == 0; bounds checked above.
         unsafe {
-            avx512_direct::scores_f16(q.as_ptr(), rows, k.as_ptr() as *const u16, stride, n, d, s.as_mut_ptr(), s_stride)
+            avx512_direct::scores_f16(
+                q.as_ptr(),
+                rows,
+                k.as_ptr() as *const u16,
+                stride,
+                n,
+                d,
+                s.as_mut_ptr(),
+                s_stride,
+            )
         };
         return;
     }
@@ -51,7 +70,17 @@ pub fn scores(isa: Isa, q: &[f32], rows: usize, k: &[f16], stride: usize, n: usi
 /// `o[r] += Σ_{j<n} p[r·p_stride + j] · v[j]` for `rows` rows (`o`: `rows × d`),
 /// value `j` at `v[j·stride ..][.. d]`.
 #[allow(clippy::too_many_arguments)]
-pub fn pv(isa: Isa, p: &[f32], p_stride: usize, rows: usize, v: &[f16], stride: usize, n: usize, d: usize, o: &mut [f32]) {
+pub fn pv(
+    isa: Isa,
+    p: &[f32],
+    p_stride: usize,
+    rows: usize,
+    v: &[f16],
+    stride: usize,
+    n: usize,
+    d: usize,
+    o: &mut [f32],
+) {
     check(rows, p.len(), p_stride, v.len(), stride, n, d);
     assert!(o.len() >= rows * d, "direct attention: o too short");
     if n == 0 || rows == 0 {

@@ -3,9 +3,9 @@
 //! exp, rescaling, `o += P·V`, and the row-lane prefill block.
 
 use super::{Lanes, KB, RMAX};
-use half::f16;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{avx2_attn, avx2_ops, avx512_attn, avx512_lanes};
+use half::f16;
 
 /// One key block of a row-lane tile (AVX-512 only: the caller checked the
 /// level, `d % 16 == 0`, float keys): see [`crate::simd::avx512_lanes::block`].
@@ -37,7 +37,21 @@ pub(super) fn lanes_block(
         // SAFETY: callers pass `lanes` only at the active AVX-512 level with
         // d % 16 == 0; bounds asserted above.
         unsafe {
-            avx512_lanes::block(qt, rp, rows, kb.as_ptr(), vb.as_ptr(), n, n16, d, st, keys, m.as_mut_ptr(), l.as_mut_ptr(), o.as_mut_ptr())
+            avx512_lanes::block(
+                qt,
+                rp,
+                rows,
+                kb.as_ptr(),
+                vb.as_ptr(),
+                n,
+                n16,
+                d,
+                st,
+                keys,
+                m.as_mut_ptr(),
+                l.as_mut_ptr(),
+                o.as_mut_ptr(),
+            )
         };
     }
     #[cfg(not(target_arch = "x86_64"))]

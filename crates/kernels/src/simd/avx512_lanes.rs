@@ -98,7 +98,8 @@ pub unsafe fn block(
     for x in 0..rp / 16 {
         let lane = |p: *mut f32, j: usize| p.add(j * rp + 16 * x);
         if masked {
-            let (s, e) = (_mm512_loadu_si512(ks.add(16 * x) as *const _), _mm512_loadu_si512(ke.add(16 * x) as *const _));
+            let (s, e) =
+                (_mm512_loadu_si512(ks.add(16 * x) as *const _), _mm512_loadu_si512(ke.add(16 * x) as *const _));
             for j in 0..n {
                 let pos = _mm512_set1_epi32(b0 + j as i32);
                 let seen = _mm512_cmpge_epi32_mask(pos, s) & _mm512_cmplt_epi32_mask(pos, e);
