@@ -58,6 +58,53 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             s * 30e3
         );
     }
+    // Decode at depth 8192 as a model runs it: 30 layers' caches (190 MB for
+    // f16, more than the caches hold), one call each per token, so the keys and
+    // values stream from memory rather than from a cache-resident single layer.
+    {
+        let layers: Vec<(Vec<T>, Vec<T>)> = (0..30)
+            .map(|i| {
+                let x: Vec<f32> = (0..ctx * nkv * d).map(|j| (((i + j) * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+                let (mut k, mut v) = (vec![zero; x.len() / T::VALUES], vec![zero; x.len() / T::VALUES]);
+                T::store(&x, &mut k);
+                T::store(&x[..x.len() / 2], &mut v[..x.len() / 2 / T::VALUES]);
+                T::store(&x[x.len() / 2..], &mut v[x.len() / 2 / T::VALUES..]);
+                (k, v)
+            })
+            .collect();
+        let start = 8192;
+        let q: Vec<f32> = (0..nh * d).map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5).collect();
+        let mut out = vec![0f32; nh * d];
+        let sh = AttnShape {
+            n_new: 1,
+            start_pos: start,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: d,
+            window: None,
+            scale: 0.125,
+            sinks: None,
+        };
+        let reps = 20;
+        let mut best = f64::MAX;
+        let t = Instant::now();
+        for _ in 0..reps {
+            let t1 = Instant::now();
+            for (k, v) in &layers {
+                attention(pool, &q, k, v, &sh, &mut out);
+            }
+            best = best.min(t1.elapsed().as_secs_f64());
+        }
+        let s = t.elapsed().as_secs_f64() / reps as f64;
+        let bytes =
+            (start + 1) as f64 * (nkv * d) as f64 * 2.0 * 30.0 * std::mem::size_of::<T>() as f64 / T::VALUES as f64;
+        println!(
+            "decode at depth {start}, 30 layers' caches: {:7.2} ms/token (best {:.2}), KV read {:5.1} GB/s",
+            s * 1e3,
+            best * 1e3,
+            bytes / s / 1e9
+        );
+    }
     // A whole prompt's attention, as `shardlm bench -p P` runs it (chunks of 512,
     // each against the cache so far): one layer, once, and × 30 layers.
     for prompt in [2048, 8192] {

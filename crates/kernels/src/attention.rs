@@ -20,10 +20,18 @@
 //!
 //! Tiles are handed out dynamically (an atomic counter), KV head by KV head and
 //! within one the tiles of the last tokens (most keys) first, which balances
-//! causal prefill. When there are fewer
-//! tiles than threads (decode: one token, few KV heads) each tile's key range is
-//! also split ("flash-decoding"): each piece leaves its unnormalized `(m, l, o)`
-//! and the caller merges them.
+//! causal prefill.
+//!
+//! Decode (one new token) is one tile of every head (all KV heads, if
+//! `n_heads ≤ RMAX`), its key range split into pieces ("flash-decoding"): each
+//! piece reads whole cache rows front to back (one stream of K and one of V per
+//! thread) and leaves its unnormalized `(m, l, o)`, which the caller merges. On
+//! AVX-512 with an f16 cache it reads the rows in place ([`direct`]: widened in
+//! registers, no f32 block).
+//!
+//! Prefill tiles on AVX-512 with float keys put the query rows in the SIMD lanes
+//! ([`crate::simd::avx512_lanes`]): a register-tiled `Qᵀ`-times-keys score
+//! step without horizontal sums, and a vertical online softmax.
 //!
 //! # Numerics
 //! K and V are f16 (the default cache format), f32, or Q8_0/Q4_0 blocks
@@ -38,12 +46,17 @@ use crate::isa::{self, Isa};
 use crate::kv_int_dot::QuantQuery;
 use crate::ops::SendPtr;
 #[cfg(target_arch = "x86_64")]
-use crate::simd::{avx2_attn, avx2_ops, avx512_attn};
+use crate::simd::avx2_attn;
 use crate::ThreadPool;
 use half::f16;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub mod direct;
+mod steps;
+
+use steps::{exp_sub_sum, lanes_block, prefetch, pv, scale, scores, widen};
 
 /// Keys per block (a multiple of 4, the score kernel's key step).
 pub const KB: usize = 32;
@@ -82,6 +95,43 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     fn int_scores(isa: Isa, q: &QuantQuery, k: &[Self], stride: usize, n: usize, s: &mut [f32], s_stride: usize) {
         let _ = (isa, q, k, stride, n, s, s_stride);
     }
+    /// Whether decode at the AVX-512 level reads this type's K and V rows in
+    /// place ([`KvElem::direct_scores`], [`KvElem::direct_pv`]: each row widened
+    /// in registers right before its FMAs) instead of through a widened block.
+    const DIRECT: bool = false;
+    /// `s[r·s_stride + j]` = query row `r` (`q`: `rows × d`) · key `j` for
+    /// `j < n`, reading key `j` at `k[j·stride ..]` in place, at ISA level `isa`
+    /// (AVX-512, else a scalar loop). Only called when [`KvElem::DIRECT`].
+    #[allow(clippy::too_many_arguments)]
+    fn direct_scores(
+        isa: Isa,
+        q: &[f32],
+        rows: usize,
+        k: &[Self],
+        stride: usize,
+        n: usize,
+        d: usize,
+        s: &mut [f32],
+        s_stride: usize,
+    ) {
+        let _ = (isa, q, rows, k, stride, n, d, s, s_stride);
+    }
+    /// `o[r] += Σ_{j<n} p[r·p_stride + j] · v[j]` (`o`: `rows × d`), reading
+    /// value `j` at `v[j·stride ..]` in place. Only called when [`KvElem::DIRECT`].
+    #[allow(clippy::too_many_arguments)]
+    fn direct_pv(
+        isa: Isa,
+        p: &[f32],
+        p_stride: usize,
+        rows: usize,
+        v: &[Self],
+        stride: usize,
+        n: usize,
+        d: usize,
+        o: &mut [f32],
+    ) {
+        let _ = (isa, p, p_stride, rows, v, stride, n, d, o);
+    }
 }
 
 impl KvElem for f16 {
@@ -94,6 +144,33 @@ impl KvElem for f16 {
     }
     fn prefetch(simd: bool, src: &[f16], stride: usize, n: usize, d: usize) {
         prefetch(simd, src, stride, n, d)
+    }
+    const DIRECT: bool = true;
+    fn direct_scores(
+        isa: Isa,
+        q: &[f32],
+        rows: usize,
+        k: &[f16],
+        stride: usize,
+        n: usize,
+        d: usize,
+        s: &mut [f32],
+        s_stride: usize,
+    ) {
+        direct::scores(isa, q, rows, k, stride, n, d, s, s_stride)
+    }
+    fn direct_pv(
+        isa: Isa,
+        p: &[f32],
+        p_stride: usize,
+        rows: usize,
+        v: &[f16],
+        stride: usize,
+        n: usize,
+        d: usize,
+        o: &mut [f32],
+    ) {
+        direct::pv(isa, p, p_stride, rows, v, stride, n, d, o)
     }
 }
 
@@ -276,11 +353,35 @@ struct Tiling {
     tok_tiles: usize,
     /// Key-range pieces per tile (1 = no split).
     splits: usize,
+    /// Tiles per token/head tile (one per KV head, or 1 for a decode tile of
+    /// every head), and KV heads per tile (1, or all of them).
+    kv_tiles: usize,
+    kvn: usize,
 }
 
 impl Tiling {
     fn new(sh: &AttnShape, threads: usize) -> Tiling {
         let group = sh.n_heads / sh.n_kv_heads;
+        if sh.n_new == 1 && sh.n_heads <= RMAX {
+            // Decode: one tile of every head, its keys cut into pieces. A piece
+            // reads whole cache rows (all KV heads) front to back, so each thread
+            // streams one run of K and one of V, instead of one head's 2·d bytes
+            // out of each row (which the hardware prefetchers fetch whole anyway).
+            // Pieces of at least two blocks, several per thread (dynamic balance).
+            let keys = sh.keys(0).len();
+            let splits = if threads <= 1 { 1 } else { (4 * threads).min(keys / (2 * KB)).max(1) };
+            let (toks, tok_tiles, head_tiles, kv_tiles) = (1, 1, 1, 1);
+            return Tiling {
+                group,
+                heads: sh.n_heads,
+                head_tiles,
+                toks,
+                tok_tiles,
+                splits,
+                kv_tiles,
+                kvn: sh.n_kv_heads,
+            };
+        }
         let heads = group.min(RMAX);
         let head_tiles = group.div_ceil(heads);
         let toks = (RMAX / heads).clamp(1, sh.n_new.max(1));
@@ -297,11 +398,11 @@ impl Tiling {
         } else {
             (2 * threads).div_ceil(tiles).min(max_keys / (2 * KB)).max(1)
         };
-        Tiling { group, heads, head_tiles, toks, tok_tiles, splits }
+        Tiling { group, heads, head_tiles, toks, tok_tiles, splits, kv_tiles: sh.n_kv_heads, kvn: 1 }
     }
 
-    fn jobs(&self, n_kv_heads: usize) -> usize {
-        n_kv_heads * self.head_tiles * self.tok_tiles * self.splits
+    fn jobs(&self) -> usize {
+        self.kv_tiles * self.head_tiles * self.tok_tiles * self.splits
     }
 
     /// Job `j` → (tile, first token, tokens, first head, heads, split).
@@ -310,25 +411,27 @@ impl Tiling {
         // KV head major, so that tiles run close together in time share their keys
         // in cache; within a head, the last token tiles first.
         let (ht, rest) = (tile % self.head_tiles, tile / self.head_tiles);
-        let (kvh, tt) = (rest / self.tok_tiles, self.tok_tiles - 1 - rest % self.tok_tiles);
+        let (kvh, tt) = (rest / self.tok_tiles * self.kvn, self.tok_tiles - 1 - rest % self.tok_tiles);
         let t0 = tt * self.toks;
         let h0 = kvh * self.group + ht * self.heads;
         let toks = self.toks.min(sh.n_new - t0);
-        let heads = self.heads.min((kvh + 1) * self.group - h0);
+        let heads = self.heads.min((kvh + self.kvn) * self.group - h0);
         // This piece's share of the tile's keys, in whole blocks.
         let all = sh.keys(t0).start..sh.keys(t0 + toks - 1).end;
         let piece = all.len().div_ceil(self.splits).div_ceil(KB) * KB;
         let lo = (all.start + split * piece).min(all.end);
-        Job { tile, kvh, t0, toks, h0, heads, keys: lo..(lo + piece).min(all.end) }
+        Job { tile, kvh, kvn: self.kvn, t0, toks, h0, heads, keys: lo..(lo + piece).min(all.end) }
     }
 }
 
 /// One unit of work: the rows (token `t0 + r / heads`, head `h0 + r % heads`) of a
-/// tile, over the cache positions `keys`.
+/// tile, over the cache positions `keys`. The rows belong to KV heads
+/// `kvh .. kvh + kvn`, in equal runs (`kvn > 1`: one token, whole GQA groups).
 #[derive(Debug, Clone)]
 struct Job {
     tile: usize,
     kvh: usize,
+    kvn: usize,
     t0: usize,
     toks: usize,
     h0: usize,
@@ -342,13 +445,26 @@ struct Job {
 #[derive(Default)]
 struct Scratch {
     q: Vec<f32>,
-    q8: QuantQuery,
+    /// Per KV head of the job.
+    q8: Vec<QuantQuery>,
     k: Vec<f32>,
     v: Vec<f32>,
     s: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
     o: Vec<f32>,
+    lanes: Lanes,
+}
+
+/// Per-thread state of a row-lane tile ([`crate::simd::avx512_lanes`]): the
+/// scaled queries transposed (`d × rp`), the transposed scores/probabilities
+/// of a block (`KB × rp`), and each row's key range.
+#[derive(Default)]
+struct Lanes {
+    qt: Vec<f32>,
+    st: Vec<f32>,
+    ks: Vec<i32>,
+    ke: Vec<i32>,
 }
 
 impl Scratch {
@@ -361,6 +477,17 @@ impl Scratch {
         for (b, n) in [(&mut self.s, RMAX * KB), (&mut self.m, RMAX), (&mut self.l, RMAX)] {
             if b.len() < n {
                 b.resize(n, 0.0);
+            }
+        }
+        let lt = &mut self.lanes;
+        for (b, n) in [(&mut lt.qt, RMAX * d), (&mut lt.st, RMAX * KB.next_multiple_of(16))] {
+            if b.len() < n {
+                b.resize(n, 0.0);
+            }
+        }
+        for b in [&mut lt.ks, &mut lt.ke] {
+            if b.len() < RMAX {
+                b.resize(RMAX, 0);
             }
         }
     }
@@ -395,7 +522,7 @@ pub fn attention_paged<T: KvElem>(pool: &ThreadPool, q: &[f32], kv: &KvView<'_, 
     let simd = matches!(level, Isa::Avx2 | Isa::Avx512) && sh.head_dim.is_multiple_of(8);
     let avx512 = simd && level == Isa::Avx512;
     let tiling = Tiling::new(sh, pool.n_threads());
-    let n_jobs = tiling.jobs(sh.n_kv_heads);
+    let n_jobs = tiling.jobs();
     let d = sh.head_dim;
     let part_len = RMAX * (d + 2);
     PARTIALS.with(|parts| {
@@ -448,7 +575,9 @@ fn run_tile<T: KvElem>(
     let (nh, d) = (sh.n_heads, sh.head_dim);
     let stride = sh.stride::<T>();
     let rows = job.toks * job.heads;
-    let Scratch { q: qb, q8, k: kb, v: vb, s, m, l, o } = sc;
+    // Rows per KV head: they come in `kvn` equal runs.
+    let per = rows / job.kvn;
+    let Scratch { q: qb, q8, k: kb, v: vb, s, m, l, o, lanes: lt } = sc;
     for r in 0..rows {
         let (t, h) = (job.t0 + r / job.heads, job.h0 + r % job.heads);
         for (dst, &x) in qb[r * d..(r + 1) * d].iter_mut().zip(&q[(t * nh + h) * d..][..d]) {
@@ -457,7 +586,12 @@ fn run_tile<T: KvElem>(
     }
     // Per row, so a row's scores never depend on the other rows of its tile.
     if T::INT_SCORES {
-        q8.quantize(&qb[..rows * d], rows, d);
+        if q8.len() < job.kvn {
+            q8.resize_with(job.kvn, QuantQuery::default);
+        }
+        for (i, qq) in q8[..job.kvn].iter_mut().enumerate() {
+            qq.quantize(&qb[i * per * d..(i + 1) * per * d], per, d);
+        }
     }
     let level = if avx512 {
         Isa::Avx512
@@ -466,52 +600,96 @@ fn run_tile<T: KvElem>(
     } else {
         Isa::Scalar
     };
-    m[..rows].fill(f32::NEG_INFINITY);
-    l[..rows].fill(0.0);
+    // Decode on AVX-512: scores and P·V read the cache rows in place (each
+    // key chunk is widened once per three rows: for large groups, as MLA's,
+    // widening the block once is cheaper).
+    let direct = T::DIRECT && avx512 && sh.n_new == 1 && d.is_multiple_of(16) && per <= 8;
+    // Prefill on AVX-512 with float keys: the query rows in the SIMD lanes.
+    let lanes = avx512 && !T::INT_SCORES && sh.n_new > 1 && d.is_multiple_of(16) && job.kvn == 1;
+    let rp = if lanes { rows.next_multiple_of(16) } else { rows };
+    // Keys every row of the tile sees (blocks inside need no mask).
+    let (mut seen_lo, mut seen_hi) = (0, usize::MAX);
+    if lanes {
+        for r in 0..rp {
+            let keys = if r < rows { sh.keys(job.t0 + r / job.heads) } else { 0..0 };
+            if r < rows {
+                (seen_lo, seen_hi) = (seen_lo.max(keys.start), seen_hi.min(keys.end));
+            }
+            assert!(keys.end <= i32::MAX as usize, "attention: position past i32");
+            (lt.ks[r], lt.ke[r]) = (keys.start as i32, keys.end as i32);
+            for c in 0..d {
+                lt.qt[c * rp + r] = if r < rows { qb[r * d + c] } else { 0.0 };
+            }
+        }
+    }
+    m[..rp].fill(f32::NEG_INFINITY);
+    l[..rp].fill(0.0);
     o[..rows * d].fill(0.0);
-    let koff = job.kvh * d / T::VALUES;
     let mut b0 = job.keys.start;
     while b0 < job.keys.end {
         let (k, v, run) = kv.rows(b0, stride);
         let n = KB.min(job.keys.end - b0).min(run);
         // Keys padded for the score kernel's key step (AVX-512: 16, else 4).
         let n4 = if avx512 && d.is_multiple_of(16) { n.next_multiple_of(16) } else { n.next_multiple_of(4) };
-        if job.keys.end > b0 + n {
+        let next = (job.keys.end > b0 + n).then(|| {
             let (kn, vn, run_n) = kv.rows(b0 + n, stride);
-            let next = (job.keys.end - b0 - n).min(KB).min(run_n);
-            T::prefetch(simd, &kn[koff..], stride, next, d);
-            T::prefetch(simd, &vn[koff..], stride, next, d);
-        }
-        if T::INT_SCORES {
-            T::int_scores(level, q8, &k[koff..], stride, n, s, KB);
-        } else {
-            T::widen(simd, &k[koff..], stride, n, n4, d, kb);
-            scores(simd, avx512, &qb[..rows * d], rows, &kb[..n4 * d], n4, d, s);
-        }
-        T::widen(simd, &v[koff..], stride, n, n, d, vb);
-        for r in 0..rows {
-            let keys = sh.keys(job.t0 + r / job.heads);
-            let (js, je) = (keys.start.clamp(b0, b0 + n) - b0, keys.end.clamp(b0, b0 + n) - b0);
-            let p = &mut s[r * KB..r * KB + n];
-            if js >= je {
-                p.fill(0.0);
+            (kn, vn, (job.keys.end - b0 - n).min(KB).min(run_n))
+        });
+        for i in 0..job.kvn {
+            let koff = (job.kvh + i) * d / T::VALUES;
+            let (r0, r1) = (i * per, (i + 1) * per);
+            if let Some((kn, vn, nn)) = next {
+                T::prefetch(simd, &kn[koff..], stride, nn, d);
+                T::prefetch(simd, &vn[koff..], stride, nn, d);
+            }
+            let (k, v, sr) = (&k[koff..], &v[koff..], &mut s[r0 * KB..]);
+            if lanes {
+                T::widen(simd, k, stride, n, n4, d, kb);
+                T::widen(simd, v, stride, n, n, d, vb);
+                let masked = b0 < seen_lo || b0 + n > seen_hi;
+                lanes_block(lt, rp, rows, &kb[..n4 * d], &vb[..n * d], n, n4, d, (b0, masked), m, l, o);
                 continue;
             }
-            let bmax = p[js..je].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let m_new = m[r].max(bmax);
-            let sum = exp_sub_sum(simd, avx512, &mut p[js..je], m_new);
-            p[..js].fill(0.0);
-            p[je..].fill(0.0);
-            if m[r] != m_new {
-                // First block: m = −∞ → corr = 0 on zeros.
-                let corr = (m[r] - m_new).exp();
-                l[r] *= corr;
-                scale(simd, &mut o[r * d..(r + 1) * d], corr);
-                m[r] = m_new;
+            if direct {
+                T::direct_scores(level, &qb[r0 * d..r1 * d], per, k, stride, n, d, sr, KB);
+            } else if T::INT_SCORES {
+                T::int_scores(level, &q8[i], k, stride, n, sr, KB);
+            } else {
+                T::widen(simd, k, stride, n, n4, d, kb);
+                scores(simd, avx512, &qb[r0 * d..r1 * d], per, &kb[..n4 * d], n4, d, sr);
             }
-            l[r] += sum;
+            if !direct {
+                T::widen(simd, v, stride, n, n, d, vb);
+            }
+            for r in r0..r1 {
+                let keys = sh.keys(job.t0 + r / job.heads);
+                let (js, je) = (keys.start.clamp(b0, b0 + n) - b0, keys.end.clamp(b0, b0 + n) - b0);
+                let p = &mut s[r * KB..r * KB + n];
+                if js >= je {
+                    p.fill(0.0);
+                    continue;
+                }
+                let bmax = p[js..je].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let m_new = m[r].max(bmax);
+                let sum = exp_sub_sum(simd, avx512, &mut p[js..je], m_new);
+                p[..js].fill(0.0);
+                p[je..].fill(0.0);
+                if m[r] != m_new {
+                    // First block: m = −∞ → corr = 0 on zeros.
+                    let corr = (m[r] - m_new).exp();
+                    l[r] *= corr;
+                    scale(simd, &mut o[r * d..(r + 1) * d], corr);
+                    m[r] = m_new;
+                }
+                l[r] += sum;
+            }
+            let (sr, or) = (&s[r0 * KB..], &mut o[r0 * d..r1 * d]);
+            if direct {
+                T::direct_pv(level, sr, KB, per, v, stride, n, d, or);
+            } else {
+                pv(simd, avx512, sr, per, &vb[..n * d], n, d, or);
+            }
         }
-        pv(simd, avx512, s, rows, &vb[..n * d], n, d, &mut o[..rows * d]);
         b0 += n;
     }
 }
@@ -544,7 +722,7 @@ pub(crate) fn self_test_avx2(avx512: bool, unit: &mut dyn FnMut() -> f32) -> Res
             sinks: None,
         };
         let tiling = Tiling::new(&sh, 1);
-        let job = tiling.job(tiling.jobs(nkv) - 1, &sh);
+        let job = tiling.job(tiling.jobs() - 1, &sh);
         let (mut a, mut b) = (Scratch::default(), Scratch::default());
         a.fit(d);
         b.fit(d);
@@ -607,7 +785,7 @@ fn save_partial(job: &Job, sc: &Scratch, d: usize, slot: &mut [f32]) {
 fn merge(sh: &AttnShape, tiling: &Tiling, parts: &[f32], out: &mut [f32]) {
     let d = sh.head_dim;
     let part_len = RMAX * (d + 2);
-    for j0 in (0..tiling.jobs(sh.n_kv_heads)).step_by(tiling.splits) {
+    for j0 in (0..tiling.jobs()).step_by(tiling.splits) {
         let job = tiling.job(j0, sh);
         debug_assert_eq!(job.tile * tiling.splits, j0);
         let slots = &parts[j0 * part_len..(j0 + tiling.splits) * part_len];
@@ -633,124 +811,4 @@ fn merge(sh: &AttnShape, tiling: &Tiling, parts: &[f32], out: &mut [f32]) {
             dst.iter_mut().for_each(|x| *x *= inv);
         }
     }
-}
-
-/// Widens `n` cache rows (row `j` at `src[j·stride..]`, `d` values) into `dst`
-/// (`n_pad × d`, rows past `n` zeroed).
-fn widen(simd: bool, src: &[f16], stride: usize, n: usize, n_pad: usize, d: usize, dst: &mut [f32]) {
-    assert!(n == 0 || src.len() >= (n - 1) * stride + d);
-    assert!(dst.len() >= n_pad * d);
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` implies AVX2+F16C and d % 8 == 0; bounds asserted above.
-        unsafe { avx2_attn::widen_rows(src.as_ptr() as *const u16, stride, n, n_pad, d, dst.as_mut_ptr()) };
-        return;
-    }
-    let _ = simd;
-    for j in 0..n {
-        for (x, y) in dst[j * d..(j + 1) * d].iter_mut().zip(&src[j * stride..][..d]) {
-            *x = y.to_f32();
-        }
-    }
-    dst[n * d..n_pad * d].fill(0.0);
-}
-
-/// Asks for the next block's `n` cache rows (laid out as in [`widen`]) to be
-/// brought into cache.
-fn prefetch(simd: bool, src: &[f16], stride: usize, n: usize, d: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if simd && n > 0 && src.len() >= (n - 1) * stride + d {
-        // SAFETY: `simd` implies AVX2; the rows lie inside `src` (checked).
-        unsafe { avx2_attn::prefetch_rows(src.as_ptr() as *const u16, stride, n, d) };
-    }
-    let _ = (simd, src, stride, n, d);
-}
-
-/// `s[r·KB + j] = q[r] · k[j]` for `rows` rows and `n4` keys (a multiple of
-/// 16 when `avx512` and `d % 16 == 0`, else of 4).
-#[allow(clippy::too_many_arguments)]
-fn scores(simd: bool, avx512: bool, q: &[f32], rows: usize, k: &[f32], n4: usize, d: usize, s: &mut [f32]) {
-    assert!(q.len() >= rows * d && k.len() >= n4 * d && n4 <= KB && s.len() >= rows * KB);
-    #[cfg(target_arch = "x86_64")]
-    if avx512 && d.is_multiple_of(16) && n4.is_multiple_of(16) {
-        // SAFETY: `avx512` implies the AVX-512 level; d % 16 == 0; bounds asserted above.
-        unsafe { avx512_attn::scores(q.as_ptr(), rows, k.as_ptr(), n4, d, s.as_mut_ptr(), KB) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` implies AVX2 and d % 8 == 0; bounds asserted above.
-        unsafe { avx2_attn::scores(q.as_ptr(), rows, k.as_ptr(), n4, d, s.as_mut_ptr(), KB) };
-        return;
-    }
-    let _ = (simd, avx512);
-    for r in 0..rows {
-        let qr = &q[r * d..(r + 1) * d];
-        for j in 0..n4 {
-            s[r * KB + j] = qr.iter().zip(&k[j * d..(j + 1) * d]).map(|(a, b)| a * b).sum();
-        }
-    }
-}
-
-/// `o[r] += Σ_j p[r·KB + j] · v[j]` for `rows` rows and `n` keys. AVX2 and
-/// AVX-512 both do one FMA per key in key order for each output value, so they
-/// give the same bits (scalar rounds the product first).
-#[allow(clippy::too_many_arguments)]
-fn pv(simd: bool, avx512: bool, p: &[f32], rows: usize, v: &[f32], n: usize, d: usize, o: &mut [f32]) {
-    assert!(p.len() >= rows * KB && n <= KB && v.len() >= n * d && o.len() >= rows * d);
-    #[cfg(target_arch = "x86_64")]
-    if avx512 && d.is_multiple_of(16) {
-        // SAFETY: `avx512` implies the AVX-512 level; d % 16 == 0; bounds asserted above.
-        unsafe { avx512_attn::pv(p.as_ptr(), KB, rows, v.as_ptr(), n, d, o.as_mut_ptr()) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` implies AVX2 and d % 8 == 0; bounds asserted above.
-        unsafe { avx2_attn::pv(p.as_ptr(), KB, rows, v.as_ptr(), n, d, o.as_mut_ptr()) };
-        return;
-    }
-    let _ = (simd, avx512);
-    for r in 0..rows {
-        let or = &mut o[r * d..(r + 1) * d];
-        for j in 0..n {
-            let w = p[r * KB + j];
-            for (x, &y) in or.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-                *x += w * y;
-            }
-        }
-    }
-}
-
-/// `x[i] = e^(x[i] − max)`, returning the sum. The SIMD versions are the
-/// polynomial exp of [`avx2_ops::exp8`] / [`avx512_attn::exp16`] (relative
-/// error < 2.5e-7 for `x − max ≥ −86`, exactly 0 below); scalar is `f32::exp`.
-fn exp_sub_sum(simd: bool, avx512: bool, x: &mut [f32], max: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if avx512 {
-        // SAFETY: `avx512` implies the AVX-512 level is active.
-        return unsafe { avx512_attn::exp_sub_sum(x.as_mut_ptr(), max, x.len()) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` implies AVX2+FMA.
-        return unsafe { avx2_ops::exp_sub_sum(x.as_mut_ptr(), max, x.len()) };
-    }
-    let _ = (simd, avx512);
-    x.iter_mut().fold(0.0, |sum, v| {
-        *v = (*v - max).exp();
-        sum + *v
-    })
-}
-
-/// `x[i] *= c`.
-fn scale(simd: bool, x: &mut [f32], c: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        // SAFETY: `simd` implies AVX2.
-        unsafe { avx2_attn::scale(x.as_mut_ptr(), c, x.len()) };
-        return;
-    }
-    let _ = simd;
-    x.iter_mut().for_each(|v| *v *= c);
 }

@@ -7,6 +7,7 @@ use common::*;
 use half::f16;
 use rand::Rng;
 use shardlm_kernels::attention::{self, AttnShape};
+use shardlm_kernels::isa::{self, Isa};
 use shardlm_kernels::ThreadPool;
 
 /// Naive two-pass attention in f64 over the f16-widened cache.
@@ -170,5 +171,84 @@ fn f16_store_rounds_like_half() {
     attention::f32_to_f16(&x, &mut got);
     for (g, &v) in got.iter().zip(&x) {
         assert_eq!(g.to_bits(), f16::from_f32(v).to_bits(), "{v}");
+    }
+}
+
+/// The decode steps that read an f16 cache in place (`attention::direct`) at
+/// every level this CPU has, against their scalar loops: scores within 1e-6 of
+/// `Σ|q·k|` (another summation order), P·V bit for bit (one FMA per key in key
+/// order at every level). Odd key counts and a stride wider than `d` (several
+/// KV heads per row); the slice ends at the last key row.
+#[test]
+fn direct_steps_match_scalar() {
+    let mut rng = rng(34);
+    for &(rows, n, d, stride) in &[(3, 32, 64, 192), (1, 7, 64, 64), (4, 13, 128, 256), (2, 1, 32, 96), (5, 9, 16, 48)]
+    {
+        let q: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let k = halves(&mut rng, (n - 1) * stride + d, 1.0);
+        let p: Vec<f32> = (0..rows * 40).map(|_| rng.gen_range(0.0..1.0)).collect();
+        let o0: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut want_s = vec![f32::NAN; rows * 40];
+        attention::direct::scores(Isa::Scalar, &q, rows, &k, stride, n, d, &mut want_s, 40);
+        let mut want_o = o0.clone();
+        attention::direct::pv(Isa::Scalar, &p, 40, rows, &k, stride, n, d, &mut want_o);
+        for level in isa::available() {
+            let mut s = vec![f32::NAN; rows * 40];
+            attention::direct::scores(level, &q, rows, &k, stride, n, d, &mut s, 40);
+            for r in 0..rows {
+                for j in 0..40 {
+                    let (got, want) = (s[r * 40 + j], want_s[r * 40 + j]);
+                    if j >= n {
+                        assert!(got.is_nan(), "{level}: score past n written");
+                        continue;
+                    }
+                    let mag: f32 = (0..d).map(|c| (q[r * d + c] * k[j * stride + c].to_f32()).abs()).sum();
+                    assert!((got - want).abs() <= 1e-6 * mag, "{level} rows {rows} n {n} d {d}: {got} vs {want}");
+                }
+            }
+            let mut o = o0.clone();
+            attention::direct::pv(level, &p, 40, rows, &k, stride, n, d, &mut o);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&o), bits(&want_o), "{level} pv rows {rows} n {n} d {d}");
+        }
+    }
+}
+
+/// A prefill row's output does not depend on the chunk it ran in (the prefix
+/// cache relies on it): one chunk of 45 tokens against 50 cached positions,
+/// and the same tokens in chunks of 3, 27 and 15, give the same bits.
+#[test]
+fn prefill_rows_do_not_depend_on_their_chunk() {
+    let mut rng = rng(35);
+    for &(nh, nkv, d) in &[(9, 3, 64), (4, 4, 64), (8, 2, 32), (6, 2, 80)] {
+        let (start, n_new) = (50, 45);
+        let ctx = start + n_new;
+        let q: Vec<f32> = (0..n_new * nh * d).map(|_| rng.gen_range(-2.0..2.0)).collect();
+        let k = halves(&mut rng, ctx * nkv * d, 1.0);
+        let v = halves(&mut rng, ctx * nkv * d, 1.0);
+        let shape = |start_pos, n_new| AttnShape {
+            n_new,
+            start_pos,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: d,
+            window: None,
+            scale: 1.0 / (d as f32).sqrt(),
+            sinks: None,
+        };
+        for threads in [1, 3] {
+            let pool = ThreadPool::new(threads);
+            let mut whole = vec![f32::NAN; n_new * nh * d];
+            attention::attention(&pool, &q, &k, &v, &shape(start, n_new), &mut whole);
+            let mut parts = vec![f32::NAN; n_new * nh * d];
+            let mut t = 0;
+            for len in [3, 27, 15] {
+                let (a, b) = (t * nh * d, (t + len) * nh * d);
+                attention::attention(&pool, &q[a..b], &k, &v, &shape(start + t, len), &mut parts[a..b]);
+                t += len;
+            }
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&whole), bits(&parts), "heads {nh}/{nkv} d {d} threads {threads}");
+        }
     }
 }

@@ -73,6 +73,7 @@ pub unsafe fn exp_sub_sum(x: *mut f32, max: f32, n: usize) -> f32 {
 unsafe fn pv_block<const NR: usize, const NV: usize>(
     p: *const f32,
     p_stride: usize,
+    p_js: usize,
     v: *const f32,
     n: usize,
     d: usize,
@@ -91,7 +92,7 @@ unsafe fn pv_block<const NR: usize, const NV: usize>(
             vv[x] = _mm512_loadu_ps(v.add(j * d + c + 16 * x));
         }
         for r in 0..NR {
-            let pr = _mm512_set1_ps(*p.add(r * p_stride + j));
+            let pr = _mm512_set1_ps(*p.add(r * p_stride + j * p_js));
             for x in 0..NV {
                 acc[r][x] = _mm512_fmadd_ps(pr, vv[x], acc[r][x]);
             }
@@ -107,14 +108,23 @@ unsafe fn pv_block<const NR: usize, const NV: usize>(
 /// `NR` rows of `o += p · v` over all of `d`: 64-column chunks, then 16-column ones.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[inline]
-unsafe fn pv_rows<const NR: usize>(p: *const f32, p_stride: usize, v: *const f32, n: usize, d: usize, o: *mut f32) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_rows<const NR: usize>(
+    p: *const f32,
+    p_stride: usize,
+    p_js: usize,
+    v: *const f32,
+    n: usize,
+    d: usize,
+    o: *mut f32,
+) {
     let mut c = 0;
     while c + 64 <= d {
-        pv_block::<NR, 4>(p, p_stride, v, n, d, o, c);
+        pv_block::<NR, 4>(p, p_stride, p_js, v, n, d, o, c);
         c += 64;
     }
     while c < d {
-        pv_block::<NR, 1>(p, p_stride, v, n, d, o, c);
+        pv_block::<NR, 1>(p, p_stride, p_js, v, n, d, o, c);
         c += 16;
     }
 }
@@ -127,16 +137,36 @@ unsafe fn pv_rows<const NR: usize>(p: *const f32, p_stride: usize, v: *const f32
 /// `n ≤ p_stride`, `v` for `n·d`, `o` for `rows·d` reads and writes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub unsafe fn pv(p: *const f32, p_stride: usize, rows: usize, v: *const f32, n: usize, d: usize, o: *mut f32) {
+    pv_strided(p, p_stride, 1, rows, v, n, d, o)
+}
+
+/// [`pv`] with row `r`'s weight of key `j` at `p[r·p_stride + j·p_js]` (the
+/// row-lane prefill tile keeps `P` transposed: `p_stride` 1, `p_js` its row count).
+///
+/// # Safety
+/// As [`pv`], with `p` valid at every `r·p_stride + j·p_js` for `r < rows`, `j < n`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn pv_strided(
+    p: *const f32,
+    p_stride: usize,
+    p_js: usize,
+    rows: usize,
+    v: *const f32,
+    n: usize,
+    d: usize,
+    o: *mut f32,
+) {
     let mut r = 0;
     while r + 4 <= rows {
-        pv_rows::<4>(p.add(r * p_stride), p_stride, v, n, d, o.add(r * d));
+        pv_rows::<4>(p.add(r * p_stride), p_stride, p_js, v, n, d, o.add(r * d));
         r += 4;
     }
     let (p, o) = (p.add(r * p_stride), o.add(r * d));
     match rows - r {
-        3 => pv_rows::<3>(p, p_stride, v, n, d, o),
-        2 => pv_rows::<2>(p, p_stride, v, n, d, o),
-        1 => pv_rows::<1>(p, p_stride, v, n, d, o),
+        3 => pv_rows::<3>(p, p_stride, p_js, v, n, d, o),
+        2 => pv_rows::<2>(p, p_stride, p_js, v, n, d, o),
+        1 => pv_rows::<1>(p, p_stride, p_js, v, n, d, o),
         _ => {}
     }
 }
