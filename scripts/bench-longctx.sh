@@ -23,6 +23,12 @@
 #            is most of the memory), shardlm bench -p 65536 -g 4: peak RSS
 #            against the prediction (no buffer grows with p × vocab or p²;
 #            the KV cache is the only thing that grows with p)
+#   ctx32k   the SmolLM2-shaped long model (as long64k) at 32768, A B A B:
+#              shardlm bench -p 32736 -g 32 -n 1 --warmup 0     (TTFT and decode)
+#              llama-server -c 32768, one /completion of the same length
+#              (32736 random prompt tokens, 32 generated, no prompt cache):
+#              its reported prefill and decode rates. llama-bench would
+#              prefill 32K twice (-p 32768, then -d 32736 for the decode).
 #   dist8k   TTFT of an 8188-token prompt (+ 4 generated: the 8192 context) on
 #            SmolLM2 Q4_1: 1 process × 1 thread, then --ranks 2 × 1 thread
 #            with --strategy tensor and pipeline
@@ -48,7 +54,7 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS="$2"; shift 2 ;;
     --threads) NT="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -101,6 +107,41 @@ if has_case long64k; then
   grep -E "Maximum resident|Elapsed" "$OUT/long64k.time" >&2
 fi
 
+if has_case ctx32k; then
+  [ -f "$LONG" ] || python3 scripts/make_longctx_model.py --shape smollm2
+  SERVER="$(dirname "${LLAMA_BENCH:-/nonexistent}")/llama-server"
+  [ -x "$SERVER" ] || { echo "no llama-server next to $LLAMA_BENCH (scripts/bench-vs-llamacpp.sh --llama-server builds it)" >&2; exit 1; }
+  for r in $(seq 1 "$ROUNDS"); do
+    shardlm_bench "ctx32k-shardlm-$r" --model "$LONG" -p 32736 -g 32 -n 1 --warmup 0 --threads "$NT"
+    echo "== ctx32k-llama-$r: llama-server /completion, 32736 prompt tokens + 32" >&2
+    port=$((18000 + RANDOM % 1000))
+    /usr/bin/time -v -o "$OUT/ctx32k-llama-$r.time" "$SERVER" -m "$LONG" -c 32768 -t "$NT" -tb "$NT" \
+      --port "$port" -np 1 --no-warmup >"$OUT/ctx32k-llama-$r.err" 2>&1 &
+    spid=$!
+    python3 - "$port" "$OUT/ctx32k-llama-$r.out" <<'PY'
+import json, random, sys, time, urllib.request
+port, out = sys.argv[1], sys.argv[2]
+base = f"http://127.0.0.1:{port}"
+for _ in range(600):
+    try:
+        if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+            break
+    except Exception:
+        time.sleep(1)
+rng = random.Random(7)
+prompt = [rng.randrange(100, 49000) for _ in range(32736)]
+body = {"prompt": prompt, "n_predict": 32, "cache_prompt": False, "ignore_eos": True, "temperature": 0}
+req = urllib.request.Request(base + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
+t = json.load(urllib.request.urlopen(req, timeout=7200))["timings"]
+json.dump(t, open(out, "w"))
+print(f"llama-server: prefill {t['prompt_per_second']:.1f} tok/s ({t['prompt_ms']/1000:.1f} s, {t['prompt_n']} tokens), "
+      f"decode {t['predicted_per_second']:.1f} tok/s ({t['predicted_n']} tokens)", file=sys.stderr)
+PY
+    kill "$spid"; wait "$spid" 2>/dev/null || true
+    grep -E "Maximum resident" "$OUT/ctx32k-llama-$r.time" >&2 || true
+  done
+fi
+
 if has_case mem64k; then
   KVM="$CACHE/longctx/longctx-kv-q8_0.gguf"
   [ -f "$KVM" ] || python3 scripts/make_longctx_model.py --shape kv
@@ -120,6 +161,7 @@ echo "summary (raw outputs in $OUT):"
 for f in "$OUT"/*.out; do
   n=$(basename "$f" .out)
   case "$n" in
+    ctx32k-llama*) python3 -c "import json,sys; t=json.load(open(sys.argv[1])); print(f\"$n: prefill {t['prompt_per_second']:.1f} tok/s, decode {t['predicted_per_second']:.1f} tok/s\")" "$f" ;;
     *llama*) sed -n 's/^| llama[^|]*|[^|]*|[^|]*|[^|]*|[^|]*| *\([a-z0-9 @]*\) *| *\([0-9.]*\).*/\1 \2 tok\/s/p' "$f" | sed "s/^/$n: /" ;;
     *)
       t=$(grep -E "^Trial 1:" "$f" | sed 's/^Trial 1: //')

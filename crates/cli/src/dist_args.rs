@@ -136,8 +136,16 @@ pub fn load_engine_dist_with(
     let mut cluster = Cluster::new(world.with_wire(d.wire), strategy, !d.no_prefill_overlap)?;
     cluster.exact_tp = d.tp_exact;
     let block = mlp_block(&files, quantize);
-    let spec = cluster.shard_spec(&files, &weights, block)?;
     let opts = load_options(d, quantize, Some(cluster.rank()));
+    // The KV type the model will use (model::Model::load's rule: float
+    // checkpoints keep an f32 cache), so the split counts its bytes.
+    let float_ckpt = quantize.is_none()
+        && files
+            .tensors
+            .get("model.layers.0.self_attn.q_proj.weight")
+            .is_ok_and(|t| matches!(t.dtype, kernels::DType::F32 | kernels::DType::F16 | kernels::DType::BF16));
+    let kv_type = opts.kv_type.or(float_ckpt.then_some(model::KvType::F32));
+    let spec = cluster.shard_spec(&files, &weights, block, kv_type)?;
     let m = model::Model::load(&files, &spec, &opts)?;
     if cluster.rank() != 0 {
         let pool = kernels::ThreadPool::new(threads);

@@ -197,7 +197,7 @@ fn peak_rss(args: &[&str]) -> Vec<(usize, u64)> {
 }
 
 #[test]
-fn pipeline_ranks_each_hold_at_most_62_percent_of_the_single_process_peak() {
+fn pipeline_ranks_each_hold_about_their_share_of_the_single_process_peak() {
     let Some(p) = smollm2() else { return };
     let p = p.to_str().unwrap();
     let base = ["run", "--model", p, "Hello there", "--max-tokens", "16", "--threads", "1"];
@@ -209,13 +209,15 @@ fn pipeline_ranks_each_hold_at_most_62_percent_of_the_single_process_peak() {
     for (rank, rss) in ranks {
         let share = rss as f64 / single as f64;
         eprintln!("rank {rank}: {rss} bytes = {:.0}% of the single process ({single})", share * 100.0);
-        // A rank holds about half the 96.6 MB of weights (the stages are balanced
-        // by bytes, rank 1's including the whole 30 MB lm_head it reads each
-        // step) plus a fixed runtime part (binary, thread stacks, tokenizer,
-        // comm buffers) that does not halve; so the share sits near 0.6, not
-        // 0.5: rank 1 measured 60.02% in a clean-clone CI run on 2026-12-01.
-        // 0.62 catches a rank that maps the other stage's weights (≥ 75%).
-        assert!(share <= 0.62, "rank {rank} peak {rss} is {:.0}% of {single}", share * 100.0);
+        // The stages are balanced by what they hold at SmolLM2's full 8192
+        // context: each layer 2.2 MB of weights + 6.3 MB of f16 KV, and rank 0
+        // also the 30 MB lm_head and the tokenizer. So rank 0 has 12 of the 30
+        // layers and the head, rank 1 the other 18. This run's KV is a few
+        // pages, so weights and a fixed runtime part (binary, stacks, comm
+        // buffers) make the peak: 68% and 44% of the single process (2026-12-01).
+        // Mapping the other stage's layers as well would add ≥ 18 points.
+        let limit = if rank == 0 { 0.74 } else { 0.52 };
+        assert!(share <= limit, "rank {rank} peak {rss} is {:.0}% of {single}", share * 100.0);
     }
 }
 

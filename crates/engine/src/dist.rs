@@ -72,6 +72,16 @@ pub struct Cluster {
 }
 
 /// Routed experts per MoE layer, for `--strategy expert` (an error for a dense model).
+/// KV cache bytes one position takes in one layer of the whole model: K and V
+/// rows of every KV head, or latent attention's latent ‖ rope-key row.
+fn kv_bytes_per_layer(cfg: &formats::ModelConfig, kv_type: model::KvType) -> usize {
+    let raw = |k: &str| cfg.raw.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+    match (raw("kv_lora_rank"), raw("qk_rope_head_dim")) {
+        (Some(latent), Some(rope)) => kv_type.bytes_for(latent + rope),
+        _ => 2 * kv_type.bytes_for(cfg.n_kv_heads * cfg.head_dim),
+    }
+}
+
 fn n_experts(files: &formats::ModelFiles) -> Result<usize, EngineError> {
     let cfg = &files.config;
     let arch = model::Arch::from_name(&cfg.arch).ok_or_else(|| {
@@ -227,13 +237,23 @@ impl Cluster {
     /// The shard this rank loads. `weights` (one per world rank) steer the split:
     /// stage weights are the sums over each stage's ranks.
     ///
-    /// Layers are split so each stage's share of the weight bytes follows its
-    /// weight, counting the lm_head on the head stage.
+    /// Layers are split so each stage's share of the bytes it holds at a full
+    /// context follows its weight: every layer's weights plus its KV cache for
+    /// the model's context length (`kv_type`, f16 when `None`), and the lm_head
+    /// and tokenizer on the head stage.
+    ///
+    /// Why the KV cache counts: it is memory the stage must hold, and it is
+    /// what makes layers cost more than the head at depth. Weights alone gave
+    /// SmolLM2's head stage (lm_head 30 MB + tokenizer 19 MB, a layer 2.2 MB)
+    /// 4 layers of 30, so the other stage did 26/30 of a long prompt's
+    /// prefill; at its 8192 context (6.3 MB of f16 KV per layer) the split is
+    /// 12 / 18.
     pub fn shard_spec(
         &self,
         files: &formats::ModelFiles,
         weights: &[f64],
         block: usize,
+        kv_type: Option<model::KvType>,
     ) -> Result<ShardSpec, EngineError> {
         let cfg = &files.config;
         let stage_w: Vec<f64> =
@@ -248,6 +268,8 @@ impl Cluster {
                 *slot += t.bytes().len() as f64;
             }
         }
+        let kv_layer = kv_bytes_per_layer(cfg, kv_type.unwrap_or(model::KvType::F16)) * cfg.max_position_embeddings;
+        layer_bytes.iter_mut().for_each(|b| *b += kv_layer as f64);
         let head = files.tensors.get("lm_head.weight").or_else(|_| files.tensors.get("model.embed_tokens.weight"));
         // Rank 0 also holds the tokenizer (measured ~400 bytes per vocabulary entry).
         let head_bytes = head.map_or(0, |t| t.bytes().len()) + cfg.vocab_size * 384;

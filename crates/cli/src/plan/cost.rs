@@ -136,10 +136,15 @@ fn embed_resident(table: f64, tokens: usize) -> f64 {
 /// Layers per pipeline stage (stage 0 holds the head), as the engine splits
 /// them: balanced by bytes with the head and tokenizer counted on stage 0
 /// (`model::plan::pipeline_layers_by_bytes`, the very function the engine uses).
-fn stage_layers(shape: &Shape, stages: usize) -> Vec<usize> {
+/// The engine counts each layer's KV cache at the model's context length
+/// (`engine::dist::Cluster::shard_spec`); a model given by its parameters has
+/// no context of its own, so the plan's is used.
+fn stage_layers(shape: &Shape, stages: usize, w: &Workload) -> Vec<usize> {
     let head = shape.head_read_bytes() + shape.vocab as f64 * 384.0;
     let flow = vec![1.0; stages];
-    match model::plan::pipeline_layers_by_bytes(shape.layers, shape.layer_bytes(), head, &flow) {
+    let ctx = shape.max_context.unwrap_or(w.context) as f64;
+    let layer = shape.layer_bytes() + shape.kv_elems_per_layer as f64 * w.kv_elem * ctx;
+    match model::plan::pipeline_layers_by_bytes(shape.layers, layer, head, &flow) {
         Ok(ranges) => (0..stages).map(|s| ranges[stages - 1 - s].len()).collect(),
         Err(_) => (0..stages).map(|i| shape.layers / stages + usize::from(i < shape.layers % stages)).collect(),
     }
@@ -259,7 +264,7 @@ fn predict_split(
         Strategy::Expert => (1, 1),
     };
     let share = 1.0 / tp as f64;
-    let layers = stage_layers(shape, stages);
+    let layers = stage_layers(shape, stages, w);
     let mut p = Prediction {
         strategy,
         ranks: n,
@@ -355,7 +360,9 @@ fn predict_split(
     } else {
         0.0
     };
-    let pp_comm = if stages > 1 { stages as f64 * link.send(act) } else { 0.0 };
+    // A stage waits a whole stage's compute for its input, so it has parked:
+    // each hand-off pays the wake-up too.
+    let pp_comm = if stages > 1 { stages as f64 * (link.send(act) + link.handoff_s) } else { 0.0 };
     let t = dec_total + tp_comm + pp_comm;
     p.decode_tok_s = 1.0 / t;
     let comm = tp_comm + pp_comm;

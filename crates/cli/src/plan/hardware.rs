@@ -33,6 +33,12 @@ pub struct Link {
     pub bytes_per_s: f64,
     /// Cables per pair (large messages stripe over them).
     pub cables: usize,
+    /// Extra cost of a hand-off to a rank that waited longer than the
+    /// transport's spin and parked (futex or poll wake-up, and on a VM the
+    /// idle vCPU's wake), s. A pipeline pays it at every stage boundary of a
+    /// decode step. Measured by `--machines local`; 0 in the presets.
+    #[serde(default)]
+    pub handoff_s: f64,
 }
 
 impl Link {
@@ -97,6 +103,7 @@ pub fn link_preset(name: &str) -> Option<Link> {
         latency_s: lat_us * 1e-6,
         bytes_per_s: gbs * GB,
         cables: 1,
+        handoff_s: 0.0,
     };
     Some(match name {
         // MLX's JACCL RDMA over Thunderbolt 5: ≈25 µs at 4 KB, ≈8 GB/s peak.

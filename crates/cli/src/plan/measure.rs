@@ -207,7 +207,14 @@ pub fn probe(a: ProbeArgs) -> Result<()> {
         let k = (n - 1) as f64;
         let latency = small.max(1e-7);
         let per_byte = ((large - 2.0 * k * latency) / (2.0 * k / n as f64 * 4.0 * (1 << 20) as f64)).max(1e-12);
-        Some(Link { name: "measured".into(), latency_s: latency, bytes_per_s: 1.0 / per_byte, cables: 1 })
+        let handoff = (parked_all_reduce(&group, 40)? - small).max(0.0);
+        Some(Link {
+            name: "measured".into(),
+            latency_s: latency,
+            bytes_per_s: 1.0 / per_byte,
+            cables: 1,
+            handoff_s: handoff,
+        })
     } else {
         None
     };
@@ -215,4 +222,33 @@ pub fn probe(a: ProbeArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&Profile { machines, link })?);
     }
     Ok(())
+}
+
+/// Median time of a small all-reduce that a rank joins last, after computing
+/// for 2 ms while its peers waited: they parked (the transports spin 200 µs),
+/// so the exchange includes their wake-up, as a pipeline stage's hand-off
+/// does. Ranks take turns being late; the median over all ranks' late rounds.
+fn parked_all_reduce(group: &comm::Group, rounds: usize) -> Result<f64> {
+    let n = group.size();
+    let mut buf = vec![1f32; 1024];
+    let mut mine = Vec::with_capacity(rounds);
+    group.barrier()?;
+    for i in 0..rounds * n {
+        if i % n == group.rank() {
+            let busy = Instant::now();
+            while busy.elapsed() < Duration::from_millis(2) {
+                std::hint::spin_loop();
+            }
+            let start = Instant::now();
+            group.all_reduce_sum_f32(&mut buf)?;
+            mine.push(start.elapsed().as_secs_f64());
+        } else {
+            group.all_reduce_sum_f32(&mut buf)?;
+        }
+    }
+    mine.sort_by(f64::total_cmp);
+    // Every rank's median, averaged (all ranks then hold the same figure).
+    let mut med = vec![mine[mine.len() / 2] as f32];
+    group.all_reduce_sum_f32(&mut med)?;
+    Ok(med[0] as f64 / n as f64)
 }

@@ -279,11 +279,16 @@ fn print_tables(
         m.prefill_flops / 1e9
     );
     println!(
-        "link    {}{}: {:.1} µs, {:.2} GB/s per cable; context {} tokens",
+        "link    {}{}: {:.1} µs, {:.2} GB/s per cable{}; context {} tokens",
         link.name,
         if link.cables > 1 { format!(" ×{}", link.cables) } else { String::new() },
         link.latency_s * 1e6,
         link.bytes_per_s / 1e9,
+        if link.handoff_s > 0.0 {
+            format!(", +{:.0} µs to wake a parked rank", link.handoff_s * 1e6)
+        } else {
+            String::new()
+        },
         w.context
     );
     println!(
@@ -339,7 +344,12 @@ fn calibrate(hosts: &std::path::Path, a: &PlanArgs) -> Result<()> {
         );
     }
     if let Some(l) = &profile.link {
-        eprintln!("  link: {:.1} µs, {:.2} GB/s", l.latency_s * 1e6, l.bytes_per_s / 1e9);
+        eprintln!(
+            "  link: {:.1} µs, {:.2} GB/s, +{:.0} µs to wake a parked rank",
+            l.latency_s * 1e6,
+            l.bytes_per_s / 1e9,
+            l.handoff_s * 1e6
+        );
     }
     eprintln!("shardlm: wrote {} (use --machines {})", a.out.display(), a.out.display());
     Ok(())

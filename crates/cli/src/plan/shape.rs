@@ -74,6 +74,9 @@ pub struct Shape {
     pub quant: String,
     /// The model's files, when it was read from them (not a config or parameters).
     pub path: Option<std::path::PathBuf>,
+    /// The model's context length (`max_position_embeddings`), when known: the
+    /// engine balances pipeline stages by their bytes at this context.
+    pub max_context: Option<usize>,
 }
 
 impl Shape {
@@ -232,6 +235,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         active_experts: active as usize,
         quant,
         path: Some(path.to_path_buf()),
+        max_context: Some(c.max_position_embeddings),
     })
 }
 
@@ -304,6 +308,7 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
         active_experts: active,
         quant,
         path: None,
+        max_context: get(v, &["max_position_embeddings", "n_positions"]).map(|c| c as usize),
     })
 }
 
@@ -377,6 +382,7 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
         active_experts,
         quant,
         path: None,
+        max_context: None,
     })
 }
 
