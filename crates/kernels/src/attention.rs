@@ -103,6 +103,10 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     /// place ([`KvElem::direct_scores`], [`KvElem::direct_pv`]: each row widened
     /// in registers right before its FMAs) instead of through a widened block.
     const DIRECT: bool = false;
+    /// Whether decode at the AVX-512 level runs P·V from this type's value
+    /// rows in place ([`KvElem::direct_pv`]); the keys may still be scored
+    /// another way (Q8_0: integer dot products).
+    const DIRECT_PV: bool = Self::DIRECT;
     /// `s[r·s_stride + j]` = query row `r` (`q`: `rows × d`) · key `j` for
     /// `j < n`, reading key `j` at `k[j·stride ..]` in place, at ISA level `isa`
     /// (AVX-512, else a scalar loop). Only called when [`KvElem::DIRECT`].
@@ -121,7 +125,7 @@ pub trait KvElem: Copy + Send + Sync + 'static {
         let _ = (isa, q, rows, k, stride, n, d, s, s_stride);
     }
     /// `o[r] += Σ_{j<n} p[r·p_stride + j] · v[j]` (`o`: `rows × d`), reading
-    /// value `j` at `v[j·stride ..]` in place. Only called when [`KvElem::DIRECT`].
+    /// value `j` at `v[j·stride ..]` in place. Only called when [`KvElem::DIRECT_PV`].
     #[allow(clippy::too_many_arguments)]
     fn direct_pv(
         isa: Isa,
@@ -608,6 +612,7 @@ fn run_tile<T: KvElem>(
     // key chunk is widened once per three rows: for large groups, as MLA's,
     // widening the block once is cheaper).
     let direct = T::DIRECT && avx512 && sh.n_new == 1 && d.is_multiple_of(16) && per <= 8;
+    let direct_pv = T::DIRECT_PV && avx512 && sh.n_new == 1 && d.is_multiple_of(16) && per <= 8;
     // Prefill on AVX-512 with float keys: the query rows in the SIMD lanes.
     let lanes = avx512 && !T::INT_SCORES && sh.n_new > 1 && d.is_multiple_of(16) && job.kvn == 1;
     let rp = if lanes { rows.next_multiple_of(16) } else { rows };
@@ -662,7 +667,7 @@ fn run_tile<T: KvElem>(
                 T::widen(simd, k, stride, n, n4, d, kb);
                 scores(simd, avx512, &qb[r0 * d..r1 * d], per, &kb[..n4 * d], n4, d, sr);
             }
-            if !direct {
+            if !direct_pv {
                 T::widen(simd, v, stride, n, n, d, vb);
             }
             for r in r0..r1 {
@@ -688,7 +693,7 @@ fn run_tile<T: KvElem>(
                 l[r] += sum;
             }
             let (sr, or) = (&s[r0 * KB..], &mut o[r0 * d..r1 * d]);
-            if direct {
+            if direct_pv {
                 T::direct_pv(level, sr, KB, per, v, stride, n, d, or);
             } else {
                 pv(simd, avx512, sr, per, &vb[..n * d], n, d, or);

@@ -13,9 +13,11 @@
 //! `q = round_half_even(x·127/amax)`, through the AVX2 quantizer when active;
 //! Q4_0: `quantize_row_q4_0_ref`). Widening dequantizes `x = q·d` in f32, which
 //! is exact up to one rounding of the product, and every ISA level computes the
-//! same product: the SIMD widen is bit-identical to the scalar one. Values are
-//! widened; keys are not: attention scores them against the query quantized to
-//! int8 ([`KvElem::INT_SCORES`], [`crate::kv_int_dot`]).
+//! same product: the SIMD widen is bit-identical to the scalar one. Keys are
+//! not widened: attention scores them against the query quantized to int8
+//! ([`KvElem::INT_SCORES`], [`crate::kv_int_dot`]). Values are widened to an
+//! f32 block, except Q8_0 values in AVX-512 decode, which P·V dequantizes in
+//! registers ([`KvElem::DIRECT_PV`]; the same bits as the widened block).
 
 use crate::attention::KvElem;
 use crate::isa::{self, Isa};
@@ -69,6 +71,22 @@ impl KvElem for BlockQ8_0 {
 
     fn int_scores(isa: Isa, q: &QuantQuery, k: &[Self], stride: usize, n: usize, s: &mut [f32], s_stride: usize) {
         kv_int_dot::q8_0_scores(isa, q, k, stride, n, s, s_stride)
+    }
+
+    const DIRECT_PV: bool = true;
+
+    fn direct_pv(
+        isa: Isa,
+        p: &[f32],
+        p_stride: usize,
+        rows: usize,
+        v: &[Self],
+        stride: usize,
+        n: usize,
+        d: usize,
+        o: &mut [f32],
+    ) {
+        crate::attention::direct::pv_q8_0(isa, p, p_stride, rows, v, stride, n, d, o)
     }
 }
 

@@ -328,3 +328,38 @@ fn widen_is_bit_identical_at_every_level() {
         assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "q4_0 widen at {level}");
     }
 }
+
+/// AVX-512 decode runs P·V straight from Q8_0 value rows
+/// (`attention::direct::pv_q8_0`, [`KvElem::DIRECT_PV`]): at every level it
+/// gives the bits of widening the rows (scalar widen) and one FMA per value and
+/// key in key order. Row counts 1–5 (the 4-row and tail kernels), d of 32, 64
+/// and 96 (the 64-value chunk and the 32-value tail), a row stride of several
+/// KV heads, the slice ending at the last row read.
+#[test]
+fn q8_0_direct_pv_is_the_widened_pv_at_every_level() {
+    let mut rng = rng(74);
+    for &(rows, n, d, stride) in &[(3, 32, 64, 6), (1, 7, 32, 1), (4, 13, 96, 9), (5, 9, 64, 2), (2, 1, 128, 4)] {
+        let (blocks, _) = stored::<BlockQ8_0>(&mut rng, ((n - 1) * stride + d / 32) * 32);
+        let p: Vec<f32> = (0..rows * 40).map(|_| rng.gen_range(0.0..1.0)).collect();
+        let o0: Vec<f32> = (0..rows * d).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut vals = vec![0f32; n * d];
+        widen_q8_0(Isa::Scalar, &blocks, stride, n, d, &mut vals);
+        let mut want = o0.clone();
+        for r in 0..rows {
+            for j in 0..n {
+                for c in 0..d {
+                    want[r * d + c] = p[r * 40 + j].mul_add(vals[j * d + c], want[r * d + c]);
+                }
+            }
+        }
+        for level in isa::available() {
+            let mut got = o0.clone();
+            attention::direct::pv_q8_0(level, &p, 40, rows, &blocks, stride, n, d, &mut got);
+            assert!(
+                want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{level} rows {rows} n {n} d {d} stride {stride}"
+            );
+        }
+    }
+    const { assert!(BlockQ8_0::DIRECT_PV) };
+}

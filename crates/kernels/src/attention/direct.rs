@@ -11,6 +11,7 @@
 //! same bits as the AVX-512 [`super::pv`] on the widened block.
 
 use crate::isa::Isa;
+use crate::quant::q8_0::BlockQ8_0;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::avx512_direct;
 use half::f16;
@@ -101,6 +102,61 @@ pub fn pv(
             let w = p[r * p_stride + j];
             for (x, y) in or.iter_mut().zip(&v[j * stride..][..d]) {
                 *x = w.mul_add(y.to_f32(), *x);
+            }
+        }
+    }
+}
+
+/// [`pv`] for a Q8_0 cache ([`KvElem::DIRECT_PV`](super::KvElem::DIRECT_PV)):
+/// value `j` is the blocks `v[j·stride ..][.. d/32]`, each dequantized to
+/// `q · scale` in registers (AVX-512) or in the scalar loop below, the same
+/// product the widen makes, so both equal widening then [`super::pv`].
+#[allow(clippy::too_many_arguments)]
+pub fn pv_q8_0(
+    isa: Isa,
+    p: &[f32],
+    p_stride: usize,
+    rows: usize,
+    v: &[BlockQ8_0],
+    stride: usize,
+    n: usize,
+    d: usize,
+    o: &mut [f32],
+) {
+    assert!(d.is_multiple_of(32), "direct attention: a Q8_0 row needs d % 32 == 0");
+    check(rows, p.len(), p_stride, v.len(), stride, n, d / 32);
+    assert!(o.len() >= rows * d, "direct attention: o too short");
+    if n == 0 || rows == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: as in `scores`; d % 32 == 0 and bounds checked above
+        // (34-byte blocks, `stride` of them between rows).
+        unsafe {
+            avx512_direct::pv_q8_0(
+                p.as_ptr(),
+                p_stride,
+                rows,
+                v.as_ptr() as *const u8,
+                stride * 34,
+                n,
+                d,
+                o.as_mut_ptr(),
+            )
+        };
+        return;
+    }
+    let _ = isa;
+    for r in 0..rows {
+        let or = &mut o[r * d..(r + 1) * d];
+        for j in 0..n {
+            let w = p[r * p_stride + j];
+            for (b, blk) in v[j * stride..][..d / 32].iter().enumerate() {
+                let s = blk.d.to_f32();
+                for (x, &q) in or[32 * b..32 * (b + 1)].iter_mut().zip(&blk.qs) {
+                    *x = w.mul_add(q as f32 * s, *x);
+                }
             }
         }
     }

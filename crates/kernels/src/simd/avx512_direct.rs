@@ -1,4 +1,5 @@
-//! AVX-512 decode steps of [`crate::attention`] that read an f16 cache in place:
+//! AVX-512 decode steps of [`crate::attention`] that read the cache in place (f16;
+//! Q8_0 values in [`pv_q8_0`]):
 //! each key or value row is widened in registers (`vcvtph2ps`) right before its
 //! FMAs, instead of first being written to an f32 scratch block and read back.
 //!
@@ -206,6 +207,118 @@ pub unsafe fn pv_f16(
         3 => pv_rows::<3>(p, p_stride, v, stride, n, d, o),
         2 => pv_rows::<2>(p, p_stride, v, stride, n, d, o),
         1 => pv_rows::<1>(p, p_stride, v, stride, n, d, o),
+        _ => {}
+    }
+}
+
+/// `NR` rows of `o += p · v` over one 64- (`NB = 2`) or 32-value (`NB = 1`)
+/// chunk at column `c` of a Q8_0 cache: value row `j`'s blocks start at byte
+/// `v + j·stride_bytes`, 34 bytes each (f16 scale, 32 int8 codes). Each block
+/// is dequantized in registers as `q · scale` (the product [`crate::kv_quant`]'s
+/// widen computes) and used by all `NR` rows, so the sums are bit-identical to
+/// widening the block and running the f32 P·V.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_q8_0_block<const NR: usize, const NB: usize>(
+    p: *const f32,
+    p_stride: usize,
+    v: *const u8,
+    stride_bytes: usize,
+    n: usize,
+    d: usize,
+    o: *mut f32,
+    c: usize,
+) {
+    let mut acc = [[[_mm512_setzero_ps(); 2]; NB]; NR];
+    for r in 0..NR {
+        for b in 0..NB {
+            for h in 0..2 {
+                acc[r][b][h] = _mm512_loadu_ps(o.add(r * d + c + 32 * b + 16 * h));
+            }
+        }
+    }
+    for j in 0..n {
+        let row = v.add(j * stride_bytes + c / 32 * 34);
+        let mut vv = [[_mm512_setzero_ps(); 2]; NB];
+        for (b, w) in vv.iter_mut().enumerate() {
+            let blk = row.add(34 * b);
+            let scale = _mm512_cvtph_ps(_mm256_set1_epi16(std::ptr::read_unaligned(blk as *const i16)));
+            for (h, x) in w.iter_mut().enumerate() {
+                let q = _mm_loadu_si128(blk.add(2 + 16 * h) as *const __m128i);
+                *x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
+            }
+        }
+        for r in 0..NR {
+            let pr = _mm512_set1_ps(*p.add(r * p_stride + j));
+            for b in 0..NB {
+                for h in 0..2 {
+                    acc[r][b][h] = _mm512_fmadd_ps(pr, vv[b][h], acc[r][b][h]);
+                }
+            }
+        }
+    }
+    for r in 0..NR {
+        for b in 0..NB {
+            for h in 0..2 {
+                _mm512_storeu_ps(o.add(r * d + c + 32 * b + 16 * h), acc[r][b][h]);
+            }
+        }
+    }
+}
+
+/// `NR` rows of the Q8_0 P·V over all of `d`: 64-value chunks, then a 32-value one.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_q8_0_rows<const NR: usize>(
+    p: *const f32,
+    p_stride: usize,
+    v: *const u8,
+    stride_bytes: usize,
+    n: usize,
+    d: usize,
+    o: *mut f32,
+) {
+    let mut c = 0;
+    while c + 64 <= d {
+        pv_q8_0_block::<NR, 2>(p, p_stride, v, stride_bytes, n, d, o, c);
+        c += 64;
+    }
+    if c < d {
+        pv_q8_0_block::<NR, 1>(p, p_stride, v, stride_bytes, n, d, o, c);
+    }
+}
+
+/// `o[r] += Σ_j p[r·p_stride + j] · v[j]` for `rows` rows and `n` value rows
+/// of a Q8_0 cache (`stride_bytes` between rows, `d / 32` blocks used).
+///
+/// # Safety
+/// AVX-512 F CPU with F16C; `d % 32 == 0`; `p` valid for `rows·p_stride`
+/// reads with `n ≤ p_stride`, value rows `0..n` for `34·d/32` bytes each, `o`
+/// for `rows·d` reads and writes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn pv_q8_0(
+    p: *const f32,
+    p_stride: usize,
+    rows: usize,
+    v: *const u8,
+    stride_bytes: usize,
+    n: usize,
+    d: usize,
+    o: *mut f32,
+) {
+    let mut r = 0;
+    while r + 4 <= rows {
+        pv_q8_0_rows::<4>(p.add(r * p_stride), p_stride, v, stride_bytes, n, d, o.add(r * d));
+        r += 4;
+    }
+    let (p, o) = (p.add(r * p_stride), o.add(r * d));
+    match rows - r {
+        3 => pv_q8_0_rows::<3>(p, p_stride, v, stride_bytes, n, d, o),
+        2 => pv_q8_0_rows::<2>(p, p_stride, v, stride_bytes, n, d, o),
+        1 => pv_q8_0_rows::<1>(p, p_stride, v, stride_bytes, n, d, o),
         _ => {}
     }
 }
