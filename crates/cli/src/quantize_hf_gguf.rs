@@ -1,7 +1,8 @@
 //! `shardlm quantize HF_DIR OUT.gguf --to q8_0|q4_0|q4_k|mxfp4|nvfp4`: an HF
 //! checkpoint (bf16, f16 or f32) written as a GGUF file the way llama.cpp's
 //! `convert_hf_to_gguf.py` lays it out, for the dense architectures llama,
-//! mistral (GGUF arch `llama`), qwen2 and qwen3.
+//! mistral (GGUF arch `llama`), qwen2 and qwen3, and the MoE ones qwen2_moe,
+//! qwen3_moe and mixtral ([`crate::quantize_hf_gguf_moe`]: stacked experts).
 //!
 //! * Metadata: `general.architecture`, `<arch>.block_count`, `context_length`,
 //!   `embedding_length`, `feed_forward_length`, `attention.head_count(_kv)`,
@@ -22,6 +23,7 @@
 //! Streamed like the GGUF → GGUF path: one tensor in memory at a time.
 
 use crate::quantize::{eligible, QuantizeArgs};
+use crate::quantize_hf_gguf_moe as moe;
 use anyhow::{bail, Context, Result};
 use formats::gguf::GgufValue;
 use formats::gguf_writer::{GgufWriter, TensorInfo};
@@ -38,47 +40,37 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
         "llama" | "mistral" => "llama",
         "qwen2" => "qwen2",
         "qwen3" => "qwen3",
-        other => bail!(
-            "{}: HF → GGUF supports llama, mistral, qwen2 and qwen3, not '{other}' (use llama.cpp's convert_hf_to_gguf.py)",
-            a.input.display()
-        ),
+        other => match moe::moe_arch(other) {
+            Some(arch) => arch,
+            None => bail!(
+                "{}: HF → GGUF supports llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe and mixtral, not '{other}' (use llama.cpp's convert_hf_to_gguf.py)",
+                a.input.display()
+            ),
+        },
     };
     let mut w = GgufWriter::new();
     metadata(&mut w, cfg, arch, target).with_context(|| format!("{}", a.input.display()))?;
+    moe::metadata(&mut w, cfg, arch);
     if let TokenizerSource::HfJson(path) = &files.tokenizer {
         tokenizer(&mut w, path, cfg).with_context(|| format!("{}", path.display()))?;
     }
     if let Some(t) = &files.chat_template {
         w.add_str("tokenizer.chat_template", t);
     }
-    // Pass 1: names, output types and sizes, in the store's (sorted) order.
-    let mut plans = Vec::new();
-    for (name, t) in &files.tensors.tensors {
-        let Some(gguf) = gguf_name(name) else {
-            bail!("{}: tensor '{name}' has no llama.cpp name", a.input.display());
-        };
-        let dtype = if t.shape.len() == 2 && eligible(name, &t.shape, target.block_elems(), &a.keep) {
-            target
-        } else if t.shape.len() == 2 {
-            DType::F16
-        } else {
-            DType::F32
-        };
-        let info = TensorInfo::new(&gguf, &t.shape, dtype)
-            .with_context(|| format!("tensor '{name}': {:?} is not whole blocks of {dtype}", t.shape))?;
-        plans.push((name.clone(), info, dtype));
-    }
+    let plans = plan(&files, a, target)?;
     let nvfp4 = target == DType::NVFP4;
     let rope_freqs = llama3_rope_divisors(cfg);
     let mut infos = Vec::new();
     if let Some(f) = &rope_freqs {
         infos.push(TensorInfo::new("rope_freqs.weight", &[f.len()], DType::F32).expect("f32"));
     }
-    for (_, info, dtype) in &plans {
-        infos.push(info.clone());
-        if nvfp4 && *dtype == DType::NVFP4 {
-            let base = info.name.trim_end_matches(".weight");
-            infos.push(TensorInfo::new(&format!("{base}.scale"), &[1], DType::F32).expect("f32"));
+    for p in &plans {
+        infos.push(p.info.clone());
+        if nvfp4 && p.dtype == DType::NVFP4 {
+            // One second-level scale per expert for a stack (llama.cpp's `[n_expert]`).
+            let base = p.info.name.trim_end_matches(".weight");
+            let n = if p.stacked { p.sources.len() } else { 1 };
+            infos.push(TensorInfo::new(&format!("{base}.scale"), &[n], DType::F32).expect("f32"));
         }
     }
     let write_err = || format!("{}: cannot write", a.output.display());
@@ -86,43 +78,132 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
     if let Some(f) = &rope_freqs {
         out.write_tensor(&f.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).with_context(write_err)?;
     }
-    // Pass 2: convert one tensor at a time.
+    // Pass 2: convert one tensor (a stack: one expert) at a time.
     let bar = ProgressBar::new(plans.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
     let mut n_quantized = 0;
-    for (name, info, dtype) in &plans {
-        bar.set_message(name.clone());
-        let t = &files.tensors.tensors[name];
-        let mut x = t.to_f32();
-        if arch == "llama" && (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight")) {
-            let heads = if name.contains("q_proj") { cfg.n_heads } else { cfg.n_kv_heads };
-            x = pair_rope_rows(&x, heads, t.shape[0] / heads, t.shape[1]);
-        }
-        let cols = *t.shape.last().unwrap_or(&1);
-        let mut bytes = vec![0u8; info.n_bytes];
-        let mut scale = None;
-        if *dtype == DType::NVFP4 {
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = if amax > 0.0 { amax / (6.0 * 448.0) } else { 1.0 };
-            nvfp4::quantize(&x, s, bytemuck::cast_slice_mut(&mut bytes));
-            scale = Some(s);
-        } else {
-            let rb = dtype.bytes_for(cols).expect("planned");
-            for (xr, o) in x.chunks_exact(cols).zip(bytes.chunks_exact_mut(rb)) {
-                quant::quantize_row(*dtype, xr, o).with_context(|| format!("tensor '{name}'"))?;
+    for p in &plans {
+        bar.set_message(p.info.name.clone());
+        let mut bytes = Vec::with_capacity(p.info.n_bytes);
+        let mut scales = Vec::new();
+        for name in &p.sources {
+            let t = &files.tensors.tensors[name];
+            let mut x = t.to_f32();
+            if arch == "llama"
+                && (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight"))
+            {
+                let heads = if name.contains("q_proj") { cfg.n_heads } else { cfg.n_kv_heads };
+                x = pair_rope_rows(&x, heads, t.shape[0] / heads, t.shape[1]);
+            }
+            let cols = *t.shape.last().unwrap_or(&1);
+            let start = bytes.len();
+            bytes.resize(start + p.dtype.bytes_for(x.len()).expect("planned"), 0);
+            let part = &mut bytes[start..];
+            if p.dtype == DType::NVFP4 {
+                let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let s = if amax > 0.0 { amax / (6.0 * 448.0) } else { 1.0 };
+                nvfp4::quantize(&x, s, bytemuck::cast_slice_mut(part));
+                scales.push(s);
+            } else {
+                let rb = p.dtype.bytes_for(cols).expect("planned");
+                for (xr, o) in x.chunks_exact(cols).zip(part.chunks_exact_mut(rb)) {
+                    quant::quantize_row(p.dtype, xr, o).with_context(|| format!("tensor '{name}'"))?;
+                }
             }
         }
+        debug_assert_eq!(bytes.len(), p.info.n_bytes);
         out.write_tensor(&bytes).with_context(write_err)?;
-        if let Some(s) = scale {
-            out.write_tensor(&s.to_le_bytes()).with_context(write_err)?;
+        if !scales.is_empty() {
+            out.write_tensor(&scales.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>())
+                .with_context(write_err)?;
         }
-        n_quantized += usize::from(*dtype == target);
+        n_quantized += usize::from(p.dtype == target);
         bar.inc(1);
     }
     bar.finish_and_clear();
     out.finish().with_context(write_err)?;
     eprintln!("wrote {} ({n_quantized} of {} tensors quantized to {target})", a.output.display(), plans.len());
     Ok(())
+}
+
+/// One GGUF tensor to write: its HF sources (one, or a stack's experts in
+/// index order), its header entry and storage type.
+struct Plan {
+    sources: Vec<String>,
+    stacked: bool,
+    info: TensorInfo,
+    dtype: DType,
+}
+
+/// Pass 1: names, output types and sizes, in the store's (sorted) order, each
+/// expert stack where its first expert comes.
+fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<Vec<Plan>> {
+    let mut plans: Vec<Plan> = Vec::new();
+    // (layer, stack) → (its place among the plans, its experts by index).
+    type Experts = (usize, Vec<(usize, String)>);
+    let mut stacks: std::collections::HashMap<(usize, &str), Experts> = Default::default();
+    let mut order = Vec::new();
+    for (name, t) in &files.tensors.tensors {
+        if let Some((layer, stack, expert)) = moe::expert_part(name) {
+            let e = stacks.entry((layer, stack)).or_insert_with(|| {
+                order.push((layer, stack));
+                (plans.len() + order.len() - 1, Vec::new())
+            });
+            e.1.push((expert, name.clone()));
+            continue;
+        }
+        let Some(gguf) = gguf_name(name).or_else(|| moe::other_name(name)) else {
+            bail!("{}: tensor '{name}' has no llama.cpp name", a.input.display());
+        };
+        // Routers stay F32 (llama.cpp's converter); qwen2_moe's shared-expert
+        // gate `[1, hidden]` is a `[hidden]` vector there.
+        let shape: Vec<usize> =
+            if gguf.contains("ffn_gate_inp_shexp") { vec![t.shape.iter().product()] } else { t.shape.clone() };
+        let dtype = if gguf.contains("ffn_gate_inp") || shape.len() != 2 {
+            DType::F32
+        } else if eligible(name, &shape, target.block_elems(), &a.keep) {
+            target
+        } else {
+            DType::F16
+        };
+        let info = TensorInfo::new(&gguf, &shape, dtype)
+            .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
+        plans.push(Plan { sources: vec![name.clone()], stacked: false, info, dtype });
+    }
+    // Stacks, inserted at their first expert's place (the store is sorted, so
+    // a layer's stacks follow its other tensors).
+    let mut built: Vec<(usize, Plan)> = Vec::new();
+    for key in order {
+        let (at, mut experts) = stacks.remove(&key).expect("recorded");
+        experts.sort_by_key(|e| e.0);
+        if experts.iter().enumerate().any(|(i, e)| e.0 != i) {
+            bail!(
+                "{}: layer {} {}: experts are not 0..{} without gaps",
+                a.input.display(),
+                key.0,
+                key.1,
+                experts.len()
+            );
+        }
+        let first = &files.tensors.tensors[&experts[0].1];
+        if let Some((_, odd)) = experts.iter().find(|(_, n)| files.tensors.tensors[n].shape != first.shape) {
+            bail!("{}: expert tensor '{odd}' differs in shape from '{}'", a.input.display(), experts[0].1);
+        }
+        let shape = [experts.len(), first.shape[0], *first.shape.last().unwrap_or(&1)];
+        let dtype = if first.shape.len() == 2 && eligible(&experts[0].1, &first.shape, target.block_elems(), &a.keep) {
+            target
+        } else {
+            DType::F16
+        };
+        let name = format!("blk.{}.{}.weight", key.0, key.1);
+        let info = TensorInfo::new(&name, &shape, dtype)
+            .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
+        built.push((at, Plan { sources: experts.into_iter().map(|e| e.1).collect(), stacked: true, info, dtype }));
+    }
+    for (at, p) in built {
+        plans.insert(at.min(plans.len()), p);
+    }
+    Ok(plans)
 }
 
 /// llama.cpp's name for an HF tensor of the dense architectures.
