@@ -115,9 +115,12 @@ if has_case ctx32k; then
     shardlm_bench "ctx32k-shardlm-$r" --model "$LONG" -p 32736 -g 32 -n 1 --warmup 0 --threads "$NT"
     echo "== ctx32k-llama-$r: llama-server /completion, 32736 prompt tokens + 32" >&2
     port=$((18000 + RANDOM % 1000))
-    /usr/bin/time -v -o "$OUT/ctx32k-llama-$r.time" "$SERVER" -m "$LONG" -c 32768 -t "$NT" -tb "$NT" \
+    # Started directly (not under /usr/bin/time, which does not pass the kill
+    # on): its peak RSS is read from /proc before it is stopped.
+    "$SERVER" -m "$LONG" -c 32768 -t "$NT" -tb "$NT" \
       --port "$port" -np 1 --no-warmup >"$OUT/ctx32k-llama-$r.err" 2>&1 &
     spid=$!
+    trap 'kill "$spid" 2>/dev/null || true' EXIT
     python3 - "$port" "$OUT/ctx32k-llama-$r.out" <<'PY'
 import json, random, sys, time, urllib.request
 port, out = sys.argv[1], sys.argv[2]
@@ -137,8 +140,8 @@ json.dump(t, open(out, "w"))
 print(f"llama-server: prefill {t['prompt_per_second']:.1f} tok/s ({t['prompt_ms']/1000:.1f} s, {t['prompt_n']} tokens), "
       f"decode {t['predicted_per_second']:.1f} tok/s ({t['predicted_n']} tokens)", file=sys.stderr)
 PY
+    grep -E "VmHWM" "/proc/$spid/status" >&2 || true
     kill "$spid"; wait "$spid" 2>/dev/null || true
-    grep -E "Maximum resident" "$OUT/ctx32k-llama-$r.time" >&2 || true
   done
 fi
 
