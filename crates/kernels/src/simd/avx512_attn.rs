@@ -157,18 +157,7 @@ pub unsafe fn pv_strided(
     d: usize,
     o: *mut f32,
 ) {
-    let mut r = 0;
-    while r + 4 <= rows {
-        pv_rows::<4>(p.add(r * p_stride), p_stride, p_js, v, n, d, o.add(r * d));
-        r += 4;
-    }
-    let (p, o) = (p.add(r * p_stride), o.add(r * d));
-    match rows - r {
-        3 => pv_rows::<3>(p, p_stride, p_js, v, n, d, o),
-        2 => pv_rows::<2>(p, p_stride, p_js, v, n, d, o),
-        1 => pv_rows::<1>(p, p_stride, p_js, v, n, d, o),
-        _ => {}
-    }
+    super::by_row_runs!(pv_rows, rows, d, p, p_stride, (p_js, v, n, d), o)
 }
 
 /// Lane `j` = the sum of the 16 lanes of `a[j]` (a transpose-and-add tree:

@@ -197,18 +197,7 @@ pub unsafe fn pv_f16(
     d: usize,
     o: *mut f32,
 ) {
-    let mut r = 0;
-    while r + 4 <= rows {
-        pv_rows::<4>(p.add(r * p_stride), p_stride, v, stride, n, d, o.add(r * d));
-        r += 4;
-    }
-    let (p, o) = (p.add(r * p_stride), o.add(r * d));
-    match rows - r {
-        3 => pv_rows::<3>(p, p_stride, v, stride, n, d, o),
-        2 => pv_rows::<2>(p, p_stride, v, stride, n, d, o),
-        1 => pv_rows::<1>(p, p_stride, v, stride, n, d, o),
-        _ => {}
-    }
+    super::by_row_runs!(pv_rows, rows, d, p, p_stride, (v, stride, n, d), o)
 }
 
 /// `NR` rows of `o += p · v` over one 64- (`NB = 2`) or 32-value (`NB = 1`)
@@ -309,16 +298,5 @@ pub unsafe fn pv_q8_0(
     d: usize,
     o: *mut f32,
 ) {
-    let mut r = 0;
-    while r + 4 <= rows {
-        pv_q8_0_rows::<4>(p.add(r * p_stride), p_stride, v, stride_bytes, n, d, o.add(r * d));
-        r += 4;
-    }
-    let (p, o) = (p.add(r * p_stride), o.add(r * d));
-    match rows - r {
-        3 => pv_q8_0_rows::<3>(p, p_stride, v, stride_bytes, n, d, o),
-        2 => pv_q8_0_rows::<2>(p, p_stride, v, stride_bytes, n, d, o),
-        1 => pv_q8_0_rows::<1>(p, p_stride, v, stride_bytes, n, d, o),
-        _ => {}
-    }
+    super::by_row_runs!(pv_q8_0_rows, rows, d, p, p_stride, (v, stride_bytes, n, d), o)
 }

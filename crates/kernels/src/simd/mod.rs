@@ -2,6 +2,30 @@
 //! reachable through [`crate::quant::dot_fn`] / [`crate::quant::quantize_act_fn`]
 //! after [`crate::isa`] confirmed the CPU supports it.
 
+/// Runs a P·V row kernel `$kernel::<NR>(p, p_stride, args…, o)` over `rows`
+/// output rows: runs of 4, then one run of the 3, 2 or 1 left (`p` and `o`
+/// advanced by `r·p_stride` and `r·d` for the run starting at row `r`). The
+/// attention P·V kernels share it: their register tiles are const-generic in
+/// the rows, which a function cannot pass on.
+macro_rules! by_row_runs {
+    ($kernel:ident, $rows:expr, $d:expr, $p:expr, $p_stride:expr, ($($arg:expr),*), $o:expr) => {{
+        let (rows, d, p, p_stride, o) = ($rows, $d, $p, $p_stride, $o);
+        let mut r = 0;
+        while r + 4 <= rows {
+            $kernel::<4>(p.add(r * p_stride), p_stride, $($arg,)* o.add(r * d));
+            r += 4;
+        }
+        let (p, o) = (p.add(r * p_stride), o.add(r * d));
+        match rows - r {
+            3 => $kernel::<3>(p, p_stride, $($arg,)* o),
+            2 => $kernel::<2>(p, p_stride, $($arg,)* o),
+            1 => $kernel::<1>(p, p_stride, $($arg,)* o),
+            _ => {}
+        }
+    }};
+}
+pub(crate) use by_row_runs;
+
 pub mod avx2;
 pub mod avx2_attn;
 pub mod avx2_fp;
