@@ -208,7 +208,9 @@ def test_16_streaming_clients_x_10_varied_requests(oai, server):
 def test_disconnect_frees_kv_blocks(server):
     wait_for(lambda: server.metrics()["shardlm_active_requests"] == 0, what="idle")
     before = server.metrics()
-    body = {"model": "m", "max_tokens": 4000, "stream": True, **GREEDY,
+    # ignore_eos: the request must still be running when its 4th chunk arrives
+    # (on a fast machine SmolLM2 may otherwise end its answer by then).
+    body = {"model": "m", "max_tokens": 4000, "stream": True, "ignore_eos": True, **GREEDY,
             "messages": [{"role": "user", "content": "Count from 1 to 10000, comma separated."}]}
     with httpx.stream("POST", server.base + "/v1/chat/completions", json=body, headers=H, timeout=60) as r:
         assert r.status_code == 200
@@ -232,7 +234,8 @@ def test_disconnect_frees_kv_blocks(server):
 @HEAVY
 def test_429_carries_retry_after_through_both_sdks(spawn_server):
     srv = spawn_server("--max-concurrency", "1")
-    body = {"model": "m", "max_tokens": 2000, "stream": True, **GREEDY,
+    # ignore_eos: the first request must hold its slot while the SDKs ask.
+    body = {"model": "m", "max_tokens": 2000, "stream": True, "ignore_eos": True, **GREEDY,
             "messages": [{"role": "user", "content": "Count from 1 to 10000, comma separated."}]}
     ask = [{"role": "user", "content": "Hi."}]
     with httpx.stream("POST", srv.base + "/v1/chat/completions", json=body, headers=H, timeout=60) as r:

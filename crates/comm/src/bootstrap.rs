@@ -23,6 +23,7 @@ use crate::error::{CommError, Result};
 use crate::group::Group;
 use crate::transport::shm::ShmConfig;
 use crate::transport::tcp::TcpConfig;
+use std::time::Duration;
 
 pub const ENV_RANK: &str = "SHARDLM_RANK";
 pub const ENV_SIZE: &str = "SHARDLM_SIZE";
@@ -196,11 +197,35 @@ pub fn launcher_env(rank: usize, peers: &[String], secret: &str) -> Vec<(String,
     ]
 }
 
+impl Bootstrap {
+    /// Sets the transports' busy-wait before parking, unless `SHARDLM_SPIN_US`
+    /// (read by [`Bootstrap::from_vars`]) already chose one.
+    pub fn with_default_spin(mut self, spin: Duration, env_set: bool) -> Bootstrap {
+        if !env_set {
+            match &mut self {
+                Bootstrap::Shm(cfg) => cfg.spin = spin,
+                Bootstrap::Tcp(cfg) => cfg.spin = spin,
+                Bootstrap::Single | Bootstrap::Mpi(_) => {}
+            }
+        }
+        self
+    }
+}
+
 impl Group {
     /// Joins the world described by the `SHARDLM_*` environment (a group of one
     /// when none is set). `fingerprint` identifies the model all ranks serve.
     pub fn from_env(fingerprint: u64) -> Result<Group> {
         Bootstrap::from_env(fingerprint)?.connect()
+    }
+
+    /// [`Group::from_env`], with the transports spinning `spin` before they
+    /// park unless `SHARDLM_SPIN_US` says otherwise. For ranks that each have
+    /// cores of their own: a pipeline stage waits a whole stage per token, and
+    /// on a VM a core that parked wakes slow (docs/CLUSTER.md).
+    pub fn from_env_spinning(fingerprint: u64, spin: Duration) -> Result<Group> {
+        let env_set = std::env::var_os(ENV_SPIN_US).is_some();
+        Bootstrap::from_env(fingerprint)?.with_default_spin(spin, env_set).connect()
     }
 }
 

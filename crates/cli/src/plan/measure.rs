@@ -170,8 +170,10 @@ pub struct ProbeArgs {
 }
 
 pub fn probe(a: ProbeArgs) -> Result<()> {
-    let group = comm::Group::from_env(0x91a7).context("joining the world")?;
     let threads = a.threads.unwrap_or_else(crate::run::default_threads);
+    // The transports spin as the engine's ranks would (`dist_args::rank_spin`).
+    let spin = crate::dist_args::rank_spin(threads, a.threads.is_some());
+    let group = comm::Group::from_env_spinning(0x91a7, spin).context("joining the world")?;
     let me = if a.links_only { None } else { Some(local_machine_for(threads, &a.quant)?) };
     // Gather every rank's machine as fixed-size JSON records.
     const REC: usize = 1024;
@@ -225,9 +227,10 @@ pub fn probe(a: ProbeArgs) -> Result<()> {
 }
 
 /// Median time of a small all-reduce that a rank joins last, after computing
-/// for 2 ms while its peers waited: they parked (the transports spin 200 µs),
-/// so the exchange includes their wake-up, as a pipeline stage's hand-off
-/// does. Ranks take turns being late; the median over all ranks' late rounds.
+/// for 2 ms while its peers waited: with the short spin of oversubscribed
+/// hosts (200 µs) they parked, so the exchange includes their wake-up, as a
+/// pipeline stage's hand-off does; ranks with cores of their own spin 10 ms
+/// and are still awake. Ranks take turns being late; the median over all ranks' late rounds.
 fn parked_all_reduce(group: &comm::Group, rounds: usize) -> Result<f64> {
     let n = group.size();
     let mut buf = vec![1f32; 1024];
