@@ -35,9 +35,10 @@ pub const ENV_BIND: &str = "SHARDLM_BIND";
 pub const ENV_LINKS: &str = "SHARDLM_LINKS";
 pub const ENV_CALIBRATE_BYTES: &str = "SHARDLM_CALIBRATE_BYTES";
 pub const ENV_OP_TIMEOUT_MS: &str = "SHARDLM_OP_TIMEOUT_MS";
-/// Microseconds a rank busy-waits for a peer before it parks (default 200).
-/// Longer spins shorten a pipeline's hand-offs when every rank has a core of
-/// its own; they burn that core while waiting.
+/// Microseconds a rank busy-waits for a peer before it parks, over the
+/// transports' default (200) and over what [`Group::from_env_spinning`]'s
+/// caller chose. Longer spins shorten a pipeline's hand-offs when every rank
+/// has a core of its own; they burn that core while waiting.
 pub const ENV_SPIN_US: &str = "SHARDLM_SPIN_US";
 
 /// What the environment asks for.

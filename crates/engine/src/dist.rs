@@ -71,7 +71,6 @@ pub struct Cluster {
     pub expert: bool,
 }
 
-/// Routed experts per MoE layer, for `--strategy expert` (an error for a dense model).
 /// KV cache bytes one position takes in one layer of the whole model: K and V
 /// rows of every KV head, or latent attention's latent ‖ rope-key row.
 fn kv_bytes_per_layer(cfg: &formats::ModelConfig, kv_type: model::KvType) -> usize {
@@ -82,6 +81,7 @@ fn kv_bytes_per_layer(cfg: &formats::ModelConfig, kv_type: model::KvType) -> usi
     }
 }
 
+/// Routed experts per MoE layer, for `--strategy expert` (an error for a dense model).
 fn n_experts(files: &formats::ModelFiles) -> Result<usize, EngineError> {
     let cfg = &files.config;
     let arch = model::Arch::from_name(&cfg.arch).ok_or_else(|| {
