@@ -138,18 +138,22 @@ struct Plan {
 /// Pass 1: names, output types and sizes, in the store's (sorted) order, each
 /// expert stack where its first expert comes.
 fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<Vec<Plan>> {
-    let mut plans: Vec<Plan> = Vec::new();
-    // (layer, stack) → (its place among the plans, its experts by index).
-    type Experts = (usize, Vec<(usize, String)>);
-    let mut stacks: std::collections::HashMap<(usize, &str), Experts> = Default::default();
-    let mut order = Vec::new();
+    /// A tensor as it is, or a layer's stack of one projection's experts.
+    enum Slot {
+        Plain(Plan),
+        Stack(usize, &'static str, Vec<(usize, String)>),
+    }
+    let mut slots: Vec<Slot> = Vec::new();
+    let mut stack_at: std::collections::HashMap<(usize, &str), usize> = Default::default();
     for (name, t) in &files.tensors.tensors {
         if let Some((layer, stack, expert)) = moe::expert_part(name) {
-            let e = stacks.entry((layer, stack)).or_insert_with(|| {
-                order.push((layer, stack));
-                (plans.len() + order.len() - 1, Vec::new())
+            let i = *stack_at.entry((layer, stack)).or_insert_with(|| {
+                slots.push(Slot::Stack(layer, stack, Vec::new()));
+                slots.len() - 1
             });
-            e.1.push((expert, name.clone()));
+            if let Slot::Stack(_, _, experts) = &mut slots[i] {
+                experts.push((expert, name.clone()));
+            }
             continue;
         }
         let Some(gguf) = gguf_name(name).or_else(|| moe::other_name(name)) else {
@@ -168,42 +172,45 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
         };
         let info = TensorInfo::new(&gguf, &shape, dtype)
             .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
-        plans.push(Plan { sources: vec![name.clone()], stacked: false, info, dtype });
+        slots.push(Slot::Plain(Plan { sources: vec![name.clone()], stacked: false, info, dtype }));
     }
-    // Stacks, inserted at their first expert's place (the store is sorted, so
-    // a layer's stacks follow its other tensors).
-    let mut built: Vec<(usize, Plan)> = Vec::new();
-    for key in order {
-        let (at, mut experts) = stacks.remove(&key).expect("recorded");
-        experts.sort_by_key(|e| e.0);
-        if experts.iter().enumerate().any(|(i, e)| e.0 != i) {
-            bail!(
-                "{}: layer {} {}: experts are not 0..{} without gaps",
-                a.input.display(),
-                key.0,
-                key.1,
-                experts.len()
-            );
-        }
-        let first = &files.tensors.tensors[&experts[0].1];
-        if let Some((_, odd)) = experts.iter().find(|(_, n)| files.tensors.tensors[n].shape != first.shape) {
-            bail!("{}: expert tensor '{odd}' differs in shape from '{}'", a.input.display(), experts[0].1);
-        }
-        let shape = [experts.len(), first.shape[0], *first.shape.last().unwrap_or(&1)];
-        let dtype = if first.shape.len() == 2 && eligible(&experts[0].1, &first.shape, target.block_elems(), &a.keep) {
-            target
-        } else {
-            DType::F16
-        };
-        let name = format!("blk.{}.{}.weight", key.0, key.1);
-        let info = TensorInfo::new(&name, &shape, dtype)
-            .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
-        built.push((at, Plan { sources: experts.into_iter().map(|e| e.1).collect(), stacked: true, info, dtype }));
+    slots
+        .into_iter()
+        .map(|slot| match slot {
+            Slot::Plain(p) => Ok(p),
+            Slot::Stack(layer, stack, experts) => stack_plan(files, a, target, layer, stack, experts),
+        })
+        .collect()
+}
+
+/// The GGUF tensor of one layer's `stack` (`[n_expert, out, in]`): experts in
+/// index order, 0..n without gaps, all of one shape.
+fn stack_plan(
+    files: &formats::ModelFiles,
+    a: &QuantizeArgs,
+    target: DType,
+    layer: usize,
+    stack: &str,
+    mut experts: Vec<(usize, String)>,
+) -> Result<Plan> {
+    experts.sort_by_key(|e| e.0);
+    if experts.iter().enumerate().any(|(i, e)| e.0 != i) {
+        bail!("{}: layer {layer} {stack}: experts are not 0..{} without gaps", a.input.display(), experts.len());
     }
-    for (at, p) in built {
-        plans.insert(at.min(plans.len()), p);
+    let first = &files.tensors.tensors[&experts[0].1];
+    if let Some((_, odd)) = experts.iter().find(|(_, n)| files.tensors.tensors[n].shape != first.shape) {
+        bail!("{}: expert tensor '{odd}' differs in shape from '{}'", a.input.display(), experts[0].1);
     }
-    Ok(plans)
+    let shape = [experts.len(), first.shape[0], *first.shape.last().unwrap_or(&1)];
+    let dtype = if first.shape.len() == 2 && eligible(&experts[0].1, &first.shape, target.block_elems(), &a.keep) {
+        target
+    } else {
+        DType::F16
+    };
+    let name = format!("blk.{layer}.{stack}.weight");
+    let info = TensorInfo::new(&name, &shape, dtype)
+        .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
+    Ok(Plan { sources: experts.into_iter().map(|e| e.1).collect(), stacked: true, info, dtype })
 }
 
 /// llama.cpp's name for an HF tensor of the dense architectures.
