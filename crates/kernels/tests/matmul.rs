@@ -155,7 +155,7 @@ fn packed_matches_row_major_every_isa() {
     use shardlm_kernels::packed;
     let mut rng = rng(11);
     let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
-    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4] {
         for &(rows, cols, m) in &[(4usize, 64usize, 1usize), (36, 576, 1), (68, 128, 2), (20, 192, 3), (40, 64, 70)] {
             let w = random_weight(&mut rng, dtype, rows, cols);
             let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
@@ -179,11 +179,15 @@ fn packed_matches_row_major_every_isa() {
                     let tol = if bf16 { shardlm_kernels::quant::fp8::bf16_rel_bound(cols) } else { 2e-5 };
                     check_close(&got, &want, &scale, tol, &what);
                     // Like with like: at one ISA level the packed kernels run the
-                    // file-layout kernels' arithmetic, so the bits agree.
+                    // file-layout kernels' arithmetic, so the bits agree (where
+                    // the level has packed kernels for the type: MXFP4/NVFP4
+                    // have AVX-512 ones; elsewhere the scalar one unpacks rows).
                     let mut file = vec![f32::NAN; m * rows];
                     matmul_isa(isa, pool, wm, &x, m, &mut file, &mut scratch);
                     let differ = got.iter().zip(&file).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-                    assert_eq!(differ, 0, "{what}: {differ} outputs differ from the file layout at the same ISA");
+                    if packed::unit_blocks(dtype).is_none() || packed::worth_packing(dtype, isa) {
+                        assert_eq!(differ, 0, "{what}: {differ} outputs differ from the file layout at the same ISA");
+                    }
                     // Mixed with a row-major weight of the same activation type.
                     let mut a = vec![f32::NAN; m * rows];
                     let mut b = vec![f32::NAN; m * rows];
@@ -228,12 +232,9 @@ fn avx512_rows_are_batch_invariant() {
         let (rows, cols, m) = (36, 576, 5);
         let w = random_weight(&mut rng, dtype, rows, cols);
         let x = random_acts(&mut rng, m * cols);
-        // The low-bit floats have no packed layout: file layout only.
-        let pw = if matches!(dtype, DType::MXFP4 | DType::NVFP4 | DType::FP8) {
-            None
-        } else {
-            Some(packed::pack(dtype, rows, cols, &w))
-        };
+        // FP8 has no packed layout; MXFP4's packed kernels need VBMI.
+        let pw = (packed::packable(dtype, rows, cols) && packed::worth_packing(dtype, Isa::Avx512))
+            .then(|| packed::pack(dtype, rows, cols, &w));
         let mut mats = vec![("file", MatRef::new(dtype, rows, cols, &w).unwrap())];
         if let Some(pw) = &pw {
             mats.push(("packed", MatRef::new_packed(dtype, rows, cols, pw).unwrap()));
@@ -269,7 +270,12 @@ fn matmul_each_equals_separate_calls_every_isa() {
         .enumerate()
         .map(|(k, &d)| (d, [37, 64, 19, 4][k % 4], if d.block_elems() == 256 { 512 } else { 192 }, false))
         .collect();
-    specs.extend([(DType::Q4_0, 36, 576, true), (DType::Q8_0, 8, 64, true)]);
+    specs.extend([
+        (DType::Q4_0, 36, 576, true),
+        (DType::Q8_0, 8, 64, true),
+        (DType::MXFP4, 36, 576, true),
+        (DType::NVFP4, 8, 128, true),
+    ]);
     // More than one run's worth: the MoE decode shape (many equal weights).
     specs.extend((0..24).map(|k| ([DType::MXFP4, DType::NVFP4, DType::Q4_0][k % 3], 48, 128, false)));
     let data: Vec<Vec<u8>> = specs

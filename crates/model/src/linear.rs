@@ -105,13 +105,18 @@ fn scale_outputs(y: &mut [f32], s: f32) {
     }
 }
 
-/// Repacks a Q4_0/Q4_1/Q8_0 weight into the interleaved four-row layout of the
-/// decode kernels (`kernels::packed`) and releases the file pages it came from,
-/// so resident memory stays one copy of the weights. Weights without a packed
-/// form (other types, row counts not a multiple of 4, odd block counts) are
-/// returned as they are.
+/// Repacks a Q4_0/Q4_1/Q8_0/MXFP4/NVFP4/FP8 weight into the interleaved
+/// four-row layout of the decode kernels (`kernels::packed`) and releases the
+/// file pages it came from, so resident memory stays one copy of the weights.
+/// Weights without a packed form (other types, row counts not a multiple of 4,
+/// odd block counts), or whose packed form has no SIMD kernels on this CPU
+/// (`kernels::packed::worth_packing`), are returned as they are.
 pub fn pack_for_decode(w: WeightTensor) -> WeightTensor {
-    if w.is_packed() || w.shape.len() != 2 || !kernels::packed::packable(w.dtype, w.shape[0], w.shape[1]) {
+    if w.is_packed()
+        || w.shape.len() != 2
+        || !kernels::packed::packable(w.dtype, w.shape[0], w.shape[1])
+        || !kernels::packed::worth_packing(w.dtype, kernels::isa::active())
+    {
         return w;
     }
     // A few MiB at a time, releasing each source run once copied, so loading

@@ -48,7 +48,7 @@ fn weight(dtype: DType, rows: usize, cols: usize) -> (Vec<u8>, bool) {
     for _ in 0..rows {
         data.extend_from_slice(&row);
     }
-    if kernels::packed::packable(dtype, rows, cols) {
+    if kernels::packed::packable(dtype, rows, cols) && kernels::packed::worth_packing(dtype, kernels::isa::active()) {
         (kernels::packed::pack(dtype, rows, cols, &data), true)
     } else {
         (data, false)

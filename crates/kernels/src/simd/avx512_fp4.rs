@@ -14,8 +14,8 @@
 //! does not depend on its batch, as for the Q4_0/Q8_0 tiles in [`super::avx512`].
 
 use super::avx2::rd16;
-use super::avx2_rows::prefetch;
 use super::avx512::{reduce, store_tile, y2_nibble_order, BlockPairs, FileRows, ZERO_BLOCK};
+use super::avx512_packed::Units;
 use crate::quant::{Dot4Fn, TileFn};
 use crate::DType;
 use std::arch::x86_64::*;
@@ -163,12 +163,7 @@ pub unsafe fn tile_mxfp4(n: usize, w: *const u8, stride: usize, a: *const u8, a_
 /// lane `l` to sub-block `(l/2) mod 4`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn nvfp4_tile<const R: usize, const A: usize>(
-    n: usize,
-    w: *const u8,
-    stride: usize,
-    a: [*const u8; A],
-) -> [[f32; 4]; A] {
+unsafe fn nvfp4_tile<const R: usize, const A: usize>(n: usize, w: Units, a: [*const u8; A]) -> [[f32; 4]; A] {
     let nb = n / 64;
     let t = lut();
     let low = _mm256_set1_epi8(0x0F);
@@ -182,7 +177,7 @@ unsafe fn nvfp4_tile<const R: usize, const A: usize>(
         // at load) reads as 0 like the scalar reference.
         let mut d = [0i32; 4];
         for (r, dr) in d.iter_mut().enumerate().take(R) {
-            *dr = (w.add(r * stride + b * 36) as *const i32).read_unaligned();
+            *dr = (w.at(r, b) as *const i32).read_unaligned();
         }
         let c = _mm256_cvtepu8_epi16(_mm_loadu_si128(d.as_ptr() as *const __m128i));
         let c = _mm256_and_si256(c, _mm256_set1_epi16(0x7F));
@@ -207,8 +202,8 @@ unsafe fn nvfp4_tile<const R: usize, const A: usize>(
             prod[j] = _mm512_mul_ps(xs, dy);
         }
         for r in 0..R {
-            let x = w.add(r * stride + b * 36);
-            prefetch(x.wrapping_add(super::avx2_rows::PREFETCH_ROWS * stride));
+            let x = w.at(r, b);
+            w.prefetch(x);
             let v = _mm256_loadu_si256(x.add(4) as *const __m256i);
             let nib = _mm512_inserti64x4(
                 _mm512_castsi256_si512(_mm256_and_si256(v, low)),
@@ -236,7 +231,17 @@ unsafe fn nvfp4_tile<const R: usize, const A: usize>(
 /// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`Dot4Fn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot4_nvfp4(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let r = nvfp4_tile::<4, 1>(n, w, stride, [a]);
+    let r = nvfp4_tile::<4, 1>(n, Units::file(w, stride, 36), [a]);
+    std::ptr::copy_nonoverlapping(r[0].as_ptr(), out, 4);
+}
+
+/// [`dot4_nvfp4`] over a packed group ([`crate::packed`], units of one block).
+///
+/// # Safety
+/// As for [`dot4_nvfp4`], `w` a packed group of `n` columns.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot4_nvfp4_packed(n: usize, w: *const u8, _stride: usize, a: *const u8, out: *mut f32) {
+    let r = nvfp4_tile::<4, 1>(n, Units::packed(w, 36), [a]);
     std::ptr::copy_nonoverlapping(r[0].as_ptr(), out, 4);
 }
 
@@ -246,6 +251,24 @@ pub unsafe fn dot4_nvfp4(n: usize, w: *const u8, stride: usize, a: *const u8, ou
 /// AVX-512 F/BW/VL/VNNI CPU; pointers as for [`TileFn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn tile_nvfp4(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
-    let r = nvfp4_tile::<4, 2>(n, w, stride, [a, a.add(a_stride)]);
+    let r = nvfp4_tile::<4, 2>(n, Units::file(w, stride, 36), [a, a.add(a_stride)]);
+    store_tile(r, y, ys);
+}
+
+/// [`tile_nvfp4`] over a packed group.
+///
+/// # Safety
+/// As for [`tile_nvfp4`], `w` as for [`dot4_nvfp4_packed`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn tile_nvfp4_packed(
+    n: usize,
+    w: *const u8,
+    _s: usize,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    ys: usize,
+) {
+    let r = nvfp4_tile::<4, 2>(n, Units::packed(w, 36), [a, a.add(a_stride)]);
     store_tile(r, y, ys);
 }

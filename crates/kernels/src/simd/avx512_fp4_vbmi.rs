@@ -22,6 +22,7 @@
 use super::avx2::rd16;
 use super::avx2_rows::{prefetch, PREFETCH_ROWS};
 use super::avx512::{reduce, store_tile, ZERO_BLOCK};
+use super::avx512_packed::Units;
 use std::arch::x86_64::*;
 
 /// `2·E2M1(code) + 12` by code, repeated over 64 bytes: `vpermb` indexes with
@@ -79,7 +80,7 @@ unsafe fn ld512(p: *const u8) -> __m512i {
 /// [`ZERO_BLOCK`] activations.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
 #[inline]
-unsafe fn mxfp4_tile<const A: usize>(n: usize, w: *const u8, stride: usize, a: [*const u8; A]) -> [[f32; 4]; A] {
+unsafe fn mxfp4_tile<const A: usize>(n: usize, w: Units, a: [*const u8; A]) -> [[f32; 4]; A] {
     const R: usize = 4;
     let nb = n / 32;
     let lut = ld512(E2M1_X2_PLUS12_X4.as_ptr());
@@ -93,8 +94,8 @@ unsafe fn mxfp4_tile<const A: usize>(n: usize, w: *const u8, stride: usize, a: [
         let bytes: __mmask64 = if pair { (1 << 34) - 1 } else { (1 << 17) - 1 };
         let mut z = [_mm512_setzero_si512(); R];
         for (r, zr) in z.iter_mut().enumerate() {
-            let x = w.add(r * stride + b * 17);
-            prefetch(x.wrapping_add(PREFETCH_ROWS * stride));
+            let x = w.at(r, b / 2);
+            w.prefetch(x);
             *zr = _mm512_maskz_loadu_epi8(bytes, x as *const i8);
         }
         // Dword 2r+k: E8M0 of row r, block b+k (a missing second block reads 0).
@@ -149,7 +150,17 @@ unsafe fn mxfp4_tile<const A: usize>(n: usize, w: *const u8, stride: usize, a: [
 /// AVX-512 F/BW/VL/VNNI and VBMI CPU; pointers as for [`crate::quant::Dot4Fn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
 pub unsafe fn dot4_mxfp4(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let r = mxfp4_tile::<1>(n, w, stride, [a]);
+    let r = mxfp4_tile::<1>(n, Units::file(w, stride, 34), [a]);
+    std::ptr::copy_nonoverlapping(r[0].as_ptr(), out, 4);
+}
+
+/// [`dot4_mxfp4`] over a packed group ([`crate::packed`], units of a block pair).
+///
+/// # Safety
+/// As for [`dot4_mxfp4`], `w` a packed group of `n` (a multiple of 64) columns.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn dot4_mxfp4_packed(n: usize, w: *const u8, _stride: usize, a: *const u8, out: *mut f32) {
+    let r = mxfp4_tile::<1>(n, Units::packed(w, 34), [a]);
     std::ptr::copy_nonoverlapping(r[0].as_ptr(), out, 4);
 }
 
@@ -159,7 +170,25 @@ pub unsafe fn dot4_mxfp4(n: usize, w: *const u8, stride: usize, a: *const u8, ou
 /// AVX-512 F/BW/VL/VNNI and VBMI CPU; pointers as for [`crate::quant::TileFn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
 pub unsafe fn tile_mxfp4(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
-    let r = mxfp4_tile::<2>(n, w, stride, [a, a.add(a_stride)]);
+    let r = mxfp4_tile::<2>(n, Units::file(w, stride, 34), [a, a.add(a_stride)]);
+    store_tile(r, y, ys);
+}
+
+/// [`tile_mxfp4`] over a packed group.
+///
+/// # Safety
+/// As for [`tile_mxfp4`], `w` as for [`dot4_mxfp4_packed`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn tile_mxfp4_packed(
+    n: usize,
+    w: *const u8,
+    _s: usize,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    ys: usize,
+) {
+    let r = mxfp4_tile::<2>(n, Units::packed(w, 34), [a, a.add(a_stride)]);
     store_tile(r, y, ys);
 }
 

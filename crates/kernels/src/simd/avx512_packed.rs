@@ -8,7 +8,7 @@
 //! packed weight gives bit-identical results to the same weight in the file
 //! layout at this ISA level, as the AVX2 packed kernels do at theirs.
 
-use super::avx2_rows::prefetch;
+use super::avx2_rows::{prefetch, PREFETCH_ROWS};
 use super::avx512::{q4_1_rows, q4_1_tile, q8act_rows, q8act_tile, store_tile, BlockPairs};
 use crate::packed::PACK_ROWS;
 use crate::quant::{Dot4Fn, TileFn};
@@ -21,6 +21,8 @@ pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
         DType::Q4_0 => Some(dot4_q4_0),
         DType::Q4_1 => Some(dot4_q4_1),
         DType::Q8_0 => Some(dot4_q8_0),
+        DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => Some(super::avx512_fp4_vbmi::dot4_mxfp4_packed),
+        DType::NVFP4 => Some(super::avx512_fp4::dot4_nvfp4_packed),
         _ => None,
     }
 }
@@ -33,6 +35,8 @@ pub fn tile_fn(dtype: DType) -> Option<TileFn> {
         DType::Q4_0 => Some(tile_q4_0),
         DType::Q4_1 => Some(tile_q4_1),
         DType::Q8_0 => Some(tile_q8_0),
+        DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => Some(super::avx512_fp4_vbmi::tile_mxfp4_packed),
+        DType::NVFP4 => Some(super::avx512_fp4::tile_nvfp4_packed),
         _ => None,
     }
 }
@@ -70,6 +74,50 @@ pub unsafe fn tile_q4_1(n: usize, w: *const u8, _s: usize, a: *const u8, a_strid
 /// How far ahead of the current block pair the stream is prefetched, in bytes
 /// (the AVX2 packed kernels' distance, chosen there by A/B runs).
 const PREFETCH_AHEAD: usize = 2048;
+
+/// Where the four-row kernels of the low-bit float types (MXFP4, NVFP4),
+/// which take whole blocks, find row `r`'s unit `k` (a block pair for MXFP4,
+/// one block for NVFP4; `ub` bytes): at `w + r·row + k·step`.
+/// In the file layout `row` is the row stride and `step` is `ub`; in the
+/// packed layout ([`crate::packed`]) the four rows' units follow one another,
+/// so `row` is `ub` and `step` is `4·ub`.
+#[derive(Clone, Copy)]
+pub(super) struct Units {
+    w: *const u8,
+    row: usize,
+    step: usize,
+    ub: usize,
+    /// Prefetch distance in bytes.
+    ahead: usize,
+}
+
+impl Units {
+    /// Four rows `stride` bytes apart (prefetching [`PREFETCH_ROWS`] rows ahead
+    /// in the same column, as the file-layout kernels do).
+    #[inline(always)]
+    pub fn file(w: *const u8, stride: usize, ub: usize) -> Units {
+        Units { w, row: stride, step: ub, ub, ahead: PREFETCH_ROWS * stride }
+    }
+
+    /// One packed group (prefetching [`PREFETCH_AHEAD`] bytes along the stream).
+    #[inline(always)]
+    pub fn packed(w: *const u8, ub: usize) -> Units {
+        Units { w, row: ub, step: PACK_ROWS * ub, ub, ahead: PREFETCH_AHEAD }
+    }
+
+    /// Start of row `r`'s unit `k`.
+    #[inline(always)]
+    pub fn at(self, r: usize, k: usize) -> *const u8 {
+        self.w.wrapping_add(r * self.row + k * self.step)
+    }
+
+    /// Prefetches the unit `ahead` bytes after `x` (its first and last line).
+    #[inline(always)]
+    pub unsafe fn prefetch(self, x: *const u8) {
+        prefetch(x.wrapping_add(self.ahead));
+        prefetch(x.wrapping_add(self.ahead + self.ub - 1));
+    }
+}
 
 /// One packed group of four rows: block pair `p` starts at `w + p·8·bb` with
 /// the eight `head`-byte headers `[r0b0, r0b1, r1b0, …, r3b1]`, then the eight

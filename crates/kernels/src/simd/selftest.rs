@@ -178,6 +178,11 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
         if !crate::packed::packable(dtype, 4, n) {
             continue;
         }
+        // MXFP4/NVFP4 packed kernels exist at AVX-512 only (elsewhere the scalar
+        // one unpacks rows, other arithmetic, and the loader does not pack them).
+        if crate::packed::unit_blocks(dtype).is_some() && !crate::packed::worth_packing(dtype, isa) {
+            continue;
+        }
         let (Some(file4), Some(packed4)) = (quant::dot4_fn(dtype, isa), crate::packed::dot4_fn(dtype, isa)) else {
             continue;
         };
