@@ -96,6 +96,9 @@ impl<'a> MatRef<'a> {
 pub struct MatmulScratch {
     /// Quantized activations; u64 storage keeps it 8-aligned (Q8_K needs 4).
     act: Vec<u64>,
+    /// The activations in the lane layout of the MXFP4 prefill GEMM.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    lanes: Vec<u8>,
 }
 
 impl MatmulScratch {
@@ -105,12 +108,17 @@ impl MatmulScratch {
 
     /// Zeroed-on-growth buffer of at least `len` bytes.
     fn bytes(&mut self, len: usize) -> &mut [u8] {
-        let words = len.div_ceil(8);
-        if self.act.len() < words {
-            self.act.resize(words, 0);
-        }
-        &mut bytemuck::cast_slice_mut(&mut self.act)[..len]
+        grow_bytes(&mut self.act, len)
     }
+}
+
+/// `v` grown (zeroed) to at least `len` bytes, as bytes.
+fn grow_bytes(v: &mut Vec<u64>, len: usize) -> &mut [u8] {
+    let words = len.div_ceil(8);
+    if v.len() < words {
+        v.resize(words, 0);
+    }
+    &mut bytemuck::cast_slice_mut(v)[..len]
 }
 
 /// A raw pointer shared with pool workers; users guarantee disjoint writes.
@@ -220,11 +228,17 @@ pub fn matmul_many_isa(
     let a: &[u8] = if vdt == VecDotType::F32 {
         bytemuck::cast_slice(x)
     } else {
-        let buf = scratch.bytes(m * vdt.row_bytes(cols));
+        let buf = grow_bytes(&mut scratch.act, m * vdt.row_bytes(cols));
         quantize_rows(isa, pool, vdt, x, cols, m, buf);
         buf
     };
     let a_stride = a.len() / m;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && crate::simd::avx512_gemm_fp4::applies(ws, m) {
+        // SAFETY: AVX-512 (clamped to the CPU); shapes checked above.
+        unsafe { crate::simd::avx512_gemm_fp4::matmul(pool, ws, a, a_stride, m, ys, &mut scratch.lanes) };
+        return;
+    }
     run_parts(pool, ws.iter().zip(ys.iter_mut()).map(|(w, y)| Part::new(isa, *w, a, a_stride, y)), m);
 }
 

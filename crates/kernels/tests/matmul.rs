@@ -317,3 +317,48 @@ fn matmul_each_equals_separate_calls_every_isa() {
         }
     }
 }
+
+/// The MXFP4 prefill GEMM (AVX-512, batches of at least
+/// `avx512_gemm_fp4::MIN_M` rows, activations in the vector lanes) against the
+/// scalar reference: batch sizes around the threshold and not a multiple of the
+/// 16 lanes, row counts that leave 8-, 4- and 1-row tails, odd block counts,
+/// file and packed layouts, one and two threads, and two weights in one call.
+#[test]
+fn mxfp4_prefill_gemm_matches_reference() {
+    use shardlm_kernels::matmul::matmul_many_isa;
+    use shardlm_kernels::packed;
+    if !isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipping: no AVX-512 here");
+        return;
+    }
+    let mut rng = rng(14);
+    let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
+    for &(rows, cols) in &[(37usize, 96usize), (16, 64), (45, 576), (8, 32)] {
+        let w = random_weight(&mut rng, DType::MXFP4, rows, cols);
+        let wm = MatRef::new(DType::MXFP4, rows, cols, &w).unwrap();
+        let pw = (packed::packable(DType::MXFP4, rows, cols)).then(|| packed::pack(DType::MXFP4, rows, cols, &w));
+        for m in [31usize, 32, 33, 47, 100] {
+            let x = random_acts(&mut rng, m * cols);
+            let mut want = vec![0f32; m * rows];
+            matmul_reference(wm, &x, m, &mut want);
+            let scale = abs_scale(&wm, &x, m);
+            let mut mats = vec![("file", wm)];
+            if let Some(pw) = &pw {
+                mats.push(("packed", MatRef::new_packed(DType::MXFP4, rows, cols, pw).unwrap()));
+            }
+            for (layout, mat) in &mats {
+                for pool in &pools {
+                    let what = format!("MXFP4 {layout} {rows}x{cols} m={m} threads={}", pool.n_threads());
+                    let mut scratch = MatmulScratch::default();
+                    let mut got = vec![f32::NAN; m * rows];
+                    matmul_isa(Isa::Avx512, pool, *mat, &x, m, &mut got, &mut scratch);
+                    check_close(&got, &want, &scale, 2e-5, &what);
+                    let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
+                    matmul_many_isa(Isa::Avx512, pool, &[wm, *mat], &x, m, &mut [&mut a, &mut b], &mut scratch);
+                    assert_eq!(a, got, "{what}: first of two weights in one call");
+                    assert_eq!(b, got, "{what}: second of two weights in one call");
+                }
+            }
+        }
+    }
+}
