@@ -234,9 +234,9 @@ pub fn matmul_many_isa(
     };
     let a_stride = a.len() / m;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && crate::simd::avx512_gemm_fp4::applies(ws, m) {
+    if isa == Isa::Avx512 && crate::simd::avx512_gemm::applies(ws, m) {
         // SAFETY: AVX-512 (clamped to the CPU); shapes checked above.
-        unsafe { crate::simd::avx512_gemm_fp4::matmul(pool, ws, a, a_stride, m, ys, &mut scratch.lanes) };
+        unsafe { crate::simd::avx512_gemm::matmul(pool, ws, a, a_stride, m, ys, &mut scratch.lanes) };
         return;
     }
     run_parts(pool, ws.iter().zip(ys.iter_mut()).map(|(w, y)| Part::new(isa, *w, a, a_stride, y)), m);

@@ -318,13 +318,13 @@ fn matmul_each_equals_separate_calls_every_isa() {
     }
 }
 
-/// The MXFP4 prefill GEMM (AVX-512, batches of at least
-/// `avx512_gemm_fp4::MIN_M` rows, activations in the vector lanes) against the
+/// The prefill GEMM of MXFP4, Q4_0 and Q8_0 (AVX-512, batches of at least
+/// `avx512_gemm::MIN_M` rows, activations in the vector lanes) against the
 /// scalar reference: batch sizes around the threshold and not a multiple of the
 /// 16 lanes, row counts that leave 8-, 4- and 1-row tails, odd block counts,
 /// file and packed layouts, one and two threads, and two weights in one call.
 #[test]
-fn mxfp4_prefill_gemm_matches_reference() {
+fn prefill_gemm_matches_reference() {
     use shardlm_kernels::matmul::matmul_many_isa;
     use shardlm_kernels::packed;
     if !isa::available().contains(&Isa::Avx512) {
@@ -333,10 +333,13 @@ fn mxfp4_prefill_gemm_matches_reference() {
     }
     let mut rng = rng(14);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    for &(rows, cols) in &[(37usize, 96usize), (16, 64), (45, 576), (8, 32)] {
-        let w = random_weight(&mut rng, DType::MXFP4, rows, cols);
-        let wm = MatRef::new(DType::MXFP4, rows, cols, &w).unwrap();
-        let pw = (packed::packable(DType::MXFP4, rows, cols)).then(|| packed::pack(DType::MXFP4, rows, cols, &w));
+    for (dtype, &(rows, cols)) in [DType::MXFP4, DType::Q4_0, DType::Q8_0]
+        .into_iter()
+        .flat_map(|d| [(37usize, 96usize), (16, 64), (45, 576), (8, 32)].iter().map(move |s| (d, s)))
+    {
+        let w = random_weight(&mut rng, dtype, rows, cols);
+        let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
+        let pw = packed::packable(dtype, rows, cols).then(|| packed::pack(dtype, rows, cols, &w));
         for m in [31usize, 32, 33, 47, 100] {
             let x = random_acts(&mut rng, m * cols);
             let mut want = vec![0f32; m * rows];
@@ -344,11 +347,11 @@ fn mxfp4_prefill_gemm_matches_reference() {
             let scale = abs_scale(&wm, &x, m);
             let mut mats = vec![("file", wm)];
             if let Some(pw) = &pw {
-                mats.push(("packed", MatRef::new_packed(DType::MXFP4, rows, cols, pw).unwrap()));
+                mats.push(("packed", MatRef::new_packed(dtype, rows, cols, pw).unwrap()));
             }
             for (layout, mat) in &mats {
                 for pool in &pools {
-                    let what = format!("MXFP4 {layout} {rows}x{cols} m={m} threads={}", pool.n_threads());
+                    let what = format!("{dtype} {layout} {rows}x{cols} m={m} threads={}", pool.n_threads());
                     let mut scratch = MatmulScratch::default();
                     let mut got = vec![f32::NAN; m * rows];
                     matmul_isa(Isa::Avx512, pool, *mat, &x, m, &mut got, &mut scratch);

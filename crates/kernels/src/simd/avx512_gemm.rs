@@ -1,38 +1,44 @@
-//! AVX-512 VNNI prefill GEMM for MXFP4 weights: `y = x · Wᵀ` for `m ≥`
-//! [`MIN_M`] activation rows, with the activations in the vector lanes.
+//! AVX-512 VNNI prefill GEMM for weights of 32-value blocks with Q8_0
+//! activations (MXFP4, Q4_0, Q8_0): `y = x · Wᵀ` for `m ≥` [`MIN_M`]
+//! activation rows, with the activation rows in the vector lanes.
 //!
-//! Why: the 4 × 2 tile of [`super::avx512_fp4_vbmi`] puts 64 weights of one
-//! row in a vector, so every `vpdpbusd` (64 products) needs its own float
-//! epilogue (convert, scale permute, FMA) because each 32-value block has its
-//! own scale: four instructions per 64 products, and the weight decode is
-//! shared by only two activation rows. llama.cpp's repacked MXFP4 GEMM ran
-//! 1.75× faster on the 1.1B model. Here the 16 lanes are 16 *activation rows*
-//! and one `vpdpbusd` multiplies 4 weights of one row (broadcast) by the same 4
+//! Why: the 4 × 2 tiles put 64 weights of one row in a vector, so every
+//! `vpdpbusd` (64 products) needs its own float epilogue (convert, scale,
+//! FMA) because each 32-value block has its own scale: about four instructions
+//! per 64 products, and the weight decode is shared by only two activation
+//! rows. llama.cpp's repacked GEMMs ran 1.75× (MXFP4) and 1.5× (Q4_0) faster on
+//! the 1.1B model. Here the 16 lanes are 16 *activation rows* and one
+//! `vpdpbusd` multiplies 4 weights of one row (broadcast) by the same 4
 //! positions of 16 activation rows, so a block's 32 positions take 8 of them
 //! per row before the one float epilogue (convert, scale, FMA) of that block:
 //! 8 integer instructions plus 3 float ones per 512 products.
 //!
 //! Layouts (built per call):
-//! * **Activations** (Q8_0 rows → [`ActTiles`]): per group of 16 rows and block
-//!   `b`, 8 × 64 bytes (position group `g` = positions `4g..4g+4` of the block
-//!   for the 16 rows, 4 bytes each), then the 16 rows' scales `d` (f32) and the
-//!   16 seeds `−12·Σ q` (i32) that undo the weights' +12 offset. Rows past `m`
-//!   are zero.
+//! * **Activations** (Q8_0 rows → the lane layout): per group of 16 rows and
+//!   block `b`, 8 × 64 bytes (position group `p` = positions `4p..4p+4` of the
+//!   block for the 16 rows, 4 bytes each), then the 16 rows' scales `d` (f32)
+//!   and their sums `Σ q` (i32, to undo the weights' unsigned offset). Rows past
+//!   `m` are zero.
 //! * **Weights**: a unit of up to [`UNIT_ROWS`] rows at a time is decoded to
-//!   `2·E2M1 + 12` bytes (0..24, unsigned for `vpdpbusd`) in element order, one
-//!   f32 scale `2^(e−128)` per block (ggml's halved E8M0, as the doubled codes
-//!   need), into the thread's scratch, then meets every activation group.
+//!   unsigned bytes `q + o` in element order (`vpdpbusd` takes unsigned × signed)
+//!   and one f32 scale per block, into the thread's scratch, then meets every
+//!   activation group. `Σ (q + o)·a − o·Σ a = Σ q·a`:
+//!
+//! | type  | decoded byte             | offset `o` | block scale             |
+//! |-------|--------------------------|------------|-------------------------|
+//! | MXFP4 | `2·E2M1 + 12` (0..24)    | 12         | `2^(e−128)` (ggml's halved E8M0) |
+//! | Q4_0  | the nibble (0..15)       | 8          | `d`                     |
+//! | Q8_0  | `q + 128` (0..255)       | 128        | `d`                     |
 //!
 //! Numerics: per (row, activation row, block) the integer sum is exact, as in
-//! the other MXFP4 kernels; the block's `d_a · d_w` (exact: `d_w` is a power of
-//! two) multiplies it in f32 and the blocks are summed in order. The result
-//! differs from the four-row kernel's only in the f32 summation order, so a
-//! row's result depends on whether its batch reached [`MIN_M`] (below it the
-//! 4 × 2 tile keeps batches bit-identical to decode).
+//! the other kernels; `d_a · d_w` multiplies it in f32 and the blocks are summed
+//! in order. The result differs from the four-row kernels' only in the f32
+//! summation order, so a row's result depends on whether its batch reached
+//! [`MIN_M`] (below it the 4 × 2 tiles keep batches bit-identical to decode).
 
 use crate::matmul::MatRef;
 use crate::quant::minifloat::e8m0_half;
-use crate::ThreadPool;
+use crate::{DType, ThreadPool};
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -47,17 +53,34 @@ const LANES: usize = 16;
 /// scales, 16 i32 seeds.
 const GROUP_BLOCK: usize = 8 * 64 + 64 + 64;
 
-/// `2·E2M1(code) + 12` by code.
+/// `2·E2M1(code) + 12` by code (MXFP4).
 const E2M1_X2_PLUS12: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
 
 thread_local! {
     /// A unit's decoded weights (`UNIT_ROWS × cols` bytes) and block scales.
-    static DECODED: std::cell::RefCell<(Vec<u8>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static DECODED: std::cell::RefCell<Decoded> = const { std::cell::RefCell::new(Decoded { q: Vec::new(), s: Vec::new(), row: Vec::new() }) };
+}
+
+/// A unit's decoded weights and the file-layout copy of a packed row.
+struct Decoded {
+    q: Vec<u8>,
+    s: Vec<f32>,
+    row: Vec<u8>,
 }
 
 /// Whether [`matmul`] takes these weights at this batch size.
 pub fn applies(ws: &[MatRef<'_>], m: usize) -> bool {
-    m >= MIN_M && ws.iter().all(|w| w.dtype == crate::DType::MXFP4 && w.cols.is_multiple_of(32))
+    m >= MIN_M && ws.iter().all(|w| offset(w.dtype).is_some() && w.cols.is_multiple_of(32))
+}
+
+/// The unsigned offset `o` of `dtype`'s decoded bytes, if this GEMM takes it.
+fn offset(dtype: DType) -> Option<i32> {
+    match dtype {
+        DType::MXFP4 => Some(12),
+        DType::Q4_0 => Some(8),
+        DType::Q8_0 => Some(128),
+        _ => None,
+    }
 }
 
 /// Group `g` of the activations (rows `16g..16g+16` of `m`) in the lane layout
@@ -75,37 +98,51 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut
             let d = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
             dst[512 + lane * 4..516 + lane * 4].copy_from_slice(&d.to_le_bytes());
             let sum: i32 = q.iter().map(|&v| v as i8 as i32).sum();
-            dst[576 + lane * 4..580 + lane * 4].copy_from_slice(&(-12 * sum).to_le_bytes());
+            dst[576 + lane * 4..580 + lane * 4].copy_from_slice(&sum.to_le_bytes());
         }
     }
 }
 
-/// Start of block `b` of row `r` of an MXFP4 weight, in the file or the packed
-/// layout ([`crate::packed`]: units of a block pair, four rows interleaved).
-#[inline]
-fn block_at(w: &MatRef<'_>, r: usize, b: usize) -> usize {
-    let rb = w.row_bytes();
-    if w.packed {
-        r / 4 * 4 * rb + (b / 2 * 4 + r % 4) * 34 + b % 2 * 17
-    } else {
-        r * rb + b * 17
-    }
-}
-
-/// Decodes rows `r0..r1` of `w` into `q` (`(r1 − r0) × cols` bytes) and `s`.
+/// Decodes rows `r0..r1` of `w` into `d.q` (`(r1 − r0) × cols` bytes) and
+/// `d.s` (see the table in the module docs). Packed rows are first unpacked to
+/// the file layout (`d.row`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, q: &mut [u8], s: &mut [f32]) {
-    let nb = w.cols / 32;
+unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
+    let (nb, rb, bb) = (w.cols / 32, w.row_bytes(), w.dtype.block_bytes());
     let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_X2_PLUS12.as_ptr() as *const __m128i));
     let low = _mm_set1_epi8(0x0F);
+    d.row.resize(rb, 0);
     for (k, r) in (r0..r1).enumerate() {
+        let row: *const u8 = if w.packed {
+            let group = &w.data[r / 4 * 4 * rb..(r / 4 + 1) * 4 * rb];
+            crate::packed::unpack_row(w.dtype, w.cols, group, r % 4, &mut d.row);
+            d.row.as_ptr()
+        } else {
+            w.data.as_ptr().add(r * rb)
+        };
         for b in 0..nb {
-            let x = w.data.as_ptr().add(block_at(w, r, b));
-            s[k * nb + b] = e8m0_half(*x);
-            let v = _mm_loadu_si128(x.add(1) as *const __m128i);
-            let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
-            let codes = _mm256_shuffle_epi8(lut, nib);
-            _mm256_storeu_si256(q.as_mut_ptr().add(k * w.cols + b * 32) as *mut __m256i, codes);
+            let x = row.add(b * bb);
+            let dst = d.q.as_mut_ptr().add(k * w.cols + b * 32) as *mut __m256i;
+            let f16 = || half::f16::from_bits(u16::from_le_bytes([*x, *x.add(1)])).to_f32();
+            // Block layouts: MXFP4 [e8m0, 16 nibble bytes], Q4_0 [f16 d, 16
+            // nibble bytes] (element j low nibble of byte j, j+16 high), Q8_0
+            // [f16 d, 32 × i8].
+            let (scale, codes) = match w.dtype {
+                DType::Q8_0 => {
+                    (f16(), _mm256_xor_si256(_mm256_loadu_si256(x.add(2) as *const __m256i), _mm256_set1_epi8(-128)))
+                }
+                dt => {
+                    let head = if dt == DType::MXFP4 { 1 } else { 2 };
+                    let v = _mm_loadu_si128(x.add(head) as *const __m128i);
+                    let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+                    match dt {
+                        DType::MXFP4 => (e8m0_half(*x), _mm256_shuffle_epi8(lut, nib)),
+                        _ => (f16(), nib),
+                    }
+                }
+            };
+            d.s[k * nb + b] = scale;
+            _mm256_storeu_si256(dst, codes);
         }
     }
 }
@@ -120,11 +157,14 @@ unsafe fn rows_x_group<const R: usize>(
     q: *const u8,
     s: *const f32,
     act: *const u8,
+    offset: i32,
 ) -> [__m512; R] {
     let mut accf = [_mm512_setzero_ps(); R];
+    let neg_offset = _mm512_set1_epi32(-offset);
     for b in 0..nb {
         let blk = act.add(b * GROUP_BLOCK);
-        let seed = _mm512_loadu_si512(blk.add(576) as *const _);
+        // −o·Σa: undoes the weights' unsigned offset.
+        let seed = _mm512_mullo_epi32(_mm512_loadu_si512(blk.add(576) as *const _), neg_offset);
         let mut acc = [seed; R];
         for p in 0..8 {
             let av = _mm512_loadu_si512(blk.add(p * 64) as *const _);
@@ -158,12 +198,13 @@ unsafe fn store_lanes(v: __m512, lanes: usize, y: *mut f32, ys: usize) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *mut f32) {
     let (nb, cols) = (w.cols / 32, w.cols);
+    let off = offset(w.dtype).expect("checked by applies");
     DECODED.with(|cell| {
-        let mut cell = cell.borrow_mut();
-        let (q, s) = &mut *cell;
-        q.resize(UNIT_ROWS * cols, 0);
-        s.resize(UNIT_ROWS * nb, 0.0);
-        decode_rows(w, r0, r1, q, s);
+        let mut d = cell.borrow_mut();
+        d.q.resize(UNIT_ROWS * cols, 0);
+        d.s.resize(UNIT_ROWS * nb, 0.0);
+        decode_rows(w, r0, r1, &mut d);
+        let (q, s) = (d.q.as_ptr(), d.s.as_ptr());
         let n = r1 - r0;
         for g in 0..m.div_ceil(LANES) {
             let lanes = (m - g * LANES).min(LANES);
@@ -171,21 +212,21 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
             let yg = y.add(g * LANES * w.rows);
             let mut k = 0;
             while k + 8 <= n {
-                let out = rows_x_group::<8>(nb, cols, q.as_ptr().add(k * cols), s.as_ptr().add(k * nb), ag);
+                let out = rows_x_group::<8>(nb, cols, q.add(k * cols), s.add(k * nb), ag, off);
                 for (j, v) in out.into_iter().enumerate() {
                     store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
                 }
                 k += 8;
             }
             while k + 4 <= n {
-                let out = rows_x_group::<4>(nb, cols, q.as_ptr().add(k * cols), s.as_ptr().add(k * nb), ag);
+                let out = rows_x_group::<4>(nb, cols, q.add(k * cols), s.add(k * nb), ag, off);
                 for (j, v) in out.into_iter().enumerate() {
                     store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
                 }
                 k += 4;
             }
             while k < n {
-                let out = rows_x_group::<1>(nb, cols, q.as_ptr().add(k * cols), s.as_ptr().add(k * nb), ag);
+                let out = rows_x_group::<1>(nb, cols, q.add(k * cols), s.add(k * nb), ag, off);
                 store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
                 k += 1;
             }
@@ -205,7 +246,7 @@ impl OutPtr {
     }
 }
 
-/// `ys[k] = x · ws[k]ᵀ` for MXFP4 weights ([`applies`]), `a` the `m` Q8_0
+/// `ys[k] = x · ws[k]ᵀ` for weights [`applies`] takes, `a` the `m` Q8_0
 /// activation rows (`a_stride` bytes apart), `act` a reusable buffer.
 ///
 /// # Safety
