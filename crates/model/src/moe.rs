@@ -283,7 +283,20 @@ impl Moe {
             })
         };
         let experts = if ld.contains(&format!("{b}.experts.gate_exps.weight")) {
-            held.clone().map(stacked).collect::<Result<_, _>>()?
+            let experts: Vec<Mlp> = held.clone().map(stacked).collect::<Result<_, _>>()?;
+            // Packing copies each expert and drops its pages of the mapping, but
+            // the kernel's fault-around maps page-cache neighbours of every page
+            // read, so pages of experts already copied come back while the next
+            // one is read (0.15 GiB on the 2.6B MXFP4 benchmark model). Once every
+            // held expert has its own copy, drop the stacked tensors' pages again.
+            let owned = |l: &Linear| l.weight.is_packed();
+            if experts.iter().all(|m| owned(&m.gate) && owned(&m.up) && owned(&m.down)) {
+                for proj in ["gate_exps", "up_exps", "down_exps"] {
+                    let t = ld.tensor(&format!("{b}.experts.{proj}.weight"))?;
+                    t.data.release_range(0, t.bytes().len());
+                }
+            }
+            experts
         } else if ld.contains(&format!("{b}.experts.gate_up_proj")) {
             let cols = routed_cols(spec.expert_ffn)?;
             held.clone().map(|e| crate::moe_fused::expert(ld, spec, e, &cols, whole)).collect::<Result<_, _>>()?
