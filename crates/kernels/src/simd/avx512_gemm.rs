@@ -49,22 +49,25 @@ pub const MIN_M: usize = 32;
 const UNIT_ROWS: usize = 16;
 /// Activation rows per group (the vector lanes).
 const LANES: usize = 16;
-/// Bytes of one block of one activation group: 8 × 64 quant bytes, 16 f32
-/// scales, 16 i32 seeds.
+/// Bytes of one block of one activation group: 8 × 64 quant bytes (offset 0),
+/// 16 f32 scales (offset 512), 16 i32 sums `Σ q` (offset 576).
 const GROUP_BLOCK: usize = 8 * 64 + 64 + 64;
 
 /// `2·E2M1(code) + 12` by code (MXFP4).
 const E2M1_X2_PLUS12: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
 
 thread_local! {
-    /// A unit's decoded weights (`UNIT_ROWS × cols` bytes) and block scales.
+    /// This thread's decode scratch.
     static DECODED: std::cell::RefCell<Decoded> = const { std::cell::RefCell::new(Decoded { q: Vec::new(), s: Vec::new(), row: Vec::new() }) };
 }
 
 /// A unit's decoded weights and the file-layout copy of a packed row.
 struct Decoded {
+    /// `UNIT_ROWS × cols` unsigned bytes, row after row, in element order.
     q: Vec<u8>,
+    /// `UNIT_ROWS × cols / 32` block scales.
     s: Vec<f32>,
+    /// One packed row unpacked to the file layout.
     row: Vec<u8>,
 }
 
