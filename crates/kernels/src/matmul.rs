@@ -123,12 +123,12 @@ fn grow_bytes(v: &mut Vec<u64>, len: usize) -> &mut [u8] {
 
 /// A raw pointer shared with pool workers; users guarantee disjoint writes.
 #[derive(Clone, Copy)]
-struct SyncPtr<T>(*mut T);
+pub(crate) struct SyncPtr<T>(pub(crate) *mut T);
 unsafe impl<T> Send for SyncPtr<T> {}
 unsafe impl<T> Sync for SyncPtr<T> {}
 impl<T> SyncPtr<T> {
     #[inline(always)]
-    fn get(self) -> *mut T {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }

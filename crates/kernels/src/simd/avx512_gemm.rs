@@ -36,7 +36,7 @@
 //! summation order, so a row's result depends on whether its batch reached
 //! [`MIN_M`] (below it the 4 × 2 tiles keep batches bit-identical to decode).
 
-use crate::matmul::MatRef;
+use crate::matmul::{MatRef, SyncPtr};
 use crate::quant::minifloat::e8m0_half;
 use crate::{DType, ThreadPool};
 use std::arch::x86_64::*;
@@ -73,7 +73,7 @@ struct Decoded {
 
 /// Whether [`matmul`] takes these weights at this batch size.
 pub fn applies(ws: &[MatRef<'_>], m: usize) -> bool {
-    m >= MIN_M && ws.iter().all(|w| offset(w.dtype).is_some() && w.cols.is_multiple_of(32))
+    m >= MIN_M && ws.iter().all(|w| offset(w.dtype).is_some())
 }
 
 /// The unsigned offset `o` of `dtype`'s decoded bytes, if this GEMM takes it.
@@ -237,18 +237,6 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
     });
 }
 
-/// A raw output pointer shared with the pool; units write disjoint rows.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
-    #[inline(always)]
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// `ys[k] = x · ws[k]ᵀ` for weights [`applies`] takes, `a` the `m` Q8_0
 /// activation rows (`a_stride` bytes apart), `act` a reusable buffer.
 ///
@@ -268,20 +256,18 @@ pub unsafe fn matmul(
     let groups = m.div_ceil(LANES);
     act.clear();
     act.resize(groups * nb * GROUP_BLOCK, 0);
-    let base = OutPtr(act.as_mut_ptr() as *mut f32);
+    let base = SyncPtr(act.as_mut_ptr());
     pool.run(|t, nt| {
         for g in (t..groups).step_by(nt) {
             // SAFETY: group g's bytes belong to this thread only.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut((base.get() as *mut u8).add(g * nb * GROUP_BLOCK), nb * GROUP_BLOCK)
-            };
+            let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(g * nb * GROUP_BLOCK), nb * GROUP_BLOCK) };
             act_group(a, a_stride, m, nb, g, dst);
         }
     });
     let act: &[u8] = act;
     let units: Vec<usize> = ws.iter().map(|w| w.rows.div_ceil(UNIT_ROWS)).collect();
     let total: usize = units.iter().sum();
-    let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
+    let outs: Vec<SyncPtr<f32>> = ys.iter_mut().map(|y| SyncPtr(y.as_mut_ptr())).collect();
     let next = AtomicUsize::new(0);
     pool.run(|_, _| loop {
         let mut u = next.fetch_add(1, Ordering::Relaxed);
