@@ -70,7 +70,28 @@ def test_prompt_longer_than_context(oai, claude):
 def test_body_too_large(server):
     big = {"messages": [{"role": "user", "content": "x" * (BODY_LIMIT + 10)}]}
     r = post(server, "/v1/chat/completions", big)
-    assert r.status_code == 400 and "larger" in r.json()["error"]["message"]
+    assert r.status_code == 413 and "larger" in r.json()["error"]["message"]
+
+
+def test_declared_body_too_large_is_refused_before_the_body(server):
+    # Declares 64 MiB and sends a few bytes: 413 at once, not a wait for the rest.
+    import socket
+    host, port = server.base.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 67108864\r\n\r\n{")
+        head = s.recv(4096).decode("latin-1")
+    assert head.startswith("HTTP/1.1 413"), head
+
+
+def test_n_other_than_one_is_refused(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="m", messages=MSG, max_tokens=4, n=3)
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError):
+        oai.completions.create(model="m", prompt="hi", max_tokens=4, n=2)
+    r = oai.chat.completions.create(model="m", messages=MSG, max_tokens=2, n=1, temperature=0)
+    assert len(r.choices) == 1
 
 
 def test_server_still_serves_after_bad_requests(oai):

@@ -36,17 +36,38 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let dialect = dialect_of(req.uri().path());
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            let msg = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                "the request body is larger than the server's limit (--max-body-bytes)".to_string()
-            } else {
-                format!("cannot read the request body: {e}")
-            };
-            ApiError::bad_request(None, msg).in_dialect(dialect)
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                return too_large(dialect);
+            }
+            ApiError::bad_request(None, format!("cannot read the request body: {e}")).in_dialect(dialect)
         })?;
         let de = &mut serde_json::Deserializer::from_slice(&bytes);
         let v = serde_path_to_error::deserialize(de).map_err(|e| json_error(e).in_dialect(dialect))?;
         Ok(ApiJson(v))
     }
+}
+
+fn too_large(dialect: Dialect) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "the request body is larger than the server's limit (--max-body-bytes)",
+    )
+    .in_dialect(dialect)
+}
+
+/// A request whose `Content-Length` exceeds `--max-body-bytes` gets 413 at
+/// once, before any of its body is read (a client that declares 64 MiB and
+/// sends nothing must not hold a connection until the timeout).
+pub async fn declared_body_limit(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > state.cfg.body_limit as u64) {
+        return too_large(dialect_of(req.uri().path())).into_response();
+    }
+    next.run(req).await
 }
 
 /// With `--api-key`, requires `Authorization: Bearer KEY` or `x-api-key: KEY`

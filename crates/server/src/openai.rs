@@ -61,6 +61,20 @@ pub struct ChatCompletionRequest {
     /// `max_tokens`, for benchmarks that need a fixed output length.
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Choices per request: only 1 is served (see [`one_choice`]).
+    pub n: Option<i64>,
+}
+
+/// `n` other than 1 is refused with a 400 naming the field, instead of
+/// answering one choice where the client asked for several.
+pub fn one_choice(n: Option<i64>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ApiError::bad_request(
+            Some("n"),
+            format!("n = {n} is not supported: this server returns one choice per request (send {n} requests instead)"),
+        )),
+    }
 }
 
 /// `reasoning_effort` → `enable_thinking` for reasoning templates.
@@ -227,6 +241,7 @@ pub async fn chat_completions(
     State(state): State<SharedState>,
     ApiJson(body): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
+    one_choice(body.n)?;
     let (req, stream, include_usage) = body.into_chat()?;
     let prepared = prepare_chat(&state, &req)?;
     let mut generation = start(&state, prepared)?;
@@ -318,12 +333,14 @@ pub struct CompletionRequest {
     /// As in chat completions: run to `max_tokens` whatever the model says.
     #[serde(default)]
     pub ignore_eos: bool,
+    pub n: Option<i64>,
 }
 
 pub async fn completions(
     State(state): State<SharedState>,
     ApiJson(body): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
+    one_choice(body.n)?;
     let prompt = match &body.prompt {
         Value::String(s) => s.clone(),
         Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),

@@ -45,6 +45,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), http::auth))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), http::declared_body_limit))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
         .with_state(state)
