@@ -739,16 +739,25 @@ fn supervise(
         let shown: String = lines.iter().map(|l| format!("[rank {i}] {l}\n")).collect();
         let _ = write_out(false, shown.as_bytes());
     }
-    // The ranks that ended on their own before we stopped the rest: a peer
-    // that vanished first is often the real cause of the failure reported.
-    for (j, other) in ranks.iter().enumerate().filter(|(j, r)| *j != i && !r.stopped) {
-        let Some(st) = other.status else { continue };
-        if let (false, false, Some(tail)) = (verbose, st.success(), &other.tail) {
+    // Every other rank gets a line: the ones that ended on their own before we
+    // stopped the rest (a peer that vanished first is often the real cause of
+    // the failure reported), with their stderr tails, and the ones we stopped.
+    for (j, other) in ranks.iter().enumerate().filter(|(j, _)| *j != i) {
+        let Some(st) = other.status else {
+            eprintln!("note: {} did not report an exit status", other.label());
+            continue;
+        };
+        if let (false, false, Some(tail)) = (verbose, st.success() || other.stopped, &other.tail) {
             let lines = tail.lock().unwrap_or_else(|e| e.into_inner());
             let shown: String = lines.iter().map(|l| format!("[rank {j}] {l}\n")).collect();
             let _ = write_out(false, shown.as_bytes());
         }
-        eprintln!("note: {} had already {}", other.label(), describe(st, other.host.is_some()));
+        let how = describe(st, other.host.is_some());
+        if other.stopped {
+            eprintln!("note: {} was stopped by the launcher after rank {i} failed; it {how}", other.label());
+        } else {
+            eprintln!("note: {} had already {how}", other.label());
+        }
     }
     eprintln!("error: {} {}", r.label(), describe(status, r.host.is_some()));
     Ok(status.code().filter(|&c| c != 0).unwrap_or(1))

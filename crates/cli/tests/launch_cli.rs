@@ -121,6 +121,14 @@ fn failing_rank_stops_the_world_and_is_named() {
         assert_eq!(pids.len(), 3, "{err}");
         let last = last_line(&err);
         assert!(last.starts_with("error: rank 2 (pid ") && last.ends_with(") exited with status 3"), "{err}");
+        // Every other rank is accounted for, with how it ended.
+        for r in [0, 1] {
+            let line = err
+                .lines()
+                .find(|l| l.starts_with(&format!("note: rank {r} (pid ")))
+                .unwrap_or_else(|| panic!("{err}"));
+            assert!(line.contains("was stopped by the launcher after rank 2 failed; it "), "{line}");
+        }
         assert_all_gone(&pids);
         // Rank 0's stdout still came through.
         assert_eq!(text(&o.stdout), sum_line(3));
