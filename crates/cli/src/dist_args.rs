@@ -172,6 +172,43 @@ pub fn load_engine_dist_with(
     Ok(Some((engine, files, name)))
 }
 
+/// Rank 0 of a serving cluster that lost a rank: drops the broken cluster,
+/// joins the world again from the same environment (the supervisor has
+/// restarted the lost rank, which loads its shard again), and gives `engine`
+/// the new cluster. Rank 0 keeps its loaded shard when the split comes out the
+/// same (the same world and weights always give the same split); otherwise it
+/// loads its new one. The caller re-allocates the KV pool on every rank.
+pub fn rejoin_cluster(
+    engine: &mut Engine,
+    model: Option<&str>,
+    threads: usize,
+    explicit_threads: bool,
+    quantize: Option<kernels::DType>,
+    d: &DistArgs,
+    adjust: &dyn Fn(&mut formats::ModelConfig) -> Result<()>,
+) -> Result<()> {
+    let strategy = Strategy::parse(&d.strategy, d.tp).map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
+    let path = model_source::resolve(model)?;
+    let mut files = formats::open_model(&path)?;
+    adjust(&mut files.config)?;
+    // The old transport goes first: its listening port or segment is reused.
+    engine.cluster = None;
+    let world = comm::Group::from_env_spinning(fingerprint(&path, &files.config), rank_spin(threads, explicit_threads))
+        .context("re-joining the cluster")?;
+    let weights = rank_weights(d, world.size())?;
+    let mut cluster = Cluster::new(world.with_wire(d.wire), strategy, !d.no_prefill_overlap)?;
+    cluster.exact_tp = d.tp_exact;
+    let opts = load_options(d, quantize, Some(cluster.rank()));
+    let kv_type = Some(engine.model.kv_type);
+    let spec = cluster.shard_spec(&files, &weights, mlp_block(&files, quantize), kv_type)?;
+    if spec != engine.model.shard {
+        eprintln!("shardlm serve: the re-formed cluster splits the model anew; loading rank 0's new shard");
+        engine.model = model::Model::load(&files, &spec, &opts)?;
+    }
+    engine.cluster = Some(cluster);
+    Ok(())
+}
+
 /// How long a rank's transport spins before it parks. Ranks that each have
 /// cores of their own (ranks here × threads each ≤ cores) wait for their peers
 /// spinning, 10 ms, rather than parking after 200 µs: a pipeline stage waits a
@@ -247,4 +284,11 @@ pub fn report_rss() {
         let rank = std::env::var(comm::bootstrap::ENV_RANK).unwrap_or_else(|_| "0".into());
         eprintln!("rank {rank} peak_rss_bytes {}", peak_rss_bytes().unwrap_or(0));
     }
+}
+
+/// Whether this process was started by an MPI launcher (its world cannot be
+/// re-formed by us).
+pub fn launched_by_mpi() -> bool {
+    std::env::var_os(comm::bootstrap::ENV_SIZE).is_none()
+        && ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"].iter().any(|v| std::env::var_os(v).is_some())
 }

@@ -19,6 +19,7 @@
 //! shows on a command line) and runs the same executable path as here (or
 //! `--remote-exe`). Hosts whose address is this machine are started directly.
 
+use crate::launch_restart::{restarts_ranks, PendingRestart, Recipe, MAX_RESTARTS, RESTART_PAUSE};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use comm::bootstrap::{
@@ -115,7 +116,7 @@ pub fn launch(a: LaunchArgs) -> Result<()> {
     if a.ssh_local || plan.iter().any(|p| p.remote.is_none()) {
         crate::model_source::prefetch_for_command(&a.command)?;
     }
-    exit_on_failure(run_world(plan, a.verbose)?)
+    exit_on_failure(run_world(plan, a.verbose, restarts_ranks(&a.command))?)
 }
 
 /// Starts `n` ranks of this executable on this machine, each running `args`
@@ -130,7 +131,7 @@ pub fn launch_local(n: usize, backend: Backend, connections: usize, args: &[Stri
     let exe = std::env::current_exe().context("finding the shardlm executable")?;
     let secret = cluster_secret(None)?;
     crate::model_source::prefetch_for_command(args)?;
-    run_world(plan_local(n, backend, connections, None, &secret, &exe, args)?, verbose)
+    run_world(plan_local(n, backend, connections, None, &secret, &exe, args)?, verbose, restarts_ranks(args))
 }
 
 /// For `--ranks N` on run/bench/serve: re-runs this process's own command
@@ -498,9 +499,13 @@ fn catch_signals() {
     });
 }
 
-fn run_world(plan: Vec<Planned>, verbose: bool) -> Result<i32> {
+/// Starts every rank of `plan` and supervises them. With `restart` (a serving
+/// world), a rank other than 0 that dies is started again (launch_restart).
+fn run_world(plan: Vec<Planned>, verbose: bool, restart: bool) -> Result<i32> {
     catch_signals();
     let (tx, rx) = mpsc::channel();
+    let recipes: Vec<Recipe> =
+        if restart { plan.iter().map(|p| Recipe::of(&p.cmd, &p.remote)).collect() } else { Vec::new() };
     let mut ranks: Vec<Rank> = Vec::with_capacity(plan.len());
     let mut readers = Vec::new();
     for p in plan {
@@ -515,8 +520,16 @@ fn run_world(plan: Vec<Planned>, verbose: bool) -> Result<i32> {
             }
         }
     }
-    drop(tx);
-    supervise(ranks, rx, readers, verbose)
+    let restarter = restart.then(|| Restarter { recipes, tx, counts: vec![0; ranks.len()], pending: Vec::new() });
+    supervise(ranks, rx, readers, verbose, restarter)
+}
+
+/// What the supervisor of a serving world needs to start lost ranks again.
+struct Restarter {
+    recipes: Vec<Recipe>,
+    tx: mpsc::Sender<usize>,
+    counts: Vec<u32>,
+    pending: Vec<PendingRestart>,
 }
 
 fn start(p: Planned, verbose: bool, tx: &mpsc::Sender<usize>, readers: &mut Vec<JoinHandle<()>>) -> Result<Rank> {
@@ -676,8 +689,9 @@ fn describe(status: ExitStatus, remote: bool) -> String {
 fn supervise(
     mut ranks: Vec<Rank>,
     rx: mpsc::Receiver<usize>,
-    readers: Vec<JoinHandle<()>>,
+    mut readers: Vec<JoinHandle<()>>,
     verbose: bool,
+    mut restarter: Option<Restarter>,
 ) -> Result<i32> {
     let mut first_failure: Option<usize> = None;
     let mut interrupted: Option<i32> = None;
@@ -693,6 +707,26 @@ fn supervise(
                 r.stdin = None;
                 live -= 1;
                 failed = (!status.success()).then_some(i);
+                let world_up = interrupted.is_none() && first_failure.is_none() && ranks[0].status.is_none();
+                if let (Some(rs), Some(_), true) = (restarter.as_mut(), failed.filter(|&i| i != 0), world_up) {
+                    if rs.counts[i] < MAX_RESTARTS {
+                        rs.counts[i] += 1;
+                        let r = &ranks[i];
+                        if let (false, Some(tail)) = (verbose, &r.tail) {
+                            let lines = tail.lock().unwrap_or_else(|e| e.into_inner());
+                            let shown: String = lines.iter().map(|l| format!("[rank {i}] {l}\n")).collect();
+                            let _ = write_out(false, shown.as_bytes());
+                        }
+                        eprintln!(
+                            "note: {} {}; restarting it (restart {} of at most {MAX_RESTARTS})",
+                            r.label(),
+                            describe(status, r.host.is_some()),
+                            rs.counts[i]
+                        );
+                        rs.pending.push(PendingRestart { rank: i, at: Instant::now() + RESTART_PAUSE });
+                        failed = None;
+                    }
+                }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -701,6 +735,27 @@ fn supervise(
                     r.status = Some(r.child.wait()?);
                 }
                 live = 0;
+            }
+        }
+        if let Some(rs) = restarter.as_mut() {
+            if ranks[0].status.is_some() {
+                rs.pending.clear();
+            }
+            while let Some(k) = rs.pending.iter().position(|p| p.at <= Instant::now()) {
+                let i = rs.pending.swap_remove(k).rank;
+                let recipe = &rs.recipes[i];
+                let planned = Planned { rank: i, cmd: recipe.command(), remote: recipe.remote.clone() };
+                match start(planned, verbose, &rs.tx, &mut readers) {
+                    Ok(r) => {
+                        eprintln!("note: {} started again", r.label());
+                        ranks[i] = r;
+                        live += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("error: restarting rank {i}: {e:#}");
+                        failed = failed.or(Some(i));
+                    }
+                }
             }
         }
         if interrupted.is_none() && first_failure.is_none() {

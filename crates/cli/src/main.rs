@@ -6,6 +6,7 @@ mod fetch;
 mod inspect;
 mod launch;
 mod launch_probe;
+mod launch_restart;
 mod membw;
 mod model_source;
 mod plan;

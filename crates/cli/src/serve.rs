@@ -203,7 +203,23 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         prefix_cache: a.prefix_cache == OnOff::On,
         kv_cache_bytes: a.kv_cache_bytes,
     };
-    let result = server::serve(&mut engine, &files, cfg, sched);
+    // A cluster re-forms after losing a rank (the launcher restarts it);
+    // MPI worlds are fixed by mpirun and cannot.
+    let reform: Option<server::Reform<'_>> = (ranks > 1 && !crate::dist_args::launched_by_mpi()).then(|| {
+        Box::new(|engine: &mut engine::generate::Engine| {
+            crate::dist_args::rejoin_cluster(
+                engine,
+                a.model.as_deref(),
+                threads,
+                a.threads.is_some(),
+                a.quantize,
+                &a.dist,
+                &|cfg| adjust_context(&a, cfg),
+            )
+            .map_err(|e| format!("{e:#}"))
+        }) as server::Reform<'_>
+    });
+    let result = server::serve(&mut engine, &files, cfg, sched, reform);
     // On SIGTERM from `launch` the other ranks get the signal too and may be gone
     // before rank 0 says goodbye: that is a normal stop, not a failure.
     if let Err(e) = engine.shutdown() {

@@ -46,14 +46,14 @@ fn main() {
             sched.submit(Submission { request, hooks: Box::new(Quiet) });
         }
         // Prefill (one step for all), then time the full decode steps.
-        sched.step(&mut engine);
+        sched.step(&mut engine).expect("step");
         let (t, mut steps) = (Instant::now(), 0);
         while sched.stats().running == batch {
-            sched.step(&mut engine);
+            sched.step(&mut engine).expect("step");
             steps += 1;
         }
         while sched.has_work() {
-            sched.step(&mut engine);
+            sched.step(&mut engine).expect("step");
         }
         let rate = (steps * batch) as f64 / t.elapsed().as_secs_f64();
         if batch == 1 {

@@ -155,7 +155,10 @@ const OP_HIDDEN: u32 = 2;
 pub(crate) const OP_POOL: u32 = 3;
 /// One batched step over paged sequences (see `dist_batch`).
 pub(crate) const OP_BATCH: u32 = 4;
+/// Liveness probe of an idle server: every rank answers rank 0 directly.
+const OP_PING: u32 = 5;
 const OP_SHUTDOWN: u32 = 9;
+const PING_ACK: [u8; 4] = *b"pong";
 
 /// The fixed-size message that precedes every step's payload.
 #[derive(Debug, Clone, Copy, Default)]
@@ -387,6 +390,12 @@ impl StageRunner<'_> {
                 *self.paged = Some(self.model.new_pool(h.chunk.max(1) as usize, n));
             }
             OP_BATCH => self.handle_batch(h, from)?,
+            OP_PING => {
+                if let Some(to) = c.downstream().filter(|&to| to != 0) {
+                    c.send_header(to, h)?;
+                }
+                c.world.send(0, &PING_ACK).map_err(comm_err)?;
+            }
             OP_STEP => {
                 let mut tokens = vec![0u32; n];
                 c.world.recv(from, bytemuck::cast_slice_mut(&mut tokens)).map_err(comm_err)?;
@@ -522,6 +531,23 @@ impl StageRunner<'_> {
         }
         if mode == LogitsMode::All {
             *self.logits = collected;
+        }
+        Ok(())
+    }
+
+    /// Rank 0: checks that every rank still answers (an idle server's probe,
+    /// so a rank lost between requests is noticed before the next one).
+    pub fn ping(&mut self) -> Result<(), EngineError> {
+        let h = Header { op: OP_PING, ..Default::default() };
+        for r in self.cluster.embed_stage_ranks() {
+            self.cluster.send_header(r, h)?;
+        }
+        for r in 1..self.cluster.world.size() {
+            let mut b = [0u8; 4];
+            self.cluster.world.recv(r, &mut b).map_err(comm_err)?;
+            if b != PING_ACK {
+                return Err(comm_err(comm::CommError::InvalidArgument(format!("rank {r} answered a ping with {b:?}"))));
+            }
         }
         Ok(())
     }

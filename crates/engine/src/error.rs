@@ -27,3 +27,12 @@ pub enum EngineError {
     #[error("the request was cancelled")]
     Cancelled,
 }
+
+impl EngineError {
+    /// The cluster broke under the step (a rank died, hung past its timeout or
+    /// spoke nonsense): the request itself was fine and can be rerun once the
+    /// cluster is re-formed.
+    pub fn is_cluster_failure(&self) -> bool {
+        matches!(self, EngineError::Model(model::ModelError::Comm(_)))
+    }
+}

@@ -228,6 +228,12 @@ impl Engine {
         Ok(())
     }
 
+    /// Rank 0 of a cluster: checks that every rank answers (see
+    /// [`StageRunner::ping`]); a single process always passes.
+    pub fn ping_cluster(&mut self) -> Result<(), EngineError> {
+        self.with_runner(|r| r.ping()).unwrap_or(Ok(()))
+    }
+
     /// Tells the other ranks to exit (rank 0 of a cluster) and returns each rank's
     /// report (peak RSS, decode traffic), rank 0 first; a single process returns its own.
     pub fn shutdown(&mut self) -> Result<Vec<crate::dist::RankReport>, EngineError> {

@@ -106,7 +106,7 @@ fn scheduler_matches_cold_single_runs_with_prefix_cache_and_batching() {
         let main = submit(sched, request(prompt.clone(), n_gen));
         let side: Vec<_> = (0..others).map(|i| submit(sched, request(side_prompts[i].clone(), 5 + i))).collect();
         while sched.has_work() {
-            sched.step(engine);
+            sched.step(engine).expect("step");
         }
         for s in side {
             assert!(matches!(s.lock().unwrap().outcome, Some(Ok(_))), "a side request failed");
@@ -155,7 +155,7 @@ fn scheduler_refuses_what_cannot_fit_and_survives_pressure() {
     let seqs: Vec<_> = prompts.into_iter().map(|p| submit(&mut sched, request(p, 20))).collect();
     let mut steps = 0;
     while sched.has_work() {
-        sched.step(&mut engine);
+        sched.step(&mut engine).expect("step");
         steps += 1;
         assert!(steps < 10_000, "no progress");
     }

@@ -29,3 +29,4 @@ pub mod worker;
 pub use guide_schema::{Schema, SchemaError};
 pub use server::{router, serve, ServerError};
 pub use state::ServerConfig;
+pub use worker::Reform;

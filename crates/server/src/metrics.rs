@@ -92,6 +92,12 @@ pub struct Metrics {
     pub batch_size: AtomicI64,
     /// Sequences evicted from the KV cache to make room (to be recomputed).
     pub preemptions: AtomicU64,
+    /// Why the cluster is degraded ("rank 1 lost at 12:03:04: …"), while it is
+    /// being re-formed; `None` when every rank serves.
+    pub degraded: std::sync::Mutex<Option<String>>,
+    /// Times the cluster lost a rank, and times it was re-formed.
+    pub rank_losses: AtomicU64,
+    pub cluster_reforms: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -118,11 +124,23 @@ impl Default for Metrics {
             prefix_cached_tokens: AtomicU64::new(0),
             batch_size: AtomicI64::new(0),
             preemptions: AtomicU64::new(0),
+            degraded: std::sync::Mutex::new(None),
+            rank_losses: AtomicU64::new(0),
+            cluster_reforms: AtomicU64::new(0),
         }
     }
 }
 
 impl Metrics {
+    /// The degraded reason, if any.
+    pub fn degraded(&self) -> Option<String> {
+        self.degraded.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_degraded(&self, why: Option<String>) {
+        *self.degraded.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         counter(&mut out, "shardlm_requests_total", "Generation requests admitted.", self.requests_total.load(Relaxed));
@@ -139,6 +157,24 @@ impl Metrics {
             self.requests_cancelled.load(Relaxed),
         );
         counter(&mut out, "shardlm_prompt_tokens_total", "Prompt tokens processed.", self.prompt_tokens.load(Relaxed));
+        counter(
+            &mut out,
+            "shardlm_rank_losses_total",
+            "Times the cluster lost a rank.",
+            self.rank_losses.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "shardlm_cluster_reforms_total",
+            "Times the cluster was re-formed after a loss.",
+            self.cluster_reforms.load(Relaxed),
+        );
+        gauge(
+            &mut out,
+            "shardlm_degraded",
+            "1 while a lost rank is being replaced.",
+            i64::from(self.degraded().is_some()),
+        );
         counter(&mut out, "shardlm_generation_tokens_total", "Tokens generated.", self.generated_tokens.load(Relaxed));
         gauge(&mut out, "shardlm_queue_depth", "Requests waiting for the engine.", self.queue_depth.load(Relaxed));
         gauge(&mut out, "shardlm_active_requests", "Requests queued or generating.", self.active.load(Relaxed));

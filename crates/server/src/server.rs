@@ -60,13 +60,22 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
 /// so they share its state.
 async fn health(State(state): State<SharedState>) -> (StatusCode, Json<serde_json::Value>) {
     let alive = state.engine.is_alive();
-    let status = if alive { "ready" } else { "degraded" };
+    let degraded = state.metrics.degraded();
+    let ok = alive && degraded.is_none();
+    let status = if ok { "ready" } else { "degraded" };
+    let reason = match (&degraded, alive) {
+        (Some(why), _) => Some(format!("degraded: {why}")),
+        (None, false) => Some("degraded: the engine has stopped".to_string()),
+        (None, true) => None,
+    };
     let ranks: Vec<_> = (0..state.cfg.ranks).map(|r| json!({"rank": r, "state": status})).collect();
-    let code = if alive { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let code = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (
         code,
         Json(json!({
-            "status": status, "model": state.cfg.served_model_name, "context": state.cfg.context,
+            "status": status, "reason": reason, "model": state.cfg.served_model_name, "context": state.cfg.context,
+            "rank_losses": state.metrics.rank_losses.load(Relaxed),
+            "cluster_reforms": state.metrics.cluster_reforms.load(Relaxed),
             "strategy": state.cfg.strategy, "ranks": ranks,
             "queue_depth": state.metrics.queue_depth.load(Relaxed), "active_requests": state.metrics.active.load(Relaxed),
         })),
@@ -83,6 +92,7 @@ pub fn serve(
     files: &formats::ModelFiles,
     cfg: ServerConfig,
     sched: engine::serving::SchedulerConfig,
+    reform: Option<crate::worker::Reform<'_>>,
 ) -> Result<(), ServerError> {
     let tokenizer = Tokenizer::from_source(&files.tokenizer)?.ok_or(ServerError::NoTokenizer)?;
     let template = match files.chat_template.as_deref() {
@@ -120,7 +130,7 @@ pub fn serve(
     let server = rt.spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await });
     // The router (and with it the queue's sender) drops when the server ends,
     // which ends the worker loop.
-    run_worker(engine, queue, &metrics, sched);
+    run_worker(engine, queue, &metrics, sched, reform);
     let result = rt.block_on(server);
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -106,9 +106,26 @@ fn submission(job: Job, metrics: &Arc<Metrics>) -> Submission {
     Submission { request, hooks: Box::new(hooks) }
 }
 
+/// Re-forms the cluster after a rank was lost: joins the world again (the
+/// supervisor restarts the lost rank) and hands the engine its new cluster.
+/// Errors are one line each; the worker retries.
+pub type Reform<'a> = Box<dyn FnMut(&mut Engine) -> Result<(), String> + 'a>;
+
+/// How often an idle worker checks that every rank still answers, so a rank
+/// lost between requests is replaced before the next one arrives.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Runs jobs through the batching scheduler until every `EngineHandle` is
-/// gone and the last sequence has finished.
-pub fn run_worker(engine: &mut Engine, queue: JobQueue, metrics: &Arc<Metrics>, cfg: SchedulerConfig) {
+/// gone and the last sequence has finished. With `reform`, a lost rank does
+/// not end the requests: they are requeued with their output so far, the
+/// cluster is re-formed, and they continue (see [`recover`]).
+pub fn run_worker(
+    engine: &mut Engine,
+    queue: JobQueue,
+    metrics: &Arc<Metrics>,
+    cfg: SchedulerConfig,
+    mut reform: Option<Reform<'_>>,
+) {
     struct Stopped<'a>(&'a Metrics);
     impl Drop for Stopped<'_> {
         fn drop(&mut self) {
@@ -123,17 +140,29 @@ pub fn run_worker(engine: &mut Engine, queue: JobQueue, metrics: &Arc<Metrics>, 
             return;
         }
     };
+    let distributed = engine.cluster.is_some();
     let mut open = true;
     let mut waiting = 0usize;
     loop {
-        // Block for work when idle; otherwise take whatever has arrived.
+        // Block for work when idle (probing the cluster now and then); otherwise
+        // take whatever has arrived.
         if !sched.has_work() {
-            match queue.0.recv() {
+            match queue.0.recv_timeout(PING_EVERY) {
                 Ok(job) => {
                     metrics.queue_depth.fetch_sub(1, Relaxed);
                     sched.submit(submission(job, metrics));
                 }
-                Err(_) => return,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if distributed {
+                        if let Err(e) = engine.ping_cluster() {
+                            if !recover(engine, &mut sched, &queue, metrics, &mut reform, &e) {
+                                return;
+                            }
+                        }
+                    }
+                    continue;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
             }
         }
         while open {
@@ -151,9 +180,17 @@ pub fn run_worker(engine: &mut Engine, queue: JobQueue, metrics: &Arc<Metrics>, 
         }
         // A panic in a step must not take the server down: its sequences fail.
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.step(engine)));
-        if stepped.is_err() {
-            tracing::error!("a batched step panicked; failing its requests");
-            sched.abort_all("internal error: generation panicked");
+        match stepped {
+            Err(_) => {
+                tracing::error!("a batched step panicked; failing its requests");
+                sched.abort_all("internal error: generation panicked");
+            }
+            Ok(Err(e)) => {
+                if !recover(engine, &mut sched, &queue, metrics, &mut reform, &e) {
+                    return;
+                }
+            }
+            Ok(Ok(())) => {}
         }
         let st = sched.stats();
         // Requests the scheduler holds but has not admitted still count as queued.
@@ -161,6 +198,69 @@ pub fn run_worker(engine: &mut Engine, queue: JobQueue, metrics: &Arc<Metrics>, 
         waiting = st.waiting;
         publish(metrics, &st);
     }
+}
+
+/// After the cluster failed under a step or a probe (`cause`): marks the
+/// server degraded, requeues every request with its output so far, and
+/// re-forms the cluster until it is back (retrying each second), taking new
+/// requests into the queue meanwhile. Returns false when the server is shutting
+/// down (every handle gone) before the cluster came back.
+fn recover(
+    engine: &mut Engine,
+    sched: &mut Scheduler,
+    queue: &JobQueue,
+    metrics: &Arc<Metrics>,
+    reform: &mut Option<Reform<'_>>,
+    cause: &EngineError,
+) -> bool {
+    metrics.rank_losses.fetch_add(1, Relaxed);
+    let why = format!("lost at {} UTC: {cause}", clock_utc());
+    eprintln!("shardlm serve: degraded: {why}; re-forming the cluster");
+    metrics.set_degraded(Some(why));
+    sched.requeue_all();
+    let Some(reform) = reform.as_mut() else {
+        sched.abort_all(&format!("the cluster failed and cannot be re-formed: {cause}"));
+        return true;
+    };
+    let started = Instant::now();
+    loop {
+        // Keep admitting (queued, not run) and notice a shutdown.
+        loop {
+            match queue.0.try_recv() {
+                Ok(job) => {
+                    metrics.queue_depth.fetch_sub(1, Relaxed);
+                    sched.submit(submission(job, metrics));
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    sched.abort_all("the server is shutting down");
+                    return false;
+                }
+            }
+        }
+        let attempt = reform(engine).and_then(|()| sched.reinit_pool(engine).map_err(|e| e.to_string()));
+        match attempt {
+            Ok(()) => break,
+            Err(e) => {
+                eprintln!("shardlm serve: re-forming the cluster failed: {e}; retrying in 1 s");
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+    }
+    metrics.cluster_reforms.fetch_add(1, Relaxed);
+    metrics.set_degraded(None);
+    eprintln!(
+        "shardlm serve: cluster re-formed after {:.1} s; resuming {} requests",
+        started.elapsed().as_secs_f64(),
+        sched.stats().waiting
+    );
+    true
+}
+
+/// `HH:MM:SS` of now, UTC (for the one-line degraded reason).
+fn clock_utc() -> String {
+    let s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) % 86_400;
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
 fn publish(m: &Metrics, st: &SchedulerStats) {

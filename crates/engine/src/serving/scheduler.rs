@@ -91,6 +91,18 @@ impl Seq {
     fn pending(&self) -> usize {
         self.history.len() - self.kv_len
     }
+
+    /// Most tokens of this sequence one step may run. A prompt runs in chunks;
+    /// tokens it generated run one per step even when they are recomputed
+    /// (after a preemption or a lost rank), because decode and prefill sum in
+    /// different orders: replaying them as decode steps rebuilds the very KV
+    /// (and so the very next logits) the uninterrupted run had.
+    fn step_cap(&self) -> usize {
+        match self.req.prompt_ids.len().checked_sub(self.kv_len) {
+            Some(left) if left > 0 => left,
+            _ => 1,
+        }
+    }
 }
 
 /// Counters for `/metrics`.
@@ -307,14 +319,34 @@ impl Scheduler {
         }
     }
 
+    /// After the cluster was lost: every running sequence goes back to the
+    /// front of the queue, in admission order, with its history (prompt and
+    /// the tokens streamed so far) kept and its KV dropped, as preemption does;
+    /// the prefix cache is emptied, since the re-formed ranks hold no KV.
+    /// Call [`Scheduler::reinit_pool`] once the cluster is back.
+    pub fn requeue_all(&mut self) {
+        while !self.running.is_empty() {
+            self.preempt_youngest();
+        }
+        self.blocks = BlockManager::new(self.cfg.n_blocks, self.cfg.block, self.cfg.prefix_cache);
+    }
+
+    /// Allocates the pool again on every rank (a re-formed cluster).
+    pub fn reinit_pool(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
+        engine.init_pool(self.cfg.block, self.cfg.n_blocks)
+    }
+
     /// Runs one step: admits, batches, runs the model, samples. Errors of the
-    /// step end the sequences in it; the scheduler stays usable.
-    pub fn step(&mut self, engine: &mut Engine) {
+    /// step end the sequences in it and the scheduler stays usable, except a
+    /// cluster failure ([`EngineError::is_cluster_failure`]): that is returned
+    /// with every sequence kept, for the caller to re-form the cluster and
+    /// [`Scheduler::requeue_all`].
+    pub fn step(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
         self.drop_cancelled();
         self.admit();
         self.reserve_decode_blocks();
         if self.running.is_empty() {
-            return;
+            return Ok(());
         }
         // Decode tokens first, then prefill chunks oldest first.
         let mut budget = self.cfg.step_tokens.saturating_sub(self.running.iter().filter(|s| s.pending() == 1).count());
@@ -323,7 +355,7 @@ impl Scheduler {
             let n = match s.pending() {
                 1 => 1,
                 p if budget > 0 => {
-                    let n = p.min(budget);
+                    let n = p.min(budget).min(s.step_cap());
                     budget -= n;
                     n
                 }
@@ -350,6 +382,7 @@ impl Scheduler {
         let result = engine.step_batch(&items).map(|l| l.iter().map(|row| row[..self.vocab.min(row.len())].to_vec()));
         let logits: Vec<Vec<f32>> = match result {
             Ok(l) => l.collect(),
+            Err(e) if e.is_cluster_failure() => return Err(e),
             Err(e) => {
                 let msg = e.to_string();
                 let mut idx: Vec<usize> = plan.iter().map(|&(i, _)| i).collect();
@@ -359,7 +392,7 @@ impl Scheduler {
                     self.blocks.release(&s.blocks);
                     s.hooks.done(Err(EngineError::BadArgument(format!("the forward step failed: {msg}"))));
                 }
-                return;
+                return Ok(());
             }
         };
         tracing::debug!("step: {} seqs, {ntok} tokens, {:.2} ms", plan.len(), t0.elapsed().as_secs_f64() * 1e3);
@@ -380,6 +413,7 @@ impl Scheduler {
             let outcome = finish(&mut s);
             s.hooks.done(Ok(outcome));
         }
+        Ok(())
     }
 
     /// Samples sequence `i`'s next token from `logits`; true when it is done
