@@ -1,0 +1,136 @@
+"""A server that outlives its ranks: `serve --ranks 2`, pipeline and tensor.
+
+kill -9 of rank 1 while a stream is in flight: the server stays up, /health
+says degraded (503, naming the rank) until the launcher has restarted rank 1
+and rank 0 has re-formed the cluster, the interrupted stream continues with
+text identical to an uninterrupted greedy run, and new requests succeed. A
+rank lost while the server is idle is replaced too.
+
+These tests start their own two-rank servers, so they run once (not again
+for each SHARDLM_SERVE_ARGS pass of scripts/test.sh).
+"""
+
+import json
+import os
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import API_KEY, start_server, stop_server
+
+pytestmark = pytest.mark.skipif(bool(os.environ.get("SHARDLM_SERVE_ARGS")),
+                                reason="starts its own --ranks 2 servers; runs in the single-process pass")
+
+H = {"Authorization": f"Bearer {API_KEY}"}
+BODY = {"messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+        "max_tokens": 120, "temperature": 0, "stream": True, "ignore_eos": True}
+
+
+def rank_pid(srv, rank):
+    """The pid of `rank` among the launcher's children (it reads their SHARDLM_RANK)."""
+    for _ in range(100):
+        for child in open(f"/proc/{srv.proc.pid}/task/{srv.proc.pid}/children").read().split():
+            try:
+                env = open(f"/proc/{child}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if f"SHARDLM_RANK={rank}".encode() in env:
+                return int(child)
+        time.sleep(0.1)
+    raise AssertionError(f"no rank {rank} under the launcher {srv.proc.pid}")
+
+
+def stream_text(srv, kill_after=None, on_kill=None):
+    """Streams BODY; with `kill_after`, calls `on_kill` after that many text deltas."""
+    text, deltas = "", 0
+    with httpx.stream("POST", srv.base + "/v1/chat/completions", json=BODY, headers=H, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            for c in event.get("choices", []):
+                piece = c["delta"].get("content")
+                if piece:
+                    text += piece
+                    deltas += 1
+                    if deltas == kill_after:
+                        on_kill()
+    return text
+
+
+def health(srv):
+    r = httpx.get(srv.base + "/health", timeout=5)
+    return r.status_code, r.json()
+
+
+def wait_ready(srv, limit=30):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        code, h = health(srv)
+        if code == 200:
+            return h
+        time.sleep(0.1)
+    raise AssertionError(f"not ready {limit} s after the kill: {h}")
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
+def test_kill_rank_1_during_a_stream(strategy):
+    srv = start_server("--ranks", "2", "--strategy", strategy)
+    try:
+        expected = stream_text(srv)
+        seen = []
+
+        def kill():
+            os.kill(rank_pid(srv, 1), 9)
+
+            def watch():  # /health while the cluster re-forms
+                for _ in range(200):
+                    code, h = health(srv)
+                    if code != 200:
+                        seen.append((code, h))
+                        return
+                    time.sleep(0.02)
+            threading.Thread(target=watch, daemon=True).start()
+
+        got = stream_text(srv, kill_after=15, on_kill=kill)
+        assert got == expected
+        killed_at = time.time()
+        h = wait_ready(srv)
+        assert seen, "the server never reported itself degraded"
+        code, h_deg = seen[0]
+        assert code == 503 and h_deg["status"] == "degraded", h_deg
+        assert "rank 1" in h_deg["reason"] or "peer 1" in h_deg["reason"], h_deg
+        assert h["rank_losses"] >= 1 and h["cluster_reforms"] >= 1, h
+        m = srv.metrics()
+        assert m["shardlm_rank_losses_total"] >= 1 and m["shardlm_degraded"] == 0
+        # A new request succeeds within 30 s of the kill.
+        r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200 and time.time() - killed_at < 30
+        assert srv.proc.poll() is None
+    finally:
+        stop_server(srv)
+
+
+def test_rank_lost_while_idle_is_replaced():
+    srv = start_server("--ranks", "2", "--strategy", "pipeline")
+    try:
+        old = rank_pid(srv, 1)
+        os.kill(old, 9)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            h = health(srv)[1]
+            if h["cluster_reforms"] >= 1 and h["status"] == "ready":
+                break
+            time.sleep(0.1)
+        assert h["cluster_reforms"] >= 1 and h["status"] == "ready", h
+        assert rank_pid(srv, 1) != old
+        r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200
+    finally:
+        stop_server(srv)
