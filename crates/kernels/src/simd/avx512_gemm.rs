@@ -71,11 +71,6 @@ struct Decoded {
     row: Vec<u8>,
 }
 
-/// Whether [`matmul`] takes these weights at this batch size.
-pub fn applies(ws: &[MatRef<'_>], m: usize) -> bool {
-    m >= MIN_M && ws.iter().all(|w| offset(w.dtype).is_some())
-}
-
 /// The unsigned offset `o` of `dtype`'s decoded bytes, if this GEMM takes it.
 fn offset(dtype: DType) -> Option<i32> {
     match dtype {
@@ -201,7 +196,7 @@ unsafe fn store_lanes(v: __m512, lanes: usize, y: *mut f32, ys: usize) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *mut f32) {
     let (nb, cols) = (w.cols / 32, w.cols);
-    let off = offset(w.dtype).expect("checked by applies");
+    let off = offset(w.dtype).expect("a type the dispatch table gives this GEMM");
     DECODED.with(|cell| {
         let mut d = cell.borrow_mut();
         d.q.resize(UNIT_ROWS * cols, 0);
@@ -237,7 +232,7 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
     });
 }
 
-/// `ys[k] = x · ws[k]ᵀ` for weights [`applies`] takes, `a` the `m` Q8_0
+/// `ys[k] = x · ws[k]ᵀ` for weights the dispatch table gives this GEMM, `a` the `m` Q8_0
 /// activation rows (`a_stride` bytes apart), `act` a reusable buffer.
 ///
 /// # Safety
