@@ -162,7 +162,7 @@ macro_rules! x86 {
 
 use Feature::{Base, Bf16, Vbmi};
 
-/// The lane GEMM for Q8_0-activation types of 32-value blocks.
+/// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
 #[cfg(target_arch = "x86_64")]
 const GEMM_Q8_0: Choice<Gemm> =
     &[(Base, Gemm { name: "avx512_gemm", run: avx512_gemm::matmul, min_m: avx512_gemm::MIN_M })];
@@ -239,7 +239,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx512::tile_q4_1)],
             packed_dot4: &[(Base, avx512_packed::dot4_q4_1)],
             packed_tile: &[(Base, avx512_packed::tile_q4_1)],
-            gemm: &[],
+            gemm: GEMM_Q8_0,
         },
     },
     Row {
@@ -249,8 +249,8 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q5_0,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2::dot_q5_0)], ..NONE },
-        // No 512-bit kernel: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2::dot_q5_0)], ..NONE },
+        // No 512-bit dot: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2::dot_q5_0)], gemm: GEMM_Q8_0, ..NONE },
     },
     Row {
         dtype: DType::Q5_1,
@@ -259,7 +259,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q5_1,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2::dot_q5_1)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx2::dot_q5_1)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx2::dot_q5_1)], gemm: GEMM_Q8_0, ..NONE },
     },
     Row {
         dtype: DType::Q8_0,
