@@ -30,7 +30,7 @@ use crate::{DType, ThreadPool};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
     avx2, avx2_fp, avx2_k, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
-    avx512_fp8_bf16, avx512_gemm, avx512_k, avx512_packed,
+    avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_packed,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -167,6 +167,11 @@ use Feature::{Base, Bf16, Vbmi};
 const GEMM_Q8_0: Choice<Gemm> =
     &[(Base, Gemm { name: "avx512_gemm", run: avx512_gemm::matmul, min_m: avx512_gemm::MIN_M })];
 
+/// The lane GEMM for the K-quants (Q8_K activations).
+#[cfg(target_arch = "x86_64")]
+const GEMM_K: Choice<Gemm> =
+    &[(Base, Gemm { name: "avx512_gemm_k", run: avx512_gemm_k::matmul, min_m: avx512_gemm_k::MIN_M })];
+
 /// Every weight type, one row each.
 pub static TABLE: &[Row] = &[
     Row {
@@ -291,7 +296,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q4_k,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::Q5_K,
@@ -300,7 +305,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q5_k,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::Q6_K,
@@ -309,7 +314,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q6_k,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q6_k)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q6_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::MXFP4,
