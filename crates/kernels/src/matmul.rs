@@ -12,8 +12,9 @@
 //! of a tile of [`ACT_TILE`] rows, so a weight row is read from memory once per
 //! activation tile and then served from cache.
 
+use crate::dispatch::Kernels;
 use crate::isa::{self, Isa};
-use crate::quant::{self, Dot4Fn, DotFn, TileFn, VecDotType};
+use crate::quant::{self, VecDotType};
 use crate::{DType, KernelError, ThreadPool};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -233,13 +234,20 @@ pub fn matmul_many_isa(
         buf
     };
     let a_stride = a.len() / m;
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && crate::simd::avx512_gemm::applies(ws, m) {
-        // SAFETY: AVX-512 (clamped to the CPU); shapes checked above.
-        unsafe { crate::simd::avx512_gemm::matmul(pool, ws, a, a_stride, m, ys, &mut scratch.lanes) };
+    if let Some(g) = shared_gemm(isa, ws, m) {
+        // SAFETY: the table lists this GEMM for every weight at `isa` (clamped
+        // to the CPU); shapes checked above.
+        unsafe { (g.run)(pool, ws, a, a_stride, m, ys, &mut scratch.lanes) };
         return;
     }
     run_parts(pool, ws.iter().zip(ys.iter_mut()).map(|(w, y)| Part::new(isa, *w, a, a_stride, y)), m);
+}
+
+/// The prefill GEMM all of `ws` share at `isa` for a batch of `m`, if any.
+fn shared_gemm(isa: Isa, ws: &[MatRef<'_>], m: usize) -> Option<crate::dispatch::Gemm> {
+    let g = crate::dispatch::kernels(ws[0].dtype, isa, ws[0].packed).gemm?;
+    let same = |w: &MatRef<'_>| crate::dispatch::kernels(w.dtype, isa, w.packed).gemm.is_some_and(|h| h.name == g.name);
+    (m >= g.min_m && ws.iter().all(same)).then_some(g)
 }
 
 /// Each weight applied to its own input, `ys[k] = xs[k] · ws[k]ᵀ` (`xs[k]`:
@@ -344,16 +352,7 @@ struct Part<'a> {
 
 impl<'a> Part<'a> {
     fn new(isa: Isa, w: MatRef<'a>, a: &'a [u8], a_stride: usize, y: &mut [f32]) -> Part<'a> {
-        let dt = w.dtype;
-        let kern = if w.packed {
-            Kernels {
-                dot: quant::dot_fn(dt, isa),
-                dot4: crate::packed::dot4_fn(dt, isa),
-                tile: crate::packed::tile_fn(dt, isa),
-            }
-        } else {
-            Kernels { dot: quant::dot_fn(dt, isa), dot4: quant::dot4_fn(dt, isa), tile: quant::tile_fn(dt, isa) }
-        };
+        let kern = crate::dispatch::kernels(w.dtype, isa, w.packed);
         Part { w, kern, a, a_stride, y: SyncPtr(y.as_mut_ptr()) }
     }
 }
@@ -423,14 +422,6 @@ fn run_group(pool: &ThreadPool, parts: &[Option<Part<'_>>], m: usize) {
             }
         }
     });
-}
-
-/// The kernels chosen for one weight.
-#[derive(Clone, Copy)]
-struct Kernels {
-    dot: DotFn,
-    dot4: Option<Dot4Fn>,
-    tile: Option<TileFn>,
 }
 
 /// Computes `y[i, r]` for `r in r0..r1`, all `i < m`.

@@ -43,6 +43,7 @@
 //! (docs/PERFORMANCE.md). On the dense 1.1B model (rows of 2048–5632 inputs)
 //! MXFP4 decode gains 10–13%, NVFP4 decode and both prefills stay within noise.
 
+use crate::dispatch::Packing;
 use crate::quant::{self, Dot4Fn, TileFn};
 use crate::DType;
 
@@ -50,29 +51,26 @@ use crate::DType;
 pub const PACK_ROWS: usize = 4;
 
 /// Header bytes per block (scales) of the head/quants layout, or `None` if
-/// `dtype` does not use it.
-pub const fn head_bytes(dtype: DType) -> Option<usize> {
-    match dtype {
-        DType::Q4_0 | DType::Q8_0 => Some(2),
-        DType::Q4_1 => Some(4),
+/// `dtype` does not use it (the dispatch table's `packing`).
+pub fn head_bytes(dtype: DType) -> Option<usize> {
+    match crate::dispatch::row(dtype).packing {
+        Packing::HeadQuants { head } => Some(head),
         _ => None,
     }
 }
 
 /// Blocks per interleaved unit of the whole-block layout (MXFP4: the block
 /// pair its kernels take per step; NVFP4: one 64-value block), or `None` if
-/// `dtype` does not use it. FP8 is not packed: its packed four-row kernel
-/// measured 0.86× the file-layout one on the dense 1.1B model (one thread).
-pub const fn unit_blocks(dtype: DType) -> Option<usize> {
-    match dtype {
-        DType::MXFP4 => Some(2),
-        DType::NVFP4 => Some(1),
+/// `dtype` does not use it.
+pub fn unit_blocks(dtype: DType) -> Option<usize> {
+    match crate::dispatch::row(dtype).packing {
+        Packing::Units { blocks } => Some(blocks),
         _ => None,
     }
 }
 
 /// Blocks a packed row's length must be a multiple of, if `dtype` packs at all.
-const fn step_blocks(dtype: DType) -> Option<usize> {
+fn step_blocks(dtype: DType) -> Option<usize> {
     if head_bytes(dtype).is_some() {
         return Some(2);
     }
@@ -86,19 +84,11 @@ pub fn packable(dtype: DType, rows: usize, cols: usize) -> bool {
         && rows.is_multiple_of(PACK_ROWS)
 }
 
-/// Whether packing a `dtype` weight pays at `isa`: the packed layout has SIMD
-/// kernels there (otherwise only the scalar kernels, which unpack every row,
-/// could read it). Q4_0/Q4_1/Q8_0 have AVX2 and AVX-512 packed kernels; the
-/// low-bit float types AVX-512 ones (MXFP4's need VBMI as well).
+/// Whether packing a `dtype` weight pays at `isa`: the dispatch table lists
+/// a packed four-row kernel for it there (otherwise only the scalar kernel,
+/// which unpacks every row, could read it).
 pub fn worth_packing(dtype: DType, isa: crate::isa::Isa) -> bool {
-    if head_bytes(dtype).is_some() {
-        return isa != crate::isa::Isa::Scalar;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa == crate::isa::Isa::Avx512 {
-        return crate::simd::avx512_packed::dot4_fn(dtype).is_some();
-    }
-    false
+    crate::dispatch::pick(crate::dispatch::row(dtype).at(isa).packed_dot4).is_some()
 }
 
 /// Byte offset, inside a packed group, of block `b` of group row `r`:
@@ -186,7 +176,7 @@ macro_rules! scalar_dot4 {
         ///
         /// # Safety
         /// As for [`Dot4Fn`].
-        unsafe fn $name(n: usize, w: *const u8, _stride: usize, a: *const u8, out: *mut f32) {
+        pub(crate) unsafe fn $name(n: usize, w: *const u8, _stride: usize, a: *const u8, out: *mut f32) {
             let dtype: DType = $dtype;
             let rb = dtype.bytes_for(n).expect("whole blocks");
             let group = std::slice::from_raw_parts(w, PACK_ROWS * rb);
@@ -213,43 +203,13 @@ scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
 /// for packable types (the scalar one unpacks rows), `None` otherwise.
 pub fn dot4_fn(dtype: DType, isa: crate::isa::Isa) -> Option<Dot4Fn> {
     step_blocks(dtype)?;
-    #[cfg(target_arch = "x86_64")]
-    if isa == crate::isa::Isa::Avx512 {
-        if let Some(f) = crate::simd::avx512_packed::dot4_fn(dtype) {
-            return Some(f);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if matches!(isa, crate::isa::Isa::Avx2 | crate::isa::Isa::Avx512) {
-        if let Some(f) = crate::simd::avx2_packed::dot4_fn(dtype) {
-            return Some(f);
-        }
-    }
-    let _ = isa;
-    Some(match dtype {
-        DType::Q4_0 => scalar_dot4_q4_0,
-        DType::Q4_1 => scalar_dot4_q4_1,
-        DType::MXFP4 => scalar_dot4_mxfp4,
-        DType::NVFP4 => scalar_dot4_nvfp4,
-        _ => scalar_dot4_q8_0,
-    })
+    crate::dispatch::kernels(dtype, isa, true).dot4
 }
 
 /// The 4 × 2 tile kernel over a packed group for `dtype` at `isa`, if any
 /// (without one, `m > 1` runs the four-row kernel once per activation row).
 pub fn tile_fn(dtype: DType, isa: crate::isa::Isa) -> Option<TileFn> {
-    #[cfg(target_arch = "x86_64")]
-    if isa == crate::isa::Isa::Avx512 {
-        if let Some(f) = crate::simd::avx512_packed::tile_fn(dtype) {
-            return Some(f);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if matches!(isa, crate::isa::Isa::Avx2 | crate::isa::Isa::Avx512) && head_bytes(dtype).is_some() {
-        return crate::simd::avx2_packed::tile_fn(dtype);
-    }
-    let _ = (dtype, isa);
-    None
+    crate::dispatch::kernels(dtype, isa, true).tile
 }
 
 #[cfg(test)]

@@ -318,7 +318,59 @@ fn matmul_each_equals_separate_calls_every_isa() {
     }
 }
 
-/// The prefill GEMM of MXFP4, Q4_0 and Q8_0 (AVX-512, batches of at least
+/// The K-quant prefill GEMM (AVX-512, `avx512_gemm_k`, Q8_K activations in
+/// the lanes) equals the scalar reference bit for bit: batch sizes around the
+/// threshold and not a multiple of the 16 lanes, row counts that leave 8-, 4-
+/// and 1-row tails, one to three super-blocks, one and two threads, mixed
+/// K-quant weights in one call.
+#[test]
+fn kquant_prefill_gemm_matches_reference_exactly() {
+    use shardlm_kernels::matmul::matmul_many_isa;
+    use shardlm_kernels::simd::avx512_gemm_k;
+    if !isa::available().contains(&Isa::Avx512) {
+        eprintln!("skipping: no AVX-512 here");
+        return;
+    }
+    let mut rng = rng(15);
+    let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
+    for (dtype, &(rows, cols)) in [DType::Q4_K, DType::Q5_K, DType::Q6_K]
+        .into_iter()
+        .flat_map(|d| [(37usize, 256usize), (16, 512), (45, 768), (8, 256)].iter().map(move |s| (d, s)))
+    {
+        let w = random_weight(&mut rng, dtype, rows, cols);
+        let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
+        let other = if dtype == DType::Q6_K { DType::Q4_K } else { DType::Q6_K };
+        let w2 = random_weight(&mut rng, other, 20, cols);
+        let wm2 = MatRef::new(other, 20, cols, &w2).unwrap();
+        for m in [31usize, 32, 33, 47, 100] {
+            let x = random_acts(&mut rng, m * cols);
+            let mut want = vec![0f32; m * rows];
+            matmul_reference(wm, &x, m, &mut want);
+            let mut want2 = vec![0f32; m * 20];
+            matmul_reference(wm2, &x, m, &mut want2);
+            for pool in &pools {
+                let what = format!("{dtype} {rows}x{cols} m={m} threads={}", pool.n_threads());
+                let mut scratch = MatmulScratch::default();
+                let mut got = vec![f32::NAN; m * rows];
+                matmul_isa(Isa::Avx512, pool, wm, &x, m, &mut got, &mut scratch);
+                let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * 20]);
+                matmul_many_isa(Isa::Avx512, pool, &[wm, wm2], &x, m, &mut [&mut a, &mut b], &mut scratch);
+                assert_eq!(a, got, "{what}: first of two weights in one call");
+                if m < avx512_gemm_k::MIN_M {
+                    // Below the threshold: the one-row kernels (another f32 order).
+                    check_close(&got, &want, &abs_scale(&wm, &x, m), 2e-5, &what);
+                    continue;
+                }
+                let differ = got.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                assert_eq!(differ, 0, "{what}: {differ} outputs differ from the scalar reference");
+                let differ = b.iter().zip(&want2).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                assert_eq!(differ, 0, "{what}: second weight ({other}) in one call");
+            }
+        }
+    }
+}
+
+/// The prefill GEMM of MXFP4, Q4_0, Q8_0, Q5_0, Q4_1 and Q5_1 (AVX-512, batches of at least
 /// `avx512_gemm::MIN_M` rows, activations in the vector lanes) against the
 /// scalar reference: batch sizes around the threshold and not a multiple of the
 /// 16 lanes, row counts that leave 8-, 4- and 1-row tails, odd block counts,
@@ -333,7 +385,7 @@ fn prefill_gemm_matches_reference() {
     }
     let mut rng = rng(14);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    for (dtype, &(rows, cols)) in [DType::MXFP4, DType::Q4_0, DType::Q8_0]
+    for (dtype, &(rows, cols)) in [DType::MXFP4, DType::Q4_0, DType::Q8_0, DType::Q5_0, DType::Q4_1, DType::Q5_1]
         .into_iter()
         .flat_map(|d| [(37usize, 96usize), (16, 64), (45, 576), (8, 32)].iter().map(move |s| (d, s)))
     {

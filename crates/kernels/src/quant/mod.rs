@@ -70,15 +70,9 @@ pub enum VecDotType {
 
 impl VecDotType {
     /// The activation type llama.cpp pairs with `dtype` (`type_traits_cpu[..].vec_dot_type`),
-    /// except that float weights keep f32 activations.
-    pub const fn of(dtype: DType) -> VecDotType {
-        match dtype {
-            DType::F32 | DType::F16 | DType::BF16 => VecDotType::F32,
-            DType::FP8 => VecDotType::F32,
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::MXFP4 | DType::NVFP4 => VecDotType::Q8_0,
-            DType::Q4_1 | DType::Q5_1 => VecDotType::Q8_1,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => VecDotType::Q8_K,
-        }
+    /// except that float weights keep f32 activations. From the dispatch table.
+    pub fn of(dtype: DType) -> VecDotType {
+        crate::dispatch::row(dtype).act
     }
 
     pub const fn block_elems(self) -> usize {
@@ -109,25 +103,10 @@ impl VecDotType {
 /// `dst` is `VecDotType::row_bytes(src.len())` bytes; for Q8_K it must be 4-aligned.
 pub type QuantizeActFn = fn(src: &[f32], dst: &mut [u8]);
 
-/// The activation quantizer for `vdt` at ISA level `isa`. All levels produce
-/// bit-identical output. `VecDotType::F32` copies the floats.
+/// The activation quantizer for `vdt` at ISA level `isa` ([`crate::dispatch::quantize_act`]).
+/// All levels produce bit-identical output. `VecDotType::F32` copies the floats.
 pub fn quantize_act_fn(vdt: VecDotType, isa: Isa) -> QuantizeActFn {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
-        match vdt {
-            VecDotType::Q8_0 => return crate::simd::avx2::quantize_act_q8_0,
-            VecDotType::Q8_1 => return crate::simd::avx2::quantize_act_q8_1,
-            VecDotType::Q8_K => return crate::simd::avx2::quantize_act_q8_k,
-            _ => {}
-        }
-    }
-    let _ = isa;
-    match vdt {
-        VecDotType::F32 => |src, dst| dst.copy_from_slice(bytemuck::cast_slice(src)),
-        VecDotType::Q8_0 => |src, dst| q8_0::quantize_activations(src, bytemuck::cast_slice_mut(dst)),
-        VecDotType::Q8_1 => |src, dst| q8_1::quantize(src, bytemuck::cast_slice_mut(dst)),
-        VecDotType::Q8_K => |src, dst| q8_k::quantize(src, bytemuck::cast_slice_mut(dst)),
-    }
+    crate::dispatch::quantize_act(vdt, isa)
 }
 
 /// Dot product of one weight row with one activation row.
@@ -148,22 +127,10 @@ pub type DotFn = unsafe fn(n: usize, w: *const u8, a: *const u8) -> f32;
 /// As for [`DotFn`], for each of the four rows; `out` valid for 4 writes.
 pub type Dot4Fn = unsafe fn(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32);
 
-/// The four-row kernel for `dtype` at `isa`, where one exists (callers fall back
-/// to [`dot_fn`] row by row).
+/// The four-row kernel for `dtype` at `isa` (file layout), where the dispatch
+/// table lists one (callers fall back to [`dot_fn`] row by row).
 pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa == Isa::Avx512 {
-            if let Some(f) = crate::simd::avx512::dot4_fn(dtype).or_else(|| crate::simd::avx512_fp4::dot4_fn(dtype)) {
-                return Some(f);
-            }
-        }
-        if matches!(isa, Isa::Avx2 | Isa::Avx512) {
-            return crate::simd::avx2_rows::dot4_fn(dtype);
-        }
-    }
-    let _ = (dtype, isa);
-    None
+    crate::dispatch::kernels(dtype, isa, false).dot4
 }
 
 /// A tile of 4 weight rows × 2 activation rows (for `m > 1`): weight rows at
@@ -175,23 +142,9 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
 pub type TileFn =
     unsafe fn(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, y_stride: usize);
 
-/// The 4 × 2 tile kernel for `dtype` at `isa`, where one exists.
+/// The 4 × 2 tile kernel for `dtype` at `isa` (file layout), where one exists.
 pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 {
-        if let Some(f) = crate::simd::avx512::tile_fn(dtype).or_else(|| crate::simd::avx512_fp4::tile_fn(dtype)) {
-            return Some(f);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
-        if let Some(f) = crate::simd::avx2_fp::tile_fn(dtype) {
-            return Some(f);
-        }
-        return crate::simd::avx2_tile::tile_fn(dtype);
-    }
-    let _ = (dtype, isa);
-    None
+    crate::dispatch::kernels(dtype, isa, false).tile
 }
 
 macro_rules! scalar_dot {
@@ -248,48 +201,16 @@ pub mod scalar {
         float::dot_bf16(std::slice::from_raw_parts(w, n * 2), std::slice::from_raw_parts(a as *const f32, n))
     }
 
-    /// The scalar dot for `dtype`.
+    /// The scalar dot for `dtype` (the table's reference column).
     pub fn dot_fn(dtype: DType) -> DotFn {
-        match dtype {
-            DType::F32 => dot_f32,
-            DType::F16 => dot_f16,
-            DType::BF16 => dot_bf16,
-            DType::Q4_0 => dot_q4_0,
-            DType::Q4_1 => dot_q4_1,
-            DType::Q5_0 => dot_q5_0,
-            DType::Q5_1 => dot_q5_1,
-            DType::Q8_0 => dot_q8_0,
-            DType::Q4_K => dot_q4_k,
-            DType::Q5_K => dot_q5_k,
-            DType::Q6_K => dot_q6_k,
-            DType::MXFP4 => dot_mxfp4,
-            DType::NVFP4 => dot_nvfp4,
-            DType::FP8 => dot_fp8,
-        }
+        crate::dispatch::row(dtype).scalar
     }
 }
 
-/// The dot kernel for `dtype` at ISA level `isa` (falls back to scalar where no
-/// SIMD kernel exists). `isa` must be supported by this CPU (see [`crate::isa`]).
+/// The dot kernel for `dtype` at ISA level `isa` (scalar where the dispatch
+/// table lists none). `isa` must be supported by this CPU (see [`crate::isa`]).
 pub fn dot_fn(dtype: DType, isa: Isa) -> DotFn {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if isa == Isa::Avx512 {
-            if let Some(f) = crate::simd::avx512_fp::dot_fn(dtype) {
-                return f;
-            }
-            if let Some(f) = crate::simd::avx512::dot_fn(dtype) {
-                return f;
-            }
-        }
-        if matches!(isa, Isa::Avx2 | Isa::Avx512) {
-            if let Some(f) = crate::simd::avx2::dot_fn(dtype) {
-                return f;
-            }
-        }
-    }
-    let _ = isa;
-    scalar::dot_fn(dtype)
+    crate::dispatch::kernels(dtype, isa, false).dot
 }
 
 /// Dequantizes `dst.len()` elements (a whole number of blocks) from `src`.

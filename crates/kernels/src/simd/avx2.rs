@@ -7,29 +7,8 @@
 //! No pair sum can saturate: |q| ≤ 31 for weight codes (127 for Q8_0, where
 //! 2·127·127 < 2¹⁵) and |q8| ≤ 127.
 
-use crate::quant::{q8_0::BlockQ8_0, q8_1::BlockQ8_1, DotFn, F16Le};
-use crate::DType;
+use crate::quant::{q8_0::BlockQ8_0, q8_1::BlockQ8_1, F16Le};
 use std::arch::x86_64::*;
-
-/// The AVX2 dot for `dtype`, if there is one.
-pub fn dot_fn(dtype: DType) -> Option<DotFn> {
-    Some(match dtype {
-        DType::F32 => dot_f32,
-        DType::F16 => dot_f16,
-        DType::BF16 => dot_bf16,
-        DType::Q4_0 => dot_q4_0,
-        DType::Q4_1 => dot_q4_1,
-        DType::Q5_0 => dot_q5_0,
-        DType::Q5_1 => dot_q5_1,
-        DType::Q8_0 => dot_q8_0,
-        DType::Q4_K => super::avx2_k::dot_q4_k,
-        DType::Q5_K => super::avx2_k::dot_q5_k,
-        DType::Q6_K => super::avx2_k::dot_q6_k,
-        DType::MXFP4 => super::avx2_fp::dot_mxfp4,
-        DType::NVFP4 => super::avx2_fp::dot_nvfp4,
-        DType::FP8 => super::avx2_fp::dot_fp8,
-    })
-}
 
 // ---------------------------------------------------------------- helpers
 

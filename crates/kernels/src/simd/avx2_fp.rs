@@ -119,16 +119,6 @@ pub unsafe fn dot_fp8(n: usize, w: *const u8, a: *const u8) -> f32 {
     hsum_ps(acc)
 }
 
-/// The 4 × 2 tile kernel for a low-bit float `dtype` (prefill), if there is one.
-pub fn tile_fn(dtype: crate::DType) -> Option<crate::quant::TileFn> {
-    match dtype {
-        crate::DType::MXFP4 => Some(tile_mxfp4),
-        crate::DType::NVFP4 => Some(tile_nvfp4),
-        crate::DType::FP8 => Some(tile_fp8),
-        _ => None,
-    }
-}
-
 /// Writes the eight tile sums: `y[j·y_stride + r] = Σ acc[r][j]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]

@@ -7,28 +7,7 @@
 use super::avx2::dot_u8i8;
 use super::avx2_rows::{hsum4, join, pair_lanes, prefetch};
 use super::avx2_tile::m_terms;
-use crate::quant::{Dot4Fn, TileFn};
-use crate::DType;
 use std::arch::x86_64::*;
-
-/// The packed four-row kernel for `dtype`, if there is one.
-pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
-    match dtype {
-        DType::Q4_0 => Some(dot4_q4_0),
-        DType::Q4_1 => Some(dot4_q4_1),
-        DType::Q8_0 => Some(dot4_q8_0),
-        _ => None,
-    }
-}
-
-/// The packed 4 × 2 tile kernel for `dtype`, if there is one.
-pub fn tile_fn(dtype: DType) -> Option<TileFn> {
-    match dtype {
-        DType::Q4_0 => Some(tile_q4_0),
-        DType::Q4_1 => Some(tile_q4_1),
-        _ => None,
-    }
-}
 
 /// How far ahead of the current block pair the stream is prefetched, in bytes.
 const PREFETCH_AHEAD: usize = 2048;

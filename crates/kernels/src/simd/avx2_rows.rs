@@ -4,19 +4,7 @@
 //! indirect call per four outputs. This is the batch-1 decode path.
 
 use super::avx2::{dot_u8i8, nibbles, rd16};
-use crate::quant::Dot4Fn;
-use crate::DType;
 use std::arch::x86_64::*;
-
-/// The AVX2 four-row dot for `dtype`, if there is one.
-pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
-    match dtype {
-        DType::Q4_0 => Some(dot4_q4_0),
-        DType::Q4_1 => Some(dot4_q4_1),
-        DType::Q8_0 => Some(dot4_q8_0),
-        _ => None,
-    }
-}
 
 #[inline(always)]
 unsafe fn ld(p: *const u8) -> __m256i {

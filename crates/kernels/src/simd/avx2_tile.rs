@@ -4,23 +4,12 @@
 
 use super::avx2::{dot_u8i8, nibbles};
 use super::avx2_rows::hsum4;
-use crate::quant::TileFn;
-use crate::DType;
 use std::arch::x86_64::*;
 
 /// Weight rows per tile.
 pub const TILE_ROWS: usize = 4;
 /// Activation rows per tile.
 pub const TILE_ACTS: usize = 2;
-
-/// The AVX2 tile kernel for `dtype`, if there is one.
-pub fn tile_fn(dtype: DType) -> Option<TileFn> {
-    match dtype {
-        DType::Q4_1 => Some(tile_q4_1),
-        DType::Q4_0 => Some(tile_q4_0),
-        _ => None,
-    }
-}
 
 #[inline(always)]
 unsafe fn rd32(p: *const u8) -> i32 {

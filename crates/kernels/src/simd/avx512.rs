@@ -15,35 +15,7 @@
 
 use super::avx2::rd16;
 use super::avx2_rows::{hsum4, prefetch, PREFETCH_ROWS};
-use crate::quant::{Dot4Fn, DotFn};
-use crate::DType;
 use std::arch::x86_64::*;
-
-/// The AVX-512 dot for `dtype`, if there is one.
-pub fn dot_fn(dtype: DType) -> Option<DotFn> {
-    Some(match dtype {
-        DType::F32 => dot_f32,
-        DType::F16 => dot_f16,
-        DType::BF16 => dot_bf16,
-        DType::Q4_0 => dot_q4_0,
-        DType::Q4_1 => dot_q4_1,
-        DType::Q8_0 => dot_q8_0,
-        DType::Q4_K => super::avx512_k::dot_q4_k,
-        DType::Q5_K => super::avx512_k::dot_q5_k,
-        DType::Q6_K => super::avx512_k::dot_q6_k,
-        _ => return None,
-    })
-}
-
-/// The AVX-512 four-row dot for `dtype`, if there is one.
-pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
-    Some(match dtype {
-        DType::Q4_0 => dot4_q4_0,
-        DType::Q4_1 => dot4_q4_1,
-        DType::Q8_0 => dot4_q8_0,
-        _ => return None,
-    })
-}
 
 /// Stand-in for the missing second activation block of an odd tail: all-zero
 /// scales and values, so it contributes nothing.
@@ -450,18 +422,6 @@ float_dot512!(dot_f16, 2, load_f16, loadm_f16);
 float_dot512!(dot_bf16, 2, load_bf16, loadm_bf16);
 
 // ------------------------------------------------------- tiles (file layout)
-
-/// The tile kernel (4 weight rows × 2 activation rows) over the file layout
-/// for `dtype`: each activation row gets the four-row kernel's exact
-/// arithmetic, like the packed tiles ([`super::avx512_packed::tile_fn`]).
-pub fn tile_fn(dtype: DType) -> Option<crate::quant::TileFn> {
-    match dtype {
-        DType::Q4_0 => Some(tile_q4_0),
-        DType::Q4_1 => Some(tile_q4_1),
-        DType::Q8_0 => Some(tile_q8_0),
-        _ => None,
-    }
-}
 
 /// Writes a tile's two rows of four outputs (`y`, `y + y_stride`).
 #[inline(always)]

@@ -10,20 +10,7 @@
 use super::avx2::rd16;
 use super::avx2_rows::prefetch;
 use crate::quant::minifloat::{e8m0_half, ue4m3_half};
-use crate::quant::DotFn;
-use crate::DType;
 use std::arch::x86_64::*;
-
-/// The AVX-512 dot for a low-bit float `dtype`, if it is one.
-pub fn dot_fn(dtype: DType) -> Option<DotFn> {
-    Some(match dtype {
-        DType::MXFP4 => dot_mxfp4,
-        DType::NVFP4 => dot_nvfp4,
-        DType::FP8 if super::avx512_fp8_bf16::has_bf16() => super::avx512_fp8_bf16::dot_fp8,
-        DType::FP8 => dot_fp8,
-        _ => return None,
-    })
-}
 
 /// |2·E2M1| by code: the sign (bit 3) is applied to the activations instead.
 const E2M1_X2_ABS: [u8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12];

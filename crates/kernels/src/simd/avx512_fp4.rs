@@ -16,35 +16,7 @@
 use super::avx2::rd16;
 use super::avx512::{reduce, store_tile, y2_nibble_order, BlockPairs, FileRows, ZERO_BLOCK};
 use super::avx512_packed::Units;
-use crate::quant::{Dot4Fn, TileFn};
-use crate::DType;
 use std::arch::x86_64::*;
-
-/// The AVX-512 four-row dot for a low-bit float `dtype`, if there is one
-/// (FP8's, against f32 activations, live in [`super::avx512_fp8_bf16`] and,
-/// without BF16, [`super::avx512_fp`]).
-pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
-    Some(match dtype {
-        DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::dot4_mxfp4,
-        DType::MXFP4 => dot4_mxfp4,
-        DType::NVFP4 => dot4_nvfp4,
-        DType::FP8 if super::avx512_fp8_bf16::has_bf16() => super::avx512_fp8_bf16::dot4_fp8,
-        DType::FP8 => super::avx512_fp::dot4_fp8,
-        _ => return None,
-    })
-}
-
-/// The AVX-512 4 × 2 tile for a low-bit float `dtype`, if there is one.
-pub fn tile_fn(dtype: DType) -> Option<TileFn> {
-    Some(match dtype {
-        DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => super::avx512_fp4_vbmi::tile_mxfp4,
-        DType::MXFP4 => tile_mxfp4,
-        DType::NVFP4 => tile_nvfp4,
-        // Without BF16, FP8 prefill uses the AVX2 tile.
-        DType::FP8 if super::avx512_fp8_bf16::has_bf16() => super::avx512_fp8_bf16::tile_fp8,
-        _ => return None,
-    })
-}
 
 /// `2·E2M1(code) + 12` by code (0..24, unsigned for `vpdpbusd`).
 const E2M1_X2_PLUS12: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];

@@ -1,6 +1,6 @@
-//! AVX-512 VNNI prefill GEMM for weights of 32-value blocks with Q8_0
-//! activations (MXFP4, Q4_0, Q8_0): `y = x · Wᵀ` for `m ≥` [`MIN_M`]
-//! activation rows, with the activation rows in the vector lanes.
+//! AVX-512 VNNI prefill GEMM for weights of 32-value blocks with Q8_0 or Q8_1
+//! activations (MXFP4, Q4_0, Q5_0, Q8_0; Q4_1, Q5_1): `y = x · Wᵀ` for
+//! `m ≥` [`MIN_M`] activation rows, with the activation rows in the vector lanes.
 //!
 //! Why: the 4 × 2 tiles put 64 weights of one row in a vector, so every
 //! `vpdpbusd` (64 products) needs its own float epilogue (convert, scale,
@@ -14,10 +14,11 @@
 //! 8 integer instructions plus 3 float ones per 512 products.
 //!
 //! Layouts (built per call):
-//! * **Activations** (Q8_0 rows → the lane layout): per group of 16 rows and
-//!   block `b`, 8 × 64 bytes (position group `p` = positions `4p..4p+4` of the
-//!   block for the 16 rows, 4 bytes each), then the 16 rows' scales `d` (f32)
-//!   and their sums `Σ q` (i32, to undo the weights' unsigned offset). Rows past
+//! * **Activations** (Q8_0 or Q8_1 rows → the lane layout): per group of 16
+//!   rows and block `b`, 8 × 64 bytes (position group `p` = positions `4p..4p+4`
+//!   of the block for the 16 rows, 4 bytes each), then the 16 rows' scales `d`
+//!   (f32), their sums `Σ q` (i32, to undo the weights' unsigned offset) and,
+//!   for Q8_1, their `s = d·Σ q` (f32, for the weights' minimum `m`). Rows past
 //!   `m` are zero.
 //! * **Weights**: a unit of up to [`UNIT_ROWS`] rows at a time is decoded to
 //!   unsigned bytes `q + o` in element order (`vpdpbusd` takes unsigned × signed)
@@ -29,6 +30,9 @@
 //! | MXFP4 | `2·E2M1 + 12` (0..24)    | 12         | `2^(e−128)` (ggml's halved E8M0) |
 //! | Q4_0  | the nibble (0..15)       | 8          | `d`                     |
 //! | Q8_0  | `q + 128` (0..255)       | 128        | `d`                     |
+//! | Q5_0  | the 5-bit code (0..31)   | 16         | `d`                     |
+//! | Q4_1  | the nibble (0..15)       | 0          | `d`, plus `m·s_a`       |
+//! | Q5_1  | the 5-bit code (0..31)   | 0          | `d`, plus `m·s_a`       |
 //!
 //! Numerics: per (row, activation row, block) the integer sum is exact, as in
 //! the other kernels; `d_a · d_w` multiplies it in f32 and the blocks are summed
@@ -50,15 +54,17 @@ const UNIT_ROWS: usize = 16;
 /// Activation rows per group (the vector lanes).
 const LANES: usize = 16;
 /// Bytes of one block of one activation group: 8 × 64 quant bytes (offset 0),
-/// 16 f32 scales (offset 512), 16 i32 sums `Σ q` (offset 576).
-const GROUP_BLOCK: usize = 8 * 64 + 64 + 64;
+/// 16 f32 scales (offset 512), 16 i32 sums `Σ q` (offset 576), 16 f32 `s`
+/// (offset 640, Q8_1 only).
+const GROUP_BLOCK: usize = 8 * 64 + 3 * 64;
 
 /// `2·E2M1(code) + 12` by code (MXFP4).
 const E2M1_X2_PLUS12: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
 
 thread_local! {
     /// This thread's decode scratch.
-    static DECODED: std::cell::RefCell<Decoded> = const { std::cell::RefCell::new(Decoded { q: Vec::new(), s: Vec::new(), row: Vec::new() }) };
+    static DECODED: std::cell::RefCell<Decoded> =
+        const { std::cell::RefCell::new(Decoded { q: Vec::new(), s: Vec::new(), m: Vec::new(), row: Vec::new() }) };
 }
 
 /// A unit's decoded weights and the file-layout copy of a packed row.
@@ -67,13 +73,10 @@ struct Decoded {
     q: Vec<u8>,
     /// `UNIT_ROWS × cols / 32` block scales.
     s: Vec<f32>,
+    /// `UNIT_ROWS × cols / 32` block minimums (Q4_1, Q5_1).
+    m: Vec<f32>,
     /// One packed row unpacked to the file layout.
     row: Vec<u8>,
-}
-
-/// Whether [`matmul`] takes these weights at this batch size.
-pub fn applies(ws: &[MatRef<'_>], m: usize) -> bool {
-    m >= MIN_M && ws.iter().all(|w| offset(w.dtype).is_some())
 }
 
 /// The unsigned offset `o` of `dtype`'s decoded bytes, if this GEMM takes it.
@@ -82,19 +85,32 @@ fn offset(dtype: DType) -> Option<i32> {
         DType::MXFP4 => Some(12),
         DType::Q4_0 => Some(8),
         DType::Q8_0 => Some(128),
+        DType::Q5_0 => Some(16),
+        DType::Q4_1 | DType::Q5_1 => Some(0),
         _ => None,
     }
 }
 
+/// Whether `dtype` has a block minimum (Q8_1 activations).
+fn has_min(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_1 | DType::Q5_1)
+}
+
 /// Group `g` of the activations (rows `16g..16g+16` of `m`) in the lane layout
 /// (see the module docs) into `dst` (`nb · GROUP_BLOCK` bytes, zeroed).
-fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut [u8]) {
+/// `q8_1`: the rows are Q8_1 blocks (`[d, s, 32 × i8]`), else Q8_0 (`[d, 32 × i8]`).
+fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, q8_1: bool, dst: &mut [u8]) {
+    let (bb, head) = if q8_1 { (36, 4) } else { (34, 2) };
     for lane in 0..(m - g * LANES).min(LANES) {
         let row = &a[(g * LANES + lane) * a_stride..];
         for b in 0..nb {
-            let blk = &row[b * 34..b * 34 + 34];
+            let blk = &row[b * bb..(b + 1) * bb];
             let dst = &mut dst[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
-            let q = &blk[2..34];
+            let q = &blk[head..bb];
+            if q8_1 {
+                let s = half::f16::from_bits(u16::from_le_bytes([blk[2], blk[3]])).to_f32();
+                dst[640 + lane * 4..644 + lane * 4].copy_from_slice(&s.to_le_bytes());
+            }
             for p in 0..8 {
                 dst[p * 64 + lane * 4..p * 64 + lane * 4 + 4].copy_from_slice(&q[4 * p..4 * p + 4]);
             }
@@ -129,36 +145,56 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
             let f16 = || half::f16::from_bits(u16::from_le_bytes([*x, *x.add(1)])).to_f32();
             // Block layouts: MXFP4 [e8m0, 16 nibble bytes], Q4_0 [f16 d, 16
             // nibble bytes] (element j low nibble of byte j, j+16 high), Q8_0
-            // [f16 d, 32 × i8].
+            // [f16 d, 32 × i8], Q5_0 [f16 d, u32 qh, 16 nibble bytes] (bit j
+            // of qh: bit 4 of element j), Q4_1 [f16 d, f16 m, 16 nibble
+            // bytes], Q5_1 [f16 d, f16 m, u32 qh, 16 nibble bytes].
             let (scale, codes) = match w.dtype {
                 DType::Q8_0 => {
                     (f16(), _mm256_xor_si256(_mm256_loadu_si256(x.add(2) as *const __m256i), _mm256_set1_epi8(-128)))
                 }
                 dt => {
-                    let head = if dt == DType::MXFP4 { 1 } else { 2 };
+                    let head = match dt {
+                        DType::MXFP4 => 1,
+                        DType::Q4_0 => 2,
+                        DType::Q4_1 => 4,
+                        DType::Q5_0 => 6,
+                        _ => 8,
+                    };
                     let v = _mm_loadu_si128(x.add(head) as *const __m128i);
                     let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+                    let high = |at: usize| {
+                        let qh = (x.add(at) as *const u32).read_unaligned();
+                        _mm256_or_si256(nib, _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(16)))
+                    };
                     match dt {
                         DType::MXFP4 => (e8m0_half(*x), _mm256_shuffle_epi8(lut, nib)),
+                        DType::Q5_0 => (f16(), high(2)),
+                        DType::Q5_1 => (f16(), high(4)),
                         _ => (f16(), nib),
                     }
                 }
             };
+            if has_min(w.dtype) {
+                d.m[k * nb + b] = half::f16::from_bits(u16::from_le_bytes([*x.add(2), *x.add(3)])).to_f32();
+            }
             d.s[k * nb + b] = scale;
             _mm256_storeu_si256(dst, codes);
         }
     }
 }
 
-/// `R` decoded rows (`q` rows `cols` apart, scales `s` rows `nb` apart) × one
-/// activation group: `out[r]` = the 16 lanes' results of row `r`.
+/// `R` decoded rows (`q` rows `cols` apart, scales `s` and minimums `mn` rows
+/// `nb` apart) × one activation group: `out[r]` = the 16 lanes' results of
+/// row `r`. `MIN`: add `m_w·s_a` per block (Q4_1, Q5_1).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn rows_x_group<const R: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_x_group<const R: usize, const MIN: bool>(
     nb: usize,
     cols: usize,
     q: *const u8,
     s: *const f32,
+    mn: *const f32,
     act: *const u8,
     offset: i32,
 ) -> [__m512; R] {
@@ -180,6 +216,10 @@ unsafe fn rows_x_group<const R: usize>(
         for r in 0..R {
             let scale = _mm512_mul_ps(d, _mm512_set1_ps(*s.add(r * nb + b)));
             accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, accf[r]);
+            if MIN {
+                let sa = _mm512_loadu_ps(blk.add(640) as *const f32);
+                accf[r] = _mm512_fmadd_ps(sa, _mm512_set1_ps(*mn.add(r * nb + b)), accf[r]);
+            }
         }
     }
     accf
@@ -201,44 +241,66 @@ unsafe fn store_lanes(v: __m512, lanes: usize, y: *mut f32, ys: usize) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *mut f32) {
     let (nb, cols) = (w.cols / 32, w.cols);
-    let off = offset(w.dtype).expect("checked by applies");
+    let off = offset(w.dtype).expect("a type the dispatch table gives this GEMM");
     DECODED.with(|cell| {
         let mut d = cell.borrow_mut();
         d.q.resize(UNIT_ROWS * cols, 0);
         d.s.resize(UNIT_ROWS * nb, 0.0);
+        d.m.resize(UNIT_ROWS * nb, 0.0);
         decode_rows(w, r0, r1, &mut d);
-        let (q, s) = (d.q.as_ptr(), d.s.as_ptr());
-        let n = r1 - r0;
-        for g in 0..m.div_ceil(LANES) {
-            let lanes = (m - g * LANES).min(LANES);
-            let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
-            let yg = y.add(g * LANES * w.rows);
-            let mut k = 0;
-            while k + 8 <= n {
-                let out = rows_x_group::<8>(nb, cols, q.add(k * cols), s.add(k * nb), ag, off);
-                for (j, v) in out.into_iter().enumerate() {
-                    store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
-                }
-                k += 8;
-            }
-            while k + 4 <= n {
-                let out = rows_x_group::<4>(nb, cols, q.add(k * cols), s.add(k * nb), ag, off);
-                for (j, v) in out.into_iter().enumerate() {
-                    store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
-                }
-                k += 4;
-            }
-            while k < n {
-                let out = rows_x_group::<1>(nb, cols, q.add(k * cols), s.add(k * nb), ag, off);
-                store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
-                k += 1;
-            }
+        if has_min(w.dtype) {
+            unit_groups::<true>(w, r0, r1, &d, act, m, off, y);
+        } else {
+            unit_groups::<false>(w, r0, r1, &d, act, m, off, y);
         }
     });
 }
 
-/// `ys[k] = x · ws[k]ᵀ` for weights [`applies`] takes, `a` the `m` Q8_0
-/// activation rows (`a_stride` bytes apart), `act` a reusable buffer.
+/// The decoded rows `r0..r1` (`d`) × every activation group, into `y`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn unit_groups<const MIN: bool>(
+    w: &MatRef<'_>,
+    r0: usize,
+    r1: usize,
+    d: &Decoded,
+    act: &[u8],
+    m: usize,
+    off: i32,
+    y: *mut f32,
+) {
+    let (nb, cols) = (w.cols / 32, w.cols);
+    let (q, s, mn) = (d.q.as_ptr(), d.s.as_ptr(), d.m.as_ptr());
+    let n = r1 - r0;
+    for g in 0..m.div_ceil(LANES) {
+        let lanes = (m - g * LANES).min(LANES);
+        let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
+        let yg = y.add(g * LANES * w.rows);
+        let mut k = 0;
+        while k + 8 <= n {
+            let out = rows_x_group::<8, MIN>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
+            for (j, v) in out.into_iter().enumerate() {
+                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
+            }
+            k += 8;
+        }
+        while k + 4 <= n {
+            let out = rows_x_group::<4, MIN>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
+            for (j, v) in out.into_iter().enumerate() {
+                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
+            }
+            k += 4;
+        }
+        while k < n {
+            let out = rows_x_group::<1, MIN>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
+            store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
+            k += 1;
+        }
+    }
+}
+
+/// `ys[k] = x · ws[k]ᵀ` for weights the dispatch table gives this GEMM, `a` the `m` Q8_0
+/// (or, for Q4_1/Q5_1, Q8_1) activation rows (`a_stride` bytes apart), `act` a reusable buffer.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI CPU; shapes as checked by `matmul` (`ys[k]` holds
@@ -253,6 +315,7 @@ pub unsafe fn matmul(
     act: &mut Vec<u8>,
 ) {
     let nb = ws[0].cols / 32;
+    let q8_1 = has_min(ws[0].dtype);
     let groups = m.div_ceil(LANES);
     act.clear();
     act.resize(groups * nb * GROUP_BLOCK, 0);
@@ -261,7 +324,7 @@ pub unsafe fn matmul(
         for g in (t..groups).step_by(nt) {
             // SAFETY: group g's bytes belong to this thread only.
             let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(g * nb * GROUP_BLOCK), nb * GROUP_BLOCK) };
-            act_group(a, a_stride, m, nb, g, dst);
+            act_group(a, a_stride, m, nb, g, q8_1, dst);
         }
     });
     let act: &[u8] = act;

@@ -11,35 +11,7 @@
 use super::avx2_rows::{prefetch, PREFETCH_ROWS};
 use super::avx512::{q4_1_rows, q4_1_tile, q8act_rows, q8act_tile, store_tile, BlockPairs};
 use crate::packed::PACK_ROWS;
-use crate::quant::{Dot4Fn, TileFn};
-use crate::DType;
 use std::arch::x86_64::*;
-
-/// The packed four-row kernel for `dtype`, if there is one.
-pub fn dot4_fn(dtype: DType) -> Option<Dot4Fn> {
-    match dtype {
-        DType::Q4_0 => Some(dot4_q4_0),
-        DType::Q4_1 => Some(dot4_q4_1),
-        DType::Q8_0 => Some(dot4_q8_0),
-        DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => Some(super::avx512_fp4_vbmi::dot4_mxfp4_packed),
-        DType::NVFP4 => Some(super::avx512_fp4::dot4_nvfp4_packed),
-        _ => None,
-    }
-}
-
-/// The packed tile kernel (4 weight rows × 2 activation rows) for `dtype`.
-/// Each activation row gets exactly [`dot4_fn`]'s arithmetic, so results do
-/// not depend on whether a row went through the tile or the four-row kernel.
-pub fn tile_fn(dtype: DType) -> Option<TileFn> {
-    match dtype {
-        DType::Q4_0 => Some(tile_q4_0),
-        DType::Q4_1 => Some(tile_q4_1),
-        DType::Q8_0 => Some(tile_q8_0),
-        DType::MXFP4 if super::avx512_fp4_vbmi::has_vbmi() => Some(super::avx512_fp4_vbmi::tile_mxfp4_packed),
-        DType::NVFP4 => Some(super::avx512_fp4::tile_nvfp4_packed),
-        _ => None,
-    }
-}
 
 /// Packed Q4_0 group × two Q8_0 activation rows (see [`TileFn`]).
 ///

@@ -1,6 +1,7 @@
 //! x86-64 SIMD kernels. Each function is `#[target_feature]`-gated and only
-//! reachable through [`crate::quant::dot_fn`] / [`crate::quant::quantize_act_fn`]
-//! after [`crate::isa`] confirmed the CPU supports it.
+//! reachable through the dispatch table ([`crate::dispatch::TABLE`]) after
+//! [`crate::isa`] confirmed the CPU supports it. These files define kernels;
+//! which type runs which is decided there only.
 
 /// Runs a P·V row kernel `$kernel::<NR>(p, p_stride, args…, o)` over `rows`
 /// output rows: runs of 4, then one run of the 3, 2 or 1 left (`p` and `o`
@@ -42,6 +43,7 @@ pub mod avx512_fp4;
 pub mod avx512_fp4_vbmi;
 pub mod avx512_fp8_bf16;
 pub mod avx512_gemm;
+pub mod avx512_gemm_k;
 pub mod avx512_k;
 pub mod avx512_lanes;
 pub mod avx512_packed;

@@ -1,0 +1,444 @@
+//! The one dispatch table: for every weight type, its activation type, its
+//! packed layout, and per ISA level the kernel of each shape.
+//!
+//! Shapes (signatures in [`crate::quant`]):
+//! * `dot`: one weight row × one activation row ([`DotFn`]);
+//! * `dot4`: four weight rows × one activation row, file layout ([`Dot4Fn`]),
+//!   the decode kernel where the type is not packed;
+//! * `tile`: 4 weight rows × 2 activation rows, file layout ([`TileFn`]), for
+//!   `1 < m <` the GEMM threshold (batch-invariant with `dot4`);
+//! * `packed_dot4` / `packed_tile`: the same over the interleaved four-row
+//!   layout of [`crate::packed`];
+//! * `gemm`: the prefill GEMM with activation rows in the vector lanes
+//!   ([`Gemm`]), for `m ≥ gemm.min_m`.
+//!
+//! A kernel slot is a list of `(feature, kernel)` in order of preference; the
+//! first whose extra CPU feature is present wins ([`Feature`]: AVX-512 VBMI,
+//! the opt-in BF16 FP8 path). Every level lists its kernels explicitly: an
+//! AVX-512 row that reuses an AVX2 kernel says so. Nothing inherits, so a type
+//! with no fast kernel at a level is visible here and fails
+//! `tests/dispatch.rs` instead of running scalar quietly.
+//!
+//! Adding a type: its block file in `quant/` (layout, reference dequantize and
+//! scalar dot), its kernels in `simd/`, and one [`Row`] in [`TABLE`].
+
+use crate::isa::Isa;
+use crate::matmul::MatRef;
+use crate::quant::{scalar, Dot4Fn, DotFn, QuantizeActFn, TileFn, VecDotType};
+use crate::{DType, ThreadPool};
+
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{
+    avx2, avx2_fp, avx2_k, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
+    avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_packed,
+};
+
+/// An optional CPU feature beyond the ISA level a kernel needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// Nothing beyond the level.
+    Base,
+    /// AVX-512 VBMI (`vpermb`); `SHARDLM_VBMI=0` turns it off.
+    Vbmi,
+    /// The BF16 FP8 kernels (`SHARDLM_BF16=1` and AVX-512 BF16).
+    Bf16,
+}
+
+impl Feature {
+    /// Whether this CPU (and the environment switches) allow it.
+    pub fn present(self) -> bool {
+        match self {
+            Feature::Base => true,
+            #[cfg(target_arch = "x86_64")]
+            Feature::Vbmi => avx512_fp4_vbmi::has_vbmi(),
+            #[cfg(target_arch = "x86_64")]
+            Feature::Bf16 => avx512_fp8_bf16::has_bf16(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+/// Kernel candidates in order of preference.
+pub type Choice<F> = &'static [(Feature, F)];
+
+/// The first candidate whose feature is present.
+pub fn pick<F: Copy>(c: Choice<F>) -> Option<F> {
+    c.iter().find(|(f, _)| f.present()).map(|&(_, k)| k)
+}
+
+/// The prefill GEMM: `ys[k] = x · ws[k]ᵀ` for all `m` rows at once, `a` the
+/// `m` quantized activation rows (`a_stride` bytes apart), `lanes` a reusable
+/// buffer for the activations in the lane layout.
+///
+/// # Safety
+/// The CPU has the kernel's ISA; shapes as `matmul` checks them; every weight
+/// in `ws` picked this same GEMM.
+pub type GemmFn = unsafe fn(
+    pool: &ThreadPool,
+    ws: &[MatRef<'_>],
+    a: &[u8],
+    a_stride: usize,
+    m: usize,
+    ys: &mut [&mut [f32]],
+    lanes: &mut Vec<u8>,
+);
+
+/// A prefill GEMM and the smallest batch it takes (below it the tiles keep
+/// batches bit-identical to single-row decode).
+#[derive(Clone, Copy)]
+pub struct Gemm {
+    /// Weights may share one GEMM call only if their GEMMs have the same name.
+    pub name: &'static str,
+    pub run: GemmFn,
+    pub min_m: usize,
+}
+
+/// One type's kernels at one ISA level (empty slots: no kernel of that shape).
+#[derive(Clone, Copy)]
+pub struct IsaKernels {
+    pub dot: Choice<DotFn>,
+    pub dot4: Choice<Dot4Fn>,
+    pub tile: Choice<TileFn>,
+    pub packed_dot4: Choice<Dot4Fn>,
+    pub packed_tile: Choice<TileFn>,
+    pub gemm: Choice<Gemm>,
+}
+
+/// No kernels (the scalar level, or a level a type has nothing for).
+pub const NONE: IsaKernels =
+    IsaKernels { dot: &[], dot4: &[], tile: &[], packed_dot4: &[], packed_tile: &[], gemm: &[] };
+
+/// The interleaved four-row layout a type uses (see [`crate::packed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packing {
+    /// Stays in the file layout.
+    None,
+    /// Per block pair, the four rows' headers (`head` bytes per block), then
+    /// their quants.
+    HeadQuants { head: usize },
+    /// Whole blocks, interleaved by units of `blocks` blocks.
+    Units { blocks: usize },
+}
+
+/// One weight type: everything dispatch needs.
+#[derive(Clone, Copy)]
+pub struct Row {
+    pub dtype: DType,
+    /// What its activations are quantized to.
+    pub act: VecDotType,
+    pub packing: Packing,
+    /// The scalar reference dot.
+    pub scalar: DotFn,
+    /// The scalar packed four-row dot (unpacks each row), for packed types.
+    pub scalar_packed_dot4: Option<Dot4Fn>,
+    pub avx2: IsaKernels,
+    pub avx512: IsaKernels,
+}
+
+impl Row {
+    /// The kernels listed for `isa` (x86 levels; scalar and NEON list none).
+    pub fn at(&self, isa: Isa) -> &IsaKernels {
+        match isa {
+            Isa::Avx2 => &self.avx2,
+            Isa::Avx512 => &self.avx512,
+            Isa::Scalar | Isa::Neon => &NONE,
+        }
+    }
+}
+
+/// `IsaKernels { .. }` on x86-64, [`NONE`] elsewhere (the `simd` module only
+/// exists there).
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86 {
+    ($($t:tt)*) => { IsaKernels { $($t)* } };
+}
+#[cfg(not(target_arch = "x86_64"))]
+macro_rules! x86 {
+    ($($t:tt)*) => {
+        NONE
+    };
+}
+
+use Feature::{Base, Bf16, Vbmi};
+
+/// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
+#[cfg(target_arch = "x86_64")]
+const GEMM_Q8_0: Choice<Gemm> =
+    &[(Base, Gemm { name: "avx512_gemm", run: avx512_gemm::matmul, min_m: avx512_gemm::MIN_M })];
+
+/// The lane GEMM for the K-quants (Q8_K activations).
+#[cfg(target_arch = "x86_64")]
+const GEMM_K: Choice<Gemm> =
+    &[(Base, Gemm { name: "avx512_gemm_k", run: avx512_gemm_k::matmul, min_m: avx512_gemm_k::MIN_M })];
+
+/// Every weight type, one row each.
+pub static TABLE: &[Row] = &[
+    Row {
+        dtype: DType::F32,
+        act: VecDotType::F32,
+        packing: Packing::None,
+        scalar: scalar::dot_f32,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2::dot_f32)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512::dot_f32)], ..NONE },
+    },
+    Row {
+        dtype: DType::F16,
+        act: VecDotType::F32,
+        packing: Packing::None,
+        scalar: scalar::dot_f16,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2::dot_f16)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512::dot_f16)], ..NONE },
+    },
+    Row {
+        dtype: DType::BF16,
+        act: VecDotType::F32,
+        packing: Packing::None,
+        scalar: scalar::dot_bf16,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2::dot_bf16)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512::dot_bf16)], ..NONE },
+    },
+    Row {
+        dtype: DType::Q4_0,
+        act: VecDotType::Q8_0,
+        packing: Packing::HeadQuants { head: 2 },
+        scalar: scalar::dot_q4_0,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_0),
+        avx2: x86! {
+            dot: &[(Base, avx2::dot_q4_0)],
+            dot4: &[(Base, avx2_rows::dot4_q4_0)],
+            tile: &[(Base, avx2_tile::tile_q4_0)],
+            packed_dot4: &[(Base, avx2_packed::dot4_q4_0)],
+            packed_tile: &[(Base, avx2_packed::tile_q4_0)],
+            gemm: &[],
+        },
+        avx512: x86! {
+            dot: &[(Base, avx512::dot_q4_0)],
+            dot4: &[(Base, avx512::dot4_q4_0)],
+            tile: &[(Base, avx512::tile_q4_0)],
+            packed_dot4: &[(Base, avx512_packed::dot4_q4_0)],
+            packed_tile: &[(Base, avx512_packed::tile_q4_0)],
+            gemm: GEMM_Q8_0,
+        },
+    },
+    Row {
+        dtype: DType::Q4_1,
+        act: VecDotType::Q8_1,
+        packing: Packing::HeadQuants { head: 4 },
+        scalar: scalar::dot_q4_1,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_1),
+        avx2: x86! {
+            dot: &[(Base, avx2::dot_q4_1)],
+            dot4: &[(Base, avx2_rows::dot4_q4_1)],
+            tile: &[(Base, avx2_tile::tile_q4_1)],
+            packed_dot4: &[(Base, avx2_packed::dot4_q4_1)],
+            packed_tile: &[(Base, avx2_packed::tile_q4_1)],
+            gemm: &[],
+        },
+        avx512: x86! {
+            dot: &[(Base, avx512::dot_q4_1)],
+            dot4: &[(Base, avx512::dot4_q4_1)],
+            tile: &[(Base, avx512::tile_q4_1)],
+            packed_dot4: &[(Base, avx512_packed::dot4_q4_1)],
+            packed_tile: &[(Base, avx512_packed::tile_q4_1)],
+            gemm: GEMM_Q8_0,
+        },
+    },
+    Row {
+        dtype: DType::Q5_0,
+        act: VecDotType::Q8_0,
+        packing: Packing::None,
+        scalar: scalar::dot_q5_0,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2::dot_q5_0)], ..NONE },
+        // No 512-bit dot: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2::dot_q5_0)], gemm: GEMM_Q8_0, ..NONE },
+    },
+    Row {
+        dtype: DType::Q5_1,
+        act: VecDotType::Q8_1,
+        packing: Packing::None,
+        scalar: scalar::dot_q5_1,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2::dot_q5_1)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx2::dot_q5_1)], gemm: GEMM_Q8_0, ..NONE },
+    },
+    Row {
+        dtype: DType::Q8_0,
+        act: VecDotType::Q8_0,
+        packing: Packing::HeadQuants { head: 2 },
+        scalar: scalar::dot_q8_0,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q8_0),
+        avx2: x86! {
+            dot: &[(Base, avx2::dot_q8_0)],
+            dot4: &[(Base, avx2_rows::dot4_q8_0)],
+            tile: &[],
+            packed_dot4: &[(Base, avx2_packed::dot4_q8_0)],
+            packed_tile: &[],
+            gemm: &[],
+        },
+        avx512: x86! {
+            dot: &[(Base, avx512::dot_q8_0)],
+            dot4: &[(Base, avx512::dot4_q8_0)],
+            tile: &[(Base, avx512::tile_q8_0)],
+            packed_dot4: &[(Base, avx512_packed::dot4_q8_0)],
+            packed_tile: &[(Base, avx512_packed::tile_q8_0)],
+            gemm: GEMM_Q8_0,
+        },
+    },
+    Row {
+        dtype: DType::Q4_K,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_q4_k,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], gemm: GEMM_K, ..NONE },
+    },
+    Row {
+        dtype: DType::Q5_K,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_q5_k,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], gemm: GEMM_K, ..NONE },
+    },
+    Row {
+        dtype: DType::Q6_K,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_q6_k,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q6_k)], gemm: GEMM_K, ..NONE },
+    },
+    Row {
+        dtype: DType::MXFP4,
+        act: VecDotType::Q8_0,
+        packing: Packing::Units { blocks: 2 },
+        scalar: scalar::dot_mxfp4,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_mxfp4),
+        avx2: x86! {
+            dot: &[(Base, avx2_fp::dot_mxfp4)],
+            dot4: &[],
+            tile: &[(Base, avx2_fp::tile_mxfp4)],
+            packed_dot4: &[],
+            packed_tile: &[],
+            gemm: &[],
+        },
+        avx512: x86! {
+            dot: &[(Base, avx512_fp::dot_mxfp4)],
+            dot4: &[(Vbmi, avx512_fp4_vbmi::dot4_mxfp4), (Base, avx512_fp4::dot4_mxfp4)],
+            tile: &[(Vbmi, avx512_fp4_vbmi::tile_mxfp4), (Base, avx512_fp4::tile_mxfp4)],
+            // Without VBMI MXFP4 stays in the file layout.
+            packed_dot4: &[(Vbmi, avx512_fp4_vbmi::dot4_mxfp4_packed)],
+            packed_tile: &[(Vbmi, avx512_fp4_vbmi::tile_mxfp4_packed)],
+            gemm: GEMM_Q8_0,
+        },
+    },
+    Row {
+        dtype: DType::NVFP4,
+        act: VecDotType::Q8_0,
+        packing: Packing::Units { blocks: 1 },
+        scalar: scalar::dot_nvfp4,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_nvfp4),
+        avx2: x86! {
+            dot: &[(Base, avx2_fp::dot_nvfp4)],
+            dot4: &[],
+            tile: &[(Base, avx2_fp::tile_nvfp4)],
+            packed_dot4: &[],
+            packed_tile: &[],
+            gemm: &[],
+        },
+        avx512: x86! {
+            dot: &[(Base, avx512_fp::dot_nvfp4)],
+            dot4: &[(Base, avx512_fp4::dot4_nvfp4)],
+            tile: &[(Base, avx512_fp4::tile_nvfp4)],
+            packed_dot4: &[(Base, avx512_fp4::dot4_nvfp4_packed)],
+            packed_tile: &[(Base, avx512_fp4::tile_nvfp4_packed)],
+            gemm: &[],
+        },
+    },
+    Row {
+        dtype: DType::FP8,
+        act: VecDotType::F32,
+        // Its packed four-row kernel measured 0.86× the file-layout one.
+        packing: Packing::None,
+        scalar: scalar::dot_fp8,
+        scalar_packed_dot4: None,
+        avx2: x86! {
+            dot: &[(Base, avx2_fp::dot_fp8)],
+            dot4: &[],
+            tile: &[(Base, avx2_fp::tile_fp8)],
+            packed_dot4: &[],
+            packed_tile: &[],
+            gemm: &[],
+        },
+        avx512: x86! {
+            dot: &[(Bf16, avx512_fp8_bf16::dot_fp8), (Base, avx512_fp::dot_fp8)],
+            dot4: &[(Bf16, avx512_fp8_bf16::dot4_fp8), (Base, avx512_fp::dot4_fp8)],
+            // Without BF16 the AVX2 tile.
+            tile: &[(Bf16, avx512_fp8_bf16::tile_fp8), (Base, avx2_fp::tile_fp8)],
+            packed_dot4: &[],
+            packed_tile: &[],
+            gemm: &[],
+        },
+    },
+];
+
+/// The row of `dtype`. Every [`DType`] has one (`tests/dispatch.rs`).
+pub fn row(dtype: DType) -> &'static Row {
+    TABLE.iter().find(|r| r.dtype == dtype).unwrap_or_else(|| panic!("{dtype} has no dispatch row"))
+}
+
+/// The kernels one weight runs with, resolved for an ISA level and layout.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    /// Always present (scalar where the level has none).
+    pub dot: DotFn,
+    pub dot4: Option<Dot4Fn>,
+    pub tile: Option<TileFn>,
+    pub gemm: Option<Gemm>,
+}
+
+/// The kernels for a `dtype` weight at `isa` (supported by this CPU), in the
+/// packed layout if `packed`. A packed weight always gets a four-row kernel:
+/// the scalar one that unpacks rows where the level has none.
+pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
+    let row = row(dtype);
+    let k = row.at(isa);
+    let dot = pick(k.dot).unwrap_or(row.scalar);
+    let gemm = pick(k.gemm);
+    if packed {
+        let dot4 = pick(k.packed_dot4).or(row.scalar_packed_dot4);
+        Kernels { dot, dot4, tile: pick(k.packed_tile), gemm }
+    } else {
+        Kernels { dot, dot4: pick(k.dot4), tile: pick(k.tile), gemm }
+    }
+}
+
+/// The activation quantizer for `vdt` at `isa`. All levels produce
+/// bit-identical output; `VecDotType::F32` copies the floats.
+pub fn quantize_act(vdt: VecDotType, isa: Isa) -> QuantizeActFn {
+    use crate::quant::{q8_0, q8_1, q8_k};
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        match vdt {
+            VecDotType::Q8_0 => return avx2::quantize_act_q8_0,
+            VecDotType::Q8_1 => return avx2::quantize_act_q8_1,
+            VecDotType::Q8_K => return avx2::quantize_act_q8_k,
+            VecDotType::F32 => {}
+        }
+    }
+    let _ = isa;
+    match vdt {
+        VecDotType::F32 => |src, dst| dst.copy_from_slice(bytemuck::cast_slice(src)),
+        VecDotType::Q8_0 => |src, dst| q8_0::quantize_activations(src, bytemuck::cast_slice_mut(dst)),
+        VecDotType::Q8_1 => |src, dst| q8_1::quantize(src, bytemuck::cast_slice_mut(dst)),
+        VecDotType::Q8_K => |src, dst| q8_k::quantize(src, bytemuck::cast_slice_mut(dst)),
+    }
+}
