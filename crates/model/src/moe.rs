@@ -66,6 +66,8 @@ pub enum ExpertAct {
     Silu,
     /// gpt-oss: `(clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)`, `g = min(gate, limit)`.
     ClampedSwiglu { alpha: f32, limit: f32 },
+    /// GeGLU, `gelu_tanh(gate) · up` (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
 }
 
 impl ExpertAct {
@@ -74,6 +76,7 @@ impl ExpertAct {
         match self {
             ExpertAct::Silu => ops::silu_mul(gate, up),
             ExpertAct::ClampedSwiglu { alpha, limit } => ops::swiglu_clamped(gate, up, alpha, limit),
+            ExpertAct::GeluTanh => ops::gelu_tanh_mul(gate, up),
         }
     }
 }

@@ -62,12 +62,9 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
     };
     let interleave = c.get("rope_interleave").and_then(Value::as_bool).unwrap_or(true);
     Ok(ArchSpec {
-        qkv_bias: false,
-        qk_norm: false,
         rope_style: if interleave { RopeStyle::Interleaved } else { RopeStyle::Neox },
-        sliding_window: None,
         moe: Some(validate(moe, arch)?),
         mla: Some(MlaSpec::from_config(cfg)?),
-        extras: None,
+        ..ArchSpec::default()
     })
 }
