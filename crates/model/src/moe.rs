@@ -97,6 +97,10 @@ pub struct MoeNames {
     /// and its sigmoid gate, if it has one (qwen2_moe's `shared_expert_gate`).
     pub shared: &'static str,
     pub shared_gate: Option<&'static str>,
+    /// Sigmoid routing's `e_score_correction_bias` (`[n_experts]`) under the
+    /// block: the router's (`gate.…`, DeepSeek, GLM) or the block's own
+    /// (MiniMax-M2).
+    pub score_bias: &'static str,
 }
 
 /// The qwen*_moe names, also every GGUF's as formats maps llama.cpp's (the
@@ -109,6 +113,7 @@ pub const QWEN_NAMES: MoeNames = MoeNames {
     down: "down_proj",
     shared: "shared_expert",
     shared_gate: Some("shared_expert_gate"),
+    score_bias: "gate.e_score_correction_bias",
 };
 
 /// A config integer, or a one-line error naming the key.
@@ -321,9 +326,7 @@ impl Moe {
             None => (None, None),
         };
         let score_bias = match spec.routing {
-            Routing::SigmoidGrouped { .. } => {
-                Some(ld.vector(&format!("{b}.{}.e_score_correction_bias", n.router), spec.n_experts)?)
-            }
+            Routing::SigmoidGrouped { .. } => Some(ld.vector(&format!("{b}.{}", n.score_bias), spec.n_experts)?),
             Routing::Softmax => None,
         };
         Ok(Moe {

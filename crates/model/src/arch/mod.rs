@@ -6,8 +6,11 @@
 //! [`crate::registry`].
 
 pub mod deepseek_v3;
+pub mod gemma3;
+pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod llama;
+pub mod minimax_m2;
 pub mod mistral;
 pub mod mixtral;
 pub mod qwen2;
