@@ -143,9 +143,15 @@ pub fn parse_config(path: &Path, cfg: &Value, gen: Option<&Value>) -> Result<Mod
     let vocab_size = req("vocab_size")?;
     let max_position_embeddings = get("max_position_embeddings").and_then(as_usize).unwrap_or(2048);
     let rms_norm_eps = get("rms_norm_eps").or_else(|| get("layer_norm_epsilon")).and_then(as_f32).unwrap_or(1e-6);
-    let rope_dim = match get("partial_rotary_factor").and_then(Value::as_f64) {
-        Some(f) => ((head_dim as f64) * f).round() as usize,
-        None => head_dim,
+    // Partial rotary: `partial_rotary_factor` at the top or in
+    // `rope_parameters` (GLM-4.5, MiniMax-M2), or MiniMax's `rotary_dim`.
+    let partial = get("partial_rotary_factor")
+        .or_else(|| get("rope_parameters").and_then(|p| p.get("partial_rotary_factor")))
+        .and_then(Value::as_f64);
+    let rope_dim = match (partial, get("rotary_dim").and_then(as_usize)) {
+        (Some(f), _) => ((head_dim as f64) * f).round() as usize,
+        (None, Some(d)) if d <= head_dim => d,
+        _ => head_dim,
     };
     let (rope_theta, rope_scaling) = rope(c, max_position_embeddings).map_err(bad)?;
 

@@ -101,6 +101,18 @@ pub fn rope(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], style: Rop
     }
 }
 
+/// `gate[i] = gelu_tanh(gate[i]) * up[i]`, the tanh approximation of GELU
+/// (PyTorch's `gelu(approximate="tanh")`):
+/// `0.5 · g · (1 + tanh(√(2/π) · (g + 0.044715 · g³)))`.
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
 /// `gate[i] = silu(gate[i]) * up[i]`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     let n = gate.len().min(up.len());

@@ -12,10 +12,10 @@
 //! Shapes (local to the shard): `T` tokens in the step, `hq = heads·head_dim`,
 //! `hkv = kv_heads·head_dim`, `ffn` = intermediate size.
 
-use crate::arch::{ArchSpec, AttnKind, FfnKind};
+use crate::arch::{ArchSpec, AttnKind, FfnKind, NormPlacement};
 use crate::linear::{pack_for_decode, quantize_weight, Linear};
 use crate::mla::Mla;
-use crate::moe::{ExpertAct, Mlp, Moe};
+use crate::moe::{Mlp, Moe};
 use crate::plan::TpSlice;
 use crate::slice;
 use crate::{LoadOptions, ModelError};
@@ -28,6 +28,10 @@ pub struct DecoderLayer {
     pub attn: Attention,
     pub mlp_norm: Vec<f32>,
     pub ffn: FeedForward,
+    /// Sandwich norms ([`crate::arch::NormPlacement::Sandwich`]): on the
+    /// attention output and on the MLP output, before each residual add.
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// The attention block of a layer.
@@ -46,8 +50,12 @@ pub struct Gqa {
     pub k: Linear,
     pub v: Linear,
     pub o: Linear,
+    /// Per head (`[head_dim]`), or this rank's part of a whole-projection
+    /// norm (`[local heads · head_dim]`, [`Gqa::qk_norm_whole`]).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// The q/k norms span every head of the projection (MiniMax-M2).
+    pub qk_norm_whole: bool,
     /// This layer's sliding window ([`ArchSpec::attention`]).
     pub window: Option<usize>,
     /// Attention sinks of this rank's query heads (gpt-oss).
@@ -102,6 +110,21 @@ pub(crate) fn quantized(w: WeightTensor, opts: &LoadOptions) -> Result<WeightTen
 
 fn vector(store: &TensorStore, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     Ok(store.get_shaped(name, &[len])?.to_f32())
+}
+
+/// An RMSNorm weight as the forward pass multiplies by it: `1 + w` when the
+/// architecture stores `w − 1` ([`crate::arch::NormSpec::plus_one`]).
+pub(crate) fn norm_weight(
+    store: &TensorStore,
+    name: &str,
+    len: usize,
+    spec: &ArchSpec,
+) -> Result<Vec<f32>, ModelError> {
+    let mut w = vector(store, name, len)?;
+    if spec.norm.plus_one {
+        w.iter_mut().for_each(|v| *v += 1.0);
+    }
+    Ok(w)
 }
 
 /// Loads the projections of one layer (`model.layers.N.` + name), sliced for a
@@ -255,20 +278,22 @@ impl DecoderLayer {
             None => (0..hq, 0..hkv, 0..ffn),
         };
         let p = &ld.prefix;
-        let (q_norm, k_norm) = if spec.qk_norm {
-            (
-                Some(vector(store, &format!("{p}self_attn.q_norm.weight"), hd)?),
-                Some(vector(store, &format!("{p}self_attn.k_norm.weight"), hd)?),
-            )
-        } else {
-            (None, None)
+        let norm = |name: &str, len: usize| norm_weight(store, &format!("{p}{name}"), len, spec);
+        let (q_norm, k_norm) = match (spec.qk_norm, spec.qk_norm_whole) {
+            (false, _) => (None, None),
+            (true, false) => (Some(norm("self_attn.q_norm.weight", hd)?), Some(norm("self_attn.k_norm.weight", hd)?)),
+            // Whole-projection norms: this rank's heads' part of the weight.
+            (true, true) => (
+                Some(norm("self_attn.q_norm.weight", hq)?[q_rows.clone()].to_vec()),
+                Some(norm("self_attn.k_norm.weight", hkv)?[kv_rows.clone()].to_vec()),
+            ),
         };
         let ffn = match spec.ffn(layer) {
             FfnKind::Dense => FeedForward::Dense(Box::new(Mlp {
                 gate: ld.col_par("mlp.gate_proj", ffn, &ffn_cols, false)?,
                 up: ld.col_par("mlp.up_proj", ffn, &ffn_cols, false)?,
                 down: ld.row_par("mlp.down_proj", ffn, &ffn_cols)?,
-                act: ExpertAct::Silu,
+                act: spec.mlp_act,
             })),
             FfnKind::Moe(_) if tp.is_some_and(|t| t.exact) => {
                 return Err(ModelError::Unsupported(format!(
@@ -298,6 +323,7 @@ impl DecoderLayer {
                     o,
                     q_norm,
                     k_norm,
+                    qk_norm_whole: spec.qk_norm_whole,
                     window: extras.window,
                     sinks,
                 }))
@@ -312,11 +338,22 @@ impl DecoderLayer {
                 Attention::Mla(Box::new(Mla::load(&ld, m, cfg.n_heads, heads, cfg.rms_norm_eps, opts.mla)?))
             }
         };
+        let sandwich = spec.norm.placement == NormPlacement::Sandwich;
+        let (mlp_norm, post_attn_norm, post_ffn_norm) = match sandwich {
+            false => (norm("post_attention_layernorm.weight", h)?, None, None),
+            true => (
+                norm("pre_feedforward_layernorm.weight", h)?,
+                Some(norm("post_attention_layernorm.weight", h)?),
+                Some(norm("post_feedforward_layernorm.weight", h)?),
+            ),
+        };
         Ok(DecoderLayer {
-            attn_norm: vector(store, &format!("{p}input_layernorm.weight"), h)?,
+            attn_norm: norm("input_layernorm.weight", h)?,
             attn,
-            mlp_norm: vector(store, &format!("{p}post_attention_layernorm.weight"), h)?,
+            mlp_norm,
             ffn,
+            post_attn_norm,
+            post_ffn_norm,
         })
     }
 

@@ -5,6 +5,7 @@ use crate::decoder::{Attention, DecoderLayer, FeedForward, Gqa};
 use crate::kv_cache::{KvLayers, KvPool, KvType, SeqKv};
 use crate::linear::Linear;
 use crate::mla::{MlaMode, RopeRows};
+use crate::moe::Mlp;
 use crate::registry::Arch;
 use crate::rope::Rope;
 use crate::shard::{AllReduce, ShardSpec};
@@ -107,6 +108,8 @@ pub struct Model {
     final_norm: Option<Vec<f32>>,
     lm_head: Option<Linear>,
     rope: Rope,
+    /// The windowed layers' rope when it differs ([`ArchSpec::local_rope`]).
+    rope_local: Option<Rope>,
     local: LocalDims,
     /// Element type of the caches [`Model::new_cache`] makes.
     pub kv_type: KvType,
@@ -172,7 +175,7 @@ impl Model {
             opts.progress.report(layers.len(), steps);
         }
         let (final_norm, lm_head) = if shard.has_head {
-            let norm = store.get_shaped("model.norm.weight", &[h])?.to_f32();
+            let norm = crate::decoder::norm_weight(store, "model.norm.weight", h, &spec)?;
             let w = if cfg.tie_word_embeddings && !store.contains("lm_head.weight") {
                 // Tied: the head's (packed) copy also serves the embedding lookups,
                 // so the table is held once.
@@ -194,6 +197,10 @@ impl Model {
         if let Ok(f) = store.get("rope_freqs.weight") {
             rope.apply_freq_divisors(&f.to_f32()).map_err(ModelError::Config)?;
         }
+        let rope_local = spec
+            .local_rope
+            .as_ref()
+            .map(|l| Rope::new(l.theta, cfg.rope_dim, &l.scaling, cfg.max_position_embeddings, style));
         // Float checkpoints compute in f32 end to end: keep their cache f32 too,
         // unless told otherwise; quantized ones use f16 as llama.cpp does.
         let float_weights = opts.quantize.is_none() && layers.iter().all(|l| !l.attn.is_quantized());
@@ -213,6 +220,7 @@ impl Model {
             final_norm,
             lm_head,
             rope,
+            rope_local,
             local,
             kv_type,
         })
@@ -316,8 +324,9 @@ impl Model {
                 let row = table.row(id as usize - owned.start, &mut packed_row);
                 debug_assert_eq!(row.len(), row_bytes);
                 kernels::quant::dequantize_row(embed.dtype, row, out);
-                if embed.out_scale != 1.0 {
-                    out.iter_mut().for_each(|v| *v *= embed.out_scale);
+                let scale = embed.out_scale * self.spec.embed_scale;
+                if scale != 1.0 {
+                    out.iter_mut().for_each(|v| *v *= scale);
                 }
             } else {
                 out.fill(0.0);
@@ -381,6 +390,18 @@ impl Model {
                 t += 1;
             }
         }
+        if let Some(rope) = &self.rope_local {
+            grow(&mut ws.cos_local, t_total * half);
+            grow(&mut ws.sin_local, t_total * half);
+            let mut t = 0;
+            for s in seqs.iter() {
+                for i in 0..s.tokens.len() {
+                    let at = t * half..(t + 1) * half;
+                    rope.cos_sin(s.cache.start() + i, &mut ws.cos_local[at.clone()], &mut ws.sin_local[at]);
+                    t += 1;
+                }
+            }
+        }
         let eps = cfg.rms_norm_eps;
         let n = t_total;
         for (li, layer) in self.layers.iter().enumerate() {
@@ -406,11 +427,18 @@ impl Model {
                 &mut ws.scratch,
             );
             if let (Some(qn), Some(kn)) = (&gqa.q_norm, &gqa.k_norm) {
-                ops::rms_norm_inplace(&mut ws.q[..n * hq], qn, eps, hd);
-                ops::rms_norm_inplace(&mut ws.k[..n * hkv], kn, eps, hd);
+                match gqa.qk_norm_whole {
+                    false => {
+                        ops::rms_norm_inplace(&mut ws.q[..n * hq], qn, eps, hd);
+                        ops::rms_norm_inplace(&mut ws.k[..n * hkv], kn, eps, hd);
+                    }
+                    true => self.whole_qk_norm(ws, gqa, n, comm)?,
+                }
             }
+            let local_rope = gqa.window.is_some() && self.rope_local.is_some();
+            let (cos, sin) = if local_rope { (&ws.cos_local, &ws.sin_local) } else { (&ws.cos, &ws.sin) };
             for t in 0..n {
-                let (c, sn) = (&ws.cos[t * half..(t + 1) * half], &ws.sin[t * half..(t + 1) * half]);
+                let (c, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
                 ops::rope(&mut ws.q[t * hq..(t + 1) * hq], hd, c, sn, self.rope.style);
                 ops::rope(&mut ws.k[t * hkv..(t + 1) * hkv], hd, c, sn, self.rope.style);
             }
@@ -475,32 +503,40 @@ impl Model {
         comm: &dyn AllReduce,
     ) -> Result<(), ModelError> {
         let (h, eps) = (self.config.hidden_size, self.config.rms_norm_eps);
+        if let Some(w) = &layer.post_attn_norm {
+            ops::rms_norm_inplace(&mut ws.o[..n * h], w, eps, h);
+        }
         ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
         ops::rms_norm(&ws.x[..n * h], &layer.mlp_norm, eps, h, &mut ws.xn[..n * h]);
         match &layer.ffn {
-            FeedForward::Dense(mlp) => self.dense_mlp(pool, ws, [&mlp.gate, &mlp.up, &mlp.down], n, comm)?,
+            FeedForward::Dense(mlp) => self.dense_mlp(pool, ws, mlp, n, comm)?,
             FeedForward::Moe(moe) => {
                 moe.forward(pool, &ws.xn[..n * h], n, &mut ws.o[..n * h], &mut ws.moe);
                 comm.all_reduce_sum(&mut ws.o[..n * h])?;
             }
         }
+        if let Some(w) = &layer.post_ffn_norm {
+            ops::rms_norm_inplace(&mut ws.o[..n * h], w, eps, h);
+        }
         ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
         Ok(())
     }
 
-    /// The dense SwiGLU MLP over the normalized rows `ws.xn` (`n × hidden`) into
-    /// `ws.o`, all-reduced (or, exact mode, gathered) across the tensor group.
+    /// The dense gated MLP (SwiGLU, or the architecture's activation) over the
+    /// normalized rows `ws.xn` (`n × hidden`) into `ws.o`, all-reduced (or,
+    /// exact mode, gathered) across the tensor group.
     fn dense_mlp(
         &self,
         pool: &ThreadPool,
         ws: &mut Workspace,
-        [gate, up, down]: [&Linear; 3],
+        mlp: &Mlp,
         n: usize,
         comm: &dyn AllReduce,
     ) -> Result<(), ModelError> {
         let (cfg, ffn, h) = (&self.config, self.local.ffn, self.config.hidden_size);
+        let (gate, up, down) = (&mlp.gate, &mlp.up, &mlp.down);
         Linear::forward_many(pool, &[gate, up], &ws.xn, n, &mut [&mut ws.gate, &mut ws.up], &mut ws.scratch);
-        ops::silu_mul(&mut ws.gate[..n * ffn], &ws.up[..n * ffn]);
+        mlp.act.apply(&mut ws.gate[..n * ffn], &ws.up[..n * ffn]);
         match self.shard.tp.as_ref().filter(|t| t.exact) {
             Some(tp) => {
                 grow(&mut ws.full_in, n * cfg.intermediate_size);
@@ -563,10 +599,60 @@ impl Model {
             n_kv_heads: self.local.n_kv_heads,
             head_dim: hd,
             window: layer.window,
-            scale: 1.0 / (hd as f32).sqrt(),
+            scale: self.spec.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt()),
             sinks: layer.sinks.as_deref(),
         };
         attention_paged(pool, q, &view, &shape, &mut out[..len * self.local.n_heads * hd]);
+    }
+
+    /// The whole-projection q/k RMSNorm ([`ArchSpec::qk_norm_whole`]) of the
+    /// `n` rows in `ws.q` / `ws.k`: each row's mean square spans every head
+    /// of the model, so under tensor parallelism each rank sums the squares of
+    /// its heads and an all-reduce completes them. A KV head replicated on `c`
+    /// ranks (more ranks than KV heads) adds `1/c` of its sum on each, so the
+    /// total counts it once: per-head sums and holder counts travel together.
+    fn whole_qk_norm(&self, ws: &mut Workspace, gqa: &Gqa, n: usize, comm: &dyn AllReduce) -> Result<(), ModelError> {
+        let cfg = &self.config;
+        let (hd, eps) = (cfg.head_dim, cfg.rms_norm_eps);
+        let (nq, nkv) = (cfg.n_heads, cfg.n_kv_heads);
+        let (qh, kvh) = match &self.shard.tp {
+            Some(tp) => (tp.q_heads.clone(), tp.kv_heads.clone()),
+            None => (0..nq, 0..nkv),
+        };
+        // Per row: nq + nkv per-head sums of squares, then nq + nkv holder counts.
+        let width = 2 * (nq + nkv);
+        let mut sums = vec![0f32; n * width];
+        for t in 0..n {
+            let row = &mut sums[t * width..(t + 1) * width];
+            for (i, head) in qh.clone().enumerate() {
+                let x = &ws.q[(t * qh.len() + i) * hd..][..hd];
+                row[head] = x.iter().map(|v| v * v).sum();
+                row[nq + nkv + head] = 1.0;
+            }
+            for (i, head) in kvh.clone().enumerate() {
+                let x = &ws.k[(t * kvh.len() + i) * hd..][..hd];
+                row[nq + head] = x.iter().map(|v| v * v).sum();
+                row[2 * nq + nkv + head] = 1.0;
+            }
+        }
+        comm.all_reduce_sum(&mut sums)?;
+        let (qn, kn) = (gqa.q_norm.as_deref().expect("checked"), gqa.k_norm.as_deref().expect("checked"));
+        for t in 0..n {
+            let row = &sums[t * width..(t + 1) * width];
+            let total = |r: std::ops::Range<usize>, c: usize| -> f32 {
+                r.map(|i| if row[c + i] > 0.0 { row[i] / row[c + i] } else { 0.0 }).sum()
+            };
+            let q_inv = 1.0 / (total(0..nq, nq + nkv) / (nq * hd) as f32 + eps).sqrt();
+            let k_inv = 1.0 / (total(nq..nq + nkv, nq + nkv) / (nkv * hd) as f32 + eps).sqrt();
+            let (lq, lk) = (qh.len() * hd, kvh.len() * hd);
+            for (v, w) in ws.q[t * lq..(t + 1) * lq].iter_mut().zip(qn) {
+                *v *= q_inv * w;
+            }
+            for (v, w) in ws.k[t * lk..(t + 1) * lk].iter_mut().zip(kn) {
+                *v *= k_inv * w;
+            }
+        }
+        Ok(())
     }
 
     /// Final norm and lm_head for the rows each sequence asked for.

@@ -66,6 +66,8 @@ pub enum ExpertAct {
     Silu,
     /// gpt-oss: `(clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)`, `g = min(gate, limit)`.
     ClampedSwiglu { alpha: f32, limit: f32 },
+    /// GeGLU, `gelu_tanh(gate) · up` (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
 }
 
 impl ExpertAct {
@@ -74,6 +76,7 @@ impl ExpertAct {
         match self {
             ExpertAct::Silu => ops::silu_mul(gate, up),
             ExpertAct::ClampedSwiglu { alpha, limit } => ops::swiglu_clamped(gate, up, alpha, limit),
+            ExpertAct::GeluTanh => ops::gelu_tanh_mul(gate, up),
         }
     }
 }
@@ -94,6 +97,10 @@ pub struct MoeNames {
     /// and its sigmoid gate, if it has one (qwen2_moe's `shared_expert_gate`).
     pub shared: &'static str,
     pub shared_gate: Option<&'static str>,
+    /// Sigmoid routing's `e_score_correction_bias` (`[n_experts]`) under the
+    /// block: the router's (`gate.…`, DeepSeek, GLM) or the block's own
+    /// (MiniMax-M2).
+    pub score_bias: &'static str,
 }
 
 /// The qwen*_moe names, also every GGUF's as formats maps llama.cpp's (the
@@ -106,6 +113,7 @@ pub const QWEN_NAMES: MoeNames = MoeNames {
     down: "down_proj",
     shared: "shared_expert",
     shared_gate: Some("shared_expert_gate"),
+    score_bias: "gate.e_score_correction_bias",
 };
 
 /// A config integer, or a one-line error naming the key.
@@ -318,9 +326,7 @@ impl Moe {
             None => (None, None),
         };
         let score_bias = match spec.routing {
-            Routing::SigmoidGrouped { .. } => {
-                Some(ld.vector(&format!("{b}.{}.e_score_correction_bias", n.router), spec.n_experts)?)
-            }
+            Routing::SigmoidGrouped { .. } => Some(ld.vector(&format!("{b}.{}", n.score_bias), spec.n_experts)?),
             Routing::Softmax => None,
         };
         Ok(Moe {

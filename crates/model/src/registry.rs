@@ -8,8 +8,11 @@ use formats::ModelConfig;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     DeepseekV3,
+    Gemma3,
+    Glm4Moe,
     GptOss,
     Llama,
+    MinimaxM2,
     Mistral,
     Mixtral,
     Qwen2,
@@ -23,6 +26,9 @@ impl Arch {
     pub fn from_name(name: &str) -> Option<Arch> {
         Some(match name {
             "deepseek_v3" => Arch::DeepseekV3,
+            "gemma3_text" | "gemma3" => Arch::Gemma3,
+            "glm4_moe" => Arch::Glm4Moe,
+            "minimax_m2" => Arch::MinimaxM2,
             "gpt_oss" => Arch::GptOss,
             "llama" => Arch::Llama,
             "mistral" => Arch::Mistral,
@@ -40,6 +46,9 @@ impl Arch {
     pub fn spec(self, cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         Ok(match self {
             Arch::DeepseekV3 => arch::deepseek_v3::spec(cfg)?,
+            Arch::Gemma3 => arch::gemma3::spec(cfg)?,
+            Arch::Glm4Moe => arch::glm4_moe::spec(cfg)?,
+            Arch::MinimaxM2 => arch::minimax_m2::spec(cfg)?,
             Arch::GptOss => arch::gpt_oss::spec(cfg)?,
             Arch::Llama => arch::llama::spec(cfg),
             Arch::Mistral => arch::mistral::spec(cfg),
@@ -52,6 +61,19 @@ impl Arch {
     }
 
     pub fn supported() -> &'static [&'static str] {
-        &["deepseek_v3", "gpt_oss", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"]
+        &[
+            "deepseek_v3",
+            "gemma3_text",
+            "glm4_moe",
+            "gpt_oss",
+            "llama",
+            "minimax_m2",
+            "mistral",
+            "mixtral",
+            "qwen2",
+            "qwen2_moe",
+            "qwen3",
+            "qwen3_moe",
+        ]
     }
 }

@@ -17,6 +17,9 @@ pub struct Workspace {
     pub(crate) up: Vec<f32>,
     pub(crate) cos: Vec<f32>,
     pub(crate) sin: Vec<f32>,
+    /// The windowed layers' rope table when it differs ([`crate::arch::LocalRope`]).
+    pub(crate) cos_local: Vec<f32>,
+    pub(crate) sin_local: Vec<f32>,
     pub(crate) head_in: Vec<f32>,
     pub(crate) logits: Vec<f32>,
     pub(crate) local_logits: Vec<f32>,

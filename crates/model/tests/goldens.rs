@@ -79,7 +79,12 @@ fn check_kv(name: &str, path: &std::path::Path, threads: usize, kv_type: Option<
     // logits by 1.9e-3..2.4e-3 (with an f32 cache they are ≤ 5e-6). The attention
     // kernel itself matches an f64 reference over the same f16 cache to 2e-5
     // (kernels/tests/attention.rs).
-    let bound = if m.kv_type == KvType::F32 { 1e-3 } else { 3e-3 };
+    // Gemma 3 (logits twice as spread, √hidden-scaled embeddings, post-norms
+    // that rescale each block's output to unit RMS whatever its size, and an
+    // 8-position window averaging few values) carries the f16 rounding
+    // further: 1.35e-2 measured, greedy still identical.
+    let f16_bound = if name == "gemma3" { 2e-2 } else { 3e-3 };
+    let bound = if m.kv_type == KvType::F32 { 1e-3 } else { f16_bound };
     assert!(max_diff <= bound, "{name} ({:?} cache): max |Δ logits| = {max_diff}", m.kv_type);
     let mut next = argmax(&all[all.len() - vocab..]);
     let mut greedy = vec![next];
@@ -142,6 +147,28 @@ fn deepseek_v3_matches_transformers() {
 #[test]
 fn qwen3_moe_matches_transformers() {
     check("qwen3_moe", 2);
+}
+
+/// Gemma 3: sandwich (1 + w) norms, GeGLU, scaled embeddings,
+/// `query_pre_attn_scalar`, sliding layers (window 8 < the 36 positions)
+/// with their own rope base, a tied head.
+#[test]
+fn gemma3_matches_transformers() {
+    check("gemma3", 2);
+}
+
+/// GLM-4.5: partial rotary, q/k/v biases, q/k norms, grouped sigmoid routing
+/// with routed scaling, a shared expert, a first dense layer.
+#[test]
+fn glm4_moe_matches_transformers() {
+    check("glm4_moe", 2);
+}
+
+/// MiniMax-M2: whole-projection q/k norms, partial rotary, sigmoid routing
+/// with the block's correction bias.
+#[test]
+fn minimax_m2_matches_transformers() {
+    check("minimax_m2", 1);
 }
 
 /// The MoE fixtures written as llama.cpp's converter would (stacked

@@ -24,7 +24,7 @@ fn load(dir: &Path) -> Result<Model, ModelError> {
 /// over many rows); decode runs each token alone. Both give the same logits.
 #[test]
 fn grouped_prefill_equals_one_token_steps() {
-    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss"] {
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "glm4_moe", "minimax_m2"] {
         let m = load(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let pool = kernels::ThreadPool::new(2);

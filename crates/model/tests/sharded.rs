@@ -142,7 +142,20 @@ fn assert_same_argmax(name: &str, got: &[f32], want: &[f32], vocab: usize) {
 
 #[test]
 fn pipeline_is_bit_identical() {
-    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3"] {
+    for name in [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "mistral",
+        "mixtral",
+        "qwen2_moe",
+        "qwen3_moe",
+        "gpt_oss",
+        "deepseek_v3",
+        "gemma3",
+        "glm4_moe",
+        "minimax_m2",
+    ] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let want = single(&files, &tokens);
@@ -157,7 +170,7 @@ fn pipeline_is_bit_identical() {
 
 #[test]
 fn tensor_parallel_matches_single() {
-    for name in ["llama", "qwen2", "qwen3", "mistral"] {
+    for name in ["llama", "qwen2", "qwen3", "mistral", "gemma3"] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let want = single(&files, &tokens);
@@ -176,10 +189,12 @@ fn tensor_parallel_matches_single() {
 /// ranks than its 2 KV heads: each rank holds one KV head (replicated) and 2
 /// of its query heads, with their sinks; row-parallel biases (o, down) are
 /// added on rank 0 only. deepseek_v3: latent attention heads split, the
-/// latent replicated; grouped sigmoid routing.
+/// latent replicated; grouped sigmoid routing. minimax_m2: the
+/// whole-projection q/k norm's sum of squares all-reduced (over 4 ranks, 2 KV
+/// heads replicated: each counted once).
 #[test]
 fn tensor_parallel_moe_matches_single() {
-    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3"] {
+    for name in ["mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3", "glm4_moe", "minimax_m2"] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let tokens = prompt(name);
         let want = single(&files, &tokens);

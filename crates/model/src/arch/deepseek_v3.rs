@@ -27,6 +27,22 @@ pub const DEEPSEEK_NAMES: MoeNames = MoeNames { shared: "shared_experts", shared
 
 pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
     let c = text_config(cfg);
+    let moe = sigmoid_moe(cfg)?;
+    let interleave = c.get("rope_interleave").and_then(Value::as_bool).unwrap_or(true);
+    Ok(ArchSpec {
+        rope_style: if interleave { RopeStyle::Interleaved } else { RopeStyle::Neox },
+        moe: Some(moe),
+        mla: Some(MlaSpec::from_config(cfg)?),
+        ..ArchSpec::default()
+    })
+}
+
+/// DeepSeek V3's mixture of experts, also GLM-4.5's: sigmoid routing in
+/// groups with a correction bias and `routed_scaling_factor`, shared experts
+/// fused into one MLP of `n_shared_experts · moe_intermediate_size`, dense
+/// layers before `first_k_dense_replace` (and off `moe_layer_freq`).
+pub fn sigmoid_moe(cfg: &ModelConfig) -> Result<MoeSpec, ModelError> {
+    let c = text_config(cfg);
     let arch = &cfg.arch;
     let text = |k: &str| c.get(k).and_then(Value::as_str);
     let gguf = cfg.source == SourceFormat::Gguf;
@@ -60,14 +76,5 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
             scale,
         },
     };
-    let interleave = c.get("rope_interleave").and_then(Value::as_bool).unwrap_or(true);
-    Ok(ArchSpec {
-        qkv_bias: false,
-        qk_norm: false,
-        rope_style: if interleave { RopeStyle::Interleaved } else { RopeStyle::Neox },
-        sliding_window: None,
-        moe: Some(validate(moe, arch)?),
-        mla: Some(MlaSpec::from_config(cfg)?),
-        extras: None,
-    })
+    validate(moe, arch)
 }

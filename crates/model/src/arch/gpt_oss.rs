@@ -12,7 +12,6 @@ use super::{ArchSpec, AttnExtras};
 use crate::moe::{config_usize, text_config, validate, ExpertAct, MoeNames, MoeSpec, Routing, QWEN_NAMES};
 use crate::ModelError;
 use formats::{ModelConfig, SourceFormat};
-use kernels::ops::RopeStyle;
 use serde_json::Value;
 
 pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
@@ -65,11 +64,9 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
     };
     Ok(ArchSpec {
         qkv_bias: true,
-        qk_norm: false,
-        rope_style: RopeStyle::Neox,
         sliding_window: cfg.sliding_window,
         moe: Some(validate(moe, &cfg.arch)?),
-        mla: None,
         extras: Some(AttnExtras { windowed, sinks: true, o_bias: true }),
+        ..ArchSpec::default()
     })
 }

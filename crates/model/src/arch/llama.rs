@@ -8,13 +8,9 @@ use kernels::ops::RopeStyle;
 pub fn spec(cfg: &ModelConfig) -> ArchSpec {
     ArchSpec {
         qkv_bias: cfg.attention_bias,
-        qk_norm: false,
         // llama.cpp's converter permutes llama q/k rows so adjacent pairs rotate
         // together; HF checkpoints rotate halves.
         rope_style: if cfg.source == SourceFormat::Gguf { RopeStyle::Interleaved } else { RopeStyle::Neox },
-        sliding_window: None,
-        moe: None,
-        extras: None,
-        mla: None,
+        ..ArchSpec::default()
     }
 }

@@ -6,8 +6,11 @@
 //! [`crate::registry`].
 
 pub mod deepseek_v3;
+pub mod gemma3;
+pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod llama;
+pub mod minimax_m2;
 pub mod mistral;
 pub mod mixtral;
 pub mod qwen2;
@@ -16,10 +19,14 @@ pub mod qwen3;
 pub mod qwen3_moe;
 
 use crate::mla::MlaSpec;
-use crate::moe::MoeSpec;
+use crate::moe::{ExpertAct, MoeSpec};
 use kernels::ops::RopeStyle;
 
-/// The knobs that distinguish the decoder architectures.
+/// The knobs that distinguish the decoder architectures. [`Default`] is the
+/// llama layer (no biases, no q/k norm, rotate-half rope, pre-norms with plain
+/// RMSNorm weights, SwiGLU, unscaled embeddings, `1/√head_dim` attention): an
+/// architecture file names only what differs (`..ArchSpec::default()`), so a
+/// new knob edits no other file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ArchSpec {
     /// q/k/v projections carry biases.
@@ -34,8 +41,75 @@ pub struct ArchSpec {
     pub moe: Option<MoeSpec>,
     /// Multi-head latent attention in every layer (DeepSeek); `None`: GQA.
     pub mla: Option<MlaSpec>,
-    /// Attention details beyond GQA with one global window (gpt-oss).
+    /// Attention details beyond GQA with one global window (gpt-oss, Gemma 3).
     pub extras: Option<AttnExtras>,
+    /// Where the layer's RMSNorms sit, and how their weights apply.
+    pub norm: NormSpec,
+    /// The dense MLP's activation (`act(gate) · up`).
+    pub mlp_act: ExpertAct,
+    /// The embedding rows are multiplied by this (Gemma: `√hidden`).
+    pub embed_scale: f32,
+    /// Attention logits scale; `None`: `1/√head_dim` (Gemma:
+    /// `query_pre_attn_scalar^-½`).
+    pub attn_scale: Option<f32>,
+    /// The rope of the windowed layers when it differs from the global one
+    /// (Gemma 3: base 10 000 on sliding layers, 1 000 000 on full ones).
+    pub local_rope: Option<LocalRope>,
+    /// The q/k RMSNorm spans the whole projection (all heads together, weight
+    /// `[heads · head_dim]`) rather than each head (MiniMax-M2). Needs
+    /// [`ArchSpec::qk_norm`]. Under tensor parallelism its sum of squares is
+    /// all-reduced across the group, so it stays exact.
+    pub qk_norm_whole: bool,
+}
+
+impl Default for ArchSpec {
+    fn default() -> ArchSpec {
+        ArchSpec {
+            qkv_bias: false,
+            qk_norm: false,
+            rope_style: RopeStyle::Neox,
+            sliding_window: None,
+            moe: None,
+            mla: None,
+            extras: None,
+            norm: NormSpec::default(),
+            mlp_act: ExpertAct::Silu,
+            embed_scale: 1.0,
+            attn_scale: None,
+            local_rope: None,
+            qk_norm_whole: false,
+        }
+    }
+}
+
+/// The RMSNorms of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct NormSpec {
+    /// Stored weights are `w − 1`: every norm (layer, q/k and final) scales by
+    /// `1 + w` (Gemma's HF checkpoints; llama.cpp's converter already added
+    /// the one, so a GGUF leaves this false). Applied once, at load.
+    pub plus_one: bool,
+    pub placement: NormPlacement,
+}
+
+/// Where a layer normalizes.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum NormPlacement {
+    /// `x + attn(norm(x))`, then `x + mlp(norm(x))` with `input_layernorm`
+    /// and `post_attention_layernorm` (llama and most others).
+    #[default]
+    Pre,
+    /// Gemma 2/3: `x + norm(attn(norm(x)))`, then `x + norm(mlp(norm(x)))`:
+    /// `input_layernorm`, `post_attention_layernorm` (on the attention
+    /// output), `pre_feedforward_layernorm`, `post_feedforward_layernorm`.
+    Sandwich,
+}
+
+/// A rope with its own base and scaling (per layer type).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalRope {
+    pub theta: f32,
+    pub scaling: formats::RopeScaling,
 }
 
 /// gpt-oss's attention additions: a window on some layers only, per-head

@@ -3,16 +3,7 @@
 
 use super::ArchSpec;
 use formats::ModelConfig;
-use kernels::ops::RopeStyle;
 
 pub fn spec(cfg: &ModelConfig) -> ArchSpec {
-    ArchSpec {
-        qkv_bias: cfg.attention_bias,
-        qk_norm: true,
-        rope_style: RopeStyle::Neox,
-        sliding_window: cfg.sliding_window,
-        moe: None,
-        extras: None,
-        mla: None,
-    }
+    ArchSpec { qkv_bias: cfg.attention_bias, qk_norm: true, sliding_window: cfg.sliding_window, ..ArchSpec::default() }
 }
