@@ -111,6 +111,17 @@ enum Frame {
         state: Arr,
         count: usize,
     },
+    /// A `Node::Seq` whose items before `next` are written.
+    Seq {
+        node: NodeId,
+        next: usize,
+    },
+    /// A `Node::Raw` value: `chars` written, `matched` bytes of its terminator seen.
+    Raw {
+        node: NodeId,
+        chars: usize,
+        matched: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -284,6 +295,22 @@ impl JsonGuide {
                     out.push(b'0');
                 }
             }
+            Frame::Seq { node, next } => {
+                if let Some(Node::Seq(items)) = sch.nodes.get(*node) {
+                    out.extend(sch.seq_min_text(items, *next, 0));
+                }
+            }
+            Frame::Raw { node, chars, matched } => {
+                if let Some(Node::Raw { min, term, .. }) = sch.nodes.get(*node) {
+                    if *chars < *min {
+                        // `x` is in no terminator: it breaks a partial match.
+                        out.extend(std::iter::repeat_n(b'x', min - chars));
+                        out.extend_from_slice(term);
+                    } else {
+                        out.extend_from_slice(&term[*matched..]);
+                    }
+                }
+            }
             Frame::Obj { node, state, seen, current } => {
                 let Node::Object { props, required, additional } = &sch.nodes[*node] else { return };
                 let missing = required & !seen;
@@ -379,12 +406,12 @@ impl JsonGuide {
             }
             return;
         };
-        if !is_ws(b) || matches!(top, Frame::Lit { .. } | Frame::Str { opened: true, .. }) {
+        if !is_ws(b) || matches!(top, Frame::Lit { .. } | Frame::Str { opened: true, .. } | Frame::Raw { .. }) {
             st.ws = 0;
         }
         match top {
             Frame::Value(node) => {
-                if is_ws(b) {
+                if is_ws(b) && sch.skips_ws(*node, 0) {
                     if ws_ok(&mut st) {
                         out.push(st);
                     }
@@ -397,6 +424,52 @@ impl JsonGuide {
                     s.frames.push(f);
                     self.step(s, b, out);
                 }
+            }
+            Frame::Seq { node, next } => {
+                let Some(Node::Seq(items)) = sch.nodes.get(*node) else { return };
+                if *next >= items.len() {
+                    st.frames.pop();
+                    self.child_done(&mut st, None);
+                    self.step(st, b, out);
+                    return;
+                }
+                let (item, optional) = items[*next];
+                *next += 1;
+                if optional {
+                    self.step(st.clone(), b, out);
+                }
+                st.frames.push(Frame::Value(item));
+                self.step(st, b, out);
+            }
+            Frame::Raw { node, chars, matched } => {
+                let Some(Node::Raw { min, max, term }) = sch.nodes.get(*node) else { return };
+                if b == term[*matched] {
+                    *matched += 1;
+                    if *matched == term.len() {
+                        if *chars < *min {
+                            return;
+                        }
+                        st.frames.pop();
+                        self.child_done(&mut st, None);
+                    }
+                    out.push(st);
+                    return;
+                }
+                if b < 0x20 && b != b'\n' && b != b'\t' {
+                    return;
+                }
+                // The bytes that looked like the terminator were text after all
+                // (terminators repeat no byte of their start, so no other match is lost).
+                let mut add = *matched;
+                *matched = usize::from(b == term[0]);
+                if *matched == 0 && b & 0xC0 != 0x80 {
+                    add += 1;
+                }
+                *chars += add;
+                if max.is_some_and(|m| *chars > m) {
+                    return;
+                }
+                out.push(st);
             }
             Frame::Lit { text, pos, key } => {
                 if text.get(*pos) != Some(&b) {
@@ -615,6 +688,9 @@ impl JsonGuide {
                     self.expand_into(a, out, depth + 1);
                 }
             }
+            Node::Markup(alts) => out.extend(alts.iter().map(|t| Frame::Lit { text: t.clone(), pos: 0, key: None })),
+            Node::Seq(_) => out.push(Frame::Seq { node, next: 0 }),
+            Node::Raw { .. } => out.push(Frame::Raw { node, chars: 0, matched: 0 }),
         }
     }
 
@@ -636,6 +712,13 @@ impl JsonGuide {
             Some(Frame::Arr { state, count, .. }) if *state == Arr::InValue => {
                 *state = Arr::AfterValue;
                 *count += 1;
+            }
+            // A sequence whose last item is written is done too.
+            Some(Frame::Seq { node, next }) => {
+                if matches!(self.schema.nodes.get(*node), Some(Node::Seq(items)) if *next >= items.len()) {
+                    st.frames.pop();
+                    self.child_done(st, None);
+                }
             }
             _ => {}
         }
