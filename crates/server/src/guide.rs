@@ -27,6 +27,8 @@ const WS_CAP: u8 = 4;
 const TOP_CANDIDATES: usize = 64;
 /// Alternative parses kept at once.
 const MAX_STACKS: usize = 64;
+/// Tokens before the forced close from which candidates are checked to fit the budget.
+const LOOKAHEAD: usize = 48;
 /// Longest number literal (digits loops).
 const MAX_NUMBER: u8 = 24;
 
@@ -214,6 +216,17 @@ impl JsonGuide {
             order.sort_unstable_by(by_logit);
             valid = order.iter().copied().filter(|&id| self.token_ok(id)).take(16).collect();
         }
+        // Near the end of the budget, no token may open more than the rest can close
+        // (each byte is some token, so a completion of n bytes fits in n tokens).
+        if remaining <= closing.len() + LOOKAHEAD {
+            let fitting: Vec<u32> = valid.iter().copied().filter(|&id| self.fits(id, remaining)).collect();
+            let closer = || self.longest_token_prefix(&closing).filter(|&id| self.token_ok(id));
+            match (fitting.is_empty(), closer()) {
+                (false, _) => valid = fitting,
+                (true, Some(id)) => valid = vec![id],
+                (true, None) => {}
+            }
+        }
         if valid.is_empty() {
             if let Some(id) = self.longest_token_prefix(&closing).filter(|&id| self.token_ok(id)) {
                 valid.push(id);
@@ -222,6 +235,13 @@ impl JsonGuide {
         if !valid.is_empty() {
             keep_only(logits, &valid);
         }
+    }
+
+    /// Whether after token `id` the value can still close in `remaining - 1` tokens.
+    fn fits(&self, id: u32, remaining: usize) -> bool {
+        let Some(bytes) = self.vocab.bytes.get(id as usize) else { return false };
+        let next = self.feed(&self.stacks, bytes);
+        next.iter().any(|s| self.stack_complete(s) || self.complete_stack(s).len() < remaining)
     }
 
     fn token_ok(&self, id: u32) -> bool {
@@ -313,7 +333,12 @@ impl JsonGuide {
             }
             Frame::Obj { node, state, seen, current } => {
                 let Node::Object { props, required, additional } = &sch.nodes[*node] else { return };
-                let missing = required & !seen;
+                // The key being written (InKey) is not in `seen` yet, but its value is counted below.
+                let writing = match (state, child_key) {
+                    (Obj::InKey, Some(k)) if k != FREE_KEY && (k as usize) < MAX_PROPS => 1u64 << k,
+                    _ => 0,
+                };
+                let missing = required & !seen & !writing;
                 let value_of = |cur: u16| match props.get(cur as usize) {
                     Some((_, v)) if cur != FREE_KEY => sch.min_text(*v, 0),
                     _ => additional.map(|a| sch.min_text(a, 0)).unwrap_or_else(|| b"null".to_vec()),

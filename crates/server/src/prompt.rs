@@ -433,3 +433,7 @@ pub fn start(state: &AppState, p: Prepared) -> Result<Generation, ApiError> {
     g.stop_strings = stops;
     Ok(g)
 }
+
+#[cfg(test)]
+#[path = "forced_tests.rs"]
+mod forced_tests;

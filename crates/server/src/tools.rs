@@ -189,6 +189,8 @@ const DS_TAIL: &str = "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
 /// Splits streamed output into text, reasoning and calls.
 pub struct ToolSplitter {
     parser: Option<Box<dyn CallParser>>,
+    /// What reading the prompt's forced prefix gave (a call's start), handed out first.
+    primed: Vec<Piece>,
 }
 
 impl ToolSplitter {
@@ -196,18 +198,19 @@ impl ToolSplitter {
     /// parser as if the model had written it.
     pub fn new(format: ToolFormat, tools: Tools, prime: &str) -> ToolSplitter {
         let mut parser = format.parser(tools);
-        let mut sink = Vec::new();
-        parser.push(prime, &mut sink);
-        debug_assert!(sink.is_empty(), "a forced prefix is markup only");
-        ToolSplitter { parser: Some(parser) }
+        let mut primed = Vec::new();
+        parser.push(prime, &mut primed);
+        primed.retain(|p| !matches!(p, Piece::Text(_)));
+        ToolSplitter { parser: Some(parser), primed }
     }
 
     /// Passes all text through (requests without tools).
     pub fn new_plain() -> ToolSplitter {
-        ToolSplitter { parser: None }
+        ToolSplitter { parser: None, primed: Vec::new() }
     }
 
     pub fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
+        out.append(&mut self.primed);
         match self.parser.as_mut() {
             Some(p) => p.push(text, out),
             None => toolfmt::push_text(out, text),
@@ -215,6 +218,7 @@ impl ToolSplitter {
     }
 
     pub fn finish(&mut self, out: &mut Vec<Piece>) {
+        out.append(&mut self.primed);
         if let Some(p) = self.parser.as_mut() {
             p.finish(out);
         }
@@ -262,16 +266,23 @@ mod tests {
                     format!("{}Paris{close}{after}{}2{close}{after}", open("city"), open("days"))
                 }
             };
-            let body = format!("{}{args}{}", form.head, form.tail);
-            let mut s = ToolSplitter::new(f, weather_tools(), form.prefix);
-            let mut out = Vec::new();
-            s.push(&body, &mut out);
-            s.finish(&mut out);
-            let o = collect(out);
-            assert_eq!(o.text, "", "{f:?}");
-            assert_eq!(o.calls.len(), 1, "{f:?}: {body}");
-            let v: Value = serde_json::from_str(&o.calls[0].1).expect("json");
-            assert_eq!(v, serde_json::json!({"city": "Paris", "days": 2}), "{f:?}");
+            // The head is in the prompt (one tool) or written by the model (several).
+            for head_in_prompt in [false, true] {
+                let (prime, body) = if head_in_prompt {
+                    (format!("{}{}", form.prefix, form.head), format!("{args}{}", form.tail))
+                } else {
+                    (form.prefix.to_string(), format!("{}{args}{}", form.head, form.tail))
+                };
+                let mut s = ToolSplitter::new(f, weather_tools(), &prime);
+                let mut out = Vec::new();
+                s.push(&body, &mut out);
+                s.finish(&mut out);
+                let o = collect(out);
+                assert_eq!(o.text, "", "{f:?}");
+                assert_eq!(o.calls.len(), 1, "{f:?}: {body}");
+                let v: Value = serde_json::from_str(&o.calls[0].1).expect("json");
+                assert_eq!(v, serde_json::json!({"city": "Paris", "days": 2}), "{f:?}");
+            }
         }
         use toolfmt::deepseek::{CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END};
         assert_eq!(DS_PREFIX, format!("{CALLS_BEGIN}{CALL_BEGIN}"));
