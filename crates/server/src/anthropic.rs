@@ -5,7 +5,7 @@
 //! request is accepted and, on models without reasoning, answered without
 //! thinking blocks.
 
-use crate::chat::{new_id, ChatRequest, Delta, ToolDef, Usage};
+use crate::chat::{new_id, ChatRequest, Delta, ToolCall, ToolDef, Usage};
 use crate::error::{ApiError, Dialect};
 use crate::http::{sse, ApiJson};
 use crate::openai::{response_format, sampling, tool_choice};
@@ -196,7 +196,7 @@ pub async fn messages(
             content.push(json!({"type": "text", "text": out.text}));
         }
         for c in &out.calls {
-            content.push(json!({"type": "tool_use", "id": c.id.replace("call_", "toolu_"), "name": c.name,
+            content.push(json!({"type": "tool_use", "id": ToolCall::anthropic_id(&c.id), "name": c.name,
                                 "input": input_of(&c.arguments)}));
         }
         let stop_sequence = generation.stop_sequence.clone();
@@ -223,6 +223,8 @@ pub async fn messages(
         let mut text_open = false;
         let mut thinking_open = false;
         let mut any_block = false;
+        // A tool_use block is open (its CallEnd has not come).
+        let mut call_open = false;
         while let Some(d) = sink.next(&mut generation).await {
             let ok = match d {
                 Delta::Reasoning(r) => {
@@ -272,7 +274,7 @@ pub async fn messages(
                         )
                         .await
                 }
-                Delta::Call(c) => {
+                Delta::CallStart { id, name, .. } => {
                     if thinking_open {
                         close_thinking(&sink, index).await;
                         thinking_open = false;
@@ -284,28 +286,34 @@ pub async fn messages(
                         index += 1;
                     }
                     any_block = true;
-                    let id = c.id.replace("call_", "toolu_");
-                    let ok = sink
-                        .event(
-                            "content_block_start",
-                            &json!({"type": "content_block_start", "index": index,
-                                "content_block": {"type": "tool_use", "id": id, "name": c.name, "input": {}}}),
-                        )
-                        .await
-                        && sink
-                            .event(
-                                "content_block_delta",
-                                &json!({"type": "content_block_delta", "index": index,
-                                    "delta": {"type": "input_json_delta", "partial_json": c.arguments}}),
-                            )
-                            .await
-                        && sink
-                            .event("content_block_stop", &json!({"type": "content_block_stop", "index": index}))
-                            .await;
+                    call_open = true;
+                    sink.event(
+                        "content_block_start",
+                        &json!({"type": "content_block_start", "index": index,
+                            "content_block": {"type": "tool_use", "id": ToolCall::anthropic_id(&id), "name": name, "input": {}}}),
+                    )
+                    .await
+                }
+                Delta::CallArgs { fragment, .. } => {
+                    sink.event(
+                        "content_block_delta",
+                        &json!({"type": "content_block_delta", "index": index,
+                            "delta": {"type": "input_json_delta", "partial_json": fragment}}),
+                    )
+                    .await
+                }
+                Delta::CallEnd { .. } => {
+                    call_open = false;
+                    let ok =
+                        sink.event("content_block_stop", &json!({"type": "content_block_stop", "index": index})).await;
                     index += 1;
                     ok
                 }
                 Delta::End { finish, usage: u } => {
+                    if call_open {
+                        sink.event("content_block_stop", &json!({"type": "content_block_stop", "index": index})).await;
+                        index += 1;
+                    }
                     if thinking_open {
                         close_thinking(&sink, index).await;
                         index += 1;

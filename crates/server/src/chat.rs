@@ -3,7 +3,8 @@
 
 use crate::error::ApiError;
 use crate::reasoning::{Part, ThinkSplitter};
-use crate::tools::{ParsedCall, Piece, ToolSplitter};
+use crate::toolfmt::Piece;
+use crate::tools::ToolSplitter;
 use crate::worker::Event;
 use engine::generate::FinishReason;
 use engine::sampler::SamplingParams;
@@ -106,12 +107,35 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+impl ToolCall {
+    /// The id in Anthropic's form (`toolu_…`).
+    pub fn anthropic_id(id: &str) -> String {
+        id.replace("call_", "toolu_")
+    }
+}
+
 #[derive(Debug)]
 pub enum Delta {
     Text(String),
-    /// Reasoning text (`<think>` of reasoning templates).
+    /// Reasoning text (`<think>` of reasoning templates, Harmony's analysis channel).
     Reasoning(String),
-    Call(ToolCall),
+    /// A tool call opens; its arguments follow as `CallArgs` fragments of JSON.
+    CallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    CallArgs {
+        index: usize,
+        fragment: String,
+    },
+    /// `valid: false`: the arguments did not parse; non-streamed answers give
+    /// `raw` (the call as written) back as text instead of the call.
+    CallEnd {
+        index: usize,
+        valid: bool,
+        raw: String,
+    },
     End {
         finish: Finish,
         usage: Usage,
@@ -139,7 +163,9 @@ pub struct Generation {
     /// Set for reasoning templates.
     think: Option<ThinkSplitter>,
     ready: VecDeque<Delta>,
+    /// Calls opened so far, and how many ended valid.
     calls: usize,
+    valid_calls: usize,
     done: bool,
     pub prompt_tokens: usize,
     /// Stop strings were asked for (to tell Anthropic's `stop_sequence` from `end_turn`).
@@ -166,6 +192,7 @@ impl Generation {
             think,
             ready: VecDeque::new(),
             calls: 0,
+            valid_calls: 0,
             done: false,
             prompt_tokens,
             stop_strings: false,
@@ -178,16 +205,26 @@ impl Generation {
 
     fn take_pieces(&mut self, pieces: Vec<Piece>) {
         for p in pieces {
-            match p {
+            let d = match p {
                 Piece::Text(t) => {
                     self.text.push_str(&t);
-                    self.ready.push_back(Delta::Text(t));
+                    Delta::Text(t)
                 }
-                Piece::Call(ParsedCall { name, arguments }) => {
+                Piece::Reasoning(r) => {
+                    self.reasoning.push_str(&r);
+                    Delta::Reasoning(r)
+                }
+                Piece::CallStart { name } => {
                     self.calls += 1;
-                    self.ready.push_back(Delta::Call(ToolCall { id: new_id("call_"), name, arguments }));
+                    Delta::CallStart { index: self.calls - 1, id: new_id("call_"), name }
                 }
-            }
+                Piece::CallArgs(fragment) => Delta::CallArgs { index: self.calls.saturating_sub(1), fragment },
+                Piece::CallEnd { valid, raw } => {
+                    self.valid_calls += usize::from(valid);
+                    Delta::CallEnd { index: self.calls.saturating_sub(1), valid, raw }
+                }
+            };
+            self.ready.push_back(d);
         }
     }
 
@@ -208,7 +245,7 @@ impl Generation {
                     self.splitter.finish(&mut pieces);
                     self.take_pieces(pieces);
                     pieces = Vec::new();
-                    let finish = if self.calls > 0 {
+                    let finish = if self.valid_calls > 0 {
                         Finish::ToolCalls
                     } else if f.finish == FinishReason::Length && !(self.guided && f.guide_complete) {
                         Finish::Length
@@ -251,25 +288,33 @@ impl Generation {
         }
         for p in parts {
             match p {
-                Part::Reasoning(r) => {
-                    self.take_pieces(std::mem::take(pieces));
-                    self.reasoning.push_str(&r);
-                    self.ready.push_back(Delta::Reasoning(r));
-                }
+                Part::Reasoning(r) => crate::toolfmt::push_reasoning(pieces, &r),
                 Part::Text(t) => self.splitter.push(&t, pieces),
             }
         }
     }
 
-    /// Runs to the end: all text, all calls, and how it ended.
+    /// Runs to the end: all text, all calls, and how it ended. A call whose
+    /// arguments did not parse comes back as its text.
     pub async fn collect(&mut self) -> Result<Collected, ApiError> {
-        let mut calls = Vec::new();
+        let mut calls: Vec<ToolCall> = Vec::new();
         let mut text = String::new();
         while let Some(d) = self.next().await {
             match d {
                 Delta::Text(t) => text.push_str(&t),
                 Delta::Reasoning(_) => {}
-                Delta::Call(c) => calls.push(c),
+                Delta::CallStart { id, name, .. } => calls.push(ToolCall { id, name, arguments: String::new() }),
+                Delta::CallArgs { fragment, .. } => {
+                    if let Some(c) = calls.last_mut() {
+                        c.arguments.push_str(&fragment);
+                    }
+                }
+                Delta::CallEnd { valid, raw, .. } => {
+                    if !valid {
+                        calls.pop();
+                        text.push_str(&raw);
+                    }
+                }
                 Delta::End { finish, usage } => {
                     let reasoning = std::mem::take(&mut self.reasoning);
                     return Ok(Collected { text, reasoning, calls, finish, usage });

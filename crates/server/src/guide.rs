@@ -27,6 +27,8 @@ const WS_CAP: u8 = 4;
 const TOP_CANDIDATES: usize = 64;
 /// Alternative parses kept at once.
 const MAX_STACKS: usize = 64;
+/// Tokens before the forced close from which candidates are checked to fit the budget.
+const LOOKAHEAD: usize = 48;
 /// Longest number literal (digits loops).
 const MAX_NUMBER: u8 = 24;
 
@@ -110,6 +112,17 @@ enum Frame {
         node: NodeId,
         state: Arr,
         count: usize,
+    },
+    /// A `Node::Seq` whose items before `next` are written.
+    Seq {
+        node: NodeId,
+        next: usize,
+    },
+    /// A `Node::Raw` value: `chars` written, `matched` bytes of its terminator seen.
+    Raw {
+        node: NodeId,
+        chars: usize,
+        matched: usize,
     },
 }
 
@@ -203,6 +216,17 @@ impl JsonGuide {
             order.sort_unstable_by(by_logit);
             valid = order.iter().copied().filter(|&id| self.token_ok(id)).take(16).collect();
         }
+        // Near the end of the budget, no token may open more than the rest can close
+        // (each byte is some token, so a completion of n bytes fits in n tokens).
+        if remaining <= closing.len() + LOOKAHEAD {
+            let fitting: Vec<u32> = valid.iter().copied().filter(|&id| self.fits(id, remaining)).collect();
+            let closer = || self.longest_token_prefix(&closing).filter(|&id| self.token_ok(id));
+            match (fitting.is_empty(), closer()) {
+                (false, _) => valid = fitting,
+                (true, Some(id)) => valid = vec![id],
+                (true, None) => {}
+            }
+        }
         if valid.is_empty() {
             if let Some(id) = self.longest_token_prefix(&closing).filter(|&id| self.token_ok(id)) {
                 valid.push(id);
@@ -211,6 +235,13 @@ impl JsonGuide {
         if !valid.is_empty() {
             keep_only(logits, &valid);
         }
+    }
+
+    /// Whether after token `id` the value can still close in `remaining - 1` tokens.
+    fn fits(&self, id: u32, remaining: usize) -> bool {
+        let Some(bytes) = self.vocab.bytes.get(id as usize) else { return false };
+        let next = self.feed(&self.stacks, bytes);
+        next.iter().any(|s| self.stack_complete(s) || self.complete_stack(s).len() < remaining)
     }
 
     fn token_ok(&self, id: u32) -> bool {
@@ -284,9 +315,30 @@ impl JsonGuide {
                     out.push(b'0');
                 }
             }
+            Frame::Seq { node, next } => {
+                if let Some(Node::Seq(items)) = sch.nodes.get(*node) {
+                    out.extend(sch.seq_min_text(items, *next, 0));
+                }
+            }
+            Frame::Raw { node, chars, matched } => {
+                if let Some(Node::Raw { min, term, .. }) = sch.nodes.get(*node) {
+                    if *chars < *min {
+                        // `x` is in no terminator: it breaks a partial match.
+                        out.extend(std::iter::repeat_n(b'x', min - chars));
+                        out.extend_from_slice(term);
+                    } else {
+                        out.extend_from_slice(&term[*matched..]);
+                    }
+                }
+            }
             Frame::Obj { node, state, seen, current } => {
                 let Node::Object { props, required, additional } = &sch.nodes[*node] else { return };
-                let missing = required & !seen;
+                // The key being written (InKey) is not in `seen` yet, but its value is counted below.
+                let writing = match (state, child_key) {
+                    (Obj::InKey, Some(k)) if k != FREE_KEY && (k as usize) < MAX_PROPS => 1u64 << k,
+                    _ => 0,
+                };
+                let missing = required & !seen & !writing;
                 let value_of = |cur: u16| match props.get(cur as usize) {
                     Some((_, v)) if cur != FREE_KEY => sch.min_text(*v, 0),
                     _ => additional.map(|a| sch.min_text(a, 0)).unwrap_or_else(|| b"null".to_vec()),
@@ -379,12 +431,12 @@ impl JsonGuide {
             }
             return;
         };
-        if !is_ws(b) || matches!(top, Frame::Lit { .. } | Frame::Str { opened: true, .. }) {
+        if !is_ws(b) || matches!(top, Frame::Lit { .. } | Frame::Str { opened: true, .. } | Frame::Raw { .. }) {
             st.ws = 0;
         }
         match top {
             Frame::Value(node) => {
-                if is_ws(b) {
+                if is_ws(b) && sch.skips_ws(*node, 0) {
                     if ws_ok(&mut st) {
                         out.push(st);
                     }
@@ -397,6 +449,52 @@ impl JsonGuide {
                     s.frames.push(f);
                     self.step(s, b, out);
                 }
+            }
+            Frame::Seq { node, next } => {
+                let Some(Node::Seq(items)) = sch.nodes.get(*node) else { return };
+                if *next >= items.len() {
+                    st.frames.pop();
+                    self.child_done(&mut st, None);
+                    self.step(st, b, out);
+                    return;
+                }
+                let (item, optional) = items[*next];
+                *next += 1;
+                if optional {
+                    self.step(st.clone(), b, out);
+                }
+                st.frames.push(Frame::Value(item));
+                self.step(st, b, out);
+            }
+            Frame::Raw { node, chars, matched } => {
+                let Some(Node::Raw { min, max, term }) = sch.nodes.get(*node) else { return };
+                if b == term[*matched] {
+                    *matched += 1;
+                    if *matched == term.len() {
+                        if *chars < *min {
+                            return;
+                        }
+                        st.frames.pop();
+                        self.child_done(&mut st, None);
+                    }
+                    out.push(st);
+                    return;
+                }
+                if b < 0x20 && b != b'\n' && b != b'\t' {
+                    return;
+                }
+                // The bytes that looked like the terminator were text after all
+                // (terminators repeat no byte of their start, so no other match is lost).
+                let mut add = *matched;
+                *matched = usize::from(b == term[0]);
+                if *matched == 0 && b & 0xC0 != 0x80 {
+                    add += 1;
+                }
+                *chars += add;
+                if max.is_some_and(|m| *chars > m) {
+                    return;
+                }
+                out.push(st);
             }
             Frame::Lit { text, pos, key } => {
                 if text.get(*pos) != Some(&b) {
@@ -615,6 +713,9 @@ impl JsonGuide {
                     self.expand_into(a, out, depth + 1);
                 }
             }
+            Node::Markup(alts) => out.extend(alts.iter().map(|t| Frame::Lit { text: t.clone(), pos: 0, key: None })),
+            Node::Seq(_) => out.push(Frame::Seq { node, next: 0 }),
+            Node::Raw { .. } => out.push(Frame::Raw { node, chars: 0, matched: 0 }),
         }
     }
 
@@ -636,6 +737,13 @@ impl JsonGuide {
             Some(Frame::Arr { state, count, .. }) if *state == Arr::InValue => {
                 *state = Arr::AfterValue;
                 *count += 1;
+            }
+            // A sequence whose last item is written is done too.
+            Some(Frame::Seq { node, next }) => {
+                if matches!(self.schema.nodes.get(*node), Some(Node::Seq(items)) if *next >= items.len()) {
+                    st.frames.pop();
+                    self.child_done(st, None);
+                }
             }
             _ => {}
         }

@@ -39,6 +39,39 @@ pub enum Node {
     /// Exact JSON texts (`true`, `null`, enum values serialized).
     Literals(Vec<Arc<[u8]>>),
     AnyOf(Vec<NodeId>),
+    /// Tool-call markup: one of these exact texts, no whitespace before it.
+    Markup(Vec<Arc<[u8]>>),
+    /// Items in order; `true` = optional.
+    Seq(Vec<(NodeId, bool)>),
+    /// Raw text (an XML parameter value) of `min..=max` characters, ended by
+    /// `term` (consumed with it), which it cannot contain.
+    Raw {
+        min: usize,
+        max: Option<usize>,
+        term: Arc<[u8]>,
+    },
+}
+
+/// One way a forced call can be written (a tool, in one family's markup).
+pub struct CallAlt<'a> {
+    pub head: String,
+    pub args: CallArgs<'a>,
+    pub tail: String,
+}
+
+pub enum CallArgs<'a> {
+    /// The arguments as a JSON object of this schema.
+    Json(&'a Value),
+    /// XML parameters in order: `open`, the value, `close`, `after`.
+    Xml(Vec<XmlParam<'a>>),
+}
+
+pub struct XmlParam<'a> {
+    pub open: String,
+    pub schema: &'a Value,
+    pub close: String,
+    pub after: String,
+    pub required: bool,
 }
 
 /// Most properties an object node tracks (a bit each in `required`/`seen`).
@@ -60,6 +93,56 @@ impl Schema {
         let mut c = Compiler { root: schema, nodes: Vec::new(), refs: HashMap::new(), any: None, depth: 0 };
         let root = c.node(schema)?;
         Ok(Schema { nodes: c.nodes, root })
+    }
+
+    /// The grammar of one forced call: any of `alts`.
+    pub fn calls(alts: &[CallAlt]) -> Result<Schema, SchemaError> {
+        let null = Value::Null;
+        let mut c = Compiler { root: &null, nodes: Vec::new(), refs: HashMap::new(), any: None, depth: 0 };
+        let mut ids = Vec::new();
+        for alt in alts {
+            let mut items = Vec::new();
+            if !alt.head.is_empty() {
+                items.push((c.markup(&[alt.head.as_str()]), false));
+            }
+            match &alt.args {
+                CallArgs::Json(schema) => {
+                    // `$ref`s point into the tool's own schema.
+                    c.root = schema;
+                    c.refs.clear();
+                    items.push((c.node(schema)?, false));
+                }
+                CallArgs::Xml(params) => {
+                    for p in params {
+                        c.root = p.schema;
+                        c.refs.clear();
+                        let value = c.xml_value(p.schema, &p.close)?;
+                        let open = c.markup(&[p.open.as_str()]);
+                        let mut seq = vec![(open, false), (value, false)];
+                        if !p.after.is_empty() {
+                            seq.push((c.markup(&[p.after.as_str()]), false));
+                        }
+                        let id = c.push(Node::Seq(seq));
+                        items.push((id, !p.required));
+                    }
+                }
+            }
+            if !alt.tail.is_empty() {
+                items.push((c.markup(&[alt.tail.as_str()]), false));
+            }
+            ids.push(c.push(Node::Seq(items)));
+        }
+        let root = if ids.len() == 1 { ids[0] } else { c.push(Node::AnyOf(ids)) };
+        Ok(Schema { nodes: c.nodes, root })
+    }
+
+    /// Whether a value of `node` may have whitespace before it (JSON does, markup not).
+    pub fn skips_ws(&self, node: NodeId, depth: usize) -> bool {
+        match &self.nodes[node] {
+            Node::Markup(_) | Node::Seq(_) | Node::Raw { .. } => false,
+            Node::AnyOf(alts) if depth < 8 => alts.iter().all(|&a| self.skips_ws(a, depth + 1)),
+            _ => true,
+        }
     }
 
     /// Any JSON object (`response_format: json_object`).
@@ -111,10 +194,32 @@ impl Schema {
             }
             Node::Number { .. } => b"0".to_vec(),
             Node::Literals(alts) => alts.iter().min_by_key(|a| a.len()).map(|a| a.to_vec()).unwrap_or_default(),
-            Node::AnyOf(alts) => {
-                alts.iter().map(|&a| self.min_text(a, depth + 1)).min_by_key(|t| t.len()).unwrap_or_default()
+            Node::AnyOf(alts) => alts_min(self, alts, depth),
+            Node::Markup(alts) => alts.iter().min_by_key(|a| a.len()).map(|a| a.to_vec()).unwrap_or_default(),
+            Node::Seq(items) => self.seq_min_text(items, 0, depth),
+            Node::Raw { min, term, .. } => {
+                let mut out = vec![b'a'; *min];
+                out.extend_from_slice(term);
+                out
             }
         }
+    }
+}
+
+fn alts_min(s: &Schema, alts: &[NodeId], depth: usize) -> Vec<u8> {
+    alts.iter().map(|&a| s.min_text(a, depth + 1)).min_by_key(|t| t.len()).unwrap_or_default()
+}
+
+impl Schema {
+    /// The shortest text of a sequence's items from `from` on (optional ones skipped).
+    pub fn seq_min_text(&self, items: &[(NodeId, bool)], from: usize, depth: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for &(id, optional) in items.iter().skip(from) {
+            if !optional {
+                out.extend(self.min_text(id, depth + 1));
+            }
+        }
+        out
     }
 }
 
@@ -131,6 +236,36 @@ impl Compiler<'_> {
     fn push(&mut self, n: Node) -> NodeId {
         self.nodes.push(n);
         self.nodes.len() - 1
+    }
+
+    fn markup(&mut self, texts: &[&str]) -> NodeId {
+        self.push(Node::Markup(texts.iter().map(|t| Arc::from(t.as_bytes())).collect()))
+    }
+
+    /// An XML parameter's value and its close: raw text for plain strings, the
+    /// raw enum texts for string enums, JSON for anything else.
+    fn xml_value(&mut self, schema: &Value, close: &str) -> Result<NodeId, SchemaError> {
+        let usize_of = |k: &str| schema.get(k).and_then(Value::as_u64).map(|v| v as usize);
+        let enum_strings: Option<Vec<&str>> = schema
+            .get("enum")
+            .and_then(Value::as_array)
+            .and_then(|e| e.iter().map(Value::as_str).collect::<Option<Vec<&str>>>())
+            .filter(|e| !e.is_empty());
+        if let Some(values) = enum_strings {
+            let v = self.markup(&values);
+            let c = self.markup(&[close]);
+            return Ok(self.push(Node::Seq(vec![(v, false), (c, false)])));
+        }
+        if schema.get("type").and_then(Value::as_str) == Some("string") {
+            return Ok(self.push(Node::Raw {
+                min: usize_of("minLength").unwrap_or(0),
+                max: usize_of("maxLength"),
+                term: Arc::from(close.as_bytes()),
+            }));
+        }
+        let v = self.node(schema)?;
+        let c = self.markup(&[close]);
+        Ok(self.push(Node::Seq(vec![(v, false), (c, false)])))
     }
 
     /// Any JSON value: one shared node (objects and arrays of it refer back to it).

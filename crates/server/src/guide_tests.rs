@@ -92,7 +92,7 @@ fn masking_forces_valid_json_within_budget() {
 fn random_logits_always_give_json() {
     let tokens = [
         "{", "}", "[", "]", "\"", ":", ",", " ", "\n", "a", "b", "key", "\"a\"", "\"k\": ", "1", "0", "-", ".", "e",
-        "true", "false", "null", "\\", "u", "00", "\": \"", "\"}", "]}", "x\"", "{\"", "é",
+        "true", "false", "null", "\\", "u", "00", "\": \"", "\"}", "]}", "x\"", "{\"", "é", "k",
     ];
     let schemas = [
         json!({"type": "object"}),

@@ -23,6 +23,7 @@ mod reasoning;
 mod responses;
 mod server;
 pub mod state;
+pub mod toolfmt;
 pub mod tools;
 pub mod worker;
 

@@ -279,17 +279,20 @@ pub async fn chat_completions(
         if !sink.data(&chunk(json!({"role": "assistant", "content": ""}), None)).await {
             return;
         }
-        let mut call_index = 0;
         while let Some(d) = sink.next(&mut generation).await {
             let ok = match d {
                 Delta::Text(t) => sink.data(&chunk(json!({"content": t}), None)).await,
                 Delta::Reasoning(r) => sink.data(&chunk(json!({"reasoning_content": r}), None)).await,
-                Delta::Call(c) => {
-                    let delta = json!({"tool_calls": [{"index": call_index, "id": c.id, "type": "function",
-                                        "function": {"name": c.name, "arguments": c.arguments}}]});
-                    call_index += 1;
+                Delta::CallStart { index, id, name } => {
+                    let delta = json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+                                        "function": {"name": name, "arguments": ""}}]});
                     sink.data(&chunk(delta, None)).await
                 }
+                Delta::CallArgs { index, fragment } => {
+                    let delta = json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]});
+                    sink.data(&chunk(delta, None)).await
+                }
+                Delta::CallEnd { .. } => true,
                 Delta::End { finish, usage } => {
                     sink.data(&chunk(json!({}), Some(finish.openai()))).await;
                     if include_usage {
@@ -376,8 +379,8 @@ pub async fn completions(
         }
         while let Some(d) = sink.next(&mut generation).await {
             match d {
-                Delta::Reasoning(_) => {}
-                Delta::Text(t) | Delta::Call(crate::chat::ToolCall { arguments: t, .. }) => {
+                Delta::Reasoning(_) | Delta::CallStart { .. } | Delta::CallEnd { .. } => {}
+                Delta::Text(t) | Delta::CallArgs { fragment: t, .. } => {
                     if !sink.data(&chunk(&t, None)).await {
                         return;
                     }

@@ -6,9 +6,11 @@
 use crate::chat::{ChatRequest, Generation, ResponseFormat, ToolChoice, ToolDef};
 use crate::error::ApiError;
 use crate::guide::JsonGuide;
+use crate::guide_schema::{CallAlt, CallArgs, XmlParam};
 use crate::reasoning::ThinkSplitter;
 use crate::state::AppState;
-use crate::tools::{ToolFormat, ToolSplitter};
+use crate::toolfmt::Tools;
+use crate::tools::{ForcedArgs, ToolFormat, ToolSplitter};
 use crate::Schema;
 use axum::http::StatusCode;
 use engine::generate::GenerateRequest;
@@ -90,6 +92,11 @@ fn template_messages(req: &ChatRequest, format: ToolFormat, extra_system: &str) 
         let mut msg = json!({"role": role, "content": content_text(m.get("content"))});
         if let (true, Some(Value::Array(parts))) = (role == "user", m.get("content")) {
             msg["content"] = Value::Array(parts.clone());
+        }
+        // Earlier reasoning goes to the template, which keeps or drops it as its model expects.
+        if let (true, true, Some(Value::String(r))) = (role == "assistant", format.native(), m.get("reasoning_content"))
+        {
+            msg["reasoning_content"] = Value::String(r.clone());
         }
         let calls: Vec<&Value> = m.get("tool_calls").and_then(Value::as_array).into_iter().flatten().collect();
         if role == "tool" && !format.native() {
@@ -176,8 +183,18 @@ fn plain_prompt(messages: &[Value]) -> String {
     s
 }
 
-/// Renders the chat and returns the prompt text, whether a call is forced, and the guide's schema.
-fn render(state: &AppState, req: &ChatRequest) -> Result<(String, bool, Option<Value>), ApiError> {
+/// A rendered chat: the prompt, the guide's target, and the markup the prompt
+/// ends with on the model's behalf (the parser reads it first).
+struct Rendered {
+    text: String,
+    /// The tools a forced call picks from.
+    forced: Option<Vec<ToolDef>>,
+    /// JSON output (`response_format`).
+    schema: Option<Value>,
+    prime: String,
+}
+
+fn render(state: &AppState, req: &ChatRequest) -> Result<Rendered, ApiError> {
     let format = state.tool_format;
     let use_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
     let tools: Vec<ToolDef> = match &req.tool_choice {
@@ -199,7 +216,7 @@ fn render(state: &AppState, req: &ChatRequest) -> Result<(String, bool, Option<V
         extra.push_str(&injected_tool_prompt(&tools));
     }
     let schema = match &req.response_format {
-        _ if forced => Some(forced_call_schema(&tools)),
+        _ if forced => None,
         ResponseFormat::Text => None,
         ResponseFormat::JsonObject => {
             if !extra.is_empty() {
@@ -226,27 +243,61 @@ fn render(state: &AppState, req: &ChatRequest) -> Result<(String, bool, Option<V
         }
         None => plain_prompt(&messages),
     };
+    let mut prime = String::new();
     if forced {
-        text.push_str(format.forced_prefix());
+        // The family's opening markup ends the prompt; with one tool its name too.
+        let form = format.forced(&tools[0].name);
+        prime.push_str(form.prefix);
+        if tools.len() == 1 {
+            prime.push_str(&form.head);
+        }
+    } else if schema.is_some() && format == ToolFormat::Harmony {
+        prime.push_str("<|channel|>final<|message|>");
     }
-    Ok((text, forced, schema))
+    text.push_str(&prime);
+    Ok(Rendered { text, forced: forced.then_some(tools), schema, prime })
 }
 
-/// The schema of one forced call: `{"name": <one of the tools>, "arguments": <its parameters>}`.
-fn forced_call_schema(tools: &[ToolDef]) -> Value {
-    let alts: Vec<Value> = tools
+/// The guide's grammar for one forced call in `format`'s markup (the prompt
+/// already holds the prefix, and the head when there is one tool).
+fn forced_call_grammar(format: ToolFormat, tools: &[ToolDef]) -> Result<Schema, crate::SchemaError> {
+    let any = json!({"type": "object"});
+    let alts: Vec<CallAlt> = tools
         .iter()
         .map(|t| {
-            let params = if t.parameters.is_object() { t.parameters.clone() } else { json!({"type": "object"}) };
-            json!({"type": "object", "properties": {"name": {"const": t.name}, "arguments": params},
-                   "required": ["name", "arguments"]})
+            let params = if t.parameters.is_object() { &t.parameters } else { &any };
+            let form = format.forced(&t.name);
+            let args = match form.args {
+                ForcedArgs::Json => CallArgs::Json(params),
+                ForcedArgs::Xml { open, close, after } => {
+                    let required: Vec<&str> = params
+                        .get("required")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    let props = params.get("properties").and_then(Value::as_object);
+                    CallArgs::Xml(
+                        props
+                            .into_iter()
+                            .flatten()
+                            .map(|(k, v)| XmlParam {
+                                open: open(k),
+                                schema: v,
+                                close: close.to_string(),
+                                after: after.to_string(),
+                                required: required.contains(&k.as_str()),
+                            })
+                            .collect(),
+                    )
+                }
+            };
+            let head = if tools.len() == 1 { String::new() } else { form.head };
+            CallAlt { head, args, tail: form.tail.to_string() }
         })
         .collect();
-    if alts.len() == 1 {
-        alts.into_iter().next().expect("one")
-    } else {
-        json!({"anyOf": alts})
-    }
+    Schema::calls(&alts)
 }
 
 /// Tokenizes prompt text (BOS added unless the template wrote it).
@@ -257,8 +308,7 @@ pub fn tokenize(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
 
 /// The prompt's token count (Anthropic `count_tokens`).
 pub fn count_chat_tokens(state: &AppState, req: &ChatRequest) -> Result<usize, ApiError> {
-    let (text, _, _) = render(state, req)?;
-    Ok(tokenize(state, &text)?.len())
+    Ok(tokenize(state, &render(state, req)?.text)?.len())
 }
 
 /// `max_tokens` checked (> 0) and clamped to the room left in the context.
@@ -286,23 +336,28 @@ fn clamp_max_tokens(
 
 pub fn prepare_chat(state: &AppState, req: &ChatRequest) -> Result<Prepared, ApiError> {
     req.sampling.validate().map_err(|e| ApiError::bad_request(Some(sampling_field(&e)), e))?;
-    let (text, forced, schema) = render(state, req)?;
+    let Rendered { text, forced, schema, prime } = render(state, req)?;
     let prompt_ids = tokenize(state, &text)?;
     let max_tokens = clamp_max_tokens(state, req.max_tokens, req.max_tokens_field, prompt_ids.len(), "messages")?;
-    let guide = match schema {
-        Some(s) => {
-            let compiled = Schema::compile(&s).map_err(|e| {
-                let field = if forced { "tools" } else { "response_format" };
-                ApiError::bad_request(Some(field), e.to_string())
-            })?;
-            Some(JsonGuide::new(Arc::new(compiled), state.vocab.clone()))
+    let compiled = match (&forced, &schema) {
+        (Some(tools), _) => Some(
+            forced_call_grammar(state.tool_format, tools)
+                .map_err(|e| ApiError::bad_request(Some("tools"), e.to_string()))?,
+        ),
+        (None, Some(s)) => {
+            Some(Schema::compile(s).map_err(|e| ApiError::bad_request(Some("response_format"), e.to_string()))?)
         }
-        None => None,
+        (None, None) => None,
     };
+    let guide = compiled.map(|c| JsonGuide::new(Arc::new(c), state.vocab.clone()));
     let parse_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
-    let splitter = ToolSplitter::new(state.tool_format, forced);
-    let splitter = if parse_tools || forced { splitter } else { ToolSplitter::new_plain() };
-    // Reasoning templates: split `<think>` text out (not when the output is guided JSON).
+    let tools = Tools::new(req.tools.iter().map(|t| (t.name.as_str(), &t.parameters)));
+    let splitter = if parse_tools || state.tool_format.structured_output() {
+        ToolSplitter::new(state.tool_format, tools, &prime)
+    } else {
+        ToolSplitter::new_plain()
+    };
+    // Reasoning templates: split `<think>` text out (not when the output is guided).
     let think = (state.reasoning && guide.is_none()).then(|| ThinkSplitter::new(text.trim_end().ends_with("<think>")));
     Ok(Prepared {
         request: GenerateRequest {
@@ -378,3 +433,7 @@ pub fn start(state: &AppState, p: Prepared) -> Result<Generation, ApiError> {
     g.stop_strings = stops;
     Ok(g)
 }
+
+#[cfg(test)]
+#[path = "forced_tests.rs"]
+mod forced_tests;

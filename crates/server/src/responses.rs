@@ -149,6 +149,12 @@ fn call_item(id: &str, c: &ToolCall, arguments: &str, status: &str) -> Value {
     json!({"type": "function_call", "id": id, "call_id": c.id, "name": c.name, "arguments": arguments, "status": status})
 }
 
+/// A reasoning item: the text as `reasoning_text` content (nothing is encrypted).
+fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "in_progress" { json!([]) } else { json!([{"type": "reasoning_text", "text": text}]) };
+    json!({"type": "reasoning", "id": id, "status": status, "summary": [], "content": content})
+}
+
 fn status_of(finish: Finish) -> &'static str {
     if finish == Finish::Length {
         "incomplete"
@@ -173,8 +179,11 @@ pub async fn responses(
         parallel_tool_calls: body.parallel_tool_calls.unwrap_or(true),
     };
     if !body.stream {
-        let Collected { text, calls, finish, usage, .. } = generation.collect().await?;
+        let Collected { text, calls, finish, usage, reasoning } = generation.collect().await?;
         let mut output = Vec::new();
+        if !reasoning.is_empty() {
+            output.push(reasoning_item(&new_id("rs_"), &reasoning, "completed"));
+        }
         if !text.is_empty() || calls.is_empty() {
             output.push(message_item(&new_id("msg_"), &text, status_of(finish)));
         }
@@ -191,11 +200,34 @@ pub async fn responses(
         let mut output: Vec<Value> = Vec::new();
         // The open message item: (id, output index, text so far).
         let mut open: Option<(String, usize, String)> = None;
+        // The open reasoning item and function call.
+        let mut thinking: Option<(String, usize, String)> = None;
+        let mut call: Option<(String, usize, ToolCall)> = None;
         while let Some(d) = out.sink.next(&mut generation).await {
             match d {
-                // Reasoning is not returned (nothing is encrypted or stored to give it back).
-                Delta::Reasoning(_) => {}
+                Delta::Reasoning(r) => {
+                    if thinking.is_none() {
+                        let id = new_id("rs_");
+                        let idx = output.len();
+                        output.push(Value::Null);
+                        out.send(
+                            "response.output_item.added",
+                            json!({"output_index": idx, "item": reasoning_item(&id, "", "in_progress")}),
+                        )
+                        .await;
+                        thinking = Some((id, idx, String::new()));
+                    }
+                    let (id, idx, text) = thinking.as_mut().expect("opened");
+                    text.push_str(&r);
+                    let delta = json!({"item_id": id, "output_index": idx, "content_index": 0, "delta": r});
+                    if !out.send("response.reasoning_text.delta", delta).await {
+                        return;
+                    }
+                }
                 Delta::Text(t) => {
+                    if let Some((id, idx, text)) = thinking.take() {
+                        out.close_reasoning(&mut output, &id, idx, &text).await;
+                    }
                     if open.is_none() {
                         let id = new_id("msg_");
                         let idx = output.len();
@@ -221,35 +253,50 @@ pub async fn responses(
                         return;
                     }
                 }
-                Delta::Call(c) => {
+                Delta::CallStart { id: call_id, name, .. } => {
                     if let Some((id, idx, text)) = open.take() {
                         out.close_message(&mut output, &id, idx, &text, "completed").await;
                     }
+                    if let Some((id, idx, text)) = thinking.take() {
+                        out.close_reasoning(&mut output, &id, idx, &text).await;
+                    }
+                    let c = ToolCall { id: call_id, name, arguments: String::new() };
                     let id = new_id("fc_");
                     let idx = output.len();
-                    out.send(
-                        "response.output_item.added",
-                        json!({"output_index": idx, "item": call_item(&id, &c, "", "in_progress")}),
-                    )
-                    .await;
-                    out.send(
-                        "response.function_call_arguments.delta",
-                        json!({"item_id": id, "output_index": idx, "delta": c.arguments}),
-                    )
-                    .await;
-                    out.send(
-                        "response.function_call_arguments.done",
-                        json!({"item_id": id, "output_index": idx, "arguments": c.arguments}),
-                    )
-                    .await;
-                    let item = call_item(&id, &c, &c.arguments, "completed");
-                    output.push(item.clone());
-                    if !out.send("response.output_item.done", json!({"output_index": idx, "item": item})).await {
+                    output.push(Value::Null);
+                    if !out
+                        .send(
+                            "response.output_item.added",
+                            json!({"output_index": idx, "item": call_item(&id, &c, "", "in_progress")}),
+                        )
+                        .await
+                    {
                         return;
+                    }
+                    call = Some((id, idx, c));
+                }
+                Delta::CallArgs { fragment, .. } => {
+                    if let Some((id, idx, c)) = call.as_mut() {
+                        c.arguments.push_str(&fragment);
+                        let delta = json!({"item_id": id, "output_index": idx, "delta": fragment});
+                        if !out.send("response.function_call_arguments.delta", delta).await {
+                            return;
+                        }
+                    }
+                }
+                Delta::CallEnd { .. } => {
+                    if let Some((id, idx, c)) = call.take() {
+                        out.close_call(&mut output, &id, idx, &c).await;
                     }
                 }
                 Delta::End { finish, usage } => {
                     let status = status_of(finish);
+                    if let Some((id, idx, text)) = thinking.take() {
+                        out.close_reasoning(&mut output, &id, idx, &text).await;
+                    }
+                    if let Some((id, idx, c)) = call.take() {
+                        out.close_call(&mut output, &id, idx, &c).await;
+                    }
                     if let Some((id, idx, text)) = open.take() {
                         out.close_message(&mut output, &id, idx, &text, status).await;
                     }
@@ -281,6 +328,28 @@ impl Emitter {
         v["sequence_number"] = json!(self.seq);
         self.seq += 1;
         self.sink.event(name, &v).await
+    }
+
+    async fn close_reasoning(&mut self, output: &mut [Value], id: &str, idx: usize, text: &str) {
+        self.send(
+            "response.reasoning_text.done",
+            json!({"item_id": id, "output_index": idx, "content_index": 0, "text": text}),
+        )
+        .await;
+        let item = reasoning_item(id, text, "completed");
+        output[idx] = item.clone();
+        self.send("response.output_item.done", json!({"output_index": idx, "item": item})).await;
+    }
+
+    async fn close_call(&mut self, output: &mut [Value], id: &str, idx: usize, c: &ToolCall) {
+        self.send(
+            "response.function_call_arguments.done",
+            json!({"item_id": id, "output_index": idx, "arguments": c.arguments}),
+        )
+        .await;
+        let item = call_item(id, c, &c.arguments, "completed");
+        output[idx] = item.clone();
+        self.send("response.output_item.done", json!({"output_index": idx, "item": item})).await;
     }
 
     /// Emits the done events of a message item and records it in `output`.

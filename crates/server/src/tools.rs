@@ -1,33 +1,76 @@
-//! Tool calls in model output: the families' formats, chosen from the chat
-//! template, parsed from complete text; `ToolSplitter` does the same on a stream,
-//! holding back anything that may be call markup so that clients never see it.
-//!
-//! - Hermes/Qwen (and the injected prompt for templates without tools):
-//!   `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, repeatable.
-//! - Llama 3: optional `<|python_tag|>`, then `{"name": …, "parameters": {…}}`,
-//!   several separated by `;`, as the whole output.
-//! - Mistral: `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`, or the v11
-//!   form `[TOOL_CALLS]name[ARGS]{…}`.
+//! Tool-call formats: which family a chat template speaks (or `--tool-format`
+//! names), its streaming parser (`toolfmt`), and how a forced call is written
+//! (the prompt suffix and the markup the guide emits around the arguments).
 //!
 //! A call that does not parse is given back as plain text, never an error.
 
+use crate::toolfmt::{self, CallParser, Piece, Tools};
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
+    /// Hermes/Qwen2.5/Qwen3: `<tool_call>{"name", "arguments"}</tool_call>`.
     Hermes,
     Llama3,
     Mistral,
+    /// gpt-oss: channels, `to=functions.NAME`.
+    Harmony,
+    /// Qwen3-Coder, Qwen3.5/3.6: `<function=NAME><parameter=K>…`.
+    Qwen3Coder,
+    /// GLM-4.5/4.6/4.7: `<tool_call>NAME<arg_key>…`.
+    Glm,
+    MiniMax,
+    /// DeepSeek V3.1+ (`NAME<｜tool▁sep｜>{json}`); V3/R1 below.
+    DeepSeek,
+    /// DeepSeek V3/R1: `function<｜tool▁sep｜>NAME` and a fenced json block.
+    DeepSeekV3,
+    Kimi,
     /// The template ignores `tools`: they are described in the system prompt and
     /// the model answers in the Hermes format.
     Injected,
+}
+
+/// How one forced call is written: `prefix` ends the prompt, then for the
+/// chosen tool `head`, the arguments, `tail`.
+pub struct ForcedForm {
+    pub prefix: &'static str,
+    pub head: String,
+    pub args: ForcedArgs,
+    pub tail: &'static str,
+}
+
+pub enum ForcedArgs {
+    Json,
+    /// One element per parameter: `open(key)`, the value (raw text for strings,
+    /// JSON otherwise), `close`, then `after`.
+    Xml {
+        open: fn(&str) -> String,
+        close: &'static str,
+        after: &'static str,
+    },
 }
 
 impl ToolFormat {
     /// Picks the format from the chat template's source.
     pub fn detect(template: Option<&str>) -> ToolFormat {
         let Some(src) = template else { return ToolFormat::Injected };
-        if src.contains("<tool_call>") {
+        if src.contains("<|channel|>") {
+            ToolFormat::Harmony
+        } else if src.contains("<minimax:tool_call>") {
+            ToolFormat::MiniMax
+        } else if src.contains("tool▁calls▁begin") || src.contains("tool▁call▁begin") {
+            if src.contains("```json") {
+                ToolFormat::DeepSeekV3
+            } else {
+                ToolFormat::DeepSeek
+            }
+        } else if src.contains("<|tool_calls_section_begin|>") || src.contains("<|tool_call_begin|>") {
+            ToolFormat::Kimi
+        } else if src.contains("<arg_key>") {
+            ToolFormat::Glm
+        } else if src.contains("<function=") || src.contains("<parameter=") {
+            ToolFormat::Qwen3Coder
+        } else if src.contains("<tool_call>") {
             ToolFormat::Hermes
         } else if src.contains("[TOOL_CALLS]") {
             ToolFormat::Mistral
@@ -42,205 +85,142 @@ impl ToolFormat {
         }
     }
 
-    /// Text that opens a call (the first is what forced calls start with).
-    fn starts(self) -> &'static [&'static str] {
-        match self {
-            ToolFormat::Hermes | ToolFormat::Injected => &["<tool_call>"],
-            ToolFormat::Mistral => &["[TOOL_CALLS]"],
-            ToolFormat::Llama3 => &["<|python_tag|>"],
-        }
+    /// `--tool-format` names.
+    pub fn from_name(name: &str) -> Option<ToolFormat> {
+        Some(match name {
+            "hermes" => ToolFormat::Hermes,
+            "llama3" => ToolFormat::Llama3,
+            "mistral" => ToolFormat::Mistral,
+            "harmony" => ToolFormat::Harmony,
+            "qwen3_coder" => ToolFormat::Qwen3Coder,
+            "glm" => ToolFormat::Glm,
+            "minimax" => ToolFormat::MiniMax,
+            "deepseek" => ToolFormat::DeepSeek,
+            "deepseek_v3" => ToolFormat::DeepSeekV3,
+            "kimi" => ToolFormat::Kimi,
+            _ => return None,
+        })
     }
 
-    /// Appended after the generation prompt when a call is forced.
-    pub fn forced_prefix(self) -> &'static str {
-        match self {
-            ToolFormat::Hermes | ToolFormat::Injected => "<tool_call>\n",
-            ToolFormat::Mistral => "[TOOL_CALLS]",
-            ToolFormat::Llama3 => "",
-        }
-    }
+    pub const NAMES: &'static str = "hermes|llama3|mistral|harmony|qwen3_coder|glm|minimax|deepseek|deepseek_v3|kimi";
 
     pub fn native(self) -> bool {
         self != ToolFormat::Injected
     }
-}
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParsedCall {
-    pub name: String,
-    /// The arguments as a JSON object text.
-    pub arguments: String,
-}
-
-/// `{"name": …, "arguments"|"parameters": {…}}` → a call.
-pub fn call_from_json(v: &Value) -> Option<ParsedCall> {
-    let name = v.get("name")?.as_str()?.to_string();
-    let args = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or(Value::Object(Default::default()));
-    let args = match args {
-        // Some models write the arguments as a JSON string.
-        Value::String(s) => serde_json::from_str::<Value>(&s).ok().filter(Value::is_object)?,
-        v @ Value::Object(_) => v,
-        _ => return None,
-    };
-    Some(ParsedCall { name, arguments: args.to_string() })
-}
-
-/// Every JSON value in `text`, separated by whitespace, `;` or `,`.
-fn json_values(text: &str) -> Option<Vec<Value>> {
-    let mut out = Vec::new();
-    let mut rest = text.trim();
-    while !rest.is_empty() {
-        let mut it = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
-        let v = it.next()?.ok()?;
-        out.push(v);
-        rest = rest[it.byte_offset()..].trim_start_matches(|c: char| c.is_whitespace() || c == ';' || c == ',');
+    /// Whether the output needs the parser even without tools (Harmony's channels).
+    pub fn structured_output(self) -> bool {
+        self == ToolFormat::Harmony
     }
-    Some(out)
-}
 
-/// The calls in a call body (the text after the start marker, end marker removed).
-pub fn parse_body(format: ToolFormat, body: &str) -> Option<Vec<ParsedCall>> {
-    let body = body.trim();
-    if format == ToolFormat::Mistral && !body.starts_with('[') && !body.starts_with('{') {
-        // v11: name[ARGS]{json}, possibly with [CALL_ID]id before [ARGS].
-        let (name, args) = body.split_once("[ARGS]")?;
-        let name = name.split("[CALL_ID]").next()?.trim();
-        let args: Value = serde_json::from_str(args.trim()).ok()?;
-        return call_from_json(&serde_json::json!({"name": name, "arguments": args})).map(|c| vec![c]);
-    }
-    let mut calls = Vec::new();
-    for v in json_values(body)? {
-        match v {
-            Value::Array(items) => {
-                for item in items {
-                    calls.push(call_from_json(&item)?);
-                }
-            }
-            v => calls.push(call_from_json(&v)?),
+    /// A fresh streaming parser for one response.
+    pub fn parser(self, tools: Tools) -> Box<dyn CallParser> {
+        match self {
+            ToolFormat::Hermes | ToolFormat::Injected => Box::new(toolfmt::hermes::Hermes::new(tools)),
+            ToolFormat::Llama3 => Box::new(toolfmt::hermes::WholeOutput::new(false, tools)),
+            ToolFormat::Mistral => Box::new(toolfmt::hermes::WholeOutput::new(true, tools)),
+            ToolFormat::Harmony => Box::new(toolfmt::harmony::Harmony::new(tools)),
+            ToolFormat::Qwen3Coder => Box::new(toolfmt::qwen3_coder::parser(tools)),
+            ToolFormat::Glm => Box::new(toolfmt::glm::parser(tools)),
+            ToolFormat::MiniMax => Box::new(toolfmt::minimax::parser(tools)),
+            ToolFormat::DeepSeek | ToolFormat::DeepSeekV3 => Box::new(toolfmt::deepseek::parser(tools)),
+            ToolFormat::Kimi => Box::new(toolfmt::kimi::parser(tools)),
         }
     }
-    (!calls.is_empty()).then_some(calls)
+
+    /// How a forced call of `name` is written.
+    pub fn forced(self, name: &str) -> ForcedForm {
+        use toolfmt::deepseek::SEP;
+        let q = Value::String(name.to_string()).to_string();
+        let json = |prefix, head: String, tail| ForcedForm { prefix, head, args: ForcedArgs::Json, tail };
+        match self {
+            ToolFormat::Hermes | ToolFormat::Injected => {
+                json("<tool_call>\n", format!("{{\"name\": {q}, \"arguments\": "), "}\n</tool_call>")
+            }
+            ToolFormat::Llama3 => json("", format!("{{\"name\": {q}, \"parameters\": "), "}"),
+            ToolFormat::Mistral => json("[TOOL_CALLS]", format!("[{{\"name\": {q}, \"arguments\": "), "}]"),
+            ToolFormat::Harmony => {
+                json("<|channel|>commentary to=functions.", format!("{name} <|constrain|>json<|message|>"), "")
+            }
+            ToolFormat::DeepSeek => json(DS_PREFIX, format!("{name}{SEP}"), DS_TAIL),
+            ToolFormat::DeepSeekV3 => json(
+                DS_PREFIX,
+                format!("function{SEP}{name}\n```json\n"),
+                "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            ),
+            ToolFormat::Kimi => json(
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.",
+                format!("{name}:0<|tool_call_argument_begin|>"),
+                "<|tool_call_end|><|tool_calls_section_end|>",
+            ),
+            ToolFormat::Qwen3Coder => ForcedForm {
+                prefix: "<tool_call>\n<function=",
+                head: format!("{name}>\n"),
+                args: ForcedArgs::Xml { open: |k| format!("<parameter={k}>\n"), close: "</parameter>", after: "\n" },
+                tail: "</function>\n</tool_call>",
+            },
+            ToolFormat::Glm => ForcedForm {
+                prefix: "<tool_call>",
+                head: format!("{name}\n"),
+                args: ForcedArgs::Xml {
+                    open: |k| format!("<arg_key>{k}</arg_key>\n<arg_value>"),
+                    close: "</arg_value>",
+                    after: "\n",
+                },
+                tail: "</tool_call>",
+            },
+            ToolFormat::MiniMax => ForcedForm {
+                prefix: "<minimax:tool_call>\n<invoke name=\"",
+                head: format!("{name}\">\n"),
+                args: ForcedArgs::Xml {
+                    open: |k| format!("<parameter name=\"{k}\">"),
+                    close: "</parameter>",
+                    after: "\n",
+                },
+                tail: "</invoke>\n</minimax:tool_call>",
+            },
+        }
+    }
 }
 
-/// Splits streamed output into text and calls.
-pub enum Piece {
-    Text(String),
-    Call(ParsedCall),
-}
+const DS_PREFIX: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
+const DS_TAIL: &str = "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
 
+/// Splits streamed output into text, reasoning and calls.
 pub struct ToolSplitter {
-    format: ToolFormat,
-    /// Text not yet given out (may hold the start of a marker).
-    pending: String,
-    /// Inside a call since this marker; `pending` holds its body.
-    in_call: Option<&'static str>,
-    /// Nothing but whitespace has been output (Llama 3 calls are the whole output).
-    at_start: bool,
-    /// The whole output is one guided call object (forced tool choice).
-    forced: bool,
-    /// No tools in the request: everything is text.
-    plain: bool,
+    parser: Option<Box<dyn CallParser>>,
+    /// What reading the prompt's forced prefix gave (a call's start), handed out first.
+    primed: Vec<Piece>,
 }
 
 impl ToolSplitter {
-    pub fn new(format: ToolFormat, forced: bool) -> ToolSplitter {
-        ToolSplitter { format, pending: String::new(), in_call: None, at_start: true, forced, plain: false }
+    /// `prime`: markup that ends the prompt (a forced call's prefix), read by the
+    /// parser as if the model had written it.
+    pub fn new(format: ToolFormat, tools: Tools, prime: &str) -> ToolSplitter {
+        let mut parser = format.parser(tools);
+        let mut primed = Vec::new();
+        parser.push(prime, &mut primed);
+        primed.retain(|p| !matches!(p, Piece::Text(_)));
+        ToolSplitter { parser: Some(parser), primed }
     }
 
     /// Passes all text through (requests without tools).
     pub fn new_plain() -> ToolSplitter {
-        ToolSplitter { plain: true, ..ToolSplitter::new(ToolFormat::Hermes, false) }
+        ToolSplitter { parser: None, primed: Vec::new() }
     }
 
     pub fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
-        if self.plain {
-            if !text.is_empty() {
-                out.push(Piece::Text(text.to_string()));
-            }
-            return;
-        }
-        self.pending.push_str(text);
-        if self.forced {
-            return;
-        }
-        loop {
-            if let Some(marker) = self.in_call {
-                // Only Hermes calls close; the others run to the end of the output.
-                let end = "</tool_call>";
-                if !matches!(self.format, ToolFormat::Hermes | ToolFormat::Injected) {
-                    return;
-                }
-                let Some(pos) = self.pending.find(end) else { return };
-                let body: String = self.pending.drain(..pos + end.len()).collect();
-                let inner = &body[..pos];
-                match parse_body(self.format, inner) {
-                    Some(calls) => out.extend(calls.into_iter().map(Piece::Call)),
-                    None => out.push(Piece::Text(format!("{marker}{body}"))),
-                }
-                self.in_call = None;
-                continue;
-            }
-            if self.at_start && self.format == ToolFormat::Llama3 {
-                let trimmed = self.pending.trim_start();
-                if trimmed.is_empty() {
-                    return;
-                }
-                if trimmed.starts_with('{') {
-                    self.pending = trimmed.to_string();
-                    self.in_call = Some("");
-                    self.at_start = false;
-                    return;
-                }
-            }
-            let found = self.format.starts().iter().filter_map(|m| self.pending.find(m).map(|p| (p, *m))).min();
-            if let Some((pos, marker)) = found {
-                let before: String = self.pending.drain(..pos + marker.len()).take(pos).collect();
-                self.emit_text(before, out);
-                self.in_call = Some(marker);
-                continue;
-            }
-            // Hold back a suffix that may be the start of a marker.
-            let keep = self
-                .format
-                .starts()
-                .iter()
-                .flat_map(|m| (1..m.len()).filter(|&k| self.pending.ends_with(&m[..k])))
-                .max()
-                .unwrap_or(0);
-            let cut = self.pending.len() - keep;
-            let text: String = self.pending.drain(..cut).collect();
-            self.emit_text(text, out);
-            return;
+        out.append(&mut self.primed);
+        match self.parser.as_mut() {
+            Some(p) => p.push(text, out),
+            None => toolfmt::push_text(out, text),
         }
     }
 
-    fn emit_text(&mut self, text: String, out: &mut Vec<Piece>) {
-        if text.is_empty() {
-            return;
-        }
-        if !text.trim().is_empty() {
-            self.at_start = false;
-        }
-        out.push(Piece::Text(text));
-    }
-
-    /// Flushes at the end of generation: an unclosed call is parsed if it can
-    /// be, else given back as text.
     pub fn finish(&mut self, out: &mut Vec<Piece>) {
-        let rest = std::mem::take(&mut self.pending);
-        if self.forced {
-            match parse_body(self.format, &rest) {
-                Some(calls) => out.extend(calls.into_iter().map(Piece::Call)),
-                None => self.emit_text(rest, out),
-            }
-            return;
-        }
-        match self.in_call.take() {
-            Some(marker) => match parse_body(self.format, &rest) {
-                Some(calls) => out.extend(calls.into_iter().map(Piece::Call)),
-                None => self.emit_text(format!("{marker}{rest}"), out),
-            },
-            None => self.emit_text(rest, out),
+        out.append(&mut self.primed);
+        if let Some(p) = self.parser.as_mut() {
+            p.finish(out);
         }
     }
 }
@@ -248,68 +228,64 @@ impl ToolSplitter {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn split(format: ToolFormat, chunks: &[&str]) -> (String, Vec<ParsedCall>) {
-        let mut s = ToolSplitter::new(format, false);
-        let mut out = Vec::new();
-        for c in chunks {
-            s.push(c, &mut out);
-        }
-        s.finish(&mut out);
-        let mut text = String::new();
-        let mut calls = Vec::new();
-        for p in out {
-            match p {
-                Piece::Text(t) => text.push_str(&t),
-                Piece::Call(c) => calls.push(c),
-            }
-        }
-        (text, calls)
-    }
-
-    #[test]
-    fn hermes_calls_split_across_chunks_never_leak_markup() {
-        let (text, calls) = split(
-            ToolFormat::Hermes,
-            &[
-                "Sure.\n<tool",
-                "_call>\n{\"name\": \"get_weather\", \"argu",
-                "ments\": {\"city\": \"Paris\"}}\n</tool_call>",
-            ],
-        );
-        assert_eq!(text, "Sure.\n");
-        assert_eq!(calls, vec![ParsedCall { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() }]);
-    }
-
-    #[test]
-    fn malformed_call_is_plain_text() {
-        let (text, calls) = split(ToolFormat::Injected, &["<tool_call>{\"name\": oops}</tool_call> done"]);
-        assert!(calls.is_empty());
-        assert_eq!(text, "<tool_call>{\"name\": oops}</tool_call> done");
-    }
-
-    #[test]
-    fn llama3_and_mistral_forms() {
-        let (text, calls) = split(
-            ToolFormat::Llama3,
-            &["  {\"name\": \"a\", \"parameters\": {\"x\": 1}}; ", "{\"name\": \"b\", \"parameters\": {}}"],
-        );
-        assert_eq!(text, "");
-        assert_eq!(calls.len(), 2);
-        let (_, calls) =
-            split(ToolFormat::Mistral, &["[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": \"y\"}}]"]);
-        assert_eq!(calls[0].arguments, r#"{"x":"y"}"#);
-        let (_, calls) = split(ToolFormat::Mistral, &["[TOOL_CALLS]get[ARGS]{\"q\": 2}"]);
-        assert_eq!(calls[0].name, "get");
-        let (text, calls) = split(ToolFormat::Llama3, &["Hello {not json"]);
-        assert!(calls.is_empty());
-        assert_eq!(text, "Hello {not json");
-    }
+    use crate::toolfmt::testing::{collect, weather_tools};
 
     #[test]
     fn format_follows_the_template() {
-        assert_eq!(ToolFormat::detect(Some("{{ '<tool_call>' }}")), ToolFormat::Hermes);
-        assert_eq!(ToolFormat::detect(Some("<|im_start|>{{ m.content }}")), ToolFormat::Injected);
+        let cases = [
+            ("{{ '<tool_call>' }}", ToolFormat::Hermes),
+            ("<tool_call>\n<function={{ name }}>", ToolFormat::Qwen3Coder),
+            ("<tool_call>{{ name }}<arg_key>", ToolFormat::Glm),
+            ("<minimax:tool_call>", ToolFormat::MiniMax),
+            ("<|start|>assistant<|channel|>final", ToolFormat::Harmony),
+            ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ n }}<｜tool▁sep｜>", ToolFormat::DeepSeek),
+            ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ n }}\n```json\n", ToolFormat::DeepSeekV3),
+            ("<|tool_calls_section_begin|>", ToolFormat::Kimi),
+            ("[TOOL_CALLS]", ToolFormat::Mistral),
+            ("<|python_tag|>", ToolFormat::Llama3),
+            ("<|im_start|>{{ m.content }}", ToolFormat::Injected),
+        ];
+        for (src, want) in cases {
+            assert_eq!(ToolFormat::detect(Some(src)), want, "{src}");
+        }
         assert_eq!(ToolFormat::detect(None), ToolFormat::Injected);
+        for name in ToolFormat::NAMES.split('|') {
+            assert!(ToolFormat::from_name(name).is_some(), "{name}");
+        }
+    }
+
+    /// A forced call written the way the guide writes it parses back, in every family.
+    #[test]
+    fn forced_forms_parse_back() {
+        let all = ToolFormat::NAMES.split('|').filter_map(ToolFormat::from_name);
+        for f in all {
+            let form = f.forced("get_weather");
+            let args = match form.args {
+                ForcedArgs::Json => r#"{"city": "Paris", "days": 2}"#.to_string(),
+                ForcedArgs::Xml { open, close, after } => {
+                    format!("{}Paris{close}{after}{}2{close}{after}", open("city"), open("days"))
+                }
+            };
+            // The head is in the prompt (one tool) or written by the model (several).
+            for head_in_prompt in [false, true] {
+                let (prime, body) = if head_in_prompt {
+                    (format!("{}{}", form.prefix, form.head), format!("{args}{}", form.tail))
+                } else {
+                    (form.prefix.to_string(), format!("{}{args}{}", form.head, form.tail))
+                };
+                let mut s = ToolSplitter::new(f, weather_tools(), &prime);
+                let mut out = Vec::new();
+                s.push(&body, &mut out);
+                s.finish(&mut out);
+                let o = collect(out);
+                assert_eq!(o.text, "", "{f:?}");
+                assert_eq!(o.calls.len(), 1, "{f:?}: {body}");
+                let v: Value = serde_json::from_str(&o.calls[0].1).expect("json");
+                assert_eq!(v, serde_json::json!({"city": "Paris", "days": 2}), "{f:?}");
+            }
+        }
+        use toolfmt::deepseek::{CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END};
+        assert_eq!(DS_PREFIX, format!("{CALLS_BEGIN}{CALL_BEGIN}"));
+        assert_eq!(DS_TAIL, format!("{CALL_END}{CALLS_END}"));
     }
 }
