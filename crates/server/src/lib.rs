@@ -12,6 +12,7 @@
 
 mod anthropic;
 pub mod chat;
+mod cluster;
 pub mod error;
 pub mod guide;
 mod guide_schema;
@@ -24,6 +25,7 @@ mod responses;
 mod server;
 pub mod state;
 pub mod tools;
+mod web;
 pub mod worker;
 
 pub use guide_schema::{Schema, SchemaError};
