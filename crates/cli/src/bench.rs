@@ -10,6 +10,7 @@
 //! (resident after load + KV cache + prefill workspace) to be checked against
 //! the measured one: memory must stay bounded by what the context needs.
 
+use crate::bench_power;
 use crate::run::default_threads;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -47,6 +48,9 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
+    /// Write an SVG of tok/s over context depth and the per-phase power (last trial).
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
     /// Seconds between prefill progress lines on stderr (0: after every chunk).
     #[arg(long, default_value_t = 2.0)]
     progress_secs: f64,
@@ -143,23 +147,49 @@ fn workspace_bytes(cfg: &formats::ModelConfig, chunk: usize) -> u64 {
 
 /// Prefill progress on stderr with the rate so far, a line every `every` (and
 /// only once the prefill has run that long, so short prompts stay quiet).
+/// Also keeps when each prefill chunk and each token finished (the plot's
+/// tok/s over depth) and, in a single process, marks the power phases (a
+/// cluster's steps mark their own, `engine::dist`).
 struct BenchHooks {
     every: Duration,
     start: Instant,
     last: Option<Instant>,
+    prefill_marks: Vec<(usize, Instant)>,
+    token_times: Vec<Instant>,
+    phase: Option<engine::power::PhaseGuard>,
+    decode_tokens: usize,
 }
 
 impl BenchHooks {
     fn new(every: Duration) -> BenchHooks {
-        BenchHooks { every, start: Instant::now(), last: None }
+        BenchHooks {
+            every,
+            start: Instant::now(),
+            last: None,
+            prefill_marks: Vec::new(),
+            token_times: Vec::new(),
+            phase: None,
+            decode_tokens: 0,
+        }
     }
 }
 
 impl GenerateHooks for BenchHooks {
     fn on_text(&mut self, _text: &str) {}
 
+    fn on_token(&mut self, _id: u32) -> bool {
+        if self.token_times.is_empty() && self.phase.is_some() {
+            // The first token ends the prefill; the rest are decode steps.
+            self.phase = None;
+            self.phase = Some(engine::power::enter(engine::power::Phase::Decode, self.decode_tokens));
+        }
+        self.token_times.push(Instant::now());
+        true
+    }
+
     fn on_prefill(&mut self, done: usize, total: usize) {
         let now = Instant::now();
+        self.prefill_marks.push((done, now));
         let since = now.duration_since(self.last.unwrap_or(self.start));
         // The last chunk is reported only when earlier ones were, to close the sequence.
         if since < self.every && !(done == total && self.last.is_some()) {
@@ -175,8 +205,44 @@ impl GenerateHooks for BenchHooks {
     }
 }
 
+/// Prefill and decode tok/s over context depth, from one trial's marks:
+/// prefill per chunk, decode over windows of 16 tokens.
+fn depth_curves(h: &BenchHooks, t0: Instant, p: usize) -> (bench_power::Curve, bench_power::Curve) {
+    let mut prefill = Vec::new();
+    let (mut done0, mut at0) = (0usize, t0);
+    for &(done, at) in &h.prefill_marks {
+        let dt = at.duration_since(at0).as_secs_f64();
+        if done > done0 && dt > 0.0 {
+            prefill.push((done as f64, (done - done0) as f64 / dt));
+            (done0, at0) = (done, at);
+        }
+    }
+    let mut decode = Vec::new();
+    let t = &h.token_times;
+    let step = 16.min(t.len().saturating_sub(1)).max(1);
+    let mut i = 0;
+    while i + step < t.len() {
+        let dt = t[i + step].duration_since(t[i]).as_secs_f64();
+        if dt > 0.0 {
+            decode.push(((p + i + step) as f64, step as f64 / dt));
+        }
+        i += step;
+    }
+    (prefill, decode)
+}
+
 /// Runs one trial: prefill the prompt, generate `g` tokens.
 fn trial(engine: &mut Engine, prompt: &[u32], g: usize, progress: Duration) -> Result<Trial> {
+    trial_curves(engine, prompt, g, progress).map(|(t, _)| t)
+}
+
+/// `trial`, with its tok/s over depth for the plot.
+fn trial_curves(
+    engine: &mut Engine,
+    prompt: &[u32],
+    g: usize,
+    progress: Duration,
+) -> Result<(Trial, (bench_power::Curve, bench_power::Curve))> {
     let req = GenerateRequest {
         prompt_ids: prompt.to_vec(),
         max_tokens: g,
@@ -186,19 +252,27 @@ fn trial(engine: &mut Engine, prompt: &[u32], g: usize, progress: Duration) -> R
         want_prompt_logits: false,
     };
     let t0 = Instant::now();
-    let out = engine.generate_hooked(&req, &mut BenchHooks::new(progress), &model::NoComm)?;
+    let mut hooks = BenchHooks::new(progress);
+    if engine.cluster.is_none() {
+        hooks.phase = Some(engine::power::enter(engine::power::Phase::Prefill, prompt.len()));
+        hooks.decode_tokens = g.saturating_sub(1);
+    }
+    let out = engine.generate_hooked(&req, &mut hooks, &model::NoComm)?;
+    hooks.phase = None;
     let total_s = t0.elapsed().as_secs_f64();
+    let curves = depth_curves(&hooks, t0, prompt.len());
     if out.output_ids.len() != g {
         bail!("generated {} tokens instead of {g}", out.output_ids.len());
     }
-    Ok(Trial {
+    let t = Trial {
         prompt_tps: out.prefill_tok_s,
         // (g − 1) tokens over the time from the first token to the last.
         generation_tps: out.decode_tok_s,
         ttft_s: out.ttft_ms / 1e3,
         peak_rss_bytes: peak_rss_bytes(),
         total_s,
-    })
+    };
+    Ok((t, curves))
 }
 
 fn mean(xs: impl Iterator<Item = f64>) -> f64 {
@@ -274,10 +348,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         eprintln!("warm-up {}/{} ...", w + 1, a.warmup);
         trial(&mut engine, &prompt, g, progress).context("warm-up trial")?;
     }
+    // Power from here on (the warm-up is not in rank 0's figures).
+    if let Ok(m) = engine::power::global() {
+        m.reset();
+    }
     let mut trials = Vec::with_capacity(n);
+    let mut curves = (Vec::new(), Vec::new());
     for i in 0..n {
         eprintln!("trial {}/{n} ...", i + 1);
-        let t = trial(&mut engine, &prompt, g, progress).with_context(|| format!("trial {}", i + 1))?;
+        let (t, c) = trial_curves(&mut engine, &prompt, g, progress).with_context(|| format!("trial {}", i + 1))?;
+        curves = c;
         if !a.json {
             println!(
                 "Trial {}: prompt_tps={:.3}, generation_tps={:.3}, ttft={:.3} s, peak_memory={:.3} GiB, total={:.3} s",
@@ -297,6 +377,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let avg_rss = mean(trials.iter().map(|t| t.peak_rss_bytes as f64)) as u64;
     // Every rank's high-water mark (rank 0 first); one entry in a single process.
     let reports = engine.shutdown()?;
+    let power = bench_power::collect(&reports);
+    if let Some(path) = &a.plot {
+        let title = format!("{model_name}: -p {p} -g {g}, {threads} threads, {} rank(s)", reports.len());
+        std::fs::write(path, bench_power::plot_svg(&title, &curves.0, &curves.1, &power))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("plot written to {}", path.display());
+    }
     let per_rank_rss: Vec<u64> = reports.iter().map(|r| r.peak_rss_bytes).collect();
     // Bytes all ranks sent per decoded token (rank 0 takes part in every step).
     let decode_steps = reports[0].decode_steps;
@@ -331,6 +418,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 .iter()
                 .map(|r| r.decode_bytes_sent as f64 / decode_steps.max(1) as f64)
                 .collect::<Vec<_>>(),
+            "power": bench_power::to_json(&power),
         });
         println!("{j}");
     } else {
@@ -357,6 +445,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         if let (true, Some(w)) = (per_rank_rss.len() > 1, wire_per_token) {
             println!("Decode traffic: {w:.0} bytes sent per token by all ranks together");
+        }
+        for line in bench_power::lines(&power) {
+            println!("{line}");
         }
     }
     Ok(())

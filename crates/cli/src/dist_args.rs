@@ -149,6 +149,12 @@ pub fn load_engine_dist_with(
     let kv_type = opts.kv_type.or(float_ckpt.then_some(model::KvType::F32));
     let spec = cluster.shard_spec(&files, &weights, block, kv_type)?;
     let m = model::Model::load(&files, &spec, &opts)?;
+    // Every rank tells rank 0 where it runs and what it holds (`GET /cluster`),
+    // and starts sampling its power (`bench` reports it at shutdown).
+    let _ = engine::power::global();
+    if let Some(all) = engine::rank_info::gather(&cluster, engine::rank_info::RankInfo::here(&m, Some(&cluster)))? {
+        engine::rank_info::remember(all);
+    }
     if cluster.rank() != 0 {
         let pool = kernels::ThreadPool::new(threads);
         let mut ws = model::Workspace::default();

@@ -1,6 +1,7 @@
 //! `shardlm`: run, inspect and (later) serve, bench and launch sharded models.
 
 mod bench;
+mod bench_power;
 mod dist_args;
 mod fetch;
 mod inspect;

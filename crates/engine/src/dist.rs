@@ -98,7 +98,7 @@ fn n_experts(files: &formats::ModelFiles) -> Result<usize, EngineError> {
 }
 
 /// What a rank reports to rank 0 when the cluster shuts down.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RankReport {
     /// High-water resident memory (`VmHWM`).
     pub peak_rss_bytes: u64,
@@ -106,7 +106,13 @@ pub struct RankReport {
     pub decode_bytes_sent: u64,
     /// One-token steps this rank took part in.
     pub decode_steps: u64,
+    /// Energy of this rank's prefill and decode steps (`crate::power`), where
+    /// its host exposes power; `None` where it does not.
+    pub power: Option<[crate::power::PhaseEnergy; 2]>,
 }
+
+/// Bytes of a `RankReport` on the wire: 3 counters, a flag, 2 × 4 power fields.
+const REPORT_BYTES: usize = 8 * (3 + 1 + 8);
 
 impl RankReport {
     fn here() -> RankReport {
@@ -114,20 +120,32 @@ impl RankReport {
             peak_rss_bytes: peak_rss_bytes().unwrap_or(0),
             decode_bytes_sent: DECODE_BYTES.load(Ordering::Relaxed),
             decode_steps: DECODE_STEPS.load(Ordering::Relaxed),
+            power: crate::power::global().ok().map(|m| m.phases()),
         }
     }
 
-    fn to_bytes(self) -> [u8; 24] {
-        let mut b = [0u8; 24];
-        for (i, v) in [self.peak_rss_bytes, self.decode_bytes_sent, self.decode_steps].into_iter().enumerate() {
+    fn to_bytes(self) -> [u8; REPORT_BYTES] {
+        let mut w = vec![self.peak_rss_bytes, self.decode_bytes_sent, self.decode_steps, self.power.is_some() as u64];
+        for p in self.power.unwrap_or_default() {
+            w.extend([p.joules.to_bits(), p.seconds.to_bits(), p.peak_w.to_bits(), p.tokens]);
+        }
+        let mut b = [0u8; REPORT_BYTES];
+        for (i, v) in w.into_iter().enumerate() {
             b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
         b
     }
 
-    fn from_bytes(b: &[u8; 24]) -> RankReport {
+    fn from_bytes(b: &[u8; REPORT_BYTES]) -> RankReport {
         let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-        RankReport { peak_rss_bytes: w(0), decode_bytes_sent: w(1), decode_steps: w(2) }
+        let phase = |k: usize| crate::power::PhaseEnergy {
+            joules: f64::from_bits(w(4 + 4 * k)),
+            seconds: f64::from_bits(w(5 + 4 * k)),
+            peak_w: f64::from_bits(w(6 + 4 * k)),
+            tokens: w(7 + 4 * k),
+        };
+        let power = (w(3) != 0).then(|| [phase(0), phase(1)]);
+        RankReport { peak_rss_bytes: w(0), decode_bytes_sent: w(1), decode_steps: w(2), power }
     }
 }
 
@@ -139,6 +157,9 @@ static DECODE_STEPS: AtomicU64 = AtomicU64::new(0);
 /// Runs `f`, counting what this rank sends meanwhile as decode traffic when
 /// the step is one token.
 fn count_decode<T>(n_tokens: usize, f: impl FnOnce() -> T) -> T {
+    // The power meter attributes this step's energy to its phase.
+    let phase = if n_tokens == 1 { crate::power::Phase::Decode } else { crate::power::Phase::Prefill };
+    let _phase = (n_tokens > 0).then(|| crate::power::enter(phase, n_tokens));
     if n_tokens != 1 {
         return f();
     }
@@ -561,7 +582,7 @@ impl StageRunner<'_> {
         }
         let mut reports = vec![RankReport::here()];
         for r in 1..self.cluster.world.size() {
-            let mut b = [0u8; 24];
+            let mut b = [0u8; REPORT_BYTES];
             self.cluster.world.recv(r, &mut b).map_err(comm_err)?;
             reports.push(RankReport::from_bytes(&b));
         }

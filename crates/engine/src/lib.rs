@@ -5,6 +5,8 @@ pub mod dist;
 pub mod dist_batch;
 pub mod error;
 pub mod generate;
+pub mod power;
+pub mod rank_info;
 pub mod sampler;
 pub mod serving;
 pub mod tokenizer;

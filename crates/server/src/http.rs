@@ -71,11 +71,11 @@ pub async fn declared_body_limit(State(state): State<SharedState>, req: Request,
 }
 
 /// With `--api-key`, requires `Authorization: Bearer KEY` or `x-api-key: KEY`
-/// (compared in constant time). `/health` and `/metrics` stay open.
+/// (compared in constant time). `/health`, `/metrics` and the page's files stay open.
 pub async fn auth(State(state): State<SharedState>, req: Request, next: Next) -> Response {
     let Some(key) = &state.cfg.api_key else { return next.run(req).await };
     let path = req.uri().path();
-    if path == "/health" || path == "/metrics" {
+    if path == "/health" || path == "/metrics" || crate::web::is_page_path(path) {
         return next.run(req).await;
     }
     let headers = req.headers();

@@ -12,6 +12,7 @@
 
 mod anthropic;
 pub mod chat;
+mod cluster;
 pub mod error;
 pub mod guide;
 mod guide_schema;
@@ -25,6 +26,7 @@ mod server;
 pub mod state;
 pub mod toolfmt;
 pub mod tools;
+mod web;
 pub mod worker;
 
 pub use guide_schema::{Schema, SchemaError};

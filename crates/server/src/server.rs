@@ -6,7 +6,7 @@ use crate::metrics::Metrics;
 use crate::state::{AppState, ServerConfig, SharedState};
 use crate::tools::ToolFormat;
 use crate::worker::{channel, run_worker};
-use crate::{anthropic, http, openai, responses};
+use crate::{anthropic, cluster, http, openai, responses, web};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
@@ -34,6 +34,12 @@ pub fn router(state: SharedState) -> Router {
     let body_limit = state.cfg.body_limit;
     let timeout = state.cfg.request_timeout;
     Router::new()
+        .route("/", get(web::index))
+        .route("/index.html", get(web::index))
+        .route("/app.js", get(web::app_js))
+        .route("/markdown.js", get(web::markdown_js))
+        .route("/style.css", get(web::style_css))
+        .route("/cluster", get(cluster::cluster))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(openai::models))
@@ -105,6 +111,12 @@ pub fn serve(
     let metrics = Arc::new(Metrics::default());
     let (handle, queue) = channel(metrics.clone());
     let addr = format!("{}:{}", cfg.host, cfg.port);
+    // Every rank's startup report (gathered by the CLI), or this process's own.
+    let ranks = engine::rank_info::gathered()
+        .map(|r| r.to_vec())
+        .unwrap_or_else(|| vec![engine::rank_info::RankInfo::here(&engine.model, engine.cluster.as_ref())]);
+    // Start sampling power now, so `/cluster` has a reading at once.
+    let _ = engine::power::global();
     let state = Arc::new(AppState {
         cfg,
         tokenizer,
@@ -116,6 +128,8 @@ pub fn serve(
         metrics: metrics.clone(),
         bos_token: files.bos_token.clone(),
         started: crate::chat::unix_now(),
+        ranks,
+        rate: Default::default(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listener = rt

@@ -51,6 +51,10 @@ pub struct AppState {
     pub bos_token: Option<String>,
     /// Unix time the server started (`created` of the model).
     pub started: u64,
+    /// Every rank's startup report, rank 0 first (`GET /cluster`).
+    pub ranks: Vec<engine::rank_info::RankInfo>,
+    /// Tokens/s between `/cluster` calls.
+    pub rate: crate::cluster::RateTracker,
 }
 
 pub type SharedState = Arc<AppState>;

@@ -94,6 +94,10 @@ impl LocalTransport {
 }
 
 impl Transport for LocalTransport {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
     fn rank(&self) -> usize {
         self.rank
     }

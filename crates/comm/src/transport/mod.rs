@@ -37,6 +37,7 @@ pub mod mpi;
 pub mod shm;
 pub mod tcp;
 mod tcp_cables;
+pub use tcp_cables::CableStats;
 mod tcp_io;
 mod tcp_resume;
 
@@ -86,6 +87,17 @@ pub trait Transport: Send + Sync {
     /// (addresses, round trip, throughput, share of striped messages), for
     /// `--verbose`. Empty for transports without such connections.
     fn cable_report(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// What this transport is, for `GET /cluster`: "tcp", "shm", "mpi" or "local".
+    fn kind(&self) -> &'static str {
+        "?"
+    }
+
+    /// The connections to `peer` with what was measured on them when
+    /// connecting (empty for transports without such connections).
+    fn link_stats(&self, _peer: usize) -> Vec<CableStats> {
         Vec::new()
     }
 

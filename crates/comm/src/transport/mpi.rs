@@ -400,6 +400,10 @@ enum Piece {
 }
 
 impl Transport for MpiTransport {
+    fn kind(&self) -> &'static str {
+        "mpi"
+    }
+
     fn rank(&self) -> usize {
         self.rank
     }

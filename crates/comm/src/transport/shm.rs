@@ -515,6 +515,10 @@ impl ShmTransport {
 }
 
 impl Transport for ShmTransport {
+    fn kind(&self) -> &'static str {
+        "shm"
+    }
+
     fn rank(&self) -> usize {
         self.rank
     }

@@ -487,6 +487,14 @@ impl TcpInner {
 }
 
 impl Transport for TcpTransport {
+    fn kind(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn link_stats(&self, peer: usize) -> Vec<super::CableStats> {
+        self.cables(peer)
+    }
+
     fn rank(&self) -> usize {
         self.rank
     }

@@ -1,0 +1,164 @@
+//! `GET /cluster`: which rank holds what, its memory, links and power, and the
+//! KV pool, prefix cache, queue and throughput, as one JSON object (the schema
+//! is in docs/WEB.md). Static per-rank facts come from the ranks' startup
+//! reports (`engine::rank_info`); the live numbers from `Metrics` and this
+//! process's power meter.
+
+use crate::state::SharedState;
+use axum::extract::State;
+use axum::Json;
+use engine::rank_info::RankInfo;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Generated-token counts between calls, for tokens/s.
+#[derive(Default)]
+pub struct RateTracker {
+    last: Mutex<Option<(Instant, u64, f64)>>,
+}
+
+impl RateTracker {
+    /// Tokens per second since the previous sample at least half a second ago.
+    pub fn update(&self, total: u64) -> f64 {
+        let mut g = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        match *g {
+            None => {
+                *g = Some((now, total, 0.0));
+                0.0
+            }
+            Some((t, n, rate)) => {
+                let dt = now.duration_since(t).as_secs_f64();
+                if dt < 0.5 {
+                    return rate;
+                }
+                let r = total.saturating_sub(n) as f64 / dt;
+                *g = Some((now, total, r));
+                r
+            }
+        }
+    }
+}
+
+fn role_label(r: &RankInfo, stages: usize, tp: usize, strategy: &str) -> String {
+    let mut parts = Vec::new();
+    if stages > 1 {
+        parts.push(format!("pipeline stage {} of {stages}", r.stage));
+    }
+    if tp > 1 {
+        parts.push(format!("tensor rank {} of {tp}", r.tp_rank));
+    }
+    if let Some([a, b]) = r.experts {
+        parts.push(format!("experts {a}..{b}"));
+    }
+    if parts.is_empty() {
+        parts.push(if strategy == "single" { "whole model".into() } else { strategy.to_string() });
+    }
+    let ends: Vec<&str> =
+        [(r.has_embed, "embedding"), (r.has_head, "head")].iter().filter_map(|&(h, n)| h.then_some(n)).collect();
+    if !ends.is_empty() && stages > 1 {
+        parts.push(format!("holds the {}", ends.join(" and ")));
+    }
+    parts.join(", ")
+}
+
+/// The `/cluster` object for `ranks` and the live numbers in `state`.
+pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) -> Value {
+    let m = &state.metrics;
+    let alive = state.engine.is_alive();
+    let stages = ranks.iter().map(|r| r.stage + 1).max().unwrap_or(1);
+    let tp = ranks.iter().map(|r| r.tp_rank + 1).max().unwrap_or(1);
+    let block = m.kv_block_size.load(Relaxed).max(0) as u64;
+    let (total, used, cached, free) = (
+        m.kv_blocks_total.load(Relaxed).max(0) as u64,
+        m.kv_blocks_used.load(Relaxed).max(0) as u64,
+        m.kv_blocks_cached.load(Relaxed).max(0) as u64,
+        m.kv_blocks_free.load(Relaxed).max(0) as u64,
+    );
+    let meter = engine::power::global();
+    let host0 = ranks.first().map(|r| r.host.clone()).unwrap_or_default();
+    let rank_rows: Vec<Value> = ranks
+        .iter()
+        .map(|r| {
+            let power = match (&r.power, meter) {
+                (Err(reason), _) => json!({"readable": false, "reason": reason}),
+                (Ok(_), Err(reason)) if r.rank == 0 => json!({"readable": false, "reason": reason}),
+                (Ok(sources), Ok(mt)) if r.rank == 0 || r.host == host0 => json!({
+                    "readable": true, "watts": mt.watts(), "sources": sources,
+                    // RAPL and hwmon measure the machine: ranks on one host share it.
+                    "host_wide": true,
+                }),
+                (Ok(sources), _) => json!({
+                    "readable": false, "sources": sources,
+                    "reason": "readable on that host; live readings of other hosts are not collected yet (bench reports them)",
+                }),
+            };
+            json!({
+                "rank": r.rank,
+                "host": r.host,
+                "pid": r.pid,
+                "role": {
+                    "stage": r.stage, "stages": stages, "tp_rank": r.tp_rank, "tp": tp,
+                    "experts": r.experts, "has_embed": r.has_embed, "has_head": r.has_head,
+                    "label": role_label(r, stages, tp, &state.cfg.strategy),
+                },
+                "layers": r.layers,
+                "memory": {
+                    "weights_bytes": r.weight_bytes,
+                    "kv_pool_bytes": r.kv_bytes_per_token * total * block,
+                    "kv_used_bytes": r.kv_bytes_per_token * (used + cached) * block,
+                    "rss_bytes": r.rss_bytes,
+                    "total_bytes": r.mem_total_bytes,
+                },
+                "power": power,
+                "degraded": !alive,
+                "links": r.links,
+            })
+        })
+        .collect();
+    // Each link once, as its lower rank measured it.
+    let links: Vec<Value> = ranks
+        .iter()
+        .flat_map(|r| {
+            r.links
+                .iter()
+                .filter(move |l| l.peer > r.rank)
+                .map(move |l| json!({"from": r.rank, "to": l.peer, "transport": l.transport, "cables": l.cables}))
+        })
+        .collect();
+    let (queries, hits) = (m.prefix_queries.load(Relaxed), m.prefix_hits.load(Relaxed));
+    json!({
+        "model": state.cfg.served_model_name,
+        "strategy": state.cfg.strategy,
+        "world_size": ranks.len(),
+        "context": state.cfg.context,
+        "status": if alive { "ready" } else { "degraded" },
+        "ranks": rank_rows,
+        "links": links,
+        "kv_pool": {
+            "block_tokens": block, "blocks_total": total, "blocks_used": used,
+            "blocks_cached": cached, "blocks_free": free,
+        },
+        "prefix_cache": {
+            "enabled": state.cfg.prefix_cache, "queries": queries, "hits": hits,
+            "hit_rate": if queries > 0 { Some(hits as f64 / queries as f64) } else { None },
+            "cached_tokens": m.prefix_cached_tokens.load(Relaxed),
+        },
+        "queue": {
+            "waiting": m.queue_depth.load(Relaxed).max(0), "active": m.active.load(Relaxed).max(0),
+            "batch_size": m.batch_size.load(Relaxed).max(0),
+        },
+        "throughput": {
+            "tokens_per_s": tokens_per_s,
+            "generated_tokens_total": m.generated_tokens.load(Relaxed),
+            "prompt_tokens_total": m.prompt_tokens.load(Relaxed),
+        },
+    })
+}
+
+pub async fn cluster(State(state): State<SharedState>) -> Json<Value> {
+    let rate = state.rate.update(state.metrics.generated_tokens.load(Relaxed));
+    Json(cluster_json(&state, &state.ranks, rate))
+}
