@@ -28,6 +28,7 @@ pub fn dot_fn(dtype: DType) -> Option<DotFn> {
         DType::MXFP4 => super::avx2_fp::dot_mxfp4,
         DType::NVFP4 => super::avx2_fp::dot_nvfp4,
         DType::FP8 => super::avx2_fp::dot_fp8,
+        other => return super::avx2_lowk::dot_fn(other),
     })
 }
 
