@@ -29,7 +29,7 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_k, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
+    avx2, avx2_fp, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
     avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_packed,
 };
 
@@ -387,6 +387,116 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[],
             gemm: &[],
         },
+    },
+    Row {
+        dtype: DType::Q2_K,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_q2_k,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_q2_k)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_q2_k)], ..NONE },
+    },
+    Row {
+        dtype: DType::Q3_K,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_q3_k,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], ..NONE },
+    },
+    Row {
+        dtype: DType::IQ2_XXS,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_iq2_xxs,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], ..NONE },
+    },
+    Row {
+        dtype: DType::IQ2_XS,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_iq2_xs,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], ..NONE },
+    },
+    Row {
+        dtype: DType::IQ2_S,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_iq2_s,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], ..NONE },
+    },
+    Row {
+        dtype: DType::IQ3_XXS,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_iq3_xxs,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], ..NONE },
+    },
+    Row {
+        dtype: DType::IQ3_S,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_iq3_s,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], ..NONE },
+    },
+    Row {
+        dtype: DType::IQ1_S,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_iq1_s,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_s)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq1_s)], ..NONE },
+    },
+    Row {
+        dtype: DType::IQ1_M,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_iq1_m,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_m)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq1_m)], ..NONE },
+    },
+    Row {
+        dtype: DType::IQ4_NL,
+        act: VecDotType::Q8_0,
+        packing: Packing::None,
+        scalar: scalar::dot_iq4_nl,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], ..NONE },
+    },
+    Row {
+        dtype: DType::IQ4_XS,
+        act: VecDotType::Q8_K,
+        packing: Packing::None,
+        scalar: scalar::dot_iq4_xs,
+        scalar_packed_dot4: None,
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], ..NONE },
+        // No 512-bit kernels yet: the AVX2 one.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], ..NONE },
     },
 ];
 

@@ -24,10 +24,22 @@ pub enum DType {
     NVFP4,
     /// FP8 E4M3: 64 values + an f32 scale (shardlm's own block, see `quant::fp8`).
     FP8,
+    Q2_K,
+    Q3_K,
+    /// I-quants (lattice codebooks, see `quant::iq_grids`) and IQ4_NL/IQ4_XS.
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
+    IQ3_XXS,
+    IQ3_S,
+    IQ1_S,
+    IQ1_M,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 impl DType {
-    pub const ALL: [DType; 14] = [
+    pub const ALL: [DType; 25] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -42,15 +54,28 @@ impl DType {
         DType::MXFP4,
         DType::NVFP4,
         DType::FP8,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ2_S,
+        DType::IQ3_XXS,
+        DType::IQ3_S,
+        DType::IQ1_S,
+        DType::IQ1_M,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
     ];
 
     /// Elements per block.
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::MXFP4 => 32,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::MXFP4 | DType::IQ4_NL => 32,
             DType::NVFP4 | DType::FP8 => 64,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q2_K | DType::Q3_K => 256,
+            DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ3_XXS | DType::IQ3_S => 256,
+            DType::IQ1_S | DType::IQ1_M | DType::IQ4_XS => 256,
         }
     }
 
@@ -70,6 +95,17 @@ impl DType {
             DType::MXFP4 => 17,
             DType::NVFP4 => 36,
             DType::FP8 => 68,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
+            DType::IQ2_XXS => 66,
+            DType::IQ2_XS => 74,
+            DType::IQ2_S => 82,
+            DType::IQ3_XXS => 98,
+            DType::IQ3_S => 110,
+            DType::IQ1_S => 50,
+            DType::IQ1_M => 56,
+            DType::IQ4_NL => 18,
+            DType::IQ4_XS => 136,
         }
     }
 
@@ -103,6 +139,17 @@ impl DType {
             DType::BF16 => 30,
             DType::MXFP4 => 39,
             DType::NVFP4 => 40,
+            DType::Q2_K => 10,
+            DType::Q3_K => 11,
+            DType::IQ2_XXS => 16,
+            DType::IQ2_XS => 17,
+            DType::IQ3_XXS => 18,
+            DType::IQ1_S => 19,
+            DType::IQ4_NL => 20,
+            DType::IQ3_S => 21,
+            DType::IQ2_S => 22,
+            DType::IQ4_XS => 23,
+            DType::IQ1_M => 29,
             DType::FP8 => return None,
         })
     }
@@ -128,6 +175,17 @@ impl DType {
             DType::MXFP4 => "mxfp4",
             DType::NVFP4 => "nvfp4",
             DType::FP8 => "fp8",
+            DType::Q2_K => "q2_k",
+            DType::Q3_K => "q3_k",
+            DType::IQ2_XXS => "iq2_xxs",
+            DType::IQ2_XS => "iq2_xs",
+            DType::IQ2_S => "iq2_s",
+            DType::IQ3_XXS => "iq3_xxs",
+            DType::IQ3_S => "iq3_s",
+            DType::IQ1_S => "iq1_s",
+            DType::IQ1_M => "iq1_m",
+            DType::IQ4_NL => "iq4_nl",
+            DType::IQ4_XS => "iq4_xs",
         }
     }
 
@@ -160,5 +218,7 @@ mod tests {
         assert_eq!(DType::from_ggml_id(39), Some(DType::MXFP4));
         assert_eq!(DType::from_ggml_id(40), Some(DType::NVFP4));
         assert_eq!(DType::NVFP4.bytes_for(128), Some(72));
+        assert_eq!(DType::from_ggml_id(23), Some(DType::IQ4_XS));
+        assert_eq!(DType::IQ1_M.bytes_for(512), Some(112));
     }
 }

@@ -3,7 +3,9 @@
 //! dot product against its activation type. Layouts: FORMATS.md §1(d).
 //!
 //! Weight formats: [`q4_0`], [`q4_1`], [`q5_0`], [`q5_1`], [`q8_0`], [`q4_k`],
-//! [`q5_k`], [`q6_k`] and [`float`] (F32/F16/BF16). Activation formats (what the
+//! [`q5_k`], [`q6_k`], [`q2_k`], [`q3_k`], the I-quants ([`iq2_xxs`], [`iq2_xs`],
+//! [`iq2_s`], [`iq3_xxs`], [`iq3_s`], [`iq1_s`], [`iq1_m`]; grids in [`iq_grids`]),
+//! [`iq4_nl`], [`iq4_xs`] and [`float`] (F32/F16/BF16). Activation formats (what the
 //! f32 activations are quantized to before an integer dot product, exactly as
 //! llama.cpp's CPU backend does): [`q8_0`] (for Q4_0/Q5_0/Q8_0), [`q8_1`] (for
 //! Q4_1/Q5_1) and [`q8_k`] (for the K-quants).
@@ -14,9 +16,21 @@
 
 pub mod float;
 pub mod fp8;
+pub mod iq1_m;
+pub mod iq1_s;
+pub mod iq2_s;
+pub mod iq2_xs;
+pub mod iq2_xxs;
+pub mod iq3_s;
+pub mod iq3_xxs;
+pub mod iq4_nl;
+pub mod iq4_xs;
+pub mod iq_grids;
 pub mod minifloat;
 pub mod mxfp4;
 pub mod nvfp4;
+pub mod q2_k;
+pub mod q3_k;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q4_k;
@@ -175,6 +189,17 @@ pub mod scalar {
     scalar_dot!(dot_q6_k, q6_k::BlockQ6K, q8_k::BlockQ8K, q6_k::vec_dot);
     scalar_dot!(dot_mxfp4, mxfp4::BlockMxfp4, q8_0::BlockQ8_0, mxfp4::vec_dot);
     scalar_dot!(dot_nvfp4, nvfp4::BlockNvfp4, q8_0::BlockQ8_0, nvfp4::vec_dot);
+    scalar_dot!(dot_q2_k, q2_k::BlockQ2K, q8_k::BlockQ8K, q2_k::vec_dot);
+    scalar_dot!(dot_q3_k, q3_k::BlockQ3K, q8_k::BlockQ8K, q3_k::vec_dot);
+    scalar_dot!(dot_iq2_xxs, iq2_xxs::BlockIq2Xxs, q8_k::BlockQ8K, iq2_xxs::vec_dot);
+    scalar_dot!(dot_iq2_xs, iq2_xs::BlockIq2Xs, q8_k::BlockQ8K, iq2_xs::vec_dot);
+    scalar_dot!(dot_iq2_s, iq2_s::BlockIq2S, q8_k::BlockQ8K, iq2_s::vec_dot);
+    scalar_dot!(dot_iq3_xxs, iq3_xxs::BlockIq3Xxs, q8_k::BlockQ8K, iq3_xxs::vec_dot);
+    scalar_dot!(dot_iq3_s, iq3_s::BlockIq3S, q8_k::BlockQ8K, iq3_s::vec_dot);
+    scalar_dot!(dot_iq1_s, iq1_s::BlockIq1S, q8_k::BlockQ8K, iq1_s::vec_dot);
+    scalar_dot!(dot_iq1_m, iq1_m::BlockIq1M, q8_k::BlockQ8K, iq1_m::vec_dot);
+    scalar_dot!(dot_iq4_nl, iq4_nl::BlockIq4Nl, q8_0::BlockQ8_0, iq4_nl::vec_dot);
+    scalar_dot!(dot_iq4_xs, iq4_xs::BlockIq4Xs, q8_k::BlockQ8K, iq4_xs::vec_dot);
 
     /// # Safety
     /// As for [`DotFn`].
@@ -235,6 +260,17 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
         DType::MXFP4 => mxfp4::dequantize(bytemuck::cast_slice(src), dst),
         DType::NVFP4 => nvfp4::dequantize(bytemuck::cast_slice(src), dst),
         DType::FP8 => fp8::dequantize(bytemuck::cast_slice(src), dst),
+        DType::Q2_K => q2_k::dequantize(bytemuck::cast_slice(src), dst),
+        DType::Q3_K => q3_k::dequantize(bytemuck::cast_slice(src), dst),
+        DType::IQ2_XXS => iq2_xxs::dequantize(bytemuck::cast_slice(src), dst),
+        DType::IQ2_XS => iq2_xs::dequantize(bytemuck::cast_slice(src), dst),
+        DType::IQ2_S => iq2_s::dequantize(bytemuck::cast_slice(src), dst),
+        DType::IQ3_XXS => iq3_xxs::dequantize(bytemuck::cast_slice(src), dst),
+        DType::IQ3_S => iq3_s::dequantize(bytemuck::cast_slice(src), dst),
+        DType::IQ1_S => iq1_s::dequantize(bytemuck::cast_slice(src), dst),
+        DType::IQ1_M => iq1_m::dequantize(bytemuck::cast_slice(src), dst),
+        DType::IQ4_NL => iq4_nl::dequantize(bytemuck::cast_slice(src), dst),
+        DType::IQ4_XS => iq4_xs::dequantize(bytemuck::cast_slice(src), dst),
     }
 }
 

@@ -31,6 +31,7 @@ pub mod avx2;
 pub mod avx2_attn;
 pub mod avx2_fp;
 pub mod avx2_k;
+pub mod avx2_lowk;
 pub mod avx2_ops;
 pub mod avx2_packed;
 pub mod avx2_rows;

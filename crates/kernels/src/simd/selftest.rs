@@ -53,6 +53,16 @@ fn weights(rng: &mut XorShift, dtype: DType, rows: usize, n: usize) -> Vec<u8> {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
         DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
         DType::Q6_K => &[208],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S
+        | DType::IQ4_NL
+        | DType::IQ4_XS => &[0],
         _ => &[],
     };
     for blk in out.chunks_exact_mut(dtype.block_bytes()) {
@@ -60,6 +70,13 @@ fn weights(rng: &mut XorShift, dtype: DType, rows: usize, n: usize) -> Vec<u8> {
             blk[o..o + 2].copy_from_slice(&f16_bytes(rng.unit() * 0.05));
         }
         fp_scales(rng, dtype, blk);
+        if dtype == DType::IQ1_M {
+            // The f16 scale lives in the top nibbles of bytes 49, 51, 53, 55.
+            let bits = u16::from_le_bytes(f16_bytes(rng.unit() * 0.05));
+            for i in 0..4 {
+                blk[49 + 2 * i] = (blk[49 + 2 * i] & 0x0F) | ((((bits >> (4 * i)) & 15) as u8) << 4);
+            }
+        }
     }
     out
 }

@@ -95,6 +95,35 @@ pub fn random_weight(rng: &mut TestRng, dtype: DType, rows: usize, cols: usize) 
                 bytes[b * bb + 208..b * bb + 210].copy_from_slice(&scale(rng));
             }
         }
+        DType::Q2_K => {
+            for b in 0..nb {
+                bytes[b * bb + 80..b * bb + 82].copy_from_slice(&scale(rng));
+                let dmin = f16_bytes(rng.gen_range(-0.002..0.01));
+                bytes[b * bb + 82..b * bb + 84].copy_from_slice(&dmin);
+            }
+        }
+        DType::Q3_K => {
+            for b in 0..nb {
+                bytes[b * bb + 108..b * bb + 110].copy_from_slice(&scale(rng));
+            }
+        }
+        DType::IQ1_M => {
+            for b in 0..nb {
+                set_iq1m_scale(&mut bytes[b * bb..(b + 1) * bb], u16::from_le_bytes(scale(rng)));
+            }
+        }
+        DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S
+        | DType::IQ4_NL
+        | DType::IQ4_XS => {
+            for b in 0..nb {
+                bytes[b * bb..b * bb + 2].copy_from_slice(&scale(rng));
+            }
+        }
         // Low-bit floats: valid scales (NaN scales are refused at load), from
         // tiny to large, some zero; FP8 codes without the NaN code.
         DType::MXFP4 => {
@@ -130,4 +159,13 @@ pub fn random_weight(rng: &mut TestRng, dtype: DType, rows: usize, cols: usize) 
         }
     }
     bytes
+}
+
+/// IQ1_M keeps its f16 scale in the top nibbles of its four scale words
+/// (bytes 49, 51, 53, 55 of the 56-byte block): nibble `i` of the f16 goes to word `i`.
+pub fn set_iq1m_scale(blk: &mut [u8], bits: u16) {
+    for i in 0..4 {
+        let nib = ((bits >> (4 * i)) & 15) as u8;
+        blk[49 + 2 * i] = (blk[49 + 2 * i] & 0x0F) | (nib << 4);
+    }
 }

@@ -1,0 +1,390 @@
+//! AVX2 dot kernels for the low-bit K-quants (Q2_K, Q3_K), IQ4_NL/IQ4_XS and
+//! the lattice I-quants, against Q8_K (IQ4_NL: Q8_0) activations.
+//!
+//! Every kernel computes each block's integer sums exactly (the same integers
+//! the scalar reference sums) and combines them with the same float expression
+//! as the scalar `vec_dot`, so the results are bit-identical to scalar.
+//!
+//! Products: `maddubs` (u8 × i8 → i16 pairs) with unsigned magnitudes (grid
+//! values ≤ 62, 2-/3-bit codes ≤ 7) against sign-adjusted activations
+//! (`sign_epi8(q8, ±1)`), then `madd` with the i16 sub-block scales (→ i32).
+//! No pair sum saturates: 2·62·127 < 2¹⁵, and IQ4's `|K| ≤ 127` gives
+//! 2·127·127 < 2¹⁵.
+
+use super::avx2::{hsum_epi32, rd16};
+use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
+use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, q2_k, q3_k, q8_0, q8_k};
+use crate::quant::F16Le;
+use std::arch::x86_64::*;
+
+/// `SIGN_BYTES[s]`: 8 bytes, byte `j` = −1 if bit `j` of `s` is set, else +1.
+static SIGN_BYTES: [u64; 256] = sign_bytes();
+
+const fn sign_bytes() -> [u64; 256] {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut j = 0;
+        while j < 8 {
+            let b: u64 = if (s >> j) & 1 != 0 { 0xFF } else { 0x01 };
+            t[s] |= b << (8 * j);
+            j += 1;
+        }
+        s += 1;
+    }
+    t
+}
+
+#[inline(always)]
+fn ksign(idx7: u32) -> i64 {
+    SIGN_BYTES[KSIGNS[(idx7 & 127) as usize] as usize] as i64
+}
+
+#[inline(always)]
+unsafe fn ld(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline(always)]
+unsafe fn blk<'a, T>(p: *const u8) -> &'a T {
+    &*(p as *const T)
+}
+
+/// i16 scale `lo` on the low 128-bit lane (values 0..16 of a run of 32), `hi` on the high one.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale_pair(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// `Σ` over 32 values of `mag·(q8·sign)`, pairs scaled by `scales` (i16),
+/// as 8 i32 partial sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot32(mag: __m256i, signs: __m256i, q8: __m256i, scales: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(q8, signs)), scales)
+}
+
+const Q8K: usize = std::mem::size_of::<q8_k::BlockQ8K>();
+
+#[inline(always)]
+unsafe fn q8k(a: *const u8, i: usize) -> &'static q8_k::BlockQ8K {
+    &*(a.add(i * Q8K) as *const q8_k::BlockQ8K)
+}
+
+// ---------------------------------------------------------------- K-quants
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q2_k(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let three = _mm256_set1_epi8(3);
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &q2_k::BlockQ2K = blk(w.add(i * 84));
+        let y = q8k(a, i);
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let qs = ld(x.qs.as_ptr().add(32 * h));
+            for j in 0..4 {
+                let q = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), three);
+                let g = 8 * h + 2 * j;
+                let sc = scale_pair((x.scales[g] & 15) as i32, (x.scales[g + 1] & 15) as i32);
+                let q8 = ld(y.qs.as_ptr().add(128 * h + 32 * j) as *const u8);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, q8), sc));
+            }
+        }
+        let mins: [i16; 16] = std::array::from_fn(|g| (x.scales[g] >> 4) as i16);
+        let bs = ld(y.bsums.as_ptr() as *const u8);
+        let summs = hsum_epi32(_mm256_madd_epi16(bs, ld(mins.as_ptr() as *const u8)));
+        sum += q2_k::combine(x, y, hsum_epi32(acc), summs);
+    }
+    sum
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q3_k(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let three = _mm256_set1_epi8(3);
+    let one = _mm256_set1_epi8(1);
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &q3_k::BlockQ3K = blk(w.add(i * 110));
+        let y = q8k(a, i);
+        let sc = q3_k::scales(&x.scales);
+        let hm = ld(x.hmask.as_ptr());
+        // Σ_g sc_g·Σ u·q8 with u = low | high << 2 in 0..8 (q = u − 4).
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let qs = ld(x.qs.as_ptr().add(32 * h));
+            for j in 0..4 {
+                let lo = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), three);
+                let hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + j) as i32)), one);
+                let u = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2));
+                let g = 8 * h + 2 * j;
+                let s = scale_pair(sc[g] as i32, sc[g + 1] as i32);
+                let q8 = ld(y.qs.as_ptr().add(128 * h + 32 * j) as *const u8);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, q8), s));
+            }
+        }
+        // − 4·Σ_g sc_g·bsum_g.
+        let sc16: [i16; 16] = std::array::from_fn(|g| sc[g] as i16);
+        let bs = ld(y.bsums.as_ptr() as *const u8);
+        let off = hsum_epi32(_mm256_madd_epi16(bs, ld(sc16.as_ptr() as *const u8)));
+        let isum = hsum_epi32(acc) - 4 * off;
+        sum += x.d.to_f32() * y.d * isum as f32;
+    }
+    sum
+}
+
+// ---------------------------------------------------------------- IQ4
+
+/// The 32 table values of 16 nibble bytes at `qs` (low nibbles first).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn iq4_values(qs: *const u8, table: __m256i) -> __m256i {
+    let b = _mm_loadu_si128(qs as *const __m128i);
+    let m = _mm_set1_epi8(0x0F);
+    let idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+    _mm256_shuffle_epi8(table, idx)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn iq4_table() -> __m256i {
+    let t = _mm_loadu_si128(iq4_nl::KVALUES.as_ptr() as *const __m128i);
+    _mm256_set_m128i(t, t)
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq4_nl(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let table = iq4_table();
+    let ones = _mm256_set1_epi16(1);
+    let mut sum = 0f32;
+    for i in 0..n / 32 {
+        let x: &iq4_nl::BlockIq4Nl = blk(w.add(i * 18));
+        let y: &q8_0::BlockQ8_0 = blk(a.add(i * 34));
+        let v = iq4_values(x.qs.as_ptr(), table);
+        let q8 = ld(y.qs.as_ptr() as *const u8);
+        let sumi = hsum_epi32(dot32(_mm256_abs_epi8(v), v, q8, ones));
+        sum += y.d.to_f32() * x.d.to_f32() * sumi as f32;
+    }
+    sum
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq4_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let table = iq4_table();
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq4_xs::BlockIq4Xs = blk(w.add(i * 136));
+        let y = q8k(a, i);
+        let sc = x.scales();
+        let mut acc = _mm256_setzero_si256();
+        for (ib, &s) in sc.iter().enumerate() {
+            let v = iq4_values(x.qs.as_ptr().add(16 * ib), table);
+            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
+            acc = _mm256_add_epi32(acc, dot32(_mm256_abs_epi8(v), v, q8, _mm256_set1_epi16(s as i16)));
+        }
+        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+    }
+    sum
+}
+
+// ---------------------------------------------------------------- IQ2 / IQ3
+
+/// Shared tail of the IQ2/IQ3 kernels: `Σ_b (d·d_a)·isum`, times `post`.
+#[inline(always)]
+fn finish(sum: f32, post: f32) -> f32 {
+    if post == 1.0 {
+        sum
+    } else {
+        post * sum
+    }
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq2_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let xp = w.add(i * 66);
+        let d = F16Le(rd16(xp).to_le_bytes()).to_f32();
+        let y = q8k(a, i);
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let q = xp.add(2 + 8 * ib);
+            let aux = (q.add(4) as *const u32).read_unaligned();
+            let g = |l: usize| IQ2XXS_GRID[*q.add(l) as usize] as i64;
+            let mag = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            let signs = _mm256_set_epi64x(ksign(aux >> 21), ksign(aux >> 14), ksign(aux >> 7), ksign(aux));
+            let ls = (2 * (aux >> 28) + 1) as i16;
+            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
+            acc = _mm256_add_epi32(acc, dot32(mag, signs, q8, _mm256_set1_epi16(ls)));
+        }
+        sum += d * y.d * hsum_epi32(acc) as f32;
+    }
+    finish(sum, 0.125)
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq2_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq2_xs::BlockIq2Xs = blk(w.add(i * 74));
+        let y = q8k(a, i);
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let wd = |l: usize| x.word(4 * ib + l);
+            let g = |l: usize| IQ2XS_GRID[(wd(l) & 511) as usize] as i64;
+            let s = |l: usize| ksign((wd(l) >> 9) as u32);
+            let mag = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            let signs = _mm256_set_epi64x(s(3), s(2), s(1), s(0));
+            let sc = scale_pair(2 * x.scale(2 * ib) as i32 + 1, 2 * x.scale(2 * ib + 1) as i32 + 1);
+            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
+            acc = _mm256_add_epi32(acc, dot32(mag, signs, q8, sc));
+        }
+        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+    }
+    finish(sum, 0.125)
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq2_s::BlockIq2S = blk(w.add(i * 82));
+        let y = q8k(a, i);
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let gs = |l: usize| x.group(4 * ib + l);
+            let g = |l: usize| IQ2S_GRID[gs(l).0] as i64;
+            let s = |l: usize| SIGN_BYTES[gs(l).1 as usize] as i64;
+            let mag = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            let signs = _mm256_set_epi64x(s(3), s(2), s(1), s(0));
+            let sc = scale_pair(2 * x.scale(2 * ib) as i32 + 1, 2 * x.scale(2 * ib + 1) as i32 + 1);
+            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
+            acc = _mm256_add_epi32(acc, dot32(mag, signs, q8, sc));
+        }
+        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+    }
+    finish(sum, 0.125)
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq3_xxs::BlockIq3Xxs = blk(w.add(i * 98));
+        let y = q8k(a, i);
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let aux = x.aux(ib);
+            let g = |k: usize| IQ3XXS_GRID[x.qs[8 * ib + k] as usize] as i32;
+            let mag = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
+            let signs = _mm256_set_epi64x(ksign(aux >> 21), ksign(aux >> 14), ksign(aux >> 7), ksign(aux));
+            let ls = (2 * (aux >> 28) + 1) as i16;
+            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
+            acc = _mm256_add_epi32(acc, dot32(mag, signs, q8, _mm256_set1_epi16(ls)));
+        }
+        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+    }
+    finish(sum, 0.25)
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq3_s::BlockIq3S = blk(w.add(i * 110));
+        let y = q8k(a, i);
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let qh = x.qh[ib] as usize;
+            let g = |k: usize| IQ3S_GRID[x.qs[8 * ib + k] as usize | ((qh >> k) & 1) << 8] as i32;
+            let mag = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
+            let s = |l: usize| SIGN_BYTES[x.signs[4 * ib + l] as usize] as i64;
+            let signs = _mm256_set_epi64x(s(3), s(2), s(1), s(0));
+            let ls = (2 * x.scale(ib) + 1) as i16;
+            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
+            acc = _mm256_add_epi32(acc, dot32(mag, signs, q8, _mm256_set1_epi16(ls)));
+        }
+        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+    }
+    finish(sum, 1.0)
+}
+
+// ---------------------------------------------------------------- IQ1
+
+/// `Σ q8·grid` over 32 values with ternary grid bytes, pairs scaled by `scales`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot32_ternary(grid: __m256i, q8: __m256i, scales: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(q8, grid)), scales)
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq1_s::BlockIq1S = blk(w.add(i * 50));
+        let y = q8k(a, i);
+        let mut acc = _mm256_setzero_si256();
+        let mut sumi1 = 0i32;
+        for ib in 0..8 {
+            let h = x.qh(ib) as usize;
+            let g = |l: usize| IQ1S_GRID[x.qs[4 * ib + l] as usize | ((h >> (3 * l)) & 7) << 8] as i64;
+            let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            let (ls, sign) = x.scale_delta(ib);
+            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
+            acc = _mm256_add_epi32(acc, dot32_ternary(grid, q8, _mm256_set1_epi16(ls as i16)));
+            sumi1 += ls * sign * (y.bsums[2 * ib] as i32 + y.bsums[2 * ib + 1] as i32);
+        }
+        let s = hsum_epi32(acc);
+        sum += x.d.to_f32() * y.d * (s as f32 + iq1_s::DELTA * sumi1 as f32);
+    }
+    sum
+}
+
+/// # Safety
+/// As for [`DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq1_m::BlockIq1M = blk(w.add(i * 56));
+        let y = q8k(a, i);
+        let mut acc1 = _mm256_setzero_si256();
+        let mut acc2 = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let p: [([i8; 8], i32); 4] = std::array::from_fn(|l| x.point(4 * ib + l));
+            let g = |l: usize| i64::from_le_bytes(p[l].0.map(|b| b as u8));
+            let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            let dl = |l: usize| if p[l].1 < 0 { -1i64 } else { 0x0101_0101_0101_0101 };
+            let delta = _mm256_set_epi64x(dl(3), dl(2), dl(1), dl(0));
+            let sc = scale_pair(x.ls(2 * ib), x.ls(2 * ib + 1));
+            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
+            acc1 = _mm256_add_epi32(acc1, dot32_ternary(grid, q8, sc));
+            acc2 = _mm256_add_epi32(acc2, dot32_ternary(delta, q8, sc));
+        }
+        let (s1, s2) = (hsum_epi32(acc1), hsum_epi32(acc2));
+        sum += x.d() * y.d * (s1 as f32 + iq1_s::DELTA * s2 as f32);
+    }
+    sum
+}

@@ -1,0 +1,121 @@
+//! The low-bit K-quants (Q2_K, Q3_K) and I-quants: scalar dequantization equals
+//! gguf-py's bit for bit (fixture from `scripts/make_quant_fixture.py`), the
+//! scalar dot equals `dequantize(w)·dequantize(a)` within f32 rounding, and every
+//! SIMD level's dot equals scalar bit for bit (all integer sums, same float order).
+
+mod common;
+
+use common::*;
+use shardlm_kernels::isa::{self, Isa};
+use shardlm_kernels::quant::{self, VecDotType};
+use shardlm_kernels::DType;
+
+const TYPES: [DType; 11] = [
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::IQ2_XXS,
+    DType::IQ2_XS,
+    DType::IQ2_S,
+    DType::IQ3_XXS,
+    DType::IQ3_S,
+    DType::IQ1_S,
+    DType::IQ1_M,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
+];
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+}
+
+#[test]
+fn dequantize_matches_gguf_py_bit_for_bit() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/quants/gguf_py_dequant.bin");
+    let data = std::fs::read(path).expect("fixture (scripts/make_quant_fixture.py)");
+    let mut seen = std::collections::HashSet::new();
+    let mut o = 0;
+    while o < data.len() {
+        let (id, nb, nbytes) = (u32_at(&data, o), u32_at(&data, o + 4) as usize, u32_at(&data, o + 8) as usize);
+        o += 12;
+        let dtype = DType::from_ggml_id(id).unwrap_or_else(|| panic!("fixture type {id}"));
+        let blocks = &data[o..o + nbytes];
+        o += nbytes;
+        let n = nb * dtype.block_elems();
+        let want: Vec<u32> =
+            data[o..o + 4 * n].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        o += 4 * n;
+        let mut got = vec![0f32; n];
+        quant::dequantize_row(dtype, blocks, &mut got);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), *w, "{dtype} element {i}: {g} vs gguf-py {}", f32::from_bits(*w));
+        }
+        seen.insert(dtype);
+    }
+    for t in TYPES {
+        assert!(seen.contains(&t), "fixture lacks {t}");
+    }
+}
+
+fn quantize_acts(vdt: VecDotType, x: &[f32]) -> Vec<u64> {
+    let len = vdt.row_bytes(x.len());
+    let mut buf = vec![0u64; len.div_ceil(8)];
+    quant::quantize_act_fn(vdt, Isa::Scalar)(x, &mut bytemuck::cast_slice_mut(&mut buf)[..len]);
+    buf
+}
+
+fn dequant_acts(vdt: VecDotType, q: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    match vdt {
+        VecDotType::Q8_0 => quant::dequantize_row(DType::Q8_0, q, &mut out),
+        VecDotType::Q8_K => quant::q8_k::dequantize(bytemuck::cast_slice(&q[..vdt.row_bytes(n)]), &mut out),
+        _ => unreachable!(),
+    }
+    out
+}
+
+/// The scalar dot against the f64 dot of the dequantized rows: they differ only
+/// by f32 rounding of the per-block scale products, bounded by `2e-6·Σ|w·a|`.
+#[test]
+fn vec_dot_matches_dequantized_dot() {
+    let mut rng = rng(2323);
+    for dtype in TYPES {
+        let vdt = VecDotType::of(dtype);
+        for n in [256usize, 768, 2048] {
+            for _ in 0..10 {
+                let w = random_weight(&mut rng, dtype, 1, n);
+                let x = random_acts(&mut rng, n);
+                let a = quantize_acts(vdt, &x);
+                let ab: &[u8] = bytemuck::cast_slice(&a);
+                let got = unsafe { quant::scalar::dot_fn(dtype)(n, w.as_ptr(), ab.as_ptr()) };
+                let mut wd = vec![0f32; n];
+                quant::dequantize_row(dtype, &w, &mut wd);
+                let ad = dequant_acts(vdt, ab, n);
+                let want: f64 = wd.iter().zip(&ad).map(|(&p, &q)| p as f64 * q as f64).sum();
+                let mag: f64 = wd.iter().zip(&ad).map(|(&p, &q)| (p as f64 * q as f64).abs()).sum();
+                assert!((got as f64 - want).abs() <= 2e-6 * mag + 1e-9, "{dtype} n={n}: {got} vs {want} (mag {mag})");
+            }
+        }
+    }
+}
+
+/// Every ISA level's one-row dot equals scalar exactly.
+#[test]
+fn simd_dots_bit_identical_to_scalar() {
+    let mut rng = rng(2324);
+    for dtype in TYPES {
+        let vdt = VecDotType::of(dtype);
+        for n in [256usize, 512, 1792] {
+            for _ in 0..20 {
+                let w = random_weight(&mut rng, dtype, 1, n);
+                let x = random_acts(&mut rng, n);
+                let a = quantize_acts(vdt, &x);
+                let ap = bytemuck::cast_slice::<u64, u8>(&a).as_ptr();
+                let want = unsafe { quant::scalar::dot_fn(dtype)(n, w.as_ptr(), ap) };
+                for isa in isa::available() {
+                    let got = unsafe { quant::dot_fn(dtype, isa)(n, w.as_ptr(), ap) };
+                    assert_eq!(got.to_bits(), want.to_bits(), "{dtype} n={n} {isa}: {got} vs scalar {want}");
+                }
+            }
+        }
+    }
+}
