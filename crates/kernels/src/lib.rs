@@ -46,6 +46,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod attention;
+pub mod delta_rule;
 pub mod dtype;
 pub mod isa;
 pub mod kv_int_dot;
