@@ -334,7 +334,10 @@ mod tests {
     use super::*;
 
     /// Deterministic inputs like a real layer's: unit q, k (q scaled), g ≤ 0.
-    fn inputs(n: usize, dk: usize, dv: usize, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    /// q, k, v, g, beta.
+    type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn inputs(n: usize, dk: usize, dv: usize, seed: u64) -> Inputs {
         let mut st = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut rnd = move || {
             st ^= st << 13;

@@ -69,5 +69,6 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         moe: Some(validate(moe, arch)?),
         mla: Some(MlaSpec::from_config(cfg)?),
         extras: None,
+        linear_attn: None,
     })
 }

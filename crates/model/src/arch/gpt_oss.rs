@@ -71,5 +71,6 @@ pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
         moe: Some(validate(moe, &cfg.arch)?),
         mla: None,
         extras: Some(AttnExtras { windowed, sinks: true, o_bias: true }),
+        linear_attn: None,
     })
 }

@@ -15,6 +15,7 @@ pub fn spec(cfg: &ModelConfig) -> ArchSpec {
         sliding_window: None,
         moe: None,
         extras: None,
+        linear_attn: None,
         mla: None,
     }
 }

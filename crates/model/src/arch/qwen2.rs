@@ -13,6 +13,7 @@ pub fn spec(cfg: &ModelConfig) -> ArchSpec {
         sliding_window: cfg.sliding_window,
         moe: None,
         extras: None,
+        linear_attn: None,
         mla: None,
     }
 }
