@@ -143,7 +143,7 @@ impl StageRunner<'_> {
         for ((len, start, mode, table), logits) in d.seqs.iter().zip(self.batch_logits.iter_mut()) {
             steps.push(SeqStep {
                 tokens: &toks[at..at + len],
-                cache: SeqKv::Paged { table, start: *start },
+                cache: SeqKv::Paged { table, start: *start, state: None },
                 mode: *mode,
                 logits,
             });

@@ -165,7 +165,7 @@ impl Engine {
             .zip(self.batch_logits.iter_mut())
             .map(|(it, logits)| SeqStep {
                 tokens: it.tokens,
-                cache: SeqKv::Paged { table: it.table, start: it.start },
+                cache: SeqKv::Paged { table: it.table, start: it.start, state: None },
                 mode: it.mode,
                 logits,
             })

@@ -139,7 +139,11 @@ pub fn parse_config(path: &Path, cfg: &Value, gen: Option<&Value>) -> Result<Mod
         return Err(bad(format!("{n_heads} attention heads cannot be shared by {n_kv_heads} key/value heads")));
     }
     let head_dim = get("head_dim").and_then(as_usize).unwrap_or(hidden_size / n_heads);
-    let intermediate_size = req("intermediate_size")?;
+    // MoE-only configs (qwen3_5_moe_text) have no dense width: the experts'.
+    let intermediate_size = match get("intermediate_size").and_then(as_usize) {
+        Some(n) => n,
+        None => get("moe_intermediate_size").and_then(as_usize).map_or_else(|| req("intermediate_size"), Ok)?,
+    };
     let vocab_size = req("vocab_size")?;
     let max_position_embeddings = get("max_position_embeddings").and_then(as_usize).unwrap_or(2048);
     let rms_norm_eps = get("rms_norm_eps").or_else(|| get("layer_norm_epsilon")).and_then(as_f32).unwrap_or(1e-6);

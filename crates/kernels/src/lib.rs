@@ -46,6 +46,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod attention;
+pub mod delta_rule;
 pub mod dispatch;
 pub mod dtype;
 pub mod isa;

@@ -14,6 +14,7 @@
 
 use crate::arch::{ArchSpec, AttnKind, FfnKind, NormPlacement};
 use crate::linear::{pack_for_decode, quantize_weight, Linear};
+use crate::linear_attn::{center_norm, gather_rows, GatedDeltaNet};
 use crate::mla::Mla;
 use crate::moe::{Mlp, Moe};
 use crate::plan::TpSlice;
@@ -41,6 +42,8 @@ pub enum Attention {
     Gqa(Box<Gqa>),
     /// Multi-head latent attention: one latent row per position in the cache.
     Mla(Box<Mla>),
+    /// Gated DeltaNet: a fixed-size state per sequence ([`crate::linear_attn`]).
+    Linear(Box<GatedDeltaNet>),
 }
 
 /// The projections of a GQA block (this rank's heads).
@@ -60,6 +63,9 @@ pub struct Gqa {
     pub window: Option<usize>,
     /// Attention sinks of this rank's query heads (gpt-oss).
     pub sinks: Option<Vec<f32>>,
+    /// The output gate (Qwen3-Next's gated attention): `attn · sigmoid(gate(x))`
+    /// before `o`, this rank's heads' rows of the doubled q projection.
+    pub gate: Option<Linear>,
 }
 
 impl Attention {
@@ -68,6 +74,7 @@ impl Attention {
         match self {
             Attention::Gqa(g) => [&g.q, &g.k, &g.v, &g.o].iter().map(|l| l.weight_bytes()).sum(),
             Attention::Mla(m) => m.weight_bytes(),
+            Attention::Linear(l) => l.weight_bytes(),
         }
     }
 
@@ -76,6 +83,7 @@ impl Attention {
         match self {
             Attention::Gqa(g) => g.q.weight.dtype.is_quantized(),
             Attention::Mla(m) => m.is_quantized(),
+            Attention::Linear(l) => l.is_quantized(),
         }
     }
 }
@@ -278,8 +286,13 @@ impl DecoderLayer {
             None => (0..hq, 0..hkv, 0..ffn),
         };
         let p = &ld.prefix;
-        let norm = |name: &str, len: usize| norm_weight(store, &format!("{p}{name}"), len, spec);
-        let (q_norm, k_norm) = match (spec.qk_norm, spec.qk_norm_whole) {
+        let la = spec.linear_attn.as_ref();
+        let linear_layer = matches!(spec.attn_kind(layer), AttnKind::Linear(_));
+        // (1 + w) either way: Gemma's norm spec, or the hybrids' zero-centered norms.
+        let norm = |name: &str, len: usize| -> Result<Vec<f32>, ModelError> {
+            Ok(center_norm(la, norm_weight(store, &format!("{p}{name}"), len, spec)?))
+        };
+        let (q_norm, k_norm) = match (spec.qk_norm && !linear_layer, spec.qk_norm_whole) {
             (false, _) => (None, None),
             (true, false) => (Some(norm("self_attn.q_norm.weight", hd)?), Some(norm("self_attn.k_norm.weight", hd)?)),
             // Whole-projection norms: this rank's heads' part of the weight.
@@ -316,8 +329,21 @@ impl DecoderLayer {
                 if extras.o_bias {
                     o.bias = ld.row_bias(vector(store, &format!("{p}self_attn.o_proj.bias"), h)?, false);
                 }
+                // Gated attention: q_proj is [heads × (q ‖ gate) × head_dim].
+                let (q, gate) = match la {
+                    Some(_) => {
+                        let w = ld.weight("self_attn.q_proj.weight", &[2 * hq, h])?;
+                        let part = |off: usize| {
+                            let heads = q_rows.start / hd..q_rows.end / hd;
+                            heads.map(|i| 2 * i * hd + off..2 * i * hd + off + hd).collect::<Vec<_>>()
+                        };
+                        let q = Linear::new(quantized(gather_rows(w, &part(0)), opts)?, None);
+                        (q, Some(Linear::new(quantized(gather_rows(w, &part(hd)), opts)?, None)))
+                    }
+                    None => (ld.col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?, None),
+                };
                 Attention::Gqa(Box::new(Gqa {
-                    q: ld.col_par("self_attn.q_proj", hq, &q_rows, spec.qkv_bias)?,
+                    q,
                     k: ld.col_par("self_attn.k_proj", hkv, &kv_rows, spec.qkv_bias)?,
                     v: ld.col_par("self_attn.v_proj", hkv, &kv_rows, spec.qkv_bias)?,
                     o,
@@ -326,6 +352,7 @@ impl DecoderLayer {
                     qk_norm_whole: spec.qk_norm_whole,
                     window: extras.window,
                     sinks,
+                    gate,
                 }))
             }
             AttnKind::Mla(_) if tp.is_some_and(|t| t.exact) => {
@@ -336,6 +363,15 @@ impl DecoderLayer {
             AttnKind::Mla(m) => {
                 let heads = tp.map_or(0..cfg.n_heads, |t| t.q_heads.clone());
                 Attention::Mla(Box::new(Mla::load(&ld, m, cfg.n_heads, heads, cfg.rms_norm_eps, opts.mla)?))
+            }
+            AttnKind::Linear(_) if tp.is_some_and(|t| t.exact) => {
+                return Err(ModelError::Unsupported(format!(
+                    "layer {layer}: exact tensor parallelism does not split linear attention yet"
+                )))
+            }
+            AttnKind::Linear(l) => {
+                let kh = l.local_key_heads(tp)?;
+                Attention::Linear(Box::new(GatedDeltaNet::load(&ld, l, kh, cfg, opts)?))
             }
         };
         let sandwich = spec.norm.placement == NormPlacement::Sandwich;

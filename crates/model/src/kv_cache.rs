@@ -145,6 +145,9 @@ pub struct KvPool {
     /// Positions per block.
     pub block: usize,
     pub n_blocks: usize,
+    /// Slots of linear-attention state (hybrid models, [`crate::state_cache`]);
+    /// `None` for models without linear-attention layers.
+    pub states: Option<crate::state_cache::StatePool>,
 }
 
 impl KvPool {
@@ -179,7 +182,7 @@ impl KvPool {
             KvType::Q8_0 => KvLayers::Q8_0(layer_pairs(n_layers, n, n_v)),
             KvType::Q4_0 => KvLayers::Q4_0(layer_pairs(n_layers, n, n_v)),
         };
-        KvPool { layers, kv_width, v_width, block, n_blocks }
+        KvPool { layers, kv_width, v_width, block, n_blocks, states: None }
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -205,16 +208,55 @@ impl KvPool {
         self.kv_type().bytes_for(self.kv_width)
     }
 
-    /// Bytes held (for memory accounting).
+    /// Bytes held (for memory accounting), state slots included.
     pub fn bytes(&self) -> usize {
-        self.n_blocks * self.block_bytes()
+        self.n_blocks * self.block_bytes() + self.states.as_ref().map_or(0, |s| s.bytes())
     }
 
     /// Bytes one block takes across the owned layers (K and V rows; K only
-    /// for a keys-only pool).
+    /// for a keys-only pool; layers without KV, [`KvPool::drop_layers`], none).
     pub fn block_bytes(&self) -> usize {
         let v_row = self.kv_type().bytes_for(self.v_width);
-        self.n_layers() * self.block * (self.row_bytes() + v_row)
+        self.kv_layers() * self.block * (self.row_bytes() + v_row)
+    }
+
+    /// Owned layers that keep K/V rows.
+    pub fn kv_layers(&self) -> usize {
+        self.kv_mask().iter().filter(|&&k| k).count()
+    }
+
+    fn kv_mask(&self) -> Vec<bool> {
+        fn m<T>(l: &[(Vec<T>, Vec<T>)]) -> Vec<bool> {
+            l.iter().map(|(k, _)| !k.is_empty()).collect()
+        }
+        let mask = match &self.layers {
+            KvLayers::F16(l) => m(l),
+            KvLayers::F32(l) => m(l),
+            KvLayers::Q8_0(l) => m(l),
+            KvLayers::Q4_0(l) => m(l),
+        };
+        if self.n_blocks * self.block * self.kv_width == 0 {
+            return vec![true; mask.len()];
+        }
+        mask
+    }
+
+    /// Frees the K/V storage of the owned layers where `keep` is false (a
+    /// hybrid model's linear-attention layers keep a state instead).
+    pub fn drop_layers(&mut self, keep: &[bool]) {
+        fn d<T>(l: &mut [(Vec<T>, Vec<T>)], keep: &[bool]) {
+            for (pair, &k) in l.iter_mut().zip(keep) {
+                if !k {
+                    *pair = (Vec::new(), Vec::new());
+                }
+            }
+        }
+        match &mut self.layers {
+            KvLayers::F16(l) => d(l, keep),
+            KvLayers::F32(l) => d(l, keep),
+            KvLayers::Q8_0(l) => d(l, keep),
+            KvLayers::Q4_0(l) => d(l, keep),
+        }
     }
 }
 
@@ -226,6 +268,8 @@ pub struct KvCache {
     pub capacity: usize,
     /// Positions filled so far (the next token's position).
     pub len: usize,
+    /// One slot of linear-attention state (hybrid models); `None` otherwise.
+    pub states: Option<crate::state_cache::StatePool>,
 }
 
 impl KvCache {
@@ -235,12 +279,12 @@ impl KvCache {
     }
 
     pub fn with_type(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
-        KvCache { pool: KvPool::new(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0 }
+        KvCache { pool: KvPool::new(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0, states: None }
     }
 
     /// A cache of K rows only ([`KvPool::keys_only`], multi-head latent attention).
     pub fn keys_only(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
-        KvCache { pool: KvPool::keys_only(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0 }
+        KvCache { pool: KvPool::keys_only(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0, states: None }
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -251,12 +295,14 @@ impl KvCache {
         self.pool.n_layers()
     }
 
-    /// Bytes held (for memory accounting).
+    /// Bytes held (for memory accounting), the state slot included.
     pub fn bytes(&self) -> usize {
-        self.pool.bytes()
+        self.pool.bytes() + self.states.as_ref().map_or(0, |s| s.bytes())
     }
 
-    /// Forgets positions from `len` on (for prefix reuse or retries).
+    /// Forgets positions from `len` on (for prefix reuse or retries). A
+    /// linear-attention state cannot be rewound: the next step must then start
+    /// at 0 or where the state stopped ([`crate::StatePool::begin_step`]).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
     }
@@ -268,8 +314,9 @@ pub enum SeqKv<'a> {
     Own(&'a mut KvCache),
     /// Blocks of the pool given to `Model::forward_paged`: `table` covers
     /// positions `0..start + tokens`, `start` positions are already filled. The
-    /// caller advances its own count.
-    Paged { table: &'a [u32], start: usize },
+    /// caller advances its own count. `state`: the sequence's slot in the
+    /// pool's linear-attention states (hybrid models; `None` otherwise).
+    Paged { table: &'a [u32], start: usize, state: Option<u32> },
 }
 
 impl SeqKv<'_> {

@@ -8,6 +8,7 @@ pub mod arch;
 pub mod decoder;
 pub mod kv_cache;
 pub mod linear;
+pub mod linear_attn;
 pub mod mla;
 pub mod model;
 pub mod moe;
@@ -17,12 +18,14 @@ pub mod registry;
 pub mod rope;
 pub mod shard;
 pub mod slice;
+pub mod state_cache;
 pub mod workspace;
 
 pub use kv_cache::{KvCache, KvLayers, KvPool, KvType, SeqKv};
 pub use model::{LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
 pub use registry::Arch;
 pub use shard::{AllReduce, NoComm, ShardSpec};
+pub use state_cache::{StatePool, StateShape};
 pub use workspace::Workspace;
 
 use std::path::PathBuf;

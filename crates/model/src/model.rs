@@ -176,6 +176,7 @@ impl Model {
         }
         let (final_norm, lm_head) = if shard.has_head {
             let norm = crate::decoder::norm_weight(store, "model.norm.weight", h, &spec)?;
+            let norm = crate::linear_attn::center_norm(spec.linear_attn.as_ref(), norm);
             let w = if cfg.tie_word_embeddings && !store.contains("lm_head.weight") {
                 // Tied: the head's (packed) copy also serves the embedding lookups,
                 // so the table is held once.
@@ -226,8 +227,50 @@ impl Model {
         })
     }
 
-    /// A KV cache for one sequence of up to `capacity` positions.
+    /// A KV cache for one sequence of up to `capacity` positions (with one
+    /// slot of linear-attention state for a hybrid model).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
+        let mut c = self.new_kv_cache(capacity);
+        if let Some(states) = self.state_pool(1) {
+            c.pool.drop_layers(&self.kv_layer_mask());
+            c.states = Some(states);
+        }
+        c
+    }
+
+    /// Per owned layer: whether it keeps K/V rows (all but linear attention).
+    pub fn kv_layer_mask(&self) -> Vec<bool> {
+        self.layers.iter().map(|l| !matches!(l.attn, Attention::Linear(_))).collect()
+    }
+
+    /// `n_slots` slots of linear-attention state for this shard's layers;
+    /// `None` for a model without linear attention.
+    pub fn state_pool(&self, n_slots: usize) -> Option<crate::StatePool> {
+        self.spec.linear_attn.as_ref()?;
+        let shapes = self
+            .layers
+            .iter()
+            .map(|l| match &l.attn {
+                Attention::Linear(d) => Some(d.shape),
+                _ => None,
+            })
+            .collect();
+        Some(crate::StatePool::new(shapes, n_slots))
+    }
+
+    /// Bytes of one sequence's linear-attention state in this shard (0 for
+    /// models without it): conv and recurrent states of every owned linear layer.
+    pub fn state_bytes_per_seq(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match &l.attn {
+                Attention::Linear(d) => d.shape.len() * 4,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    fn new_kv_cache(&self, capacity: usize) -> KvCache {
         match &self.spec.mla {
             Some(m) => KvCache::keys_only(self.layers.len(), m.cache_width(), capacity, self.kv_type),
             None => KvCache::with_type(
@@ -274,8 +317,18 @@ impl Model {
         self.head(pool, ws, seqs, comm)
     }
 
-    /// A pool of `n_blocks` KV blocks of `block` positions for this shard's layers.
+    /// A pool of `n_blocks` KV blocks of `block` positions for this shard's
+    /// layers. A hybrid model's pool keeps K/V only for its attention layers;
+    /// give it state slots with [`Model::state_pool`] (`pool.states`).
     pub fn new_pool(&self, block: usize, n_blocks: usize) -> KvPool {
+        let mut p = self.new_kv_pool(block, n_blocks);
+        if self.spec.linear_attn.is_some() {
+            p.drop_layers(&self.kv_layer_mask());
+        }
+        p
+    }
+
+    fn new_kv_pool(&self, block: usize, n_blocks: usize) -> KvPool {
         match &self.spec.mla {
             Some(m) => KvPool::keys_only(self.layers.len(), m.cache_width(), block, n_blocks, self.kv_type),
             None => KvPool::new(
@@ -293,9 +346,10 @@ impl Model {
     /// attention: one latent ‖ rope-key row per layer, the same on every
     /// tensor-parallel rank).
     pub fn kv_bytes_per_token(&self) -> usize {
+        let kv_layers = self.kv_layer_mask().iter().filter(|&&k| k).count();
         match &self.spec.mla {
-            Some(m) => self.layers.len() * self.kv_type.bytes_for(m.cache_width()),
-            None => self.layers.len() * 2 * self.kv_type.bytes_for(self.local.n_kv_heads * self.config.head_dim),
+            Some(m) => kv_layers * self.kv_type.bytes_for(m.cache_width()),
+            None => kv_layers * 2 * self.kv_type.bytes_for(self.local.n_kv_heads * self.config.head_dim),
         }
     }
 
@@ -404,6 +458,9 @@ impl Model {
         }
         let eps = cfg.rms_norm_eps;
         let n = t_total;
+        if self.spec.linear_attn.is_some() {
+            crate::linear_attn::begin_states(seqs, paged.as_deref_mut())?;
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             // Attention block.
             ops::rms_norm(&ws.x[..n * h], &layer.attn_norm, eps, h, &mut ws.xn[..n * h]);
@@ -413,6 +470,14 @@ impl Model {
                     let rope = RopeRows { cos: &ws.cos, sin: &ws.sin, style: self.rope.style };
                     let paged = paged.as_deref_mut();
                     mla.forward(pool, &ws.xn, n, &rope, seqs, paged, li, &mut ws.o[..n * h], &mut ws.mla);
+                    comm.all_reduce_sum(&mut ws.o[..n * h])?;
+                    self.feed_forward(pool, ws, layer, n, comm)?;
+                    continue;
+                }
+                Attention::Linear(dn) => {
+                    let paged = paged.as_deref_mut();
+                    let (lw, mm) = (&mut ws.linear, &mut ws.scratch);
+                    dn.forward(pool, &ws.xn, n, seqs, paged, li, &mut ws.o[..n * h], lw, mm)?;
                     comm.all_reduce_sum(&mut ws.o[..n * h])?;
                     self.feed_forward(pool, ws, layer, n, comm)?;
                     continue;
@@ -461,6 +526,12 @@ impl Model {
                     KvLayers::Q4_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
                 }
                 row += len;
+            }
+            if let Some(g) = &gqa.gate {
+                let gate = &mut ws.linear.attn_gate;
+                grow(gate, n * hq);
+                g.forward(pool, &ws.xn, n, gate, &mut ws.scratch);
+                crate::linear_attn::apply_output_gate(&mut ws.attn[..n * hq], &gate[..n * hq]);
             }
             match self.shard.tp.as_ref().filter(|t| t.exact) {
                 Some(tp) => {

@@ -19,6 +19,9 @@ pub enum Arch {
     Qwen2Moe,
     Qwen3,
     Qwen3Moe,
+    Qwen3Next,
+    Qwen35,
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -37,6 +40,9 @@ impl Arch {
             "qwen2_moe" => Arch::Qwen2Moe,
             "qwen3" => Arch::Qwen3,
             "qwen3_moe" => Arch::Qwen3Moe,
+            "qwen3_next" => Arch::Qwen3Next,
+            "qwen3_5_text" | "qwen3_5" => Arch::Qwen35,
+            "qwen3_5_moe_text" | "qwen3_5_moe" => Arch::Qwen35Moe,
             _ => return None,
         })
     }
@@ -57,6 +63,9 @@ impl Arch {
             Arch::Qwen2Moe => arch::qwen2_moe::spec(cfg)?,
             Arch::Qwen3 => arch::qwen3::spec(cfg),
             Arch::Qwen3Moe => arch::qwen3_moe::spec(cfg)?,
+            Arch::Qwen3Next => arch::qwen3_next::spec(cfg)?,
+            Arch::Qwen35 => arch::qwen3_5::spec(cfg)?,
+            Arch::Qwen35Moe => arch::qwen3_5_moe::spec(cfg)?,
         })
     }
 
@@ -74,6 +83,9 @@ impl Arch {
             "qwen2_moe",
             "qwen3",
             "qwen3_moe",
+            "qwen3_next",
+            "qwen3_5_text",
+            "qwen3_5_moe_text",
         ]
     }
 }

@@ -35,6 +35,8 @@ pub struct Workspace {
     pub(crate) moe: crate::moe::MoeScratch,
     /// Buffers of latent-attention layers.
     pub(crate) mla: crate::mla::MlaScratch,
+    /// Buffers of linear-attention layers and the gated attention's gate.
+    pub(crate) linear: crate::linear_attn::LinearAttnScratch,
 }
 
 pub(crate) fn grow(v: &mut Vec<f32>, len: usize) {

@@ -171,6 +171,26 @@ fn minimax_m2_matches_transformers() {
     check("minimax_m2", 1);
 }
 
+/// Hybrid linear attention: Gated DeltaNet (fused grouped in_proj_qkvz/ba)
+/// in 3 of 4 layers, gated attention with partial rotary, (1 + w) norms, MoE
+/// with a gated shared expert.
+#[test]
+fn qwen3_next_matches_transformers() {
+    check("qwen3_next", 2);
+}
+
+/// The Qwen3.5 hybrid (split in_proj_qkv/z/b/a), dense MLP.
+#[test]
+fn qwen3_5_matches_transformers() {
+    check("qwen3_5", 1);
+}
+
+/// The Qwen3.5 hybrid with MoE and a gated shared expert.
+#[test]
+fn qwen3_5_moe_matches_transformers() {
+    check("qwen3_5_moe", 2);
+}
+
 /// The MoE fixtures written as llama.cpp's converter would (stacked
 /// `ffn_*_exps` experts, `ffn_gate_inp` routers, MoE metadata keys; mixtral as
 /// arch `llama` with permuted q/k; qwen3_moe's layer 0 stays a dense
@@ -361,7 +381,7 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
             let mut l = Vec::new();
             let mut steps = [SeqStep {
                 tokens: &a[start..end],
-                cache: SeqKv::Paged { table: &table_a, start },
+                cache: SeqKv::Paged { table: &table_a, start, state: None },
                 mode: LogitsMode::All,
                 logits: &mut l,
             }];
@@ -373,13 +393,13 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
         let mut steps = [
             SeqStep {
                 tokens: &a[n - 1..],
-                cache: SeqKv::Paged { table: &table_a, start: n - 1 },
+                cache: SeqKv::Paged { table: &table_a, start: n - 1, state: None },
                 mode: LogitsMode::All,
                 logits: &mut la,
             },
             SeqStep {
                 tokens: &b[8..],
-                cache: SeqKv::Paged { table: &table_b, start: 8 },
+                cache: SeqKv::Paged { table: &table_b, start: 8, state: None },
                 mode: LogitsMode::All,
                 logits: &mut lb,
             },
@@ -398,7 +418,7 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
         let mut l = Vec::new();
         let mut steps = [SeqStep {
             tokens: &a[..6],
-            cache: SeqKv::Paged { table: &table_a[..1], start: 0 },
+            cache: SeqKv::Paged { table: &table_a[..1], start: 0, state: None },
             mode: LogitsMode::Last,
             logits: &mut l,
         }];

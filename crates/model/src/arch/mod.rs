@@ -16,8 +16,12 @@ pub mod mixtral;
 pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_5;
+pub mod qwen3_5_moe;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 
+use crate::linear_attn::LinearAttnSpec;
 use crate::mla::MlaSpec;
 use crate::moe::{ExpertAct, MoeSpec};
 use kernels::ops::RopeStyle;
@@ -60,6 +64,10 @@ pub struct ArchSpec {
     /// [`ArchSpec::qk_norm`]. Under tensor parallelism its sum of squares is
     /// all-reduced across the group, so it stays exact.
     pub qk_norm_whole: bool,
+    /// Hybrid linear attention (Qwen3-Next, Qwen3.5): which layers are Gated
+    /// DeltaNet, their shapes, and the family's gated attention and
+    /// zero-centered norms ([`crate::linear_attn`]).
+    pub linear_attn: Option<LinearAttnSpec>,
 }
 
 impl Default for ArchSpec {
@@ -78,6 +86,7 @@ impl Default for ArchSpec {
             attn_scale: None,
             local_rope: None,
             qk_norm_whole: false,
+            linear_attn: None,
         }
     }
 }
@@ -142,6 +151,8 @@ pub enum AttnKind<'a> {
     Gqa,
     /// Multi-head latent attention over a cache of latents.
     Mla(&'a MlaSpec),
+    /// Gated DeltaNet: a fixed-size recurrent state per sequence, no KV rows.
+    Linear(&'a LinearAttnSpec),
 }
 
 /// The feed-forward block of one layer.
@@ -167,7 +178,10 @@ impl ArchSpec {
     }
 
     /// Layer `layer`'s attention block: GQA, or latent attention.
-    pub fn attn_kind(&self, _layer: usize) -> AttnKind<'_> {
+    pub fn attn_kind(&self, layer: usize) -> AttnKind<'_> {
+        if let Some(la) = self.linear_attn.as_ref().filter(|la| la.is_linear(layer)) {
+            return AttnKind::Linear(la);
+        }
         match &self.mla {
             Some(m) => AttnKind::Mla(m),
             None => AttnKind::Gqa,

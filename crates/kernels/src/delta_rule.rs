@@ -1,0 +1,413 @@
+//! The gated delta rule: Gated DeltaNet's linear attention, one value head at
+//! a time (Qwen3-Next, Qwen3.5).
+//!
+//! A head keeps a state `S` of `dk × dv` values (row `i`: key dim `i`,
+//! contiguous over the value dim). Per token, with the key `k` and query `q`
+//! L2-normalized (and `q` scaled by `1/√dk` — the caller's job), the value
+//! `v`, the log-decay `g ≤ 0` and the write strength `β ∈ (0, 1)`:
+//!
+//! ```text
+//! S ← exp(g)·S
+//! S ← S + k ⊗ β·(v − Sᵀk)        (the delta rule: replace what k recalls)
+//! o = Sᵀq
+//! ```
+//!
+//! * [`recurrent`]: the token loop, for decode. Every step is a row-wise
+//!   `axpy` over the value dim, compiled with AVX2+FMA where the CPU has it
+//!   (the same body compiled plain is [`recurrent_scalar`]).
+//! * [`chunked`]: prefill in chunks of [`CHUNK`] tokens in the WY form (as
+//!   flash-linear-attention and transformers' `torch_chunk_gated_delta_rule`):
+//!   within a chunk the delta rule's sequential dependence is one small
+//!   lower-triangular solve, and the state is read and written once per chunk
+//!   instead of once per token.
+//! * [`recurrent_f64`]: the reference in f64, for tests.
+
+use crate::isa::{self, Isa};
+
+/// Tokens per chunk of [`chunked`] (flash-linear-attention's and transformers').
+pub const CHUNK: usize = 64;
+
+/// One head's inputs for `n` tokens: `q`, `k` `[n × dk]` (normalized; `q`
+/// scaled), `v` `[n × dv]`, `g` and `beta` `[n]`.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadInputs<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+}
+
+impl HeadInputs<'_> {
+    pub fn len(&self) -> usize {
+        self.g.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.g.is_empty()
+    }
+
+    fn check(&self, s: &[f32], dk: usize, dv: usize, out: &[f32]) {
+        let n = self.len();
+        assert!(s.len() == dk * dv, "state is dk × dv");
+        assert!(self.q.len() >= n * dk && self.k.len() >= n * dk && self.v.len() >= n * dv);
+        assert!(self.beta.len() >= n && out.len() >= n * dv);
+    }
+}
+
+fn simd() -> bool {
+    matches!(isa::active(), Isa::Avx2 | Isa::Avx512)
+}
+
+/// `y += a · x`.
+#[inline(always)]
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * *x;
+    }
+}
+
+/// `x · y` with eight independent partial sums (so it vectorizes).
+#[inline(always)]
+fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (xc, yc) = (x.chunks_exact(8), y.chunks_exact(8));
+    let (xr, yr) = (xc.remainder(), yc.remainder());
+    for (a, b) in xc.zip(yc) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    let mut s = acc.iter().sum::<f32>();
+    for (a, b) in xr.iter().zip(yr) {
+        s += a * b;
+    }
+    s
+}
+
+/// The token loop (decode), updating `s` in place; `out`: `[n × dv]`.
+pub fn recurrent(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: &mut [f32], sc: &mut ChunkScratch) {
+    x.check(s, dk, dv, out);
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: AVX2 and FMA are available (isa::active checked them).
+        unsafe { recurrent_avx2(s, x, dk, dv, out, sc) };
+        return;
+    }
+    recurrent_body(s, x, dk, dv, out, sc);
+}
+
+/// [`recurrent`] without SIMD (its reference).
+pub fn recurrent_scalar(
+    s: &mut [f32],
+    x: &HeadInputs<'_>,
+    dk: usize,
+    dv: usize,
+    out: &mut [f32],
+    sc: &mut ChunkScratch,
+) {
+    x.check(s, dk, dv, out);
+    recurrent_body(s, x, dk, dv, out, sc);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn recurrent_avx2(
+    s: &mut [f32],
+    x: &HeadInputs<'_>,
+    dk: usize,
+    dv: usize,
+    out: &mut [f32],
+    sc: &mut ChunkScratch,
+) {
+    recurrent_body(s, x, dk, dv, out, sc);
+}
+
+/// Per token, two passes over the state rows, each an `axpy` over the value
+/// dim: (1) `Sᵀk` and `Sᵀq` of the old state; then `δ = β(v − e·Sᵀk)` with
+/// `e = exp(g)`, and `o = e·Sᵀq + (q·k)·δ` (= the new state's `Sᵀq`);
+/// (2) `S ← e·S + k ⊗ δ`.
+#[inline(always)]
+fn recurrent_body(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: &mut [f32], sc: &mut ChunkScratch) {
+    grow(&mut sc.row, dv);
+    let delta = &mut sc.row[..dv];
+    for t in 0..x.len() {
+        let (q, k) = (&x.q[t * dk..(t + 1) * dk], &x.k[t * dk..(t + 1) * dk]);
+        let v = &x.v[t * dv..(t + 1) * dv];
+        let o = &mut out[t * dv..(t + 1) * dv];
+        let (e, beta) = (x.g[t].exp(), x.beta[t]);
+        delta.fill(0.0);
+        o.fill(0.0);
+        for i in 0..dk {
+            let row = &s[i * dv..(i + 1) * dv];
+            axpy(delta, k[i], row);
+            axpy(o, q[i], row);
+        }
+        let qk = dot(q, k);
+        for j in 0..dv {
+            let d = beta * (v[j] - e * delta[j]);
+            delta[j] = d;
+            o[j] = e * o[j] + qk * d;
+        }
+        for i in 0..dk {
+            let ki = k[i];
+            for (r, d) in s[i * dv..(i + 1) * dv].iter_mut().zip(delta.iter()) {
+                *r = e * *r + ki * *d;
+            }
+        }
+    }
+}
+
+/// Reusable buffers of [`chunked`].
+#[derive(Debug, Default, Clone)]
+pub struct ChunkScratch {
+    /// Cumulative log-decay within the chunk, `[L]`.
+    gc: Vec<f32>,
+    /// `(I − N)⁻¹`, `[L × L]` lower triangular (N: the strictly lower
+    /// `−β_i (k_i·k_j) exp(gc_i − gc_j)`).
+    t: Vec<f32>,
+    /// `T·(β v)` then the corrected values `v_new`, `[L × dv]`.
+    u: Vec<f32>,
+    /// `T·(β k exp(gc))`, `[L × dk]`.
+    w: Vec<f32>,
+    /// A row of `dk` or `L` values.
+    row: Vec<f32>,
+}
+
+/// The chunked (WY) form over `n` tokens, updating `s`; `out`: `[n × dv]`.
+/// Equal to [`recurrent`] up to rounding.
+pub fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: &mut [f32], sc: &mut ChunkScratch) {
+    x.check(s, dk, dv, out);
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: AVX2 and FMA are available (isa::active checked them).
+        unsafe { chunked_avx2(s, x, dk, dv, out, sc) };
+        return;
+    }
+    chunked_body(s, x, dk, dv, out, sc);
+}
+
+/// [`chunked`] without SIMD (its reference).
+pub fn chunked_scalar(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: &mut [f32], sc: &mut ChunkScratch) {
+    x.check(s, dk, dv, out);
+    chunked_body(s, x, dk, dv, out, sc);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chunked_avx2(
+    s: &mut [f32],
+    x: &HeadInputs<'_>,
+    dk: usize,
+    dv: usize,
+    out: &mut [f32],
+    sc: &mut ChunkScratch,
+) {
+    chunked_body(s, x, dk, dv, out, sc);
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+#[inline(always)]
+fn chunked_body(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: &mut [f32], sc: &mut ChunkScratch) {
+    let n = x.len();
+    grow(&mut sc.gc, CHUNK);
+    grow(&mut sc.t, CHUNK * CHUNK);
+    grow(&mut sc.u, CHUNK * dv);
+    grow(&mut sc.w, CHUNK * dk);
+    grow(&mut sc.row, CHUNK.max(dk));
+    let mut c0 = 0;
+    while c0 < n {
+        let l = CHUNK.min(n - c0);
+        let k = |t: usize| &x.k[(c0 + t) * dk..(c0 + t + 1) * dk];
+        let q = |t: usize| &x.q[(c0 + t) * dk..(c0 + t + 1) * dk];
+        let beta = &x.beta[c0..c0 + l];
+        let gc = &mut sc.gc[..l];
+        let mut acc = 0.0;
+        for (t, g) in gc.iter_mut().enumerate() {
+            acc += x.g[c0 + t];
+            *g = acc;
+        }
+        // T = (I − N)⁻¹ by forward substitution, row by row:
+        // T[i][j] = N[i][j] + Σ_{j<m<i} N[i][m] T[m][j], T[i][i] = 1.
+        let tm = &mut sc.t[..l * l];
+        let nrow = &mut sc.row[..l];
+        for i in 0..l {
+            for m in 0..i {
+                nrow[m] = -beta[i] * dot(k(i), k(m)) * (gc[i] - gc[m]).exp();
+            }
+            let (done, rest) = tm.split_at_mut(i * l);
+            let ti = &mut rest[..l];
+            ti.fill(0.0);
+            for m in 0..i {
+                // Row m of T is final; T[m][j] is zero for j > m.
+                axpy(&mut ti[..=m], nrow[m], &done[m * l..m * l + m + 1]);
+            }
+            ti[i] = 1.0;
+        }
+        // U = T·(β v), W = T·(β k exp(gc)).
+        let (u, w) = (&mut sc.u[..l * dv], &mut sc.w[..l * dk]);
+        u.fill(0.0);
+        w.fill(0.0);
+        for i in 0..l {
+            let (ui, wi) = (&mut u[i * dv..(i + 1) * dv], &mut w[i * dk..(i + 1) * dk]);
+            for m in 0..=i {
+                let tim = tm[i * l + m];
+                axpy(ui, tim * beta[m], &x.v[(c0 + m) * dv..(c0 + m + 1) * dv]);
+                axpy(wi, tim * beta[m] * gc[m].exp(), k(m));
+            }
+        }
+        // v_new = U − W·S (rows of S scaled by W's entries).
+        for i in 0..l {
+            let ui = &mut u[i * dv..(i + 1) * dv];
+            for r in 0..dk {
+                axpy(ui, -w[i * dk + r], &s[r * dv..(r + 1) * dv]);
+            }
+        }
+        // o_i = exp(gc_i)·Sᵀq_i + Σ_{j≤i} (q_i·k_j) exp(gc_i − gc_j) v_new_j.
+        for i in 0..l {
+            let o = &mut out[(c0 + i) * dv..(c0 + i + 1) * dv];
+            o.fill(0.0);
+            let qi = q(i);
+            let e = gc[i].exp();
+            for r in 0..dk {
+                axpy(o, e * qi[r], &s[r * dv..(r + 1) * dv]);
+            }
+            for j in 0..=i {
+                let a = dot(qi, k(j)) * (gc[i] - gc[j]).exp();
+                axpy(o, a, &u[j * dv..(j + 1) * dv]);
+            }
+        }
+        // S ← exp(gc_L)·S + Σ_j exp(gc_L − gc_j) k_j ⊗ v_new_j.
+        let last = gc[l - 1];
+        let el = last.exp();
+        let coef = &mut sc.row[..l];
+        for j in 0..l {
+            coef[j] = (last - gc[j]).exp();
+        }
+        for r in 0..dk {
+            let row = &mut s[r * dv..(r + 1) * dv];
+            row.iter_mut().for_each(|v| *v *= el);
+            for j in 0..l {
+                axpy(row, coef[j] * x.k[(c0 + j) * dk + r], &u[j * dv..(j + 1) * dv]);
+            }
+        }
+        c0 += l;
+    }
+}
+
+/// The token loop in f64 in the reference's order (transformers'
+/// `torch_recurrent_gated_delta_rule`), for tests: returns the outputs.
+pub fn recurrent_f64(s: &mut [f64], x: &HeadInputs<'_>, dk: usize, dv: usize) -> Vec<f64> {
+    let mut out = vec![0f64; x.len() * dv];
+    for t in 0..x.len() {
+        let decay = (x.g[t] as f64).exp();
+        s.iter_mut().for_each(|v| *v *= decay);
+        let k = &x.k[t * dk..(t + 1) * dk];
+        let q = &x.q[t * dk..(t + 1) * dk];
+        for j in 0..dv {
+            let mem: f64 = (0..dk).map(|i| s[i * dv + j] * k[i] as f64).sum();
+            let delta = (x.v[t * dv + j] as f64 - mem) * x.beta[t] as f64;
+            for i in 0..dk {
+                s[i * dv + j] += k[i] as f64 * delta;
+            }
+            out[t * dv + j] = (0..dk).map(|i| s[i * dv + j] * q[i] as f64).sum();
+        }
+    }
+    out
+}
+
+/// `x / ‖x‖` with transformers' `l2norm`: `x · rsqrt(Σx² + eps)`, per row of `dim`.
+pub fn l2norm_rows(x: &mut [f32], dim: usize, eps: f32) {
+    for r in x.chunks_exact_mut(dim) {
+        let inv = 1.0 / (r.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
+        r.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic inputs like a real layer's: unit q, k (q scaled), g ≤ 0.
+    /// q, k, v, g, beta.
+    type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+    fn inputs(n: usize, dk: usize, dv: usize, seed: u64) -> Inputs {
+        let mut st = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut rnd = move || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            (st >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut q: Vec<f32> = (0..n * dk).map(|_| rnd()).collect();
+        let mut k: Vec<f32> = (0..n * dk).map(|_| rnd()).collect();
+        let v = (0..n * dv).map(|_| rnd()).collect();
+        l2norm_rows(&mut q, dk, 1e-6);
+        l2norm_rows(&mut k, dk, 1e-6);
+        let scale = 1.0 / (dk as f32).sqrt();
+        q.iter_mut().for_each(|v| *v *= scale);
+        let g = (0..n).map(|_| -(rnd().abs() * 0.5 + 0.01)).collect();
+        let beta = (0..n).map(|_| 1.0 / (1.0 + (-2.0 * rnd()).exp())).collect();
+        (q, k, v, g, beta)
+    }
+
+    fn max_err(a: &[f32], b: &[f64]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn every_form_matches_the_f64_reference() {
+        for (n, dk, dv) in [(1, 16, 16), (7, 16, 16), (64, 32, 24), (150, 16, 32), (130, 128, 128)] {
+            let (q, k, v, g, beta) = inputs(n, dk, dv, (n * dk + dv) as u64);
+            let x = HeadInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+            // A non-zero initial state, as after a previous chunk.
+            let s0: Vec<f32> = (0..dk * dv).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.05).collect();
+            let mut s64: Vec<f64> = s0.iter().map(|&v| v as f64).collect();
+            let want = recurrent_f64(&mut s64, &x, dk, dv);
+            let mut sc = ChunkScratch::default();
+            type Form = fn(&mut [f32], &HeadInputs<'_>, usize, usize, &mut [f32], &mut ChunkScratch);
+            let forms: [(&str, Form); 4] = [
+                ("recurrent", recurrent),
+                ("recurrent_scalar", recurrent_scalar),
+                ("chunked", chunked),
+                ("chunked_scalar", chunked_scalar),
+            ];
+            for (name, f) in forms {
+                let mut s = s0.clone();
+                let mut out = vec![0f32; n * dv];
+                f(&mut s, &x, dk, dv, &mut out, &mut sc);
+                let (eo, es) = (max_err(&out, &want), max_err(&s, &s64));
+                assert!(eo < 2e-5 && es < 2e-5, "{name} n={n} dk={dk} dv={dv}: out {eo:e}, state {es:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_in_pieces_equals_one_call() {
+        let (n, dk, dv) = (100, 16, 16);
+        let (q, k, v, g, beta) = inputs(n, dk, dv, 5);
+        let mut sc = ChunkScratch::default();
+        let x = HeadInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+        let (mut s1, mut o1) = (vec![0f32; dk * dv], vec![0f32; n * dv]);
+        chunked(&mut s1, &x, dk, dv, &mut o1, &mut sc);
+        let (mut s2, mut o2) = (vec![0f32; dk * dv], vec![0f32; n * dv]);
+        for (a, b) in [(0, 33), (33, 97), (97, 100)] {
+            let part = HeadInputs {
+                q: &q[a * dk..b * dk],
+                k: &k[a * dk..b * dk],
+                v: &v[a * dv..b * dv],
+                g: &g[a..b],
+                beta: &beta[a..b],
+            };
+            chunked(&mut s2, &part, dk, dv, &mut o2[a * dv..b * dv], &mut sc);
+        }
+        let d = o1.iter().zip(&o2).chain(s1.iter().zip(&s2)).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(d < 1e-5, "{d}");
+    }
+}

@@ -1,0 +1,543 @@
+//! Gated DeltaNet, the linear-attention layer of the Qwen3-Next / Qwen3.5
+//! hybrids (transformers' `Qwen3NextGatedDeltaNet`), and the spec of the
+//! family ([`LinearAttnSpec`]).
+//!
+//! ```text
+//! x ─ in_proj ─┬ q,k,v ─ causal depthwise conv1d (kernel K, state: last K−1 inputs) ─ SiLU
+//!              │          ─ q,k: L2 norm (q · 1/√dk), key heads shared by r = nv/nk value heads
+//!              ├ b ─ β = sigmoid(b)
+//!              ├ a ─ g = −exp(A_log) · softplus(a + dt_bias)
+//!              │     ─ gated delta rule per value head (kernels::delta_rule, state dk × dv)
+//!              └ z ─ RMSNorm(o)·w · SiLU(z) per value head ─ out_proj ─ all-reduce
+//! ```
+//!
+//! Projection packing: Qwen3-Next fuses `in_proj_qkvz` grouped per key head
+//! (`[q dk | k dk | v r·dv | z r·dv]` for each key head) and `in_proj_ba`
+//! (`[b r | a r]` per key head); Qwen3.5 has `in_proj_qkv` (all q, all k, all
+//! v), `in_proj_z`, `in_proj_b`, `in_proj_a`. Both load into the same three
+//! local projections: `qkv` in conv-channel order (q of the local key heads,
+//! their k, the v of their value heads), `z`, and `ba` (`[b | a]`).
+//!
+//! The family's other differences (loaded by [`crate::decoder`]): the full
+//! attention layers' q projection also yields a per-head output gate
+//! (`attn · sigmoid(gate)` before `o_proj`), rotary on `partial_rotary_factor`
+//! of each head, and every RMSNorm but the gated one is zero-centered
+//! (`(1 + w)`; llama.cpp's GGUF conversion stores `1 + w` already).
+
+use crate::kv_cache::{KvPool, SeqKv};
+use crate::linear::Linear;
+use crate::model::SeqStep;
+use crate::plan::TpSlice;
+use crate::state_cache::{StatePool, StateShape};
+use crate::workspace::grow;
+use crate::{slice, LoadOptions, ModelError};
+use formats::{ModelConfig, SourceFormat, TensorData, WeightTensor};
+use kernels::delta_rule::{self, ChunkScratch, HeadInputs, CHUNK};
+use kernels::matmul::MatmulScratch;
+use kernels::ThreadPool;
+use serde_json::Value;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// How the input projections are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InProj {
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, grouped per key head.
+    Grouped,
+    /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    Split,
+}
+
+/// The hybrid family's knobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearAttnSpec {
+    /// `linear[l]`: layer `l` is Gated DeltaNet (else gated full attention).
+    pub linear: Vec<bool>,
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub conv_kernel: usize,
+    pub in_proj: InProj,
+    /// Zero-centered `(1 + w)` RMSNorms (HF weights; GGUF stores `1 + w`).
+    pub zero_centered_norms: bool,
+}
+
+impl LinearAttnSpec {
+    /// From `layer_types` (`linear_attention` / `full_attention`), else
+    /// `full_attention_interval` (every n-th layer full, default 4), and the
+    /// `linear_*` shape keys.
+    pub fn from_config(cfg: &ModelConfig, in_proj: InProj) -> Result<LinearAttnSpec, ModelError> {
+        let c = crate::moe::text_config(cfg);
+        let need = |k: &str| {
+            c.get(k)
+                .and_then(Value::as_u64)
+                .map(|v| v as usize)
+                .ok_or_else(|| ModelError::Config(format!("{}: '{k}' is missing", cfg.arch)))
+        };
+        let linear: Vec<bool> = match c.get("layer_types").and_then(Value::as_array) {
+            Some(t) => t.iter().map(|v| v.as_str() == Some("linear_attention")).collect(),
+            None => {
+                let every = c.get("full_attention_interval").and_then(Value::as_u64).unwrap_or(4).max(1) as usize;
+                (0..cfg.n_layers).map(|l| (l + 1) % every != 0).collect()
+            }
+        };
+        if linear.len() != cfg.n_layers {
+            return Err(ModelError::Config(format!(
+                "{}: layer_types has {} entries for {} layers",
+                cfg.arch,
+                linear.len(),
+                cfg.n_layers
+            )));
+        }
+        let spec = LinearAttnSpec {
+            linear,
+            k_heads: need("linear_num_key_heads")?,
+            v_heads: need("linear_num_value_heads")?,
+            k_dim: need("linear_key_head_dim")?,
+            v_dim: need("linear_value_head_dim")?,
+            conv_kernel: need("linear_conv_kernel_dim")?,
+            in_proj,
+            zero_centered_norms: cfg.source != SourceFormat::Gguf,
+        };
+        if spec.k_heads == 0 || !spec.v_heads.is_multiple_of(spec.k_heads) || spec.conv_kernel == 0 {
+            return Err(ModelError::Config(format!(
+                "{}: {} value heads cannot share {} key heads (conv kernel {})",
+                cfg.arch, spec.v_heads, spec.k_heads, spec.conv_kernel
+            )));
+        }
+        Ok(spec)
+    }
+
+    pub fn is_linear(&self, layer: usize) -> bool {
+        self.linear.get(layer).copied().unwrap_or(false)
+    }
+
+    /// Value heads per key head.
+    pub fn group(&self) -> usize {
+        self.v_heads / self.k_heads
+    }
+
+    /// The key heads rank `tp` owns (all without tensor parallelism): an
+    /// equal share, each with its value heads.
+    pub fn local_key_heads(&self, tp: Option<&TpSlice>) -> Result<Range<usize>, ModelError> {
+        let Some(tp) = tp else { return Ok(0..self.k_heads) };
+        let ranks = tp.weights.len().max(1);
+        if !self.k_heads.is_multiple_of(ranks) {
+            return Err(ModelError::Unsupported(format!(
+                "cannot split {} linear-attention key heads over {ranks} tensor-parallel ranks",
+                self.k_heads
+            )));
+        }
+        let per = self.k_heads / ranks;
+        Ok(tp.rank * per..(tp.rank + 1) * per)
+    }
+
+    /// The state shape of a linear layer holding `key_heads` key heads.
+    pub fn state_shape(&self, key_heads: usize) -> StateShape {
+        let v_heads = key_heads * self.group();
+        StateShape {
+            conv_channels: 2 * key_heads * self.k_dim + v_heads * self.v_dim,
+            conv_kernel: self.conv_kernel,
+            v_heads,
+            dk: self.k_dim,
+            dv: self.v_dim,
+        }
+    }
+}
+
+/// Adds 1 to a zero-centered norm's weights (`(1 + w)` RMSNorm) when the spec says so.
+pub fn center_norm(spec: Option<&LinearAttnSpec>, mut w: Vec<f32>) -> Vec<f32> {
+    if spec.is_some_and(|s| s.zero_centered_norms) {
+        w.iter_mut().for_each(|v| *v += 1.0);
+    }
+    w
+}
+
+/// Rows `ranges` of a 2-D weight, concatenated, owned.
+pub(crate) fn gather_rows(w: &WeightTensor, ranges: &[Range<usize>]) -> WeightTensor {
+    if let [r] = ranges {
+        return slice::rows(w, r.clone());
+    }
+    let row_bytes = w.dtype.bytes_for(w.shape[1..].iter().product()).expect("rows are whole blocks");
+    let src = w.row_major();
+    let mut out = Vec::with_capacity(ranges.iter().map(|r| r.len()).sum::<usize>() * row_bytes);
+    for r in ranges {
+        out.extend_from_slice(&src[r.start * row_bytes..r.end * row_bytes]);
+    }
+    let mut shape = w.shape.clone();
+    shape[0] = ranges.iter().map(|r| r.len()).sum();
+    WeightTensor {
+        name: w.name.clone(),
+        dtype: w.dtype,
+        shape,
+        data: TensorData::Owned(Arc::new(out)),
+        out_scale: w.out_scale,
+    }
+}
+
+/// The weights of one Gated DeltaNet layer (this rank's key heads).
+#[derive(Debug)]
+pub struct GatedDeltaNet {
+    /// `[C, hidden]`, C = conv channels in conv order (q, k, v).
+    pub qkv: Linear,
+    /// `[v_heads·dv, hidden]`.
+    pub z: Linear,
+    /// `[2·v_heads, hidden]`: b then a.
+    pub ba: Linear,
+    /// Depthwise conv taps, `[C × K]`.
+    pub conv: Vec<f32>,
+    /// `−exp(A_log)` per local value head.
+    pub neg_a: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// The gated RMSNorm's weight, `[dv]` (plain `w`, not zero-centered).
+    pub norm: Vec<f32>,
+    /// `[hidden, v_heads·dv]`, row-parallel.
+    pub out: Linear,
+    pub shape: StateShape,
+    pub key_heads: usize,
+    pub eps: f32,
+}
+
+impl GatedDeltaNet {
+    /// Loads layer `ld`'s `linear_attn.*` for the key heads `kh` (and their value heads).
+    pub(crate) fn load(
+        ld: &crate::decoder::LayerLoader<'_>,
+        spec: &LinearAttnSpec,
+        kh: Range<usize>,
+        cfg: &ModelConfig,
+        opts: &LoadOptions,
+    ) -> Result<GatedDeltaNet, ModelError> {
+        let h = ld.hidden();
+        let (nk, nv, dk, dv, r) = (spec.k_heads, spec.v_heads, spec.k_dim, spec.v_dim, spec.group());
+        let vh = kh.start * r..kh.end * r;
+        let (key, val) = (nk * dk, nv * dv);
+        let span = |r: &Range<usize>, w: usize| r.start * w..r.end * w;
+        let q_ch = span(&kh, dk);
+        let k_ch = key + q_ch.start..key + q_ch.end;
+        let v_ch = 2 * key + vh.start * dv..2 * key + vh.end * dv;
+        let lin = |w: WeightTensor| -> Result<Linear, ModelError> {
+            Ok(Linear::new(crate::decoder::quantized(w, opts)?, None))
+        };
+        let (qkv, z, ba) = match spec.in_proj {
+            InProj::Split => {
+                let w = ld.weight("linear_attn.in_proj_qkv.weight", &[2 * key + val, h])?;
+                let zw = ld.weight("linear_attn.in_proj_z.weight", &[val, h])?;
+                let b = ld.weight("linear_attn.in_proj_b.weight", &[nv, h])?;
+                let a = ld.weight("linear_attn.in_proj_a.weight", &[nv, h])?;
+                let ba = gather_rows(
+                    &WeightTensor {
+                        shape: vec![2 * nv, h],
+                        data: TensorData::Owned(Arc::new([b.row_major(), a.row_major()].concat())),
+                        ..b.clone()
+                    },
+                    &[vh.clone(), nv + vh.start..nv + vh.end],
+                );
+                (gather_rows(w, &[q_ch.clone(), k_ch.clone(), v_ch.clone()]), slice::rows(zw, span(&vh, dv)), ba)
+            }
+            InProj::Grouped => {
+                let g = 2 * dk + 2 * r * dv;
+                let w = ld.weight("linear_attn.in_proj_qkvz.weight", &[nk * g, h])?;
+                let bw = ld.weight("linear_attn.in_proj_ba.weight", &[2 * nv, h])?;
+                let part =
+                    |off: usize, len: usize| kh.clone().map(|k| k * g + off..k * g + off + len).collect::<Vec<_>>();
+                let ranges = [part(0, dk), part(dk, dk), part(2 * dk, r * dv)].concat();
+                let b_rows = kh.clone().map(|k| 2 * r * k..2 * r * k + r);
+                let a_rows = kh.clone().map(|k| 2 * r * k + r..2 * r * (k + 1));
+                let ba_ranges: Vec<_> = b_rows.chain(a_rows).collect();
+                (gather_rows(w, &ranges), gather_rows(w, &part(2 * dk + r * dv, r * dv)), gather_rows(bw, &ba_ranges))
+            }
+        };
+        let k = spec.conv_kernel;
+        let conv_all = ld.weight("linear_attn.conv1d.weight", &[2 * key + val, 1, k])?.to_f32();
+        let conv: Vec<f32> =
+            [q_ch, k_ch, v_ch].iter().flat_map(|c| conv_all[c.start * k..c.end * k].to_vec()).collect();
+        let a_log = ld.vector("linear_attn.A_log", nv)?;
+        let out_w = ld.weight("linear_attn.out_proj.weight", &[h, val])?;
+        Ok(GatedDeltaNet {
+            qkv: lin(qkv)?,
+            z: lin(z)?,
+            ba: Linear::new(ba, None),
+            conv,
+            neg_a: a_log[vh.clone()].iter().map(|v| -v.exp()).collect(),
+            dt_bias: ld.vector("linear_attn.dt_bias", nv)?[vh.clone()].to_vec(),
+            norm: ld.vector("linear_attn.norm.weight", dv)?,
+            out: ld.row_par_of(out_w, &span(&vh, dv))?,
+            shape: spec.state_shape(kh.len()),
+            key_heads: kh.len(),
+            eps: cfg.rms_norm_eps,
+        })
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        [&self.qkv, &self.z, &self.ba, &self.out].iter().map(|l| l.weight_bytes()).sum()
+    }
+
+    pub fn is_quantized(&self) -> bool {
+        self.qkv.weight.dtype.is_quantized()
+    }
+
+    /// The layer over the normalized rows `xn` (`n × hidden`, every sequence's
+    /// new tokens in order) into `out` (`n × hidden`, to be all-reduced);
+    /// advances each sequence's state of owned layer `li`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        xn: &[f32],
+        n: usize,
+        seqs: &mut [SeqStep<'_>],
+        mut paged: Option<&mut KvPool>,
+        li: usize,
+        out: &mut [f32],
+        ws: &mut LinearAttnScratch,
+        mm: &mut MatmulScratch,
+    ) -> Result<(), ModelError> {
+        let s = self.shape;
+        let (c, vw, nv) = (s.conv_channels, s.v_heads * s.dv, s.v_heads);
+        grow(&mut ws.qkv, n * c);
+        grow(&mut ws.conv, n * c);
+        grow(&mut ws.z, n * vw);
+        grow(&mut ws.ba, n * 2 * nv);
+        grow(&mut ws.core, n * vw);
+        Linear::forward_many(
+            pool,
+            &[&self.qkv, &self.z, &self.ba],
+            xn,
+            n,
+            &mut [&mut ws.qkv, &mut ws.z, &mut ws.ba],
+            mm,
+        );
+        ws.tasks.clear();
+        let mut row = 0;
+        for sq in seqs.iter_mut() {
+            let len = sq.tokens.len();
+            let start = sq.cache.start();
+            let states = seq_states(&mut sq.cache, paged.as_deref_mut())?;
+            let (conv_state, rec) = states.0.layer_slot(li, states.1).ok_or_else(|| {
+                ModelError::Unsupported(format!("owned layer {li} has no recurrent state in this cache"))
+            })?;
+            self.conv_silu(&ws.qkv[row * c..(row + len) * c], conv_state, &mut ws.conv[row * c..(row + len) * c]);
+            ws.tasks.push(SeqTask { row, len, start, rec: rec.as_mut_ptr() as usize });
+            row += len;
+        }
+        self.heads(pool, ws);
+        // Gated RMSNorm per (token, value head): RMSNorm(o)·w · SiLU(z).
+        let dv = s.dv;
+        for (o, z) in ws.core[..n * vw].chunks_exact_mut(dv).zip(ws.z[..n * vw].chunks_exact(dv)) {
+            let inv = 1.0 / (o.iter().map(|v| v * v).sum::<f32>() / dv as f32 + self.eps).sqrt();
+            for j in 0..dv {
+                o[j] = o[j] * inv * self.norm[j] * (z[j] / (1.0 + (-z[j]).exp()));
+            }
+        }
+        self.out.forward(pool, &ws.core, n, out, mm);
+        Ok(())
+    }
+
+    /// Causal depthwise conv1d + SiLU of one sequence's rows `x` (`len × C`)
+    /// into `y`, continuing from `state` (the previous `K − 1` inputs, oldest
+    /// first; zeros at position 0), which it then advances.
+    fn conv_silu(&self, x: &[f32], state: &mut [f32], y: &mut [f32]) {
+        let (c, k) = (self.shape.conv_channels, self.shape.conv_kernel);
+        let len = x.len() / c.max(1);
+        let hist = k - 1;
+        // Input u of the concatenation [state rows ‖ x rows].
+        let input =
+            |u: usize| if u < hist { &state[u * c..(u + 1) * c] } else { &x[(u - hist) * c..(u - hist + 1) * c] };
+        for t in 0..len {
+            let yr = &mut y[t * c..(t + 1) * c];
+            yr.fill(0.0);
+            for j in 0..k {
+                let xr = input(t + j);
+                for ch in 0..c {
+                    yr[ch] += self.conv[ch * k + j] * xr[ch];
+                }
+            }
+            yr.iter_mut().for_each(|v| *v /= 1.0 + (-*v).exp());
+        }
+        // The new state: the last K − 1 inputs.
+        if len >= hist {
+            state.copy_from_slice(&x[(len - hist) * c..len * c]);
+        } else if hist > 0 {
+            state.copy_within(len * c.., 0);
+            state[(hist - len) * c..].copy_from_slice(x);
+        }
+    }
+
+    /// The delta rule of every (sequence, value head), split over the pool's
+    /// threads: gathers the head's q, k (L2-normalized, q scaled), v, g and β,
+    /// runs the kernel (one token: the recurrent step; more: the chunked form,
+    /// chunks aligned to absolute positions so any split of a prompt at
+    /// multiples of [`CHUNK`] gives the same bits), and writes `ws.core`.
+    fn heads(&self, pool: &ThreadPool, ws: &mut LinearAttnScratch) {
+        let s = self.shape;
+        let (c, dk, dv, nv) = (s.conv_channels, s.dk, s.dv, s.v_heads);
+        let r = nv / self.key_heads.max(1);
+        let (kq, vw) = (self.key_heads * dk, nv * dv);
+        let nt = pool.n_threads();
+        while ws.threads.len() < nt {
+            ws.threads.push(HeadScratch::default());
+        }
+        let n_tasks = ws.tasks.len() * nv;
+        let threads = Shared(ws.threads.as_mut_ptr());
+        let core = Shared(ws.core.as_mut_ptr());
+        let (conv, ba, tasks) = (&ws.conv, &ws.ba, &ws.tasks);
+        let scale = 1.0 / (dk as f32).sqrt();
+        pool.run(|t, nt| {
+            // SAFETY: thread t alone uses ws.threads[t] (len ≥ nt, checked above).
+            let hs = unsafe { &mut *threads.at(t) };
+            for task in (t..n_tasks).step_by(nt) {
+                let (sq, h) = (&tasks[task / nv], task % nv);
+                let (len, kh) = (sq.len, h / r);
+                for b in [&mut hs.q, &mut hs.k] {
+                    grow(b, len * dk);
+                }
+                for b in [&mut hs.v, &mut hs.o] {
+                    grow(b, len * dv);
+                }
+                grow(&mut hs.g, len);
+                grow(&mut hs.beta, len);
+                for i in 0..len {
+                    let x = &conv[(sq.row + i) * c..(sq.row + i + 1) * c];
+                    hs.q[i * dk..(i + 1) * dk].copy_from_slice(&x[kh * dk..(kh + 1) * dk]);
+                    hs.k[i * dk..(i + 1) * dk].copy_from_slice(&x[kq + kh * dk..kq + (kh + 1) * dk]);
+                    hs.v[i * dv..(i + 1) * dv].copy_from_slice(&x[2 * kq + h * dv..2 * kq + (h + 1) * dv]);
+                    let bar = &ba[(sq.row + i) * 2 * nv..(sq.row + i + 1) * 2 * nv];
+                    hs.beta[i] = 1.0 / (1.0 + (-bar[h]).exp());
+                    hs.g[i] = self.neg_a[h] * softplus(bar[nv + h] + self.dt_bias[h]);
+                }
+                delta_rule::l2norm_rows(&mut hs.q[..len * dk], dk, 1e-6);
+                delta_rule::l2norm_rows(&mut hs.k[..len * dk], dk, 1e-6);
+                hs.q[..len * dk].iter_mut().for_each(|v| *v *= scale);
+                // SAFETY: each (sequence, head) state is a disjoint dk × dv
+                // block of its slot, and each task is run by one thread.
+                let st = unsafe { std::slice::from_raw_parts_mut((sq.rec as *mut f32).add(h * dk * dv), dk * dv) };
+                let x = HeadInputs {
+                    q: &hs.q[..len * dk],
+                    k: &hs.k[..len * dk],
+                    v: &hs.v[..len * dv],
+                    g: &hs.g[..len],
+                    beta: &hs.beta[..len],
+                };
+                if len == 1 {
+                    delta_rule::recurrent(st, &x, dk, dv, &mut hs.o, &mut hs.chunk);
+                } else {
+                    // The first piece up to the next multiple of CHUNK, then whole chunks.
+                    let first = ((CHUNK - sq.start % CHUNK) % CHUNK).min(len);
+                    for (a, b) in [(0, first), (first, len)] {
+                        if a == b {
+                            continue;
+                        }
+                        let part = HeadInputs {
+                            q: &x.q[a * dk..b * dk],
+                            k: &x.k[a * dk..b * dk],
+                            v: &x.v[a * dv..b * dv],
+                            g: &x.g[a..b],
+                            beta: &x.beta[a..b],
+                        };
+                        delta_rule::chunked(st, &part, dk, dv, &mut hs.o[a * dv..b * dv], &mut hs.chunk);
+                    }
+                }
+                for i in 0..len {
+                    // SAFETY: row sq.row + i, columns of head h: written by this task only.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(core.at((sq.row + i) * vw + h * dv), dv) };
+                    dst.copy_from_slice(&hs.o[i * dv..(i + 1) * dv]);
+                }
+            }
+        });
+    }
+}
+
+/// torch's `softplus` (threshold 20: linear above).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// The state pool and slot a sequence's states live in.
+fn seq_states<'a>(
+    cache: &'a mut SeqKv<'_>,
+    paged: Option<&'a mut KvPool>,
+) -> Result<(&'a mut StatePool, usize), ModelError> {
+    let missing = || ModelError::Unsupported("a linear-attention model needs a recurrent-state cache".into());
+    match cache {
+        SeqKv::Own(c) => Ok((c.states.as_mut().ok_or_else(missing)?, 0)),
+        SeqKv::Paged { state, .. } => {
+            let slot = state.ok_or_else(missing)? as usize;
+            Ok((paged.and_then(|p| p.states.as_mut()).ok_or_else(missing)?, slot))
+        }
+    }
+}
+
+/// Before a step's layers: every sequence's state slot is checked to continue
+/// where it stopped (or cleared, at position 0) and moved to the step's end.
+pub fn begin_states(seqs: &mut [SeqStep<'_>], mut paged: Option<&mut KvPool>) -> Result<(), ModelError> {
+    for s in seqs.iter_mut() {
+        let (start, len) = (s.cache.start(), s.tokens.len());
+        let (pool, slot) = seq_states(&mut s.cache, paged.as_deref_mut())?;
+        pool.begin_step(slot, start, len)?;
+    }
+    Ok(())
+}
+
+/// A raw pointer shared by the pool's threads; the users keep their
+/// accesses disjoint (see the SAFETY notes at the uses).
+#[derive(Clone, Copy)]
+struct Shared<T>(*mut T);
+// SAFETY: only used for disjoint per-thread / per-task regions.
+unsafe impl<T> Send for Shared<T> {}
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    /// The element `i` places on (a method, so closures capture the whole
+    /// wrapper rather than its raw-pointer field).
+    fn at(&self, i: usize) -> *mut T {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// One sequence's share of a step: its rows, first position, and its slot's
+/// recurrent state (as an address, to cross into the pool's threads).
+#[derive(Debug, Clone, Copy)]
+struct SeqTask {
+    row: usize,
+    len: usize,
+    start: usize,
+    rec: usize,
+}
+
+/// A thread's gather buffers for one head.
+#[derive(Debug, Default)]
+struct HeadScratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    o: Vec<f32>,
+    chunk: ChunkScratch,
+}
+
+/// Buffers of linear-attention layers (and the gated attention's gate).
+#[derive(Debug, Default)]
+pub struct LinearAttnScratch {
+    qkv: Vec<f32>,
+    conv: Vec<f32>,
+    z: Vec<f32>,
+    ba: Vec<f32>,
+    core: Vec<f32>,
+    tasks: Vec<SeqTask>,
+    threads: Vec<HeadScratch>,
+    /// The full-attention layers' output gate, `T × heads·head_dim`.
+    pub(crate) attn_gate: Vec<f32>,
+}
+
+/// `attn · sigmoid(gate)`, elementwise (the gated attention's output gate).
+pub(crate) fn apply_output_gate(attn: &mut [f32], gate: &[f32]) {
+    for (a, g) in attn.iter_mut().zip(gate) {
+        *a /= 1.0 + (-*g).exp();
+    }
+}
