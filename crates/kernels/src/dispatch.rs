@@ -29,8 +29,8 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
-    avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_packed,
+    avx2, avx2_fp, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4,
+    avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_packed,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.

@@ -13,8 +13,8 @@
 
 use super::avx2::{hsum_epi32, rd16};
 use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
-use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, q2_k, q3_k, q8_0, q8_k};
 use crate::quant::F16Le;
+use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, q2_k, q3_k, q8_0, q8_k};
 use std::arch::x86_64::*;
 
 /// `SIGN_BYTES[s]`: 8 bytes, byte `j` = −1 if bit `j` of `s` is set, else +1.
