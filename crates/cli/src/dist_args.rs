@@ -211,6 +211,8 @@ pub fn rejoin_cluster(
         eprintln!("shardlm serve: the re-formed cluster splits the model anew; loading rank 0's new shard");
         engine.model = model::Model::load(&files, &spec, &opts)?;
     }
+    // The restarted ranks send their startup report first, as at startup.
+    engine::rank_info::gather(&cluster, engine::rank_info::RankInfo::here(&engine.model, Some(&cluster)))?;
     engine.cluster = Some(cluster);
     Ok(())
 }
