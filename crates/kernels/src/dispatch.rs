@@ -29,8 +29,8 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_k, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
-    avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_packed,
+    avx2, avx2_fp, avx2_gemm_k, avx2_k, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4,
+    avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_packed,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -172,6 +172,11 @@ const GEMM_Q8_0: Choice<Gemm> =
 const GEMM_K: Choice<Gemm> =
     &[(Base, Gemm { name: "avx512_gemm_k", run: avx512_gemm_k::matmul, min_m: avx512_gemm_k::MIN_M })];
 
+/// Its AVX2 sibling (8 lanes).
+#[cfg(target_arch = "x86_64")]
+const GEMM_K_AVX2: Choice<Gemm> =
+    &[(Base, Gemm { name: "avx2_gemm_k", run: avx2_gemm_k::matmul, min_m: avx2_gemm_k::MIN_M })];
+
 /// Every weight type, one row each.
 pub static TABLE: &[Row] = &[
     Row {
@@ -295,7 +300,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q4_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
@@ -304,7 +309,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q5_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
@@ -313,7 +318,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q6_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_k::dot_q6_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
