@@ -301,7 +301,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q4_k,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], gemm: GEMM_K, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], dot4: &[(Base, avx512_k::dot4_q4_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::Q5_K,
@@ -310,7 +310,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q5_k,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], gemm: GEMM_K, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], dot4: &[(Base, avx512_k::dot4_q5_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::Q6_K,
