@@ -160,6 +160,7 @@ macro_rules! x86 {
     };
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 use Feature::{Base, Bf16, Vbmi};
 
 /// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
