@@ -301,7 +301,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q4_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], dot4: &[(Base, avx2_k::dot4_q4_k)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], dot4: &[(Base, avx512_k::dot4_q4_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
@@ -310,7 +310,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q5_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], dot4: &[(Base, avx2_k::dot4_q5_k)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], dot4: &[(Base, avx512_k::dot4_q5_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
@@ -319,7 +319,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q6_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], dot4: &[(Base, avx2_k::dot4_q6_k)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_k::dot_q6_k)], dot4: &[(Base, avx512_k::dot4_q6_k)], gemm: GEMM_K, ..NONE },
     },
     Row {

@@ -30,78 +30,68 @@ unsafe fn scale_pair(sj: i16, sk: i16) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(sk), _mm_set1_epi16(sj))
 }
 
-/// Shared Q4_K/Q5_K body (`Q5` adds the 5th bits from `qh`) for `R` rows
-/// `stride` bytes apart: each row gets exactly the one-row arithmetic, so
-/// `R = 4` gives the same bits as `R = 1` row by row.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn rows_k4k5<const Q5: bool, const R: usize>(n: usize, w: *const u8, stride: usize, a: *const u8) -> [f32; R] {
-    let (bb, qs_off) = if Q5 { (176, 48) } else { (144, 16) };
-    let nb = n / 256;
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut accm = [_mm256_setzero_ps(); R];
-    let low = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
-    for i in 0..nb {
-        for r in 0..R {
-            let (x, y) = (w.add(r * stride + i * bb), a.add(i * Q8K_BYTES));
-            for l in 0..bb.div_ceil(64) {
-                super::avx2_rows::prefetch(x.wrapping_add(2 * nb * bb + 64 * l));
-            }
-            let yd = (y as *const f32).read_unaligned();
-            let d = _mm256_set1_ps(yd * f16(rd16(x)));
-            let dmin = _mm256_set1_ps(yd * f16(rd16(x.add(2))));
-            let (sc, mn) = scales_mins(&*(x.add(4) as *const [u8; 12]));
-            // Mins: Σ_j m_j · (bsum[2j] + bsum[2j+1]).
-            let bs = ld(y.add(Q8K_BSUMS));
-            let m16 = _mm256_setr_epi16(
-                mn[0] as i16,
-                mn[0] as i16,
-                mn[1] as i16,
-                mn[1] as i16,
-                mn[2] as i16,
-                mn[2] as i16,
-                mn[3] as i16,
-                mn[3] as i16,
-                mn[4] as i16,
-                mn[4] as i16,
-                mn[5] as i16,
-                mn[5] as i16,
-                mn[6] as i16,
-                mn[6] as i16,
-                mn[7] as i16,
-                mn[7] as i16,
-            );
-            accm[r] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)), accm[r]);
-            let qh = if Q5 { ld(x.add(16)) } else { _mm256_setzero_si256() };
-            let mut sumi = _mm256_setzero_si256();
-            for c in 0..4 {
-                let q = ld(x.add(qs_off + 32 * c));
-                let mut q0 = _mm256_and_si256(q, low);
-                let mut q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-                if Q5 {
-                    let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), one);
-                    let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)), one);
-                    q0 = _mm256_or_si256(q0, _mm256_slli_epi16(h0, 4));
-                    q1 = _mm256_or_si256(q1, _mm256_slli_epi16(h1, 4));
-                }
-                let p0 = _mm256_maddubs_epi16(q0, ld(y.add(Q8K_QS + 64 * c)));
-                let p1 = _mm256_maddubs_epi16(q1, ld(y.add(Q8K_QS + 64 * c + 32)));
-                let s0 = _mm256_set1_epi16(sc[2 * c] as i16);
-                let s1 = _mm256_set1_epi16(sc[2 * c + 1] as i16);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, s0));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, s1));
-            }
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
-        }
-    }
-    std::array::from_fn(|r| hsum_ps(acc[r]) - hsum_ps(accm[r]))
-}
-
+/// Shared Q4_K/Q5_K body (`Q5` adds the 5th bits from `qh`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn dot_k4k5<const Q5: bool>(n: usize, w: *const u8, a: *const u8) -> f32 {
-    rows_k4k5::<Q5, 1>(n, w, 0, a)[0]
+    let (bb, qs_off) = if Q5 { (176, 48) } else { (144, 16) };
+    let nb = n / 256;
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = _mm256_setzero_ps();
+    let low = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    for i in 0..nb {
+        let (x, y) = (w.add(i * bb), a.add(i * Q8K_BYTES));
+        for l in 0..bb.div_ceil(64) {
+            super::avx2_rows::prefetch(x.wrapping_add(2 * nb * bb + 64 * l));
+        }
+        let yd = (y as *const f32).read_unaligned();
+        let d = _mm256_set1_ps(yd * f16(rd16(x)));
+        let dmin = _mm256_set1_ps(yd * f16(rd16(x.add(2))));
+        let (sc, mn) = scales_mins(&*(x.add(4) as *const [u8; 12]));
+        // Mins: Σ_j m_j · (bsum[2j] + bsum[2j+1]).
+        let bs = ld(y.add(Q8K_BSUMS));
+        let m16 = _mm256_setr_epi16(
+            mn[0] as i16,
+            mn[0] as i16,
+            mn[1] as i16,
+            mn[1] as i16,
+            mn[2] as i16,
+            mn[2] as i16,
+            mn[3] as i16,
+            mn[3] as i16,
+            mn[4] as i16,
+            mn[4] as i16,
+            mn[5] as i16,
+            mn[5] as i16,
+            mn[6] as i16,
+            mn[6] as i16,
+            mn[7] as i16,
+            mn[7] as i16,
+        );
+        accm = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)), accm);
+        let qh = if Q5 { ld(x.add(16)) } else { _mm256_setzero_si256() };
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = ld(x.add(qs_off + 32 * c));
+            let mut q0 = _mm256_and_si256(q, low);
+            let mut q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            if Q5 {
+                let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), one);
+                let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)), one);
+                q0 = _mm256_or_si256(q0, _mm256_slli_epi16(h0, 4));
+                q1 = _mm256_or_si256(q1, _mm256_slli_epi16(h1, 4));
+            }
+            let p0 = _mm256_maddubs_epi16(q0, ld(y.add(Q8K_QS + 64 * c)));
+            let p1 = _mm256_maddubs_epi16(q1, ld(y.add(Q8K_QS + 64 * c + 32)));
+            let s0 = _mm256_set1_epi16(sc[2 * c] as i16);
+            let s1 = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, s0));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, s1));
+        }
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - hsum_ps(accm)
 }
 
 /// Q4_K × Q8_K (see [`crate::quant::DotFn`]).
@@ -128,82 +118,40 @@ pub unsafe fn dot_q5_k(n: usize, w: *const u8, a: *const u8) -> f32 {
 /// AVX2+FMA+F16C CPU; pointers as for [`crate::quant::DotFn`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_q6_k(n: usize, w: *const u8, a: *const u8) -> f32 {
-    rows_q6_k::<1>(n, w, 0, a)[0]
-}
-
-/// `R` Q6_K rows (`stride` bytes apart) × one Q8_K row, each with exactly the
-/// one-row arithmetic.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn rows_q6_k<const R: usize>(n: usize, w: *const u8, stride: usize, a: *const u8) -> [f32; R] {
     let nb = n / 256;
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = _mm256_setzero_ps();
     let low = _mm256_set1_epi8(0x0F);
     let three = _mm256_set1_epi8(3);
     for i in 0..nb {
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let (x, y) = (w.add(r * stride + i * 210), a.add(i * Q8K_BYTES));
-            for l in 0..4 {
-                super::avx2_rows::prefetch(x.wrapping_add(2 * nb * 210 + 64 * l));
-            }
-            let d = _mm256_set1_ps((y as *const f32).read_unaligned() * f16(rd16(x.add(208))));
-            let scales = _mm_loadu_si128(x.add(192) as *const __m128i);
-            let sc16 = _mm256_cvtepi8_epi16(scales);
-            // Offset term: 32 · Σ_g sc_g · bsum_g.
-            let off = _mm256_madd_epi16(sc16, ld(y.add(Q8K_BSUMS)));
-            let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
-            let sc: [i8; 16] = *(x.add(192) as *const [i8; 16]);
-            for h in 0..2 {
-                let ql0 = ld(x.add(64 * h));
-                let ql1 = ld(x.add(64 * h + 32));
-                let qh = ld(x.add(128 + 32 * h));
-                let hb =
-                    |k: i32| _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k)), three), 4);
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, low), hb(0)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, low), hb(2)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), hb(4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), hb(6)),
-                ];
-                for (k, &qk) in q.iter().enumerate() {
-                    let p = _mm256_maddubs_epi16(qk, ld(y.add(Q8K_QS + 128 * h + 32 * k)));
-                    let g = 8 * h + 2 * k;
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc[g] as i16, sc[g + 1] as i16)));
-                }
-            }
-            *acc_r = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), *acc_r);
+        let (x, y) = (w.add(i * 210), a.add(i * Q8K_BYTES));
+        for l in 0..4 {
+            super::avx2_rows::prefetch(x.wrapping_add(2 * nb * 210 + 64 * l));
         }
+        let d = _mm256_set1_ps((y as *const f32).read_unaligned() * f16(rd16(x.add(208))));
+        let scales = _mm_loadu_si128(x.add(192) as *const __m128i);
+        let sc16 = _mm256_cvtepi8_epi16(scales);
+        // Offset term: 32 · Σ_g sc_g · bsum_g.
+        let off = _mm256_madd_epi16(sc16, ld(y.add(Q8K_BSUMS)));
+        let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+        let sc: [i8; 16] = *(x.add(192) as *const [i8; 16]);
+        for h in 0..2 {
+            let ql0 = ld(x.add(64 * h));
+            let ql1 = ld(x.add(64 * h + 32));
+            let qh = ld(x.add(128 + 32 * h));
+            let hb = |k: i32| _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k)), three), 4);
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, low), hb(0)),
+                _mm256_or_si256(_mm256_and_si256(ql1, low), hb(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), hb(4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), hb(6)),
+            ];
+            for (k, &qk) in q.iter().enumerate() {
+                let p = _mm256_maddubs_epi16(qk, ld(y.add(Q8K_QS + 128 * h + 32 * k)));
+                let g = 8 * h + 2 * k;
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc[g] as i16, sc[g + 1] as i16)));
+            }
+        }
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    acc.map(|v| hsum_ps(v))
-}
-
-/// Four Q4_K rows × one Q8_K row (see [`crate::quant::Dot4Fn`]); each row's
-/// result equals [`dot_q4_k`]'s.
-///
-/// # Safety
-/// AVX2+FMA+F16C CPU; pointers as for [`crate::quant::Dot4Fn`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot4_q4_k(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let r = rows_k4k5::<false, 4>(n, w, stride, a);
-    std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
-}
-
-/// Four Q5_K rows × one Q8_K row; each row's result equals [`dot_q5_k`]'s.
-///
-/// # Safety
-/// As for [`dot4_q4_k`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot4_q5_k(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let r = rows_k4k5::<true, 4>(n, w, stride, a);
-    std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
-}
-
-/// Four Q6_K rows × one Q8_K row; each row's result equals [`dot_q6_k`]'s.
-///
-/// # Safety
-/// As for [`dot4_q4_k`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot4_q6_k(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let r = rows_q6_k::<4>(n, w, stride, a);
-    std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
+    hsum_ps(acc)
 }
