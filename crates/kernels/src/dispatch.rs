@@ -320,7 +320,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q6_k,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q6_k)], dot4: &[(Base, avx512_k::dot4_q6_k)], gemm: GEMM_K, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q6_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::MXFP4,

@@ -135,105 +135,63 @@ pub unsafe fn dot_q5_k(n: usize, w: *const u8, a: *const u8) -> f32 {
     dot_k4k5::<true>(n, w, a)
 }
 
-/// `R` Q6_K rows (`stride` bytes apart) × one Q8_K row, each with exactly
-/// the one-row arithmetic (shared activation loads only).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn rows_q6_k<const R: usize>(n: usize, w: *const u8, stride: usize, a: *const u8) -> [f32; R] {
-    let nb = n / 256;
-    let mut acc = [_mm512_setzero_ps(); R];
-    let low = _mm512_set1_epi8(0x0F);
-    let three = _mm512_set1_epi8(3);
-    for i in 0..nb {
-        let y = a.add(i * Q8K_BYTES);
-        let yd = (y as *const f32).read_unaligned();
-        let bsums = ld256(y.add(Q8K_BSUMS));
-        let ys =
-            [ld512(y.add(Q8K_QS)), ld512(y.add(Q8K_QS + 64)), ld512(y.add(Q8K_QS + 128)), ld512(y.add(Q8K_QS + 192))];
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let x = w.add(r * stride + i * 210);
-            let d = _mm512_set1_ps(yd * f16(rd16(x.add(208))));
-            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192) as *const __m128i));
-            // Offset term: 32 · Σ_g sc_g · bsum_g.
-            let off = _mm256_madd_epi16(sc16, bsums);
-            let mut sumi = _mm512_castsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5)));
-            sumi = _mm512_inserti64x4(sumi, _mm256_setzero_si256(), 1);
-            let scw = _mm512_castsi256_si512(sc16);
-            for h in 0..2 {
-                let ql = ld512(x.add(64 * h)); // [ql0 | ql1]
-                let qh = ld256(x.add(128 + 32 * h));
-                let zqh = join(qh, _mm256_srli_epi16(qh, 2)); // bits for quarters 0 | 1
-                let ha = _mm512_slli_epi16(_mm512_and_si512(zqh, three), 4);
-                let hb = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(zqh, 4), three), 4);
-                let qa = _mm512_or_si512(_mm512_and_si512(ql, low), ha); // values 0..64 of the half
-                let qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low), hb); // 64..128
-                let g = 8 * h as i16;
-                for (k, q) in [qa, qb].into_iter().enumerate() {
-                    let p = _mm512_maddubs_epi16(q, ys[2 * h + k]);
-                    let b = g + 4 * k as i16;
-                    // Words 0..8 → group b, 8..16 → b+1, 16..24 → b+2, 24..32 → b+3.
-                    let idx = join(
-                        _mm256_setr_epi16(
-                            b,
-                            b,
-                            b,
-                            b,
-                            b,
-                            b,
-                            b,
-                            b,
-                            b + 1,
-                            b + 1,
-                            b + 1,
-                            b + 1,
-                            b + 1,
-                            b + 1,
-                            b + 1,
-                            b + 1,
-                        ),
-                        _mm256_setr_epi16(
-                            b + 2,
-                            b + 2,
-                            b + 2,
-                            b + 2,
-                            b + 2,
-                            b + 2,
-                            b + 2,
-                            b + 2,
-                            b + 3,
-                            b + 3,
-                            b + 3,
-                            b + 3,
-                            b + 3,
-                            b + 3,
-                            b + 3,
-                            b + 3,
-                        ),
-                    );
-                    sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(p, _mm512_permutexvar_epi16(idx, scw)));
-                }
-            }
-            *acc_r = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), *acc_r);
-        }
-    }
-    acc.map(|v| _mm512_reduce_add_ps(v))
-}
-
 /// Q6_K × Q8_K.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL CPU; pointers as for [`crate::quant::DotFn`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_q6_k(n: usize, w: *const u8, a: *const u8) -> f32 {
-    rows_q6_k::<1>(n, w, 0, a)[0]
-}
-
-/// Four Q6_K rows × one Q8_K row; each row's result equals [`dot_q6_k`]'s.
-///
-/// # Safety
-/// As for [`dot4_q4_k`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot4_q6_k(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let r = rows_q6_k::<4>(n, w, stride, a);
-    std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
+    let nb = n / 256;
+    let mut acc = _mm512_setzero_ps();
+    let low = _mm512_set1_epi8(0x0F);
+    let three = _mm512_set1_epi8(3);
+    for i in 0..nb {
+        let (x, y) = (w.add(i * 210), a.add(i * Q8K_BYTES));
+        let d = _mm512_set1_ps((y as *const f32).read_unaligned() * f16(rd16(x.add(208))));
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192) as *const __m128i));
+        // Offset term: 32 · Σ_g sc_g · bsum_g.
+        let off = _mm256_madd_epi16(sc16, ld256(y.add(Q8K_BSUMS)));
+        let mut sumi = _mm512_castsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5)));
+        sumi = _mm512_inserti64x4(sumi, _mm256_setzero_si256(), 1);
+        let scw = _mm512_castsi256_si512(sc16);
+        for h in 0..2 {
+            let ql = ld512(x.add(64 * h)); // [ql0 | ql1]
+            let qh = ld256(x.add(128 + 32 * h));
+            let zqh = join(qh, _mm256_srli_epi16(qh, 2)); // bits for quarters 0 | 1
+            let ha = _mm512_slli_epi16(_mm512_and_si512(zqh, three), 4);
+            let hb = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(zqh, 4), three), 4);
+            let qa = _mm512_or_si512(_mm512_and_si512(ql, low), ha); // values 0..64 of the half
+            let qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low), hb); // 64..128
+            let g = 8 * h as i16;
+            for (k, q) in [qa, qb].into_iter().enumerate() {
+                let p = _mm512_maddubs_epi16(q, ld512(y.add(Q8K_QS + 128 * h + 64 * k)));
+                let b = g + 4 * k as i16;
+                // Words 0..8 → group b, 8..16 → b+1, 16..24 → b+2, 24..32 → b+3.
+                let idx = join(
+                    _mm256_setr_epi16(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1),
+                    _mm256_setr_epi16(
+                        b + 2,
+                        b + 2,
+                        b + 2,
+                        b + 2,
+                        b + 2,
+                        b + 2,
+                        b + 2,
+                        b + 2,
+                        b + 3,
+                        b + 3,
+                        b + 3,
+                        b + 3,
+                        b + 3,
+                        b + 3,
+                        b + 3,
+                        b + 3,
+                    ),
+                );
+                sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(p, _mm512_permutexvar_epi16(idx, scw)));
+            }
+        }
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc);
+    }
+    _mm512_reduce_add_ps(acc)
 }
