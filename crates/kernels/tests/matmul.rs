@@ -318,8 +318,8 @@ fn matmul_each_equals_separate_calls_every_isa() {
     }
 }
 
-/// The K-quant prefill GEMM (AVX-512, `avx512_gemm_k`, Q8_K activations in
-/// the lanes) equals the scalar reference bit for bit: batch sizes around the
+/// The K-quant prefill GEMMs (`avx512_gemm_k`, `avx2_gemm_k`: Q8_K
+/// activations in the lanes, at each level the CPU has) equal the scalar reference bit for bit: batch sizes around the
 /// threshold and not a multiple of the 16 lanes, row counts that leave 8-, 4-
 /// and 1-row tails, one to three super-blocks, one and two threads, mixed
 /// K-quant weights in one call.
@@ -327,10 +327,7 @@ fn matmul_each_equals_separate_calls_every_isa() {
 fn kquant_prefill_gemm_matches_reference_exactly() {
     use shardlm_kernels::matmul::matmul_many_isa;
     use shardlm_kernels::simd::avx512_gemm_k;
-    if !isa::available().contains(&Isa::Avx512) {
-        eprintln!("skipping: no AVX-512 here");
-        return;
-    }
+    let isas: Vec<Isa> = isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)).collect();
     let mut rng = rng(15);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
     for (dtype, &(rows, cols)) in [DType::Q4_K, DType::Q5_K, DType::Q6_K]
@@ -348,13 +345,13 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
             matmul_reference(wm, &x, m, &mut want);
             let mut want2 = vec![0f32; m * 20];
             matmul_reference(wm2, &x, m, &mut want2);
-            for pool in &pools {
-                let what = format!("{dtype} {rows}x{cols} m={m} threads={}", pool.n_threads());
+            for (isa, pool) in isas.iter().flat_map(|&i| pools.iter().map(move |p| (i, p))) {
+                let what = format!("{dtype} {isa} {rows}x{cols} m={m} threads={}", pool.n_threads());
                 let mut scratch = MatmulScratch::default();
                 let mut got = vec![f32::NAN; m * rows];
-                matmul_isa(Isa::Avx512, pool, wm, &x, m, &mut got, &mut scratch);
+                matmul_isa(isa, pool, wm, &x, m, &mut got, &mut scratch);
                 let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * 20]);
-                matmul_many_isa(Isa::Avx512, pool, &[wm, wm2], &x, m, &mut [&mut a, &mut b], &mut scratch);
+                matmul_many_isa(isa, pool, &[wm, wm2], &x, m, &mut [&mut a, &mut b], &mut scratch);
                 assert_eq!(a, got, "{what}: first of two weights in one call");
                 if m < avx512_gemm_k::MIN_M {
                     // Below the threshold: the one-row kernels (another f32 order).

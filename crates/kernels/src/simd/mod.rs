@@ -30,6 +30,7 @@ pub(crate) use by_row_runs;
 pub mod avx2;
 pub mod avx2_attn;
 pub mod avx2_fp;
+pub mod avx2_gemm_k;
 pub mod avx2_k;
 pub mod avx2_lowk;
 pub mod avx2_ops;

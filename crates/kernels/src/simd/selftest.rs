@@ -1,8 +1,8 @@
 //! Start-up self-check of the SIMD kernels against the scalar reference.
 //!
 //! [`crate::isa::active`] runs this once before handing out a SIMD level: a few
-//! rows of every type through the one- and four-row dot kernels, the
-//! activation quantizers and the attention tile steps, on fixed pseudo-random data with edge values. A level
+//! rows of every type through the one- and four-row dot kernels, the tiles,
+//! the prefill GEMMs, the activation quantizers and the attention tile steps, on fixed pseudo-random data with edge values. A level
 //! that disagrees with scalar is not used (a warning goes to stderr), so a kernel
 //! bug on a CPU we could not test on degrades speed, not answers. It costs well
 //! under a millisecond.
@@ -143,6 +143,7 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
     }
     tiles(&mut rng, isa)?;
     packed(&mut rng, isa)?;
+    gemms(&mut rng, isa)?;
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
         crate::attention::self_test_avx2(isa == Isa::Avx512, &mut || rng.unit())?;
         crate::kv_quant::self_test(isa, &mut || rng.next() as u8)?;
@@ -180,6 +181,37 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
             }
             if dot4.is_some() && ((want - four[r]).abs() > tol || !four[r].is_finite()) {
                 return Err(format!("{dtype} four-row dot at {isa}: {} vs scalar {want}", four[r]));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every prefill GEMM the dispatch table lists at `isa` against
+/// `matmul_reference`: one batch just above its threshold (lanes and rows
+/// with tails), one thread.
+fn gemms(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
+    use crate::matmul::{matmul_isa, matmul_reference, MatRef, MatmulScratch};
+    let pool = crate::ThreadPool::new(1);
+    for dtype in DType::ALL {
+        let Some(g) = crate::dispatch::pick(crate::dispatch::row(dtype).at(isa).gemm) else { continue };
+        let (rows, n, m) = (19, test_len(dtype), g.min_m + 3);
+        let w = weights(rng, dtype, rows, n);
+        let wm = MatRef::new(dtype, rows, n, &w).map_err(|e| e.to_string())?;
+        let x: Vec<f32> = (0..m).flat_map(|_| acts(rng, n)).collect();
+        let (mut want, mut got) = (vec![0f32; m * rows], vec![f32::NAN; m * rows]);
+        matmul_reference(wm, &x, m, &mut want);
+        matmul_isa(isa, &pool, wm, &x, m, &mut got, &mut MatmulScratch::default());
+        let mut wd = vec![0f32; n];
+        for r in 0..rows {
+            quant::dequantize_row(dtype, &w[r * wm.row_bytes()..(r + 1) * wm.row_bytes()], &mut wd);
+            for i in 0..m {
+                let xi = &x[i * n..(i + 1) * n];
+                let mag: f32 = wd.iter().zip(xi).map(|(p, q)| (p * q).abs()).sum::<f32>() * 1.05 + 1e-3;
+                let (a, b) = (want[i * rows + r], got[i * rows + r]);
+                if (a - b).abs() > 1e-4 * mag || !b.is_finite() {
+                    return Err(format!("{dtype} {} GEMM at {isa}: row {r} batch row {i}: {b} vs scalar {a}", g.name));
+                }
             }
         }
     }

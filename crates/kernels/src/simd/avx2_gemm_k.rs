@@ -1,0 +1,332 @@
+//! AVX2 prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K) with Q8_K
+//! activations: the 8-lane sibling of [`super::avx512_gemm_k`] (read its docs
+//! for the why and the layouts), for CPUs without AVX-512.
+//!
+//! Differences: groups of 8 activation rows (position group `p` is 32 bytes),
+//! and without `vpdpbusd` each 4-position product sum is `vpmaddubsw` (u8 × i8
+//! pairs to i16; two position groups are added in i16 before `vpmaddwd` widens
+//! them: at most 2·2·63·127 = 32004 for Q6_K's 6-bit codes, so nothing
+//! saturates) and the `bsums` pairs meet the weights' `c` pairs in one
+//! `vpmaddwd` each.
+//!
+//! Numerics: as the AVX-512 one, every integer sum is exact and the float
+//! steps are the scalar reference's, so results equal `matmul_reference` bit
+//! for bit at `m ≥` [`MIN_M`].
+
+use crate::matmul::{MatRef, SyncPtr};
+use crate::quant::q4_k::scales_mins;
+use crate::{DType, ThreadPool};
+use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Smallest batch that takes this path (decode batches stay on the one-row
+/// kernels, bit-identical to single-row decode).
+pub const MIN_M: usize = 32;
+/// Weight rows decoded per unit of work.
+const UNIT_ROWS: usize = 16;
+/// Activation rows per group (the vector lanes).
+const LANES: usize = 8;
+/// Bytes of one super-block of one activation group: 64 × 32 quant bytes,
+/// 8 f32 `d` (offset [`D_AT`]), 8 × 32 bytes of `bsums` pairs ([`BSUM_AT`]).
+const GROUP_BLOCK: usize = 2048 + 32 + 256;
+const D_AT: usize = 2048;
+const BSUM_AT: usize = 2080;
+/// Q8_K block bytes: `d` (f32), 256 × i8, 16 × i16 `bsums`.
+const Q8K_BYTES: usize = 292;
+
+/// One decoded super-block of one weight row.
+#[derive(Clone, Copy, Default)]
+struct Scales {
+    /// Sub-block scales (8 used for Q4_K/Q5_K, 16 for Q6_K).
+    sc: [i32; 16],
+    /// The i16 pairs for the `bsums` pairs (see the module table).
+    c: [i32; 8],
+    d: f32,
+    dmin: f32,
+}
+
+thread_local! {
+    /// This thread's decode scratch.
+    static DECODED: std::cell::RefCell<Decoded> =
+        const { std::cell::RefCell::new(Decoded { q: Vec::new(), s: Vec::new() }) };
+}
+
+struct Decoded {
+    /// `UNIT_ROWS × cols` unsigned codes, row after row, in element order.
+    q: Vec<u8>,
+    /// `UNIT_ROWS × cols / 256` decoded scales.
+    s: Vec<Scales>,
+}
+
+/// Group `g` of the activations in the lane layout into `dst`
+/// (`nb · GROUP_BLOCK` bytes, zeroed).
+fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut [u8]) {
+    for lane in 0..(m - g * LANES).min(LANES) {
+        let row = &a[(g * LANES + lane) * a_stride..];
+        for b in 0..nb {
+            let blk = &row[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
+            let dst = &mut dst[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
+            for p in 0..64 {
+                dst[p * 32 + lane * 4..p * 32 + lane * 4 + 4].copy_from_slice(&blk[4 + 4 * p..8 + 4 * p]);
+            }
+            dst[D_AT + lane * 4..D_AT + lane * 4 + 4].copy_from_slice(&blk[..4]);
+            for t in 0..8 {
+                let o = BSUM_AT + t * 32 + lane * 4;
+                dst[o..o + 4].copy_from_slice(&blk[260 + 4 * t..264 + 4 * t]);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn f16(b: &[u8]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
+#[inline(always)]
+fn pair(lo: i32, hi: i32) -> i32 {
+    (lo & 0xFFFF) | (hi << 16)
+}
+
+/// Decodes one super-block `x` of `dtype` into 256 codes at `q` and its scales.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
+    let ld = |o: usize| _mm256_loadu_si256(x.as_ptr().add(o) as *const __m256i);
+    let st = |o: usize, v: __m256i| _mm256_storeu_si256(q.add(o) as *mut __m256i, v);
+    let low = _mm256_set1_epi8(0x0F);
+    let mut s = Scales::default();
+    match dtype {
+        DType::Q4_K | DType::Q5_K => {
+            // [d, dmin, scales[12], (Q5_K: qh[32]), qs[128]]
+            let (sc, mn) = scales_mins(x[4..16].try_into().expect("12 scale bytes"));
+            for j in 0..8 {
+                s.sc[j] = sc[j] as i32;
+                s.c[j] = pair(mn[j] as i32, mn[j] as i32);
+            }
+            s.d = f16(&x[0..2]);
+            s.dmin = f16(&x[2..4]);
+            let q5 = dtype == DType::Q5_K;
+            let qs = if q5 { 48 } else { 16 };
+            let one = _mm256_set1_epi8(1);
+            for c in 0..4 {
+                let v = ld(qs + 32 * c);
+                let (mut lo, mut hi) = (_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+                if q5 {
+                    // qh[l] bit 2c: element 64c+l; bit 2c+1: element 64c+32+l.
+                    let h = _mm256_srl_epi16(ld(16), _mm_cvtsi32_si128(2 * c as i32));
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(h, one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 1), one), 4));
+                }
+                st(64 * c, lo);
+                st(64 * c + 32, hi);
+            }
+        }
+        _ => {
+            // Q6_K: [ql[128], qh[64], scales[16] (i8), d]
+            for k in 0..16 {
+                s.sc[k] = x[192 + k] as i8 as i32;
+            }
+            for t in 0..8 {
+                s.c[t] = pair(32 * s.sc[2 * t], 32 * s.sc[2 * t + 1]);
+            }
+            s.d = f16(&x[208..210]);
+            let top = _mm256_set1_epi8(0x30);
+            for h in 0..2 {
+                let (a, b, hb) = (ld(64 * h), ld(64 * h + 32), ld(128 + 32 * h));
+                let o = 128 * h;
+                st(o, _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top)));
+                st(o + 32, _mm256_or_si256(_mm256_and_si256(b, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top)));
+                let a4 = _mm256_and_si256(_mm256_srli_epi16(a, 4), low);
+                st(o + 64, _mm256_or_si256(a4, _mm256_and_si256(hb, top)));
+                let b4 = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+                st(o + 96, _mm256_or_si256(b4, _mm256_and_si256(_mm256_srli_epi16(hb, 2), top)));
+            }
+        }
+    }
+    s
+}
+
+/// Decodes rows `r0..r1` of `w` (file layout) into `d`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
+    let (nb, rb, bb) = (w.cols / 256, w.row_bytes(), w.dtype.block_bytes());
+    for (k, r) in (r0..r1).enumerate() {
+        let row = &w.data[r * rb..(r + 1) * rb];
+        for b in 0..nb {
+            let q = d.q.as_mut_ptr().add(k * w.cols + b * 256);
+            d.s[k * nb + b] = decode_block(w.dtype, &row[b * bb..(b + 1) * bb], q);
+        }
+    }
+}
+
+/// `R` decoded rows (codes `q` rows `cols` apart, scales `s` rows `nb` apart)
+/// × one activation group: `out[r]` = the 16 lanes' results of row `r`.
+/// `SUB`: sub-block length (32: Q4_K/Q5_K, 16: Q6_K).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_x_group<const R: usize, const SUB: usize>(
+    nb: usize,
+    cols: usize,
+    q: *const u8,
+    s: *const Scales,
+    act: *const u8,
+) -> [__m256; R] {
+    let ones = _mm256_set1_epi16(1);
+    let mut accf = [_mm256_setzero_ps(); R];
+    for b in 0..nb {
+        let blk = act.add(b * GROUP_BLOCK);
+        let mut isum = [_mm256_setzero_si256(); R];
+        for j in 0..256 / SUB {
+            let mut acc = [_mm256_setzero_si256(); R];
+            for p in (0..SUB / 4).step_by(2) {
+                let pos = j * SUB + 4 * p;
+                let a0 = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
+                let a1 = _mm256_loadu_si256(blk.add(pos * 8 + 32) as *const __m256i);
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let wp = q.add(r * cols + b * 256 + pos);
+                    let w0 = _mm256_set1_epi32((wp as *const i32).read_unaligned());
+                    let w1 = _mm256_set1_epi32((wp.add(4) as *const i32).read_unaligned());
+                    let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, a0), _mm256_maddubs_epi16(w1, a1));
+                    *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(p16, ones));
+                }
+            }
+            for r in 0..R {
+                let sc = _mm256_set1_epi32((*s.add(r * nb + b)).sc[j]);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(acc[r], sc));
+            }
+        }
+        let mut msum = [_mm256_setzero_si256(); R];
+        for t in 0..8 {
+            let bs = _mm256_loadu_si256(blk.add(BSUM_AT + t * 32) as *const __m256i);
+            for r in 0..R {
+                let c = _mm256_set1_epi32((*s.add(r * nb + b)).c[t]);
+                msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(bs, c));
+            }
+        }
+        let da = _mm256_loadu_ps(blk.add(D_AT) as *const f32);
+        for r in 0..R {
+            let sc = &*s.add(r * nb + b);
+            // The scalar reference's float steps, in its order (no FMA).
+            let part = if SUB == 16 {
+                let sumi = _mm256_sub_epi32(isum[r], msum[r]);
+                _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(sc.d), da), _mm256_cvtepi32_ps(sumi))
+            } else {
+                let t1 = _mm256_mul_ps(_mm256_mul_ps(da, _mm256_set1_ps(sc.d)), _mm256_cvtepi32_ps(isum[r]));
+                let t2 = _mm256_mul_ps(_mm256_mul_ps(da, _mm256_set1_ps(sc.dmin)), _mm256_cvtepi32_ps(msum[r]));
+                _mm256_sub_ps(t1, t2)
+            };
+            accf[r] = _mm256_add_ps(accf[r], part);
+        }
+    }
+    accf
+}
+
+/// Writes lane `i < lanes` of `v` to `y[i · ys]`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn store_lanes(v: __m256, lanes: usize, y: *mut f32, ys: usize) {
+    let mut t = [0f32; LANES];
+    _mm256_storeu_ps(t.as_mut_ptr(), v);
+    for (i, &x) in t.iter().enumerate().take(lanes) {
+        *y.add(i * ys) = x;
+    }
+}
+
+/// The decoded rows `r0..r1` × every activation group, into `y`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unit_groups<const SUB: usize>(
+    w: &MatRef<'_>,
+    r0: usize,
+    r1: usize,
+    d: &Decoded,
+    act: &[u8],
+    m: usize,
+    y: *mut f32,
+) {
+    let (nb, cols) = (w.cols / 256, w.cols);
+    let (q, s) = (d.q.as_ptr(), d.s.as_ptr());
+    let n = r1 - r0;
+    for g in 0..m.div_ceil(LANES) {
+        let lanes = (m - g * LANES).min(LANES);
+        let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
+        let yg = y.add(g * LANES * w.rows);
+        let mut k = 0;
+        while k + 4 <= n {
+            let out = rows_x_group::<4, SUB>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            for (j, v) in out.into_iter().enumerate() {
+                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
+            }
+            k += 4;
+        }
+        while k < n {
+            let out = rows_x_group::<1, SUB>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
+            k += 1;
+        }
+    }
+}
+
+/// Rows `r0..r1` of weight `w` for all `m` activation rows, into `y`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *mut f32) {
+    DECODED.with(|cell| {
+        let mut d = cell.borrow_mut();
+        d.q.resize(UNIT_ROWS * w.cols, 0);
+        d.s.resize(UNIT_ROWS * (w.cols / 256), Scales::default());
+        decode_rows(w, r0, r1, &mut d);
+        match w.dtype {
+            DType::Q6_K => unit_groups::<16>(w, r0, r1, &d, act, m, y),
+            _ => unit_groups::<32>(w, r0, r1, &d, act, m, y),
+        }
+    });
+}
+
+/// `ys[k] = x · ws[k]ᵀ` for K-quant weights (Q4_K, Q5_K, Q6_K, mixed freely;
+/// file layout), `a` the `m` Q8_K activation rows (`a_stride` bytes apart),
+/// `act` a reusable buffer.
+///
+/// # Safety
+/// AVX2+FMA CPU; shapes as checked by `matmul` (`ys[k]` holds
+/// `m × ws[k].rows`, every weight has `a`'s column count).
+pub unsafe fn matmul(
+    pool: &ThreadPool,
+    ws: &[MatRef<'_>],
+    a: &[u8],
+    a_stride: usize,
+    m: usize,
+    ys: &mut [&mut [f32]],
+    act: &mut Vec<u8>,
+) {
+    let nb = ws[0].cols / 256;
+    let groups = m.div_ceil(LANES);
+    act.clear();
+    act.resize(groups * nb * GROUP_BLOCK, 0);
+    let base = SyncPtr(act.as_mut_ptr());
+    pool.run(|t, nt| {
+        for g in (t..groups).step_by(nt) {
+            // SAFETY: group g's bytes belong to this thread only.
+            let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(g * nb * GROUP_BLOCK), nb * GROUP_BLOCK) };
+            act_group(a, a_stride, m, nb, g, dst);
+        }
+    });
+    let act: &[u8] = act;
+    let units: Vec<usize> = ws.iter().map(|w| w.rows.div_ceil(UNIT_ROWS)).collect();
+    let total: usize = units.iter().sum();
+    let outs: Vec<SyncPtr<f32>> = ys.iter_mut().map(|y| SyncPtr(y.as_mut_ptr())).collect();
+    let next = AtomicUsize::new(0);
+    pool.run(|_, _| loop {
+        let mut u = next.fetch_add(1, Ordering::Relaxed);
+        if u >= total {
+            break;
+        }
+        let mut k = 0;
+        while u >= units[k] {
+            u -= units[k];
+            k += 1;
+        }
+        let w = &ws[k];
+        let (r0, r1) = (u * UNIT_ROWS, ((u + 1) * UNIT_ROWS).min(w.rows));
+        // SAFETY: each unit is taken once, so its rows of `ys[k]` have one writer.
+        unsafe { unit(w, r0, r1, act, m, outs[k].get()) };
+    });
+}
