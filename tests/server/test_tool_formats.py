@@ -169,3 +169,13 @@ def test_responses_function_call(family):
     assert done == "".join(deltas)
     check_weather_args(json.loads(done))
     assert [o.type for o in final.output] == ["function_call"]
+
+
+def test_json_schema_output_stays_constrained(family):
+    name, srv = family
+    oai, _ = clients(srv)
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}
+    r = oai.chat.completions.create(model="m", messages=ASK, max_tokens=60, temperature=0, response_format=fmt)
+    text = r.choices[0].message.content
+    no_markup(text)
+    check_weather_args(json.loads(text))
