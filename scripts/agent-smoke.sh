@@ -2,7 +2,12 @@
 # Real coding agents against `shardlm serve` on the default model, on a scratch
 # git repository: the model is tiny, so this judges the protocol, not the edit.
 #
-#   scripts/agent-smoke.sh [aider] [codex]      (default: aider)
+#   scripts/agent-smoke.sh [--chat-template FILE|FAMILY] [aider] [codex]      (default: aider)
+#
+# --chat-template serves the model with another template (`shardlm serve
+# --chat-template`), a file or a family of tests/fixtures/templates (e.g.
+# qwen3_coder: Qwen3-Coder's XML tool calls), so the agents meet that family's
+# prompt and tool-call format.
 #
 # aider (`aider-chat` from PyPI, in its own venv so its pinned `openai` does not
 # meet the test suite's) speaks /v1/chat/completions; Codex CLI (`@openai/codex`
@@ -16,7 +21,19 @@ cd "$(dirname "$0")/.."
 SHARDLM="${SHARDLM:-${CARGO_TARGET_DIR:-target}/release/shardlm}"
 [ -x "$SHARDLM" ] || cargo build --release -p shardlm >&2
 CACHE="${SHARDLM_CACHE:-$HOME/.cache/shardlm}/agents"
-AGENTS=("$@")
+SERVE_EXTRA=()
+AGENTS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --chat-template)
+            t=${2:?--chat-template needs a file or a family name}
+            [ -f "$t" ] || t="tests/fixtures/templates/$t.jinja"
+            [ -f "$t" ] || { echo "no template $2 (a file, or one of tests/fixtures/templates)" >&2; exit 2; }
+            SERVE_EXTRA=(--chat-template "$t")
+            shift 2 ;;
+        *) AGENTS+=("$1"); shift ;;
+    esac
+done
 [ ${#AGENTS[@]} -gt 0 ] || AGENTS=(aider)
 WORK=$(mktemp -d)
 SERVER_PID=""
@@ -28,7 +45,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # start_server ARGS...: a server on a free port; sets PORT and SERVER_PID.
 start_server() {
     PORT=$(free_port)
-    "$SHARDLM" serve --port "$PORT" "$@" >"$WORK/serve.log" 2>&1 &
+    "$SHARDLM" serve --port "$PORT" ${SERVE_EXTRA[@]+"${SERVE_EXTRA[@]}"} "$@" >"$WORK/serve.log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 100); do
         curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0

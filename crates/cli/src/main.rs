@@ -18,6 +18,7 @@ mod quantize_hf_gguf;
 mod quantize_hf_gguf_moe;
 mod run;
 mod serve;
+mod template_args;
 
 use clap::{Parser, Subcommand};
 

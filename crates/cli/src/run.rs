@@ -70,6 +70,8 @@ pub struct RunArgs {
     #[arg(long)]
     dump_logits: Option<PathBuf>,
     #[command(flatten)]
+    template: crate::template_args::TemplateArgs,
+    #[command(flatten)]
     dist: crate::dist_args::DistArgs,
 }
 
@@ -94,12 +96,16 @@ pub fn run(a: RunArgs) -> Result<()> {
         seed: a.seed,
     };
     sampling.validate().map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
+    let template = a.template.read()?;
     let threads = a.threads.map_or_else(default_threads, |t| t as usize);
-    let Some((mut engine, files, model_name)) =
+    let Some((mut engine, mut files, model_name)) =
         crate::dist_args::load_engine_dist(a.model.as_deref(), threads, a.threads.is_some(), a.quantize, &a.dist)?
     else {
         return Ok(()); // a rank other than 0 served its part
     };
+    if template.is_some() {
+        files.chat_template = template;
+    }
     let result = run_on(&a, &mut engine, &files, &model_name, sampling);
     let stopped = engine.shutdown();
     result?;
@@ -169,8 +175,9 @@ fn run_on(
     if let (Some(path), Some(logits)) = (&a.dump_logits, &out.prompt_logits) {
         write_logits(path, logits, prompt_ids.len(), engine.model.config.vocab_size)?;
     }
+    let parsed = a.template.tool_format.map(|f| parse_output(f, &out.text));
     if a.json {
-        let j = serde_json::json!({
+        let mut j = serde_json::json!({
             "model": model_name,
             "prompt_ids": prompt_ids,
             "output_ids": out.output_ids,
@@ -180,9 +187,22 @@ fn run_on(
             "prefill_tok_s": out.prefill_tok_s,
             "decode_tok_s": out.decode_tok_s,
         });
+        if let Some((text, reasoning, calls)) = parsed {
+            j["content"] = text.into();
+            j["reasoning"] = reasoning.into();
+            j["tool_calls"] = calls.into();
+        }
         println!("{j}");
     } else {
         println!();
+        if let Some((_, reasoning, calls)) = &parsed {
+            if !reasoning.is_empty() {
+                eprintln!("[reasoning: {reasoning}]");
+            }
+            for c in calls {
+                eprintln!("[tool call {} {}]", c["name"], c["arguments"]);
+            }
+        }
         eprintln!(
             "[{} prompt tokens, {} generated, ttft {:.1} ms, prefill {:.1} tok/s, decode {:.1} tok/s, finish: {}]",
             prompt_ids.len(),
@@ -194,6 +214,39 @@ fn run_on(
         );
     }
     Ok(())
+}
+
+/// The output read with `--tool-format`'s parser: (text, reasoning, calls as
+/// `{"name", "arguments"}`); a call that does not parse stays text.
+fn parse_output(format: server::tools::ToolFormat, text: &str) -> (String, String, Vec<serde_json::Value>) {
+    use server::toolfmt::{Piece, Tools};
+    let mut s = server::tools::ToolSplitter::new(format, Tools::any(), "");
+    let mut pieces = Vec::new();
+    s.push(text, &mut pieces);
+    s.finish(&mut pieces);
+    let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
+    let mut args = String::new();
+    for p in pieces {
+        match p {
+            Piece::Text(t) => content.push_str(&t),
+            Piece::Reasoning(r) => reasoning.push_str(&r),
+            Piece::CallStart { name } => {
+                calls.push(serde_json::json!({"name": name}));
+                args.clear();
+            }
+            Piece::CallArgs(a) => args.push_str(&a),
+            Piece::CallEnd { valid: true, .. } => {
+                if let Some(c) = calls.last_mut() {
+                    c["arguments"] = serde_json::from_str(&args).unwrap_or_default();
+                }
+            }
+            Piece::CallEnd { valid: false, raw } => {
+                calls.pop();
+                content.push_str(&raw);
+            }
+        }
+    }
+    (content, reasoning, calls)
 }
 
 /// Writes `logits` (`rows × vocab`, f32) as the single tensor `logits` of a safetensors file.

@@ -81,6 +81,8 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse_quantize)]
     quantize: Option<kernels::DType>,
     #[command(flatten)]
+    template: crate::template_args::TemplateArgs,
+    #[command(flatten)]
     dist: crate::dist_args::DistArgs,
 }
 
@@ -169,6 +171,7 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
+    let template = a.template.read()?;
     let threads = a.threads.map_or_else(crate::run::default_threads, |t| t as usize);
     let loaded = crate::dist_args::load_engine_dist_with(
         a.model.as_deref(),
@@ -178,9 +181,12 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         &a.dist,
         &|cfg| adjust_context(&a, cfg),
     )?;
-    let Some((mut engine, files, model_name)) = loaded else {
+    let Some((mut engine, mut files, model_name)) = loaded else {
         return Ok(()); // a rank other than 0 followed rank 0 until shutdown
     };
+    if template.is_some() {
+        files.chat_template = template;
+    }
     engine.prefill_chunk = a.prefill_chunk as usize;
     let sched = scheduler_config(&a, &engine)?;
     let served = a.served_model_name.clone().unwrap_or_else(|| {
@@ -202,6 +208,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         strategy: if ranks > 1 { a.dist.strategy.clone() } else { "single".into() },
         prefix_cache: a.prefix_cache == OnOff::On,
         kv_cache_bytes: a.kv_cache_bytes,
+        tool_format: a.template.tool_format,
     };
     // A cluster re-forms after losing a rank (the launcher restarts it);
     // MPI worlds are fixed by mpirun and cannot.

@@ -131,6 +131,18 @@ impl Tokenizer {
     }
 
     /// Whether `id` is a control/special token (not printed in streamed text).
+    /// Makes the control token spelled `text` print like text (tool-call
+    /// markup the server parses, e.g. Harmony's `<|channel|>`); false if there is none.
+    pub fn print_special(&mut self, text: &str) -> bool {
+        match self.token_to_id(text) {
+            Some(id) if self.is_special(id) && self.pieces.get(id as usize).is_some_and(|p| p == text.as_bytes()) => {
+                self.special[id as usize] = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn is_special(&self, id: u32) -> bool {
         self.special.get(id as usize).copied().unwrap_or(false)
     }

@@ -83,8 +83,10 @@ fn to_openai(req: &MessagesRequest) -> Result<Vec<Value>, ApiError> {
         let mut text = Vec::new();
         let mut calls = Vec::new();
         let mut results = Vec::new();
+        let mut thinking = Vec::new();
         for (j, b) in blocks.iter().enumerate() {
             match b.get("type").and_then(Value::as_str) {
+                Some("thinking") => thinking.push(b.get("thinking").and_then(Value::as_str).unwrap_or_default()),
                 Some("text") => text.push(b.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
                 Some("tool_use") => {
                     let name = b
@@ -105,7 +107,7 @@ fn to_openai(req: &MessagesRequest) -> Result<Vec<Value>, ApiError> {
                                         "content": content}),
                     );
                 }
-                // thinking, redacted_thinking, image, document…: not for this model.
+                // redacted_thinking, image, document…: not for this model.
                 _ => {}
             }
         }
@@ -118,6 +120,10 @@ fn to_openai(req: &MessagesRequest) -> Result<Vec<Value>, ApiError> {
             }
             "assistant" => {
                 let mut msg = json!({"role": "assistant", "content": text.join("\n")});
+                if !thinking.is_empty() {
+                    // The template keeps or drops it, as its model expects.
+                    msg["reasoning_content"] = Value::String(thinking.concat());
+                }
                 if !calls.is_empty() {
                     msg["tool_calls"] = Value::Array(calls);
                 }

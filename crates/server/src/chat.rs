@@ -363,4 +363,59 @@ mod tests {
             assert_eq!(out.usage.uncached_prompt_tokens(), 100 - want);
         }
     }
+
+    fn done() -> Event {
+        Event::Done(Finished {
+            finish: FinishReason::Stop,
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            completion_tokens: 5,
+            guide_complete: false,
+            stop_sequence: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn harmony_reasoning_and_calls_become_deltas_and_bad_calls_text() {
+        use crate::toolfmt::testing::weather_tools;
+        use crate::tools::ToolFormat;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let splitter = ToolSplitter::new(ToolFormat::Harmony, weather_tools(), "");
+        let mut g = Generation::new(rx, splitter, None, 10, false);
+        for t in [
+            "<|channel|>anal",
+            "ysis<|message|>think",
+            "ing<|end|><|start|>assistant<|channel|>commentary to=func",
+            "tions.search <|constrain|>json<|message|>{\"q\":",
+            " \"x\"}",
+        ] {
+            tx.send(Event::Text(t.into())).expect("open");
+        }
+        tx.send(done()).expect("open");
+        let mut kinds = Vec::new();
+        while let Some(d) = g.next().await {
+            kinds.push(match d {
+                Delta::Reasoning(_) => "reasoning",
+                Delta::CallStart { .. } => "start",
+                Delta::CallArgs { .. } => "args",
+                Delta::CallEnd { valid: true, .. } => "end",
+                Delta::End { finish: Finish::ToolCalls, .. } => "tool_calls",
+                other => panic!("unexpected {other:?}"),
+            });
+        }
+        kinds.dedup();
+        assert_eq!(kinds, ["reasoning", "start", "args", "end", "tool_calls"]);
+
+        // A call with broken arguments comes back as its text in a collected answer.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let splitter = ToolSplitter::new(ToolFormat::Kimi, weather_tools(), "");
+        let mut g = Generation::new(rx, splitter, None, 10, false);
+        let bad = "<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>{q<|tool_call_end|>";
+        tx.send(Event::Text(format!("ok {bad}"))).expect("open");
+        tx.send(done()).expect("open");
+        let out = g.collect().await.expect("finished");
+        assert!(out.calls.is_empty());
+        assert_eq!(out.finish, Finish::Stop);
+        assert!(out.text.starts_with("ok ") && out.text.contains("functions.search"), "{}", out.text);
+    }
 }

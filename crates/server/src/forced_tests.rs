@@ -97,3 +97,53 @@ fn forced_calls_parse_back_in_every_family() {
 fn grammar_clone(s: &Schema) -> Schema {
     Schema { nodes: s.nodes.clone(), root: s.root }
 }
+
+/// The test templates (tests/fixtures/templates): each is detected as its
+/// family, and an earlier call and its result re-render in the family's own
+/// markup, with earlier reasoning kept or dropped as the family expects.
+#[test]
+fn history_renders_in_each_familys_format() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/templates");
+    // (file, format, call markup the history must hold, whether the reasoning is kept)
+    let cases: [(&str, ToolFormat, &str, bool); 8] = [
+        ("hermes", ToolFormat::Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>", false),
+        ("qwen3_coder", ToolFormat::Qwen3Coder, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>", true),
+        ("glm", ToolFormat::Glm, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>", true),
+        ("minimax", ToolFormat::MiniMax, "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">2</parameter>\n</invoke>\n</minimax:tool_call>", true),
+        ("deepseek", ToolFormat::DeepSeek, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", false),
+        ("deepseek_v3", ToolFormat::DeepSeekV3, "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\", \"days\": 2}\n```<｜tool▁call▁end｜>", false),
+        ("kimi", ToolFormat::Kimi, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": 2}<|tool_call_end|><|tool_calls_section_end|>", false),
+        ("harmony", ToolFormat::Harmony, "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"days\": 2}<|call|>", true),
+    ];
+    for (file, format, markup, keeps_reasoning) in cases {
+        let src = std::fs::read_to_string(format!("{dir}/{file}.jinja")).expect("template");
+        assert_eq!(ToolFormat::detect(Some(&src)), format, "{file}");
+        let tpl = engine::ChatTemplate::new(&src, Some("<s>"), Some("</s>")).expect("compiles");
+        let req = ChatRequest {
+            messages: vec![
+                json!({"role": "system", "content": "Be brief."}),
+                json!({"role": "user", "content": "Weather in Paris?"}),
+                json!({"role": "assistant", "content": "", "reasoning_content": "THOUGHT-1",
+                       "tool_calls": [{"id": "call_1", "type": "function",
+                                       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]}),
+                json!({"role": "tool", "tool_call_id": "call_1", "content": "RESULT-21C"}),
+            ],
+            tools: tools(),
+            tool_choice: ToolChoice::Auto,
+            response_format: ResponseFormat::Text,
+            max_tokens: None,
+            sampling: Default::default(),
+            stop: Vec::new(),
+            max_tokens_field: "max_tokens",
+            thinking: None,
+            ignore_eos: false,
+        };
+        let messages = template_messages(&req, format, "");
+        let text = tpl
+            .render(&Value::Array(messages), Some(&tools_json(&req.tools)), true, None)
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(text.contains(markup), "{file}: no {markup:?} in\n{text}");
+        assert!(text.contains("RESULT-21C") && text.contains("get_weather"), "{file}");
+        assert_eq!(text.contains("THOUGHT-1"), keeps_reasoning, "{file}: reasoning\n{text}");
+    }
+}

@@ -31,6 +31,8 @@ const MAX_STACKS: usize = 64;
 const LOOKAHEAD: usize = 48;
 /// Longest number literal (digits loops).
 const MAX_NUMBER: u8 = 24;
+/// Longest integer literal: it must fit an i64 (clients and serde read it as one).
+const MAX_INTEGER: u8 = 18;
 
 /// The bytes of each token id, and which ids are control tokens.
 pub struct Vocab {
@@ -590,7 +592,7 @@ impl JsonGuide {
             Frame::Num { integer, state, len } => {
                 let next = num_next(*state, b, *integer);
                 match next {
-                    Some(n) if *len < MAX_NUMBER => {
+                    Some(n) if *len < if *integer { MAX_INTEGER } else { MAX_NUMBER } => {
                         *state = n;
                         *len += 1;
                         out.push(st);

@@ -56,7 +56,14 @@ fn to_messages(req: &ResponsesRequest) -> Result<Vec<Value>, ApiError> {
                 if !matches!(role, "user" | "assistant" | "system" | "developer") {
                     return Err(bad(&format!("input[{i}].role"), format!("unknown role '{role}'")));
                 }
-                out.push(json!({"role": role, "content": content_text(item.get("content"))}));
+                let content = content_text(item.get("content"));
+                match out.last_mut() {
+                    // The reasoning item before it belongs to this message.
+                    Some(last) if role == "assistant" && last["role"] == "assistant" && last["content"] == "" => {
+                        last["content"] = Value::String(content);
+                    }
+                    _ => out.push(json!({"role": role, "content": content})),
+                }
             }
             "function_call" => {
                 let call = json!({"id": item.get("call_id").cloned().unwrap_or(Value::Null), "type": "function",
@@ -82,7 +89,20 @@ fn to_messages(req: &ResponsesRequest) -> Result<Vec<Value>, ApiError> {
                 out.push(json!({"role": "tool", "tool_call_id": item.get("call_id").cloned().unwrap_or(Value::Null),
                                 "content": output}));
             }
-            // reasoning, web_search_call, local_shell_call…: nothing this model can use.
+            // Earlier reasoning joins the assistant turn that follows it.
+            "reasoning" => {
+                let text: String = item
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.get("text").and_then(Value::as_str))
+                    .collect();
+                if !text.is_empty() {
+                    out.push(json!({"role": "assistant", "content": "", "reasoning_content": text}));
+                }
+            }
+            // web_search_call, local_shell_call…: nothing this model can use.
             _ => {}
         }
     }

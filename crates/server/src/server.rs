@@ -100,12 +100,20 @@ pub fn serve(
     sched: engine::serving::SchedulerConfig,
     reform: Option<crate::worker::Reform<'_>>,
 ) -> Result<(), ServerError> {
-    let tokenizer = Tokenizer::from_source(&files.tokenizer)?.ok_or(ServerError::NoTokenizer)?;
+    let mut tokenizer = Tokenizer::from_source(&files.tokenizer)?.ok_or(ServerError::NoTokenizer)?;
     let template = match files.chat_template.as_deref() {
         Some(src) => Some(ChatTemplate::new(src, files.bos_token.as_deref(), files.eos_token.as_deref())?),
         None => None,
     };
-    let tool_format = ToolFormat::detect(files.chat_template.as_deref());
+    let tool_format = cfg.tool_format.unwrap_or_else(|| ToolFormat::detect(files.chat_template.as_deref()));
+    // Call markup that is a control token must be streamed to the parser, by the
+    // engine's decoder and in the guide's view of the vocabulary alike.
+    for m in tool_format.printed_markers() {
+        tokenizer.print_special(m);
+        if let Some(t) = engine.tokenizer.as_mut() {
+            t.print_special(m);
+        }
+    }
     let reasoning = files.chat_template.as_deref().is_some_and(|t| t.contains("<think>"));
     let vocab = Arc::new(AppState::build_vocab(&tokenizer, engine.model.config.vocab_size));
     let metrics = Arc::new(Metrics::default());

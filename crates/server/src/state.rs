@@ -35,6 +35,8 @@ pub struct ServerConfig {
     pub prefix_cache: bool,
     /// KV cache pool budget in bytes (`--kv-cache-bytes`); `None` = the engine's default.
     pub kv_cache_bytes: Option<u64>,
+    /// `--tool-format`: the call syntax to parse; `None` = detected from the template.
+    pub tool_format: Option<ToolFormat>,
 }
 
 pub struct AppState {

@@ -113,6 +113,31 @@ impl ToolFormat {
         self == ToolFormat::Harmony
     }
 
+    /// Markup that may be control tokens in the family's vocabulary, and must
+    /// reach the parser as text (end-of-turn tokens that stop generation excluded).
+    pub fn printed_markers(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Harmony => &["<|channel|>", "<|message|>", "<|constrain|>", "<|start|>", "<|end|>"],
+            ToolFormat::Kimi => &[
+                "<|tool_calls_section_begin|>",
+                "<|tool_calls_section_end|>",
+                "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>",
+                "<|tool_call_end|>",
+            ],
+            ToolFormat::DeepSeek | ToolFormat::DeepSeekV3 => &[
+                "<｜tool▁calls▁begin｜>",
+                "<｜tool▁calls▁end｜>",
+                "<｜tool▁call▁begin｜>",
+                "<｜tool▁call▁end｜>",
+                "<｜tool▁sep｜>",
+            ],
+            ToolFormat::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
+            ToolFormat::Llama3 => &["<|python_tag|>"],
+            _ => &["<tool_call>", "</tool_call>", "<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>"],
+        }
+    }
+
     /// A fresh streaming parser for one response.
     pub fn parser(self, tools: Tools) -> Box<dyn CallParser> {
         match self {

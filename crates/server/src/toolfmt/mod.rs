@@ -50,15 +50,22 @@ pub trait CallParser: Send {
 #[derive(Debug, Clone, Default)]
 pub struct Tools {
     params: HashMap<String, Value>,
+    /// Any name is a tool (`shardlm run --tool-format`, which has no tool list).
+    any: bool,
 }
 
 impl Tools {
     pub fn new<'a>(tools: impl IntoIterator<Item = (&'a str, &'a Value)>) -> Tools {
-        Tools { params: tools.into_iter().map(|(n, p)| (n.to_string(), p.clone())).collect() }
+        Tools { params: tools.into_iter().map(|(n, p)| (n.to_string(), p.clone())).collect(), any: false }
+    }
+
+    /// Every name counts as a tool; XML values stay strings.
+    pub fn any() -> Tools {
+        Tools { params: HashMap::new(), any: true }
     }
 
     pub fn knows(&self, name: &str) -> bool {
-        self.params.contains_key(name)
+        self.any || self.params.contains_key(name)
     }
 
     /// Whether parameter `key` of `tool` is a plain string (its raw XML text is the value).
