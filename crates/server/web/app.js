@@ -133,7 +133,7 @@
   function messageNode(m, index) {
     const div = document.createElement("div");
     div.className = "msg " + m.role;
-    div.dataset.role = "message-" + m.role;
+    div.dataset.role = m.role === "assistant" ? "message-assistant" : "message-user";
     const who = document.createElement("div");
     who.className = "who";
     const name = document.createElement("span");
@@ -462,6 +462,14 @@
       cell(tr, "weights " + bytes(m.weights_bytes) + " · KV " + bytes(m.kv_used_bytes) + " / " + bytes(m.kv_pool_bytes) + " · RSS " + bytes(m.rss_bytes) + " of " + bytes(m.total_bytes)).dataset.role = "rank-memory";
       const p = r.power;
       cell(tr, p.readable ? (p.watts == null ? "sampling…" : p.watts.toFixed(1) + " W" + (p.host_wide ? " (host)" : "")) : "not readable", p.readable ? p.sources.join(", ") : p.reason).dataset.role = "rank-power";
+      tb.appendChild(tr);
+    }
+    const unreadable = j.ranks.filter((r) => !r.power.readable);
+    if (unreadable.length) {
+      const tr = document.createElement("tr");
+      const td = cell(tr, "Power: not readable on rank " + unreadable.map((r) => r.rank + " (" + r.power.reason + ")").join(", rank "));
+      td.colSpan = 6;
+      td.className = "muted";
       tb.appendChild(tr);
     }
     const links = $("links");
