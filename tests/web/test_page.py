@@ -5,10 +5,14 @@ chat with a streamed reply, the cluster's rank rows, the same behind
 import json
 import urllib.request
 
-from conftest import API_KEY
-from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions as EC
-from selenium.webdriver.support.ui import WebDriverWait
+import pytest
+
+pytest.importorskip("selenium", reason="selenium is not installed (pip install selenium)")
+
+from conftest import API_KEY  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 def role(name):
@@ -104,3 +108,43 @@ def test_markdown_and_highlighting(server, browser):
     assert "<table>" in r("| a | b |\n|---|---|\n| 1 | 2 |")
     # An unfinished fence (a reply still streaming) renders as code.
     assert r("```rust\nfn main() {").startswith('<pre><code class="language-rust"><span class="hl-kw">fn</span>')
+
+
+def last_assistant(browser):
+    return browser.execute_script(
+        "const m = [...document.querySelectorAll('[data-role=message-assistant]')];"
+        "const l = m.pop(); return l && [m.length + 1, l.dataset.done || '',"
+        " l.querySelector('[data-role=message-stats]').innerText];")
+
+
+def test_regenerate_edit_and_stop(server, browser, shot):
+    browser.get(server.base + "/")
+    browser.execute_script("localStorage.clear()")
+    browser.refresh()
+    chat_once(browser, shot, "Name a colour.")
+    wait = WebDriverWait(browser, 120)
+    browser.find_element(*role("regenerate")).click()
+    wait.until(lambda d: (lambda v: v if v and v[1] == "true" and "TTFT" in v[2] else None)(last_assistant(d)))
+    assert last_assistant(browser)[0] == 1, "regenerate replaces the reply"
+    browser.find_element(*role("edit")).click()
+    edit = browser.find_element(*role("edit-input"))
+    edit.clear()
+    edit.send_keys("Name a fruit.")
+    browser.find_element(*role("edit-save")).click()
+    wait.until(lambda d: (lambda v: v if v and v[1] == "true" and "TTFT" in v[2] else None)(last_assistant(d)))
+    users = browser.execute_script(
+        "return [...document.querySelectorAll('[data-role=message-user] .body')].map(e => e.innerText)")
+    assert users == ["Name a fruit."], users
+    shot("edited")
+    # A long reply, stopped: it ends at once and says so.
+    browser.find_element(By.CSS_SELECTOR, '[data-role="settings"] summary').click()
+    mt = browser.find_element(*role("max-tokens"))
+    mt.clear()
+    mt.send_keys("2000")
+    browser.find_element(*role("chat-input")).send_keys("Write a long story.")
+    browser.find_element(*role("send")).click()
+    stop = wait.until(EC.element_to_be_clickable(role("stop")))
+    stop.click()
+    v = WebDriverWait(browser, 20).until(lambda d: (lambda v: v if v and v[1] == "true" else None)(last_assistant(d)))
+    assert "stopped" in v[2], v
+    shot("stopped")
