@@ -215,6 +215,7 @@
     ok.onclick = () => {
       c.messages = c.messages.slice(0, index);
       c.messages.push({ role: "user", content: ta.value });
+      if (index === 0) c.title = ta.value.slice(0, 40) || "New chat";
       persist();
       generate(c);
     };
@@ -256,7 +257,8 @@
   async function generate(c) {
     const msgs = [];
     if (settings.system.trim()) msgs.push({ role: "system", content: settings.system });
-    for (const m of c.messages) msgs.push({ role: m.role, content: m.content });
+    // Replies that were stopped before any text, or failed, are not sent back.
+    for (const m of c.messages) if (m.role === "user" || m.content) msgs.push({ role: m.role, content: m.content });
     const reply = { role: "assistant", content: "", reasoning: "", stats: {}, done: false };
     c.messages.push(reply);
     if (c.title === "New chat") {
