@@ -23,3 +23,8 @@ echo "== HTTP API tests (tests/server)"
 python3 -m pytest -q tests/server
 SHARDLM_SKIP_HEAVY=1 SHARDLM_SERVE_ARGS="--ranks 2 --strategy pipeline" python3 -m pytest -q tests/server
 SHARDLM_SERVE_ARGS="--ranks 2 --strategy tensor" python3 -m pytest -q -m smoke tests/server
+
+# The page at / in headless Chromium (apt: chromium chromium-driver; pip:
+# selenium) against serve --ranks 2; skips, saying why, without them.
+echo "== web page tests (tests/web)"
+python3 -m pytest -q tests/web

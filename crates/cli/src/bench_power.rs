@@ -210,9 +210,9 @@ pub fn plot_svg(title: &str, prefill: &Curve, decode: &Curve, power: &[RankPower
                     s,
                     r##"<text x="{px}" y="{}" fill="#a00">not readable: {}</text>"##,
                     y + 12.0,
-                    esc(&wrap(reason, 48)[0])
+                    esc(&wrap(reason, 40)[0])
                 );
-                for (i, more) in wrap(reason, 48).iter().enumerate().skip(1) {
+                for (i, more) in wrap(reason, 40).iter().enumerate().skip(1) {
                     let _ = writeln!(
                         s,
                         r##"<text x="{px}" y="{}" fill="#a00">{}</text>"##,
@@ -220,7 +220,7 @@ pub fn plot_svg(title: &str, prefill: &Curve, decode: &Curve, power: &[RankPower
                         esc(more)
                     );
                 }
-                y += 14.0 * wrap(reason, 48).len() as f64 + 6.0;
+                y += 14.0 * wrap(reason, 40).len() as f64 + 6.0;
             }
         }
         y += 10.0;

@@ -82,6 +82,12 @@ pub fn counter_delta_uj(before: u64, after: u64, max_range_uj: u64) -> u64 {
 impl PowerSources {
     /// What is readable under `root` (a sysfs tree), or why nothing is.
     pub fn discover(root: &Path) -> Result<PowerSources, String> {
+        Self::discover_with(root, &read_u64)
+    }
+
+    /// `discover` with its file reader given: tests run as root, whom file
+    /// modes do not stop, so they pass a reader that refuses like a kernel does.
+    fn discover_with(root: &Path, read_u64: &dyn Fn(&Path) -> std::io::Result<u64>) -> Result<PowerSources, String> {
         let mut rapl = Vec::new();
         let mut names = Vec::new();
         let mut denied = Vec::new();
@@ -397,18 +403,20 @@ mod tests {
 
     #[test]
     fn unreadable_counter_says_permission_denied() {
-        use std::os::unix::fs::PermissionsExt;
         let root = tree("denied");
-        let f = root.join("class/powercap/intel-rapl:0/energy_uj");
-        write(&f, "1\n");
-        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o000)).unwrap();
-        if std::fs::read_to_string(&f).is_ok() {
-            // Root reads files whatever their mode: nothing to test here.
-            let _ = std::fs::remove_dir_all(root);
-            return;
-        }
-        let e = PowerSources::discover(&root).unwrap_err();
-        assert!(e.contains("permission denied") && e.contains("intel-rapl:0"), "{e}");
+        let pc = root.join("class/powercap");
+        write(&pc.join("intel-rapl:0/energy_uj"), "1\n");
+        write(&pc.join("intel-rapl:0/max_energy_range_uj"), "1000\n");
+        // What a non-root process gets from a root-only (0400) energy_uj.
+        let refuse = |p: &Path| {
+            if p.ends_with("energy_uj") {
+                Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied))
+            } else {
+                read_u64(p)
+            }
+        };
+        let e = PowerSources::discover_with(&root, &refuse).unwrap_err();
+        assert!(e.contains("permission denied") && e.contains("intel-rapl:0") && e.contains("root-only"), "{e}");
         let _ = std::fs::remove_dir_all(root);
     }
 

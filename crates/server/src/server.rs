@@ -117,6 +117,10 @@ pub fn serve(
     let reasoning = files.chat_template.as_deref().is_some_and(|t| t.contains("<think>"));
     let vocab = Arc::new(AppState::build_vocab(&tokenizer, engine.model.config.vocab_size));
     let metrics = Arc::new(Metrics::default());
+    // The pool's size before the first step stores it (`GET /cluster`, `/metrics`).
+    metrics.kv_block_size.store(sched.block as i64, Relaxed);
+    metrics.kv_blocks_total.store(sched.n_blocks as i64, Relaxed);
+    metrics.kv_blocks_free.store(sched.n_blocks as i64, Relaxed);
     let (handle, queue) = channel(metrics.clone());
     let addr = format!("{}:{}", cfg.host, cfg.port);
     // Every rank's startup report (gathered by the CLI), or this process's own.

@@ -133,7 +133,7 @@
   function messageNode(m, index) {
     const div = document.createElement("div");
     div.className = "msg " + m.role;
-    div.dataset.role = "message-" + m.role;
+    div.dataset.role = m.role === "assistant" ? "message-assistant" : "message-user";
     const who = document.createElement("div");
     who.className = "who";
     const name = document.createElement("span");
@@ -215,6 +215,7 @@
     ok.onclick = () => {
       c.messages = c.messages.slice(0, index);
       c.messages.push({ role: "user", content: ta.value });
+      if (index === 0) c.title = ta.value.slice(0, 40) || "New chat";
       persist();
       generate(c);
     };
@@ -256,7 +257,8 @@
   async function generate(c) {
     const msgs = [];
     if (settings.system.trim()) msgs.push({ role: "system", content: settings.system });
-    for (const m of c.messages) msgs.push({ role: m.role, content: m.content });
+    // Replies that were stopped before any text, or failed, are not sent back.
+    for (const m of c.messages) if (m.role === "user" || m.content) msgs.push({ role: m.role, content: m.content });
     const reply = { role: "assistant", content: "", reasoning: "", stats: {}, done: false };
     c.messages.push(reply);
     if (c.title === "New chat") {
@@ -462,6 +464,14 @@
       cell(tr, "weights " + bytes(m.weights_bytes) + " · KV " + bytes(m.kv_used_bytes) + " / " + bytes(m.kv_pool_bytes) + " · RSS " + bytes(m.rss_bytes) + " of " + bytes(m.total_bytes)).dataset.role = "rank-memory";
       const p = r.power;
       cell(tr, p.readable ? (p.watts == null ? "sampling…" : p.watts.toFixed(1) + " W" + (p.host_wide ? " (host)" : "")) : "not readable", p.readable ? p.sources.join(", ") : p.reason).dataset.role = "rank-power";
+      tb.appendChild(tr);
+    }
+    const unreadable = j.ranks.filter((r) => !r.power.readable);
+    if (unreadable.length) {
+      const tr = document.createElement("tr");
+      const td = cell(tr, "Power: not readable on rank " + unreadable.map((r) => r.rank + " (" + r.power.reason + ")").join(", rank "));
+      td.colSpan = 6;
+      td.className = "muted";
       tb.appendChild(tr);
     }
     const links = $("links");
