@@ -251,3 +251,38 @@ impl StageRunner<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_carry_state_slot_ops() {
+        let (t1, t2) = ([1u32, 2, 3], [4u32]);
+        let items = [
+            BatchItem {
+                tokens: &t1,
+                table: &[5, 6],
+                start: 64,
+                mode: LogitsMode::None,
+                state: Some(2),
+                restore: Some(7),
+                snapshot: None,
+            },
+            BatchItem {
+                tokens: &t2,
+                table: &[1],
+                start: 9,
+                mode: LogitsMode::Argmax,
+                state: None,
+                restore: None,
+                snapshot: Some(0),
+            },
+        ];
+        let d = decode(&encode(&items)).unwrap();
+        let got: Vec<_> =
+            d.seqs.iter().map(|s| (s.len, s.start, s.state, s.restore, s.snapshot, s.table.clone())).collect();
+        assert_eq!(got, vec![(3, 64, Some(2), Some(7), None, vec![5, 6]), (1, 9, None, None, Some(0), vec![1])]);
+        assert!(decode(&encode(&items)[..5]).is_err(), "a truncated descriptor is refused");
+    }
+}
