@@ -410,4 +410,31 @@ mod tests {
         let d = o1.iter().zip(&o2).chain(s1.iter().zip(&s2)).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(d < 1e-5, "{d}");
     }
+
+    /// Rough speeds of the forms on one head of 128 × 128 (not a benchmark:
+    /// `cargo test --release -p shardlm-kernels --lib delta_rule -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn speed_of_the_forms() {
+        let (n, dk, dv) = (512, 128, 128);
+        let (q, k, v, g, beta) = inputs(n, dk, dv, 3);
+        let x = HeadInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+        let mut sc = ChunkScratch::default();
+        type Form = fn(&mut [f32], &HeadInputs<'_>, usize, usize, &mut [f32], &mut ChunkScratch);
+        let forms: [(&str, Form); 4] = [
+            ("recurrent", recurrent),
+            ("recurrent_scalar", recurrent_scalar),
+            ("chunked", chunked),
+            ("chunked_scalar", chunked_scalar),
+        ];
+        for (name, f) in forms {
+            let (mut s, mut out) = (vec![0f32; dk * dv], vec![0f32; n * dv]);
+            let t0 = std::time::Instant::now();
+            for _ in 0..5 {
+                f(&mut s, &x, dk, dv, &mut out, &mut sc);
+            }
+            let per_tok = t0.elapsed().as_secs_f64() / (5 * n) as f64;
+            eprintln!("{name}: {:.2} µs per token per head", per_tok * 1e6);
+        }
+    }
 }
