@@ -143,11 +143,32 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
         Some(m) => ty.bytes_for(m.cache_width()),
         None => 2 * ty.bytes_for(cfg.n_kv_heads * cfg.head_dim),
     };
-    let per_token = (cfg.n_layers * per_layer).max(1);
+    // Hybrid models: only the attention layers keep KV; the linear-attention
+    // layers hold a fixed state per sequence, in slots for every batch row
+    // plus as many prefix-cache snapshots, taken off the budget first.
+    let la = engine.model.spec.linear_attn.as_ref();
+    let kv_layers = la.map_or(cfg.n_layers, |l| l.linear.iter().filter(|&&x| !x).count());
+    let per_token = (kv_layers * per_layer).max(1);
+    let state_per_seq = la.map_or(0, |l| l.linear.iter().filter(|&&x| x).count() * l.state_shape(l.k_heads).len() * 4);
+    let snapshots = if a.prefix_cache == OnOff::On { a.max_batch as usize } else { 0 };
+    let state_bytes = state_per_seq * (a.max_batch as usize + snapshots);
     let tokens = match a.kv_cache_bytes {
-        Some(b) => b as usize / per_token,
+        Some(b) if (b as usize) < state_bytes => anyhow::bail!(
+            "--kv-cache-bytes {b} cannot hold the recurrent states: {} slots of {state_per_seq} bytes \
+             ({} batch rows and {snapshots} prefix snapshots) take {state_bytes}",
+            a.max_batch as usize + snapshots,
+            a.max_batch
+        ),
+        Some(b) => (b as usize - state_bytes) / per_token,
         None => 2 * engine.context_length(),
     };
+    if state_bytes > 0 {
+        eprintln!(
+            "shardlm serve: recurrent state {:.1} MiB per sequence, {:.1} MiB in all ({snapshots} prefix snapshots)",
+            state_per_seq as f64 / (1 << 20) as f64,
+            state_bytes as f64 / (1 << 20) as f64
+        );
+    }
     let n_blocks = tokens / KV_BLOCK;
     if n_blocks == 0 {
         anyhow::bail!(

@@ -408,7 +408,9 @@ impl StageRunner<'_> {
                 if let Some(to) = c.downstream().filter(|&to| to != 0) {
                     c.send_header(to, h)?;
                 }
-                *self.paged = Some(self.model.new_pool(h.chunk.max(1) as usize, n));
+                let mut pool = self.model.new_pool(h.chunk.max(1) as usize, n);
+                pool.states = self.model.state_pool(h.mode as usize);
+                *self.paged = Some(pool);
             }
             OP_BATCH => self.handle_batch(h, from)?,
             OP_PING => {

@@ -4,14 +4,17 @@
 //! holds, what the prefix cache shares — and sends each step as a descriptor:
 //!
 //! ```text
-//! [n_seqs, then per sequence: n_tokens, start, logits mode, table_len, table…]
+//! [n_seqs, then per sequence: n_tokens, start, logits mode, state, restore, snapshot, table_len, table…]
 //! ```
 //!
 //! followed by the tokens (to the embedding stage) or the residual stream (to
 //! the next stage). Every rank keeps a pool with the same block count
 //! (`OP_POOL`), so a block id names the same positions on all of them and the
 //! other ranks need no block bookkeeping of their own: they write and read
-//! where the tables say.
+//! where the tables say. Hybrid models' recurrent-state slots travel the same
+//! way: `state` names the sequence's slot, `restore` a snapshot slot to copy
+//! into it before the step, `snapshot` a slot to copy it into after (u32::MAX:
+//! none), so every rank's slots hold the same states.
 
 use crate::dist::{comm_err, mode_code, mode_of, Header, StageRunner, OP_BATCH, OP_POOL};
 use crate::EngineError;
@@ -26,17 +29,69 @@ pub struct BatchItem<'a> {
     pub table: &'a [u32],
     pub start: usize,
     pub mode: LogitsMode,
+    /// Hybrid models: the sequence's recurrent-state slot.
+    pub state: Option<u32>,
+    /// Copy this snapshot slot into `state` before the step (prefix reuse).
+    pub restore: Option<u32>,
+    /// Copy `state` into this slot after the step (a prefix-cache snapshot).
+    pub snapshot: Option<u32>,
 }
 
-/// A decoded descriptor: per sequence (tokens, start, mode, table).
+/// One sequence of a decoded descriptor.
+pub(crate) struct SeqDesc {
+    pub len: usize,
+    pub start: usize,
+    pub mode: LogitsMode,
+    pub state: Option<u32>,
+    pub restore: Option<u32>,
+    pub snapshot: Option<u32>,
+    pub table: Vec<u32>,
+}
+
+fn opt_code(v: Option<u32>) -> u32 {
+    v.unwrap_or(u32::MAX)
+}
+
+fn opt_of(c: u32) -> Option<u32> {
+    (c != u32::MAX).then_some(c)
+}
+
+/// Before a step: every restore (snapshot → live slot).
+pub(crate) fn restore_states(
+    pool: &mut model::KvPool,
+    ops: impl Iterator<Item = (Option<u32>, Option<u32>)>,
+) -> Result<(), EngineError> {
+    for (state, from) in ops {
+        if let (Some(to), Some(from), Some(st)) = (state, from, pool.states.as_mut()) {
+            st.copy(from as usize, to as usize)?;
+        }
+    }
+    Ok(())
+}
+
+/// After a step: every snapshot (live slot → snapshot slot).
+pub(crate) fn snapshot_states(
+    pool: &mut model::KvPool,
+    ops: impl Iterator<Item = (Option<u32>, Option<u32>)>,
+) -> Result<(), EngineError> {
+    for (state, to) in ops {
+        if let (Some(from), Some(to), Some(st)) = (state, to, pool.states.as_mut()) {
+            st.copy(from as usize, to as usize)?;
+        }
+    }
+    Ok(())
+}
+
+/// A decoded descriptor.
 struct Desc {
-    seqs: Vec<(usize, usize, LogitsMode, Vec<u32>)>,
+    seqs: Vec<SeqDesc>,
 }
 
 pub(crate) fn encode(items: &[BatchItem<'_>]) -> Vec<u32> {
     let mut d = vec![items.len() as u32];
     for it in items {
-        d.extend([it.tokens.len() as u32, it.start as u32, mode_code(it.mode), it.table.len() as u32]);
+        d.extend([it.tokens.len() as u32, it.start as u32, mode_code(it.mode)]);
+        d.extend([opt_code(it.state), opt_code(it.restore), opt_code(it.snapshot), it.table.len() as u32]);
         d.extend_from_slice(it.table);
     }
     d
@@ -48,11 +103,19 @@ fn decode(d: &[u32]) -> Result<Desc, EngineError> {
     let mut at = 1;
     let mut seqs = Vec::with_capacity(n);
     for _ in 0..n {
-        let head = d.get(at..at + 4).ok_or_else(bad)?;
-        let (len, start, mode, tl) = (head[0] as usize, head[1] as usize, mode_of(head[2]), head[3] as usize);
-        let table = d.get(at + 4..at + 4 + tl).ok_or_else(bad)?.to_vec();
-        seqs.push((len, start, mode, table));
-        at += 4 + tl;
+        let head = d.get(at..at + 7).ok_or_else(bad)?;
+        let tl = head[6] as usize;
+        let table = d.get(at + 7..at + 7 + tl).ok_or_else(bad)?.to_vec();
+        seqs.push(SeqDesc {
+            len: head[0] as usize,
+            start: head[1] as usize,
+            mode: mode_of(head[2]),
+            state: opt_of(head[3]),
+            restore: opt_of(head[4]),
+            snapshot: opt_of(head[5]),
+            table,
+        });
+        at += 7 + tl;
     }
     if at != d.len() {
         return Err(bad());
@@ -62,13 +125,17 @@ fn decode(d: &[u32]) -> Result<Desc, EngineError> {
 
 impl StageRunner<'_> {
     /// Rank 0: asks every rank to allocate a pool of `n_blocks` blocks of
-    /// `block` positions, and allocates its own.
-    pub fn init_pool(&mut self, block: usize, n_blocks: usize) -> Result<(), EngineError> {
-        let h = Header { op: OP_POOL, n: n_blocks as u32, chunk: block as u32, ..Default::default() };
+    /// `block` positions (and `n_slots` recurrent-state slots for a hybrid
+    /// model, in the header's `mode`), and allocates its own.
+    pub fn init_pool(&mut self, block: usize, n_blocks: usize, n_slots: usize) -> Result<(), EngineError> {
+        let h =
+            Header { op: OP_POOL, n: n_blocks as u32, chunk: block as u32, mode: n_slots as u32, ..Default::default() };
         for r in self.cluster.embed_stage_ranks() {
             self.cluster.send_header(r, h)?;
         }
-        *self.paged = Some(self.model.new_pool(block, n_blocks));
+        let mut pool = self.model.new_pool(block, n_blocks);
+        pool.states = self.model.state_pool(n_slots);
+        *self.paged = Some(pool);
         Ok(())
     }
 
@@ -105,7 +172,7 @@ impl StageRunner<'_> {
         c.world.recv(from, bytemuck::cast_slice_mut(&mut desc)).map_err(comm_err)?;
         let d = decode(&desc)?;
         let n = h.n as usize;
-        if d.seqs.iter().map(|s| s.0).sum::<usize>() != n {
+        if d.seqs.iter().map(|s| s.len).sum::<usize>() != n {
             return Err(EngineError::BadArgument("batch descriptor disagrees with its token count".into()));
         }
         if c.stage + 1 == c.stages {
@@ -126,7 +193,8 @@ impl StageRunner<'_> {
     /// embedding stage, `ws.x` otherwise); passes the result downstream.
     fn run_batch(&mut self, d: &Desc, tokens: Option<&[u32]>) -> Result<(), EngineError> {
         let pool = self.paged.as_mut().ok_or_else(|| EngineError::BadArgument("batch step before OP_POOL".into()))?;
-        let n: usize = d.seqs.iter().map(|s| s.0).sum();
+        let n: usize = d.seqs.iter().map(|s| s.len).sum();
+        restore_states(pool, d.seqs.iter().map(|s| (s.state, s.restore)))?;
         let zeros;
         let toks = match tokens {
             Some(t) => t,
@@ -140,14 +208,14 @@ impl StageRunner<'_> {
         }
         let mut steps = Vec::with_capacity(d.seqs.len());
         let mut at = 0;
-        for ((len, start, mode, table), logits) in d.seqs.iter().zip(self.batch_logits.iter_mut()) {
+        for (s, logits) in d.seqs.iter().zip(self.batch_logits.iter_mut()) {
             steps.push(SeqStep {
-                tokens: &toks[at..at + len],
-                cache: SeqKv::Paged { table, start: *start, state: None },
-                mode: *mode,
+                tokens: &toks[at..at + s.len],
+                cache: SeqKv::Paged { table: &s.table, start: s.start, state: s.state },
+                mode: s.mode,
                 logits,
             });
-            at += len;
+            at += s.len;
         }
         let comm: &dyn AllReduce = &self.cluster.tp_group;
         if tokens.is_some() {
@@ -155,16 +223,21 @@ impl StageRunner<'_> {
         }
         self.model.run_layers(self.pool, self.ws, &mut steps, Some(pool), comm)?;
         self.model.head(self.pool, self.ws, &mut steps, comm)?;
+        drop(steps);
+        snapshot_states(pool, d.seqs.iter().map(|s| (s.state, s.snapshot)))?;
         if let Some(to) = self.cluster.downstream() {
             let desc = {
                 let items: Vec<BatchItem<'_>> = d
                     .seqs
                     .iter()
-                    .map(|(len, start, mode, table)| BatchItem {
-                        tokens: &toks[..*len],
-                        table,
-                        start: *start,
-                        mode: *mode,
+                    .map(|s| BatchItem {
+                        tokens: &toks[..s.len],
+                        table: &s.table,
+                        start: s.start,
+                        mode: s.mode,
+                        state: s.state,
+                        restore: s.restore,
+                        snapshot: s.snapshot,
                     })
                     .collect();
                 encode(&items)
@@ -176,5 +249,40 @@ impl StageRunner<'_> {
             self.cluster.world.send(to, bytemuck::cast_slice(&self.ws.x[..n * width])).map_err(comm_err)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_carry_state_slot_ops() {
+        let (t1, t2) = ([1u32, 2, 3], [4u32]);
+        let items = [
+            BatchItem {
+                tokens: &t1,
+                table: &[5, 6],
+                start: 64,
+                mode: LogitsMode::None,
+                state: Some(2),
+                restore: Some(7),
+                snapshot: None,
+            },
+            BatchItem {
+                tokens: &t2,
+                table: &[1],
+                start: 9,
+                mode: LogitsMode::Argmax,
+                state: None,
+                restore: None,
+                snapshot: Some(0),
+            },
+        ];
+        let d = decode(&encode(&items)).unwrap();
+        let got: Vec<_> =
+            d.seqs.iter().map(|s| (s.len, s.start, s.state, s.restore, s.snapshot, s.table.clone())).collect();
+        assert_eq!(got, vec![(3, 64, Some(2), Some(7), None, vec![5, 6]), (1, 9, None, None, Some(0), vec![1])]);
+        assert!(decode(&encode(&items)[..5]).is_err(), "a truncated descriptor is refused");
     }
 }

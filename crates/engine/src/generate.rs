@@ -140,12 +140,15 @@ impl Engine {
         }
     }
 
-    /// Allocates the KV block pool for batched serving, on every rank of a cluster.
-    pub fn init_pool(&mut self, block: usize, n_blocks: usize) -> Result<(), EngineError> {
-        if let Some(r) = self.with_runner(|r| r.init_pool(block, n_blocks)) {
+    /// Allocates the KV block pool for batched serving, on every rank of a
+    /// cluster, with `n_slots` recurrent-state slots for a hybrid model.
+    pub fn init_pool(&mut self, block: usize, n_blocks: usize, n_slots: usize) -> Result<(), EngineError> {
+        if let Some(r) = self.with_runner(|r| r.init_pool(block, n_blocks, n_slots)) {
             return r;
         }
-        self.paged = Some(self.model.new_pool(block, n_blocks));
+        let mut pool = self.model.new_pool(block, n_blocks);
+        pool.states = self.model.state_pool(n_slots);
+        self.paged = Some(pool);
         Ok(())
     }
 
@@ -157,6 +160,7 @@ impl Engine {
             return Ok(&self.batch_logits[..items.len()]);
         }
         let kv = self.paged.as_mut().ok_or_else(|| EngineError::BadArgument("step_batch before init_pool".into()))?;
+        crate::dist_batch::restore_states(kv, items.iter().map(|it| (it.state, it.restore)))?;
         if self.batch_logits.len() < items.len() {
             self.batch_logits.resize_with(items.len(), Vec::new);
         }
@@ -165,12 +169,14 @@ impl Engine {
             .zip(self.batch_logits.iter_mut())
             .map(|(it, logits)| SeqStep {
                 tokens: it.tokens,
-                cache: SeqKv::Paged { table: it.table, start: it.start, state: None },
+                cache: SeqKv::Paged { table: it.table, start: it.start, state: it.state },
                 mode: it.mode,
                 logits,
             })
             .collect();
         self.model.forward_paged(&self.pool, &mut self.ws, kv, &mut steps, &NoComm)?;
+        drop(steps);
+        crate::dist_batch::snapshot_states(kv, items.iter().map(|it| (it.state, it.snapshot)))?;
         Ok(&self.batch_logits[..items.len()])
     }
 

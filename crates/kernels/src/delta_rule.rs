@@ -163,15 +163,127 @@ fn recurrent_body(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: 
 pub struct ChunkScratch {
     /// Cumulative log-decay within the chunk, `[L]`.
     gc: Vec<f32>,
-    /// `(I − N)⁻¹`, `[L × L]` lower triangular (N: the strictly lower
-    /// `−β_i (k_i·k_j) exp(gc_i − gc_j)`).
+    /// `K·Kᵀ` then `(I − N)⁻¹` (`N` strictly lower: `−β_i (k_i·k_j)
+    /// exp(gc_i − gc_j)`), `[L × L]`.
     t: Vec<f32>,
+    /// `Q·Kᵀ` masked and decayed, `[L × L]`.
+    p: Vec<f32>,
+    /// `Kᵀ` `[dk × L]`, then `(k_j · exp(gc_L − gc_j))ᵀ`.
+    kt: Vec<f32>,
+    /// `β v` `[L × dv]`; `β k exp(gc)` and `q exp(gc)` `[L × dk]`.
+    bv: Vec<f32>,
+    bk: Vec<f32>,
+    qe: Vec<f32>,
     /// `T·(β v)` then the corrected values `v_new`, `[L × dv]`.
     u: Vec<f32>,
     /// `T·(β k exp(gc))`, `[L × dk]`.
     w: Vec<f32>,
-    /// A row of `dk` or `L` values.
+    /// A row of `dv` values (the token loop's delta).
     row: Vec<f32>,
+}
+
+/// `C += alpha · A·B` with `A` `m × k` (row stride `lda`), `B` `k × n` (row
+/// stride `ldb`), `C` `m × n` (row stride `ldc`): tiles of 4 rows × 16
+/// columns accumulated in registers, so each row of `B` is loaded once per
+/// four output rows (the chunked form's products are small GEMMs).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gemm_acc<const AVX: bool>(
+    c: &mut [f32],
+    ldc: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    (m, k, n): (usize, usize, usize),
+    alpha: f32,
+) {
+    const R: usize = 4;
+    const W: usize = 16;
+    let mut i = 0;
+    while i < m {
+        let rows = R.min(m - i);
+        let mut j = 0;
+        while j + W <= n {
+            #[cfg(target_arch = "x86_64")]
+            if AVX && rows == R {
+                assert!((i + R - 1) * lda + k <= a.len() && (k.max(1) - 1) * ldb + j + W <= b.len());
+                assert!((i + R - 1) * ldc + j + W <= c.len());
+                // SAFETY: AVX is only set under AVX2+FMA; the bounds are checked above.
+                unsafe {
+                    let cp = c.as_mut_ptr().add(i * ldc + j);
+                    tile_4x16(cp, ldc, a.as_ptr().add(i * lda), lda, b.as_ptr().add(j), ldb, k, alpha)
+                };
+                j += W;
+                continue;
+            }
+            let mut acc = [[0f32; W]; R];
+            for p in 0..k {
+                let bp: &[f32; W] = b[p * ldb + j..p * ldb + j + W].try_into().expect("16 values");
+                for r in 0..rows {
+                    let av = a[(i + r) * lda + p];
+                    for l in 0..W {
+                        acc[r][l] += av * bp[l];
+                    }
+                }
+            }
+            for r in 0..rows {
+                let cr = &mut c[(i + r) * ldc + j..(i + r) * ldc + j + W];
+                for l in 0..W {
+                    cr[l] += alpha * acc[r][l];
+                }
+            }
+            j += W;
+        }
+        // Columns past the last whole tile.
+        for r in 0..rows {
+            for jj in j..n {
+                let mut acc = 0f32;
+                for p in 0..k {
+                    acc += a[(i + r) * lda + p] * b[p * ldb + jj];
+                }
+                c[(i + r) * ldc + jj] += alpha * acc;
+            }
+        }
+        i += R;
+    }
+}
+
+/// One 4 × 16 tile of [`gemm_acc`] in eight AVX2 accumulators.
+///
+/// # Safety
+/// AVX2 and FMA available; `a` holds 4 rows of `k` (stride `lda`), `b` `k`
+/// rows of 16 (stride `ldb`), `c` 4 rows of 16 (stride `ldc`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_4x16(
+    c: *mut f32,
+    ldc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    k: usize,
+    alpha: f32,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for p in 0..k {
+        let b0 = _mm256_loadu_ps(b.add(p * ldb));
+        let b1 = _mm256_loadu_ps(b.add(p * ldb + 8));
+        for r in 0..4 {
+            let av = _mm256_set1_ps(*a.add(r * lda + p));
+            acc[2 * r] = _mm256_fmadd_ps(av, b0, acc[2 * r]);
+            acc[2 * r + 1] = _mm256_fmadd_ps(av, b1, acc[2 * r + 1]);
+        }
+    }
+    let al = _mm256_set1_ps(alpha);
+    for r in 0..4 {
+        let cr = c.add(r * ldc);
+        _mm256_storeu_ps(cr, _mm256_fmadd_ps(al, acc[2 * r], _mm256_loadu_ps(cr)));
+        _mm256_storeu_ps(cr.add(8), _mm256_fmadd_ps(al, acc[2 * r + 1], _mm256_loadu_ps(cr.add(8))));
+    }
 }
 
 /// The chunked (WY) form over `n` tokens, updating `s`; `out`: `[n × dv]`.
@@ -184,13 +296,13 @@ pub fn chunked(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: &mu
         unsafe { chunked_avx2(s, x, dk, dv, out, sc) };
         return;
     }
-    chunked_body(s, x, dk, dv, out, sc);
+    chunked_body::<false>(s, x, dk, dv, out, sc);
 }
 
 /// [`chunked`] without SIMD (its reference).
 pub fn chunked_scalar(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: &mut [f32], sc: &mut ChunkScratch) {
     x.check(s, dk, dv, out);
-    chunked_body(s, x, dk, dv, out, sc);
+    chunked_body::<false>(s, x, dk, dv, out, sc);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -203,7 +315,7 @@ unsafe fn chunked_avx2(
     out: &mut [f32],
     sc: &mut ChunkScratch,
 ) {
-    chunked_body(s, x, dk, dv, out, sc);
+    chunked_body::<true>(s, x, dk, dv, out, sc);
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -212,19 +324,35 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
+/// Per chunk of `L` tokens (all products as [`gemm_acc`]):
+/// `T = (I − N)⁻¹` from `K·Kᵀ` by forward substitution; `U = T·(βv)`,
+/// `W = T·(βk e^{gc})`; `v_new = U − W·S`; `o = (q e^{gc})·S + P·v_new` with
+/// `P_ij = (q_i·k_j) e^{gc_i − gc_j}` (`j ≤ i`); `S ← e^{gc_L} S +
+/// (k e^{gc_L − gc})ᵀ·v_new`.
 #[inline(always)]
-fn chunked_body(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: &mut [f32], sc: &mut ChunkScratch) {
+fn chunked_body<const AVX: bool>(
+    s: &mut [f32],
+    x: &HeadInputs<'_>,
+    dk: usize,
+    dv: usize,
+    out: &mut [f32],
+    sc: &mut ChunkScratch,
+) {
     let n = x.len();
-    grow(&mut sc.gc, CHUNK);
-    grow(&mut sc.t, CHUNK * CHUNK);
-    grow(&mut sc.u, CHUNK * dv);
-    grow(&mut sc.w, CHUNK * dk);
-    grow(&mut sc.row, CHUNK.max(dk));
+    const C: usize = CHUNK;
+    grow(&mut sc.gc, C);
+    for (b, len) in [(&mut sc.t, C * C), (&mut sc.p, C * C), (&mut sc.kt, dk * C), (&mut sc.bk, C * dk)] {
+        grow(b, len);
+    }
+    for (b, len) in [(&mut sc.qe, C * dk), (&mut sc.w, C * dk), (&mut sc.bv, C * dv), (&mut sc.u, C * dv)] {
+        grow(b, len);
+    }
     let mut c0 = 0;
     while c0 < n {
-        let l = CHUNK.min(n - c0);
-        let k = |t: usize| &x.k[(c0 + t) * dk..(c0 + t + 1) * dk];
-        let q = |t: usize| &x.q[(c0 + t) * dk..(c0 + t + 1) * dk];
+        let l = C.min(n - c0);
+        let kc = &x.k[c0 * dk..(c0 + l) * dk];
+        let qc = &x.q[c0 * dk..(c0 + l) * dk];
+        let vc = &x.v[c0 * dv..(c0 + l) * dv];
         let beta = &x.beta[c0..c0 + l];
         let gc = &mut sc.gc[..l];
         let mut acc = 0.0;
@@ -232,70 +360,76 @@ fn chunked_body(s: &mut [f32], x: &HeadInputs<'_>, dk: usize, dv: usize, out: &m
             acc += x.g[c0 + t];
             *g = acc;
         }
-        // T = (I − N)⁻¹ by forward substitution, row by row:
-        // T[i][j] = N[i][j] + Σ_{j<m<i} N[i][m] T[m][j], T[i][i] = 1.
-        let tm = &mut sc.t[..l * l];
-        let nrow = &mut sc.row[..l];
-        for i in 0..l {
-            for m in 0..i {
-                nrow[m] = -beta[i] * dot(k(i), k(m)) * (gc[i] - gc[m]).exp();
+        // Kᵀ, then the Gram matrices K·Kᵀ (into t) and Q·Kᵀ (into p).
+        let kt = &mut sc.kt[..dk * l];
+        for j in 0..l {
+            for r in 0..dk {
+                kt[r * l + j] = kc[j * dk + r];
             }
+        }
+        let (tm, pm) = (&mut sc.t[..l * l], &mut sc.p[..l * l]);
+        tm.fill(0.0);
+        pm.fill(0.0);
+        gemm_acc::<AVX>(tm, l, kc, dk, kt, l, (l, dk, l), 1.0);
+        gemm_acc::<AVX>(pm, l, qc, dk, kt, l, (l, dk, l), 1.0);
+        // T in place, row by row: row i's N entries replace its Gram row,
+        // then T[i][j] = N[i][j] + Σ_{j<m<i} N[i][m] T[m][j], T[i][i] = 1.
+        for i in 0..l {
             let (done, rest) = tm.split_at_mut(i * l);
             let ti = &mut rest[..l];
+            let mut nrow = [0f32; C];
+            for m in 0..i {
+                nrow[m] = -beta[i] * ti[m] * (gc[i] - gc[m]).exp();
+            }
             ti.fill(0.0);
             for m in 0..i {
-                // Row m of T is final; T[m][j] is zero for j > m.
                 axpy(&mut ti[..=m], nrow[m], &done[m * l..m * l + m + 1]);
             }
             ti[i] = 1.0;
+            // P row i: causal mask and decay.
+            let pi = &mut pm[i * l..(i + 1) * l];
+            for j in 0..l {
+                pi[j] = if j <= i { pi[j] * (gc[i] - gc[j]).exp() } else { 0.0 };
+            }
         }
-        // U = T·(β v), W = T·(β k exp(gc)).
+        // βv, βk e^{gc}, q e^{gc}.
+        let (bv, bk, qe) = (&mut sc.bv[..l * dv], &mut sc.bk[..l * dk], &mut sc.qe[..l * dk]);
+        for t in 0..l {
+            let e = gc[t].exp();
+            for j in 0..dv {
+                bv[t * dv + j] = beta[t] * vc[t * dv + j];
+            }
+            for r in 0..dk {
+                bk[t * dk + r] = beta[t] * e * kc[t * dk + r];
+                qe[t * dk + r] = e * qc[t * dk + r];
+            }
+        }
         let (u, w) = (&mut sc.u[..l * dv], &mut sc.w[..l * dk]);
         u.fill(0.0);
         w.fill(0.0);
-        for i in 0..l {
-            let (ui, wi) = (&mut u[i * dv..(i + 1) * dv], &mut w[i * dk..(i + 1) * dk]);
-            for m in 0..=i {
-                let tim = tm[i * l + m];
-                axpy(ui, tim * beta[m], &x.v[(c0 + m) * dv..(c0 + m + 1) * dv]);
-                axpy(wi, tim * beta[m] * gc[m].exp(), k(m));
-            }
-        }
-        // v_new = U − W·S (rows of S scaled by W's entries).
-        for i in 0..l {
-            let ui = &mut u[i * dv..(i + 1) * dv];
-            for r in 0..dk {
-                axpy(ui, -w[i * dk + r], &s[r * dv..(r + 1) * dv]);
-            }
-        }
-        // o_i = exp(gc_i)·Sᵀq_i + Σ_{j≤i} (q_i·k_j) exp(gc_i − gc_j) v_new_j.
-        for i in 0..l {
-            let o = &mut out[(c0 + i) * dv..(c0 + i + 1) * dv];
-            o.fill(0.0);
-            let qi = q(i);
-            let e = gc[i].exp();
-            for r in 0..dk {
-                axpy(o, e * qi[r], &s[r * dv..(r + 1) * dv]);
-            }
-            for j in 0..=i {
-                let a = dot(qi, k(j)) * (gc[i] - gc[j]).exp();
-                axpy(o, a, &u[j * dv..(j + 1) * dv]);
-            }
-        }
-        // S ← exp(gc_L)·S + Σ_j exp(gc_L − gc_j) k_j ⊗ v_new_j.
+        gemm_acc::<AVX>(u, dv, tm, l, bv, dv, (l, l, dv), 1.0);
+        gemm_acc::<AVX>(w, dk, tm, l, bk, dk, (l, l, dk), 1.0);
+        // v_new = U − W·S.
+        gemm_acc::<AVX>(u, dv, w, dk, s, dv, (l, dk, dv), -1.0);
+        // o = (q e^{gc})·S + P·v_new.
+        let o = &mut out[c0 * dv..(c0 + l) * dv];
+        o.fill(0.0);
+        gemm_acc::<AVX>(o, dv, qe, dk, s, dv, (l, dk, dv), 1.0);
+        gemm_acc::<AVX>(o, dv, pm, l, u, dv, (l, l, dv), 1.0);
+        // S ← e^{gc_L} S + (k e^{gc_L − gc})ᵀ·v_new.
         let last = gc[l - 1];
-        let el = last.exp();
-        let coef = &mut sc.row[..l];
+        let mut coef = [0f32; C];
         for j in 0..l {
             coef[j] = (last - gc[j]).exp();
         }
         for r in 0..dk {
-            let row = &mut s[r * dv..(r + 1) * dv];
-            row.iter_mut().for_each(|v| *v *= el);
             for j in 0..l {
-                axpy(row, coef[j] * x.k[(c0 + j) * dk + r], &u[j * dv..(j + 1) * dv]);
+                kt[r * l + j] *= coef[j];
             }
         }
+        let el = last.exp();
+        s.iter_mut().for_each(|v| *v *= el);
+        gemm_acc::<AVX>(s, dv, kt, l, u, dv, (dk, l, dv), 1.0);
         c0 += l;
     }
 }
@@ -409,5 +543,35 @@ mod tests {
         }
         let d = o1.iter().zip(&o2).chain(s1.iter().zip(&s2)).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(d < 1e-5, "{d}");
+    }
+
+    /// Rough speeds of the forms on one head of 128 × 128 (not a benchmark:
+    /// `cargo test --release -p shardlm-kernels --lib delta_rule -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn speed_of_the_forms() {
+        let (n, dk, dv) = (512, 128, 128);
+        let (q, k, v, g, beta) = inputs(n, dk, dv, 3);
+        let x = HeadInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+        let mut sc = ChunkScratch::default();
+        type Form = fn(&mut [f32], &HeadInputs<'_>, usize, usize, &mut [f32], &mut ChunkScratch);
+        let forms: [(&str, Form); 4] = [
+            ("recurrent", recurrent),
+            ("recurrent_scalar", recurrent_scalar),
+            ("chunked", chunked),
+            ("chunked_scalar", chunked_scalar),
+        ];
+        for (name, f) in forms {
+            let (mut s, mut out) = (vec![0f32; dk * dv], vec![0f32; n * dv]);
+            // The fastest of 20 runs (the machine may be shared).
+            let per_tok = (0..20)
+                .map(|_| {
+                    let t0 = std::time::Instant::now();
+                    f(&mut s, &x, dk, dv, &mut out, &mut sc);
+                    t0.elapsed().as_secs_f64() / n as f64
+                })
+                .fold(f64::MAX, f64::min);
+            eprintln!("{name}: {:.2} µs per token per head", per_tok * 1e6);
+        }
     }
 }

@@ -185,7 +185,7 @@ pub struct GatedDeltaNet {
     pub z: Linear,
     /// `[2·v_heads, hidden]`: b then a.
     pub ba: Linear,
-    /// Depthwise conv taps, `[C × K]`.
+    /// Depthwise conv taps, tap-major `[K × C]` (contiguous over channels).
     pub conv: Vec<f32>,
     /// `−exp(A_log)` per local value head.
     pub neg_a: Vec<f32>,
@@ -250,8 +250,10 @@ impl GatedDeltaNet {
         };
         let k = spec.conv_kernel;
         let conv_all = ld.weight("linear_attn.conv1d.weight", &[2 * key + val, 1, k])?.to_f32();
-        let conv: Vec<f32> =
+        let by_channel: Vec<f32> =
             [q_ch, k_ch, v_ch].iter().flat_map(|c| conv_all[c.start * k..c.end * k].to_vec()).collect();
+        let n_ch = by_channel.len() / k;
+        let conv = (0..k * n_ch).map(|i| by_channel[(i % n_ch) * k + i / n_ch]).collect();
         let a_log = ld.vector("linear_attn.A_log", nv)?;
         let out_w = ld.weight("linear_attn.out_proj.weight", &[h, val])?;
         Ok(GatedDeltaNet {
@@ -348,9 +350,9 @@ impl GatedDeltaNet {
             let yr = &mut y[t * c..(t + 1) * c];
             yr.fill(0.0);
             for j in 0..k {
-                let xr = input(t + j);
+                let (xr, w) = (input(t + j), &self.conv[j * c..(j + 1) * c]);
                 for ch in 0..c {
-                    yr[ch] += self.conv[ch * k + j] * xr[ch];
+                    yr[ch] += w[ch] * xr[ch];
                 }
             }
             yr.iter_mut().for_each(|v| *v /= 1.0 + (-*v).exp());

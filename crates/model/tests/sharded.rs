@@ -257,3 +257,30 @@ fn deepseek_sharded_greedy(files: &formats::ModelFiles) {
         }
     }
 }
+
+/// Hybrid linear attention (Qwen3-Next, Qwen3.5 dense and MoE): pipeline
+/// stages bit-identical (each stage holds its own layers' recurrent states);
+/// tensor 2 splits the Gated DeltaNet heads by key-head groups with their
+/// value heads, conv channels, `A_log`, `dt_bias` (one all-reduce per block,
+/// after `out_proj`), and the gated attention by heads; expert 2 for the MoE
+/// ones. Prompt logits and 6 greedy steps through every rank's state.
+#[test]
+fn hybrid_linear_attention_sharded_matches_single() {
+    for name in ["qwen3_next", "qwen3_5", "qwen3_5_moe"] {
+        let files = formats::open_model(&fixture(name)).unwrap();
+        let tokens = prompt(name);
+        let want = single(&files, &tokens);
+        for w in [vec![1.0, 1.0], vec![2.0, 1.0], vec![1.0, 1.0, 1.0]] {
+            assert_eq!(pipeline(&files, &tokens, &w), want, "{name} pipeline {w:?}");
+        }
+        let moe = name != "qwen3_5";
+        for expert in [false, true].into_iter().filter(|&e| !e || moe) {
+            let (got, greedy) = tensor_decode(&files, &tokens, &[1.0, 1.0], 16, expert, 6);
+            let what = format!("{name} {} 2", if expert { "expert" } else { "tensor" });
+            assert_close(&what, &got, &want, 1e-4);
+            assert_same_argmax(&what, &got, &want, files.config.vocab_size);
+            let (_, single_greedy) = tensor_decode(&files, &tokens, &[1.0], 16, false, 6);
+            assert_eq!(greedy, single_greedy, "{what}: greedy decode through the sharded states");
+        }
+    }
+}

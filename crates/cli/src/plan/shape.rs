@@ -213,6 +213,16 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         (Some(r), Some(p)) if r > 0 => (r + p) as usize,
         _ => 2 * c.n_kv_heads * c.head_dim,
     };
+    // Hybrid linear attention (Qwen3-Next, Qwen3.5): only the full-attention
+    // layers cache K/V, so the per-layer average is their share (the
+    // linear layers' fixed per-sequence state is not per token).
+    let kv_elems_per_layer = match c.raw.get("layer_types").and_then(Value::as_array) {
+        Some(t) if t.iter().any(|v| v.as_str() == Some("linear_attention")) => {
+            let full = t.iter().filter(|v| v.as_str() != Some("linear_attention")).count();
+            (kv_elems_per_layer * full).div_ceil(t.len().max(1))
+        }
+        _ => kv_elems_per_layer,
+    };
     let active = c.raw.get("num_experts_per_tok").and_then(Value::as_u64).unwrap_or(0);
     Ok(Shape {
         name: path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned()),

@@ -23,8 +23,20 @@
 //! preempted: its blocks are released (its full ones stay cached) and it waits
 //! at the front of the queue to be recomputed, as in vLLM's recompute
 //! preemption. A request that could not fit even alone is refused at submission.
+//!
+//! # Hybrid models (linear attention)
+//! A sequence also holds a recurrent-state slot ([`StateSlots`]) while it
+//! runs. Prefix reuse stops at the deepest cached block boundary that also
+//! has a state snapshot; the sequence's first step restores it. Prefill
+//! pieces end on multiples of the delta rule's chunk (so the chunked prefill
+//! computes the same chunks however a prompt is split, and a cached run
+//! equals the cold one bit for bit), and one piece ends at each prompt's last
+//! snapshot boundary, where the state is snapshotted. Preemption and
+//! cancellation give the slot back with the blocks (recompute, from the
+//! deepest snapshot).
 
 use super::blocks::{block_hashes, chain_hash, BlockManager, BlockStats};
+use super::state_slots::StateSlots;
 use crate::dist_batch::BatchItem;
 use crate::generate::{Engine, FinishReason, GenerateHooks, GenerateRequest, TextStream};
 use crate::sampler::Sampler;
@@ -84,6 +96,25 @@ struct Seq {
     greedy: bool,
     /// Set when sampling ended the sequence.
     finish: Option<FinishReason>,
+    /// Hybrid models: the recurrent-state slot, and a snapshot slot to
+    /// restore it from at the next step.
+    slot: Option<u32>,
+    restore: Option<u32>,
+}
+
+/// Gives back what a sequence leaving the batch holds: its blocks (full ones
+/// stay cached) and its state slot (a pending restore's pin too).
+fn release_seq(blocks: &mut BlockManager, states: &mut Option<StateSlots>, s: &mut Seq) {
+    blocks.release(&s.blocks);
+    s.blocks.clear();
+    if let Some(st) = states.as_mut() {
+        if let Some(r) = s.restore.take() {
+            st.unpin(r);
+        }
+        if let Some(slot) = s.slot.take() {
+            st.release(slot);
+        }
+    }
 }
 
 impl Seq {
@@ -130,6 +161,8 @@ pub struct Scheduler {
     vocab: usize,
     context: usize,
     stats: SchedulerStats,
+    /// Recurrent-state slots and snapshots (hybrid models only).
+    states: Option<StateSlots>,
 }
 
 impl Scheduler {
@@ -138,8 +171,16 @@ impl Scheduler {
         if cfg.block == 0 || cfg.n_blocks == 0 || cfg.max_batch == 0 || cfg.step_tokens == 0 {
             return Err(EngineError::BadArgument(format!("bad scheduler configuration {cfg:?}")));
         }
-        engine.init_pool(cfg.block, cfg.n_blocks)?;
+        // Hybrid models: a live state slot per batch row, and as many
+        // snapshot slots for the prefix cache.
+        let states = engine.model.spec.linear_attn.is_some().then(|| {
+            let snaps = if cfg.prefix_cache { cfg.max_batch } else { 0 };
+            StateSlots::new(cfg.max_batch, snaps, cfg.block)
+        });
+        let n_slots = states.as_ref().map_or(0, |s| s.idle_slots());
+        engine.init_pool(cfg.block, cfg.n_blocks, n_slots)?;
         Ok(Scheduler {
+            states,
             blocks: BlockManager::new(cfg.n_blocks, cfg.block, cfg.prefix_cache),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -185,6 +226,8 @@ impl Scheduler {
             cached_tokens: None,
             greedy,
             finish: None,
+            slot: None,
+            restore: None,
             req,
             hooks,
         });
@@ -226,7 +269,7 @@ impl Scheduler {
     /// (after a step went wrong in a way that leaves their state unknown).
     pub fn abort_all(&mut self, msg: &str) {
         for mut s in std::mem::take(&mut self.running).into_iter().chain(std::mem::take(&mut self.waiting)) {
-            self.blocks.release(&s.blocks);
+            release_seq(&mut self.blocks, &mut self.states, &mut s);
             s.hooks.done(Err(EngineError::BadArgument(msg.to_string())));
         }
     }
@@ -237,7 +280,7 @@ impl Scheduler {
         while i < self.running.len() {
             if self.running[i].hooks.cancelled() {
                 let mut s = self.running.remove(i);
-                self.blocks.release(&s.blocks);
+                release_seq(&mut self.blocks, &mut self.states, &mut s);
                 s.hooks.done(Err(EngineError::Cancelled));
             } else {
                 i += 1;
@@ -260,7 +303,23 @@ impl Scheduler {
             // logits start the output).
             let hashes = block_hashes(&s.history, b);
             let reusable = (s.history.len() - 1) / b;
-            let got = self.blocks.acquire_prefix(&hashes, reusable);
+            let mut got = self.blocks.acquire_prefix(&hashes, reusable);
+            // Hybrid: only as deep as the deepest state snapshot.
+            let mut restore = None;
+            if let Some(st) = self.states.as_mut() {
+                let mut j = got.len();
+                while j > 0 {
+                    if (j * b).is_multiple_of(st.granularity) {
+                        if let Some(slot) = st.lookup(hashes[j - 1]) {
+                            restore = Some(slot);
+                            break;
+                        }
+                    }
+                    j -= 1;
+                }
+                self.blocks.release(&got[j..]);
+                got.truncate(j);
+            }
             let needed = s.history.len().div_ceil(b) - got.len();
             // Keep one block in hand for the running sequences' decode.
             let headroom = usize::from(!self.running.is_empty());
@@ -281,6 +340,13 @@ impl Scheduler {
             for _ in 0..needed {
                 s.blocks.push(self.blocks.allocate().expect("counted available blocks"));
             }
+            if let Some(st) = self.states.as_mut() {
+                s.slot = Some(st.take_live().expect("a live slot per batch row"));
+                if let Some(r) = restore {
+                    st.pin(r);
+                }
+                s.restore = restore;
+            }
             self.running.push(s);
         }
     }
@@ -288,8 +354,7 @@ impl Scheduler {
     /// Gives back the youngest running sequence's blocks and requeues it first.
     fn preempt_youngest(&mut self) {
         if let Some(mut s) = self.running.pop() {
-            self.blocks.release(&s.blocks);
-            s.blocks.clear();
+            release_seq(&mut self.blocks, &mut self.states, &mut s);
             s.hashes.clear();
             s.kv_len = 0;
             self.stats.preemptions += 1;
@@ -329,11 +394,17 @@ impl Scheduler {
             self.preempt_youngest();
         }
         self.blocks = BlockManager::new(self.cfg.n_blocks, self.cfg.block, self.cfg.prefix_cache);
+        // The state snapshots went with the ranks' pools too.
+        if self.states.is_some() {
+            let snaps = if self.cfg.prefix_cache { self.cfg.max_batch } else { 0 };
+            self.states = Some(StateSlots::new(self.cfg.max_batch, snaps, self.cfg.block));
+        }
     }
 
     /// Allocates the pool again on every rank (a re-formed cluster).
     pub fn reinit_pool(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
-        engine.init_pool(self.cfg.block, self.cfg.n_blocks)
+        let n_slots = self.states.as_ref().map_or(0, |s| s.idle_slots());
+        engine.init_pool(self.cfg.block, self.cfg.n_blocks, n_slots)
     }
 
     /// Runs one step: admits, batches, runs the model, samples. Errors of the
@@ -351,11 +422,21 @@ impl Scheduler {
         // Decode tokens first, then prefill chunks oldest first.
         let mut budget = self.cfg.step_tokens.saturating_sub(self.running.iter().filter(|s| s.pending() == 1).count());
         let mut plan: Vec<(usize, usize)> = Vec::new(); // (running index, tokens)
+        let mut snaps: Vec<(usize, u64, u32)> = Vec::new(); // (running index, prefix hash, slot)
         for (i, s) in self.running.iter().enumerate() {
             let n = match s.pending() {
                 1 => 1,
                 p if budget > 0 => {
-                    let n = p.min(budget).min(s.step_cap());
+                    let n = match self.states.as_mut() {
+                        Some(st) => {
+                            let (n, snap) = hybrid_piece(st, s, p.min(budget).min(s.step_cap()), self.cfg.block, self.cfg.prefix_cache);
+                            if let Some((h, slot)) = snap {
+                                snaps.push((i, h, slot));
+                            }
+                            n
+                        }
+                        None => p.min(budget).min(s.step_cap()),
+                    };
                     budget -= n;
                     n
                 }
@@ -363,6 +444,7 @@ impl Scheduler {
             };
             plan.push((i, n));
         }
+        let snapshot_of = |i: usize| snaps.iter().find(|x| x.0 == i).map(|x| x.2);
         let items: Vec<BatchItem<'_>> = plan
             .iter()
             .map(|&(i, n)| {
@@ -373,23 +455,52 @@ impl Scheduler {
                     true if s.greedy && !s.hooks.wants_logits() => LogitsMode::Argmax,
                     true => LogitsMode::Last,
                 };
-                BatchItem { tokens: &s.history[s.kv_len..s.kv_len + n], table: &s.blocks, start: s.kv_len, mode }
+                BatchItem {
+                    tokens: &s.history[s.kv_len..s.kv_len + n],
+                    table: &s.blocks,
+                    start: s.kv_len,
+                    mode,
+                    state: s.slot,
+                    restore: s.restore,
+                    snapshot: snapshot_of(i),
+                }
             })
             .collect();
         self.stats.batch_size = items.len();
         let t0 = std::time::Instant::now();
         let ntok: usize = items.iter().map(|i| i.tokens.len()).sum();
         let result = engine.step_batch(&items).map(|l| l.iter().map(|row| row[..self.vocab.min(row.len())].to_vec()));
+        // The restores ran (or the step failed): unpin them either way.
+        for &(i, _) in &plan {
+            if let (Some(st), Some(r)) = (self.states.as_mut(), self.running[i].restore.take()) {
+                st.unpin(r);
+            }
+        }
         let logits: Vec<Vec<f32>> = match result {
-            Ok(l) => l.collect(),
-            Err(e) if e.is_cluster_failure() => return Err(e),
+            Ok(l) => {
+                if let Some(st) = self.states.as_mut() {
+                    for &(_, h, slot) in &snaps {
+                        st.commit(h, slot);
+                    }
+                }
+                l.collect()
+            }
+            Err(e) if e.is_cluster_failure() => {
+                if let Some(st) = self.states.as_mut() {
+                    snaps.iter().for_each(|&(_, _, slot)| st.release(slot));
+                }
+                return Err(e);
+            }
             Err(e) => {
+                if let Some(st) = self.states.as_mut() {
+                    snaps.iter().for_each(|&(_, _, slot)| st.release(slot));
+                }
                 let msg = e.to_string();
                 let mut idx: Vec<usize> = plan.iter().map(|&(i, _)| i).collect();
                 idx.sort_unstable_by(|a, b| b.cmp(a));
                 for i in idx {
                     let mut s = self.running.remove(i);
-                    self.blocks.release(&s.blocks);
+                    release_seq(&mut self.blocks, &mut self.states, &mut s);
                     s.hooks.done(Err(EngineError::BadArgument(format!("the forward step failed: {msg}"))));
                 }
                 return Ok(());
@@ -409,7 +520,7 @@ impl Scheduler {
         finished.sort_unstable_by(|a, b| b.cmp(a));
         for i in finished {
             let mut s = self.running.remove(i);
-            self.blocks.release(&s.blocks);
+            release_seq(&mut self.blocks, &mut self.states, &mut s);
             let outcome = finish(&mut s);
             s.hooks.done(Ok(outcome));
         }
@@ -449,6 +560,27 @@ impl Scheduler {
         }
         s.finish.is_some()
     }
+}
+
+/// A hybrid model's prefill piece of sequence `s`, at most `n` tokens: it ends
+/// on a multiple of the delta rule's chunk (unless it ends the prompt, or
+/// that would leave nothing), or at the prompt's last snapshot boundary,
+/// which then gets a snapshot slot (with its prefix hash).
+fn hybrid_piece(st: &mut StateSlots, s: &Seq, n: usize, block: usize, cache: bool) -> (usize, Option<(u64, u32)>) {
+    let (start, len) = (s.kv_len, s.history.len());
+    let chunk = kernels::delta_rule::CHUNK;
+    let snap_at = (len - 1) / st.granularity * st.granularity;
+    let end = start + n;
+    if cache && snap_at > start && end >= snap_at {
+        let hash = block_hashes(&s.history[..snap_at], block).last().copied();
+        let slot = hash.and_then(|h| st.reserve_snapshot(h).map(|slot| (h, slot)));
+        return (snap_at - start, slot);
+    }
+    if end == len {
+        return (n, None);
+    }
+    let aligned = end / chunk * chunk;
+    (if aligned > start { aligned - start } else { n }, None)
 }
 
 /// Registers each block of `s` that has become full since the last call.
