@@ -91,7 +91,7 @@ fn conversation_matches_cold_runs(name: &str) {
         let side_req = request(tokens(40 + turn * 7, 9 + turn as u32), 4);
         sched.submit(Submission { request: side_req, hooks: Box::new(Recorder(side.clone())) });
         while sched.has_work() {
-            sched.step(&mut served);
+            sched.step(&mut served).expect("step");
         }
         let seen = std::mem::take(&mut *seen.lock().unwrap());
         let out = seen.outcome.clone().unwrap().unwrap();

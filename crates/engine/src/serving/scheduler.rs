@@ -429,7 +429,13 @@ impl Scheduler {
                 p if budget > 0 => {
                     let n = match self.states.as_mut() {
                         Some(st) => {
-                            let (n, snap) = hybrid_piece(st, s, p.min(budget).min(s.step_cap()), self.cfg.block, self.cfg.prefix_cache);
+                            let (n, snap) = hybrid_piece(
+                                st,
+                                s,
+                                p.min(budget).min(s.step_cap()),
+                                self.cfg.block,
+                                self.cfg.prefix_cache,
+                            );
                             if let Some((h, slot)) = snap {
                                 snaps.push((i, h, slot));
                             }
