@@ -3,6 +3,7 @@
 
 use crate::gguf::{GgufFile, GgufValue};
 use crate::gguf_deepseek2::deepseek2_keys;
+use crate::gguf_gemma3::{gemma3_keys, gemma3_norm_names};
 use crate::names::gguf_to_hf;
 use crate::{
     FormatError, GgufTokenizer, ModelConfig, ModelFiles, RopeScaling, SourceFormat, TensorData, TensorStore,
@@ -16,9 +17,16 @@ use std::collections::BTreeMap;
 const RAW_ARRAY_LIMIT: usize = 64;
 
 pub(crate) fn model_files(mut g: GgufFile) -> Result<ModelFiles, FormatError> {
-    let tensors = tensor_store(&g)?;
+    let mut tensors = tensor_store(&g)?;
     let config = model_config(&g)?;
-    let chat_template = g.get_str("tokenizer.chat_template").map(str::to_string);
+    let gemma3 = g.architecture() == Some("gemma3");
+    if gemma3 {
+        gemma3_norm_names(&mut tensors);
+    }
+    let chat_template = g
+        .get_str("tokenizer.chat_template")
+        .map(str::to_string)
+        .or_else(|| gemma3.then(|| crate::gguf_gemma3::GEMMA3_CHAT_TEMPLATE.to_string()));
     let tokenizer = tokenizer(&mut g)?;
     let token_str = |id: Option<u32>| match &tokenizer {
         TokenizerSource::Gguf(t) => id.and_then(|i| t.tokens.get(i as usize)).cloned(),
@@ -130,6 +138,7 @@ pub fn hf_arch_name(gguf_arch: &str) -> String {
         "qwen3moe" => "qwen3_moe".to_string(),
         "gpt-oss" => "gpt_oss".to_string(),
         "deepseek2" => "deepseek_v3".to_string(),
+        "gemma3" => "gemma3_text".to_string(),
         other => other.to_string(),
     }
 }
@@ -218,6 +227,9 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
         if let RopeScaling::Yarn { truncate, .. } = &mut rope_scaling {
             *truncate = false;
         }
+    }
+    if arch == "gemma3" {
+        gemma3_keys(g, n_layers, head_dim, &mut raw);
     }
     if arch == "deepseek2" {
         let dims = deepseek2_keys(g, n_heads, &mut raw, &mut rope_scaling)?;

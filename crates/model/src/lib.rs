@@ -20,7 +20,7 @@ pub mod slice;
 pub mod workspace;
 
 pub use kv_cache::{KvCache, KvLayers, KvPool, KvType, SeqKv};
-pub use model::{LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
+pub use model::{ring_positions, LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
 pub use registry::Arch;
 pub use shard::{AllReduce, NoComm, ShardSpec};
 pub use workspace::Workspace;

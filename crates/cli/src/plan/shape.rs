@@ -77,6 +77,10 @@ pub struct Shape {
     /// The model's context length (`max_position_embeddings`), when known: the
     /// engine balances pipeline stages by their bytes at this context.
     pub max_context: Option<usize>,
+    /// Sliding-window layers, which keep only a ring of `ring` positions
+    /// (`model::ring_positions` of their window) in a contiguous cache.
+    pub ring_layers: usize,
+    pub ring: usize,
 }
 
 impl Shape {
@@ -126,9 +130,18 @@ impl Shape {
         }
     }
 
-    /// KV bytes per token of context over all layers, `elem` bytes per value.
+    /// KV bytes per token of context over all layers, `elem` bytes per value
+    /// (windowed layers counted whole: the rate before their rings fill).
     pub fn kv_bytes_per_token(&self, elem: f64) -> f64 {
         (self.layers * self.kv_elems_per_layer) as f64 * elem
+    }
+
+    /// Cached positions per layer, on average, at `depth` positions of
+    /// context: every one for full layers, at most `ring` for windowed ones.
+    pub fn kv_positions_per_layer(&self, depth: f64) -> f64 {
+        let full = self.layers.saturating_sub(self.ring_layers) as f64 * depth;
+        let rings = self.ring_layers as f64 * depth.min(self.ring as f64);
+        (full + rings) / self.layers.max(1) as f64
     }
 
     /// FLOPs to prefill `c` tokens: 2 per weight per token in the layers, the
@@ -214,6 +227,13 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         _ => 2 * c.n_kv_heads * c.head_dim,
     };
     let active = c.raw.get("num_experts_per_tok").and_then(Value::as_u64).unwrap_or(0);
+    // Windowed layers as the model builds them (the architecture's spec).
+    let spec = model::Arch::from_name(&c.arch).and_then(|a| a.spec(c).ok());
+    let windows: Vec<usize> = match (&spec, c.raw.get("kv_lora_rank").and_then(Value::as_u64)) {
+        (Some(s), None | Some(0)) => (0..c.n_layers).filter_map(|l| s.attention(l).window).collect(),
+        _ => Vec::new(),
+    };
+    let (ring_layers, ring) = (windows.len(), windows.first().map_or(0, |&w| model::ring_positions(w)));
     Ok(Shape {
         name: path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned()),
         layers: c.n_layers,
@@ -236,6 +256,8 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         quant,
         path: Some(path.to_path_buf()),
         max_context: Some(c.max_position_embeddings),
+        ring_layers,
+        ring,
     })
 }
 
@@ -309,6 +331,8 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
         quant,
         path: None,
         max_context: get(v, &["max_position_embeddings", "n_positions"]).map(|c| c as usize),
+        ring_layers: 0,
+        ring: 0,
     })
 }
 
@@ -383,6 +407,8 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
         quant,
         path: None,
         max_context: None,
+        ring_layers: 0,
+        ring: 0,
     })
 }
 
