@@ -416,6 +416,28 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
 mod tests {
     use super::*;
 
+    /// A windowed model at 32K context: the KV the planner counts is what the
+    /// model's contiguous cache allocates (rings on the windowed layers),
+    /// within 10% (it is exact), and far below every position of every layer.
+    #[test]
+    fn windowed_kv_at_32k_matches_the_cache() {
+        for name in ["gemma3", "gpt_oss"] {
+            let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+            let shape = from_files(&dir, None).unwrap();
+            assert!(shape.ring_layers > 0 && shape.ring > 0, "{name}: windowed layers seen");
+            let files = formats::open_model(&dir).unwrap();
+            let m = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &Default::default())
+                .unwrap();
+            let ctx = 32768;
+            let elem = m.kv_type.bytes_for(1) as f64;
+            let planned =
+                (shape.layers * shape.kv_elems_per_layer) as f64 * elem * shape.kv_positions_per_layer(ctx as f64);
+            let held = m.new_cache(ctx).bytes() as f64;
+            assert!((planned - held).abs() <= 0.1 * held, "{name}: planned {planned} vs cache {held}");
+            assert!(held < 0.8 * shape.kv_bytes_per_token(elem) * ctx as f64, "{name}: rings save memory");
+        }
+    }
+
     #[test]
     fn params_split_total_and_active() {
         let s = from_params(
