@@ -358,3 +358,29 @@ fn hf_checkpoints_written_as_gguf_match() {
         assert!(d <= 0.05 * top, "{arch}: max |Δ| {d} > 5% of {top}");
     }
 }
+
+/// Gemma 3 HF → GGUF (`gemma3`: llama.cpp's norm names, the norms' `+ 1`,
+/// the windowed layers as a bool array and their rope base): the Q8_0 file
+/// decodes the same greedy tokens as the HF fixture (llama.cpp loads it and
+/// agrees too, `scripts/hf-gguf-llamacpp.sh gemma3`).
+#[test]
+fn gemma3_hf_to_gguf_decodes_as_the_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let q = tmp.path().join("gemma3-q8_0.gguf");
+    let st = Command::new(env!("CARGO_BIN_EXE_shardlm"))
+        .args(["quantize", fixture("gemma3").to_str().unwrap(), q.to_str().unwrap(), "--to", "q8_0"])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let greedy = |m: &Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_shardlm"))
+            .args(["run", "--model", m.to_str().unwrap(), "--prompt-ids", "17,230,5,999,64,3,512,77,300,1"])
+            .args(["--max-tokens", "12", "--json"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["output_ids"].clone()
+    };
+    assert_eq!(greedy(&q), greedy(&fixture("gemma3")));
+}
