@@ -44,7 +44,7 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
         other => match moe::moe_arch(other) {
             Some(arch) => arch,
             None => bail!(
-                "{}: HF → GGUF supports llama, mistral, qwen2, qwen3, gemma3_text, qwen2_moe, qwen3_moe and mixtral, not '{other}' (use llama.cpp's convert_hf_to_gguf.py)",
+                "{}: HF → GGUF supports llama, mistral, qwen2, qwen3, gemma3_text, qwen2_moe, qwen3_moe, mixtral, glm4_moe and minimax_m2, not '{other}' (use llama.cpp's convert_hf_to_gguf.py)",
                 a.input.display()
             ),
         },
@@ -164,7 +164,15 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
             }
             continue;
         }
-        let gemma = (files.config.arch == "gemma3_text").then(|| gemma3_name(name)).flatten();
+        let gemma = match files.config.arch.as_str() {
+            "gemma3_text" => gemma3_name(name),
+            // GLM-4.5's pre-MLP norm is llama.cpp's `post_attention_norm`.
+            "glm4_moe" => name
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.strip_suffix(".post_attention_layernorm.weight"))
+                .map(|layer| format!("blk.{layer}.post_attention_norm.weight")),
+            _ => None,
+        };
         let Some(gguf) = gemma.or_else(|| gguf_name(name)).or_else(|| moe::other_name(name)) else {
             bail!("{}: tensor '{name}' has no llama.cpp name", a.input.display());
         };
