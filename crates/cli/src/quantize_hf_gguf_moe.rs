@@ -15,6 +15,13 @@
 //!   `expert_feed_forward_length`, `expert_shared_feed_forward_length`, and
 //!   `expert_weights_norm` from `norm_topk_prob`.
 //!
+//! glm4_moe (`glm4moe`) and minimax_m2 (`minimax-m2`) add sigmoid routing
+//! (`expert_gating_func` 2) with the router's selection bias as
+//! `exp_probs_b`; GLM also its shared expert (`ffn_*_shexp`), first dense
+//! layers (`leading_dense_block_count`), routed scaling and groups, and no
+//! multi-token-prediction layers (`nextn_predict_layers` 0: they are not
+//! written).
+//!
 //! gpt_oss and deepseek_v3 are not written (their experts and attention need
 //! the converter's own transforms); `scripts/hf_moe_to_gguf.py` covers
 //! deepseek_v3.
@@ -30,6 +37,8 @@ pub fn moe_arch(model_type: &str) -> Option<&'static str> {
         "qwen3_moe" => "qwen3moe",
         "qwen2_moe" => "qwen2moe",
         "mixtral" => "llama",
+        "glm4_moe" => "glm4moe",
+        "minimax_m2" => "minimax-m2",
         _ => return None,
     })
 }
@@ -42,10 +51,24 @@ pub fn metadata(w: &mut GgufWriter, c: &ModelConfig, arch: &str) {
             w.add(&format!("{arch}.{key}"), GgufValue::U32(v as u32));
         }
     };
-    put("expert_count", raw("num_experts").or_else(|| raw("num_local_experts")));
+    put("expert_count", raw("num_experts").or_else(|| raw("num_local_experts")).or_else(|| raw("n_routed_experts")));
     put("expert_used_count", raw("num_experts_per_tok"));
-    put("expert_feed_forward_length", raw("moe_intermediate_size"));
+    // MiniMax-M2's experts are `intermediate_size` wide.
+    let minimax = arch == "minimax-m2";
+    put("expert_feed_forward_length", raw("moe_intermediate_size").or(minimax.then_some(c.intermediate_size as u64)));
     put("expert_shared_feed_forward_length", raw("shared_expert_intermediate_size"));
+    if arch == "glm4moe" {
+        put("expert_shared_count", raw("n_shared_experts"));
+        put("leading_dense_block_count", raw("first_k_dense_replace"));
+        put("expert_group_count", raw("n_group"));
+        put("expert_group_used_count", raw("topk_group"));
+        let scale = c.raw.get("routed_scaling_factor").and_then(Value::as_f64).unwrap_or(1.0);
+        w.add(&format!("{arch}.expert_weights_scale"), GgufValue::F32(scale as f32));
+        w.add(&format!("{arch}.nextn_predict_layers"), GgufValue::U32(0));
+    }
+    if arch == "glm4moe" || minimax {
+        w.add(&format!("{arch}.expert_gating_func"), GgufValue::U32(2));
+    }
     if let Some(norm) = c.raw.get("norm_topk_prob").and_then(Value::as_bool) {
         w.add(&format!("{arch}.expert_weights_norm"), GgufValue::Bool(norm));
     }
@@ -71,8 +94,18 @@ pub fn expert_part(hf: &str) -> Option<(usize, &'static str, usize)> {
 /// llama.cpp's name for the MoE tensors that are not experts: Mixtral's
 /// router (the qwen routers and shared experts are in `formats::names`).
 pub fn other_name(hf: &str) -> Option<String> {
-    let layer = hf.strip_prefix("model.layers.")?.strip_suffix(".block_sparse_moe.gate.weight")?;
-    Some(format!("blk.{layer}.ffn_gate_inp.weight"))
+    let (layer, part) = hf.strip_prefix("model.layers.")?.split_once('.')?;
+    let g = match part {
+        "block_sparse_moe.gate.weight" => "ffn_gate_inp.weight",
+        // MiniMax-M2 keeps its selection bias on the block.
+        "block_sparse_moe.e_score_correction_bias" => "exp_probs_b.bias",
+        // GLM's (DeepSeek's) shared experts, fused into one MLP.
+        "mlp.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_experts.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_experts.down_proj.weight" => "ffn_down_shexp.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{g}"))
 }
 
 #[cfg(test)]

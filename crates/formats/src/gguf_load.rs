@@ -3,6 +3,7 @@
 
 use crate::gguf::{GgufFile, GgufValue};
 use crate::gguf_deepseek2::deepseek2_keys;
+use crate::gguf_gemma3::{gemma3_keys, gemma3_norm_names};
 use crate::names::gguf_to_hf;
 use crate::{
     FormatError, GgufTokenizer, ModelConfig, ModelFiles, RopeScaling, SourceFormat, TensorData, TensorStore,
@@ -16,9 +17,19 @@ use std::collections::BTreeMap;
 const RAW_ARRAY_LIMIT: usize = 64;
 
 pub(crate) fn model_files(mut g: GgufFile) -> Result<ModelFiles, FormatError> {
-    let tensors = tensor_store(&g)?;
+    let mut tensors = tensor_store(&g)?;
     let config = model_config(&g)?;
-    let chat_template = g.get_str("tokenizer.chat_template").map(str::to_string);
+    let gemma3 = g.architecture() == Some("gemma3");
+    if gemma3 {
+        gemma3_norm_names(&mut tensors);
+    }
+    if g.architecture() == Some("glm4moe") {
+        glm4moe_norm_names(&mut tensors);
+    }
+    let chat_template = g
+        .get_str("tokenizer.chat_template")
+        .map(str::to_string)
+        .or_else(|| gemma3.then(|| crate::gguf_gemma3::GEMMA3_CHAT_TEMPLATE.to_string()));
     let tokenizer = tokenizer(&mut g)?;
     let token_str = |id: Option<u32>| match &tokenizer {
         TokenizerSource::Gguf(t) => id.and_then(|i| t.tokens.get(i as usize)).cloned(),
@@ -130,6 +141,9 @@ pub fn hf_arch_name(gguf_arch: &str) -> String {
         "qwen3moe" => "qwen3_moe".to_string(),
         "gpt-oss" => "gpt_oss".to_string(),
         "deepseek2" => "deepseek_v3".to_string(),
+        "gemma3" => "gemma3_text".to_string(),
+        "glm4moe" => "glm4_moe".to_string(),
+        "minimax-m2" => "minimax_m2".to_string(),
         other => other.to_string(),
     }
 }
@@ -151,7 +165,9 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
     let req = |k: &str| int(k).ok_or_else(|| bad(format!("missing or invalid metadata key '{}'", key(k))));
     let float = |k: &str| g.get_f32(&key(k));
 
-    let n_layers = req("block_count")?;
+    // GLM-4.5 counts its multi-token-prediction layers in block_count; the
+    // forward pass stops before them.
+    let n_layers = req("block_count")?.saturating_sub(int("nextn_predict_layers").unwrap_or(0));
     let hidden_size = req("embedding_length")?;
     let n_heads = req("attention.head_count")?;
     if n_heads == 0 {
@@ -218,6 +234,12 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
         if let RopeScaling::Yarn { truncate, .. } = &mut rope_scaling {
             *truncate = false;
         }
+    }
+    if arch == "gemma3" {
+        gemma3_keys(g, n_layers, head_dim, &mut raw);
+    }
+    if arch == "glm4moe" {
+        glm4moe_keys(g, &mut raw);
     }
     if arch == "deepseek2" {
         let dims = deepseek2_keys(g, n_heads, &mut raw, &mut rope_scaling)?;
@@ -299,6 +321,39 @@ fn gpt_oss_keys(g: &GgufFile, n_layers: usize, raw: &mut Map<String, Value>) {
     };
     let types = windowed.iter().map(|&w| Value::from(if w { "sliding_attention" } else { "full_attention" }));
     raw.insert("layer_types".into(), Value::Array(types.collect()));
+}
+
+/// GLM-4.5's pre-MLP norm is llama.cpp's `post_attention_norm` (HF's
+/// `post_attention_layernorm`; the common map knows it as `ffn_norm`).
+fn glm4moe_norm_names(store: &mut TensorStore) {
+    let old = std::mem::take(&mut store.tensors);
+    for (name, w) in old {
+        let renamed = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.strip_suffix(".post_attention_norm.weight"))
+            .map(|layer| format!("model.layers.{layer}.post_attention_layernorm.weight"))
+            .unwrap_or(name);
+        store.tensors.insert(renamed.clone(), WeightTensor { name: renamed, ..w });
+    }
+}
+
+/// GLM-4.5's routing under the HF names `arch::deepseek_v3::sigmoid_moe`
+/// reads (llama.cpp's deepseek2 keys, without its attention).
+fn glm4moe_keys(g: &GgufFile, raw: &mut Map<String, Value>) {
+    let int = |k: &str| g.get(&format!("glm4moe.{k}")).and_then(GgufValue::as_usize);
+    for (gguf, hf, default) in [
+        ("expert_count", "n_routed_experts", 0),
+        ("expert_shared_count", "n_shared_experts", 0),
+        ("leading_dense_block_count", "first_k_dense_replace", 0),
+        ("expert_group_count", "n_group", 1),
+        ("expert_group_used_count", "topk_group", 1),
+    ] {
+        raw.insert(hf.into(), int(gguf).unwrap_or(default).into());
+    }
+    let scale = g.get_f32("glm4moe.expert_weights_scale").filter(|s| *s != 0.0).unwrap_or(1.0);
+    raw.insert("routed_scaling_factor".into(), f64::from(scale).into());
+    raw.insert("norm_topk_prob".into(), g.get_bool("glm4moe.expert_weights_norm").unwrap_or(false).into());
+    raw.insert("use_qk_norm".into(), g.tensor("blk.0.attn_q_norm.weight").is_some().into());
 }
 
 /// Moves the `tokenizer.ggml.*` arrays out of the metadata (they can be large).

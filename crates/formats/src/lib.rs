@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod gguf;
 mod gguf_deepseek2;
+mod gguf_gemma3;
 mod gguf_load;
 pub mod gguf_writer;
 pub mod hf;

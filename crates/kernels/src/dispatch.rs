@@ -250,7 +250,12 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx512::tile_q4_1)],
             packed_dot4: &[(Base, avx512_packed::dot4_q4_1)],
             packed_tile: &[(Base, avx512_packed::tile_q4_1)],
-            gemm: GEMM_Q8_0,
+            // The lane GEMM sums in another order than the tiles, so a prompt
+            // resumed from the prefix cache (its tail in a short chunk) would
+            // not match the cold run bit for bit; Q4_1 is the default model's
+            // type, whose exactness the serving tests hold, so it keeps the
+            // tiles until the GEMM sums in their order.
+            gemm: &[],
         },
     },
     Row {

@@ -25,6 +25,7 @@ enum Shape {
 const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::Q8_0, Isa::Avx2, Shape::Tile, "no AVX2 Q8_0 tile"),
     (DType::Q8_0, Isa::Avx2, Shape::Prefill, "no AVX2 Q8_0 tile"),
+    (DType::Q4_1, Isa::Avx512, Shape::Prefill, "tiles keep the default model bit-exact (dispatch.rs)"),
     (DType::Q5_0, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::Q5_0, Isa::Avx2, Shape::Tile, "one-row kernel only"),
     (DType::Q5_0, Isa::Avx2, Shape::Prefill, "one-row kernel only"),

@@ -148,6 +148,11 @@ pub struct KvPool {
     /// Slots of linear-attention state (hybrid models, [`crate::state_cache`]);
     /// `None` for models without linear-attention layers.
     pub states: Option<crate::state_cache::StatePool>,
+    /// Contiguous caches only ([`KvCache::with_rings`]): `ring[l] > 0` makes
+    /// layer `l` (a sliding-window layer) hold only its last `ring[l]`
+    /// positions, position `p` at slot `p % ring[l]`; empty or 0: the layer
+    /// holds every position.
+    pub ring: Vec<usize>,
 }
 
 impl KvPool {
@@ -182,7 +187,12 @@ impl KvPool {
             KvType::Q8_0 => KvLayers::Q8_0(layer_pairs(n_layers, n, n_v)),
             KvType::Q4_0 => KvLayers::Q4_0(layer_pairs(n_layers, n, n_v)),
         };
-        KvPool { layers, kv_width, v_width, block, n_blocks, states: None }
+        KvPool { layers, kv_width, v_width, block, n_blocks, ring: Vec::new(), states: None }
+    }
+
+    /// Layer `layer`'s ring size in positions (0: not a ring).
+    pub fn ring_of(&self, layer: usize) -> usize {
+        self.ring.get(layer).copied().unwrap_or(0)
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -208,9 +218,18 @@ impl KvPool {
         self.kv_type().bytes_for(self.kv_width)
     }
 
-    /// Bytes held (for memory accounting), state slots included.
+    /// Bytes held (for memory accounting): ring layers hold their ring only;
+    /// state slots included.
     pub fn bytes(&self) -> usize {
-        self.n_blocks * self.block_bytes() + self.states.as_ref().map_or(0, |s| s.bytes())
+        let states = self.states.as_ref().map_or(0, |s| s.bytes());
+        if self.ring.iter().all(|&r| r == 0) {
+            return self.n_blocks * self.block_bytes() + states;
+        }
+        let full = self.n_blocks * self.block;
+        let v_row = self.kv_type().bytes_for(self.v_width);
+        let positions: usize =
+            (0..self.n_layers()).map(|l| if self.ring_of(l) > 0 { self.ring_of(l) } else { full }).sum();
+        positions * (self.row_bytes() + v_row) + states
     }
 
     /// Bytes one block takes across the owned layers (K and V rows; K only
@@ -261,7 +280,8 @@ impl KvPool {
 }
 
 /// The cache of one sequence, contiguous: a pool of one block of `capacity`
-/// positions. Capacity is fixed at creation so decode never allocates.
+/// positions (a sliding-window layer: of its ring, [`KvPool::ring`]).
+/// Capacity is fixed at creation so decode never allocates.
 #[derive(Debug, Clone)]
 pub struct KvCache {
     pub pool: KvPool,
@@ -270,6 +290,11 @@ pub struct KvCache {
     pub len: usize,
     /// One slot of linear-attention state (hybrid models); `None` otherwise.
     pub states: Option<crate::state_cache::StatePool>,
+    /// One past the newest position ever written since the cache was last
+    /// emptied: ring layers hold positions `written − ring ..  written`, so a
+    /// [`KvCache::truncate`] back past a window's reach is caught
+    /// ([`KvCache::ring_holds`]).
+    pub written: usize,
 }
 
 impl KvCache {
@@ -279,12 +304,42 @@ impl KvCache {
     }
 
     pub fn with_type(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
-        KvCache { pool: KvPool::new(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0, states: None }
+        KvCache { pool: KvPool::new(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0, written: 0, states: None }
     }
 
     /// A cache of K rows only ([`KvPool::keys_only`], multi-head latent attention).
     pub fn keys_only(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
-        KvCache { pool: KvPool::keys_only(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0, states: None }
+        KvCache { pool: KvPool::keys_only(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0, written: 0, states: None }
+    }
+
+    /// A cache whose layer `l` holds only a ring of `rings[l]` positions when
+    /// that is non-zero and below `capacity` (sliding-window layers), every
+    /// position otherwise.
+    pub fn with_rings(kv_width: usize, capacity: usize, ty: KvType, rings: &[usize]) -> KvCache {
+        let capacity = capacity.max(1);
+        let rings: Vec<usize> = rings.iter().map(|&r| if r > 0 && r < capacity { r } else { 0 }).collect();
+        let rows = |n: usize| n * kv_width.div_ceil(ty.block_values());
+        fn pairs<T: ZeroBits>(sizes: &[usize]) -> Vec<(Vec<T>, Vec<T>)> {
+            sizes.iter().map(|&n| (zeroed(n), zeroed(n))).collect()
+        }
+        let sizes: Vec<usize> = rings.iter().map(|&r| rows(if r > 0 { r } else { capacity })).collect();
+        let layers = match ty {
+            KvType::F16 => KvLayers::F16(pairs(&sizes)),
+            KvType::F32 => KvLayers::F32(pairs(&sizes)),
+            KvType::Q8_0 => KvLayers::Q8_0(pairs(&sizes)),
+            KvType::Q4_0 => KvLayers::Q4_0(pairs(&sizes)),
+        };
+        let pool = KvPool { layers, kv_width, v_width: kv_width, block: capacity, n_blocks: 1, ring: rings, states: None };
+        KvCache { pool, capacity, len: 0, written: 0, states: None }
+    }
+
+    /// Whether every ring layer still holds the `window − 1` positions before
+    /// `len` that the next token attends to (`window[l]`: layer `l`'s).
+    pub fn ring_holds(&self, window: impl Fn(usize) -> usize) -> bool {
+        (0..self.pool.ring.len()).all(|l| {
+            let ring = self.pool.ring_of(l);
+            ring == 0 || self.len == 0 || self.len + ring >= self.written + window(l).saturating_sub(1).min(self.len)
+        })
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -305,6 +360,9 @@ impl KvCache {
     /// at 0 or where the state stopped ([`crate::StatePool::begin_step`]).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        if self.len == 0 {
+            self.written = 0;
+        }
     }
 }
 

@@ -22,7 +22,7 @@ pub mod state_cache;
 pub mod workspace;
 
 pub use kv_cache::{KvCache, KvLayers, KvPool, KvType, SeqKv};
-pub use model::{LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
+pub use model::{ring_positions, LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
 pub use registry::Arch;
 pub use shard::{AllReduce, NoComm, ShardSpec};
 pub use state_cache::{StatePool, StateShape};

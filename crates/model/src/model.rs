@@ -228,7 +228,9 @@ impl Model {
     }
 
     /// A KV cache for one sequence of up to `capacity` positions (with one
-    /// slot of linear-attention state for a hybrid model).
+    /// slot of linear-attention state for a hybrid model). A sliding-window
+    /// layer holds only a ring of [`ring_positions`] of its window (when that
+    /// is below `capacity`).
     pub fn new_cache(&self, capacity: usize) -> KvCache {
         let mut c = self.new_kv_cache(capacity);
         if let Some(states) = self.state_pool(1) {
@@ -273,13 +275,31 @@ impl Model {
     fn new_kv_cache(&self, capacity: usize) -> KvCache {
         match &self.spec.mla {
             Some(m) => KvCache::keys_only(self.layers.len(), m.cache_width(), capacity, self.kv_type),
-            None => KvCache::with_type(
-                self.layers.len(),
-                self.local.n_kv_heads * self.config.head_dim,
-                capacity,
-                self.kv_type,
-            ),
+            None => {
+                KvCache::with_rings(self.local.n_kv_heads * self.config.head_dim, capacity, self.kv_type, &self.rings())
+            }
         }
+    }
+
+    /// Each owned layer's ring size for a contiguous cache (0: holds every
+    /// position): [`ring_positions`] of a windowed GQA layer's window.
+    pub fn rings(&self) -> Vec<usize> {
+        self.layers.iter().map(|l| self.layer_window(l).map_or(0, ring_positions)).collect()
+    }
+
+    fn layer_window(&self, layer: &DecoderLayer) -> Option<usize> {
+        match &layer.attn {
+            Attention::Gqa(g) => g.window,
+            Attention::Mla(_) => None,
+        }
+    }
+
+    /// KV bytes this shard's contiguous cache of `context` positions holds:
+    /// every position for full layers, `min(context, ring)` for windowed ones
+    /// (what [`Model::new_cache`] allocates; the planner's model of it).
+    pub fn kv_bytes_at(&self, context: usize) -> usize {
+        let per_layer = self.kv_bytes_per_token() / self.layers.len().max(1);
+        self.rings().iter().map(|&r| per_layer * if r > 0 { r.min(context) } else { context }).sum()
     }
 
     /// Bytes of weights read per decoded token by this shard.
@@ -424,6 +444,16 @@ impl Model {
             if needed > capacity {
                 return Err(ModelError::ContextOverflow { needed, capacity });
             }
+            if let SeqKv::Own(c) = &s.cache {
+                let window = |l: usize| self.layers.get(l).and_then(|l| self.layer_window(l)).unwrap_or(0);
+                if !c.ring_holds(window) {
+                    return Err(ModelError::Unsupported(format!(
+                        "the cache was cut back to {} positions, past what its sliding-window rings still hold \
+                         (written up to {}); start the sequence again",
+                        c.len, c.written
+                    )));
+                }
+            }
         }
         let (h, hd, ffn) = (cfg.hidden_size, cfg.head_dim, self.local.ffn);
         let (hq, hkv) = (self.local.n_heads * hd, self.local.n_kv_heads * hd);
@@ -517,13 +547,38 @@ impl Model {
                     SeqKv::Own(c) => (&mut c.pool, &[0]),
                     SeqKv::Paged { table, .. } => (paged.as_deref_mut().expect("checked above"), table),
                 };
-                let block = kv.block;
-                let at = (&**gqa, block, table, start);
-                match &mut kv.layers {
-                    KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                    KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                    KvLayers::Q8_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                    KvLayers::Q4_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                let ring = kv.ring_of(li);
+                if ring == 0 {
+                    let at = (&**gqa, kv.block, table, start);
+                    match &mut kv.layers {
+                        KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                        KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                        KvLayers::Q8_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                        KvLayers::Q4_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                    }
+                } else {
+                    // A ring of `ring` positions (one block of that size, position p
+                    // at p % ring): the block table names that one block for every
+                    // `ring` positions. New tokens go in runs short enough that a
+                    // run's keys and the `window − 1` before them all fit.
+                    let w = gqa.window.unwrap_or(ring);
+                    let run = (ring + 1).saturating_sub(w).max(1);
+                    ws.ring_table.clear();
+                    ws.ring_table.resize((start + len).div_ceil(ring), 0);
+                    let mut done = 0;
+                    while done < len {
+                        let m = run.min(len - done);
+                        let at = (&**gqa, ring, &ws.ring_table[..], start + done);
+                        let (k, v) = (&k[done * hkv..(done + m) * hkv], &v[done * hkv..(done + m) * hkv]);
+                        let (q, out) = (&q[done * hq..(done + m) * hq], &mut out[done * hq..]);
+                        match &mut kv.layers {
+                            KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                            KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                            KvLayers::Q8_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                            KvLayers::Q4_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
+                        }
+                        done += m;
+                    }
                 }
                 row += len;
             }
@@ -557,6 +612,7 @@ impl Model {
         for s in seqs.iter_mut() {
             if let SeqKv::Own(c) = &mut s.cache {
                 c.len += s.tokens.len();
+                c.written = c.written.max(c.len);
             }
         }
         Ok(())
@@ -855,6 +911,13 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// Positions a sliding-window layer of window `w` keeps in a contiguous
+/// cache: twice its window, so new tokens are stored and attended in runs of
+/// `w + 1` (a run's keys and the `w − 1` before its first fit the ring).
+pub fn ring_positions(w: usize) -> usize {
+    2 * w.max(1)
 }
 
 /// Where [`gather_columns`] writes.

@@ -20,6 +20,9 @@ pub struct Workspace {
     /// The windowed layers' rope table when it differs ([`crate::arch::LocalRope`]).
     pub(crate) cos_local: Vec<f32>,
     pub(crate) sin_local: Vec<f32>,
+    /// The block table of a sliding-window layer's ring (one block, named once
+    /// per `ring` positions).
+    pub(crate) ring_table: Vec<u32>,
     pub(crate) head_in: Vec<f32>,
     pub(crate) logits: Vec<f32>,
     pub(crate) local_logits: Vec<f32>,

@@ -171,7 +171,10 @@ fn stage_decode(
     let split = shape.layer_active_bytes() - shape.attn_replicated_bytes;
     let bytes = (layers as f64 * split + if head { shape.head_read_bytes() } else { 0.0 }) * share
         + layers as f64 * shape.attn_replicated_bytes;
-    let kv = (layers * shape.kv_elems_per_layer) as f64 * w.kv_elem * depth * shape.kv_share(share);
+    let kv = (layers * shape.kv_elems_per_layer) as f64
+        * w.kv_elem
+        * shape.kv_positions_per_layer(depth)
+        * shape.kv_share(share);
     let mem = (bytes + kv) / m.decode_bytes_per_s;
     let attn = shape.decode_attn_flops(depth) * layers as f64 / shape.layers as f64 * share / m.attn_flops;
     (mem.max(attn) + layers as f64 * m.layer_overhead_s, mem >= attn)
@@ -282,7 +285,7 @@ fn predict_split(
         prefill_bottleneck: "compute",
         wire_bytes_per_token: 0.0,
     };
-    let kv_layer = shape.kv_elems_per_layer as f64 * w.kv_elem * depth;
+    let kv_layer = shape.kv_elems_per_layer as f64 * w.kv_elem * shape.kv_positions_per_layer(depth);
     // Stage s holds layers[s]; the last stage (data-flow order) also the head;
     // the first the embedding. Ranks r = s·tp + j.
     let mut dec_total = 0.0;

@@ -77,6 +77,10 @@ pub struct Shape {
     /// The model's context length (`max_position_embeddings`), when known: the
     /// engine balances pipeline stages by their bytes at this context.
     pub max_context: Option<usize>,
+    /// Sliding-window layers, which keep only a ring of `ring` positions
+    /// (`model::ring_positions` of their window) in a contiguous cache.
+    pub ring_layers: usize,
+    pub ring: usize,
 }
 
 impl Shape {
@@ -126,9 +130,18 @@ impl Shape {
         }
     }
 
-    /// KV bytes per token of context over all layers, `elem` bytes per value.
+    /// KV bytes per token of context over all layers, `elem` bytes per value
+    /// (windowed layers counted whole: the rate before their rings fill).
     pub fn kv_bytes_per_token(&self, elem: f64) -> f64 {
         (self.layers * self.kv_elems_per_layer) as f64 * elem
+    }
+
+    /// Cached positions per layer, on average, at `depth` positions of
+    /// context: every one for full layers, at most `ring` for windowed ones.
+    pub fn kv_positions_per_layer(&self, depth: f64) -> f64 {
+        let full = self.layers.saturating_sub(self.ring_layers) as f64 * depth;
+        let rings = self.ring_layers as f64 * depth.min(self.ring as f64);
+        (full + rings) / self.layers.max(1) as f64
     }
 
     /// FLOPs to prefill `c` tokens: 2 per weight per token in the layers, the
@@ -224,6 +237,13 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         _ => kv_elems_per_layer,
     };
     let active = c.raw.get("num_experts_per_tok").and_then(Value::as_u64).unwrap_or(0);
+    // Windowed layers as the model builds them (the architecture's spec).
+    let spec = model::Arch::from_name(&c.arch).and_then(|a| a.spec(c).ok());
+    let windows: Vec<usize> = match (&spec, c.raw.get("kv_lora_rank").and_then(Value::as_u64)) {
+        (Some(s), None | Some(0)) => (0..c.n_layers).filter_map(|l| s.attention(l).window).collect(),
+        _ => Vec::new(),
+    };
+    let (ring_layers, ring) = (windows.len(), windows.first().map_or(0, |&w| model::ring_positions(w)));
     Ok(Shape {
         name: path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned()),
         layers: c.n_layers,
@@ -246,6 +266,8 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         quant,
         path: Some(path.to_path_buf()),
         max_context: Some(c.max_position_embeddings),
+        ring_layers,
+        ring,
     })
 }
 
@@ -319,6 +341,8 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
         quant,
         path: None,
         max_context: get(v, &["max_position_embeddings", "n_positions"]).map(|c| c as usize),
+        ring_layers: 0,
+        ring: 0,
     })
 }
 
@@ -393,12 +417,36 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
         quant,
         path: None,
         max_context: None,
+        ring_layers: 0,
+        ring: 0,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A windowed model at 32K context: the KV the planner counts is what the
+    /// model's contiguous cache allocates (rings on the windowed layers),
+    /// within 10% (it is exact), and far below every position of every layer.
+    #[test]
+    fn windowed_kv_at_32k_matches_the_cache() {
+        for name in ["gemma3", "gpt_oss"] {
+            let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+            let shape = from_files(&dir, None).unwrap();
+            assert!(shape.ring_layers > 0 && shape.ring > 0, "{name}: windowed layers seen");
+            let files = formats::open_model(&dir).unwrap();
+            let m = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &Default::default())
+                .unwrap();
+            let ctx = 32768;
+            let elem = m.kv_type.bytes_for(1) as f64;
+            let planned =
+                (shape.layers * shape.kv_elems_per_layer) as f64 * elem * shape.kv_positions_per_layer(ctx as f64);
+            let held = m.new_cache(ctx).bytes() as f64;
+            assert!((planned - held).abs() <= 0.1 * held, "{name}: planned {planned} vs cache {held}");
+            assert!(held < 0.8 * shape.kv_bytes_per_token(elem) * ctx as f64, "{name}: rings save memory");
+        }
+    }
 
     #[test]
     fn params_split_total_and_active() {
