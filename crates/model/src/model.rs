@@ -290,7 +290,7 @@ impl Model {
     fn layer_window(&self, layer: &DecoderLayer) -> Option<usize> {
         match &layer.attn {
             Attention::Gqa(g) => g.window,
-            Attention::Mla(_) => None,
+            Attention::Mla(_) | Attention::Linear(_) => None,
         }
     }
 
