@@ -97,6 +97,30 @@ import ast, sys
 a, b = ast.literal_eval(sys.argv[1]), ast.literal_eval(sys.argv[2])
 k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
 print('same' if k == len(a) else f'the first {k} of {len(a)} the same')" "$llama" "$ours")
-  echo "$t: $types | llama.cpp $llama | shardlm $ours | $verdict"
+  # Teacher-forced: shardlm's logits over llama.cpp's continuation; where its
+  # top-1 differs from llama.cpp's token, how far below the top that token is
+  # (a near-tie flips greedy decoding and everything after it).
+  forced="$ids,$(python3 -c "import ast,sys; print(','.join(map(str, ast.literal_eval(sys.argv[1])[:-1])))" "$llama")"
+  tf="(teacher-forced check failed)"
+  if "$SHARDLM" run --model "$f" --prompt-ids "$forced" --max-tokens 1 --threads "$THREADS" --dump-logits "$OUT/$t.logits.safetensors" >/dev/null 2>&1; then
+    tf=$(python3 - "$OUT/$t.logits.safetensors" "$ids" "$llama" <<'PY'
+import ast, json, struct, sys
+import numpy as np
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+name = next(k for k in hdr if k != "__metadata__")
+info = hdr[name]
+a, b = info["data_offsets"]
+x = np.frombuffer(raw[8 + n + a:8 + n + b], dtype={"F32": np.float32}[info["dtype"]]).reshape(info["shape"][-2:])
+p0, want = len(sys.argv[2].split(",")), ast.literal_eval(sys.argv[3])
+rows = x[p0 - 1:p0 - 1 + len(want)]
+same = sum(int(r.argmax() == w) for r, w in zip(rows, want))
+gaps = [float(r.max() - r[w]) for r, w in zip(rows, want) if r.argmax() != w]
+print(f"teacher-forced top-1 = llama.cpp's at {same}/{len(want)}" + (f", misses {max(gaps):.3f} below the top at most" if gaps else ""))
+PY
+    ) || true
+  fi
+  echo "$t: $types | llama.cpp $llama | shardlm $ours | $verdict | $tf"
 done
 exit $status

@@ -31,7 +31,7 @@ pub fn dot_fn(dtype: DType) -> Option<DotFn> {
         DType::Q4_K => super::avx512_k::dot_q4_k,
         DType::Q5_K => super::avx512_k::dot_q5_k,
         DType::Q6_K => super::avx512_k::dot_q6_k,
-        _ => return None,
+        other => return super::avx512_lowk::dot_fn(other),
     })
 }
 

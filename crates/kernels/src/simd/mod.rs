@@ -45,6 +45,7 @@ pub mod avx512_fp8_bf16;
 pub mod avx512_gemm;
 pub mod avx512_k;
 pub mod avx512_lanes;
+pub mod avx512_lowk;
 pub mod avx512_packed;
 pub mod kvq;
 pub mod kvq_dot;
