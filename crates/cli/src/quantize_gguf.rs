@@ -1,4 +1,4 @@
-//! `shardlm quantize IN.gguf OUT.gguf --to q8_0|q4_0|q4_k|mxfp4|nvfp4`: a GGUF file
+//! `shardlm quantize IN.gguf OUT.gguf --to q8_0|q4_0|q4_k|q5_0|q5_1|iq4_nl|iq4_xs|mxfp4|nvfp4`: a GGUF file
 //! re-encoded to a ggml type. Metadata is copied as it is; linear weights
 //! (2-D `*.weight` and stacked `*_exps.weight`, except `--keep` matches and the defaults of
 //! [`crate::quantize::DEFAULT_KEEP`] plus `output.weight`) are dequantized and
@@ -9,8 +9,8 @@
 //!
 //! The output is streamed: the header (every tensor's type and size is known
 //! from its shape) is written first, then one tensor at a time, so memory
-//! holds one tensor's values, never the model. Q4_K needs rows of whole
-//! 256-value blocks; other rows stay in their source type.
+//! holds one tensor's values, never the model. Q4_K and IQ4_XS need rows of
+//! whole 256-value blocks; other rows stay in their source type.
 
 use crate::quantize::{eligible, QuantizeArgs};
 use anyhow::{bail, Context, Result};
@@ -27,6 +27,10 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
         "mxfp4" => DType::MXFP4,
         "nvfp4" => DType::NVFP4,
         "q4_k" => DType::Q4_K,
+        "q5_0" => DType::Q5_0,
+        "q5_1" => DType::Q5_1,
+        "iq4_nl" => DType::IQ4_NL,
+        "iq4_xs" => DType::IQ4_XS,
         other => bail!("unknown GGUF target '{other}'"),
     };
     if a.output.extension().is_none_or(|e| e != "gguf") {
@@ -144,6 +148,10 @@ pub fn llama_ftype(target: DType) -> u32 {
         DType::Q4_0 => 2,
         DType::Q8_0 => 7,
         DType::Q4_K => 15,
+        DType::Q5_0 => 8,
+        DType::Q5_1 => 9,
+        DType::IQ4_NL => 25,
+        DType::IQ4_XS => 30,
         DType::MXFP4 => 38,
         _ => 39, // NVFP4
     }

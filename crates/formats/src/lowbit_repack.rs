@@ -10,6 +10,7 @@
 
 use crate::lowbit::{owned, RawTensor};
 use crate::WeightTensor;
+use kernels::quant::minifloat;
 use kernels::DType;
 
 /// Little-endian f32 values of `b`.
@@ -36,11 +37,27 @@ pub fn nvfp4(name: &str, codes: &RawTensor, scales: &RawTensor) -> Result<Weight
     let [n, half] = codes.shape[..] else { return Err(format!("expected a 2-D U8 weight, got {:?}", codes.shape)) };
     check(codes, "U8", &[n, half])?;
     let k = 2 * half;
-    if !k.is_multiple_of(64) {
-        return Err(format!("NVFP4 needs K a multiple of 64 (the GGUF block), got K = {k}"));
+    if !k.is_multiple_of(16) {
+        return Err(format!("NVFP4 needs K a multiple of 16 (its scale block), got K = {k}"));
     }
     check(scales, "F8_E4M3", &[n, k / 16])?;
     let (cb, sb) = (codes.data.bytes(), scales.data.bytes());
+    if !k.is_multiple_of(64) {
+        // Rows are not whole 64-value blocks: decode to f32 (exact: an E2M1
+        // code times an E4M3 scale), at 8× the bytes, for this tensor only.
+        let mut out = Vec::with_capacity(n * k * 4);
+        for r in 0..n {
+            for c in 0..k {
+                let s = sb[r * k / 16 + c / 16];
+                if minifloat::e4m3_is_nan(s) {
+                    return Err(format!("'{}' has a NaN scale (row {r})", scales.name));
+                }
+                let v = minifloat::E2M1[code(&cb[r * half..], c) as usize] * minifloat::e4m3_to_f32(s);
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        return Ok(WeightTensor::new(name.to_string(), DType::F32, vec![n, k], owned(out)));
+    }
     let mut out = Vec::with_capacity(n * k / 64 * 36);
     for r in 0..n {
         let row = &cb[r * half..(r + 1) * half];
@@ -108,9 +125,6 @@ pub fn gpt_oss_mxfp4(base: &str, blocks: &RawTensor, scales: &RawTensor) -> Resu
 /// 64 carrying their scale. A 64-value block must not straddle two scale blocks.
 pub fn fp8(name: &str, w: &RawTensor, scale: &RawTensor, block: [usize; 2]) -> Result<WeightTensor, String> {
     let [n, k] = w.shape[..] else { return Err(format!("expected a 2-D F8_E4M3 weight, got {:?}", w.shape)) };
-    if !k.is_multiple_of(64) {
-        return Err(format!("FP8 needs K a multiple of 64, got K = {k}"));
-    }
     if scale.dtype != "F32" {
         return Err(format!("scale '{}' is {}, expected F32", scale.name, scale.dtype));
     }
@@ -118,16 +132,16 @@ pub fn fp8(name: &str, w: &RawTensor, scale: &RawTensor, block: [usize; 2]) -> R
     let [bn, bk] = block;
     let grid = [n.div_ceil(bn.max(1)), k.div_ceil(bk.max(1))];
     let ss = &scale.shape[..];
-    // Scale index of (row, 64-block).
+    // Scale index of (row, column).
     let at: Box<dyn Fn(usize, usize) -> usize> = if sv.len() == 1 && ss.len() <= 2 {
         Box::new(|_, _| 0)
     } else if ss == [n, 1] || ss == [n] {
         Box::new(|r, _| r)
     } else if ss == grid {
-        if !bk.is_multiple_of(64) {
+        if !bk.is_multiple_of(64) && k.is_multiple_of(64) {
             return Err(format!("block scales of {bn}×{bk}: the column block must be a multiple of 64"));
         }
-        Box::new(move |r, b| (r / bn) * grid[1] + 64 * b / bk)
+        Box::new(move |r, c| (r / bn) * grid[1] + c / bk)
     } else {
         return Err(format!(
             "scale '{}' has shape {ss:?}: expected [1] (per tensor), [{n}, 1] (per channel) or {grid:?} ({bn}×{bk} blocks)",
@@ -135,10 +149,25 @@ pub fn fp8(name: &str, w: &RawTensor, scale: &RawTensor, block: [usize; 2]) -> R
         ));
     };
     let wb = w.data.bytes();
+    if !k.is_multiple_of(64) {
+        // Rows are not whole 64-value blocks: decode to f32 (code × its
+        // scale), at 4× the bytes, for this tensor only.
+        let mut out = Vec::with_capacity(n * k * 4);
+        for r in 0..n {
+            for c in 0..k {
+                let (d, q) = (sv[at(r, c)], wb[r * k + c]);
+                if !d.is_finite() || minifloat::e4m3_is_nan(q) {
+                    return Err(format!("'{}' row {r}: scale {d} or a NaN code", w.name));
+                }
+                out.extend_from_slice(&(minifloat::e4m3_to_f32(q) * d).to_le_bytes());
+            }
+        }
+        return Ok(WeightTensor::new(name.to_string(), DType::F32, vec![n, k], owned(out)));
+    }
     let mut out = Vec::with_capacity(n * k / 64 * 68);
     for r in 0..n {
         for b in 0..k / 64 {
-            let d = sv[at(r, b)];
+            let d = sv[at(r, 64 * b)];
             if !d.is_finite() {
                 return Err(format!("scale '{}' holds {d} (for row {r})", scale.name));
             }

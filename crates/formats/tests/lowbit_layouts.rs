@@ -185,3 +185,56 @@ fn errors_name_the_tensor() {
     // One line each.
     assert!(!m.contains('\n'));
 }
+
+/// Widths that are not whole 64-value blocks (NVFP4 K = 48 and 288, FP8 K = 96
+/// and 200) load as exact f32 values instead of being refused; `out_scale` is
+/// kept (`to_f32` applies it). A NaN scale in the tail path is still refused.
+#[test]
+fn widths_not_a_multiple_of_64_load_as_f32() {
+    for k in [48usize, 288] {
+        let n = 3;
+        let codes = bytes(n * k / 2, 7);
+        let scales = e4m3_scales(n * k / 16, 8);
+        let w = one(
+            &[
+                ("l.weight", "U8", &[n, k / 2], codes.clone()),
+                ("l.weight_scale", "F8_E4M3", &[n, k / 16], scales.clone()),
+                ("l.weight_scale_2", "F32", &[], f32b(&[0.25])),
+            ],
+            "l.weight",
+        );
+        assert_eq!((w.dtype, w.shape.clone(), w.out_scale), (DType::F32, vec![n, k], 0.25), "NVFP4 K = {k}");
+        let want: Vec<f32> =
+            (0..n * k).map(|i| fp4(&codes[(i / k) * k / 2..], i % k) * e4m3(scales[i / 16]) * 0.25).collect();
+        assert_eq!(w.to_f32(), want, "NVFP4 K = {k}");
+        let mut bad = scales.clone();
+        bad[n * k / 16 - 1] = 0x7F;
+        let m = err(&[
+            ("l.weight", "U8", &[n, k / 2], codes),
+            ("l.weight_scale", "F8_E4M3", &[n, k / 16], bad),
+            ("l.weight_scale_2", "F32", &[], f32b(&[0.25])),
+        ]);
+        assert!(m.contains("tensor 'l.weight'") && m.contains("NaN"), "{m}");
+    }
+    for k in [96usize, 200] {
+        let n = 5;
+        let q: Vec<u8> = bytes(n * k, 9).into_iter().map(|b| if b & 0x7F == 0x7F { 0x10 } else { b }).collect();
+        let ch: Vec<f32> = (0..n).map(|r| 0.5 + r as f32).collect();
+        let w = one(
+            &[("l.weight", "F8_E4M3", &[n, k], q.clone()), ("l.weight_scale", "F32", &[n, 1], f32b(&ch))],
+            "l.weight",
+        );
+        assert_eq!((w.dtype, w.shape.clone()), (DType::F32, vec![n, k]), "FP8 K = {k}");
+        let want: Vec<f32> = (0..n * k).map(|i| e4m3(q[i]) * ch[i / k]).collect();
+        assert_eq!(w.to_f32(), want, "FP8 K = {k}");
+        // 128×128 block scales over a partial last column block.
+        let cb = k.div_ceil(128);
+        let blk: Vec<f32> = (0..cb).map(|c| 1.0 + c as f32).collect();
+        let w = one(
+            &[("l.weight", "F8_E4M3", &[n, k], q.clone()), ("l.weight_scale_inv", "F32", &[1, cb], f32b(&blk))],
+            "l.weight",
+        );
+        let want: Vec<f32> = (0..n * k).map(|i| e4m3(q[i]) * blk[(i % k) / 128]).collect();
+        assert_eq!(w.to_f32(), want, "FP8 blocks K = {k}");
+    }
+}

@@ -30,7 +30,7 @@ use crate::{DType, ThreadPool};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_k, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4,
-    avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_packed,
+    avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_lowk, avx512_packed,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -406,8 +406,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q2_k,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_q2_k)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_q2_k)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_lowk::dot_q2_k)], ..NONE },
     },
     Row {
         dtype: DType::Q3_K,
@@ -416,8 +415,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q3_k,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_lowk::dot_q3_k)], ..NONE },
     },
     Row {
         dtype: DType::IQ2_XXS,
@@ -506,8 +504,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq4_xs,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_lowk::dot_iq4_xs)], ..NONE },
     },
 ];
 

@@ -109,6 +109,11 @@ impl DType {
         }
     }
 
+    /// Storage bits per weight, scales included (`8·block_bytes/block_elems`).
+    pub fn bits_per_weight(self) -> f64 {
+        8.0 * self.block_bytes() as f64 / self.block_elems() as f64
+    }
+
     pub const fn is_quantized(self) -> bool {
         self.block_elems() > 1
     }

@@ -119,3 +119,27 @@ fn simd_dots_bit_identical_to_scalar() {
         }
     }
 }
+
+/// The GGUF write targets (llama.cpp's reference quantizers) round-trip with
+/// the error their bit widths allow: relative RMS error on Gaussian-like rows
+/// (with an all-zero block and a large outlier) under a per-type bound.
+#[test]
+fn quantizers_round_trip() {
+    use rand::Rng;
+    let mut rng = rng(2325);
+    for (dtype, bound) in [(DType::Q5_0, 0.06), (DType::Q5_1, 0.05), (DType::IQ4_NL, 0.12), (DType::IQ4_XS, 0.12)] {
+        let n = 4096;
+        let mut x: Vec<f32> = (0..n).map(|_| (0..4).map(|_| rng.gen_range(-1.0f32..1.0)).sum::<f32>()).collect();
+        x[256..512].iter_mut().for_each(|v| *v = 0.0);
+        x[1000] = 25.0;
+        let mut q = vec![0u8; dtype.bytes_for(n).unwrap()];
+        quant::quantize_row(dtype, &x, &mut q).unwrap();
+        let mut y = vec![0f32; n];
+        quant::dequantize_row(dtype, &q, &mut y);
+        assert!(y[256..512].iter().all(|&v| v == 0.0), "{dtype}: zero block");
+        let err: f32 = x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt();
+        let rms: f32 = x.iter().map(|a| a * a).sum::<f32>().sqrt();
+        eprintln!("{dtype}: relative RMS error {:.4}", err / rms);
+        assert!(err / rms < bound, "{dtype}: relative error {} over {bound}", err / rms);
+    }
+}

@@ -304,12 +304,24 @@ impl KvCache {
     }
 
     pub fn with_type(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
-        KvCache { pool: KvPool::new(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0, written: 0, states: None }
+        KvCache {
+            pool: KvPool::new(n_layers, kv_width, capacity.max(1), 1, ty),
+            capacity,
+            len: 0,
+            written: 0,
+            states: None,
+        }
     }
 
     /// A cache of K rows only ([`KvPool::keys_only`], multi-head latent attention).
     pub fn keys_only(n_layers: usize, kv_width: usize, capacity: usize, ty: KvType) -> KvCache {
-        KvCache { pool: KvPool::keys_only(n_layers, kv_width, capacity.max(1), 1, ty), capacity, len: 0, written: 0, states: None }
+        KvCache {
+            pool: KvPool::keys_only(n_layers, kv_width, capacity.max(1), 1, ty),
+            capacity,
+            len: 0,
+            written: 0,
+            states: None,
+        }
     }
 
     /// A cache whose layer `l` holds only a ring of `rings[l]` positions when
@@ -329,7 +341,8 @@ impl KvCache {
             KvType::Q8_0 => KvLayers::Q8_0(pairs(&sizes)),
             KvType::Q4_0 => KvLayers::Q4_0(pairs(&sizes)),
         };
-        let pool = KvPool { layers, kv_width, v_width: kv_width, block: capacity, n_blocks: 1, ring: rings, states: None };
+        let pool =
+            KvPool { layers, kv_width, v_width: kv_width, block: capacity, n_blocks: 1, ring: rings, states: None };
         KvCache { pool, capacity, len: 0, written: 0, states: None }
     }
 

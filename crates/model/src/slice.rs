@@ -124,3 +124,50 @@ pub fn strided_rows(w: &WeightTensor, first: usize, step: usize) -> WeightTensor
         out_scale: w.out_scale,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `rows × cols` tensor of `dtype` with random codes and sane f16 scales at `d_at`.
+    fn tensor(dtype: DType, rows: usize, cols: usize, d_at: &[usize]) -> WeightTensor {
+        let mut bytes: Vec<u8> =
+            (0..dtype.bytes_for(rows * cols).unwrap()).map(|i| ((i * 2654435761) >> 7) as u8).collect();
+        for blk in bytes.chunks_exact_mut(dtype.block_bytes()) {
+            for &o in d_at {
+                blk[o..o + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+            }
+        }
+        WeightTensor::new("w".into(), dtype, vec![rows, cols], TensorData::Owned(Arc::new(bytes)))
+    }
+
+    /// Tensor-parallel column slices of the 256-value super-block types cut
+    /// whole super-blocks (same type, the same bytes); a cut inside a
+    /// super-block falls back to exact f32 values of the slice.
+    #[test]
+    fn column_slices_cut_whole_super_blocks() {
+        for (dtype, d_at) in
+            [(DType::Q2_K, &[80usize, 82][..]), (DType::Q3_K, &[108]), (DType::IQ4_XS, &[0]), (DType::IQ2_XXS, &[0])]
+        {
+            let (rows, cols) = (3, 1024);
+            let w = tensor(dtype, rows, cols, d_at);
+            let full = w.to_f32();
+            for c in [0..512, 512..1024, 256..768] {
+                let s = super::cols(&w, c.clone());
+                assert_eq!(s.dtype, dtype, "{dtype} {c:?} keeps its type");
+                let got = s.to_f32();
+                for r in 0..rows {
+                    assert_eq!(
+                        &got[r * c.len()..(r + 1) * c.len()],
+                        &full[r * cols + c.start..r * cols + c.end],
+                        "{dtype} {c:?}"
+                    );
+                }
+            }
+            let c = 100..612;
+            let s = super::cols(&w, c.clone());
+            assert_eq!(s.dtype, DType::F32, "{dtype}: a cut inside a super-block is f32");
+            assert_eq!(&s.to_f32()[..c.len()], &full[c.clone()]);
+        }
+    }
+}

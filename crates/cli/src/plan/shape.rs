@@ -7,22 +7,16 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
 
-/// Bits per weight of each storage format, scales included (the published
-/// block layouts: e.g. Q4_0 is 18 bytes per 32 weights = 4.5 bits, NVFP4 one
-/// E4M3 scale per 16 E2M1 values = 4.5 bits, MXFP4 one E8M0 per 32 = 4.25).
+/// Bits per weight of each storage format, scales included, from the kernels'
+/// block table ([`kernels::DType::bits_per_weight`]: e.g. Q4_0 is 18 bytes per
+/// 32 weights = 4.5 bits, NVFP4 one E4M3 scale per 16 E2M1 values = 4.5, MXFP4
+/// one E8M0 per 32 = 4.25, IQ4_XS 4.25, Q2_K 2.625); publishers' FP8 (no block
+/// scale in the count) is 8.
 pub fn bits_per_weight(quant: &str) -> Option<f64> {
-    Some(match quant.to_ascii_lowercase().as_str() {
-        "f32" => 32.0,
-        "f16" | "bf16" => 16.0,
-        "q8_0" => 8.5,
-        "fp8" | "f8_e4m3" => 8.0,
-        "q6_k" => 6.5625,
-        "q5_0" | "q5_k" => 5.5,
-        "q4_1" | "q5_1" => 5.0,
-        "q4_0" | "q4_k" | "nvfp4" => 4.5,
-        "mxfp4" => 4.25,
-        _ => return None,
-    })
+    match quant.to_ascii_lowercase().as_str() {
+        "fp8" | "f8_e4m3" => Some(8.0),
+        q => kernels::DType::parse(q).map(|d| d.bits_per_weight()),
+    }
 }
 
 /// Whether `quant` is a float format (the engine keeps a float checkpoint's

@@ -71,3 +71,45 @@ pub fn vec_dot(w: &[BlockIq4Xs], a: &[BlockQ8K]) -> f32 {
     }
     sum
 }
+
+/// llama.cpp's `quantize_row_iq4_xs_ref` (no importance matrix): a
+/// least-squares scale per sub-block of 32 (7 trial scales each side), stored
+/// as 6-bit multiples of `d = −max_scale/32`, codes re-chosen for the stored scale.
+pub fn quantize(x: &[f32], out: &mut [BlockIq4Xs]) {
+    use super::iq4_nl::{best_index, sub_block_scale};
+    assert_eq!(x.len(), out.len() * 256);
+    for (xb, b) in x.chunks_exact(256).zip(out.iter_mut()) {
+        let mut l = [0u8; 256];
+        let mut scales = [0f32; 8];
+        let (mut max_scale, mut amax_scale) = (0f32, 0f32);
+        for ib in 0..8 {
+            scales[ib] = sub_block_scale(&xb[32 * ib..32 * ib + 32], 7, &mut l[32 * ib..32 * ib + 32]);
+            if scales[ib].abs() > amax_scale {
+                amax_scale = scales[ib].abs();
+                max_scale = scales[ib];
+            }
+        }
+        let d = -max_scale / 32.0;
+        b.d = F16Le::from_f32(d);
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut sh = 0u16;
+        b.scales_l = [0; 4];
+        for ib in 0..8 {
+            let ls = ((id * scales[ib]).round_ties_even() as i32).clamp(-32, 31);
+            let dl = d * ls as f32;
+            let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
+            for j in 0..32 {
+                l[32 * ib + j] = best_index(idl * xb[32 * ib + j]);
+            }
+            let u = (ls + 32) as u8;
+            b.scales_l[ib / 2] |= (u & 15) << (4 * (ib % 2));
+            sh |= ((u >> 4) as u16) << (2 * ib);
+        }
+        b.scales_h = sh.to_le_bytes();
+        for i in 0..8 {
+            for j in 0..16 {
+                b.qs[16 * i + j] = l[32 * i + j] | (l[32 * i + 16 + j] << 4);
+            }
+        }
+    }
+}

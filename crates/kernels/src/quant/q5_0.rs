@@ -50,3 +50,35 @@ pub fn vec_dot(w: &[BlockQ5_0], a: &[BlockQ8_0]) -> f32 {
     }
     sum
 }
+
+/// Packs 32 5-bit codes (element order) into `(qs, qh)`.
+pub(crate) fn pack5(q: &[u8; 32]) -> ([u8; 16], [u8; 4]) {
+    let mut qs = [0u8; 16];
+    let mut qh = 0u32;
+    for j in 0..16 {
+        qs[j] = (q[j] & 15) | ((q[j + 16] & 15) << 4);
+        qh |= ((q[j] >> 4) as u32 & 1) << j;
+        qh |= ((q[j + 16] >> 4) as u32 & 1) << (j + 16);
+    }
+    (qs, qh.to_le_bytes())
+}
+
+/// llama.cpp's `quantize_row_q5_0_ref`: `max` is the value of largest
+/// magnitude (signed), `d = max / −16`, `q = min(31, trunc(x/d + 16.5))`.
+pub fn quantize(x: &[f32], out: &mut [BlockQ5_0]) {
+    assert_eq!(x.len(), out.len() * 32);
+    for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = F16Le::from_f32(d);
+        let q: [u8; 32] = std::array::from_fn(|j| ((xb[j] * id + 16.5) as i8).min(31) as u8);
+        (b.qs, b.qh) = pack5(&q);
+    }
+}

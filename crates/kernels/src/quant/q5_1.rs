@@ -50,3 +50,22 @@ pub fn vec_dot(w: &[BlockQ5_1], a: &[BlockQ8_1]) -> f32 {
     }
     sum
 }
+
+/// llama.cpp's `quantize_row_q5_1_ref`: `d = (max − min)/31`, `m = min`,
+/// `q = trunc((x − min)/d + 0.5)`.
+pub fn quantize(x: &[f32], out: &mut [BlockQ5_1]) {
+    assert_eq!(x.len(), out.len() * 32);
+    for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+        let (mut min, mut max) = (f32::MAX, -f32::MAX);
+        for &v in xb {
+            min = min.min(v);
+            max = max.max(v);
+        }
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = F16Le::from_f32(d);
+        b.m = F16Le::from_f32(min);
+        let q: [u8; 32] = std::array::from_fn(|j| ((xb[j] - min) * id + 0.5) as u8);
+        (b.qs, b.qh) = super::q5_0::pack5(&q);
+    }
+}

@@ -48,6 +48,7 @@ pub mod avx512_gemm;
 pub mod avx512_gemm_k;
 pub mod avx512_k;
 pub mod avx512_lanes;
+pub mod avx512_lowk;
 pub mod avx512_packed;
 pub mod kvq;
 pub mod kvq_dot;
