@@ -162,9 +162,9 @@ fn random_corruption_never_panics() {
 #[test]
 fn unsupported_tensor_types() {
     let dir = tempfile::tempdir().unwrap();
-    for (id, name) in [(10, "Q2_K"), (23, "IQ4_XS"), (16, "IQ2_XXS"), (77, "unknown ggml type 77")] {
+    for (id, name) in [(34, "TQ1_0"), (35, "TQ2_0"), (28, "F64"), (77, "unknown ggml type 77")] {
         let mut w = tiny_llama_writer();
-        w.add_tensor_raw("blk.0.attn_q.bias", &[256], id, vec![0; 256 * 4]);
+        w.add_tensor_raw("blk.0.attn_q.bias", &[256], id, vec![0; 256 * 8]);
         let p = write(dir.path(), "u.gguf", &w.to_bytes());
         let msg = err_of(&p);
         assert_eq!(msg, format!("{}: tensor 'blk.0.attn_q.bias' has unsupported type {name}", p.display()));
