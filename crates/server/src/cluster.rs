@@ -113,7 +113,7 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
                     "total_bytes": r.mem_total_bytes,
                 },
                 "power": power,
-                "degraded": !alive,
+                "degraded": !alive || m.lost_rank.load(Relaxed) == r.rank as i64,
                 "links": r.links,
             })
         })
@@ -134,7 +134,8 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
         "strategy": state.cfg.strategy,
         "world_size": ranks.len(),
         "context": state.cfg.context,
-        "status": if alive { "ready" } else { "degraded" },
+        "status": if alive && m.degraded().is_none() { "ready" } else { "degraded" },
+        "degraded_reason": m.degraded(),
         "ranks": rank_rows,
         "links": links,
         "kv_pool": {

@@ -98,6 +98,8 @@ pub struct Metrics {
     /// Times the cluster lost a rank, and times it was re-formed.
     pub rank_losses: AtomicU64,
     pub cluster_reforms: AtomicU64,
+    /// The rank being replaced (−1: none), for `GET /cluster`.
+    pub lost_rank: AtomicI64,
 }
 
 impl Default for Metrics {
@@ -127,6 +129,7 @@ impl Default for Metrics {
             degraded: std::sync::Mutex::new(None),
             rank_losses: AtomicU64::new(0),
             cluster_reforms: AtomicU64::new(0),
+            lost_rank: AtomicI64::new(-1),
         }
     }
 }

@@ -217,6 +217,7 @@ fn recover(
     let why = format!("lost at {} UTC: {cause}", clock_utc());
     eprintln!("shardlm serve: degraded: {why}; re-forming the cluster");
     metrics.set_degraded(Some(why));
+    metrics.lost_rank.store(peer_named(&cause.to_string()).map_or(-1, |r| r as i64), Relaxed);
     sched.requeue_all();
     let Some(reform) = reform.as_mut() else {
         sched.abort_all(&format!("the cluster failed and cannot be re-formed: {cause}"));
@@ -249,12 +250,20 @@ fn recover(
     }
     metrics.cluster_reforms.fetch_add(1, Relaxed);
     metrics.set_degraded(None);
+    metrics.lost_rank.store(-1, Relaxed);
     eprintln!(
         "shardlm serve: cluster re-formed after {:.1} s; resuming {} requests",
         started.elapsed().as_secs_f64(),
         sched.stats().waiting
     );
     true
+}
+
+/// The rank a comm error names (`… peer 1 at … is gone …`).
+fn peer_named(msg: &str) -> Option<usize> {
+    let rest = &msg[msg.find("peer ")? + 5..];
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
 }
 
 /// `HH:MM:SS` of now, UTC (for the one-line degraded reason).
@@ -346,5 +355,16 @@ impl GenerateHooks for JobHooks {
 
     fn cancelled(&self) -> bool {
         self.events.is_closed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_lost_peer_is_read_from_the_error() {
+        let m = "communication failed: peer 1 at shm:launch-7267-541214a06941 is gone: its process exited";
+        assert_eq!(super::peer_named(m), Some(1));
+        assert_eq!(super::peer_named("protocol error with peer 12 at 10.0.0.2:5"), Some(12));
+        assert_eq!(super::peer_named("something else"), None);
     }
 }
