@@ -92,8 +92,9 @@ fn unknown_architecture() {
     assert_fails_with(&o, "unknown architecture 'frobnicator'");
 }
 
-/// A minimal GGUF with one tensor of type Q2_K (id 10), which we don't support.
-fn gguf_with_q2k() -> Vec<u8> {
+/// A minimal GGUF with one tensor of type TQ2_0 (ggml type 35), which shardlm
+/// does not compute (Q2_K was the example until it became supported).
+fn gguf_with_tq2_0() -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(b"GGUF");
     b.extend_from_slice(&3u32.to_le_bytes());
@@ -111,20 +112,20 @@ fn gguf_with_q2k() -> Vec<u8> {
     b.extend_from_slice(&2u32.to_le_bytes());
     b.extend_from_slice(&256u64.to_le_bytes());
     b.extend_from_slice(&4u64.to_le_bytes());
-    b.extend_from_slice(&10u32.to_le_bytes());
+    b.extend_from_slice(&35u32.to_le_bytes());
     b.extend_from_slice(&0u64.to_le_bytes());
     while b.len() % 32 != 0 {
         b.push(0);
     }
-    b.extend(std::iter::repeat_n(0u8, 84 * 4));
+    b.extend(std::iter::repeat_n(0u8, 66 * 4));
     b
 }
 
 #[test]
 fn unsupported_tensor_type() {
     let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("q2k.gguf");
-    std::fs::write(&p, gguf_with_q2k()).unwrap();
+    let p = dir.path().join("tq2_0.gguf");
+    std::fs::write(&p, gguf_with_tq2_0()).unwrap();
     let o = shardlm(&["run", "--model", p.to_str().unwrap(), "hi"]);
     assert_fails_with(&o, "unsupported type");
     assert!(stderr(&o).contains("token_embd.weight"));
