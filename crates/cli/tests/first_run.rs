@@ -40,7 +40,7 @@ fn run_ranks(n: &str) {
     let o = shardlm_in(cache.path(), &args).output().unwrap();
     ok(&o, &format!("run --ranks {n} on an empty cache"));
     let err = common::stderr(&o);
-    assert_eq!(err.matches("fetching the default model").count(), 1, "fetched more than once:\n{err}");
+    assert_eq!(err.matches("shardlm: fetching the model smollm2-135m").count(), 1, "fetched more than once:\n{err}");
     assert!(!String::from_utf8_lossy(&o.stdout).trim().is_empty());
     cached_model_is_whole(cache.path());
 }
@@ -63,7 +63,7 @@ fn launch_local_fetches_before_the_ranks_start() {
     let o = shardlm_in(cache.path(), &args).output().unwrap();
     ok(&o, "launch --local 2 on an empty cache");
     let err = common::stderr(&o);
-    assert_eq!(err.matches("fetching the default model").count(), 1, "{err}");
+    assert_eq!(err.matches("shardlm: fetching the model smollm2-135m").count(), 1, "{err}");
     assert!(!err.contains("[rank 1] shardlm: fetching"), "a rank fetched:\n{err}");
     cached_model_is_whole(cache.path());
 }
