@@ -19,6 +19,7 @@
 //! shows on a command line) and runs the same executable path as here (or
 //! `--remote-exe`). Hosts whose address is this machine are started directly.
 
+use crate::launch_output::{describe, forward_lines, forward_raw, write_out};
 use crate::launch_restart::{restarts_ranks, PendingRestart, Recipe, MAX_RESTARTS, RESTART_PAUSE};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -28,9 +29,8 @@ use comm::bootstrap::{
 };
 use comm::Hostfile;
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -39,9 +39,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Lines of a quiet rank's stderr kept to show when it fails.
-const TAIL_LINES: usize = 50;
+pub(crate) const TAIL_LINES: usize = 50;
 /// Longest line kept or forwarded as one piece.
-const MAX_LINE: u64 = 16 << 10;
+pub(crate) const MAX_LINE: u64 = 16 << 10;
 /// Time between SIGTERM and SIGKILL when stopping ranks.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Port of the first rank when some host is remote and `--port` is not given.
@@ -453,7 +453,7 @@ fn is_this_machine(addr: &str) -> bool {
 
 // ---------------------------------------------------------------- running
 
-type Tail = Arc<Mutex<VecDeque<String>>>;
+pub(crate) type Tail = Arc<Mutex<VecDeque<String>>>;
 
 struct Rank {
     rank: usize,
@@ -596,93 +596,12 @@ fn notify_exit(pid: u32, rank: usize, tx: mpsc::Sender<usize>) {
     });
 }
 
-fn write_out(to_stdout: bool, bytes: &[u8]) -> std::io::Result<()> {
-    if to_stdout {
-        let mut o = std::io::stdout().lock();
-        o.write_all(bytes)?;
-        o.flush()
-    } else {
-        let mut e = std::io::stderr().lock();
-        e.write_all(bytes)?;
-        e.flush()
-    }
-}
-
-/// Copies bytes as they come (rank 0: stdout verbatim, stderr unprefixed).
-fn forward_raw(mut src: impl Read + Send + 'static, to_stdout: bool) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 64 << 10];
-        let mut open = true;
-        loop {
-            let n = match src.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => break,
-            };
-            // Keep draining after our side closed so the rank never blocks on a full pipe.
-            open = open && write_out(to_stdout, &buf[..n]).is_ok();
-        }
-    })
-}
-
-/// Forwards lines to stderr prefixed `[rank i] `, or keeps the last ones in `tail`.
-fn forward_lines(src: impl Read + Send + 'static, rank: usize, tail: Option<Tail>) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(src);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-            let text = String::from_utf8_lossy(&line);
-            let text = text.trim_end_matches(['\n', '\r']);
-            match &tail {
-                None => {
-                    let _ = write_out(false, format!("[rank {rank}] {text}\n").as_bytes());
-                }
-                Some(t) => {
-                    let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
-                    if t.len() == TAIL_LINES {
-                        t.pop_front();
-                    }
-                    t.push_back(text.to_string());
-                }
-            }
-        }
-    })
-}
-
 fn signal_all(ranks: &mut [Rank], sig: libc::c_int) {
     for r in ranks.iter_mut().filter(|r| r.status.is_none()) {
         r.stdin = None;
         r.stopped = true;
         // SAFETY: the child is not reaped yet, so its pid still names it.
         unsafe { libc::kill(r.child.id() as libc::pid_t, sig) };
-    }
-}
-
-fn describe(status: ExitStatus, remote: bool) -> String {
-    if let Some(code) = status.code() {
-        let hint = if remote && code == 255 { " (ssh could not reach the host?)" } else { "" };
-        return format!("exited with status {code}{hint}");
-    }
-    const NAMES: [(i32, &str); 6] = [
-        (libc::SIGINT, "SIGINT"),
-        (libc::SIGABRT, "SIGABRT"),
-        (libc::SIGKILL, "SIGKILL"),
-        (libc::SIGSEGV, "SIGSEGV"),
-        (libc::SIGTERM, "SIGTERM"),
-        (libc::SIGBUS, "SIGBUS"),
-    ];
-    match status.signal() {
-        Some(sig) => match NAMES.iter().find(|(s, _)| *s == sig) {
-            Some((_, name)) => format!("was killed by signal {sig} ({name})"),
-            None => format!("was killed by signal {sig}"),
-        },
-        None => format!("ended with {status}"),
     }
 }
 

@@ -6,6 +6,7 @@ mod dist_args;
 mod fetch;
 mod inspect;
 mod launch;
+mod launch_output;
 mod launch_probe;
 mod launch_restart;
 mod membw;

@@ -10,10 +10,19 @@ use crate::registry::Arch;
 use crate::rope::Rope;
 use crate::shard::{AllReduce, ShardSpec};
 use crate::workspace::{grow, Workspace};
-use crate::{slice, KvCache, ModelError};
+use crate::{slice, ModelError};
 use formats::{ModelConfig, ModelFiles, WeightTensor};
 use kernels::attention::{attention_paged, AttnShape, KvElem, KvView};
 use kernels::{ops, DType, ThreadPool};
+
+// The per-sequence memory a shard makes: KV caches (rings for windowed
+// layers), linear-attention state slots, and what they cost.
+#[path = "model_memory.rs"]
+mod memory;
+// The head's vocab-parallel argmax and gather (tensor-parallel ranks).
+#[path = "model_vocab.rs"]
+mod vocab;
+pub use memory::ring_positions;
 
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
@@ -227,87 +236,6 @@ impl Model {
         })
     }
 
-    /// A KV cache for one sequence of up to `capacity` positions (with one
-    /// slot of linear-attention state for a hybrid model). A sliding-window
-    /// layer holds only a ring of [`ring_positions`] of its window (when that
-    /// is below `capacity`).
-    pub fn new_cache(&self, capacity: usize) -> KvCache {
-        let mut c = self.new_kv_cache(capacity);
-        if let Some(states) = self.state_pool(1) {
-            c.pool.drop_layers(&self.kv_layer_mask());
-            c.states = Some(states);
-        }
-        c
-    }
-
-    /// Per owned layer: whether it keeps K/V rows (all but linear attention).
-    pub fn kv_layer_mask(&self) -> Vec<bool> {
-        self.layers.iter().map(|l| !matches!(l.attn, Attention::Linear(_))).collect()
-    }
-
-    /// `n_slots` slots of linear-attention state for this shard's layers;
-    /// `None` for a model without linear attention.
-    pub fn state_pool(&self, n_slots: usize) -> Option<crate::StatePool> {
-        self.spec.linear_attn.as_ref()?;
-        let shapes = self
-            .layers
-            .iter()
-            .map(|l| match &l.attn {
-                Attention::Linear(d) => Some(d.shape),
-                _ => None,
-            })
-            .collect();
-        Some(crate::StatePool::new(shapes, n_slots))
-    }
-
-    /// Bytes of one sequence's linear-attention state in this shard (0 for
-    /// models without it): conv and recurrent states of every owned linear layer.
-    pub fn state_bytes_per_seq(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| match &l.attn {
-                Attention::Linear(d) => d.shape.len() * 4,
-                _ => 0,
-            })
-            .sum()
-    }
-
-    fn new_kv_cache(&self, capacity: usize) -> KvCache {
-        match &self.spec.mla {
-            Some(m) => KvCache::keys_only(self.layers.len(), m.cache_width(), capacity, self.kv_type),
-            None => {
-                KvCache::with_rings(self.local.n_kv_heads * self.config.head_dim, capacity, self.kv_type, &self.rings())
-            }
-        }
-    }
-
-    /// Each owned layer's ring size for a contiguous cache (0: holds every
-    /// position): [`ring_positions`] of a windowed GQA layer's window.
-    pub fn rings(&self) -> Vec<usize> {
-        self.layers.iter().map(|l| self.layer_window(l).map_or(0, ring_positions)).collect()
-    }
-
-    fn layer_window(&self, layer: &DecoderLayer) -> Option<usize> {
-        match &layer.attn {
-            Attention::Gqa(g) => g.window,
-            Attention::Mla(_) | Attention::Linear(_) => None,
-        }
-    }
-
-    /// KV bytes this shard's contiguous cache of `context` positions holds:
-    /// every position for full layers, `min(context, ring)` for windowed ones
-    /// (what [`Model::new_cache`] allocates; the planner's model of it).
-    pub fn kv_bytes_at(&self, context: usize) -> usize {
-        let per_layer = self.kv_bytes_per_token() / self.layers.len().max(1);
-        self.rings().iter().map(|&r| per_layer * if r > 0 { r.min(context) } else { context }).sum()
-    }
-
-    /// Bytes of weights read per decoded token by this shard.
-    pub fn weight_bytes_per_token(&self) -> usize {
-        let layers: usize = self.layers.iter().map(|l| l.weight_bytes()).sum();
-        layers + self.lm_head.as_ref().map_or(0, |l| l.weight_bytes())
-    }
-
     /// Runs one step for a batch of sequences: embed (first stage), the owned
     /// layers, and the head (last stage).
     pub fn forward(
@@ -335,42 +263,6 @@ impl Model {
         self.embed_tokens(ws, seqs, comm)?;
         self.run_layers(pool, ws, seqs, Some(kv), comm)?;
         self.head(pool, ws, seqs, comm)
-    }
-
-    /// A pool of `n_blocks` KV blocks of `block` positions for this shard's
-    /// layers. A hybrid model's pool keeps K/V only for its attention layers;
-    /// give it state slots with [`Model::state_pool`] (`pool.states`).
-    pub fn new_pool(&self, block: usize, n_blocks: usize) -> KvPool {
-        let mut p = self.new_kv_pool(block, n_blocks);
-        if self.spec.linear_attn.is_some() {
-            p.drop_layers(&self.kv_layer_mask());
-        }
-        p
-    }
-
-    fn new_kv_pool(&self, block: usize, n_blocks: usize) -> KvPool {
-        match &self.spec.mla {
-            Some(m) => KvPool::keys_only(self.layers.len(), m.cache_width(), block, n_blocks, self.kv_type),
-            None => KvPool::new(
-                self.layers.len(),
-                self.local.n_kv_heads * self.config.head_dim,
-                block,
-                n_blocks,
-                self.kv_type,
-            ),
-        }
-    }
-
-    /// KV bytes one position takes in this shard (K and V rows of every owned
-    /// layer, in whole quantized blocks for the Q8_0/Q4_0 types; latent
-    /// attention: one latent ‖ rope-key row per layer, the same on every
-    /// tensor-parallel rank).
-    pub fn kv_bytes_per_token(&self) -> usize {
-        let kv_layers = self.kv_layer_mask().iter().filter(|&&k| k).count();
-        match &self.spec.mla {
-            Some(m) => kv_layers * self.kv_type.bytes_for(m.cache_width()),
-            None => kv_layers * 2 * self.kv_type.bytes_for(self.local.n_kv_heads * self.config.head_dim),
-        }
     }
 
     /// Writes the embeddings of every sequence's tokens, concatenated, into `ws.x`.
@@ -836,88 +728,6 @@ impl Model {
         }
         Ok(())
     }
-
-    /// Distributed argmax: each rank finds the best of its vocabulary rows and the
-    /// ranks exchange one (value, index) pair per row — 8 bytes instead of the row.
-    /// Ties go to the lowest index, as in a single process.
-    fn argmax_vocab_parallel(
-        &self,
-        pool: &ThreadPool,
-        ws: &mut Workspace,
-        rows: usize,
-        lm_head: &Linear,
-        comm: &dyn AllReduce,
-    ) -> Result<(), ModelError> {
-        let vocab = self.config.vocab_size;
-        let mine = self.local.vocab.len();
-        let n = self.local.vocab_all.len();
-        grow(&mut ws.local_logits, rows * mine);
-        let mut local = std::mem::take(&mut ws.local_logits);
-        lm_head.forward(pool, &ws.xn, rows, &mut local, &mut ws.scratch);
-        let mut pairs = vec![0f32; rows * 2];
-        for i in 0..rows {
-            let row = &local[i * mine..(i + 1) * mine];
-            let best = (0..row.len()).fold(0, |b, j| if row[j] > row[b] { j } else { b });
-            pairs[2 * i] = row[best];
-            pairs[2 * i + 1] = f32::from_bits((self.local.vocab.start + best) as u32);
-        }
-        ws.local_logits = local;
-        let mut all = vec![0f32; n * rows * 2];
-        comm.all_gather(&pairs, &mut all)?;
-        for i in 0..rows {
-            let (mut best_v, mut best_id) = (f32::NEG_INFINITY, u32::MAX);
-            for r in 0..n {
-                let (v, id) = (all[(r * rows + i) * 2], all[(r * rows + i) * 2 + 1].to_bits());
-                if v > best_v || (v == best_v && id < best_id) {
-                    (best_v, best_id) = (v, id);
-                }
-            }
-            let out = &mut ws.logits[i * vocab..(i + 1) * vocab];
-            out.fill(f32::NEG_INFINITY);
-            out[best_id as usize] = best_v;
-        }
-        Ok(())
-    }
-
-    /// Vocab-parallel lm_head: each rank computes its rows' logits, then an
-    /// all-gather (padded to the widest slice) assembles `rows × vocab` in `ws.logits`.
-    fn gather_vocab_parallel(
-        &self,
-        pool: &ThreadPool,
-        ws: &mut Workspace,
-        rows: usize,
-        lm_head: &Linear,
-        comm: &dyn AllReduce,
-    ) -> Result<(), ModelError> {
-        let vocab = self.config.vocab_size;
-        let all = &self.local.vocab_all;
-        let width = all.iter().map(|r| r.len()).max().unwrap_or(0);
-        let mine = self.local.vocab.len();
-        grow(&mut ws.local_logits, rows * width);
-        grow(&mut ws.gather, all.len() * rows * width);
-        let mut local = std::mem::take(&mut ws.local_logits);
-        lm_head.forward(pool, &ws.xn, rows, &mut local, &mut ws.scratch);
-        // Re-space rows from `mine` to `width` (back to front, in place).
-        for i in (0..rows).rev() {
-            local.copy_within(i * mine..(i + 1) * mine, i * width);
-        }
-        comm.all_gather(&local[..rows * width], &mut ws.gather[..all.len() * rows * width])?;
-        ws.local_logits = local;
-        for (rk, range) in all.iter().enumerate() {
-            for i in 0..rows {
-                let src = &ws.gather[(rk * rows + i) * width..][..range.len()];
-                ws.logits[i * vocab + range.start..i * vocab + range.end].copy_from_slice(src);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Positions a sliding-window layer of window `w` keeps in a contiguous
-/// cache: twice its window, so new tokens are stored and attended in runs of
-/// `w + 1` (a run's keys and the `w − 1` before its first fit the ring).
-pub fn ring_positions(w: usize) -> usize {
-    2 * w.max(1)
 }
 
 /// Where [`gather_columns`] writes.

@@ -18,6 +18,7 @@ pub mod float;
 pub mod fp8;
 pub mod iq1_m;
 pub mod iq1_s;
+pub mod iq1s_grid;
 pub mod iq2_s;
 pub mod iq2_xs;
 pub mod iq2_xxs;

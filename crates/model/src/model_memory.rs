@@ -1,0 +1,134 @@
+//! The per-sequence memory of a shard ([`Model`]'s second `impl` block): the
+//! contiguous KV cache of one sequence (sliding-window layers hold a ring of
+//! [`ring_positions`]), the linear-attention state slots of hybrid models, and
+//! the bytes both take, for the planner and the serving pool.
+
+use super::Model;
+use crate::decoder::{Attention, DecoderLayer};
+use crate::kv_cache::{KvCache, KvPool};
+
+impl Model {
+    /// Bytes of weights read per decoded token by this shard.
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let layers: usize = self.layers.iter().map(|l| l.weight_bytes()).sum();
+        layers + self.lm_head.as_ref().map_or(0, |l| l.weight_bytes())
+    }
+
+    /// A pool of `n_blocks` KV blocks of `block` positions for this shard's
+    /// layers. A hybrid model's pool keeps K/V only for its attention layers;
+    /// give it state slots with [`Model::state_pool`] (`pool.states`).
+    pub fn new_pool(&self, block: usize, n_blocks: usize) -> KvPool {
+        let mut p = self.new_kv_pool(block, n_blocks);
+        if self.spec.linear_attn.is_some() {
+            p.drop_layers(&self.kv_layer_mask());
+        }
+        p
+    }
+
+    fn new_kv_pool(&self, block: usize, n_blocks: usize) -> KvPool {
+        match &self.spec.mla {
+            Some(m) => KvPool::keys_only(self.layers.len(), m.cache_width(), block, n_blocks, self.kv_type),
+            None => KvPool::new(
+                self.layers.len(),
+                self.local.n_kv_heads * self.config.head_dim,
+                block,
+                n_blocks,
+                self.kv_type,
+            ),
+        }
+    }
+
+    /// KV bytes one position takes in this shard (K and V rows of every owned
+    /// layer, in whole quantized blocks for the Q8_0/Q4_0 types; latent
+    /// attention: one latent ‖ rope-key row per layer, the same on every
+    /// tensor-parallel rank).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let kv_layers = self.kv_layer_mask().iter().filter(|&&k| k).count();
+        match &self.spec.mla {
+            Some(m) => kv_layers * self.kv_type.bytes_for(m.cache_width()),
+            None => kv_layers * 2 * self.kv_type.bytes_for(self.local.n_kv_heads * self.config.head_dim),
+        }
+    }
+
+    /// A KV cache for one sequence of up to `capacity` positions (with one
+    /// slot of linear-attention state for a hybrid model). A sliding-window
+    /// layer holds only a ring of [`ring_positions`] of its window (when that
+    /// is below `capacity`).
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        let mut c = self.new_kv_cache(capacity);
+        if let Some(states) = self.state_pool(1) {
+            c.pool.drop_layers(&self.kv_layer_mask());
+            c.states = Some(states);
+        }
+        c
+    }
+
+    /// Per owned layer: whether it keeps K/V rows (all but linear attention).
+    pub fn kv_layer_mask(&self) -> Vec<bool> {
+        self.layers.iter().map(|l| !matches!(l.attn, Attention::Linear(_))).collect()
+    }
+
+    /// `n_slots` slots of linear-attention state for this shard's layers;
+    /// `None` for a model without linear attention.
+    pub fn state_pool(&self, n_slots: usize) -> Option<crate::StatePool> {
+        self.spec.linear_attn.as_ref()?;
+        let shapes = self
+            .layers
+            .iter()
+            .map(|l| match &l.attn {
+                Attention::Linear(d) => Some(d.shape),
+                _ => None,
+            })
+            .collect();
+        Some(crate::StatePool::new(shapes, n_slots))
+    }
+
+    /// Bytes of one sequence's linear-attention state in this shard (0 for
+    /// models without it): conv and recurrent states of every owned linear layer.
+    pub fn state_bytes_per_seq(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match &l.attn {
+                Attention::Linear(d) => d.shape.len() * 4,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    fn new_kv_cache(&self, capacity: usize) -> KvCache {
+        match &self.spec.mla {
+            Some(m) => KvCache::keys_only(self.layers.len(), m.cache_width(), capacity, self.kv_type),
+            None => {
+                KvCache::with_rings(self.local.n_kv_heads * self.config.head_dim, capacity, self.kv_type, &self.rings())
+            }
+        }
+    }
+
+    /// Each owned layer's ring size for a contiguous cache (0: holds every
+    /// position): [`ring_positions`] of a windowed GQA layer's window.
+    pub fn rings(&self) -> Vec<usize> {
+        self.layers.iter().map(|l| self.layer_window(l).map_or(0, ring_positions)).collect()
+    }
+
+    pub(super) fn layer_window(&self, layer: &DecoderLayer) -> Option<usize> {
+        match &layer.attn {
+            Attention::Gqa(g) => g.window,
+            Attention::Mla(_) | Attention::Linear(_) => None,
+        }
+    }
+
+    /// KV bytes this shard's contiguous cache of `context` positions holds:
+    /// every position for full layers, `min(context, ring)` for windowed ones
+    /// (what [`Model::new_cache`] allocates; the planner's model of it).
+    pub fn kv_bytes_at(&self, context: usize) -> usize {
+        let per_layer = self.kv_bytes_per_token() / self.layers.len().max(1);
+        self.rings().iter().map(|&r| per_layer * if r > 0 { r.min(context) } else { context }).sum()
+    }
+}
+
+/// Positions a sliding-window layer of window `w` keeps in a contiguous
+/// cache: twice its window, so new tokens are stored and attended in runs of
+/// `w + 1` (a run's keys and the `w − 1` before its first fit the ring).
+pub fn ring_positions(w: usize) -> usize {
+    2 * w.max(1)
+}

@@ -1,0 +1,88 @@
+//! The head under tensor parallelism, where each rank holds a slice of the
+//! vocabulary rows of the lm_head: a distributed argmax (one (value, index)
+//! pair per row crosses the link instead of the row) and a gather of whole
+//! logit rows when the caller wants them.
+
+use super::Model;
+use crate::linear::Linear;
+use crate::shard::AllReduce;
+use crate::workspace::{grow, Workspace};
+use crate::ModelError;
+use kernels::ThreadPool;
+
+impl Model {
+    /// Distributed argmax: each rank finds the best of its vocabulary rows and the
+    /// ranks exchange one (value, index) pair per row — 8 bytes instead of the row.
+    /// Ties go to the lowest index, as in a single process.
+    pub(super) fn argmax_vocab_parallel(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        rows: usize,
+        lm_head: &Linear,
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        let vocab = self.config.vocab_size;
+        let mine = self.local.vocab.len();
+        let n = self.local.vocab_all.len();
+        grow(&mut ws.local_logits, rows * mine);
+        let mut local = std::mem::take(&mut ws.local_logits);
+        lm_head.forward(pool, &ws.xn, rows, &mut local, &mut ws.scratch);
+        let mut pairs = vec![0f32; rows * 2];
+        for i in 0..rows {
+            let row = &local[i * mine..(i + 1) * mine];
+            let best = (0..row.len()).fold(0, |b, j| if row[j] > row[b] { j } else { b });
+            pairs[2 * i] = row[best];
+            pairs[2 * i + 1] = f32::from_bits((self.local.vocab.start + best) as u32);
+        }
+        ws.local_logits = local;
+        let mut all = vec![0f32; n * rows * 2];
+        comm.all_gather(&pairs, &mut all)?;
+        for i in 0..rows {
+            let (mut best_v, mut best_id) = (f32::NEG_INFINITY, u32::MAX);
+            for r in 0..n {
+                let (v, id) = (all[(r * rows + i) * 2], all[(r * rows + i) * 2 + 1].to_bits());
+                if v > best_v || (v == best_v && id < best_id) {
+                    (best_v, best_id) = (v, id);
+                }
+            }
+            let out = &mut ws.logits[i * vocab..(i + 1) * vocab];
+            out.fill(f32::NEG_INFINITY);
+            out[best_id as usize] = best_v;
+        }
+        Ok(())
+    }
+
+    /// Vocab-parallel lm_head: each rank computes its rows' logits, then an
+    /// all-gather (padded to the widest slice) assembles `rows × vocab` in `ws.logits`.
+    pub(super) fn gather_vocab_parallel(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        rows: usize,
+        lm_head: &Linear,
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        let vocab = self.config.vocab_size;
+        let all = &self.local.vocab_all;
+        let width = all.iter().map(|r| r.len()).max().unwrap_or(0);
+        let mine = self.local.vocab.len();
+        grow(&mut ws.local_logits, rows * width);
+        grow(&mut ws.gather, all.len() * rows * width);
+        let mut local = std::mem::take(&mut ws.local_logits);
+        lm_head.forward(pool, &ws.xn, rows, &mut local, &mut ws.scratch);
+        // Re-space rows from `mine` to `width` (back to front, in place).
+        for i in (0..rows).rev() {
+            local.copy_within(i * mine..(i + 1) * mine, i * width);
+        }
+        comm.all_gather(&local[..rows * width], &mut ws.gather[..all.len() * rows * width])?;
+        ws.local_logits = local;
+        for (rk, range) in all.iter().enumerate() {
+            for i in 0..rows {
+                let src = &ws.gather[(rk * rows + i) * width..][..range.len()];
+                ws.logits[i * vocab + range.start..i * vocab + range.end].copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+}
