@@ -172,6 +172,12 @@ pub struct Generation {
     pub stop_strings: bool,
     /// The guide ended the output (forced call / JSON); a cut JSON would be `Length`.
     guided: bool,
+    /// The lazy guide took hold of the call the parser will open next.
+    next_call_guided: bool,
+    /// An unguided call, held back until it closes: it goes out as a call if
+    /// its arguments parse, as text if not (a started stream cannot take a
+    /// call back, so only calls the guide holds stream as they come).
+    held: Option<Vec<Delta>>,
     pub text: String,
     pub reasoning: String,
     /// The stop string that ended the output (known after `End`).
@@ -197,6 +203,8 @@ impl Generation {
             prompt_tokens,
             stop_strings: false,
             guided,
+            next_call_guided: false,
+            held: None,
             text: String::new(),
             reasoning: String::new(),
             stop_sequence: None,
@@ -205,6 +213,11 @@ impl Generation {
 
     fn take_pieces(&mut self, pieces: Vec<Piece>) {
         for p in pieces {
+            if let Piece::CallStart { .. } = p {
+                if !self.guided && !std::mem::take(&mut self.next_call_guided) {
+                    self.held = Some(Vec::new());
+                }
+            }
             let d = match p {
                 Piece::Text(t) => {
                     self.text.push_str(&t);
@@ -220,12 +233,33 @@ impl Generation {
                 }
                 Piece::CallArgs(fragment) => Delta::CallArgs { index: self.calls.saturating_sub(1), fragment },
                 Piece::CallEnd { valid, raw } => {
+                    if let Some(held) = self.held.take() {
+                        self.release_held(held, valid, raw);
+                        continue;
+                    }
                     self.valid_calls += usize::from(valid);
                     Delta::CallEnd { index: self.calls.saturating_sub(1), valid, raw }
                 }
             };
-            self.ready.push_back(d);
+            match self.held.as_mut() {
+                Some(held) => held.push(d),
+                None => self.ready.push_back(d),
+            }
         }
+    }
+
+    /// An unguided call has closed: out as a call when valid, else as its text.
+    fn release_held(&mut self, held: Vec<Delta>, valid: bool, raw: String) {
+        if valid {
+            self.valid_calls += 1;
+            self.ready.extend(held);
+            self.ready.push_back(Delta::CallEnd { index: self.calls.saturating_sub(1), valid, raw });
+            return;
+        }
+        tracing::warn!("a tool call did not parse; returned as text: {raw:?}");
+        self.calls = self.calls.saturating_sub(1);
+        self.text.push_str(&raw);
+        self.ready.push_back(Delta::Text(raw));
     }
 
     /// The next delta; `None` after `End` or `Error`.
@@ -240,11 +274,16 @@ impl Generation {
             let mut pieces = Vec::new();
             match self.events.recv().await {
                 Some(Event::Text(t)) => self.split_reasoning(&t, false, &mut pieces),
+                Some(Event::Guided) => self.next_call_guided = true,
                 Some(Event::Done(f)) => {
                     self.split_reasoning("", true, &mut pieces);
                     self.splitter.finish(&mut pieces);
                     self.take_pieces(pieces);
                     pieces = Vec::new();
+                    // Parsers end every call they open; should one not, it goes out as it stands.
+                    if let Some(held) = self.held.take() {
+                        self.release_held(held, true, String::new());
+                    }
                     let finish = if self.valid_calls > 0 {
                         Finish::ToolCalls
                     } else if f.finish == FinishReason::Length && !(self.guided && f.guide_complete) {
@@ -417,5 +456,54 @@ mod tests {
         assert!(out.calls.is_empty());
         assert_eq!(out.finish, Finish::Stop);
         assert!(out.text.starts_with("ok ") && out.text.contains("functions.search"), "{}", out.text);
+    }
+
+    /// Calls the lazy guide holds stream as they come; a call it does not hold
+    /// is kept back until it closes, and goes out as text when it is bad, even
+    /// in a stream.
+    #[tokio::test]
+    async fn guided_calls_stream_and_unguided_bad_calls_are_text() {
+        use crate::toolfmt::testing::weather_tools;
+        use crate::tools::ToolFormat;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut g = Generation::new(rx, ToolSplitter::new(ToolFormat::Hermes, weather_tools(), ""), None, 10, false);
+        tx.send(Event::Guided).expect("open");
+        tx.send(Event::Text("<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a".into())).expect("open");
+        // The call opens before the rest of it has been generated.
+        assert!(matches!(g.next().await, Some(Delta::CallStart { .. })));
+        assert!(matches!(g.next().await, Some(Delta::CallArgs { .. })));
+        tx.send(Event::Text("b\"}}\n</tool_call>".into())).expect("open");
+        tx.send(done()).expect("open");
+        let mut rest = Vec::new();
+        while let Some(d) = g.next().await {
+            rest.push(d);
+        }
+        assert!(matches!(rest.last(), Some(Delta::End { finish: Finish::ToolCalls, .. })), "{rest:?}");
+
+        // Unguided and broken: no call at all in the stream, only its text.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut g = Generation::new(rx, ToolSplitter::new(ToolFormat::Hermes, weather_tools(), ""), None, 10, false);
+        let bad = "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": 1, }}\n</tool_call>";
+        tx.send(Event::Text(format!("see {bad}"))).expect("open");
+        tx.send(done()).expect("open");
+        let mut text = String::new();
+        while let Some(d) = g.next().await {
+            match d {
+                Delta::Text(t) => text.push_str(&t),
+                Delta::End { finish, .. } => assert_eq!(finish, Finish::Stop),
+                other => panic!("a bad call leaked into the stream: {other:?}"),
+            }
+        }
+        assert_eq!(text, format!("see {bad}"));
+
+        // Unguided and good: held, then out whole as a call.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut g = Generation::new(rx, ToolSplitter::new(ToolFormat::Hermes, weather_tools(), ""), None, 10, false);
+        tx.send(Event::Text("<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"z\"}}\n</tool_call>".into()))
+            .expect("open");
+        tx.send(done()).expect("open");
+        let out = g.collect().await.expect("finished");
+        assert_eq!((out.calls.len(), out.finish), (1, Finish::ToolCalls));
+        assert_eq!(out.calls[0].arguments, r#"{"q": "z"}"#);
     }
 }

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::guide::Vocab;
+use crate::lazy_guide::{Lazy, LazyCalls};
 use crate::toolfmt::testing::collect;
 
 fn tools() -> Vec<ToolDef> {
@@ -94,6 +95,90 @@ fn forced_calls_parse_back_in_every_family() {
     }
 }
 
+/// Calls the model opens on its own: once the output shows a trigger, the lazy
+/// guide holds random logits to a call that the family's parser reads back as
+/// one valid call, then lets go.
+#[test]
+fn lazy_guide_holds_unforced_calls_in_every_family() {
+    let vocab = vocab();
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for name in ToolFormat::NAMES.split('|') {
+        let format = ToolFormat::from_name(name).expect("known");
+        for n_tools in [1, 2] {
+            let tools = &tools()[..n_tools];
+            let grammar = Arc::new(lazy_call_grammar(format, tools).expect("grammar"));
+            for trigger in format.lazy_triggers() {
+                let mut lazy = LazyCalls::new(format.lazy_triggers(), grammar.clone(), vocab.clone());
+                let mut out: Vec<u8> = Vec::new();
+                // The trigger, a byte at a time: it attaches on its last byte.
+                for (i, b) in trigger.bytes().enumerate() {
+                    let got = lazy.accept(b as u32, 1000);
+                    out.push(b);
+                    let want = if i + 1 == trigger.len() { Lazy::Attached } else { Lazy::Free };
+                    assert_eq!(got, want, "{name}: byte {i} of {trigger:?}");
+                }
+                let budget = 300;
+                let mut released = false;
+                for step in 0..budget {
+                    assert!(lazy.active(), "{name}");
+                    let mut logits: Vec<f32> = (0..vocab.bytes.len())
+                        .map(|_| {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            (rng % 1000) as f32 / 100.0
+                        })
+                        .collect();
+                    lazy.mask(&mut logits, budget - step);
+                    let id = crate::guide::guide_tests_argmax(&logits);
+                    out.extend_from_slice(&vocab.bytes[id as usize]);
+                    if lazy.accept(id, budget - step - 1) == Lazy::Released {
+                        released = true;
+                        break;
+                    }
+                }
+                let text = String::from_utf8_lossy(&out).into_owned();
+                let ctx = format!("{name} ({n_tools} tools, trigger {trigger:?}): {text}");
+                assert!(released && !lazy.active(), "{ctx}");
+                let parse_tools = Tools::new(tools.iter().map(|t| (t.name.as_str(), &t.parameters)));
+                let mut s = ToolSplitter::new(format, parse_tools, "");
+                let mut pieces = Vec::new();
+                s.push(&text, &mut pieces);
+                s.finish(&mut pieces);
+                let o = collect(pieces);
+                assert_eq!(o.calls.len(), 1, "{ctx}");
+                assert!(o.calls[0].2, "{ctx}");
+                assert!(o.text.trim().is_empty(), "{ctx}: text {:?}", o.text);
+                let args: Value = serde_json::from_str(&o.calls[0].1).expect("json");
+                assert!(args.is_object(), "{ctx}");
+                // Free again: text after the call is not constrained.
+                assert_eq!(lazy.accept(b'x' as u32, 1000), Lazy::Free, "{ctx}");
+            }
+        }
+    }
+    // A marker followed, in the same token, by what no call shape allows: no hold.
+    let format = ToolFormat::Hermes;
+    let grammar = Arc::new(lazy_call_grammar(format, &tools()).expect("grammar"));
+    let mut bytes = vocab.bytes.clone();
+    bytes.push(b"<tool_call>oops".to_vec());
+    let odd = Arc::new(Vocab { special: vec![false; bytes.len()], bytes });
+    let mut lazy = LazyCalls::new(format.lazy_triggers(), grammar, odd.clone());
+    assert_eq!(lazy.accept(odd.bytes.len() as u32 - 1, 1000), Lazy::Free);
+    assert!(!lazy.active());
+    // A call opened with too few tokens left to close it is not held.
+    let mut lazy = LazyCalls::new(
+        format.lazy_triggers(),
+        Arc::new(lazy_call_grammar(format, &tools()).expect("grammar")),
+        vocab.clone(),
+    );
+    let last = b'>' as u32;
+    for b in "<tool_call".bytes() {
+        assert_eq!(lazy.accept(b as u32, 5), Lazy::Free);
+    }
+    assert_eq!(lazy.accept(last, 5), Lazy::Free);
+    assert!(!lazy.active());
+}
+
 fn grammar_clone(s: &Schema) -> Schema {
     Schema { nodes: s.nodes.clone(), root: s.root }
 }
@@ -105,7 +190,9 @@ fn grammar_clone(s: &Schema) -> Schema {
 fn history_renders_in_each_familys_format() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/templates");
     // (file, format, call markup the history must hold, whether the reasoning is kept)
-    let cases: [(&str, ToolFormat, &str, bool); 8] = [
+    let cases: [(&str, ToolFormat, &str, bool); 10] = [
+        ("llama3", ToolFormat::Llama3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 2}}<|eot_id|>", false),
+        ("mistral", ToolFormat::Mistral, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}]</s>", false),
         ("hermes", ToolFormat::Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>", false),
         ("qwen3_coder", ToolFormat::Qwen3Coder, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>", true),
         ("glm", ToolFormat::Glm, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>", true),

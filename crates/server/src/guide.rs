@@ -200,6 +200,18 @@ impl JsonGuide {
         !self.is_complete()
     }
 
+    /// Feeds output that did not come through [`JsonGuide::accept`] (a lazy
+    /// guide's trigger and what followed it); false, and no change, when the
+    /// bytes cannot continue the value.
+    pub fn accept_bytes(&mut self, bytes: &[u8]) -> bool {
+        let next = self.feed(&self.stacks, bytes);
+        if next.is_empty() {
+            return false;
+        }
+        self.stacks = next;
+        true
+    }
+
     /// Leaves only valid tokens in `logits` (see the module doc).
     pub fn mask(&self, logits: &mut [f32], remaining: usize) {
         let closing = self.shortest_completion();
@@ -263,6 +275,29 @@ impl JsonGuide {
             }
         }
         best.map(|(_, id)| id)
+    }
+
+    /// About how many tokens the shortest completion takes: its text cut
+    /// greedily into the longest tokens (an upper bound on what the forced
+    /// close needs; one vocabulary scan per token).
+    pub fn completion_tokens(&self) -> usize {
+        let text = self.shortest_completion();
+        let mut at = 0;
+        let mut n = 0;
+        while at < text.len() {
+            let step = self
+                .vocab
+                .bytes
+                .iter()
+                .zip(&self.vocab.special)
+                .filter(|(b, &sp)| !sp && !b.is_empty() && text[at..].starts_with(b))
+                .map(|(b, _)| b.len())
+                .max()
+                .unwrap_or(1);
+            at += step;
+            n += 1;
+        }
+        n
     }
 
     /// The shortest text that completes the value from the current state.

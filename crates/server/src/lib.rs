@@ -17,6 +17,7 @@ pub mod error;
 pub mod guide;
 mod guide_schema;
 mod http;
+pub mod lazy_guide;
 pub mod metrics;
 mod openai;
 mod prompt;

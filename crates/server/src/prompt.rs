@@ -7,10 +7,11 @@ use crate::chat::{ChatRequest, Generation, ResponseFormat, ToolChoice, ToolDef};
 use crate::error::ApiError;
 use crate::guide::JsonGuide;
 use crate::guide_schema::{CallAlt, CallArgs, XmlParam};
+use crate::lazy_guide::LazyCalls;
 use crate::reasoning::ThinkSplitter;
 use crate::state::AppState;
 use crate::toolfmt::Tools;
-use crate::tools::{ForcedArgs, ToolFormat, ToolSplitter};
+use crate::tools::{ForcedArgs, ForcedForm, ToolFormat, ToolSplitter};
 use crate::Schema;
 use axum::http::StatusCode;
 use engine::generate::GenerateRequest;
@@ -23,6 +24,8 @@ use std::sync::Arc;
 pub struct Prepared {
     pub request: GenerateRequest,
     pub guide: Option<JsonGuide>,
+    /// Guides calls the model opens on its own (tools offered, `tool_choice` auto).
+    pub lazy: Option<LazyCalls>,
     pub splitter: ToolSplitter,
     pub think: Option<ThinkSplitter>,
 }
@@ -261,12 +264,27 @@ fn render(state: &AppState, req: &ChatRequest) -> Result<Rendered, ApiError> {
 /// The guide's grammar for one forced call in `format`'s markup (the prompt
 /// already holds the prefix, and the head when there is one tool).
 fn forced_call_grammar(format: ToolFormat, tools: &[ToolDef]) -> Result<Schema, crate::SchemaError> {
+    let one = tools.len() == 1;
+    call_grammar(tools, |name| vec![format.forced(name)], |form| if one { String::new() } else { form.head.clone() })
+}
+
+/// The lazy guide's grammar: one call of any tool, whole, in any of the
+/// family's shapes ([`ToolFormat::lazy_forms`]).
+fn lazy_call_grammar(format: ToolFormat, tools: &[ToolDef]) -> Result<Schema, crate::SchemaError> {
+    call_grammar(tools, |name| format.lazy_forms(name), |form| form.head.clone())
+}
+
+fn call_grammar(
+    tools: &[ToolDef],
+    forms: impl Fn(&str) -> Vec<ForcedForm>,
+    head: impl Fn(&ForcedForm) -> String,
+) -> Result<Schema, crate::SchemaError> {
     let any = json!({"type": "object"});
     let alts: Vec<CallAlt> = tools
         .iter()
-        .map(|t| {
+        .flat_map(|t| forms(&t.name).into_iter().map(move |form| (t, form)))
+        .map(|(t, form)| {
             let params = if t.parameters.is_object() { &t.parameters } else { &any };
-            let form = format.forced(&t.name);
             let args = match form.args {
                 ForcedArgs::Json => CallArgs::Json(params),
                 ForcedArgs::Xml { open, close, after } => {
@@ -293,8 +311,7 @@ fn forced_call_grammar(format: ToolFormat, tools: &[ToolDef]) -> Result<Schema, 
                     )
                 }
             };
-            let head = if tools.len() == 1 { String::new() } else { form.head };
-            CallAlt { head, args, tail: form.tail.to_string() }
+            CallAlt { head: head(&form), args, tail: form.tail.to_string() }
         })
         .collect();
     Schema::calls(&alts)
@@ -351,6 +368,19 @@ pub fn prepare_chat(state: &AppState, req: &ChatRequest) -> Result<Prepared, Api
     };
     let guide = compiled.map(|c| JsonGuide::new(Arc::new(c), state.vocab.clone()));
     let parse_tools = !req.tools.is_empty() && req.tool_choice != ToolChoice::None;
+    // Unforced calls: guided from their first marker on (`lazy_guide`). A tool
+    // set the guide cannot compile leaves them free (the parser still reads them).
+    let lazy = if parse_tools && guide.is_none() {
+        match lazy_call_grammar(state.tool_format, &req.tools) {
+            Ok(g) => Some(LazyCalls::new(state.tool_format.lazy_triggers(), Arc::new(g), state.vocab.clone())),
+            Err(e) => {
+                tracing::warn!("calls the model opens will not be guided: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let tools = Tools::new(req.tools.iter().map(|t| (t.name.as_str(), &t.parameters)));
     let splitter = if parse_tools || state.tool_format.structured_output() {
         ToolSplitter::new(state.tool_format, tools, &prime)
@@ -369,6 +399,7 @@ pub fn prepare_chat(state: &AppState, req: &ChatRequest) -> Result<Prepared, Api
             want_prompt_logits: false,
         },
         guide,
+        lazy,
         splitter,
         think,
     })
@@ -399,6 +430,7 @@ pub fn prepare_text(
             want_prompt_logits: false,
         },
         guide: None,
+        lazy: None,
         splitter: ToolSplitter::new_plain(),
         think: None,
     })
@@ -428,7 +460,10 @@ pub fn start(state: &AppState, p: Prepared) -> Result<Generation, ApiError> {
     let prompt_tokens = p.prompt_tokens();
     let guided = p.guide.is_some();
     let stops = !p.request.stop_strings.is_empty();
-    let rx = state.engine.submit(p.request, p.guide).map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e))?;
+    let rx = state
+        .engine
+        .submit(p.request, p.guide, p.lazy)
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e))?;
     let mut g = Generation::new(rx, p.splitter, p.think, prompt_tokens, guided);
     g.stop_strings = stops;
     Ok(g)

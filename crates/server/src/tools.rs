@@ -142,8 +142,8 @@ impl ToolFormat {
     pub fn parser(self, tools: Tools) -> Box<dyn CallParser> {
         match self {
             ToolFormat::Hermes | ToolFormat::Injected => Box::new(toolfmt::hermes::Hermes::new(tools)),
-            ToolFormat::Llama3 => Box::new(toolfmt::hermes::WholeOutput::new(false, tools)),
-            ToolFormat::Mistral => Box::new(toolfmt::hermes::WholeOutput::new(true, tools)),
+            ToolFormat::Llama3 => Box::new(toolfmt::json_calls::JsonCalls::llama3(tools)),
+            ToolFormat::Mistral => Box::new(toolfmt::json_calls::JsonCalls::mistral(tools)),
             ToolFormat::Harmony => Box::new(toolfmt::harmony::Harmony::new(tools)),
             ToolFormat::Qwen3Coder => Box::new(toolfmt::qwen3_coder::parser(tools)),
             ToolFormat::Glm => Box::new(toolfmt::glm::parser(tools)),
@@ -151,6 +151,50 @@ impl ToolFormat {
             ToolFormat::DeepSeek | ToolFormat::DeepSeekV3 => Box::new(toolfmt::deepseek::parser(tools)),
             ToolFormat::Kimi => Box::new(toolfmt::kimi::parser(tools)),
         }
+    }
+
+    /// The markers that open a call the model writes on its own: from the
+    /// first of them in the output, the lazy guide (`lazy_guide`) holds the
+    /// call to [`ToolFormat::lazy_forms`]. Each is a prefix of those forms.
+    pub fn lazy_triggers(self) -> &'static [&'static str] {
+        use toolfmt::deepseek::CALLS_BEGIN;
+        match self {
+            ToolFormat::Hermes | ToolFormat::Injected | ToolFormat::Qwen3Coder | ToolFormat::Glm => &["<tool_call>"],
+            ToolFormat::Llama3 => &["<|python_tag|>", "{\"name\""],
+            ToolFormat::Mistral => &["[TOOL_CALLS]"],
+            ToolFormat::Harmony => &["<|channel|>commentary to=functions."],
+            ToolFormat::MiniMax => &["<minimax:tool_call>"],
+            ToolFormat::DeepSeek | ToolFormat::DeepSeekV3 => &[CALLS_BEGIN],
+            ToolFormat::Kimi => &["<|tool_calls_section_begin|>"],
+        }
+    }
+
+    /// The shapes an unforced call of `name` may take, whole (prefix and head
+    /// included): the forced form, and the family's other spellings (Llama 3
+    /// after `<|python_tag|>`, Mistral v11's `NAME[ARGS]{…}`).
+    pub fn lazy_forms(self, name: &str) -> Vec<ForcedForm> {
+        let forced = self.forced(name);
+        let whole = |prefix: &str, f: &ForcedForm, tail: &'static str| ForcedForm {
+            prefix: "",
+            head: format!("{prefix}{}{}", f.prefix, f.head),
+            args: match f.args {
+                ForcedArgs::Json => ForcedArgs::Json,
+                ForcedArgs::Xml { open, close, after } => ForcedArgs::Xml { open, close, after },
+            },
+            tail,
+        };
+        let mut forms = vec![whole("", &forced, forced.tail)];
+        match self {
+            ToolFormat::Llama3 => forms.push(whole("<|python_tag|>", &forced, forced.tail)),
+            ToolFormat::Mistral => forms.push(ForcedForm {
+                prefix: "",
+                head: format!("[TOOL_CALLS]{name}[ARGS]"),
+                args: ForcedArgs::Json,
+                tail: "",
+            }),
+            _ => {}
+        }
+        forms
     }
 
     /// How a forced call of `name` is written.

@@ -7,6 +7,7 @@
 //! the scheduler polls `cancelled()` before every step and frees its KV blocks.
 
 use crate::guide::JsonGuide;
+use crate::lazy_guide::{Lazy, LazyCalls};
 use crate::metrics::Metrics;
 use engine::generate::{Engine, FinishReason, GenerateHooks, GenerateRequest};
 use engine::serving::{Scheduler, SchedulerConfig, SchedulerStats, SeqHooks, SeqOutcome, Submission};
@@ -20,6 +21,9 @@ use tokio::sync::mpsc;
 #[derive(Debug)]
 pub enum Event {
     Text(String),
+    /// The lazy guide took hold of a call the model opened (sent before the
+    /// text that holds the call's marker): that call can stream.
+    Guided,
     Done(Finished),
     Error(String),
 }
@@ -43,6 +47,8 @@ pub struct Job {
     pub request: GenerateRequest,
     /// Constrained decoding (forced tool call, `json_schema`), if any.
     pub guide: Option<JsonGuide>,
+    /// Guides the calls the model opens on its own (`tool_choice` auto).
+    pub lazy: Option<LazyCalls>,
     events: mpsc::UnboundedSender<Event>,
     admitted: Instant,
     _active: ActiveGuard,
@@ -75,11 +81,13 @@ impl EngineHandle {
         &self,
         request: GenerateRequest,
         guide: Option<JsonGuide>,
+        lazy: Option<LazyCalls>,
     ) -> Result<mpsc::UnboundedReceiver<Event>, String> {
         let (events, rx) = mpsc::unbounded_channel();
         self.metrics.active.fetch_add(1, Relaxed);
         self.metrics.requests_total.fetch_add(1, Relaxed);
-        let job = Job { request, guide, events, admitted: Instant::now(), _active: ActiveGuard(self.metrics.clone()) };
+        let job =
+            Job { request, guide, lazy, events, admitted: Instant::now(), _active: ActiveGuard(self.metrics.clone()) };
         self.metrics.queue_depth.fetch_add(1, Relaxed);
         self.tx.send(job).map_err(|_| {
             self.metrics.queue_depth.fetch_sub(1, Relaxed);
@@ -99,10 +107,19 @@ pub fn channel(metrics: Arc<Metrics>) -> (EngineHandle, JobQueue) {
 
 /// Turns a queued job into a scheduler submission whose hooks own its channel.
 fn submission(job: Job, metrics: &Arc<Metrics>) -> Submission {
-    let Job { request, guide, events, admitted, _active } = job;
+    let Job { request, guide, lazy, events, admitted, _active } = job;
     let prompt_tokens = request.prompt_ids.len();
-    let hooks =
-        JobHooks { events, guide, metrics: metrics.clone(), admitted, last_token: None, prompt_tokens, _active };
+    let hooks = JobHooks {
+        events,
+        guide,
+        lazy,
+        remaining: request.max_tokens,
+        metrics: metrics.clone(),
+        admitted,
+        last_token: None,
+        prompt_tokens,
+        _active,
+    };
     Submission { request, hooks: Box::new(hooks) }
 }
 
@@ -289,6 +306,9 @@ fn publish(m: &Metrics, st: &SchedulerStats) {
 struct JobHooks {
     events: mpsc::UnboundedSender<Event>,
     guide: Option<JsonGuide>,
+    lazy: Option<LazyCalls>,
+    /// Tokens the request may still generate (for the lazy guide).
+    remaining: usize,
     metrics: Arc<Metrics>,
     admitted: Instant,
     last_token: Option<Instant>,
@@ -326,12 +346,14 @@ impl SeqHooks for JobHooks {
 
 impl GenerateHooks for JobHooks {
     fn wants_logits(&self) -> bool {
-        self.guide.is_some()
+        self.guide.is_some() || self.lazy.as_ref().is_some_and(LazyCalls::active)
     }
 
     fn constrain(&mut self, logits: &mut [f32], remaining: usize) {
         if let Some(g) = self.guide.as_mut() {
             g.mask(logits, remaining);
+        } else if let Some(l) = self.lazy.as_ref() {
+            l.mask(logits, remaining);
         }
     }
 
@@ -343,10 +365,16 @@ impl GenerateHooks for JobHooks {
         }
         self.last_token = Some(now);
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
-        match self.guide.as_mut() {
-            Some(g) => g.accept(id),
-            None => true,
+        if let Some(g) = self.guide.as_mut() {
+            return g.accept(id);
         }
+        self.remaining = self.remaining.saturating_sub(1);
+        if let Some(l) = self.lazy.as_mut() {
+            if l.accept(id, self.remaining) == Lazy::Attached {
+                let _ = self.events.send(Event::Guided);
+            }
+        }
+        true
     }
 
     fn on_text(&mut self, text: &str) {

@@ -1,10 +1,8 @@
 //! The JSON families. Hermes/Qwen2.5/Qwen3 (and the injected tool prompt):
 //! `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, repeatable; the
 //! arguments stream once `{"name": "…", "arguments": ` has been read (other key
-//! orders are parsed when the call closes). Llama 3 (`<|python_tag|>` or a bare
-//! JSON object as the whole output, several joined by `;`) and Mistral
-//! (`[TOOL_CALLS][{…}]`, or v11 `[TOOL_CALLS]name[ARGS]{…}`) are parsed whole at
-//! the end of the output.
+//! orders are parsed when the call closes). Llama 3 and Mistral, which write
+//! calls as JSON objects too, are in `json_calls`.
 
 use super::{held_back, is_json_object, push_args, push_text, CallParser, Piece, Tools};
 use serde_json::Value;
@@ -69,7 +67,7 @@ pub fn parse_json_calls(body: &str, mistral: bool) -> Option<Vec<ParsedCall>> {
     (!calls.is_empty()).then_some(calls)
 }
 
-fn emit_whole(calls: Vec<ParsedCall>, raw: &str, out: &mut Vec<Piece>) {
+pub(super) fn emit_whole(calls: Vec<ParsedCall>, raw: &str, out: &mut Vec<Piece>) {
     for c in calls {
         out.push(Piece::CallStart { name: c.name });
         out.push(Piece::CallArgs(c.arguments));
@@ -78,13 +76,13 @@ fn emit_whole(calls: Vec<ParsedCall>, raw: &str, out: &mut Vec<Piece>) {
 }
 
 /// Reads `{"name": "NAME", "arguments": ` at the start of `s`.
-enum Head {
+pub(super) enum Head {
     Need,
     No,
     Yes { name: String, len: usize },
 }
 
-fn read_head(s: &str) -> Head {
+pub(super) fn read_head(s: &str) -> Head {
     let b = s.as_bytes();
     let mut i = 0;
     let ws = |i: &mut usize| {
@@ -304,77 +302,9 @@ impl CallParser for Hermes {
     }
 }
 
-/// Llama 3 and Mistral: parsed whole at the end (their calls are the whole output).
-pub struct WholeOutput {
-    mistral: bool,
-    tools: Tools,
-    buf: String,
-    /// Passing text through until a call may start.
-    decided: Option<bool>,
-}
-
-impl WholeOutput {
-    pub fn new(mistral: bool, tools: Tools) -> WholeOutput {
-        WholeOutput { mistral, tools, buf: String::new(), decided: None }
-    }
-
-    fn start(&self) -> &'static str {
-        if self.mistral {
-            "[TOOL_CALLS]"
-        } else {
-            "<|python_tag|>"
-        }
-    }
-}
-
-impl CallParser for WholeOutput {
-    fn push(&mut self, text: &str, out: &mut Vec<Piece>) {
-        self.buf.push_str(text);
-        if self.decided.is_none() {
-            let t = self.buf.trim_start();
-            let m = self.start();
-            if t.is_empty() || m.starts_with(t) {
-                return;
-            }
-            let call = t.starts_with(m) || (!self.mistral && t.starts_with('{'));
-            self.decided = Some(call);
-        }
-        if self.decided == Some(false) {
-            // Mistral may still call after text.
-            let m = self.start();
-            if let Some(p) = self.buf.find(m) {
-                let before: String = self.buf.drain(..p).collect();
-                push_text(out, &before);
-                self.decided = Some(true);
-                return;
-            }
-            let keep = held_back(&self.buf, &[m]);
-            let t: String = self.buf.drain(..self.buf.len() - keep).collect();
-            push_text(out, &t);
-        }
-    }
-
-    fn finish(&mut self, out: &mut Vec<Piece>) {
-        let rest = std::mem::take(&mut self.buf);
-        if self.decided != Some(true) {
-            push_text(out, &rest);
-            return;
-        }
-        let body = rest.trim_start();
-        let body = body.strip_prefix(self.start()).unwrap_or(body);
-        match parse_json_calls(body, self.mistral).filter(|c| c.iter().all(|c| self.tools.knows(&c.name))) {
-            Some(calls) => emit_whole(calls, &rest, out),
-            None => {
-                tracing::warn!("tool call not understood; returned as text: {rest:?}");
-                push_text(out, &rest);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{every_split, run, weather_tools};
+    use super::super::testing::{every_split, weather_tools};
     use super::*;
 
     fn hermes() -> Box<dyn CallParser> {
@@ -399,28 +329,5 @@ mod tests {
         assert!(o.calls.is_empty());
         let o = every_split(&hermes, "<tool_call>{\"name\": \"search\", \"arguments\": {\"q\": 1</tool_call>", &[]);
         assert!(!o.calls[0].2);
-    }
-
-    #[test]
-    fn llama3_and_mistral_forms() {
-        let tools =
-            Tools::new([("a", &serde_json::json!({})), ("b", &serde_json::json!({})), ("get", &serde_json::json!({}))]);
-        let l3 = || -> Box<dyn CallParser> {
-            Box::new(WholeOutput::new(
-                false,
-                Tools::new([("a", &serde_json::json!({})), ("b", &serde_json::json!({}))]),
-            ))
-        };
-        let o =
-            run(&l3, &["  {\"name\": \"a\", \"parameters\": {\"x\": 1}}; ", "{\"name\": \"b\", \"parameters\": {}}"]);
-        assert_eq!((o.text.as_str(), o.calls.len()), ("", 2));
-        let o = run(&l3, &["Hello {not json"]);
-        assert_eq!((o.text.as_str(), o.calls.len()), ("Hello {not json", 0));
-        let t = tools.clone();
-        let m = move || -> Box<dyn CallParser> { Box::new(WholeOutput::new(true, t.clone())) };
-        let o = run(&m, &["[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": \"y\"}}]"]);
-        assert_eq!(o.calls[0].1, r#"{"x":"y"}"#);
-        let o = run(&m, &["[TOOL_", "CALLS]get[ARGS]{\"q\": 2}"]);
-        assert_eq!(o.calls[0].0, "get");
     }
 }

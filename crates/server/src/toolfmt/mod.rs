@@ -6,7 +6,8 @@
 //!
 //! The section families (Qwen3-Coder, GLM, MiniMax, DeepSeek, Kimi) share one
 //! state machine, `Sectioned`, driven by the family's `Syntax` (its markers);
-//! Harmony (gpt-oss) and the JSON families (Hermes, Llama 3, Mistral) have their own.
+//! Harmony (gpt-oss) and the JSON families (Hermes; Llama 3 and Mistral in
+//! `json_calls`) have their own.
 //! XML parameter values are raw text, typed by the tool's JSON schema: strings
 //! stream as JSON strings, other types are parsed as JSON when they close.
 
@@ -14,6 +15,7 @@ pub mod deepseek;
 pub mod glm;
 pub mod harmony;
 pub mod hermes;
+pub mod json_calls;
 pub mod kimi;
 pub mod minimax;
 pub mod qwen3_coder;
@@ -552,22 +554,17 @@ impl CallParser for Sectioned {
             }
             // All calls closed; a group left open at the end of output is fine.
             St::Group => {}
-            st @ (St::Json { .. } | St::AfterJson) => {
+            // A call cut before its close (max_tokens, a stop string): it is
+            // not known to be whole, so it fails (non-streamed answers give it
+            // back as text).
+            st @ (St::Json { .. } | St::AfterJson | St::XmlBetween) => {
                 let rest = std::mem::take(&mut self.buf);
                 self.raw.push_str(&rest);
                 if matches!(st, St::Json { .. }) {
                     self.emit_args(rest.trim_end(), out);
                 }
-                self.st = St::AfterJson;
-                self.end_call(out);
-            }
-            St::XmlBetween => {
-                let rest = std::mem::take(&mut self.buf);
-                self.raw.push_str(&rest);
-                self.st = St::XmlBetween;
-                let tail = if self.params == 0 { "{}" } else { "}" };
-                self.emit_args(tail, out);
-                self.end_call(out);
+                self.st = st;
+                self.fail("the call was cut before its close", out);
             }
             st => {
                 let rest = std::mem::take(&mut self.buf);
