@@ -16,6 +16,7 @@
 # on two cores. Each passes when the agent exits 0, prints no API or protocol
 # error, and the server counted its requests with none failed. Needs network
 # to the package registries the first time ($SHARDLM_CACHE/agents keeps them).
+# AGENT_LOG_DIR=DIR keeps the agent's output, the server log and its /metrics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARDLM="${SHARDLM:-${CARGO_TARGET_DIR:-target}/release/shardlm}"
@@ -73,6 +74,10 @@ check() {
     total=$(metric shardlm_requests_total)
     failed=$(metric shardlm_requests_failed_total)
     echo "$name: exit $rc, server requests $total, failed $failed" >&2
+    if [ -n "${AGENT_LOG_DIR:-}" ]; then
+        mkdir -p "$AGENT_LOG_DIR" && cp "$log" "$WORK/serve.log" "$AGENT_LOG_DIR/" \
+            && curl -s "http://127.0.0.1:$PORT/metrics" >"$AGENT_LOG_DIR/metrics.txt"
+    fi
     if [ "$rc" -ne 0 ] || [ "${total:-0}" -lt 1 ] || [ "${failed:-1}" -ne 0 ] \
         || grep -Eiq 'APIError|APIConnectionError|BadRequestError|InternalServerError|stream disconnected|Traceback' "$log"; then
         tail -40 "$log" >&2

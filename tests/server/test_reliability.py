@@ -134,3 +134,55 @@ def test_rank_lost_while_idle_is_replaced():
         assert r.status_code == 200
     finally:
         stop_server(srv)
+
+
+def test_a_stopped_rank_ends_streams_with_an_error_not_a_hang():
+    """SIGSTOP of rank 1 stalls the cluster. Streams in flight, and streams
+    started meanwhile, end with an error event in their API's format once no
+    token came for --request-timeout, instead of hanging; the server stays up,
+    and after SIGCONT it serves again."""
+    srv = start_server("--ranks", "2", "--strategy", "pipeline", "--request-timeout", "3")
+    pid = None
+    try:
+        pid = rank_pid(srv, 1)
+        events = []
+
+        def stop():
+            os.kill(pid, 19)  # SIGSTOP
+
+        t0 = None
+        text, deltas = "", 0
+        with httpx.stream("POST", srv.base + "/v1/chat/completions", json=BODY, headers=H, timeout=60) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    events.append(event)
+                    continue
+                for c in event.get("choices", []):
+                    if c["delta"].get("content"):
+                        deltas += 1
+                        if deltas == 5:
+                            stop()
+                            t0 = time.time()
+        assert t0 is not None, "the stream ended before the stop"
+        assert events and "no progress" in events[0]["error"]["message"], events
+        assert time.time() - t0 < 20
+        # Started while the rank is stopped: an Anthropic stream gets its `error` event.
+        body = {"model": "m", "max_tokens": 16, "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}
+        with httpx.stream("POST", srv.base + "/v1/messages", json=body, headers={"x-api-key": API_KEY},
+                          timeout=60) as r:
+            lines = [line for line in r.iter_lines()]
+        assert "event: error" in lines, lines
+        assert srv.proc.poll() is None and health(srv)[0] in (200, 503)
+        os.kill(pid, 18)  # SIGCONT
+        pid = None
+        r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+    finally:
+        if pid is not None:
+            os.kill(pid, 18)
+        stop_server(srv)

@@ -65,7 +65,8 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 16 << 20)]
     max_body_bytes: usize,
-    /// Time limit of a non-streamed request, seconds.
+    /// Time limit of a non-streamed request, and the longest any request waits
+    /// for its next token (a stalled cluster), seconds.
     #[arg(long, default_value_t = 600)]
     request_timeout: u64,
     /// Interval of SSE keep-alive comments while a stream is silent, milliseconds.

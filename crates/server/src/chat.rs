@@ -182,6 +182,13 @@ pub struct Generation {
     pub reasoning: String,
     /// The stop string that ended the output (known after `End`).
     pub stop_sequence: Option<String>,
+    /// Longest wait for the engine's next event (a token, the end): past it
+    /// the request fails with an error delta, which each API sends in its own
+    /// format, and dropping the generation cancels the job. Guards against a
+    /// cluster that stalls (a stopped rank, a dead link) and never re-forms.
+    pub stall_timeout: Option<std::time::Duration>,
+    /// The stall timeout ended the request.
+    pub timed_out: bool,
 }
 
 impl Generation {
@@ -208,6 +215,8 @@ impl Generation {
             text: String::new(),
             reasoning: String::new(),
             stop_sequence: None,
+            stall_timeout: None,
+            timed_out: false,
         }
     }
 
@@ -272,7 +281,25 @@ impl Generation {
                 return None;
             }
             let mut pieces = Vec::new();
-            match self.events.recv().await {
+            let event = match self.stall_timeout {
+                Some(t) => match tokio::time::timeout(t, self.events.recv()).await {
+                    Ok(e) => e,
+                    Err(_) => {
+                        let msg = format!(
+                            "the request made no progress for {} s (--request-timeout) and was cancelled; \
+                             the cluster may be degraded (see /health)",
+                            t.as_secs_f64()
+                        );
+                        tracing::warn!("{msg}");
+                        self.timed_out = true;
+                        self.ready.push_back(Delta::Error(msg));
+                        self.done = true;
+                        continue;
+                    }
+                },
+                None => self.events.recv().await,
+            };
+            match event {
                 Some(Event::Text(t)) => self.split_reasoning(&t, false, &mut pieces),
                 Some(Event::Guided) => self.next_call_guided = true,
                 Some(Event::Done(f)) => {
@@ -359,7 +386,12 @@ impl Generation {
                     return Ok(Collected { text, reasoning, calls, finish, usage });
                 }
                 Delta::Error(e) => {
-                    return Err(ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e));
+                    let code = if self.timed_out {
+                        axum::http::StatusCode::GATEWAY_TIMEOUT
+                    } else {
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                    };
+                    return Err(ApiError::new(code, e));
                 }
             }
         }
@@ -505,5 +537,22 @@ mod tests {
         let out = g.collect().await.expect("finished");
         assert_eq!((out.calls.len(), out.finish), (1, Finish::ToolCalls));
         assert_eq!(out.calls[0].arguments, r#"{"q": "z"}"#);
+    }
+
+    /// An engine that goes silent (a stopped rank) ends the request with an
+    /// error delta after the stall timeout, instead of a stream that hangs.
+    #[tokio::test]
+    async fn a_silent_engine_ends_the_request_with_an_error() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut g = Generation::new(rx, ToolSplitter::new_plain(), None, 10, false);
+        g.stall_timeout = Some(std::time::Duration::from_millis(50));
+        tx.send(Event::Text("partial".into())).expect("open");
+        assert!(matches!(g.next().await, Some(Delta::Text(_))));
+        match g.next().await {
+            Some(Delta::Error(e)) => assert!(e.contains("no progress") && e.contains("--request-timeout"), "{e}"),
+            other => panic!("expected an error, got {other:?}"),
+        }
+        assert!(g.next().await.is_none());
+        drop(tx);
     }
 }

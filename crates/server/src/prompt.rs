@@ -466,6 +466,7 @@ pub fn start(state: &AppState, p: Prepared) -> Result<Generation, ApiError> {
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e))?;
     let mut g = Generation::new(rx, p.splitter, p.think, prompt_tokens, guided);
     g.stop_strings = stops;
+    g.stall_timeout = Some(state.cfg.request_timeout);
     Ok(g)
 }
 
