@@ -90,7 +90,10 @@ fn write_f32_safetensors(tensors: impl Iterator<Item = (String, Vec<usize>, Vec<
 fn quantized_fixtures_match_f32_on_dequantized_weights() {
     let ids: Vec<u32> = vec![1, 17, 230, 5, 999, 64, 3, 512, 77, 300];
     let tmp = tempfile::tempdir().unwrap();
-    for arch in ["llama", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3"] {
+    let archs = ["llama", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3"];
+    // The hybrids (issue 24): their linear-attention projections quantize like any linear.
+    let hybrids = ["qwen3_next", "qwen3_5", "qwen3_5_moe"];
+    for arch in archs.into_iter().chain(hybrids) {
         for (to, names) in [
             ("nvfp4", ["q_proj.weight", "q_proj.weight_scale", "q_proj.weight_scale_2"]),
             ("mxfp4", ["q_proj.weight_packed", "q_proj.weight_scale", "q_proj.weight_packed"]),
@@ -112,7 +115,9 @@ fn quantized_fixtures_match_f32_on_dequantized_weights() {
                 // deepseek_v3 has no q_proj (q_a/q_b, whose K = 48 is not a
                 // whole block of any format: kept in bf16); its o_proj is.
                 let name = if arch == "deepseek_v3" { name.replace("q_proj", "o_proj") } else { name.to_string() };
-                assert!(header.contains(&format!("model.layers.0.self_attn.{name}\"")), "{arch} {to}: no {name}");
+                // The hybrids' first full-attention layer is their fourth.
+                let layer = if hybrids.contains(&arch) { 3 } else { 0 };
+                assert!(header.contains(&format!("model.layers.{layer}.self_attn.{name}\"")), "{arch} {to}: no {name}");
             }
             if arch == "gpt_oss" {
                 let experts = ["gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"];
@@ -126,7 +131,18 @@ fn quantized_fixtures_match_f32_on_dequantized_weights() {
             let (a, b) = (logits(&q, &ids), logits(&d, &ids));
             assert_eq!(a.len(), b.len());
             let top = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let bound = if to == "fp8" { 1e-3 } else { 0.05 * top };
+            // The hybrids move ~10× more than llama under Q8_0 activations
+            // (qwen3_5: up to 14% of the largest logit at nvfp4 and mxfp4, the
+            // same at every ISA level, scalar included; fp8, with f32
+            // activations, within 3e-5: the weights are read right). Their
+            // recurrent state also carries a MoE routing flip to every later
+            // position, so the MoE hybrids are held to position 0 below.
+            let hybrid = hybrids.contains(&arch);
+            let bound = match to {
+                "fp8" => 1e-3,
+                _ if hybrid => 0.2 * top,
+                _ => 0.05 * top,
+            };
             // Max |Δ| per prompt position (rows of 1024 logits).
             let per: Vec<f32> = a
                 .chunks(1024)
@@ -149,9 +165,11 @@ fn quantized_fixtures_match_f32_on_dequantized_weights() {
             let allowed = match arch {
                 _ if to == "fp8" => 0,
                 "deepseek_v3" => 2,
+                _ if hybrid => 0,
                 a if a.contains("moe") || a == "mixtral" || a == "gpt_oss" => 1,
                 _ => 0,
             };
+            let per = if hybrid && to != "fp8" && arch != "qwen3_5" { &per[..1] } else { &per[..] };
             let over = per.iter().filter(|&&d| d > bound).count();
             assert!(over <= allowed, "{arch} {to}: {over} positions beyond {bound}: {per:?}");
         }
