@@ -20,7 +20,9 @@
 //! `--remote-exe`). Hosts whose address is this machine are started directly.
 
 use crate::launch_output::{describe, forward_lines, forward_raw, write_out};
-use crate::launch_restart::{restarts_ranks, PendingRestart, Recipe, MAX_RESTARTS, RESTART_PAUSE};
+use crate::launch_restart::{
+    restarts_ranks, PendingRestart, Recipe, StopWatch, MAX_RESTARTS, RESTART_PAUSE, STOPPED_GRACE,
+};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use comm::bootstrap::{
@@ -520,7 +522,13 @@ fn run_world(plan: Vec<Planned>, verbose: bool, restart: bool) -> Result<i32> {
             }
         }
     }
-    let restarter = restart.then(|| Restarter { recipes, tx, counts: vec![0; ranks.len()], pending: Vec::new() });
+    let restarter = restart.then(|| Restarter {
+        recipes,
+        tx,
+        counts: vec![0; ranks.len()],
+        pending: Vec::new(),
+        stops: StopWatch::default(),
+    });
     supervise(ranks, rx, readers, verbose, restarter)
 }
 
@@ -530,6 +538,8 @@ struct Restarter {
     tx: mpsc::Sender<usize>,
     counts: Vec<u32>,
     pending: Vec<PendingRestart>,
+    /// Local ranks seen stopped (SIGSTOP): killed after a grace, then restarted.
+    stops: StopWatch,
 }
 
 fn start(p: Planned, verbose: bool, tx: &mpsc::Sender<usize>, readers: &mut Vec<JoinHandle<()>>) -> Result<Rank> {
@@ -659,6 +669,22 @@ fn supervise(
         if let Some(rs) = restarter.as_mut() {
             if ranks[0].status.is_some() {
                 rs.pending.clear();
+            }
+            if ranks[0].status.is_none() && interrupted.is_none() && first_failure.is_none() {
+                let local: Vec<(usize, u32)> = ranks
+                    .iter()
+                    .filter(|r| r.rank != 0 && r.status.is_none() && r.host.is_none())
+                    .map(|r| (r.rank, r.child.id()))
+                    .collect();
+                for (i, pid) in rs.stops.overdue(&local, STOPPED_GRACE) {
+                    eprintln!(
+                        "note: {} has been stopped (SIGSTOP) for {} s; killing it to restart it",
+                        ranks[i].label(),
+                        STOPPED_GRACE.as_secs()
+                    );
+                    // SAFETY: the child is not reaped yet, so its pid still names it.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                }
             }
             while let Some(k) = rs.pending.iter().position(|p| p.at <= Instant::now()) {
                 let i = rs.pending.swap_remove(k).rank;

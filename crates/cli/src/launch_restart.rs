@@ -6,6 +6,12 @@
 //! re-forms the cluster with it (`server::worker::recover`). Rank 0 holds the
 //! HTTP server and the requests, so its own end still ends the world. Other
 //! commands (`run`, `bench`) keep fail-stop: a lost rank fails the run.
+//!
+//! A rank that is stopped (SIGSTOP, a job-control stop: state `T`) holds its
+//! connections open, so rank 0 would wait on it forever. The supervisor kills
+//! a local rank that stays stopped for [`STOPPED_GRACE`], and it is then
+//! restarted like any lost rank. (Ranks on other hosts run under ssh; their
+//! state is not visible here.)
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -60,6 +66,51 @@ impl Recipe {
     }
 }
 
+/// How long a local rank of a serving world may stay stopped before the
+/// supervisor kills it to restart it.
+pub(crate) const STOPPED_GRACE: Duration = Duration::from_secs(5);
+/// Interval between looks at the ranks' states.
+const STOPPED_POLL: Duration = Duration::from_millis(500);
+
+/// Whether process `pid` is stopped by a signal (`T` in `/proc/PID/stat`; not
+/// `t`, a debugger's trace stop).
+pub(crate) fn is_stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // `PID (COMM) STATE …`: COMM may hold spaces and parentheses, STATE follows the last `) `.
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+}
+
+/// Watches local ranks for the stopped state.
+#[derive(Default)]
+pub(crate) struct StopWatch {
+    /// Rank → (its pid, when it was first seen stopped).
+    since: Vec<(usize, u32, Instant)>,
+    next: Option<Instant>,
+}
+
+impl StopWatch {
+    /// Of `ranks` (rank, pid), those stopped for longer than `grace`: each is
+    /// given once, then forgotten.
+    pub(crate) fn overdue(&mut self, ranks: &[(usize, u32)], grace: Duration) -> Vec<(usize, u32)> {
+        let now = Instant::now();
+        if self.next.is_some_and(|t| now < t) {
+            return Vec::new();
+        }
+        self.next = Some(now + STOPPED_POLL);
+        let stopped: Vec<(usize, u32)> = ranks.iter().copied().filter(|&(_, pid)| is_stopped(pid)).collect();
+        self.since.retain(|(r, p, _)| stopped.contains(&(*r, *p)));
+        for &(r, p) in &stopped {
+            if !self.since.iter().any(|s| s.0 == r && s.1 == p) {
+                self.since.push((r, p, now));
+            }
+        }
+        let due: Vec<(usize, u32)> =
+            self.since.iter().filter(|s| now.duration_since(s.2) >= grace).map(|s| (s.0, s.1)).collect();
+        self.since.retain(|s| !due.contains(&(s.0, s.1)));
+        due
+    }
+}
+
 /// A lost rank waiting for its restart.
 pub(crate) struct PendingRestart {
     pub(crate) rank: usize,
@@ -69,6 +120,28 @@ pub(crate) struct PendingRestart {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stopped_process_is_seen_and_reported_after_the_grace() {
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = child.id();
+        let mut w = StopWatch::default();
+        assert!(!is_stopped(pid));
+        assert!(w.overdue(&[(1, pid)], Duration::ZERO).is_empty());
+        // SAFETY: signals our own child.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+        let t = Instant::now();
+        while !is_stopped(pid) && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(is_stopped(pid));
+        w.next = None;
+        assert_eq!(w.overdue(&[(1, pid)], Duration::from_secs(60)), vec![]);
+        w.next = None;
+        assert_eq!(w.overdue(&[(1, pid)], Duration::ZERO), vec![(1, pid)]);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 
     #[test]
     fn a_recipe_rebuilds_the_same_command() {
