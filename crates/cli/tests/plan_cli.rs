@@ -87,6 +87,31 @@ fn memory_matches_bench_on_a_tiny_moe() {
     check_memory(common::fixture("mixtral").to_str().unwrap(), 64, cases);
 }
 
+/// A hybrid (Qwen3-Next: three Gated DeltaNet layers to one of attention):
+/// the plan counts the linear layers' fixed state beside the attention
+/// layer's K/V rows.
+#[test]
+fn a_hybrid_counts_its_linear_attention_state() {
+    let model = common::fixture("qwen3_next");
+    let model = model.to_str().unwrap();
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(common::fixture("qwen3_next").join("config.json")).unwrap())
+            .unwrap();
+    let u = |k: &str| cfg[k].as_u64().unwrap() as f64;
+    let (kh, vh, dk, dv) =
+        (u("linear_num_key_heads"), u("linear_num_value_heads"), u("linear_key_head_dim"), u("linear_value_head_dim"));
+    let conv = (2.0 * kh * dk + vh * dv) * (u("linear_conv_kernel_dim") - 1.0);
+    let state = 3.0 * (conv + vh * dk * dv) * 4.0;
+    let kv = |ctx: &str| {
+        let v = json(&["plan", "--model", model, "--machines", "1xlocal", "--context", ctx, "--json"]);
+        assert_eq!(v["model"]["state_bytes_per_sequence"].as_f64().unwrap(), state);
+        v["predictions"][0]["kv_bytes"][0].as_f64().unwrap()
+    };
+    let (a, b) = (kv("64"), kv("128"));
+    // K/V rows grow with the context; the state is there at any context.
+    assert!((2.0 * a - b - state).abs() < 1.0, "kv {a} at 64, {b} at 128, state {state}");
+}
+
 const MOE_816B: &str = "params:total=816e9,active=42e9,bytes=493e9,layers=61,hidden=7168,heads=64,kv-heads=8,\
                         head-dim=128,vocab=160000,experts=384,active-experts=8";
 

@@ -262,9 +262,11 @@ impl Cluster {
     /// stage weights are the sums over each stage's ranks.
     ///
     /// Layers are split so each stage's share of the bytes it holds at a full
-    /// context follows its weight: every layer's weights plus its KV cache for
-    /// the model's context length (`kv_type`, f16 when `None`), and the lm_head
-    /// and tokenizer on the head stage.
+    /// context follows its weight: every layer's weights plus what one
+    /// sequence caches there at the model's context length (`kv_type`, f16
+    /// when `None`; `model::layer_memory`: a ring for windowed layers, the
+    /// state for linear-attention ones), and the lm_head and tokenizer on the
+    /// head stage.
     ///
     /// Why the KV cache counts: it is memory the stage must hold, and it is
     /// what makes layers cost more than the head at depth. Weights alone gave
@@ -292,8 +294,15 @@ impl Cluster {
                 *slot += t.bytes().len() as f64;
             }
         }
-        let kv_layer = kv_bytes_per_layer(cfg, kv_type.unwrap_or(model::KvType::F16)) * cfg.max_position_embeddings;
-        layer_bytes.iter_mut().for_each(|b| *b += kv_layer as f64);
+        // Plus what one sequence keeps there at the full context: K/V rows
+        // (a ring for sliding-window layers), or a linear-attention state.
+        let kv_type = kv_type.unwrap_or(model::KvType::F16);
+        let ctx = cfg.max_position_embeddings;
+        let cache = match model::Arch::from_name(&cfg.arch).map(|a| a.spec(cfg)) {
+            Some(Ok(spec)) => model::layer_memory::layer_cache_bytes(cfg, &spec, kv_type, ctx),
+            _ => vec![(kv_bytes_per_layer(cfg, kv_type) * ctx) as f64; cfg.n_layers],
+        };
+        layer_bytes.iter_mut().zip(cache).for_each(|(b, c)| *b += c);
         let head = files.tensors.get("lm_head.weight").or_else(|_| files.tensors.get("model.embed_tokens.weight"));
         // Rank 0 also holds the tokenizer (measured ~400 bytes per vocabulary entry).
         let head_bytes = head.map_or(0, |t| t.bytes().len()) + cfg.vocab_size * 384;

@@ -7,6 +7,7 @@
 pub mod arch;
 pub mod decoder;
 pub mod kv_cache;
+pub mod layer_memory;
 pub mod linear;
 pub mod linear_attn;
 pub mod mla;

@@ -144,7 +144,7 @@ fn stage_layers(shape: &Shape, stages: usize, w: &Workload) -> Vec<usize> {
     let head = shape.head_read_bytes() + shape.vocab as f64 * 384.0;
     let flow = vec![1.0; stages];
     let ctx = shape.max_context.unwrap_or(w.context) as f64;
-    let layer = shape.layer_bytes() + shape.kv_elems_per_layer as f64 * w.kv_elem * ctx;
+    let layer = shape.layer_bytes() + shape.kv_elems_per_layer as f64 * w.kv_elem * ctx + shape.state_bytes_per_layer;
     match model::plan::pipeline_layers_by_bytes(shape.layers, layer, head, &flow) {
         Ok(ranges) => (0..stages).map(|s| ranges[stages - 1 - s].len()).collect(),
         Err(_) => (0..stages).map(|i| shape.layers / stages + usize::from(i < shape.layers % stages)).collect(),
@@ -176,7 +176,9 @@ fn stage_decode(
         * w.kv_elem
         * shape.kv_positions_per_layer(depth)
         * shape.kv_share(share);
-    let mem = (bytes + kv) / m.decode_bytes_per_s;
+    // A linear-attention state is read and written back once per token.
+    let state = 2.0 * layers as f64 * shape.state_bytes_per_layer * share;
+    let mem = (bytes + kv + state) / m.decode_bytes_per_s;
     let attn = shape.decode_attn_flops(depth) * layers as f64 / shape.layers as f64 * share / m.attn_flops;
     (mem.max(attn) + layers as f64 * m.layer_overhead_s, mem >= attn)
 }
@@ -330,7 +332,8 @@ fn predict_split(
                 wb += shape.embed_bytes * (1.0 - share);
             }
             p.weights_bytes[r] = wb;
-            p.kv_bytes[r] = layers[s] as f64 * kv_layer * shape.kv_share(a_share);
+            p.kv_bytes[r] =
+                layers[s] as f64 * (kv_layer * shape.kv_share(a_share) + shape.state_bytes_per_layer * share);
             // Tensor groups all-reduce every layer through the transport's
             // buffers (shm rings, socket buffers): ~1.5 MB per peer, measured.
             p.work_bytes[r] = work_bytes(shape, w.chunk.min(w.context), tp) + 1.5e6 * (tp - 1) as f64;

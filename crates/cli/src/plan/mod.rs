@@ -102,6 +102,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
                 "name": shape.name, "quant": shape.quant, "layers": shape.layers, "hidden": shape.hidden,
                 "total_bytes": shape.total_bytes(), "active_bytes_per_token": shape.active_bytes(),
                 "kv_bytes_per_token": shape.kv_bytes_per_token(w.kv_elem), "kv_type": kv.name(),
+                "state_bytes_per_sequence": shape.state_bytes_per_layer * shape.layers as f64,
                 "experts": shape.experts,
                 "active_experts": shape.active_experts,
             },
@@ -268,6 +269,12 @@ fn print_tables(
     );
     if shape.experts > 0 {
         println!("        {} experts, {} active per token", shape.experts, shape.active_experts);
+    }
+    if shape.state_bytes_per_layer > 0.0 {
+        println!(
+            "        linear-attention state {} per sequence, whatever the context",
+            kb(shape.state_bytes_per_layer * shape.layers as f64)
+        );
     }
     let m = &machines[0];
     println!(

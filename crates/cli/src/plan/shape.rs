@@ -75,6 +75,10 @@ pub struct Shape {
     /// (`model::ring_positions` of their window) in a contiguous cache.
     pub ring_layers: usize,
     pub ring: usize,
+    /// Linear-attention state (f32 recurrent and convolution state) one
+    /// sequence holds, averaged over all layers: fixed, whatever the context
+    /// (`model::layer_memory`). 0 without linear attention.
+    pub state_bytes_per_layer: f64,
 }
 
 impl Shape {
@@ -238,6 +242,13 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         _ => Vec::new(),
     };
     let (ring_layers, ring) = (windows.len(), windows.first().map_or(0, |&w| model::ring_positions(w)));
+    let state_bytes_per_layer = match spec.as_ref().and_then(|s| s.linear_attn.as_ref()) {
+        Some(la) => {
+            let linear = (0..c.n_layers).filter(|&l| la.is_linear(l)).count();
+            (linear * la.state_shape(la.k_heads).len() * 4) as f64 / n
+        }
+        None => 0.0,
+    };
     Ok(Shape {
         name: path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned()),
         layers: c.n_layers,
@@ -262,6 +273,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         max_context: Some(c.max_position_embeddings),
         ring_layers,
         ring,
+        state_bytes_per_layer,
     })
 }
 
@@ -337,6 +349,7 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
         max_context: get(v, &["max_position_embeddings", "n_positions"]).map(|c| c as usize),
         ring_layers: 0,
         ring: 0,
+        state_bytes_per_layer: 0.0,
     })
 }
 
@@ -413,6 +426,7 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
         max_context: None,
         ring_layers: 0,
         ring: 0,
+        state_bytes_per_layer: 0.0,
     })
 }
 
