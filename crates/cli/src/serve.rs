@@ -148,18 +148,42 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
     // plus as many prefix-cache snapshots, taken off the budget first.
     let la = engine.model.spec.linear_attn.as_ref();
     let kv_layers = la.map_or(cfg.n_layers, |l| l.linear.iter().filter(|&&x| !x).count());
-    let per_token = (kv_layers * per_layer).max(1);
+    // Sliding-window layers: a block group of their own holding each batch
+    // row's window (and one resumable window per row for the prefix cache),
+    // taken off the budget first; the rest is full-attention blocks.
+    let prefix_cache = a.prefix_cache == OnOff::On;
+    let (max_batch, step) = (a.max_batch as usize, a.prefill_chunk as usize);
+    let window = engine.model.max_window();
+    let n_window_blocks = engine::serving::windows::window_blocks_for(
+        window,
+        engine.context_length(),
+        KV_BLOCK,
+        max_batch,
+        step,
+        prefix_cache,
+    );
+    let window_layers = if n_window_blocks > 0 {
+        (0..cfg.n_layers).filter(|&l| engine.model.spec.attention(l).window.is_some()).count()
+    } else {
+        0
+    };
+    let window_bytes = n_window_blocks * KV_BLOCK * window_layers * per_layer;
+    let full_layers = kv_layers - window_layers.min(kv_layers);
+    let per_token = (full_layers * per_layer).max(1);
     let state_per_seq = la.map_or(0, |l| l.linear.iter().filter(|&&x| x).count() * l.state_shape(l.k_heads).len() * 4);
     let snapshots = if a.prefix_cache == OnOff::On { a.max_batch as usize } else { 0 };
     let state_bytes = state_per_seq * (a.max_batch as usize + snapshots);
     let tokens = match a.kv_cache_bytes {
-        Some(b) if (b as usize) < state_bytes => anyhow::bail!(
-            "--kv-cache-bytes {b} cannot hold the recurrent states: {} slots of {state_per_seq} bytes \
-             ({} batch rows and {snapshots} prefix snapshots) take {state_bytes}",
+        Some(b) if (b as usize) < state_bytes + window_bytes => anyhow::bail!(
+            "--kv-cache-bytes {b} cannot hold the recurrent states and sliding windows: {} state slots of \
+             {state_per_seq} bytes ({} batch rows and {snapshots} prefix snapshots) take {state_bytes}, \
+             {n_window_blocks} window blocks take {window_bytes}",
             a.max_batch as usize + snapshots,
             a.max_batch
         ),
-        Some(b) => (b as usize - state_bytes) / per_token,
+        // Every layer windowed: the full blocks hold no bytes, only positions.
+        _ if full_layers == 0 => max_batch * engine.context_length(),
+        Some(b) => (b as usize - state_bytes - window_bytes) / per_token,
         None => 2 * engine.context_length(),
     };
     if state_bytes > 0 {
@@ -177,17 +201,34 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
             per_token * KV_BLOCK
         );
     }
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let full_bytes = n_blocks * KV_BLOCK * full_layers * per_layer;
     eprintln!(
         "shardlm serve: KV pool of {n_blocks} blocks × {KV_BLOCK} tokens ({:.1} MiB in all), batches of up to {}",
-        (n_blocks * KV_BLOCK * per_token) as f64 / (1 << 20) as f64,
+        mib(full_bytes + window_bytes),
         a.max_batch
     );
+    if n_window_blocks > 0 {
+        let per_seq = model::window_blocks_per_seq(window.unwrap_or(0), KV_BLOCK, step);
+        let ctx = engine.context_length();
+        eprintln!(
+            "shardlm serve: {window_layers} sliding-window layers (window {}) keep their own {n_window_blocks} blocks \
+             ({:.1} MiB; the {full_layers} full layers {:.1} MiB): a sequence at {ctx} tokens holds {:.1} MiB of KV \
+             (every position in every layer: {:.1} MiB)",
+            window.unwrap_or(0),
+            mib(window_bytes),
+            mib(full_bytes),
+            mib(ctx * full_layers * per_layer + per_seq * KV_BLOCK * window_layers * per_layer),
+            mib(ctx * kv_layers * per_layer)
+        );
+    }
     Ok(engine::serving::SchedulerConfig {
         block: KV_BLOCK,
         n_blocks,
-        max_batch: a.max_batch as usize,
-        step_tokens: a.prefill_chunk as usize,
-        prefix_cache: a.prefix_cache == OnOff::On,
+        max_batch,
+        step_tokens: step,
+        prefix_cache,
+        n_window_blocks,
     })
 }
 
