@@ -442,6 +442,31 @@ mod tests {
         }
     }
 
+    /// The serving pool at 32K context: one sequence's full blocks plus the
+    /// window group `serve` sizes for one batch row (blocks of 32, steps of
+    /// 512) hold within 10% of what the planner counts, and far below every
+    /// position of every layer.
+    #[test]
+    fn windowed_paged_pool_at_32k_matches_the_planner() {
+        for name in ["gemma3", "gpt_oss"] {
+            let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+            let shape = from_files(&dir, None).unwrap();
+            let files = formats::open_model(&dir).unwrap();
+            let m = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &Default::default())
+                .unwrap();
+            let (ctx, block) = (32768, 32);
+            let n_window = engine::serving::windows::window_blocks_for(m.max_window(), ctx, block, 1, 512, false);
+            assert!(n_window > 0, "{name}: a window group");
+            let held = m.new_pool_windowed(block, ctx / block, n_window).bytes() as f64;
+            let elem = m.kv_type.bytes_for(1) as f64;
+            let planned =
+                (shape.layers * shape.kv_elems_per_layer) as f64 * elem * shape.kv_positions_per_layer(ctx as f64);
+            assert!((planned - held).abs() <= 0.1 * held, "{name}: planned {planned} vs pool {held}");
+            let unbounded = m.new_pool(block, ctx / block).bytes() as f64;
+            assert!(held < 0.8 * unbounded, "{name}: the window group saves memory ({held} vs {unbounded})");
+        }
+    }
+
     #[test]
     fn params_split_total_and_active() {
         let s = from_params(

@@ -177,6 +177,8 @@ pub struct SchedulerStats {
     pub batch_size: usize,
     /// The sliding-window group's blocks (all zero without one).
     pub window_blocks: BlockStats,
+    /// Bytes of this process's pool ([`Engine::pool_bytes`]).
+    pub pool_bytes: usize,
 }
 
 pub struct Scheduler {
@@ -211,6 +213,7 @@ impl Scheduler {
         let windows = window_group(engine, &cfg)?;
         let n_window_blocks = windows.as_ref().map_or(0, |w| w.n_blocks());
         engine.init_pool(PoolShape { block: cfg.block, n_blocks: cfg.n_blocks, n_window_blocks, n_slots })?;
+        let pool_bytes = engine.pool_bytes().unwrap_or(0);
         Ok(Scheduler {
             states,
             windows,
@@ -220,7 +223,7 @@ impl Scheduler {
             eos_ids: engine.eos_ids.clone(),
             vocab: engine.model.config.vocab_size,
             context: engine.context_length(),
-            stats: SchedulerStats { block: cfg.block, ..Default::default() },
+            stats: SchedulerStats { block: cfg.block, pool_bytes, ..Default::default() },
             cfg,
         })
     }
