@@ -222,11 +222,45 @@ fn window_blocks_survive_kv_pressure_and_preemption() {
     assert_eq!((st.blocks.used, st.window_blocks.used), (0, 0));
 }
 
-/// Too few window blocks for the batch is refused at configuration.
+/// Too few window blocks for one sequence is refused at configuration.
 #[test]
-fn a_window_group_too_small_for_the_batch_is_refused() {
+fn a_window_group_too_small_for_one_sequence_is_refused() {
     let mut e = engine("gemma3");
     let cfg = SchedulerConfig { n_window_blocks: 3, ..config(&e, 24, 2, true) };
     let err = Scheduler::new(&mut e, cfg).err().expect("refused");
     assert!(err.to_string().contains("window blocks"), "{err}");
+}
+
+/// A window group with room for one sequence's window (a small
+/// `--kv-cache-bytes`): the others wait for it instead of failing, and each
+/// computes what it computes alone.
+#[test]
+fn a_small_window_group_makes_sequences_wait() {
+    let mut reference = engine("gemma3");
+    let mut served = engine("gemma3");
+    let one_row = window_blocks_for(served.model.max_window(), served.context_length(), BLOCK, 1, STEP, true);
+    let cfg = SchedulerConfig { n_window_blocks: one_row, ..config(&served, 160, 4, true) };
+    let mut sched = Scheduler::new(&mut served, cfg).unwrap();
+    let mut alone = engine("gemma3");
+    let alone_cfg = config(&alone, 160, 1, false);
+    let mut unbounded = Scheduler::new(&mut alone, alone_cfg).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| tokens(30, 70 + i)).collect();
+    let seqs: Vec<_> = prompts.iter().map(|p| submit(&mut sched, request(p.clone(), 8))).collect();
+    let mut most = 0;
+    while sched.has_work() {
+        sched.step(&mut served).expect("step");
+        let st = sched.stats();
+        assert!(st.window_blocks.used <= one_row);
+        most = most.max(st.running);
+    }
+    assert_eq!(most, 1, "one sequence's window at a time");
+    for (p, s) in prompts.iter().zip(seqs) {
+        let f = submit(&mut unbounded, request(p.clone(), 8));
+        drain(&mut unbounded, &mut alone);
+        let want = cold(&mut reference, p, 8);
+        let (s, f) = (s.lock().unwrap(), f.lock().unwrap());
+        assert_eq!(s.outcome.as_ref().unwrap().as_ref().unwrap().output_ids, want.tokens);
+        assert_eq!(max_diff(&s.logits, &f.logits), 0.0, "equal to the pool of every position");
+    }
+    assert_eq!(sched.stats().window_blocks.used, 0);
 }

@@ -37,10 +37,11 @@
 //!
 //! # Sliding-window layers
 //! With a window group ([`WindowGroup`], `n_window_blocks > 0`) a sequence
-//! also holds window blocks for its windowed layers: allocated before each
-//! step for the positions it may write, given back after it as they fall
-//! out of the window. Prefix reuse stops at the deepest block boundary whose
-//! window blocks are cached too.
+//! also holds window blocks for its windowed layers: reserved at admission
+//! (it waits while the group lacks them), allocated before each step for the
+//! positions it may write, given back after it as they fall out of the
+//! window. Prefix reuse stops at the deepest block boundary whose window
+//! blocks are cached too.
 
 use super::blocks::{block_hashes, chain_hash, BlockManager, BlockStats};
 use super::state_slots::StateSlots;
@@ -368,8 +369,14 @@ impl Scheduler {
             let needed = s.history.len().div_ceil(b) - got.len();
             // Keep one block in hand for the running sequences' decode.
             let headroom = usize::from(!self.running.is_empty());
-            if self.blocks.available() < needed + headroom {
+            // Windowed: room in the window group for what it may hold at once.
+            let len = s.req.prompt_ids.len() + s.req.max_tokens;
+            let window_room = self.windows.as_mut().is_none_or(|w| w.reserve(&mut s.window, len));
+            if self.blocks.available() < needed + headroom || !window_room {
                 self.blocks.release(&got);
+                if let Some(w) = self.windows.as_mut() {
+                    w.release(&mut s.window);
+                }
                 self.waiting.push_front(s);
                 break;
             }
@@ -381,7 +388,7 @@ impl Scheduler {
             }
             s.kv_len = got.len() * b;
             if let Some(w) = self.windows.as_mut() {
-                s.window = w.acquire(&hashes, got.len());
+                w.acquire(&mut s.window, &hashes, got.len());
             }
             s.hashes = hashes[..got.len()].to_vec();
             s.blocks = got;
@@ -434,7 +441,7 @@ impl Scheduler {
 
     /// Makes sure every running sequence has the window blocks for the
     /// positions its next step may write (preempting the youngest sequences
-    /// should the group run dry, which its sizing rules out).
+    /// should the group run dry, which the reservations rule out).
     fn reserve_window_blocks(&mut self) {
         let step = self.cfg.step_tokens;
         let mut i = 0;
@@ -686,10 +693,10 @@ fn register_full_blocks(blocks: &mut BlockManager, mut windows: Option<&mut Wind
 fn window_group(engine: &Engine, cfg: &SchedulerConfig) -> Result<Option<WindowGroup>, EngineError> {
     let Some(w) = engine.model.max_window().filter(|_| cfg.n_window_blocks > 0) else { return Ok(None) };
     let g = WindowGroup::new(w, cfg.block, cfg.n_window_blocks, cfg.step_tokens, cfg.prefix_cache);
-    if cfg.n_window_blocks < cfg.max_batch * g.per_seq {
+    if cfg.n_window_blocks < g.per_seq {
         return Err(EngineError::BadArgument(format!(
-            "{} window blocks cannot hold {} sequences' windows of {w} positions in steps of {} tokens              ({} blocks each)",
-            cfg.n_window_blocks, cfg.max_batch, cfg.step_tokens, g.per_seq
+            "{} window blocks cannot hold one sequence's window of {w} positions in steps of {} tokens ({} blocks)",
+            cfg.n_window_blocks, cfg.step_tokens, g.per_seq
         )));
     }
     Ok(Some(g))

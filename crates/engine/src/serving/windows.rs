@@ -11,14 +11,16 @@
 //! block `p / block`, as in the full table), and gives back every block that
 //! fell out of the window after each step (`trim`).
 //!
-//! # Bound
+//! # Bound and reservation
 //! After a trim a sequence at `kv_len` holds blocks from `(kv_len + 1 − w) /
 //! block` on; a step of `n ≤ step_tokens` tokens then needs positions
 //! `kv_len + 1 − w .. kv_len + n`: `w − 1 + n` positions, at most
-//! [`model::window_blocks_per_seq`] blocks. A group of `max_batch` times that
-//! can never run dry (shared cached blocks only lower the count; cached,
-//! unreferenced blocks are evicted for new ones), so the window group never
-//! preempts; the full group keeps its own accounting.
+//! [`model::window_blocks_per_seq`] blocks, and never more than the blocks of
+//! its whole length. Admission reserves that many for the sequence
+//! ([`WindowGroup::reserve`]) and waits while the group's unreserved blocks
+//! fall short, so the group never runs dry (shared cached blocks only lower
+//! the count; cached, unreferenced blocks are evicted for new ones) and never
+//! preempts. A group of `max_batch` rows' worth never makes anyone wait.
 //!
 //! # Prefix cache
 //! A full window block is registered under the same chained hash as the full
@@ -39,13 +41,17 @@ pub struct WindowGroup {
     /// Most blocks one sequence holds ([`model::window_blocks_per_seq`]).
     pub per_seq: usize,
     blocks: BlockManager,
+    /// Blocks reserved by running sequences (at most `n_blocks`).
+    reserved: usize,
 }
 
-/// One sequence's window blocks: `blocks[i]` holds logical block `first + i`.
+/// One sequence's window blocks: `blocks[i]` holds logical block `first + i`;
+/// `reserved`: the most it may hold ([`WindowGroup::reserve`]).
 #[derive(Debug, Clone, Default)]
 pub struct SeqWindow {
     pub first: usize,
     pub blocks: Vec<u32>,
+    pub reserved: usize,
 }
 
 impl SeqWindow {
@@ -59,11 +65,12 @@ impl SeqWindow {
     }
 }
 
-/// Window blocks the pool needs for `max_batch` sequences in steps of
+/// Window blocks for `max_batch` long sequences at a time in steps of
 /// `step_tokens` (plus, with the prefix cache, one resumable window per batch
-/// row, as the hybrid state snapshots); 0 when the model has no windowed
-/// layers or a sequence's window blocks would not be fewer than a whole
-/// context's (`context` positions), where a window group saves nothing.
+/// row, as the hybrid state snapshots): with that many no request waits for
+/// window blocks. 0 when the model has no windowed layers or a sequence's
+/// window blocks would not be fewer than a whole context's (`context`
+/// positions), where a window group saves nothing.
 pub fn window_blocks_for(
     window: Option<usize>,
     context: usize,
@@ -92,7 +99,23 @@ impl WindowGroup {
             window: window.max(1),
             per_seq: model::window_blocks_per_seq(window, block, step_tokens),
             blocks: BlockManager::new(n_blocks, block, prefix_cache),
+            reserved: 0,
         }
+    }
+
+    /// Reserves for `w` the blocks a sequence of up to `len` positions can
+    /// hold at once; false (nothing reserved) when the group lacks them.
+    pub fn reserve(&mut self, w: &mut SeqWindow, len: usize) -> bool {
+        let want = self.per_seq.min(len.div_ceil(self.blocks.block)).max(1);
+        if w.reserved >= want {
+            return true;
+        }
+        if self.reserved - w.reserved + want > self.blocks.n_blocks() {
+            return false;
+        }
+        self.reserved = self.reserved - w.reserved + want;
+        w.reserved = want;
+        true
     }
 
     pub fn n_blocks(&self) -> usize {
@@ -122,12 +145,12 @@ impl WindowGroup {
         hashes.get(self.resume_range(j)).is_some_and(|h| self.blocks.has_all(h))
     }
 
-    /// References the window blocks of a resume after `j` blocks (checked
-    /// with [`WindowGroup::can_resume`]).
-    pub fn acquire(&mut self, hashes: &[u64], j: usize) -> SeqWindow {
+    /// Gives `w` the window blocks of a resume after `j` blocks, referenced
+    /// (checked with [`WindowGroup::can_resume`]).
+    pub fn acquire(&mut self, w: &mut SeqWindow, hashes: &[u64], j: usize) {
         let r = self.resume_range(j);
-        let blocks = self.blocks.acquire_exact(&hashes[r.clone()]).unwrap_or_default();
-        SeqWindow { first: r.start, blocks }
+        w.blocks = self.blocks.acquire_exact(&hashes[r.clone()]).unwrap_or_default();
+        w.first = r.start;
     }
 
     /// Gives back the blocks no query from position `kv_len` on reads.
@@ -158,8 +181,10 @@ impl WindowGroup {
         }
     }
 
+    /// Gives back `w`'s blocks and its reservation.
     pub fn release(&mut self, w: &mut SeqWindow) {
         self.blocks.release(&w.blocks);
+        self.reserved -= w.reserved.min(self.reserved);
         *w = SeqWindow::default();
     }
 }
@@ -198,7 +223,8 @@ mod tests {
         // needs blocks 3 and 4.
         assert!(g.can_resume(&hashes, 5));
         assert!(!g.can_resume(&hashes, 1), "block 0 was evicted");
-        let got = g.acquire(&hashes, 10);
+        let mut got = SeqWindow::default();
+        g.acquire(&mut got, &hashes, 10);
         assert_eq!((got.first, got.blocks.len()), (8, 2));
         // Fill the group with new blocks: the cached ones are evicted, oldest first.
         let mut other = SeqWindow::default();
