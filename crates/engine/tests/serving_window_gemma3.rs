@@ -88,7 +88,7 @@ fn gemma3_270m_conversation_with_window_blocks_equals_every_position() {
     let (wb, ub) = (windowed.pool_bytes().unwrap(), unbounded.pool_bytes().unwrap());
     eprintln!("pool: {wb} bytes with the window group, {ub} without");
     assert!(wb < ub);
-    let mut history: Vec<u32> = (0..1300u32).map(|i| 1000 + (i * 2_654_435_761u32 >> 9) % 20_000).collect();
+    let mut history: Vec<u32> = (0..1300u32).map(|i| 1000 + (i.wrapping_mul(2_654_435_761) >> 9) % 20_000).collect();
     let n_gen = 8;
     for turn in 0..2 {
         let got = serve_one(&mut a, &mut windowed, &history, n_gen);

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// The cached SmolLM2-135M Q4_1 GGUF; `None` (the test skips) when it is
 /// missing outside CI, a failure in CI (`.ci/run` fetches it first).
+#[allow(dead_code)]
 pub fn smollm2() -> Option<PathBuf> {
     let cache = std::env::var_os("SHARDLM_CACHE")
         .map(PathBuf::from)
