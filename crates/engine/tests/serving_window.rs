@@ -264,3 +264,57 @@ fn a_small_window_group_makes_sequences_wait() {
     }
     assert_eq!(sched.stats().window_blocks.used, 0);
 }
+
+/// Hooks that record tokens and report a cancelled client once `cancel` is set.
+struct Cancellable(Arc<Mutex<Seen>>, Arc<std::sync::atomic::AtomicBool>);
+
+impl GenerateHooks for Cancellable {
+    fn on_token(&mut self, id: u32) -> bool {
+        self.0.lock().unwrap().tokens.push(id);
+        true
+    }
+    fn on_text(&mut self, _text: &str) {}
+    fn cancelled(&self) -> bool {
+        self.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl SeqHooks for Cancellable {
+    fn done(&mut self, result: Result<SeqOutcome, EngineError>) {
+        self.0.lock().unwrap().outcome = Some(result.map_err(|e| e.to_string()));
+    }
+}
+
+/// A cancelled sequence gives its window blocks and reservation back at once;
+/// after a cluster re-form (`requeue_all`, `reinit_pool`) the others resume
+/// by recompute and end with their cold run's tokens.
+#[test]
+fn cancel_and_requeue_give_window_blocks_back() {
+    let mut reference = engine("gemma3");
+    let mut served = engine("gemma3");
+    let cfg = config(&served, 160, 2, true);
+    let mut sched = Scheduler::new(&mut served, cfg).unwrap();
+    let (pa, pb) = (tokens(50, 201), tokens(50, 202));
+    let a = submit(&mut sched, request(pa.clone(), 12));
+    let (seen_b, cancel) = (Arc::new(Mutex::new(Seen::default())), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let hooks = Box::new(Cancellable(seen_b.clone(), cancel.clone()));
+    sched.submit(Submission { request: request(pb, 12), hooks });
+    for _ in 0..5 {
+        sched.step(&mut served).unwrap();
+    }
+    let before = sched.stats().window_blocks.used;
+    assert_eq!(sched.stats().running, 2);
+    cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+    sched.step(&mut served).unwrap();
+    assert!(seen_b.lock().unwrap().outcome.as_ref().unwrap().as_ref().unwrap_err().contains("cancel"));
+    assert_eq!(sched.stats().running, 1);
+    assert!(sched.stats().window_blocks.used < before, "the cancelled sequence's window blocks are free");
+    // The cluster is lost and re-formed: A is recomputed from its history.
+    sched.requeue_all();
+    assert_eq!(sched.stats().window_blocks.used, 0);
+    sched.reinit_pool(&mut served).unwrap();
+    drain(&mut sched, &mut served);
+    let want = cold(&mut reference, &pa, 12);
+    assert_eq!(a.lock().unwrap().outcome.as_ref().unwrap().as_ref().unwrap().output_ids, want.tokens);
+    assert_eq!(sched.stats().window_blocks.used, 0);
+}
