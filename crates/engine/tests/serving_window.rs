@@ -318,3 +318,25 @@ fn cancel_and_requeue_give_window_blocks_back() {
     assert_eq!(a.lock().unwrap().outcome.as_ref().unwrap().as_ref().unwrap().output_ids, want.tokens);
     assert_eq!(sched.stats().window_blocks.used, 0);
 }
+
+/// Two prompts sharing a 40-token system prompt: the second resumes at its
+/// end, whose window blocks left the first request's window long before it
+/// finished (they stayed cached), and equals the pool of every position.
+#[test]
+fn a_shared_prefix_resumes_from_window_blocks_that_left_the_window() {
+    let (mut served, mut unbounded) = (engine("gpt_oss"), engine("gpt_oss"));
+    let cfg = config(&served, 160, 2, true);
+    let mut sched = Scheduler::new(&mut served, cfg.clone()).unwrap();
+    let mut full = Scheduler::new(&mut unbounded, SchedulerConfig { n_window_blocks: 0, ..cfg }).unwrap();
+    let system = tokens(40, 301);
+    for (i, user) in [tokens(45, 302), tokens(33, 303)].into_iter().enumerate() {
+        let prompt: Vec<u32> = system.iter().chain(&user).copied().collect();
+        let (a, b) = (submit(&mut sched, request(prompt.clone(), 5)), submit(&mut full, request(prompt, 5)));
+        drain(&mut sched, &mut served);
+        drain(&mut full, &mut unbounded);
+        let (a, b) = (a.lock().unwrap(), b.lock().unwrap());
+        let cached = a.outcome.as_ref().unwrap().as_ref().unwrap().cached_tokens;
+        assert_eq!(cached, if i == 0 { 0 } else { 40 }, "request {i}: cached tokens");
+        assert_eq!(max_diff(&a.logits, &b.logits), 0.0, "request {i}");
+    }
+}
