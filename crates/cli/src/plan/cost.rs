@@ -286,7 +286,7 @@ fn predict_split(
         prefill_bottleneck: "compute",
         wire_bytes_per_token: 0.0,
     };
-    let kv_layer = shape.kv_elems_per_layer as f64 * w.kv_elem * shape.kv_positions_per_layer(depth);
+    let kv_position = shape.kv_elems_per_layer as f64 * w.kv_elem;
     // Stage s holds layers[s]; the last stage (data-flow order) also the head;
     // the first the embedding. Ranks r = s·tp + j.
     let mut dec_total = 0.0;
@@ -330,7 +330,11 @@ fn predict_split(
                 wb += shape.embed_bytes * (1.0 - share);
             }
             p.weights_bytes[r] = wb;
-            p.kv_bytes[r] = layers[s] as f64 * kv_layer * shape.kv_share(a_share);
+            // Stage s holds layers from the sum of the later stages' on
+            // (data-flow order: the last stage embeds, layers 0..).
+            let first: usize = layers[s + 1..].iter().sum();
+            let positions = shape.kv_positions(first..first + layers[s], depth);
+            p.kv_bytes[r] = positions * kv_position * shape.kv_share(a_share);
             // Tensor groups all-reduce every layer through the transport's
             // buffers (shm rings, socket buffers): ~1.5 MB per peer, measured.
             p.work_bytes[r] = work_bytes(shape, w.chunk.min(w.context), tp) + 1.5e6 * (tp - 1) as f64;

@@ -75,6 +75,10 @@ pub struct Shape {
     /// (`model::ring_positions` of their window) in a contiguous cache.
     pub ring_layers: usize,
     pub ring: usize,
+    /// Per layer: whether it is windowed (empty when unknown: a config
+    /// without a spec, or parameters; the windowed layers are then spread
+    /// evenly, [`Shape::kv_positions`]).
+    pub windowed: Vec<bool>,
 }
 
 impl Shape {
@@ -136,6 +140,17 @@ impl Shape {
         let full = self.layers.saturating_sub(self.ring_layers) as f64 * depth;
         let rings = self.ring_layers as f64 * depth.min(self.ring as f64);
         (full + rings) / self.layers.max(1) as f64
+    }
+
+    /// Cached positions of the layers `layers` together at `depth` positions
+    /// of context (a pipeline stage's): per layer as the model's windows say,
+    /// or the average ([`Shape::kv_positions_per_layer`]) when not known.
+    pub fn kv_positions(&self, layers: std::ops::Range<usize>, depth: f64) -> f64 {
+        if self.windowed.len() != self.layers {
+            return layers.len() as f64 * self.kv_positions_per_layer(depth);
+        }
+        let ring = depth.min(self.ring as f64);
+        self.windowed[layers].iter().map(|&w| if w { ring } else { depth }).sum()
     }
 
     /// FLOPs to prefill `c` tokens: 2 per weight per token in the layers, the
@@ -233,10 +248,11 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
     let active = c.raw.get("num_experts_per_tok").and_then(Value::as_u64).unwrap_or(0);
     // Windowed layers as the model builds them (the architecture's spec).
     let spec = model::Arch::from_name(&c.arch).and_then(|a| a.spec(c).ok());
-    let windows: Vec<usize> = match (&spec, c.raw.get("kv_lora_rank").and_then(Value::as_u64)) {
-        (Some(s), None | Some(0)) => (0..c.n_layers).filter_map(|l| s.attention(l).window).collect(),
+    let per_layer: Vec<Option<usize>> = match (&spec, c.raw.get("kv_lora_rank").and_then(Value::as_u64)) {
+        (Some(s), None | Some(0)) => (0..c.n_layers).map(|l| s.attention(l).window).collect(),
         _ => Vec::new(),
     };
+    let windows: Vec<usize> = per_layer.iter().flatten().copied().collect();
     let (ring_layers, ring) = (windows.len(), windows.first().map_or(0, |&w| model::ring_positions(w)));
     Ok(Shape {
         name: path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned()),
@@ -262,6 +278,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         max_context: Some(c.max_position_embeddings),
         ring_layers,
         ring,
+        windowed: per_layer.iter().map(Option::is_some).collect(),
     })
 }
 
@@ -337,6 +354,7 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
         max_context: get(v, &["max_position_embeddings", "n_positions"]).map(|c| c as usize),
         ring_layers: 0,
         ring: 0,
+        windowed: Vec::new(),
     })
 }
 
@@ -413,6 +431,7 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
         max_context: None,
         ring_layers: 0,
         ring: 0,
+        windowed: Vec::new(),
     })
 }
 
@@ -465,6 +484,20 @@ mod tests {
             let unbounded = m.new_pool(block, ctx / block).bytes() as f64;
             assert!(held < 0.8 * unbounded, "{name}: the window group saves memory ({held} vs {unbounded})");
         }
+    }
+
+    /// A pipeline stage's KV counts its own layers' windows: gemma3's fixture
+    /// has three windowed layers then a full one.
+    #[test]
+    fn stage_kv_positions_follow_the_layers_windows() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/gemma3");
+        let shape = from_files(&dir, None).unwrap();
+        assert_eq!(shape.windowed, vec![true, true, true, false]);
+        let (depth, ring) = (32768.0, shape.ring as f64);
+        assert_eq!(shape.kv_positions(0..3, depth), 3.0 * ring);
+        assert_eq!(shape.kv_positions(3..4, depth), depth);
+        let whole = shape.kv_positions(0..4, depth);
+        assert!((whole - 4.0 * shape.kv_positions_per_layer(depth)).abs() < 1e-6);
     }
 
     #[test]
