@@ -28,8 +28,9 @@
 //! as in the full group. Resuming a prompt at `j` cached full blocks also
 //! needs the window blocks of the `w − 1` positions before `j · block`
 //! ([`WindowGroup::resume_range`]); the scheduler resumes at the deepest `j`
-//! where both groups (and a hybrid model's state snapshot) have it. As the
-//! cached blocks are exactly the KV a cold run computes, a resume is exact.
+//! where both groups (and a hybrid model's state snapshot) have it. A resume
+//! reads the very KV the run that cached it wrote, so it computes, bit for
+//! bit, what the same resume computes over a pool of every position.
 
 use super::blocks::{BlockManager, BlockStats};
 use std::ops::Range;
