@@ -102,9 +102,12 @@ fn cutting_back_past_the_rings_is_an_error() {
 /// step reads is an error.
 #[test]
 fn window_blocks_in_the_paged_pool_equal_every_position() {
-    use shardlm_model::WindowBlocks;
-    for name in ["gemma3", "gpt_oss"] {
-        let m = load(name);
+    use shardlm_model::{KvType, WindowBlocks};
+    for (name, kv_type) in [("gemma3", None), ("gpt_oss", None), ("gemma3", Some(KvType::Q8_0))] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+        let files = formats::open_model(&dir).unwrap();
+        let opts = LoadOptions { kv_type, ..Default::default() };
+        let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &opts).unwrap();
         let pool = kernels::ThreadPool::new(2);
         let mut ws = Workspace::default();
         let (block, n) = (4usize, 60usize);
