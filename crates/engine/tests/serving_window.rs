@@ -63,6 +63,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
 }
 
 fn engine(name: &str) -> Engine {
+    // A fixture's name, or a directory.
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
     let files = formats::open_model(&path).unwrap();
     let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
@@ -178,6 +179,25 @@ fn conversation_matches_cold_runs(name: &str) {
     assert_eq!((st.blocks.used, st.window_blocks.used), (0, 0), "every block is released");
     assert_eq!(st.window_blocks.total, cfg.n_window_blocks);
     assert!(st.window_blocks.cached > 0, "released window blocks stay cached");
+}
+
+/// The mistral fixture with a window of 8 on every layer (Mistral 7B v0.1's
+/// layout): the full group holds no bytes at all.
+fn all_windowed_mistral() -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/mistral");
+    let dir = std::env::temp_dir().join(format!("shardlm-window-mistral-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["sliding_window"] = 8.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn every_layer_windowed_conversation_with_window_blocks_equals_cold_runs() {
+    conversation_matches_cold_runs(all_windowed_mistral().to_str().unwrap());
 }
 
 #[test]
