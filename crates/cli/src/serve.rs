@@ -128,6 +128,23 @@ fn adjust_context(a: &ServeArgs, cfg: &mut ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// Window blocks (of [`KV_BLOCK`] positions in `window_layers` layers) out
+/// of `bytes`: the share one sequence at the full context `ctx` takes, its
+/// `per_seq` window blocks beside `ctx` positions of the full layers, so the
+/// budget holds as many such sequences in either group.
+fn window_share(
+    bytes: usize,
+    per_seq: usize,
+    ctx: usize,
+    window_layers: usize,
+    full_layers: usize,
+    per_layer: usize,
+) -> usize {
+    let block_bytes = (KV_BLOCK * window_layers * per_layer).max(1) as f64;
+    let (win, full) = (per_seq as f64 * block_bytes, (ctx * full_layers * per_layer) as f64);
+    (bytes as f64 * win / (win + full) / block_bytes) as usize
+}
+
 /// Positions per KV block: the attention kernel's key step, and fine enough
 /// that a resent conversation reuses all but its last partial block.
 const KV_BLOCK: usize = 32;
@@ -149,18 +166,46 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
     // plus as many prefix-cache snapshots, taken off the budget first.
     let la = engine.model.spec.linear_attn.as_ref();
     let kv_layers = la.map_or(cfg.n_layers, |l| l.linear.iter().filter(|&&x| !x).count());
-    let per_token = (kv_layers * per_layer).max(1);
+    let prefix_cache = a.prefix_cache == OnOff::On;
+    let (max_batch, step) = (a.max_batch as usize, a.prefill_chunk as usize);
     let state_per_seq = la.map_or(0, |l| l.linear.iter().filter(|&&x| x).count() * l.state_shape(l.k_heads).len() * 4);
-    let snapshots = if a.prefix_cache == OnOff::On { a.max_batch as usize } else { 0 };
-    let state_bytes = state_per_seq * (a.max_batch as usize + snapshots);
+    let snapshots = if prefix_cache { max_batch } else { 0 };
+    let state_bytes = state_per_seq * (max_batch + snapshots);
+    // Sliding-window layers: a block group of their own (docs/ARCHITECTURE.md,
+    // "Sliding-window layers in the paged pool"), taken off the budget after
+    // the states; the rest is full-attention blocks.
+    let window = engine.model.max_window();
+    let ctx = engine.context_length();
+    let windowed = (0..cfg.n_layers).filter(|&l| engine.model.spec.attention(l).window.is_some()).count();
+    let rows = |n: usize| engine::serving::windows::window_blocks_for(window, ctx, KV_BLOCK, n, step, prefix_cache);
+    let row_bytes = |blocks: usize| blocks * KV_BLOCK * windowed.min(kv_layers) * per_layer;
+    let n_window_blocks = match a.kv_cache_bytes {
+        _ if rows(1) == 0 => 0,
+        // Every batch row's window, beside twice the context in full blocks.
+        None => rows(max_batch),
+        // A budget too small for one row's window: no window group, the
+        // windowed layers keep every position in the full blocks.
+        Some(b) if (b as usize) < state_bytes + row_bytes(rows(1)) => 0,
+        Some(b) => {
+            let per_seq = model::window_blocks_per_seq(window.unwrap_or(1), KV_BLOCK, step);
+            let (win, full) = (windowed.min(kv_layers), kv_layers - windowed.min(kv_layers));
+            window_share(b as usize - state_bytes, per_seq, ctx, win, full, per_layer).clamp(rows(1), rows(max_batch))
+        }
+    };
+    let window_layers = if n_window_blocks > 0 { windowed.min(kv_layers) } else { 0 };
+    let full_layers = kv_layers - window_layers;
+    let per_token = (full_layers * per_layer).max(1);
+    let window_bytes = row_bytes(n_window_blocks);
     let tokens = match a.kv_cache_bytes {
-        Some(b) if (b as usize) < state_bytes => anyhow::bail!(
+        Some(b) if (b as usize) < state_bytes + window_bytes => anyhow::bail!(
             "--kv-cache-bytes {b} cannot hold the recurrent states: {} slots of {state_per_seq} bytes \
              ({} batch rows and {snapshots} prefix snapshots) take {state_bytes}",
             a.max_batch as usize + snapshots,
             a.max_batch
         ),
-        Some(b) => (b as usize - state_bytes) / per_token,
+        // Every layer windowed: the full blocks hold no bytes, only positions.
+        _ if full_layers == 0 => max_batch * engine.context_length(),
+        Some(b) => (b as usize - state_bytes - window_bytes) / per_token,
         None => 2 * engine.context_length(),
     };
     if state_bytes > 0 {
@@ -178,17 +223,34 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
             per_token * KV_BLOCK
         );
     }
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let full_bytes = n_blocks * KV_BLOCK * full_layers * per_layer;
     eprintln!(
         "shardlm serve: KV pool of {n_blocks} blocks × {KV_BLOCK} tokens ({:.1} MiB in all), batches of up to {}",
-        (n_blocks * KV_BLOCK * per_token) as f64 / (1 << 20) as f64,
+        mib(full_bytes + window_bytes),
         a.max_batch
     );
+    if n_window_blocks > 0 {
+        let per_seq = model::window_blocks_per_seq(window.unwrap_or(0), KV_BLOCK, step);
+        eprintln!(
+            "shardlm serve: {window_layers} sliding-window layers (window {}) keep their own {n_window_blocks} blocks \
+             ({:.1} MiB, windows of {} long sequences at a time; the {full_layers} full layers {:.1} MiB): \
+             a sequence at {ctx} tokens holds {:.1} MiB of KV (every position in every layer: {:.1} MiB)",
+            window.unwrap_or(0),
+            mib(window_bytes),
+            (n_window_blocks / per_seq).min(max_batch),
+            mib(full_bytes),
+            mib(ctx * full_layers * per_layer + per_seq * KV_BLOCK * window_layers * per_layer),
+            mib(ctx * kv_layers * per_layer)
+        );
+    }
     Ok(engine::serving::SchedulerConfig {
         block: KV_BLOCK,
         n_blocks,
-        max_batch: a.max_batch as usize,
-        step_tokens: a.prefill_chunk as usize,
-        prefix_cache: a.prefix_cache == OnOff::On,
+        max_batch,
+        step_tokens: step,
+        prefix_cache,
+        n_window_blocks,
     })
 }
 

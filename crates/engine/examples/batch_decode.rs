@@ -30,7 +30,14 @@ fn main() {
     let files = formats::open_model(std::path::Path::new(&path)).expect("model");
     let m = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &Default::default()).unwrap();
     let mut engine = Engine::new(m, None, threads);
-    let cfg = SchedulerConfig { block: 32, n_blocks: 1024, max_batch: 64, step_tokens: 512, prefix_cache: false };
+    let cfg = SchedulerConfig {
+        block: 32,
+        n_blocks: 1024,
+        max_batch: 64,
+        step_tokens: 512,
+        prefix_cache: false,
+        n_window_blocks: 0,
+    };
     let mut sched = Scheduler::new(&mut engine, cfg).unwrap();
     let mut base = 0.0;
     for batch in [1usize, 2, 4, 8, 16, 32] {

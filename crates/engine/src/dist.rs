@@ -408,7 +408,8 @@ impl StageRunner<'_> {
             c.world.send(0, &RankReport::here().to_bytes()).map_err(comm_err)?;
             return Ok(false);
         }
-        if h.new_capacity > 0 {
+        // (OP_POOL's `new_capacity` is its window group's block count.)
+        if h.new_capacity > 0 && h.op != OP_POOL {
             self.cache = Some(self.model.new_cache(h.new_capacity as usize));
         }
         let n = h.n as usize;
@@ -417,7 +418,7 @@ impl StageRunner<'_> {
                 if let Some(to) = c.downstream().filter(|&to| to != 0) {
                     c.send_header(to, h)?;
                 }
-                let mut pool = self.model.new_pool(h.chunk.max(1) as usize, n);
+                let mut pool = self.model.new_pool_windowed(h.chunk.max(1) as usize, n, h.new_capacity as usize);
                 pool.states = self.model.state_pool(h.mode as usize);
                 *self.paged = Some(pool);
             }

@@ -4,7 +4,8 @@
 //! holds, what the prefix cache shares — and sends each step as a descriptor:
 //!
 //! ```text
-//! [n_seqs, then per sequence: n_tokens, start, logits mode, state, restore, snapshot, table_len, table…]
+//! [n_seqs, then per sequence: n_tokens, start, logits mode, state, restore, snapshot,
+//!  table_len, window_first, window_len, table…, window blocks…]
 //! ```
 //!
 //! followed by the tokens (to the embedding stage) or the residual stream (to
@@ -14,11 +15,13 @@
 //! where the tables say. Hybrid models' recurrent-state slots travel the same
 //! way: `state` names the sequence's slot, `restore` a snapshot slot to copy
 //! into it before the step, `snapshot` a slot to copy it into after (u32::MAX:
-//! none), so every rank's slots hold the same states.
+//! none), so every rank's slots hold the same states. Sliding-window layers'
+//! blocks (the pool's window group, `OP_POOL`'s `new_capacity` blocks) travel
+//! as `window_first` and the held window blocks.
 
 use crate::dist::{comm_err, mode_code, mode_of, Header, StageRunner, OP_BATCH, OP_POOL};
 use crate::EngineError;
-use model::{AllReduce, LogitsMode, SeqKv, SeqStep};
+use model::{AllReduce, LogitsMode, SeqKv, SeqStep, WindowBlocks};
 
 /// One sequence's share of a batched step.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +38,20 @@ pub struct BatchItem<'a> {
     pub restore: Option<u32>,
     /// Copy `state` into this slot after the step (a prefix-cache snapshot).
     pub snapshot: Option<u32>,
+    /// Blocks in the pool's sliding-window group (empty without one).
+    pub window: WindowBlocks<'a>,
+}
+
+/// The pool a batching scheduler asks for: `n_blocks` blocks of `block`
+/// positions for the full-attention layers, `n_window_blocks` of the
+/// sliding-window group (0: windowed layers use the full blocks), and
+/// `n_slots` recurrent-state slots (hybrid models).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolShape {
+    pub block: usize,
+    pub n_blocks: usize,
+    pub n_window_blocks: usize,
+    pub n_slots: usize,
 }
 
 /// One sequence of a decoded descriptor.
@@ -46,6 +63,14 @@ pub(crate) struct SeqDesc {
     pub restore: Option<u32>,
     pub snapshot: Option<u32>,
     pub table: Vec<u32>,
+    pub window_first: usize,
+    pub window: Vec<u32>,
+}
+
+impl SeqDesc {
+    fn window(&self) -> WindowBlocks<'_> {
+        WindowBlocks { first: self.window_first, blocks: &self.window }
+    }
 }
 
 fn opt_code(v: Option<u32>) -> u32 {
@@ -92,7 +117,9 @@ pub(crate) fn encode(items: &[BatchItem<'_>]) -> Vec<u32> {
     for it in items {
         d.extend([it.tokens.len() as u32, it.start as u32, mode_code(it.mode)]);
         d.extend([opt_code(it.state), opt_code(it.restore), opt_code(it.snapshot), it.table.len() as u32]);
+        d.extend([it.window.first as u32, it.window.blocks.len() as u32]);
         d.extend_from_slice(it.table);
+        d.extend_from_slice(it.window.blocks);
     }
     d
 }
@@ -103,9 +130,11 @@ fn decode(d: &[u32]) -> Result<Desc, EngineError> {
     let mut at = 1;
     let mut seqs = Vec::with_capacity(n);
     for _ in 0..n {
-        let head = d.get(at..at + 7).ok_or_else(bad)?;
-        let tl = head[6] as usize;
-        let table = d.get(at + 7..at + 7 + tl).ok_or_else(bad)?.to_vec();
+        const HEAD: usize = 9;
+        let head = d.get(at..at + HEAD).ok_or_else(bad)?;
+        let (tl, wl) = (head[6] as usize, head[8] as usize);
+        let table = d.get(at + HEAD..at + HEAD + tl).ok_or_else(bad)?.to_vec();
+        let window = d.get(at + HEAD + tl..at + HEAD + tl + wl).ok_or_else(bad)?.to_vec();
         seqs.push(SeqDesc {
             len: head[0] as usize,
             start: head[1] as usize,
@@ -114,8 +143,10 @@ fn decode(d: &[u32]) -> Result<Desc, EngineError> {
             restore: opt_of(head[4]),
             snapshot: opt_of(head[5]),
             table,
+            window_first: head[7] as usize,
+            window,
         });
-        at += 7 + tl;
+        at += HEAD + tl + wl;
     }
     if at != d.len() {
         return Err(bad());
@@ -126,14 +157,21 @@ fn decode(d: &[u32]) -> Result<Desc, EngineError> {
 impl StageRunner<'_> {
     /// Rank 0: asks every rank to allocate a pool of `n_blocks` blocks of
     /// `block` positions (and `n_slots` recurrent-state slots for a hybrid
-    /// model, in the header's `mode`), and allocates its own.
-    pub fn init_pool(&mut self, block: usize, n_blocks: usize, n_slots: usize) -> Result<(), EngineError> {
-        let h =
-            Header { op: OP_POOL, n: n_blocks as u32, chunk: block as u32, mode: n_slots as u32, ..Default::default() };
+    /// model, in the header's `mode`; `n_window_blocks` blocks of the
+    /// sliding-window group in its `new_capacity`), and allocates its own.
+    pub fn init_pool(&mut self, shape: PoolShape) -> Result<(), EngineError> {
+        let h = Header {
+            op: OP_POOL,
+            n: shape.n_blocks as u32,
+            chunk: shape.block as u32,
+            mode: shape.n_slots as u32,
+            new_capacity: shape.n_window_blocks as u32,
+        };
         for r in self.cluster.embed_stage_ranks() {
             self.cluster.send_header(r, h)?;
         }
-        let mut pool = self.model.new_pool(block, n_blocks);
+        let mut pool = self.model.new_pool_windowed(shape.block, shape.n_blocks, shape.n_window_blocks);
+        let n_slots = shape.n_slots;
         pool.states = self.model.state_pool(n_slots);
         *self.paged = Some(pool);
         Ok(())
@@ -211,7 +249,7 @@ impl StageRunner<'_> {
         for (s, logits) in d.seqs.iter().zip(self.batch_logits.iter_mut()) {
             steps.push(SeqStep {
                 tokens: &toks[at..at + s.len],
-                cache: SeqKv::Paged { table: &s.table, start: s.start, state: s.state },
+                cache: SeqKv::Paged { table: &s.table, start: s.start, state: s.state, window: s.window() },
                 mode: s.mode,
                 logits,
             });
@@ -238,6 +276,7 @@ impl StageRunner<'_> {
                         state: s.state,
                         restore: s.restore,
                         snapshot: s.snapshot,
+                        window: s.window(),
                     })
                     .collect();
                 encode(&items)
@@ -257,7 +296,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn descriptors_carry_state_slot_ops() {
+    fn descriptors_carry_state_slot_ops_and_window_blocks() {
         let (t1, t2) = ([1u32, 2, 3], [4u32]);
         let items = [
             BatchItem {
@@ -268,6 +307,7 @@ mod tests {
                 state: Some(2),
                 restore: Some(7),
                 snapshot: None,
+                window: WindowBlocks { first: 1, blocks: &[3, 0] },
             },
             BatchItem {
                 tokens: &t2,
@@ -277,12 +317,24 @@ mod tests {
                 state: None,
                 restore: None,
                 snapshot: Some(0),
+                window: WindowBlocks::default(),
             },
         ];
         let d = decode(&encode(&items)).unwrap();
-        let got: Vec<_> =
-            d.seqs.iter().map(|s| (s.len, s.start, s.state, s.restore, s.snapshot, s.table.clone())).collect();
-        assert_eq!(got, vec![(3, 64, Some(2), Some(7), None, vec![5, 6]), (1, 9, None, None, Some(0), vec![1])]);
+        let got: Vec<_> = d
+            .seqs
+            .iter()
+            .map(|s| {
+                (s.len, s.start, s.state, s.restore, s.snapshot, s.table.clone(), s.window_first, s.window.clone())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (3, 64, Some(2), Some(7), None, vec![5, 6], 1, vec![3, 0]),
+                (1, 9, None, None, Some(0), vec![1], 0, vec![])
+            ]
+        );
         assert!(decode(&encode(&items)[..5]).is_err(), "a truncated descriptor is refused");
     }
 }

@@ -2,7 +2,7 @@
 //! stop conditions (EOS ids, stop strings, length) and streamed UTF-8 text.
 
 use crate::dist::{Cluster, StageRunner};
-use crate::dist_batch::BatchItem;
+use crate::dist_batch::{BatchItem, PoolShape};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::EngineError;
@@ -141,15 +141,22 @@ impl Engine {
     }
 
     /// Allocates the KV block pool for batched serving, on every rank of a
-    /// cluster, with `n_slots` recurrent-state slots for a hybrid model.
-    pub fn init_pool(&mut self, block: usize, n_blocks: usize, n_slots: usize) -> Result<(), EngineError> {
-        if let Some(r) = self.with_runner(|r| r.init_pool(block, n_blocks, n_slots)) {
+    /// cluster: full and sliding-window block groups, and recurrent-state
+    /// slots for a hybrid model.
+    pub fn init_pool(&mut self, shape: PoolShape) -> Result<(), EngineError> {
+        if let Some(r) = self.with_runner(|r| r.init_pool(shape)) {
             return r;
         }
-        let mut pool = self.model.new_pool(block, n_blocks);
-        pool.states = self.model.state_pool(n_slots);
+        let mut pool = self.model.new_pool_windowed(shape.block, shape.n_blocks, shape.n_window_blocks);
+        pool.states = self.model.state_pool(shape.n_slots);
         self.paged = Some(pool);
         Ok(())
+    }
+
+    /// Bytes of this process's block pool ([`Engine::init_pool`]; its share
+    /// of the model when distributed), `None` before one exists.
+    pub fn pool_bytes(&self) -> Option<usize> {
+        self.paged.as_ref().map(|p| p.bytes())
     }
 
     /// One forward step of a batch of paged sequences (locally or across the
@@ -169,7 +176,7 @@ impl Engine {
             .zip(self.batch_logits.iter_mut())
             .map(|(it, logits)| SeqStep {
                 tokens: it.tokens,
-                cache: SeqKv::Paged { table: it.table, start: it.start, state: it.state },
+                cache: SeqKv::Paged { table: it.table, start: it.start, state: it.state, window: it.window },
                 mode: it.mode,
                 logits,
             })

@@ -51,6 +51,10 @@ pub struct RankInfo {
     pub weight_bytes: u64,
     /// KV cache bytes one position takes in this rank's layers.
     pub kv_bytes_per_token: u64,
+    /// The part of `kv_bytes_per_token` in sliding-window layers (kept in the
+    /// pool's window blocks when it has a window group).
+    #[serde(default)]
+    pub window_kv_bytes_per_token: u64,
     /// Resident memory after loading, bytes.
     pub rss_bytes: u64,
     /// The machine's memory (`MemTotal`), bytes; 0 where unknown.
@@ -127,6 +131,7 @@ impl RankInfo {
             experts: shard.tp.as_ref().and_then(|t| t.experts.as_ref()).map(|e| [e.start, e.end]),
             weight_bytes: model.weight_bytes_per_token() as u64,
             kv_bytes_per_token: model.kv_bytes_per_token() as u64,
+            window_kv_bytes_per_token: model.window_kv_bytes_per_token() as u64,
             rss_bytes: rss_bytes(),
             mem_total_bytes: meminfo_bytes("MemTotal:"),
             links: cluster.map_or_else(Vec::new, |c| links_of(&c.world)),

@@ -100,7 +100,14 @@ fn scheduler_matches_cold_single_runs_with_prefix_cache_and_batching() {
     engine.generate_hooked(&request(prompt.clone(), n_gen), &mut Recorder(reference.clone()), &model::NoComm).unwrap();
     let reference = std::mem::take(&mut *reference.lock().unwrap());
 
-    let cfg = SchedulerConfig { block: 32, n_blocks: 128, max_batch: 8, step_tokens: 256, prefix_cache: true };
+    let cfg = SchedulerConfig {
+        block: 32,
+        n_blocks: 128,
+        max_batch: 8,
+        step_tokens: 256,
+        prefix_cache: true,
+        n_window_blocks: 0,
+    };
     let mut sched = Scheduler::new(&mut engine, cfg).unwrap();
     let run = |sched: &mut Scheduler, engine: &mut Engine, others: usize| {
         let main = submit(sched, request(prompt.clone(), n_gen));
@@ -146,7 +153,14 @@ fn scheduler_refuses_what_cannot_fit_and_survives_pressure() {
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| tok.encode(&format!("Say {i} {i} {i}"), true).unwrap()).collect();
     let mut engine = Engine::new(m, Some(tok), 2);
     // 4 blocks of 16: 64 positions for everyone.
-    let cfg = SchedulerConfig { block: 16, n_blocks: 4, max_batch: 8, step_tokens: 64, prefix_cache: true };
+    let cfg = SchedulerConfig {
+        block: 16,
+        n_blocks: 4,
+        max_batch: 8,
+        step_tokens: 64,
+        prefix_cache: true,
+        n_window_blocks: 0,
+    };
     let mut sched = Scheduler::new(&mut engine, cfg).unwrap();
     let too_big = submit(&mut sched, request(vec![1; 40], 40));
     assert!(too_big.lock().unwrap().outcome.as_ref().unwrap().as_ref().unwrap_err().contains("KV pool"));

@@ -75,7 +75,14 @@ fn conversation_matches_cold_runs(name: &str) {
     let mut served = engine(name);
     // Blocks of 32 (the attention kernel's key step, as serve's). Steps of 100 tokens: not a multiple of the chunk, so the scheduler's
     // alignment of prefill pieces is exercised.
-    let cfg = SchedulerConfig { block: 32, n_blocks: 48, max_batch: 4, step_tokens: 100, prefix_cache: true };
+    let cfg = SchedulerConfig {
+        block: 32,
+        n_blocks: 48,
+        max_batch: 4,
+        step_tokens: 100,
+        prefix_cache: true,
+        n_window_blocks: 0,
+    };
     let mut sched = Scheduler::new(&mut served, cfg).unwrap();
     let mut history = tokens(150, 1);
     let n_gen = 6;

@@ -153,6 +153,12 @@ pub struct KvPool {
     /// positions, position `p` at slot `p % ring[l]`; empty or 0: the layer
     /// holds every position.
     pub ring: Vec<usize>,
+    /// Paged pools only ([`KvPool::set_window_layers`]): layers marked here
+    /// (sliding-window layers) keep their own `n_window_blocks` blocks,
+    /// addressed through each sequence's window table
+    /// ([`SeqKv::Paged`]`::window`), not the full table; empty: none.
+    pub window_layers: Vec<bool>,
+    pub n_window_blocks: usize,
 }
 
 impl KvPool {
@@ -187,7 +193,49 @@ impl KvPool {
             KvType::Q8_0 => KvLayers::Q8_0(layer_pairs(n_layers, n, n_v)),
             KvType::Q4_0 => KvLayers::Q4_0(layer_pairs(n_layers, n, n_v)),
         };
-        KvPool { layers, kv_width, v_width, block, n_blocks, ring: Vec::new(), states: None }
+        KvPool {
+            layers,
+            kv_width,
+            v_width,
+            block,
+            n_blocks,
+            ring: Vec::new(),
+            states: None,
+            window_layers: Vec::new(),
+            n_window_blocks: 0,
+        }
+    }
+
+    /// Gives the layers where `windowed` is true storage of their own:
+    /// `n_window_blocks` blocks (of [`KvPool::block`] positions) instead of
+    /// `n_blocks`, the sliding-window block group of a paged pool
+    /// (docs/ARCHITECTURE.md, "Sliding-window layers in the paged pool").
+    /// Layers without K/V storage ([`KvPool::drop_layers`]) stay empty.
+    pub fn set_window_layers(&mut self, windowed: &[bool], n_window_blocks: usize) {
+        let keep = self.kv_mask();
+        let row = |w: usize| w.div_ceil(self.kv_type().block_values());
+        let (n, n_v) =
+            (n_window_blocks * self.block * row(self.kv_width), n_window_blocks * self.block * row(self.v_width));
+        fn w<T: ZeroBits>(l: &mut [(Vec<T>, Vec<T>)], win: &[bool], keep: &[bool], n: usize, n_v: usize) {
+            for ((pair, &on), &k) in l.iter_mut().zip(win).zip(keep) {
+                if on && k {
+                    *pair = (zeroed(n), zeroed(n_v));
+                }
+            }
+        }
+        match &mut self.layers {
+            KvLayers::F16(l) => w(l, windowed, &keep, n, n_v),
+            KvLayers::F32(l) => w(l, windowed, &keep, n, n_v),
+            KvLayers::Q8_0(l) => w(l, windowed, &keep, n, n_v),
+            KvLayers::Q4_0(l) => w(l, windowed, &keep, n, n_v),
+        }
+        self.window_layers = windowed.iter().zip(&keep).map(|(&w, &k)| w && k).collect();
+        self.n_window_blocks = n_window_blocks;
+    }
+
+    /// Whether layer `layer` reads and writes through the window table.
+    pub fn is_window_layer(&self, layer: usize) -> bool {
+        self.window_layers.get(layer).copied().unwrap_or(false)
     }
 
     /// Layer `layer`'s ring size in positions (0: not a ring).
@@ -223,7 +271,7 @@ impl KvPool {
     pub fn bytes(&self) -> usize {
         let states = self.states.as_ref().map_or(0, |s| s.bytes());
         if self.ring.iter().all(|&r| r == 0) {
-            return self.n_blocks * self.block_bytes() + states;
+            return self.n_blocks * self.block_bytes() + self.n_window_blocks * self.window_block_bytes() + states;
         }
         let full = self.n_blocks * self.block;
         let v_row = self.kv_type().bytes_for(self.v_width);
@@ -236,7 +284,15 @@ impl KvPool {
     /// for a keys-only pool; layers without KV, [`KvPool::drop_layers`], none).
     pub fn block_bytes(&self) -> usize {
         let v_row = self.kv_type().bytes_for(self.v_width);
-        self.kv_layers() * self.block * (self.row_bytes() + v_row)
+        let full = self.kv_layers() - self.window_layers.iter().filter(|&&w| w).count();
+        full * self.block * (self.row_bytes() + v_row)
+    }
+
+    /// Bytes one block of the sliding-window group takes across its layers
+    /// (0 without a window group).
+    pub fn window_block_bytes(&self) -> usize {
+        let v_row = self.kv_type().bytes_for(self.v_width);
+        self.window_layers.iter().filter(|&&w| w).count() * self.block * (self.row_bytes() + v_row)
     }
 
     /// Owned layers that keep K/V rows.
@@ -341,8 +397,17 @@ impl KvCache {
             KvType::Q8_0 => KvLayers::Q8_0(pairs(&sizes)),
             KvType::Q4_0 => KvLayers::Q4_0(pairs(&sizes)),
         };
-        let pool =
-            KvPool { layers, kv_width, v_width: kv_width, block: capacity, n_blocks: 1, ring: rings, states: None };
+        let pool = KvPool {
+            layers,
+            kv_width,
+            v_width: kv_width,
+            block: capacity,
+            n_blocks: 1,
+            ring: rings,
+            states: None,
+            window_layers: Vec::new(),
+            n_window_blocks: 0,
+        };
         KvCache { pool, capacity, len: 0, written: 0, states: None }
     }
 
@@ -387,7 +452,34 @@ pub enum SeqKv<'a> {
     /// positions `0..start + tokens`, `start` positions are already filled. The
     /// caller advances its own count. `state`: the sequence's slot in the
     /// pool's linear-attention states (hybrid models; `None` otherwise).
-    Paged { table: &'a [u32], start: usize, state: Option<u32> },
+    /// `window`: its blocks in the pool's sliding-window group (empty when
+    /// the pool has none, [`KvPool::set_window_layers`]).
+    Paged { table: &'a [u32], start: usize, state: Option<u32>, window: WindowBlocks<'a> },
+}
+
+/// A sequence's blocks in a paged pool's sliding-window group: `blocks[i]`
+/// holds positions `(first + i) × block ..` of the window layers. Blocks
+/// before `first` fell out of every window and were given back; the blocks
+/// must cover what the step's queries attend to (positions `start + 1 − w`
+/// on) and the new positions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WindowBlocks<'a> {
+    pub first: usize,
+    pub blocks: &'a [u32],
+}
+
+impl WindowBlocks<'_> {
+    /// The logical table for positions `0..positions` (`block` per entry) in
+    /// `out`: entries before `first` repeat the first held block, a valid id
+    /// the attention never reads (those positions are outside the window).
+    pub fn logical_table(&self, positions: usize, block: usize, out: &mut Vec<u32>) {
+        out.clear();
+        let pad = self.blocks.first().copied().unwrap_or(0);
+        out.extend(
+            (0..positions.div_ceil(block))
+                .map(|i| i.checked_sub(self.first).and_then(|j| self.blocks.get(j).copied()).unwrap_or(pad)),
+        );
+    }
 }
 
 impl SeqKv<'_> {

@@ -22,8 +22,8 @@ pub mod slice;
 pub mod state_cache;
 pub mod workspace;
 
-pub use kv_cache::{KvCache, KvLayers, KvPool, KvType, SeqKv};
-pub use model::{ring_positions, LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
+pub use kv_cache::{KvCache, KvLayers, KvPool, KvType, SeqKv, WindowBlocks};
+pub use model::{ring_positions, window_blocks_per_seq, LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
 pub use registry::Arch;
 pub use shard::{AllReduce, NoComm, ShardSpec};
 pub use state_cache::{StatePool, StateShape};

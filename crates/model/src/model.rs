@@ -22,7 +22,7 @@ mod memory;
 // The head's vocab-parallel argmax and gather (tensor-parallel ranks).
 #[path = "model_vocab.rs"]
 mod vocab;
-pub use memory::ring_positions;
+pub use memory::{ring_positions, window_blocks_per_seq};
 
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
@@ -336,6 +336,11 @@ impl Model {
             if needed > capacity {
                 return Err(ModelError::ContextOverflow { needed, capacity });
             }
+            if let (SeqKv::Paged { window, start, .. }, Some(p)) = (&s.cache, paged.as_deref()) {
+                if p.n_window_blocks > 0 {
+                    self.check_window_blocks(p, window, *start, needed)?;
+                }
+            }
             if let SeqKv::Own(c) = &s.cache {
                 let window = |l: usize| self.layers.get(l).and_then(|l| self.layer_window(l)).unwrap_or(0);
                 if !c.ring_holds(window) {
@@ -437,7 +442,17 @@ impl Model {
                 let (q, out) = (&ws.q[row * hq..(row + len) * hq], &mut ws.attn[row * hq..]);
                 let (kv, table): (&mut KvPool, &[u32]) = match &mut s.cache {
                     SeqKv::Own(c) => (&mut c.pool, &[0]),
-                    SeqKv::Paged { table, .. } => (paged.as_deref_mut().expect("checked above"), table),
+                    SeqKv::Paged { table, window, .. } => {
+                        let kv = paged.as_deref_mut().expect("checked above");
+                        if kv.is_window_layer(li) {
+                            // The window group: the sequence's window blocks, as a
+                            // table over every position (those out of the window unread).
+                            window.logical_table(start + len, kv.block, &mut ws.ring_table);
+                            (kv, &ws.ring_table)
+                        } else {
+                            (kv, table)
+                        }
+                    }
                 };
                 let ring = kv.ring_of(li);
                 if ring == 0 {

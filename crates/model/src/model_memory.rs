@@ -25,6 +25,42 @@ impl Model {
         p
     }
 
+    /// [`Model::new_pool`] with a sliding-window block group: the windowed
+    /// layers ([`Model::window_layer_mask`]) keep `n_window_blocks` blocks of
+    /// their own (none: `n_window_blocks == 0`, they keep every position in
+    /// the full group, as the other layers).
+    pub fn new_pool_windowed(&self, block: usize, n_blocks: usize, n_window_blocks: usize) -> KvPool {
+        let mut p = self.new_pool(block, n_blocks);
+        if n_window_blocks > 0 {
+            p.set_window_layers(&self.window_layer_mask(), n_window_blocks);
+        }
+        p
+    }
+
+    /// Per owned layer: whether it is a sliding-window attention layer.
+    pub fn window_layer_mask(&self) -> Vec<bool> {
+        self.layers.iter().map(|l| self.layer_window(l).is_some()).collect()
+    }
+
+    /// The widest sliding window of the whole model (every layer, not only
+    /// this shard's, so every rank sizes its window group alike); `None`
+    /// without windowed layers.
+    pub fn max_window(&self) -> Option<usize> {
+        let spec = &self.spec;
+        if spec.mla.is_some() {
+            return None;
+        }
+        (0..self.config.n_layers).filter_map(|l| spec.attention(l).window).max()
+    }
+
+    /// KV bytes one position takes in this shard's sliding-window layers
+    /// (the window group's share of [`Model::kv_bytes_per_token`]).
+    pub fn window_kv_bytes_per_token(&self) -> usize {
+        let n = self.window_layer_mask().iter().filter(|&&w| w).count();
+        let kv_layers = self.kv_layer_mask().iter().filter(|&&k| k).count().max(1);
+        self.kv_bytes_per_token() / kv_layers * n
+    }
+
     fn new_kv_pool(&self, block: usize, n_blocks: usize) -> KvPool {
         match &self.spec.mla {
             Some(m) => KvPool::keys_only(self.layers.len(), m.cache_width(), block, n_blocks, self.kv_type),
@@ -110,6 +146,37 @@ impl Model {
         self.layers.iter().map(|l| self.layer_window(l).map_or(0, ring_positions)).collect()
     }
 
+    /// Checks a paged sequence's window blocks before a step of positions
+    /// `start..needed`: ids inside the window group, and every position the
+    /// step's queries attend to or write (from `start + 1 − w` on) held.
+    pub(super) fn check_window_blocks(
+        &self,
+        pool: &KvPool,
+        window: &crate::WindowBlocks<'_>,
+        start: usize,
+        needed: usize,
+    ) -> Result<(), crate::ModelError> {
+        let b = pool.block.max(1);
+        if let Some(&id) = window.blocks.iter().find(|&&id| id as usize >= pool.n_window_blocks) {
+            return Err(crate::ModelError::Unsupported(format!(
+                "window block {id} is outside the window group of {} blocks",
+                pool.n_window_blocks
+            )));
+        }
+        let w = self.max_window().unwrap_or(usize::MAX);
+        let lo = (start + 1).saturating_sub(w) / b;
+        let end = window.first + window.blocks.len();
+        if window.first > lo || end * b < needed {
+            return Err(crate::ModelError::Unsupported(format!(
+                "the window blocks hold positions {}..{} but a step at {start}..{needed} needs {}..{needed}",
+                window.first * b,
+                end * b,
+                lo * b
+            )));
+        }
+        Ok(())
+    }
+
     pub(super) fn layer_window(&self, layer: &DecoderLayer) -> Option<usize> {
         match &layer.attn {
             Attention::Gqa(g) => g.window,
@@ -124,6 +191,14 @@ impl Model {
         let per_layer = self.kv_bytes_per_token() / self.layers.len().max(1);
         self.rings().iter().map(|&r| per_layer * if r > 0 { r.min(context) } else { context }).sum()
     }
+}
+
+/// Blocks of `block` positions a sequence holds at most in a paged pool's
+/// sliding-window group, for a window of `w` and steps of up to `step`
+/// tokens: its queries' keys and the new positions span `w − 1 + step`
+/// positions, which touch at most one partial block at each end.
+pub fn window_blocks_per_seq(w: usize, block: usize, step: usize) -> usize {
+    (w.max(1) - 1 + step.max(1)).div_ceil(block.max(1)) + 1
 }
 
 /// Positions a sliding-window layer of window `w` keeps in a contiguous

@@ -381,7 +381,7 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
             let mut l = Vec::new();
             let mut steps = [SeqStep {
                 tokens: &a[start..end],
-                cache: SeqKv::Paged { table: &table_a, start, state: None },
+                cache: SeqKv::Paged { table: &table_a, start, state: None, window: Default::default() },
                 mode: LogitsMode::All,
                 logits: &mut l,
             }];
@@ -393,13 +393,13 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
         let mut steps = [
             SeqStep {
                 tokens: &a[n - 1..],
-                cache: SeqKv::Paged { table: &table_a, start: n - 1, state: None },
+                cache: SeqKv::Paged { table: &table_a, start: n - 1, state: None, window: Default::default() },
                 mode: LogitsMode::All,
                 logits: &mut la,
             },
             SeqStep {
                 tokens: &b[8..],
-                cache: SeqKv::Paged { table: &table_b, start: 8, state: None },
+                cache: SeqKv::Paged { table: &table_b, start: 8, state: None, window: Default::default() },
                 mode: LogitsMode::All,
                 logits: &mut lb,
             },
@@ -418,7 +418,7 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
         let mut l = Vec::new();
         let mut steps = [SeqStep {
             tokens: &a[..6],
-            cache: SeqKv::Paged { table: &table_a[..1], start: 0, state: None },
+            cache: SeqKv::Paged { table: &table_a[..1], start: 0, state: None, window: Default::default() },
             mode: LogitsMode::Last,
             logits: &mut l,
         }];

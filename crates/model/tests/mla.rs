@@ -86,7 +86,7 @@ fn paged_pool_equals_contiguous() {
     let (mut logits, mut got) = (Vec::new(), Vec::new());
     let split = 10;
     for (start, part) in [(0, &tokens[..split]), (split, &tokens[split..])] {
-        let cache = SeqKv::Paged { table: &table, start, state: None };
+        let cache = SeqKv::Paged { table: &table, start, state: None, window: Default::default() };
         let mut steps = [SeqStep { tokens: part, cache, mode: LogitsMode::All, logits: &mut logits }];
         m.forward_paged(&pool, &mut ws, &mut kv, &mut steps, &NoComm).unwrap();
         got.extend_from_slice(&logits);

@@ -94,3 +94,58 @@ fn cutting_back_past_the_rings_is_an_error() {
         [SeqStep { tokens: &tokens[..1], cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut logits }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
 }
+
+/// The paged pool's window group: windowed layers in blocks of their own, a
+/// sequence holding only the blocks its window reads (the others handed to
+/// someone else and overwritten): logits equal, bit for bit, a pool whose
+/// windowed layers keep every position; a window table that misses what a
+/// step reads is an error.
+#[test]
+fn window_blocks_in_the_paged_pool_equal_every_position() {
+    use shardlm_model::{KvType, WindowBlocks};
+    for (name, kv_type) in [("gemma3", None), ("gpt_oss", None), ("gemma3", Some(KvType::Q8_0))] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+        let files = formats::open_model(&dir).unwrap();
+        let opts = LoadOptions { kv_type, ..Default::default() };
+        let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &opts).unwrap();
+        let pool = kernels::ThreadPool::new(2);
+        let mut ws = Workspace::default();
+        let (block, n) = (4usize, 60usize);
+        let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + 11) % m.config.vocab_size as u32).collect();
+        let table: Vec<u32> = (0..n.div_ceil(block) as u32).collect();
+        let mut full = m.new_pool(block, table.len());
+        let mut win = m.new_pool_windowed(block, table.len(), 8);
+        assert!(win.bytes() < full.bytes(), "{name}: the window group holds less");
+        // Window 8: a step of up to 5 tokens at `at` reads from at − 7 on; keep
+        // the blocks from there on, in a ring of 8 ids that wraps (so blocks
+        // that left the window are written again).
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        let mut at = 0usize;
+        while at < n {
+            let len = 5.min(n - at);
+            let first = (at + 1).saturating_sub(8) / block;
+            let ids: Vec<u32> = (first..(at + len).div_ceil(block)).map(|i| (i % 8) as u32).collect();
+            for (kv, out, window) in [
+                (&mut full, &mut want, WindowBlocks::default()),
+                (&mut win, &mut got, WindowBlocks { first, blocks: &ids }),
+            ] {
+                let mut logits = Vec::new();
+                let cache = SeqKv::Paged { table: &table, start: at, state: None, window };
+                let mut steps =
+                    [SeqStep { tokens: &tokens[at..at + len], cache, mode: LogitsMode::All, logits: &mut logits }];
+                m.forward_paged(&pool, &mut ws, kv, &mut steps, &NoComm).unwrap();
+                out.extend_from_slice(&logits);
+            }
+            at += len;
+        }
+        assert_eq!(got, want, "{name}: window blocks change no logit");
+        // A window table starting after what the step reads.
+        let mut logits = Vec::new();
+        let ids = [0u32];
+        let cache =
+            SeqKv::Paged { table: &table, start: 20, state: None, window: WindowBlocks { first: 5, blocks: &ids } };
+        let mut steps = [SeqStep { tokens: &tokens[20..21], cache, mode: LogitsMode::Last, logits: &mut logits }];
+        let err = m.forward_paged(&pool, &mut ws, &mut win, &mut steps, &NoComm).unwrap_err().to_string();
+        assert!(err.contains("window blocks hold"), "{err}");
+    }
+}

@@ -64,6 +64,13 @@ fn role_label(r: &RankInfo, stages: usize, tp: usize, strategy: &str) -> String 
     parts.join(", ")
 }
 
+/// KV bytes of `blocks` full and `window` window blocks on rank `r`: the
+/// windowed layers' rows live in the window group when there is one.
+fn pool_bytes(r: &RankInfo, blocks: u64, window: u64, block: u64) -> u64 {
+    let w = if window > 0 { r.window_kv_bytes_per_token.min(r.kv_bytes_per_token) } else { 0 };
+    ((r.kv_bytes_per_token - w) * blocks + w * window) * block
+}
+
 /// The `/cluster` object for `ranks` and the live numbers in `state`.
 pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) -> Value {
     let m = &state.metrics;
@@ -76,6 +83,12 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
         m.kv_blocks_used.load(Relaxed).max(0) as u64,
         m.kv_blocks_cached.load(Relaxed).max(0) as u64,
         m.kv_blocks_free.load(Relaxed).max(0) as u64,
+    );
+    // The sliding-window layers' blocks, when the pool has a window group.
+    let (w_total, w_used, w_cached) = (
+        m.kv_window_blocks_total.load(Relaxed).max(0) as u64,
+        m.kv_window_blocks_used.load(Relaxed).max(0) as u64,
+        m.kv_window_blocks_cached.load(Relaxed).max(0) as u64,
     );
     let meter = engine::power::global();
     let host0 = ranks.first().map(|r| r.host.clone()).unwrap_or_default();
@@ -107,8 +120,8 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
                 "layers": r.layers,
                 "memory": {
                     "weights_bytes": r.weight_bytes,
-                    "kv_pool_bytes": r.kv_bytes_per_token * total * block,
-                    "kv_used_bytes": r.kv_bytes_per_token * (used + cached) * block,
+                    "kv_pool_bytes": pool_bytes(r, total, w_total, block),
+                    "kv_used_bytes": pool_bytes(r, used + cached, w_used + w_cached, block),
                     "rss_bytes": r.rss_bytes,
                     "total_bytes": r.mem_total_bytes,
                 },

@@ -82,6 +82,14 @@ pub struct Metrics {
     pub kv_blocks_free: AtomicI64,
     /// Tokens per KV block.
     pub kv_block_size: AtomicI64,
+    /// The sliding-window layers' block group (all 0 without one), counted
+    /// as the blocks above.
+    pub kv_window_blocks_total: AtomicI64,
+    pub kv_window_blocks_used: AtomicI64,
+    pub kv_window_blocks_cached: AtomicI64,
+    pub kv_window_blocks_free: AtomicI64,
+    /// Bytes of rank 0's KV pool: full and window blocks, recurrent states.
+    pub kv_pool_bytes: AtomicI64,
     /// Prompts looked up in the prefix cache.
     pub prefix_queries: AtomicU64,
     /// Lookups that matched at least one block.
@@ -121,6 +129,11 @@ impl Default for Metrics {
             kv_blocks_cached: AtomicI64::new(0),
             kv_blocks_free: AtomicI64::new(0),
             kv_block_size: AtomicI64::new(0),
+            kv_window_blocks_total: AtomicI64::new(0),
+            kv_window_blocks_used: AtomicI64::new(0),
+            kv_window_blocks_cached: AtomicI64::new(0),
+            kv_window_blocks_free: AtomicI64::new(0),
+            kv_pool_bytes: AtomicI64::new(0),
             prefix_queries: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
             prefix_cached_tokens: AtomicU64::new(0),
@@ -202,6 +215,20 @@ impl Metrics {
         );
         gauge(out, "shardlm_kv_blocks_free", "KV blocks holding nothing.", g(&self.kv_blocks_free));
         gauge(out, "shardlm_kv_block_size_tokens", "Tokens per KV block.", g(&self.kv_block_size));
+        for (name, help, v) in [
+            ("total", "Blocks of the sliding-window layers' group.", &self.kv_window_blocks_total),
+            ("used", "Window blocks referenced by running sequences.", &self.kv_window_blocks_used),
+            ("cached", "Unreferenced window blocks kept for the prefix cache.", &self.kv_window_blocks_cached),
+            ("free", "Window blocks holding nothing.", &self.kv_window_blocks_free),
+        ] {
+            gauge(out, &format!("shardlm_kv_window_blocks_{name}"), help, g(v));
+        }
+        gauge(
+            out,
+            "shardlm_kv_pool_bytes",
+            "Bytes of rank 0's KV pool (full and window blocks, recurrent states).",
+            g(&self.kv_pool_bytes),
+        );
         counter(
             out,
             "shardlm_prefix_cache_queries_total",
@@ -261,6 +288,9 @@ mod tests {
             ("shardlm_kv_blocks_cached", "gauge"),
             ("shardlm_kv_blocks_free", "gauge"),
             ("shardlm_kv_block_size_tokens", "gauge"),
+            ("shardlm_kv_window_blocks_total", "gauge"),
+            ("shardlm_kv_window_blocks_free", "gauge"),
+            ("shardlm_kv_pool_bytes", "gauge"),
             ("shardlm_prefix_cache_queries_total", "counter"),
             ("shardlm_prefix_cache_hits_total", "counter"),
             ("shardlm_prefix_cache_cached_tokens_total", "counter"),

@@ -121,6 +121,8 @@ pub fn serve(
     metrics.kv_block_size.store(sched.block as i64, Relaxed);
     metrics.kv_blocks_total.store(sched.n_blocks as i64, Relaxed);
     metrics.kv_blocks_free.store(sched.n_blocks as i64, Relaxed);
+    metrics.kv_window_blocks_total.store(sched.n_window_blocks as i64, Relaxed);
+    metrics.kv_window_blocks_free.store(sched.n_window_blocks as i64, Relaxed);
     let (handle, queue) = channel(metrics.clone());
     let addr = format!("{}:{}", cfg.host, cfg.port);
     // Every rank's startup report (gathered by the CLI), or this process's own.

@@ -157,6 +157,8 @@ pub fn run_worker(
             return;
         }
     };
+    publish(metrics, &sched.stats());
+    tracing::info!("KV pool: {} bytes on this rank", sched.stats().pool_bytes);
     let distributed = engine.cluster.is_some();
     let mut open = true;
     let mut waiting = 0usize;
@@ -295,6 +297,11 @@ fn publish(m: &Metrics, st: &SchedulerStats) {
     m.kv_blocks_cached.store(st.blocks.cached as i64, Relaxed);
     m.kv_blocks_free.store(st.blocks.free as i64, Relaxed);
     m.kv_block_size.store(st.block as i64, Relaxed);
+    m.kv_window_blocks_total.store(st.window_blocks.total as i64, Relaxed);
+    m.kv_window_blocks_used.store(st.window_blocks.used as i64, Relaxed);
+    m.kv_window_blocks_cached.store(st.window_blocks.cached as i64, Relaxed);
+    m.kv_window_blocks_free.store(st.window_blocks.free as i64, Relaxed);
+    m.kv_pool_bytes.store(st.pool_bytes as i64, Relaxed);
     m.prefix_queries.store(st.prefix_queries, Relaxed);
     m.prefix_hits.store(st.prefix_hits, Relaxed);
     m.prefix_cached_tokens.store(st.prefix_cached_tokens, Relaxed);

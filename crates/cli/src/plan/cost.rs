@@ -136,7 +136,7 @@ fn embed_resident(table: f64, tokens: usize) -> f64 {
 
 /// Layers per pipeline stage (stage 0 holds the head), as the engine splits
 /// them: balanced by bytes with the head and tokenizer counted on stage 0
-/// (`model::plan::pipeline_layers_by_bytes`, the very function the engine uses).
+/// (`model::plan::pipeline_layers_by_layer_bytes`, the very function the engine uses).
 /// The engine counts each layer's KV cache at the model's context length
 /// (`engine::dist::Cluster::shard_spec`); a model given by its parameters has
 /// no context of its own, so the plan's is used.
@@ -144,8 +144,14 @@ fn stage_layers(shape: &Shape, stages: usize, w: &Workload) -> Vec<usize> {
     let head = shape.head_read_bytes() + shape.vocab as f64 * 384.0;
     let flow = vec![1.0; stages];
     let ctx = shape.max_context.unwrap_or(w.context) as f64;
-    let layer = shape.layer_bytes() + shape.kv_elems_per_layer as f64 * w.kv_elem * ctx + shape.state_bytes_per_layer;
-    match model::plan::pipeline_layers_by_bytes(shape.layers, layer, head, &flow) {
+    // Each layer: its weights, its K/V rows at the context (a ring when
+    // windowed) and its share of the linear-attention state, as the engine
+    // counts them (`model::layer_memory`).
+    let row = shape.kv_elems_per_layer as f64 * w.kv_elem;
+    let layers: Vec<f64> = (0..shape.layers)
+        .map(|l| shape.layer_bytes() + row * shape.kv_positions(l..l + 1, ctx) + shape.state_bytes_per_layer)
+        .collect();
+    match model::plan::pipeline_layers_by_layer_bytes(&layers, head, &flow) {
         Ok(ranges) => (0..stages).map(|s| ranges[stages - 1 - s].len()).collect(),
         Err(_) => (0..stages).map(|i| shape.layers / stages + usize::from(i < shape.layers % stages)).collect(),
     }
@@ -288,7 +294,7 @@ fn predict_split(
         prefill_bottleneck: "compute",
         wire_bytes_per_token: 0.0,
     };
-    let kv_layer = shape.kv_elems_per_layer as f64 * w.kv_elem * shape.kv_positions_per_layer(depth);
+    let kv_position = shape.kv_elems_per_layer as f64 * w.kv_elem;
     // Stage s holds layers[s]; the last stage (data-flow order) also the head;
     // the first the embedding. Ranks r = s·tp + j.
     let mut dec_total = 0.0;
@@ -332,8 +338,12 @@ fn predict_split(
                 wb += shape.embed_bytes * (1.0 - share);
             }
             p.weights_bytes[r] = wb;
-            p.kv_bytes[r] =
-                layers[s] as f64 * (kv_layer * shape.kv_share(a_share) + shape.state_bytes_per_layer * share);
+            // Stage s holds layers from the sum of the later stages' on
+            // (data-flow order: the last stage embeds, layers 0..).
+            let first: usize = layers[s + 1..].iter().sum();
+            let positions = shape.kv_positions(first..first + layers[s], depth);
+            p.kv_bytes[r] = positions * kv_position * shape.kv_share(a_share)
+                + layers[s] as f64 * shape.state_bytes_per_layer * share;
             // Tensor groups all-reduce every layer through the transport's
             // buffers (shm rings, socket buffers): ~1.5 MB per peer, measured.
             p.work_bytes[r] = work_bytes(shape, w.chunk.min(w.context), tp) + 1.5e6 * (tp - 1) as f64;

@@ -79,6 +79,10 @@ pub struct Shape {
     /// sequence holds, averaged over all layers: fixed, whatever the context
     /// (`model::layer_memory`). 0 without linear attention.
     pub state_bytes_per_layer: f64,
+    /// Per layer: whether it is windowed (empty when unknown: a config
+    /// without a spec, or parameters; the windowed layers are then spread
+    /// evenly, [`Shape::kv_positions`]).
+    pub windowed: Vec<bool>,
 }
 
 impl Shape {
@@ -140,6 +144,17 @@ impl Shape {
         let full = self.layers.saturating_sub(self.ring_layers) as f64 * depth;
         let rings = self.ring_layers as f64 * depth.min(self.ring as f64);
         (full + rings) / self.layers.max(1) as f64
+    }
+
+    /// Cached positions of the layers `layers` together at `depth` positions
+    /// of context (a pipeline stage's): per layer as the model's windows say,
+    /// or the average ([`Shape::kv_positions_per_layer`]) when not known.
+    pub fn kv_positions(&self, layers: std::ops::Range<usize>, depth: f64) -> f64 {
+        if self.windowed.len() != self.layers {
+            return layers.len() as f64 * self.kv_positions_per_layer(depth);
+        }
+        let ring = depth.min(self.ring as f64);
+        self.windowed[layers].iter().map(|&w| if w { ring } else { depth }).sum()
     }
 
     /// FLOPs to prefill `c` tokens: 2 per weight per token in the layers, the
@@ -237,10 +252,11 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
     let active = c.raw.get("num_experts_per_tok").and_then(Value::as_u64).unwrap_or(0);
     // Windowed layers as the model builds them (the architecture's spec).
     let spec = model::Arch::from_name(&c.arch).and_then(|a| a.spec(c).ok());
-    let windows: Vec<usize> = match (&spec, c.raw.get("kv_lora_rank").and_then(Value::as_u64)) {
-        (Some(s), None | Some(0)) => (0..c.n_layers).filter_map(|l| s.attention(l).window).collect(),
+    let per_layer: Vec<Option<usize>> = match (&spec, c.raw.get("kv_lora_rank").and_then(Value::as_u64)) {
+        (Some(s), None | Some(0)) => (0..c.n_layers).map(|l| s.attention(l).window).collect(),
         _ => Vec::new(),
     };
+    let windows: Vec<usize> = per_layer.iter().flatten().copied().collect();
     let (ring_layers, ring) = (windows.len(), windows.first().map_or(0, |&w| model::ring_positions(w)));
     let state_bytes_per_layer = match spec.as_ref().and_then(|s| s.linear_attn.as_ref()) {
         Some(la) => {
@@ -274,6 +290,7 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         ring_layers,
         ring,
         state_bytes_per_layer,
+        windowed: per_layer.iter().map(Option::is_some).collect(),
     })
 }
 
@@ -350,6 +367,7 @@ pub fn from_config(v: &Value, name: &str, quant: Option<&str>) -> Result<Shape> 
         ring_layers: 0,
         ring: 0,
         state_bytes_per_layer: 0.0,
+        windowed: Vec::new(),
     })
 }
 
@@ -427,6 +445,7 @@ fn from_params(spec: &str, quant: Option<&str>) -> Result<Shape> {
         ring_layers: 0,
         ring: 0,
         state_bytes_per_layer: 0.0,
+        windowed: Vec::new(),
     })
 }
 
@@ -454,6 +473,45 @@ mod tests {
             assert!((planned - held).abs() <= 0.1 * held, "{name}: planned {planned} vs cache {held}");
             assert!(held < 0.8 * shape.kv_bytes_per_token(elem) * ctx as f64, "{name}: rings save memory");
         }
+    }
+
+    /// The serving pool at 32K context: one sequence's full blocks plus the
+    /// window group `serve` sizes for one batch row (blocks of 32, steps of
+    /// 512) hold within 10% of what the planner counts, and far below every
+    /// position of every layer.
+    #[test]
+    fn windowed_paged_pool_at_32k_matches_the_planner() {
+        for name in ["gemma3", "gpt_oss"] {
+            let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+            let shape = from_files(&dir, None).unwrap();
+            let files = formats::open_model(&dir).unwrap();
+            let m = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &Default::default())
+                .unwrap();
+            let (ctx, block) = (32768, 32);
+            let n_window = engine::serving::windows::window_blocks_for(m.max_window(), ctx, block, 1, 512, false);
+            assert!(n_window > 0, "{name}: a window group");
+            let held = m.new_pool_windowed(block, ctx / block, n_window).bytes() as f64;
+            let elem = m.kv_type.bytes_for(1) as f64;
+            let planned =
+                (shape.layers * shape.kv_elems_per_layer) as f64 * elem * shape.kv_positions_per_layer(ctx as f64);
+            assert!((planned - held).abs() <= 0.1 * held, "{name}: planned {planned} vs pool {held}");
+            let unbounded = m.new_pool(block, ctx / block).bytes() as f64;
+            assert!(held < 0.8 * unbounded, "{name}: the window group saves memory ({held} vs {unbounded})");
+        }
+    }
+
+    /// A pipeline stage's KV counts its own layers' windows: gemma3's fixture
+    /// has three windowed layers then a full one.
+    #[test]
+    fn stage_kv_positions_follow_the_layers_windows() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/gemma3");
+        let shape = from_files(&dir, None).unwrap();
+        assert_eq!(shape.windowed, vec![true, true, true, false]);
+        let (depth, ring) = (32768.0, shape.ring as f64);
+        assert_eq!(shape.kv_positions(0..3, depth), 3.0 * ring);
+        assert_eq!(shape.kv_positions(3..4, depth), depth);
+        let whole = shape.kv_positions(0..4, depth);
+        assert!((whole - 4.0 * shape.kv_positions_per_layer(depth)).abs() < 1e-6);
     }
 
     #[test]

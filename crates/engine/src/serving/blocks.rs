@@ -119,6 +119,22 @@ impl BlockManager {
         got
     }
 
+    /// Whether every block named in `hashes` is cached or in use.
+    pub fn has_all(&self, hashes: &[u64]) -> bool {
+        self.prefix_cache && hashes.iter().all(|h| self.by_hash.contains_key(h))
+    }
+
+    /// The blocks named by `hashes`, referenced for the caller, or `None`
+    /// (nothing referenced) unless every one is there.
+    pub fn acquire_exact(&mut self, hashes: &[u64]) -> Option<Vec<u32>> {
+        if !self.has_all(hashes) {
+            return None;
+        }
+        let got: Vec<u32> = hashes.iter().map(|h| self.by_hash[h]).collect();
+        got.iter().for_each(|&b| self.reference(b));
+        Some(got)
+    }
+
     fn reference(&mut self, b: u32) {
         let info = &mut self.info[b as usize];
         if info.refs == 0 {

@@ -4,6 +4,7 @@
 pub mod blocks;
 pub mod scheduler;
 pub mod state_slots;
+pub mod windows;
 
 pub use blocks::{BlockManager, BlockStats};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats, SeqHooks, SeqOutcome, Submission};

@@ -34,10 +34,19 @@
 //! snapshot boundary, where the state is snapshotted. Preemption and
 //! cancellation give the slot back with the blocks (recompute, from the
 //! deepest snapshot).
+//!
+//! # Sliding-window layers
+//! With a window group ([`WindowGroup`], `n_window_blocks > 0`) a sequence
+//! also holds window blocks for its windowed layers: reserved at admission
+//! (it waits while the group lacks them), allocated before each step for the
+//! positions it may write, given back after it as they fall out of the
+//! window. Prefix reuse stops at the deepest block boundary whose window
+//! blocks are cached too.
 
 use super::blocks::{block_hashes, chain_hash, BlockManager, BlockStats};
 use super::state_slots::StateSlots;
-use crate::dist_batch::BatchItem;
+use super::windows::{SeqWindow, WindowGroup};
+use crate::dist_batch::{BatchItem, PoolShape};
 use crate::generate::{Engine, FinishReason, GenerateHooks, GenerateRequest, TextStream};
 use crate::sampler::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -55,6 +64,10 @@ pub struct SchedulerConfig {
     /// Most tokens in one step (decode tokens plus prefill chunks).
     pub step_tokens: usize,
     pub prefix_cache: bool,
+    /// Blocks of the sliding-window group (0: windowed layers keep every
+    /// position in the full blocks); [`super::windows::window_blocks_for`]
+    /// sizes it.
+    pub n_window_blocks: usize,
 }
 
 /// A sequence's outcome, given to [`SeqHooks::done`].
@@ -100,13 +113,27 @@ struct Seq {
     /// restore it from at the next step.
     slot: Option<u32>,
     restore: Option<u32>,
+    /// Its blocks in the sliding-window group.
+    window: SeqWindow,
+}
+
+/// What a scheduler hands out: full blocks, window blocks, state slots.
+struct Groups<'a> {
+    blocks: &'a mut BlockManager,
+    states: &'a mut Option<StateSlots>,
+    windows: &'a mut Option<WindowGroup>,
 }
 
 /// Gives back what a sequence leaving the batch holds: its blocks (full ones
-/// stay cached) and its state slot (a pending restore's pin too).
-fn release_seq(blocks: &mut BlockManager, states: &mut Option<StateSlots>, s: &mut Seq) {
+/// stay cached), its window blocks, and its state slot (a pending restore's
+/// pin too).
+fn release_seq(g: Groups<'_>, s: &mut Seq) {
+    let Groups { blocks, states, windows } = g;
     blocks.release(&s.blocks);
     s.blocks.clear();
+    if let Some(w) = windows.as_mut() {
+        w.release(&mut s.window);
+    }
     if let Some(st) = states.as_mut() {
         if let Some(r) = s.restore.take() {
             st.unpin(r);
@@ -149,6 +176,10 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     /// Sequences in the last step.
     pub batch_size: usize,
+    /// The sliding-window group's blocks (all zero without one).
+    pub window_blocks: BlockStats,
+    /// Bytes of this process's pool ([`Engine::pool_bytes`]).
+    pub pool_bytes: usize,
 }
 
 pub struct Scheduler {
@@ -163,6 +194,8 @@ pub struct Scheduler {
     stats: SchedulerStats,
     /// Recurrent-state slots and snapshots (hybrid models only).
     states: Option<StateSlots>,
+    /// The sliding-window block group (windowed models, when configured).
+    windows: Option<WindowGroup>,
 }
 
 impl Scheduler {
@@ -178,16 +211,20 @@ impl Scheduler {
             StateSlots::new(cfg.max_batch, snaps, cfg.block)
         });
         let n_slots = states.as_ref().map_or(0, |s| s.idle_slots());
-        engine.init_pool(cfg.block, cfg.n_blocks, n_slots)?;
+        let windows = window_group(engine, &cfg)?;
+        let n_window_blocks = windows.as_ref().map_or(0, |w| w.n_blocks());
+        engine.init_pool(PoolShape { block: cfg.block, n_blocks: cfg.n_blocks, n_window_blocks, n_slots })?;
+        let pool_bytes = engine.pool_bytes().unwrap_or(0);
         Ok(Scheduler {
             states,
+            windows,
             blocks: BlockManager::new(cfg.n_blocks, cfg.block, cfg.prefix_cache),
             waiting: VecDeque::new(),
             running: Vec::new(),
             eos_ids: engine.eos_ids.clone(),
             vocab: engine.model.config.vocab_size,
             context: engine.context_length(),
-            stats: SchedulerStats { block: cfg.block, ..Default::default() },
+            stats: SchedulerStats { block: cfg.block, pool_bytes, ..Default::default() },
             cfg,
         })
     }
@@ -197,6 +234,7 @@ impl Scheduler {
             blocks: self.blocks.stats(),
             running: self.running.len(),
             waiting: self.waiting.len(),
+            window_blocks: self.windows.as_ref().map(|w| w.stats()).unwrap_or_default(),
             ..self.stats
         }
     }
@@ -228,6 +266,7 @@ impl Scheduler {
             finish: None,
             slot: None,
             restore: None,
+            window: SeqWindow::default(),
             req,
             hooks,
         });
@@ -265,11 +304,15 @@ impl Scheduler {
         Ok(())
     }
 
+    fn groups(&mut self) -> Groups<'_> {
+        Groups { blocks: &mut self.blocks, states: &mut self.states, windows: &mut self.windows }
+    }
+
     /// Fails every running and waiting sequence with `msg` and frees its blocks
     /// (after a step went wrong in a way that leaves their state unknown).
     pub fn abort_all(&mut self, msg: &str) {
         for mut s in std::mem::take(&mut self.running).into_iter().chain(std::mem::take(&mut self.waiting)) {
-            release_seq(&mut self.blocks, &mut self.states, &mut s);
+            release_seq(self.groups(), &mut s);
             s.hooks.done(Err(EngineError::BadArgument(msg.to_string())));
         }
     }
@@ -280,7 +323,7 @@ impl Scheduler {
         while i < self.running.len() {
             if self.running[i].hooks.cancelled() {
                 let mut s = self.running.remove(i);
-                release_seq(&mut self.blocks, &mut self.states, &mut s);
+                release_seq(self.groups(), &mut s);
                 s.hooks.done(Err(EngineError::Cancelled));
             } else {
                 i += 1;
@@ -304,27 +347,36 @@ impl Scheduler {
             let hashes = block_hashes(&s.history, b);
             let reusable = (s.history.len() - 1) / b;
             let mut got = self.blocks.acquire_prefix(&hashes, reusable);
-            // Hybrid: only as deep as the deepest state snapshot.
-            let mut restore = None;
-            if let Some(st) = self.states.as_mut() {
-                let mut j = got.len();
-                while j > 0 {
-                    if (j * b).is_multiple_of(st.granularity) {
-                        if let Some(slot) = st.lookup(hashes[j - 1]) {
-                            restore = Some(slot);
-                            break;
-                        }
-                    }
-                    j -= 1;
+            // Hybrid: only as deep as the deepest state snapshot; windowed:
+            // as deep as the window blocks before it are cached.
+            let mut j = got.len();
+            while j > 0 {
+                let state_ok = self
+                    .states
+                    .as_ref()
+                    .is_none_or(|st| (j * b).is_multiple_of(st.granularity) && st.has(hashes[j - 1]));
+                if state_ok && self.windows.as_ref().is_none_or(|w| w.can_resume(&hashes, j)) {
+                    break;
                 }
-                self.blocks.release(&got[j..]);
-                got.truncate(j);
+                j -= 1;
             }
+            self.blocks.release(&got[j..]);
+            got.truncate(j);
+            let restore = match self.states.as_mut() {
+                Some(st) if j > 0 => st.lookup(hashes[j - 1]),
+                _ => None,
+            };
             let needed = s.history.len().div_ceil(b) - got.len();
             // Keep one block in hand for the running sequences' decode.
             let headroom = usize::from(!self.running.is_empty());
-            if self.blocks.available() < needed + headroom {
+            // Windowed: room in the window group for what it may hold at once.
+            let len = s.req.prompt_ids.len() + s.req.max_tokens;
+            let window_room = self.windows.as_mut().is_none_or(|w| w.reserve(&mut s.window, len));
+            if self.blocks.available() < needed + headroom || !window_room {
                 self.blocks.release(&got);
+                if let Some(w) = self.windows.as_mut() {
+                    w.release(&mut s.window);
+                }
                 self.waiting.push_front(s);
                 break;
             }
@@ -335,6 +387,9 @@ impl Scheduler {
                 s.cached_tokens = Some(got.len() * b);
             }
             s.kv_len = got.len() * b;
+            if let Some(w) = self.windows.as_mut() {
+                w.acquire(&mut s.window, &hashes, got.len());
+            }
             s.hashes = hashes[..got.len()].to_vec();
             s.blocks = got;
             for _ in 0..needed {
@@ -354,7 +409,7 @@ impl Scheduler {
     /// Gives back the youngest running sequence's blocks and requeues it first.
     fn preempt_youngest(&mut self) {
         if let Some(mut s) = self.running.pop() {
-            release_seq(&mut self.blocks, &mut self.states, &mut s);
+            release_seq(self.groups(), &mut s);
             s.hashes.clear();
             s.kv_len = 0;
             self.stats.preemptions += 1;
@@ -384,6 +439,24 @@ impl Scheduler {
         }
     }
 
+    /// Makes sure every running sequence has the window blocks for the
+    /// positions its next step may write (preempting the youngest sequences
+    /// should the group run dry, which the reservations rule out).
+    fn reserve_window_blocks(&mut self) {
+        let step = self.cfg.step_tokens;
+        let mut i = 0;
+        while i < self.running.len() {
+            let Some(w) = self.windows.as_mut() else { return };
+            let s = &mut self.running[i];
+            let upto = s.kv_len + s.pending().min(step).min(s.step_cap());
+            if w.grow(&mut s.window, upto) {
+                i += 1;
+            } else {
+                self.preempt_youngest();
+            }
+        }
+    }
+
     /// After the cluster was lost: every running sequence goes back to the
     /// front of the queue, in admission order, with its history (prompt and
     /// the tokens streamed so far) kept and its KV dropped, as preemption does;
@@ -399,12 +472,17 @@ impl Scheduler {
             let snaps = if self.cfg.prefix_cache { self.cfg.max_batch } else { 0 };
             self.states = Some(StateSlots::new(self.cfg.max_batch, snaps, self.cfg.block));
         }
+        if let Some(w) = &self.windows {
+            let c = &self.cfg;
+            self.windows = Some(WindowGroup::new(w.window, c.block, w.n_blocks(), c.step_tokens, c.prefix_cache));
+        }
     }
 
     /// Allocates the pool again on every rank (a re-formed cluster).
     pub fn reinit_pool(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
         let n_slots = self.states.as_ref().map_or(0, |s| s.idle_slots());
-        engine.init_pool(self.cfg.block, self.cfg.n_blocks, n_slots)
+        let n_window_blocks = self.windows.as_ref().map_or(0, |w| w.n_blocks());
+        engine.init_pool(PoolShape { block: self.cfg.block, n_blocks: self.cfg.n_blocks, n_window_blocks, n_slots })
     }
 
     /// Runs one step: admits, batches, runs the model, samples. Errors of the
@@ -416,6 +494,7 @@ impl Scheduler {
         self.drop_cancelled();
         self.admit();
         self.reserve_decode_blocks();
+        self.reserve_window_blocks();
         if self.running.is_empty() {
             return Ok(());
         }
@@ -469,6 +548,7 @@ impl Scheduler {
                     state: s.slot,
                     restore: s.restore,
                     snapshot: snapshot_of(i),
+                    window: s.window.view(),
                 }
             })
             .collect();
@@ -506,7 +586,7 @@ impl Scheduler {
                 idx.sort_unstable_by(|a, b| b.cmp(a));
                 for i in idx {
                     let mut s = self.running.remove(i);
-                    release_seq(&mut self.blocks, &mut self.states, &mut s);
+                    release_seq(self.groups(), &mut s);
                     s.hooks.done(Err(EngineError::BadArgument(format!("the forward step failed: {msg}"))));
                 }
                 return Ok(());
@@ -518,7 +598,7 @@ impl Scheduler {
         for (&(i, n), mut row) in plan.iter().zip(logits) {
             let s = &mut self.running[i];
             s.kv_len += n;
-            register_full_blocks(&mut self.blocks, s);
+            register_full_blocks(&mut self.blocks, self.windows.as_mut(), s);
             if s.kv_len == s.history.len() && row.len() == self.vocab && self.sample(i, &mut row, tok) {
                 finished.push(i);
             }
@@ -526,7 +606,7 @@ impl Scheduler {
         finished.sort_unstable_by(|a, b| b.cmp(a));
         for i in finished {
             let mut s = self.running.remove(i);
-            release_seq(&mut self.blocks, &mut self.states, &mut s);
+            release_seq(self.groups(), &mut s);
             let outcome = finish(&mut s);
             s.hooks.done(Ok(outcome));
         }
@@ -589,16 +669,37 @@ fn hybrid_piece(st: &mut StateSlots, s: &Seq, n: usize, block: usize, cache: boo
     (if aligned > start { aligned - start } else { n }, None)
 }
 
-/// Registers each block of `s` that has become full since the last call.
-fn register_full_blocks(blocks: &mut BlockManager, s: &mut Seq) {
+/// Registers each block of `s` that has become full since the last call
+/// (its window block under the same name), then gives back the window
+/// blocks that fell out of the window.
+fn register_full_blocks(blocks: &mut BlockManager, mut windows: Option<&mut WindowGroup>, s: &mut Seq) {
     let b = blocks.block;
     while (s.hashes.len() + 1) * b <= s.kv_len && s.hashes.len() < s.blocks.len() {
         let k = s.hashes.len();
         let parent = k.checked_sub(1).map_or(0, |p| s.hashes[p]);
         let h = chain_hash(parent, &s.history[k * b..(k + 1) * b]);
         blocks.register(s.blocks[k], h);
+        if let Some(w) = windows.as_deref_mut() {
+            w.register(&s.window, k, h);
+        }
         s.hashes.push(h);
     }
+    if let Some(w) = windows {
+        w.trim(&mut s.window, s.kv_len);
+    }
+}
+
+/// The window group `cfg` asks for, checked against the model's window.
+fn window_group(engine: &Engine, cfg: &SchedulerConfig) -> Result<Option<WindowGroup>, EngineError> {
+    let Some(w) = engine.model.max_window().filter(|_| cfg.n_window_blocks > 0) else { return Ok(None) };
+    let g = WindowGroup::new(w, cfg.block, cfg.n_window_blocks, cfg.step_tokens, cfg.prefix_cache);
+    if cfg.n_window_blocks < g.per_seq {
+        return Err(EngineError::BadArgument(format!(
+            "{} window blocks cannot hold one sequence's window of {w} positions in steps of {} tokens ({} blocks)",
+            cfg.n_window_blocks, cfg.step_tokens, g.per_seq
+        )));
+    }
+    Ok(Some(g))
 }
 
 /// Flushes the text and builds the outcome of a finished sequence.
