@@ -104,12 +104,31 @@ pub fn rope(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32], style: Rop
 /// `gate[i] = gelu_tanh(gate[i]) * up[i]`, the tanh approximation of GELU
 /// (PyTorch's `gelu(approximate="tanh")`):
 /// `0.5 · g · (1 + tanh(√(2/π) · (g + 0.044715 · g³)))`.
+///
+/// Computed as `g · σ(2t)` with `t` the tanh's argument (the same function:
+/// `½(1 + tanh t) = σ(2t)`), vectorized where the CPU has AVX2: Gemma's
+/// GeGLU runs on every prompt token's whole MLP width, and a scalar `tanhf`
+/// took a quarter of Gemma 3 270M's prefill.
 pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let n = gate.len().min(up.len());
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: AVX2 checked; both hold at least `n` elements.
+        unsafe { avx2_ops::gelu_tanh_mul(gate.as_mut_ptr(), up.as_ptr(), n) };
+        return;
+    }
+    gelu_tanh_mul_scalar(&mut gate[..n], &up[..n]);
+}
+
+/// √(2/π), GELU's tanh approximation's scale.
+pub const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+
+/// The scalar [`gelu_tanh_mul`] (the reference the SIMD one is tested against).
+pub fn gelu_tanh_mul_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
-        let inner = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
-        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+        let t = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+        *g = x / (1.0 + (-2.0 * t).exp()) * u;
     }
 }
 

@@ -47,6 +47,33 @@ fn norms_and_elementwise() {
         ops::silu_mul(&mut g, &u);
         close(&g, &want, 1e-5, "silu_mul");
 
+        // GeGLU (tanh GELU), against the textbook ½·x·(1 + tanh(…)) in f64,
+        // the SIMD path and the scalar one.
+        let mut g = randv(&mut rng, dim, 12.0);
+        if dim > 2 {
+            g[1] = -40.0;
+            g[2] = 40.0;
+        }
+        let u = randv(&mut rng, dim, 2.0);
+        let want: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| {
+                let x = g as f64;
+                let t = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+                0.5 * x * (1.0 + t.tanh()) * u as f64
+            })
+            .collect();
+        // (Compared once other values set the scale: a lone value near −∞'s
+        // zero is 1e-33 in f32 against 0 in f64.)
+        let mut scalar = g.clone();
+        ops::gelu_tanh_mul_scalar(&mut scalar, &u);
+        ops::gelu_tanh_mul(&mut g, &u);
+        if dim > 2 {
+            close(&scalar, &want, 1e-5, "gelu_tanh_mul_scalar");
+            close(&g, &want, 1e-5, "gelu_tanh_mul");
+        }
+
         // gpt-oss: gate clamped above at 7, up at ±7 (both sides reached here).
         let mut g = randv(&mut rng, dim, 12.0);
         let u = randv(&mut rng, dim, 12.0);
