@@ -141,6 +141,17 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
     Ok(())
 }
 
+/// The type of a matrix left out of the target (embeddings, lm_head,
+/// `--keep`, rows not whole blocks): F16, as llama.cpp's converter, or F32
+/// when the target is F32 (an exact copy).
+fn fallback(target: DType) -> DType {
+    if target == DType::F32 {
+        DType::F32
+    } else {
+        DType::F16
+    }
+}
+
 /// One GGUF tensor to write: its HF sources (one, or a stack's experts in
 /// index order), its header entry and storage type.
 struct Plan {
@@ -183,7 +194,7 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
                 } else if eligible(name, &o.shape, target.block_elems(), &a.keep) {
                     target
                 } else {
-                    DType::F16
+                    fallback(target)
                 };
                 let info = TensorInfo::new(&o.name, &o.shape, dtype)
                     .with_context(|| format!("tensor '{name}': {:?} is not whole blocks of {dtype}", o.shape))?;
@@ -215,7 +226,7 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
         } else if eligible(name, &shape, target.block_elems(), &a.keep) {
             target
         } else {
-            DType::F16
+            fallback(target)
         };
         let info = TensorInfo::new(&gguf, &shape, dtype)
             .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
@@ -259,7 +270,7 @@ fn stack_plan(
     let dtype = if first.shape.len() == 2 && eligible(&experts[0].1, &first.shape, target.block_elems(), &a.keep) {
         target
     } else {
-        DType::F16
+        fallback(target)
     };
     let name = format!("blk.{layer}.{stack}.weight");
     let info = TensorInfo::new(&name, &shape, dtype)
