@@ -26,11 +26,14 @@ as llama.cpp b11434's `convert_hf_to_gguf.py` writes it (`conversion/qwen.py`:
   `rope.dimension_count` = head_dim * partial_rotary_factor;
 - experts stacked into `ffn_{gate,up,down}_exps` `[n_expert, out, in]`.
 
+`--legacy-ssm-in` writes Qwen3-Next's `in_proj_qkvz` whole as `ssm_in` (as
+older converters did; llama.cpp still reads it).
+
 Weights are F32 by default (the bf16 values exactly); `--outtype bf16|f16|q8_0`
 as in `scripts/hf_moe_to_gguf.py`, whose helpers this uses. `--dummy-vocab`
 adds a placeholder vocabulary so llama.cpp itself loads the file.
 
-Usage: scripts/hf_hybrid_to_gguf.py HF_DIR OUT.gguf [--dummy-vocab] [--outtype f32|bf16|f16|q8_0]
+Usage: scripts/hf_hybrid_to_gguf.py HF_DIR OUT.gguf [--dummy-vocab] [--legacy-ssm-in] [--outtype f32|bf16|f16|q8_0]
 Needs `numpy` and `gguf` (pip install numpy gguf).
 """
 
@@ -102,7 +105,7 @@ def tiled(t: np.ndarray, axis: int, nk: int, r: int, width: int) -> np.ndarray:
     return np.moveaxis(t, 0, axis)
 
 
-def transform(name: str, t: np.ndarray, cfg: dict, arch) -> list:
+def transform(name: str, t: np.ndarray, cfg: dict, arch, legacy: bool = False) -> list:
     """One HF tensor → [(HF-like name for the name map, array)] (the converter's `modify_tensors`)."""
     nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
@@ -127,7 +130,7 @@ def transform(name: str, t: np.ndarray, cfg: dict, arch) -> list:
         return [(name, t.reshape(t.shape[0], -1))]
     if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
         return [(name, t + 1)]
-    if name.endswith("in_proj_qkvz.weight"):
+    if name.endswith("in_proj_qkvz.weight") and not legacy:
         # Per key head [q dk | k dk | v r*dv | z r*dv] → all q, all k, all v; z.
         g = t.reshape(nk, 2 * dk + 2 * r * dv, -1)
         q, k, v, z = np.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=1)
@@ -146,7 +149,8 @@ def main() -> None:
             sys.exit(f"error: --outtype needs one of {', '.join(OUTTYPES)}")
         outtype = argv[i + 1]
         del argv[i : i + 2]
-    args = [a for a in argv if a != "--dummy-vocab"]
+    legacy = "--legacy-ssm-in" in argv
+    args = [a for a in argv if a not in ("--dummy-vocab", "--legacy-ssm-in")]
     if len(args) != 2:
         sys.exit(__doc__)
     src, out = Path(args[0]), Path(args[1])
@@ -181,7 +185,7 @@ def main() -> None:
             e, proj = rest.split(".", 1)
             stacks.setdefault((pre, proj.removesuffix(".weight")), {})[int(e)] = t
             continue
-        for hf, x in transform(name, t, cfg, arch):
+        for hf, x in transform(name, t, cfg, arch, legacy):
             g = gguf_name(hf)
             if g.endswith("ffn_gate_inp_shexp.weight"):
                 x = x.reshape(-1)

@@ -250,15 +250,18 @@ fn moe_ggufs_written_by_gguf_py_match_transformers() {
 /// split from `in_proj_qkvz` and `ssm_ba`; `qwen35`/`qwen35moe` with the value
 /// heads in llama.cpp's tiled order; `ssm_a = −exp(A_log)`, norms `1 + w`,
 /// the `ssm.*` keys and `attention.recurrent_layers`) give the transformers
-/// logits; qwen3_5 also as `--outtype bf16` (exact for the bf16 fixture).
+/// logits; qwen3_5 also as `--outtype bf16` (exact for the bf16 fixture),
+/// qwen3_next also with the older fused `ssm_in`.
 #[test]
 fn hybrid_ggufs_written_by_gguf_py_match_transformers() {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_hybrid_to_gguf.py");
-    for (name, arch, outtype) in [
-        ("qwen3_next", "qwen3_next", "f32"),
-        ("qwen3_5", "qwen3_5_text", "f32"),
-        ("qwen3_5_moe", "qwen3_5_moe_text", "f32"),
-        ("qwen3_5", "qwen3_5_text", "bf16"),
+    for (name, arch, outtype, extra) in [
+        ("qwen3_next", "qwen3_next", "f32", None),
+        ("qwen3_5", "qwen3_5_text", "f32", None),
+        ("qwen3_5_moe", "qwen3_5_moe_text", "f32", None),
+        ("qwen3_5", "qwen3_5_text", "bf16", None),
+        // Older qwen3next files: the fused `ssm_in`, split at load.
+        ("qwen3_next", "qwen3_next", "bf16", Some("--legacy-ssm-in")),
     ] {
         let path = std::env::temp_dir().join(format!("shardlm-gguf-py-{name}-{outtype}-{}.gguf", std::process::id()));
         let out = std::process::Command::new("python3")
@@ -266,6 +269,7 @@ fn hybrid_ggufs_written_by_gguf_py_match_transformers() {
             .arg(fixture(name))
             .arg(&path)
             .args(["--outtype", outtype])
+            .args(extra)
             .output()
             .unwrap();
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
