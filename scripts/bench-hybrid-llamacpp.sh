@@ -19,6 +19,20 @@ LLAMA_BENCH="${LLAMA_BENCH:-$(ls "$CACHE"/llama.cpp-b11434/build-*/bin/llama-ben
 ROUNDS="${ROUNDS:-3}" P="${P:-512}" G="${G:-64}" T="${T:-2}"
 HF="$CACHE/test-hybrid/qwen3-next-1b-hf"
 python3 scripts/make_hybrid_model.py --1b --out "$HF"
+# llama.cpp loads no GGUF without a vocabulary: a placeholder BPE one (`<unk>
+# <s> </s> t3 t4 …`, no merges; the benchmarks feed token ids), as
+# scripts/hf-gguf-llamacpp.sh gives the fixtures.
+[[ -f "$HF/tokenizer.json" ]] || python3 - "$HF" <<'PY'
+import json, sys
+d = sys.argv[1]
+n = json.load(open(f"{d}/config.json"))["vocab_size"]
+toks = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, n)]
+json.dump({"version": "1.0",
+           "added_tokens": [{"id": i, "content": toks[i], "special": True, "single_word": False,
+                             "lstrip": False, "rstrip": False, "normalized": False} for i in range(3)],
+           "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(toks)}, "merges": []}},
+          open(f"{d}/tokenizer.json", "w"))
+PY
 echo "commit $(git rev-parse --short HEAD), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 for ty in ${1:-q4_0 q8_0}; do
   M="$CACHE/test-hybrid/qwen3-next-1b-$ty.gguf"
