@@ -44,7 +44,7 @@ for ty in ${1:-q4_0 q8_0}; do
     read -r pp tg < <(python3 -c "import json,sys; d=json.loads(sys.argv[1]); a=d['avg']; print(a['prompt_tps'], a['generation_tps'])" "$out")
     echo "shardlm   pp$P $pp tok/s, tg$G $tg tok/s"
     sh_pp+=("$pp"); sh_tg+=("$tg")
-    out=$("$LLAMA_BENCH" -m "$M" -p "$P" -n "$G" -t "$T" -r 1 -o json 2>/dev/null)
+    out=$("$LLAMA_BENCH" -m "$M" -p "$P" -n "$G" -t "$T" -r 1 -o json 2>"$M.llama-bench.log") || { echo "llama-bench failed: $(tail -3 "$M.llama-bench.log")"; exit 1; }
     read -r pp tg < <(python3 -c "
 import json, sys
 runs = json.loads(sys.argv[1])
