@@ -14,6 +14,7 @@
 //!   `k·r + j`) to llama.cpp's tiled one (position `j·nk + k`).
 //! * Every RMSNorm but the gated one written as `1 + w` (HF stores them
 //!   zero-centered); the pre-MLP norm is `post_attention_norm`.
+//! * Checkpoints' multi-token-prediction weights (`mtp.*`) are left out.
 //! * Metadata: `ssm.conv_kernel`, `ssm.state_size`, `ssm.group_count`,
 //!   `ssm.time_step_rank`, `ssm.inner_size`, `attention.recurrent_layers`,
 //!   `full_attention_interval`, and for qwen35 `rope.dimension_sections`
@@ -126,8 +127,13 @@ pub struct Output {
 }
 
 /// The GGUF tensors HF tensor `hf` (of shape `shape`) becomes, or `None` when
-/// the generic names apply unchanged (attention, MLP, experts, routers).
+/// the generic names apply unchanged (attention, MLP, experts, routers). The
+/// multi-token-prediction head (`mtp.*`) is not written (none: the file
+/// says no `nextn_predict_layers`).
 pub fn outputs(c: &ModelConfig, arch: &str, hf: &str, shape: &[usize]) -> Result<Option<Vec<Output>>> {
+    if hf.starts_with("mtp.") || hf.starts_with("model.mtp.") {
+        return Ok(Some(Vec::new()));
+    }
     let Some((layer, part)) = hf.strip_prefix("model.layers.").and_then(|r| r.split_once('.')) else {
         // The final norm, zero-centered like the others.
         if hf == "model.norm.weight" {
