@@ -23,6 +23,12 @@
 //! (`attn · sigmoid(gate)` before `o_proj`), rotary on `partial_rotary_factor`
 //! of each head, and every RMSNorm but the gated one is zero-centered
 //! (`(1 + w)`; llama.cpp's GGUF conversion stores `1 + w` already).
+//!
+//! llama.cpp's GGUFs (`formats::gguf_qwen3next`) load through the `Split`
+//! names for all three archs; `qwen35`/`qwen35moe` files store the value
+//! heads tiled (`j·nk + k`, [`LinearAttnSpec::tiled_v`]), kept as stored:
+//! value head `p` then reads key head `p mod nk`, and a tensor rank's value
+//! heads are `r` strided runs ([`LinearAttnSpec::value_heads`]).
 
 use crate::kv_cache::{KvPool, SeqKv};
 use crate::linear::Linear;
