@@ -5,9 +5,8 @@
 # long-context point (-p 8192 -g 128), and the recurrent state bytes per
 # sequence next to the KV bytes per token. Run it on a quiet machine.
 #
-# Not yet: the llama.cpp side (llama-bench on the same weights as GGUF
-# Q4_0/Q8_0/MXFP4) needs shardlm to read and write the qwen3next GGUF
-# (docs/ARCHITECTURE.md, "Hybrid linear attention", Not yet).
+# Against llama.cpp on the same GGUF files (Q4_0/Q8_0 of a ~1.2B variant):
+# scripts/bench-hybrid-llamacpp.sh.
 #
 # Usage: scripts/bench-hybrid.sh [--tiny]   (--tiny: a toy model, to check the script)
 set -euo pipefail

@@ -4,7 +4,8 @@
 # (default: the MoE ones llama.cpp's graphs accept, mixtral and qwen2_moe),
 # this copies it with a placeholder BPE tokenizer.json (`<unk> <s> </s> t3 t4
 # …`, no merges: the fixtures have none, and llama.cpp will not load a GGUF
-# without a vocabulary), writes it as a Q8_0 GGUF with `shardlm quantize`,
+# without a vocabulary), writes it as a Q8_0 GGUF with `shardlm quantize`
+# (another type with TO=f16, q4_0, ...),
 # and compares 12 greedy tokens after a fixed 10-token prompt: llama-server
 # b11434 `/completion` (top_k 1) against `shardlm run --prompt-ids` on the
 # same file (exit status 1 only if llama.cpp cannot load or run a file). Not
@@ -12,7 +13,7 @@
 # `scripts/bench-vs-llamacpp.sh --llama-server` builds the server.
 #
 # Usage: scripts/hf-gguf-llamacpp.sh [FIXTURE ...]
-# Environment: SHARDLM (default target/release/shardlm), LLAMA_SERVER
+# Environment: SHARDLM (default target/release/shardlm), LLAMA_SERVER, TO (default q8_0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARDLM="${SHARDLM:-target/release/shardlm}"
@@ -20,6 +21,7 @@ LLAMA_SERVER="${LLAMA_SERVER:-$(scripts/bench-vs-llamacpp.sh --llama-server)}"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 IDS=17,230,5,999,64,3,512,77,300,1
+TO="${TO:-q8_0}"
 status=0
 for fx in "${@:-mixtral qwen2_moe}"; do
   for a in $fx; do
@@ -34,7 +36,7 @@ json.dump({"version": "1.0",
            "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(toks)}, "merges": []}},
           open(f"{d}/tokenizer.json", "w"))
 PY
-    "$SHARDLM" quantize "$TMP/$a" "$TMP/$a.gguf" --to q8_0 2>/dev/null
+    "$SHARDLM" quantize "$TMP/$a" "$TMP/$a.gguf" --to "$TO" 2>/dev/null
     port=$((19000 + RANDOM % 1000))
     "$LLAMA_SERVER" -m "$TMP/$a.gguf" -c 256 -t 1 --port "$port" -np 1 --no-warmup >"$TMP/$a.log" 2>&1 &
     spid=$!
@@ -69,7 +71,7 @@ a, b = ast.literal_eval(a), ast.literal_eval(b)
 k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
 print('same' if k == len(a) else f'the first {k} of {len(a)} the same')" "$llama" "$ours")
     case "$verdict" in *FAILED*) status=1 ;; esac
-    echo "$a: llama.cpp $llama | shardlm $ours | $verdict"
+    echo "$a ($TO): llama.cpp $llama | shardlm $ours | $verdict"
   done
 done
 exit $status

@@ -6,12 +6,14 @@ pattern (18 Gated DeltaNet, 6 gated full attention), linear attention with 8
 key / 16 value heads of 128 (conv kernel 4), full attention 8 heads / 2 KV
 heads of 128 (partial rotary 0.25), 64 experts of width 384 top-8 plus a
 gated shared expert of 768, vocab 32000. `--tiny` writes a 2-layer toy of
-the same layout (to check the script). Weights N(0, 0.02); RMSNorm weights 0
+the same layout (to check the script); `--1b` a ~1.2B-total one (experts of
+width 192, shared expert 384; ~0.35B active), the shape of the llama.cpp
+comparison in docs/PERFORMANCE.md. Weights N(0, 0.02); RMSNorm weights 0
 (the zero-centered norms mean 1 + w = 1), the gated norm's 1; A_log log(U(1,16)),
 dt_bias 1. No tokenizer (benchmarks feed token ids). Written tensor by
 tensor, the safetensors header first.
 
-Usage: scripts/make_hybrid_model.py [--out DIR] [--seed N] [--tiny]
+Usage: scripts/make_hybrid_model.py [--out DIR] [--seed N] [--tiny | --1b]
 Default output: $SHARDLM_CACHE/test-hybrid/qwen3-next-2b-hf/. Needs numpy.
 """
 
@@ -29,6 +31,7 @@ from make_test_model import cache_dir  # noqa: E402
 
 SHAPE = dict(hidden=1024, layers=24, nk=8, nv=16, dk=128, dv=128, conv=4, heads=8, kv_heads=2, head_dim=128,
              experts=64, top_k=8, expert_ffn=384, shared_ffn=768, vocab=32000)
+ONE_B = dict(SHAPE, expert_ffn=192, shared_ffn=384)
 TINY = dict(SHAPE, hidden=128, layers=4, nk=2, nv=4, dk=32, dv=32, heads=4, kv_heads=2, head_dim=32, experts=8,
             top_k=2, expert_ffn=64, shared_ffn=64, vocab=1024)
 
@@ -128,8 +131,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=cache_dir() / "test-hybrid" / "qwen3-next-2b-hf")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--1b", dest="one_b", action="store_true")
     args = ap.parse_args()
-    s = TINY if args.tiny else SHAPE
+    s = TINY if args.tiny else ONE_B if args.one_b else SHAPE
     st = args.out / "model.safetensors"
     if st.exists():
         print("already present:", st)

@@ -16,6 +16,7 @@ mod progress;
 mod quantize;
 mod quantize_gguf;
 mod quantize_hf_gguf;
+mod quantize_hf_gguf_hybrid;
 mod quantize_hf_gguf_moe;
 mod run;
 mod serve;

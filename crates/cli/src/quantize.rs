@@ -35,7 +35,8 @@ pub struct QuantizeArgs {
     pub input: PathBuf,
     /// A directory (nvfp4, mxfp4, fp8) or a `.gguf` file (q8_0, q4_0, mxfp4, nvfp4).
     pub output: PathBuf,
-    /// Target format: nvfp4, mxfp4, fp8, q8_0, q4_0, q4_k, q5_0, q5_1, iq4_nl or iq4_xs.
+    /// Target format: nvfp4, mxfp4, fp8, q8_0, q4_0, q4_k, q5_0, q5_1, iq4_nl or iq4_xs;
+    /// from an HF directory to a `.gguf` file also f32, f16 or bf16 (a plain conversion).
     #[arg(long = "to")]
     pub to: String,
     /// Leave tensors whose name matches this pattern (`*` matches anything) unquantized; repeatable.
@@ -147,8 +148,9 @@ pub fn quantize(a: QuantizeArgs) -> Result<()> {
         "fp8" => bail!("fp8 has no GGUF type (llama.cpp has none): give an output directory"),
         "q8_0" | "q4_0" | "q4_k" | "nvfp4" | "mxfp4" => return crate::quantize_gguf::quantize_gguf(&a, &to),
         "q5_0" | "q5_1" | "iq4_nl" | "iq4_xs" => return crate::quantize_gguf::quantize_gguf(&a, &to),
+        "f32" | "f16" | "bf16" if gguf_out => return crate::quantize_gguf::quantize_gguf(&a, &to),
         other => bail!(
-            "unknown target '{other}' (expected nvfp4, mxfp4, fp8, q8_0, q4_0, q4_k, q5_0, q5_1, iq4_nl or iq4_xs)"
+            "unknown target '{other}' (expected nvfp4, mxfp4, fp8, q8_0, q4_0, q4_k, q5_0, q5_1, iq4_nl or iq4_xs; f32, f16 or bf16 for HF → GGUF)"
         ),
     };
     if !a.input.is_dir() {

@@ -31,6 +31,9 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
         "q5_1" => DType::Q5_1,
         "iq4_nl" => DType::IQ4_NL,
         "iq4_xs" => DType::IQ4_XS,
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
         other => bail!("unknown GGUF target '{other}'"),
     };
     if a.output.extension().is_none_or(|e| e != "gguf") {
@@ -38,6 +41,12 @@ pub fn quantize_gguf(a: &QuantizeArgs, to: &str) -> Result<()> {
     }
     if a.input.is_dir() {
         return crate::quantize_hf_gguf::hf_to_gguf(a, target);
+    }
+    if !target.is_quantized() {
+        bail!(
+            "{}: --to {to} converts an HF checkpoint directory; a GGUF input is re-encoded to a quantized type",
+            a.input.display()
+        );
     }
     if a.input.extension().is_none_or(|e| e != "gguf") {
         bail!("{}: GGUF output needs a GGUF file or an HF checkpoint directory as input", a.input.display());
@@ -153,6 +162,9 @@ pub fn llama_ftype(target: DType) -> u32 {
         DType::IQ4_NL => 25,
         DType::IQ4_XS => 30,
         DType::MXFP4 => 38,
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::BF16 => 32,
         _ => 39, // NVFP4
     }
 }

@@ -23,6 +23,7 @@
 //! Streamed like the GGUF → GGUF path: one tensor in memory at a time.
 
 use crate::quantize::{eligible, QuantizeArgs};
+use crate::quantize_hf_gguf_hybrid as hybrid;
 use crate::quantize_hf_gguf_moe as moe;
 use anyhow::{bail, Context, Result};
 use formats::gguf::GgufValue;
@@ -41,10 +42,10 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
         "qwen2" => "qwen2",
         "qwen3" => "qwen3",
         "gemma3_text" => "gemma3",
-        other => match moe::moe_arch(other) {
+        other => match moe::moe_arch(other).or_else(|| hybrid::hybrid_arch(other)) {
             Some(arch) => arch,
             None => bail!(
-                "{}: HF → GGUF supports llama, mistral, qwen2, qwen3, gemma3_text, qwen2_moe, qwen3_moe, mixtral, glm4_moe and minimax_m2, not '{other}' (use llama.cpp's convert_hf_to_gguf.py)",
+                "{}: HF → GGUF supports llama, mistral, qwen2, qwen3, gemma3_text, qwen2_moe, qwen3_moe, mixtral, glm4_moe, minimax_m2, qwen3_next, qwen3_5 and qwen3_5_moe, not '{other}' (use llama.cpp's convert_hf_to_gguf.py)",
                 a.input.display()
             ),
         },
@@ -54,6 +55,9 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
     moe::metadata(&mut w, cfg, arch);
     if arch == "gemma3" {
         gemma3_metadata(&mut w, cfg)?;
+    }
+    if hybrid::hybrid_arch(&cfg.arch).is_some() {
+        hybrid::metadata(&mut w, cfg, arch).with_context(|| format!("{}", a.input.display()))?;
     }
     if let TokenizerSource::HfJson(path) = &files.tokenizer {
         tokenizer(&mut w, path, cfg).with_context(|| format!("{}", path.display()))?;
@@ -93,6 +97,9 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
         for name in &p.sources {
             let t = &files.tensors.tensors[name];
             let mut x = t.to_f32();
+            if let Some(xf) = &p.xform {
+                x = xf.apply(x);
+            }
             // Gemma stores RMSNorm weights as `w − 1`; llama.cpp's converter adds the one.
             if arch == "gemma3" && name.ends_with("norm.weight") {
                 x.iter_mut().for_each(|v| *v += 1.0);
@@ -103,7 +110,7 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
                 let heads = if name.contains("q_proj") { cfg.n_heads } else { cfg.n_kv_heads };
                 x = pair_rope_rows(&x, heads, t.shape[0] / heads, t.shape[1]);
             }
-            let cols = *t.shape.last().unwrap_or(&1);
+            let cols = p.cols.unwrap_or(*t.shape.last().unwrap_or(&1));
             let start = bytes.len();
             bytes.resize(start + p.dtype.bytes_for(x.len()).expect("planned"), 0);
             let part = &mut bytes[start..];
@@ -134,6 +141,17 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
     Ok(())
 }
 
+/// The type of a matrix left out of the target (embeddings, lm_head,
+/// `--keep`, rows not whole blocks): F16, as llama.cpp's converter, or F32
+/// when the target is F32 (an exact copy).
+fn fallback(target: DType) -> DType {
+    if target == DType::F32 {
+        DType::F32
+    } else {
+        DType::F16
+    }
+}
+
 /// One GGUF tensor to write: its HF sources (one, or a stack's experts in
 /// index order), its header entry and storage type.
 struct Plan {
@@ -141,6 +159,10 @@ struct Plan {
     stacked: bool,
     info: TensorInfo,
     dtype: DType,
+    /// The hybrids' reshaping of the source ([`hybrid::Xform`]).
+    xform: Option<hybrid::Xform>,
+    /// Row width when it differs from the source's last dimension.
+    cols: Option<usize>,
 }
 
 /// Pass 1: names, output types and sizes, in the store's (sorted) order, each
@@ -161,6 +183,25 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
             });
             if let Slot::Stack(_, _, experts) = &mut slots[i] {
                 experts.push((expert, name.clone()));
+            }
+            continue;
+        }
+        let arch = hybrid::hybrid_arch(&files.config.arch);
+        if let Some(outs) = arch.map(|h| hybrid::outputs(&files.config, h, name, &t.shape)).transpose()?.flatten() {
+            for o in outs {
+                let dtype = if o.f32 || o.shape.len() != 2 {
+                    DType::F32
+                } else if eligible(name, &o.shape, target.block_elems(), &a.keep) {
+                    target
+                } else {
+                    fallback(target)
+                };
+                let info = TensorInfo::new(&o.name, &o.shape, dtype)
+                    .with_context(|| format!("tensor '{name}': {:?} is not whole blocks of {dtype}", o.shape))?;
+                let cols = Some(*o.shape.last().unwrap_or(&1));
+                let plan =
+                    Plan { sources: vec![name.clone()], stacked: false, info, dtype, xform: Some(o.xform), cols };
+                slots.push(Slot::Plain(plan));
             }
             continue;
         }
@@ -185,11 +226,18 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
         } else if eligible(name, &shape, target.block_elems(), &a.keep) {
             target
         } else {
-            DType::F16
+            fallback(target)
         };
         let info = TensorInfo::new(&gguf, &shape, dtype)
             .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
-        slots.push(Slot::Plain(Plan { sources: vec![name.clone()], stacked: false, info, dtype }));
+        slots.push(Slot::Plain(Plan {
+            sources: vec![name.clone()],
+            stacked: false,
+            info,
+            dtype,
+            xform: None,
+            cols: None,
+        }));
     }
     slots
         .into_iter()
@@ -222,12 +270,19 @@ fn stack_plan(
     let dtype = if first.shape.len() == 2 && eligible(&experts[0].1, &first.shape, target.block_elems(), &a.keep) {
         target
     } else {
-        DType::F16
+        fallback(target)
     };
     let name = format!("blk.{layer}.{stack}.weight");
     let info = TensorInfo::new(&name, &shape, dtype)
         .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
-    Ok(Plan { sources: experts.into_iter().map(|e| e.1).collect(), stacked: true, info, dtype })
+    Ok(Plan {
+        sources: experts.into_iter().map(|e| e.1).collect(),
+        stacked: true,
+        info,
+        dtype,
+        xform: None,
+        cols: None,
+    })
 }
 
 /// Gemma 3's four layer norms under llama.cpp's names (`post_attention_layernorm`

@@ -4,6 +4,7 @@
 use crate::gguf::{GgufFile, GgufValue};
 use crate::gguf_deepseek2::deepseek2_keys;
 use crate::gguf_gemma3::{gemma3_keys, gemma3_norm_names};
+use crate::gguf_qwen3next::{hybrid_keys, hybrid_tensors, is_hybrid};
 use crate::names::gguf_to_hf;
 use crate::{
     FormatError, GgufTokenizer, ModelConfig, ModelFiles, RopeScaling, SourceFormat, TensorData, TensorStore,
@@ -25,6 +26,9 @@ pub(crate) fn model_files(mut g: GgufFile) -> Result<ModelFiles, FormatError> {
     }
     if g.architecture() == Some("glm4moe") {
         glm4moe_norm_names(&mut tensors);
+    }
+    if g.architecture().is_some_and(is_hybrid) {
+        hybrid_tensors(&mut tensors, &config)?;
     }
     let chat_template = g
         .get_str("tokenizer.chat_template")
@@ -144,6 +148,9 @@ pub fn hf_arch_name(gguf_arch: &str) -> String {
         "gemma3" => "gemma3_text".to_string(),
         "glm4moe" => "glm4_moe".to_string(),
         "minimax-m2" => "minimax_m2".to_string(),
+        "qwen3next" => "qwen3_next".to_string(),
+        "qwen35" => "qwen3_5_text".to_string(),
+        "qwen35moe" => "qwen3_5_moe_text".to_string(),
         other => other.to_string(),
     }
 }
@@ -240,6 +247,9 @@ fn model_config(g: &GgufFile) -> Result<ModelConfig, FormatError> {
     }
     if arch == "glm4moe" {
         glm4moe_keys(g, &mut raw);
+    }
+    if is_hybrid(&arch) {
+        hybrid_keys(g, &arch, n_layers, &mut raw)?;
     }
     if arch == "deepseek2" {
         let dims = deepseek2_keys(g, n_heads, &mut raw, &mut rope_scaling)?;

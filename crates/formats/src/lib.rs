@@ -15,6 +15,7 @@ pub mod gguf;
 mod gguf_deepseek2;
 mod gguf_gemma3;
 mod gguf_load;
+mod gguf_qwen3next;
 pub mod gguf_writer;
 pub mod hf;
 pub mod lowbit;

@@ -205,6 +205,38 @@ fn gguf_config_errors() {
     assert_contains(&err_of(&p), &["general.alignment must be a power-of-two u32, got U32(3)"]);
 }
 
+/// llama.cpp's hybrid linear-attention GGUFs: a missing or inconsistent
+/// `ssm.*` key and a misshapen fused tensor are one-line errors naming them.
+#[test]
+fn hybrid_gguf_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let hybrid = |arch: &str, keys: &[(&str, u32)]| {
+        let mut w = GgufWriter::new();
+        w.add_str("general.architecture", arch);
+        for (k, v) in [("block_count", 1), ("embedding_length", 8), ("feed_forward_length", 16)]
+            .iter()
+            .chain([("attention.head_count", 2)].iter())
+            .chain(keys)
+        {
+            w.add_u32(&format!("{arch}.{k}"), *v);
+        }
+        w.add_f32_tensor("token_embd.weight", &[4, 8], &[0.0; 32]);
+        w
+    };
+    let ssm = [("ssm.group_count", 2), ("ssm.time_step_rank", 4), ("ssm.state_size", 4), ("ssm.conv_kernel", 4)];
+    let p = write(dir.path(), "a.gguf", &hybrid("qwen35", &ssm).to_bytes());
+    assert_contains(&err_of(&p), &["bad config: missing or invalid metadata key 'qwen35.ssm.inner_size'"]);
+    let odd = [ssm[0], ("ssm.time_step_rank", 3), ssm[2], ssm[3], ("ssm.inner_size", 12)];
+    let p = write(dir.path(), "b.gguf", &hybrid("qwen35moe", &odd).to_bytes());
+    assert_contains(&err_of(&p), &["3 value heads of total width 12 cannot be shared by 2 key heads"]);
+    let mut w = hybrid("qwen3next", &[ssm[0], ssm[1], ssm[2], ssm[3], ("ssm.inner_size", 16)]);
+    w.add_f32_tensor("blk.0.ssm_ba.weight", &[6, 8], &[0.0; 48]);
+    let p = write(dir.path(), "c.gguf", &w.to_bytes());
+    let e = err_of(&p);
+    assert_contains(&e, &["tensor 'blk.0.ssm_ba.weight': expected 8 rows (2 × value heads), got [6, 8]"]);
+    assert!(!e.contains('\n'), "{e}");
+}
+
 #[test]
 fn hf_missing_files() {
     let dir = tempfile::tempdir().unwrap();

@@ -238,6 +238,11 @@ impl LayerLoader<'_> {
         self.hidden
     }
 
+    /// Whether the layer has tensor `name` (`.weight` included).
+    pub fn has(&self, name: &str) -> bool {
+        self.store.contains(&format!("{}{name}", self.prefix))
+    }
+
     /// Tensor `name` (`.weight` included) of the layer, checked to be `shape`.
     pub fn weight(&self, name: &str, shape: &[usize]) -> Result<&WeightTensor, ModelError> {
         Ok(self.store.get_shaped(&format!("{}{name}", self.prefix), shape)?)

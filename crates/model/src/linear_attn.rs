@@ -23,6 +23,12 @@
 //! (`attn · sigmoid(gate)` before `o_proj`), rotary on `partial_rotary_factor`
 //! of each head, and every RMSNorm but the gated one is zero-centered
 //! (`(1 + w)`; llama.cpp's GGUF conversion stores `1 + w` already).
+//!
+//! llama.cpp's GGUFs (`formats::gguf_qwen3next`) load through the `Split`
+//! names for all three archs; `qwen35`/`qwen35moe` files store the value
+//! heads tiled (`j·nk + k`, [`LinearAttnSpec::tiled_v`]), kept as stored:
+//! value head `p` then reads key head `p mod nk`, and a tensor rank's value
+//! heads are `r` strided runs ([`LinearAttnSpec::value_heads`]).
 
 use crate::kv_cache::{KvPool, SeqKv};
 use crate::linear::Linear;
@@ -34,7 +40,7 @@ use crate::{slice, LoadOptions, ModelError};
 use formats::{ModelConfig, SourceFormat, TensorData, WeightTensor};
 use kernels::delta_rule::{self, ChunkScratch, HeadInputs, CHUNK};
 use kernels::matmul::MatmulScratch;
-use kernels::ThreadPool;
+use kernels::{DType, ThreadPool};
 use serde_json::Value;
 use std::ops::Range;
 use std::sync::Arc;
@@ -61,6 +67,9 @@ pub struct LinearAttnSpec {
     pub in_proj: InProj,
     /// Zero-centered `(1 + w)` RMSNorms (HF weights; GGUF stores `1 + w`).
     pub zero_centered_norms: bool,
+    /// Value heads stored in llama.cpp's tiled order (qwen35 GGUFs): position
+    /// `j·nk + k` holds the j-th value head of key head k (HF: `k·r + j`).
+    pub tiled_v: bool,
 }
 
 impl LinearAttnSpec {
@@ -99,6 +108,7 @@ impl LinearAttnSpec {
             conv_kernel: need("linear_conv_kernel_dim")?,
             in_proj,
             zero_centered_norms: cfg.source != SourceFormat::Gguf,
+            tiled_v: c.get("linear_value_heads_tiled").and_then(Value::as_bool).unwrap_or(false),
         };
         if spec.k_heads == 0 || !spec.v_heads.is_multiple_of(spec.k_heads) || spec.conv_kernel == 0 {
             return Err(ModelError::Config(format!(
@@ -131,6 +141,20 @@ impl LinearAttnSpec {
         }
         let per = self.k_heads / ranks;
         Ok(tp.rank * per..(tp.rank + 1) * per)
+    }
+
+    /// The stored positions of the value heads of key heads `kh`, as ranges in
+    /// the order the rank keeps them: grouped, `kh.start·r..kh.end·r`; tiled,
+    /// for each j < r the positions `j·nk + k` of those key heads (one range
+    /// when `kh` is every key head). Local value head p then belongs to local
+    /// key head `p / r` (grouped) or `p mod kh.len()` (tiled).
+    pub fn value_heads(&self, kh: &Range<usize>) -> Vec<Range<usize>> {
+        let (nk, r) = (self.k_heads, self.group());
+        if !self.tiled_v || kh.len() == nk {
+            let all = if self.tiled_v { 0..self.v_heads } else { kh.start * r..kh.end * r };
+            return std::iter::once(all).collect();
+        }
+        (0..r).map(|j| j * nk + kh.start..j * nk + kh.end).collect()
     }
 
     /// The state shape of a linear layer holding `key_heads` key heads.
@@ -176,6 +200,43 @@ pub(crate) fn gather_rows(w: &WeightTensor, ranges: &[Range<usize>]) -> WeightTe
     }
 }
 
+/// Columns `ranges` of a 2-D weight, concatenated, owned (a rank's tiled
+/// value heads of `out_proj`): whole blocks copied when every range is
+/// block-aligned, else widened to f32.
+pub(crate) fn gather_cols(w: &WeightTensor, ranges: &[Range<usize>]) -> WeightTensor {
+    let (n_rows, n_cols) = (w.shape[0], w.shape[1]);
+    let block = w.dtype.block_elems();
+    let aligned = ranges.iter().all(|r| r.start.is_multiple_of(block) && r.end.is_multiple_of(block));
+    let width: usize = ranges.iter().map(|r| r.len()).sum();
+    let src = w.row_major();
+    let (dtype, out) = if aligned {
+        let (rb, bb) = (w.dtype.bytes_for(n_cols).expect("rows are whole blocks"), w.dtype.block_bytes());
+        let mut out = Vec::with_capacity(n_rows * width / block * bb);
+        for row in src.chunks_exact(rb) {
+            for r in ranges {
+                out.extend_from_slice(&row[r.start / block * bb..r.end / block * bb]);
+            }
+        }
+        (w.dtype, out)
+    } else {
+        let all = w.to_f32();
+        let mut out = Vec::with_capacity(n_rows * width * 4);
+        for row in all.chunks_exact(n_cols) {
+            for r in ranges {
+                out.extend(row[r.clone()].iter().flat_map(|v| v.to_le_bytes()));
+            }
+        }
+        (DType::F32, out)
+    };
+    WeightTensor {
+        name: w.name.clone(),
+        dtype,
+        shape: vec![n_rows, width],
+        data: TensorData::Owned(Arc::new(out)),
+        out_scale: w.out_scale,
+    }
+}
+
 /// The weights of one Gated DeltaNet layer (this rank's key heads).
 #[derive(Debug)]
 pub struct GatedDeltaNet {
@@ -196,6 +257,8 @@ pub struct GatedDeltaNet {
     pub out: Linear,
     pub shape: StateShape,
     pub key_heads: usize,
+    /// Value heads in the tiled order ([`LinearAttnSpec::tiled_v`]).
+    pub tiled: bool,
     pub eps: f32,
 }
 
@@ -210,12 +273,15 @@ impl GatedDeltaNet {
     ) -> Result<GatedDeltaNet, ModelError> {
         let h = ld.hidden();
         let (nk, nv, dk, dv, r) = (spec.k_heads, spec.v_heads, spec.k_dim, spec.v_dim, spec.group());
-        let vh = kh.start * r..kh.end * r;
+        // This rank's value heads (stored positions; several ranges only for
+        // tiled heads split over ranks) and their channels / rows / columns.
+        let vh = spec.value_heads(&kh);
         let (key, val) = (nk * dk, nv * dv);
         let span = |r: &Range<usize>, w: usize| r.start * w..r.end * w;
+        let spans = |off: usize, w: usize| vh.iter().map(|r| off + r.start * w..off + r.end * w).collect::<Vec<_>>();
         let q_ch = span(&kh, dk);
         let k_ch = key + q_ch.start..key + q_ch.end;
-        let v_ch = 2 * key + vh.start * dv..2 * key + vh.end * dv;
+        let v_ch = spans(2 * key, dv);
         let lin = |w: WeightTensor| -> Result<Linear, ModelError> {
             Ok(Linear::new(crate::decoder::quantized(w, opts)?, None))
         };
@@ -231,9 +297,10 @@ impl GatedDeltaNet {
                         data: TensorData::Owned(Arc::new([b.row_major(), a.row_major()].concat())),
                         ..b.clone()
                     },
-                    &[vh.clone(), nv + vh.start..nv + vh.end],
+                    &[spans(0, 1), spans(nv, 1)].concat(),
                 );
-                (gather_rows(w, &[q_ch.clone(), k_ch.clone(), v_ch.clone()]), slice::rows(zw, span(&vh, dv)), ba)
+                let qkv = gather_rows(w, &[vec![q_ch.clone(), k_ch.clone()], v_ch.clone()].concat());
+                (qkv, gather_rows(zw, &spans(0, dv)), ba)
             }
             InProj::Grouped => {
                 let g = 2 * dk + 2 * r * dv;
@@ -250,23 +317,37 @@ impl GatedDeltaNet {
         };
         let k = spec.conv_kernel;
         let conv_all = ld.weight("linear_attn.conv1d.weight", &[2 * key + val, 1, k])?.to_f32();
-        let by_channel: Vec<f32> =
-            [q_ch, k_ch, v_ch].iter().flat_map(|c| conv_all[c.start * k..c.end * k].to_vec()).collect();
+        let by_channel: Vec<f32> = [vec![q_ch, k_ch], v_ch.clone()]
+            .concat()
+            .iter()
+            .flat_map(|c| conv_all[c.start * k..c.end * k].to_vec())
+            .collect();
         let n_ch = by_channel.len() / k;
         let conv = (0..k * n_ch).map(|i| by_channel[(i % n_ch) * k + i / n_ch]).collect();
-        let a_log = ld.vector("linear_attn.A_log", nv)?;
+        // HF keeps A_log; llama.cpp's GGUFs `ssm_a` = −exp(A_log) itself.
+        let neg_a_all: Vec<f32> = match ld.has("linear_attn.ssm_a") {
+            true => ld.vector("linear_attn.ssm_a", nv)?,
+            false => ld.vector("linear_attn.A_log", nv)?.iter().map(|v| -v.exp()).collect(),
+        };
+        let dt_all = ld.vector("linear_attn.dt_bias", nv)?;
+        let pick = |v: &[f32]| vh.iter().flat_map(|r| v[r.clone()].to_vec()).collect::<Vec<f32>>();
         let out_w = ld.weight("linear_attn.out_proj.weight", &[h, val])?;
+        let out = match &v_ch[..] {
+            [_] => ld.row_par_of(out_w, &spans(0, dv)[0])?,
+            _ => Linear::new(crate::decoder::quantized(gather_cols(out_w, &spans(0, dv)), opts)?, None),
+        };
         Ok(GatedDeltaNet {
             qkv: lin(qkv)?,
             z: lin(z)?,
             ba: Linear::new(ba, None),
             conv,
-            neg_a: a_log[vh.clone()].iter().map(|v| -v.exp()).collect(),
-            dt_bias: ld.vector("linear_attn.dt_bias", nv)?[vh.clone()].to_vec(),
+            neg_a: pick(&neg_a_all),
+            dt_bias: pick(&dt_all),
             norm: ld.vector("linear_attn.norm.weight", dv)?,
-            out: ld.row_par_of(out_w, &span(&vh, dv))?,
+            out,
             shape: spec.state_shape(kh.len()),
             key_heads: kh.len(),
+            tiled: spec.tiled_v,
             eps: cfg.rms_norm_eps,
         })
     }
@@ -375,6 +456,8 @@ impl GatedDeltaNet {
         let s = self.shape;
         let (c, dk, dv, nv) = (s.conv_channels, s.dk, s.dv, s.v_heads);
         let r = nv / self.key_heads.max(1);
+        let nkl = self.key_heads.max(1);
+        let tiled = self.tiled;
         let (kq, vw) = (self.key_heads * dk, nv * dv);
         let nt = pool.n_threads();
         while ws.threads.len() < nt {
@@ -390,7 +473,8 @@ impl GatedDeltaNet {
             let hs = unsafe { &mut *threads.at(t) };
             for task in (t..n_tasks).step_by(nt) {
                 let (sq, h) = (&tasks[task / nv], task % nv);
-                let (len, kh) = (sq.len, h / r);
+                // The value head's key head: grouped `h / r`, tiled `h mod nk`.
+                let (len, kh) = (sq.len, if tiled { h % nkl } else { h / r });
                 for b in [&mut hs.q, &mut hs.k] {
                     grow(b, len * dk);
                 }

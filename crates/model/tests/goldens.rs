@@ -244,6 +244,41 @@ fn moe_ggufs_written_by_gguf_py_match_transformers() {
     }
 }
 
+/// The hybrid linear-attention fixtures converted by
+/// `scripts/hf_hybrid_to_gguf.py` (llama.cpp's `gguf` package and names, laid
+/// out as b11434's converter does: `qwen3next` with `attn_qkv`/`attn_gate`
+/// split from `in_proj_qkvz` and `ssm_ba`; `qwen35`/`qwen35moe` with the value
+/// heads in llama.cpp's tiled order; `ssm_a = −exp(A_log)`, norms `1 + w`,
+/// the `ssm.*` keys and `attention.recurrent_layers`) give the transformers
+/// logits; qwen3_5 also as `--outtype bf16` (exact for the bf16 fixture),
+/// qwen3_next also with the older fused `ssm_in`.
+#[test]
+fn hybrid_ggufs_written_by_gguf_py_match_transformers() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_hybrid_to_gguf.py");
+    for (name, arch, outtype, extra) in [
+        ("qwen3_next", "qwen3_next", "f32", None),
+        ("qwen3_5", "qwen3_5_text", "f32", None),
+        ("qwen3_5_moe", "qwen3_5_moe_text", "f32", None),
+        ("qwen3_5", "qwen3_5_text", "bf16", None),
+        // Older qwen3next files: the fused `ssm_in`, split at load.
+        ("qwen3_next", "qwen3_next", "bf16", Some("--legacy-ssm-in")),
+    ] {
+        let path = std::env::temp_dir().join(format!("shardlm-gguf-py-{name}-{outtype}-{}.gguf", std::process::id()));
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg(fixture(name))
+            .arg(&path)
+            .args(["--outtype", outtype])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(formats::open_model(&path).unwrap().config.arch, arch);
+        check_kv(name, &path, 2, None);
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
 #[test]
 fn qwen3_moe_gguf_matches_transformers() {
     let ints = [

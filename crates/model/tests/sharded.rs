@@ -267,20 +267,39 @@ fn deepseek_sharded_greedy(files: &formats::ModelFiles) {
 #[test]
 fn hybrid_linear_attention_sharded_matches_single() {
     for name in ["qwen3_next", "qwen3_5", "qwen3_5_moe"] {
-        let files = formats::open_model(&fixture(name)).unwrap();
-        let tokens = prompt(name);
-        let want = single(&files, &tokens);
-        for w in [vec![1.0, 1.0], vec![2.0, 1.0], vec![1.0, 1.0, 1.0]] {
-            assert_eq!(pipeline(&files, &tokens, &w), want, "{name} pipeline {w:?}");
-        }
-        let moe = name != "qwen3_5";
-        for expert in [false, true].into_iter().filter(|&e| !e || moe) {
-            let (got, greedy) = tensor_decode(&files, &tokens, &[1.0, 1.0], 16, expert, 6);
-            let what = format!("{name} {} 2", if expert { "expert" } else { "tensor" });
-            assert_close(&what, &got, &want, 1e-4);
-            assert_same_argmax(&what, &got, &want, files.config.vocab_size);
-            let (_, single_greedy) = tensor_decode(&files, &tokens, &[1.0], 16, false, 6);
-            assert_eq!(greedy, single_greedy, "{what}: greedy decode through the sharded states");
-        }
+        hybrid_sharded(name, &formats::open_model(&fixture(name)).unwrap());
+    }
+}
+
+/// The same from llama.cpp's GGUF layout (`scripts/hf_hybrid_to_gguf.py`):
+/// Qwen3.5's value heads are stored tiled (position `j·nk + k`), so a rank's
+/// heads are strided rows of `attn_qkv`, `attn_gate`, `ssm_beta/alpha`, the
+/// conv and strided columns of `ssm_out`. Needs python3 with numpy and gguf.
+#[test]
+fn hybrid_gguf_sharded_matches_single() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_hybrid_to_gguf.py");
+    for name in ["qwen3_next", "qwen3_5", "qwen3_5_moe"] {
+        let path = std::env::temp_dir().join(format!("shardlm-sharded-{name}-{}.gguf", std::process::id()));
+        let out = std::process::Command::new("python3").arg(&script).arg(fixture(name)).arg(&path).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        hybrid_sharded(name, &formats::open_model(&path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+fn hybrid_sharded(name: &str, files: &formats::ModelFiles) {
+    let tokens = prompt(name);
+    let want = single(files, &tokens);
+    for w in [vec![1.0, 1.0], vec![2.0, 1.0], vec![1.0, 1.0, 1.0]] {
+        assert_eq!(pipeline(files, &tokens, &w), want, "{name} pipeline {w:?}");
+    }
+    let moe = name != "qwen3_5";
+    for expert in [false, true].into_iter().filter(|&e| !e || moe) {
+        let (got, greedy) = tensor_decode(files, &tokens, &[1.0, 1.0], 16, expert, 6);
+        let what = format!("{name} {} 2", if expert { "expert" } else { "tensor" });
+        assert_close(&what, &got, &want, 1e-4);
+        assert_same_argmax(&what, &got, &want, files.config.vocab_size);
+        let (_, single_greedy) = tensor_decode(files, &tokens, &[1.0], 16, false, 6);
+        assert_eq!(greedy, single_greedy, "{what}: greedy decode through the sharded states");
     }
 }

@@ -9,10 +9,13 @@ use super::ArchSpec;
 use crate::linear_attn::InProj;
 use crate::moe::{config_usize, qwen_sparse_layers, text_config, validate, ExpertAct, MoeSpec, Routing, QWEN_NAMES};
 use crate::ModelError;
-use formats::ModelConfig;
+use formats::{ModelConfig, SourceFormat};
 
 pub fn spec(cfg: &ModelConfig) -> Result<ArchSpec, ModelError> {
-    Ok(ArchSpec { moe: hybrid_moe(cfg)?, ..super::qwen3_5::hybrid(cfg, InProj::Grouped)? })
+    // llama.cpp's `qwen3next` GGUFs hold the projections split (`attn_qkv`,
+    // `attn_gate`, `ssm_ba` as b and a), read as Qwen3.5's names.
+    let in_proj = if cfg.source == SourceFormat::Gguf { InProj::Split } else { InProj::Grouped };
+    Ok(ArchSpec { moe: hybrid_moe(cfg)?, ..super::qwen3_5::hybrid(cfg, in_proj)? })
 }
 
 /// The family's MoE: routed experts plus the sigmoid-gated shared expert.
