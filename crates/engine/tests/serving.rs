@@ -18,56 +18,14 @@
 //! ~20 (top-1 unchanged here).
 
 mod common;
+use common::serving::{request, Recorder, Seen};
 use common::smollm2;
 use model::{LoadOptions, Model, ShardSpec};
-use shardlm_engine::generate::{Engine, GenerateHooks, GenerateRequest};
-use shardlm_engine::serving::{Scheduler, SchedulerConfig, SeqHooks, SeqOutcome, Submission};
-use shardlm_engine::EngineError;
+use shardlm_engine::generate::{Engine, GenerateRequest};
+use shardlm_engine::serving::{Scheduler, SchedulerConfig, Submission};
 use std::sync::{Arc, Mutex};
 
 const LOGIT_BOUND: f32 = 1.5;
-
-/// What a run saw: the logits before each sample, and the outcome.
-#[derive(Default)]
-struct Seen {
-    logits: Vec<Vec<f32>>,
-    tokens: Vec<u32>,
-    outcome: Option<Result<SeqOutcome, String>>,
-}
-
-#[derive(Clone)]
-struct Recorder(Arc<Mutex<Seen>>);
-
-impl GenerateHooks for Recorder {
-    fn wants_logits(&self) -> bool {
-        true
-    }
-    fn constrain(&mut self, logits: &mut [f32], _remaining: usize) {
-        self.0.lock().unwrap().logits.push(logits.to_vec());
-    }
-    fn on_token(&mut self, id: u32) -> bool {
-        self.0.lock().unwrap().tokens.push(id);
-        true
-    }
-    fn on_text(&mut self, _text: &str) {}
-}
-
-impl SeqHooks for Recorder {
-    fn done(&mut self, result: Result<SeqOutcome, EngineError>) {
-        self.0.lock().unwrap().outcome = Some(result.map_err(|e| e.to_string()));
-    }
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt_ids: prompt,
-        max_tokens,
-        sampling: Default::default(),
-        stop_strings: Vec::new(),
-        ignore_eos: true,
-        want_prompt_logits: false,
-    }
-}
 
 fn submit(s: &mut Scheduler, req: GenerateRequest) -> Arc<Mutex<Seen>> {
     let seen = Arc::new(Mutex::new(Seen::default()));

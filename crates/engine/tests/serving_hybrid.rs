@@ -6,61 +6,15 @@
 //! multiples of the delta rule's chunk, so every chunk is computed alike),
 //! and `cached_tokens` shows the reuse.
 
-use model::{LoadOptions, Model, ShardSpec};
-use shardlm_engine::generate::{Engine, GenerateHooks, GenerateRequest};
-use shardlm_engine::serving::{Scheduler, SchedulerConfig, SeqHooks, SeqOutcome, Submission};
-use shardlm_engine::EngineError;
-use std::path::PathBuf;
+mod common;
+use common::serving::{fixture_engine, request, Recorder, Seen};
+use shardlm_engine::generate::Engine;
+use shardlm_engine::serving::{Scheduler, SchedulerConfig, Submission};
 use std::sync::{Arc, Mutex};
 
-#[derive(Default)]
-struct Seen {
-    logits: Vec<Vec<f32>>,
-    tokens: Vec<u32>,
-    outcome: Option<Result<SeqOutcome, String>>,
-}
-
-#[derive(Clone)]
-struct Recorder(Arc<Mutex<Seen>>);
-
-impl GenerateHooks for Recorder {
-    fn wants_logits(&self) -> bool {
-        true
-    }
-    fn constrain(&mut self, logits: &mut [f32], _remaining: usize) {
-        self.0.lock().unwrap().logits.push(logits.to_vec());
-    }
-    fn on_token(&mut self, id: u32) -> bool {
-        self.0.lock().unwrap().tokens.push(id);
-        true
-    }
-    fn on_text(&mut self, _text: &str) {}
-}
-
-impl SeqHooks for Recorder {
-    fn done(&mut self, result: Result<SeqOutcome, EngineError>) {
-        self.0.lock().unwrap().outcome = Some(result.map_err(|e| e.to_string()));
-    }
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt_ids: prompt,
-        max_tokens,
-        sampling: Default::default(),
-        stop_strings: Vec::new(),
-        ignore_eos: true,
-        want_prompt_logits: false,
-    }
-}
-
+/// A fixture's engine (a name under tests/fixtures/tiny, or a directory).
 fn engine(name: &str) -> Engine {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
-    let files = formats::open_model(&path).unwrap();
-    let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
-    let mut e = Engine::new(m, None, 2);
-    e.prefill_chunk = 64;
-    e
+    fixture_engine(name, 64)
 }
 
 /// Pseudo-random token ids below 1024.

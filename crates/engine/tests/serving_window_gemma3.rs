@@ -9,53 +9,12 @@
 
 mod common;
 use common::gemma3;
+use common::serving::{request, Recorder, Seen};
 use model::{LoadOptions, Model, ShardSpec};
-use shardlm_engine::generate::{Engine, GenerateHooks, GenerateRequest};
+use shardlm_engine::generate::Engine;
 use shardlm_engine::serving::windows::window_blocks_for;
-use shardlm_engine::serving::{Scheduler, SchedulerConfig, SeqHooks, SeqOutcome, Submission};
-use shardlm_engine::EngineError;
+use shardlm_engine::serving::{Scheduler, SchedulerConfig, Submission};
 use std::sync::{Arc, Mutex};
-
-#[derive(Default)]
-struct Seen {
-    logits: Vec<Vec<f32>>,
-    tokens: Vec<u32>,
-    outcome: Option<Result<SeqOutcome, String>>,
-}
-
-#[derive(Clone)]
-struct Recorder(Arc<Mutex<Seen>>);
-
-impl GenerateHooks for Recorder {
-    fn wants_logits(&self) -> bool {
-        true
-    }
-    fn constrain(&mut self, logits: &mut [f32], _remaining: usize) {
-        self.0.lock().unwrap().logits.push(logits.to_vec());
-    }
-    fn on_token(&mut self, id: u32) -> bool {
-        self.0.lock().unwrap().tokens.push(id);
-        true
-    }
-    fn on_text(&mut self, _text: &str) {}
-}
-
-impl SeqHooks for Recorder {
-    fn done(&mut self, result: Result<SeqOutcome, EngineError>) {
-        self.0.lock().unwrap().outcome = Some(result.map_err(|e| e.to_string()));
-    }
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt_ids: prompt,
-        max_tokens,
-        sampling: Default::default(),
-        stop_strings: Vec::new(),
-        ignore_eos: true,
-        want_prompt_logits: false,
-    }
-}
 
 fn serve_one(s: &mut Scheduler, e: &mut Engine, prompt: &[u32], n: usize) -> Seen {
     let seen = Arc::new(Mutex::new(Seen::default()));

@@ -1,5 +1,7 @@
 //! What the SmolLM2 tests share: where the cached default model lives.
 
+pub mod serving;
+
 use std::path::PathBuf;
 
 /// The cached SmolLM2-135M Q4_1 GGUF; `None` (the test skips) when it is
