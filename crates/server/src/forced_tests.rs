@@ -45,14 +45,7 @@ fn forced_calls_parse_back_in_every_family() {
                 let mut g = JsonGuide::new(Arc::new(grammar_clone(&grammar)), vocab.clone());
                 let mut out = Vec::new();
                 for step in 0..budget {
-                    let mut logits: Vec<f32> = (0..vocab.bytes.len())
-                        .map(|_| {
-                            rng ^= rng << 13;
-                            rng ^= rng >> 7;
-                            rng ^= rng << 17;
-                            (rng % 1000) as f32 / 100.0
-                        })
-                        .collect();
+                    let mut logits = random_logits(&mut rng, vocab.bytes.len());
                     g.mask(&mut logits, budget - step);
                     let id = crate::guide::guide_tests_argmax(&logits);
                     out.extend_from_slice(&vocab.bytes[id as usize]);
@@ -121,14 +114,7 @@ fn lazy_guide_holds_unforced_calls_in_every_family() {
                 let mut released = false;
                 for step in 0..budget {
                     assert!(lazy.active(), "{name}");
-                    let mut logits: Vec<f32> = (0..vocab.bytes.len())
-                        .map(|_| {
-                            rng ^= rng << 13;
-                            rng ^= rng >> 7;
-                            rng ^= rng << 17;
-                            (rng % 1000) as f32 / 100.0
-                        })
-                        .collect();
+                    let mut logits = random_logits(&mut rng, vocab.bytes.len());
                     lazy.mask(&mut logits, budget - step);
                     let id = crate::guide::guide_tests_argmax(&logits);
                     out.extend_from_slice(&vocab.bytes[id as usize]);
@@ -177,6 +163,18 @@ fn lazy_guide_holds_unforced_calls_in_every_family() {
     }
     assert_eq!(lazy.accept(last, 5), Lazy::Free);
     assert!(!lazy.active());
+}
+
+/// `n` logits in `0..10` from a xorshift generator.
+fn random_logits(rng: &mut u64, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            (*rng % 1000) as f32 / 100.0
+        })
+        .collect()
 }
 
 fn grammar_clone(s: &Schema) -> Schema {
