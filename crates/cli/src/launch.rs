@@ -20,9 +20,7 @@
 //! `--remote-exe`). Hosts whose address is this machine are started directly.
 
 use crate::launch_output::{describe, forward_lines, forward_raw, write_out};
-use crate::launch_restart::{
-    restarts_ranks, PendingRestart, Recipe, StopWatch, MAX_RESTARTS, RESTART_PAUSE, STOPPED_GRACE,
-};
+use crate::launch_restart::{restarts_ranks, PendingRestart, Recipe, StopWatch, MAX_RESTARTS, RESTART_PAUSE};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use comm::bootstrap::{
@@ -671,20 +669,12 @@ fn supervise(
                 rs.pending.clear();
             }
             if ranks[0].status.is_none() && interrupted.is_none() && first_failure.is_none() {
-                let local: Vec<(usize, u32)> = ranks
+                let local: Vec<(usize, u32, String)> = ranks
                     .iter()
                     .filter(|r| r.rank != 0 && r.status.is_none() && r.host.is_none())
-                    .map(|r| (r.rank, r.child.id()))
+                    .map(|r| (r.rank, r.child.id(), r.label()))
                     .collect();
-                for (i, pid) in rs.stops.overdue(&local, STOPPED_GRACE) {
-                    eprintln!(
-                        "note: {} has been stopped (SIGSTOP) for {} s; killing it to restart it",
-                        ranks[i].label(),
-                        STOPPED_GRACE.as_secs()
-                    );
-                    // SAFETY: the child is not reaped yet, so its pid still names it.
-                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-                }
+                rs.stops.kill_overdue(&local);
             }
             while let Some(k) = rs.pending.iter().position(|p| p.at <= Instant::now()) {
                 let i = rs.pending.swap_remove(k).rank;

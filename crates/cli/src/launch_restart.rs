@@ -109,6 +109,20 @@ impl StopWatch {
         self.since.retain(|s| !due.contains(&(s.0, s.1)));
         due
     }
+    /// Kills the ranks of `local` (rank, pid, label; unreaped children)
+    /// stopped for [`STOPPED_GRACE`], so that the supervisor restarts them.
+    pub(crate) fn kill_overdue(&mut self, local: &[(usize, u32, String)]) {
+        let ranks: Vec<(usize, u32)> = local.iter().map(|l| (l.0, l.1)).collect();
+        for (i, pid) in self.overdue(&ranks, STOPPED_GRACE) {
+            let label = local.iter().find(|l| l.0 == i).map_or("a rank", |l| l.2.as_str());
+            eprintln!(
+                "note: {label} has been stopped (SIGSTOP) for {} s; killing it to restart it",
+                STOPPED_GRACE.as_secs()
+            );
+            // SAFETY: the caller's children are not reaped yet, so the pid still names this one.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+    }
 }
 
 /// A lost rank waiting for its restart.
