@@ -71,16 +71,6 @@ pub struct Cluster {
     pub expert: bool,
 }
 
-/// KV cache bytes one position takes in one layer of the whole model: K and V
-/// rows of every KV head, or latent attention's latent ‖ rope-key row.
-fn kv_bytes_per_layer(cfg: &formats::ModelConfig, kv_type: model::KvType) -> usize {
-    let raw = |k: &str| cfg.raw.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
-    match (raw("kv_lora_rank"), raw("qk_rope_head_dim")) {
-        (Some(latent), Some(rope)) => kv_type.bytes_for(latent + rope),
-        _ => 2 * kv_type.bytes_for(cfg.n_kv_heads * cfg.head_dim),
-    }
-}
-
 /// Routed experts per MoE layer, for `--strategy expert` (an error for a dense model).
 fn n_experts(files: &formats::ModelFiles) -> Result<usize, EngineError> {
     let cfg = &files.config;
@@ -298,10 +288,9 @@ impl Cluster {
         // (a ring for sliding-window layers), or a linear-attention state.
         let kv_type = kv_type.unwrap_or(model::KvType::F16);
         let ctx = cfg.max_position_embeddings;
-        let cache = match model::Arch::from_name(&cfg.arch).map(|a| a.spec(cfg)) {
-            Some(Ok(spec)) => model::layer_memory::layer_cache_bytes(cfg, &spec, kv_type, ctx),
-            _ => vec![(kv_bytes_per_layer(cfg, kv_type) * ctx) as f64; cfg.n_layers],
-        };
+        let arch = model::Arch::from_name(&cfg.arch)
+            .ok_or_else(|| model::ModelError::Unsupported(format!("unknown architecture '{}'", cfg.arch)))?;
+        let cache = model::layer_memory::layer_cache_bytes(cfg, &arch.spec(cfg)?, kv_type, ctx);
         layer_bytes.iter_mut().zip(cache).for_each(|(b, c)| *b += c);
         let head = files.tensors.get("lm_head.weight").or_else(|_| files.tensors.get("model.embed_tokens.weight"));
         // Rank 0 also holds the tokenizer (measured ~400 bytes per vocabulary entry).
