@@ -20,15 +20,32 @@ fn main() {
     }
 }
 
+/// The shape: `ATTN_SHAPE=heads,kv_heads,head_dim,layers` (default SmolLM2's
+/// `9,3,64,30`; the Qwen3-Next test model's attention layers: `8,2,128,6`).
+fn shape() -> (usize, usize, usize, usize) {
+    let v: Vec<usize> =
+        std::env::var("ATTN_SHAPE").unwrap_or_default().split(',').filter_map(|s| s.trim().parse().ok()).collect();
+    match v[..] {
+        [h, kv, d, l] => (h, kv, d, l),
+        _ => (9, 3, 64, 30),
+    }
+}
+
 fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
-    let (nh, nkv, d) = (9, 3, 64);
+    let (nh, nkv, d, n_layers) = shape();
+    let scale = 1.0 / (d as f32).sqrt();
     let ctx = 8192 + 512;
     let x: Vec<f32> = (0..ctx * nkv * d).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
     let (mut k, mut v) = (vec![zero; x.len() / T::VALUES], vec![zero; x.len() / T::VALUES]);
     T::store(&x, &mut k);
     let xr: Vec<f32> = x.iter().rev().copied().collect();
     T::store(&xr, &mut v);
-    for (n_new, start) in [(512, 0), (512, 1536), (1, 512), (1, 2048), (1, 8192)] {
+    let cases: &[(usize, usize)] = if std::env::var_os("ATTN_DECODE_ONLY").is_some() {
+        &[(1, 8192)]
+    } else {
+        &[(512, 0), (512, 1536), (1, 512), (1, 2048), (1, 8192)]
+    };
+    for &(n_new, start) in cases {
         let q: Vec<f32> = (0..n_new * nh * d).map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5).collect();
         let mut out = vec![0f32; n_new * nh * d];
         let sh = AttnShape {
@@ -38,7 +55,7 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             n_kv_heads: nkv,
             head_dim: d,
             window: None,
-            scale: 0.125,
+            scale,
             sinks: None,
         };
         let reps = if n_new == 1 { 300 } else { 5 };
@@ -51,18 +68,18 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
         let cpu = (cpu_ns() - c) as f64 * 1e-9 / reps as f64;
         let pairs: f64 = (0..n_new).map(|i| (start + i + 1) as f64).sum::<f64>() * nh as f64;
         println!(
-            "n_new {n_new:4} start {start:5}: {:8.3} ms/call ({:8.3} ms on the calling thread's CPU), {:6.1} GFLOP/s (x30 layers = {:.1} ms)",
+            "n_new {n_new:4} start {start:5}: {:8.3} ms/call ({:8.3} ms on the calling thread's CPU), {:6.1} GFLOP/s (x{n_layers} layers = {:.1} ms)",
             s * 1e3,
             cpu * 1e3,
             pairs * d as f64 * 4.0 / s / 1e9,
-            s * 30e3
+            s * 1e3 * n_layers as f64
         );
     }
     // Decode at depth 8192 as a model runs it: 30 layers' caches (190 MB for
     // f16, more than the caches hold), one call each per token, so the keys and
     // values stream from memory rather than from a cache-resident single layer.
     {
-        let layers: Vec<(Vec<T>, Vec<T>)> = (0..30)
+        let layers: Vec<(Vec<T>, Vec<T>)> = (0..n_layers)
             .map(|i| {
                 let x: Vec<f32> = (0..ctx * nkv * d).map(|j| (((i + j) * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
                 let (mut k, mut v) = (vec![zero; x.len() / T::VALUES], vec![zero; x.len() / T::VALUES]);
@@ -82,10 +99,10 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             n_kv_heads: nkv,
             head_dim: d,
             window: None,
-            scale: 0.125,
+            scale,
             sinks: None,
         };
-        let reps = 20;
+        let reps = if std::env::var_os("ATTN_DECODE_ONLY").is_some() { 400 } else { 20 };
         let mut best = f64::MAX;
         let t = Instant::now();
         for _ in 0..reps {
@@ -96,10 +113,10 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             best = best.min(t1.elapsed().as_secs_f64());
         }
         let s = t.elapsed().as_secs_f64() / reps as f64;
-        let bytes =
-            (start + 1) as f64 * (nkv * d) as f64 * 2.0 * 30.0 * std::mem::size_of::<T>() as f64 / T::VALUES as f64;
+        let bytes = (start + 1) as f64 * (nkv * d) as f64 * 2.0 * n_layers as f64 * std::mem::size_of::<T>() as f64
+            / T::VALUES as f64;
         println!(
-            "decode at depth {start}, 30 layers' caches: {:7.2} ms/token (best {:.2}), KV read {:5.1} GB/s",
+            "decode at depth {start}, {n_layers} layers' caches: {:7.2} ms/token (best {:.2}), KV read {:5.1} GB/s",
             s * 1e3,
             best * 1e3,
             bytes / s / 1e9
@@ -107,7 +124,8 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
     }
     // A whole prompt's attention, as `shardlm bench -p P` runs it (chunks of 512,
     // each against the cache so far): one layer, once, and × 30 layers.
-    for prompt in [2048, 8192] {
+    let prompts: &[usize] = if std::env::var_os("ATTN_DECODE_ONLY").is_some() { &[] } else { &[2048, 8192] };
+    for &prompt in prompts {
         let mut total = 0.0;
         for start in (0..prompt).step_by(512) {
             let n_new = 512.min(prompt - start);
@@ -120,7 +138,7 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
                 n_kv_heads: nkv,
                 head_dim: d,
                 window: None,
-                scale: 0.125,
+                scale,
                 sinks: None,
             };
             let t = Instant::now();
@@ -128,9 +146,9 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             total += t.elapsed().as_secs_f64();
         }
         println!(
-            "prefill {prompt:5} in chunks of 512: {:8.1} ms per layer (x30 layers = {:.2} s)",
+            "prefill {prompt:5} in chunks of 512: {:8.1} ms per layer (x{n_layers} layers = {:.2} s)",
             total * 1e3,
-            total * 30.0
+            total * n_layers as f64
         );
     }
 }
