@@ -177,9 +177,13 @@ impl StageRunner<'_> {
         Ok(())
     }
 
-    /// Rank 0: runs one batched step across the cluster. Afterwards
-    /// `batch_logits[i]` holds item `i`'s requested logits.
-    pub fn drive_batch(&mut self, items: &[BatchItem<'_>]) -> Result<(), EngineError> {
+    /// Rank 0: sends one batched step to the embedding stage. With one stage
+    /// it runs here at once (its logits are ready for [`Self::collect_batch`]);
+    /// in a pipeline it only leaves, so that rank 0 can send the next
+    /// micro-batch before this one comes back: the stages then work on
+    /// different micro-batches at the same time. Steps run in the order they
+    /// were sent, on every rank.
+    pub fn submit_batch(&mut self, items: &[BatchItem<'_>]) -> Result<(), EngineError> {
         let c = self.cluster;
         let desc = encode(items);
         let tokens: Vec<u32> = items.iter().flat_map(|it| it.tokens.iter().copied()).collect();
@@ -191,6 +195,18 @@ impl StageRunner<'_> {
         }
         if c.stages == 1 {
             return self.run_batch(&decode(&desc)?, Some(&tokens));
+        }
+        Ok(())
+    }
+
+    /// Rank 0: finishes the oldest step sent by [`Self::submit_batch`]. In a
+    /// pipeline it receives that step's residual stream from the stage
+    /// before the head and runs this stage's layers and the head; afterwards
+    /// `batch_logits[i]` holds item `i`'s requested logits.
+    pub fn collect_batch(&mut self) -> Result<(), EngineError> {
+        let c = self.cluster;
+        if c.stages == 1 {
+            return Ok(());
         }
         let from = c.upstream().expect("stage 0 of a pipeline has an upstream");
         let hh = c.recv_header(from)?;

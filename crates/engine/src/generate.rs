@@ -115,6 +115,8 @@ pub struct Engine {
     /// The block pool of batched serving ([`Engine::init_pool`]).
     paged: Option<KvPool>,
     batch_logits: Vec<Vec<f32>>,
+    /// Item counts of the batched steps submitted and not yet collected.
+    in_flight: std::collections::VecDeque<usize>,
 }
 
 impl Engine {
@@ -137,6 +139,7 @@ impl Engine {
             dist_cache: None,
             paged: None,
             batch_logits: Vec::new(),
+            in_flight: Default::default(),
         }
     }
 
@@ -144,6 +147,7 @@ impl Engine {
     /// cluster: full and sliding-window block groups, and recurrent-state
     /// slots for a hybrid model.
     pub fn init_pool(&mut self, shape: PoolShape) -> Result<(), EngineError> {
+        self.in_flight.clear();
         if let Some(r) = self.with_runner(|r| r.init_pool(shape)) {
             return r;
         }
@@ -162,9 +166,34 @@ impl Engine {
     /// One forward step of a batch of paged sequences (locally or across the
     /// cluster). Returns each item's requested logits.
     pub fn step_batch(&mut self, items: &[BatchItem<'_>]) -> Result<&[Vec<f32>], EngineError> {
-        if let Some(r) = self.with_runner(|r| r.drive_batch(items)) {
+        self.submit_batch(items)?;
+        self.collect_batch()
+    }
+
+    /// How many batched steps may be in flight at once ([`Engine::submit_batch`]
+    /// before [`Engine::collect_batch`]): the pipeline's stage count, so that
+    /// every stage has a micro-batch to work on; 1 in one process or a pure
+    /// tensor split.
+    pub fn max_in_flight(&self) -> usize {
+        self.cluster.as_ref().map_or(1, |c| c.stages.max(1))
+    }
+
+    /// Starts a batched step. In one process (or with one pipeline stage) it
+    /// runs now; in a pipeline it is sent on and runs while rank 0 prepares
+    /// the next one. [`Engine::collect_batch`] returns the logits, oldest step
+    /// first. At most [`Engine::max_in_flight`] steps may be outstanding.
+    pub fn submit_batch(&mut self, items: &[BatchItem<'_>]) -> Result<(), EngineError> {
+        if self.in_flight.len() >= self.max_in_flight() {
+            return Err(EngineError::BadArgument(format!(
+                "{} batched steps are already in flight (at most {})",
+                self.in_flight.len(),
+                self.max_in_flight()
+            )));
+        }
+        if let Some(r) = self.with_runner(|r| r.submit_batch(items)) {
             r?;
-            return Ok(&self.batch_logits[..items.len()]);
+            self.in_flight.push_back(items.len());
+            return Ok(());
         }
         let kv = self.paged.as_mut().ok_or_else(|| EngineError::BadArgument("step_batch before init_pool".into()))?;
         crate::dist_batch::restore_states(kv, items.iter().map(|it| (it.state, it.restore)))?;
@@ -184,7 +213,27 @@ impl Engine {
         self.model.forward_paged(&self.pool, &mut self.ws, kv, &mut steps, &NoComm)?;
         drop(steps);
         crate::dist_batch::snapshot_states(kv, items.iter().map(|it| (it.state, it.snapshot)))?;
-        Ok(&self.batch_logits[..items.len()])
+        self.in_flight.push_back(items.len());
+        Ok(())
+    }
+
+    /// Finishes the oldest step of [`Engine::submit_batch`] and returns its
+    /// items' requested logits.
+    pub fn collect_batch(&mut self) -> Result<&[Vec<f32>], EngineError> {
+        let n = self
+            .in_flight
+            .pop_front()
+            .ok_or_else(|| EngineError::BadArgument("collect_batch with no step in flight".into()))?;
+        if let Some(r) = self.with_runner(|r| r.collect_batch()) {
+            r?;
+        }
+        Ok(&self.batch_logits[..n])
+    }
+
+    /// Forgets the steps in flight (after the cluster was lost: the re-formed
+    /// ranks hold none of them).
+    pub fn forget_in_flight(&mut self) {
+        self.in_flight.clear();
     }
 
     /// Runs `f` with a stage runner over this engine's buffers when this engine

@@ -3,6 +3,7 @@
 
 pub mod blocks;
 pub mod scheduler;
+mod seq;
 pub mod state_slots;
 pub mod windows;
 

@@ -9,6 +9,17 @@
 //! request's prefill joins between decode steps instead of stalling them for
 //! its whole prompt.
 //!
+//! # Micro-batches in flight (pipelines)
+//! A pipeline of S stages gets up to S steps in flight at once
+//! ([`Engine::max_in_flight`]): the decoding sequences are shared out between
+//! them, and a prompt's next chunk leaves before its previous one came back,
+//! so every stage works on its own micro-batch, as vLLM's and SGLang's
+//! pipeline schedulers do. Each rank runs the steps in the order they were
+//! sent, so a step may use blocks or state slots that an earlier step in
+//! flight still writes. A sequence counts `sub_len` positions sent beside
+//! `kv_len` computed ([`super::seq`]); one process (S = 1) sends one step and
+//! collects it at once, as before.
+//!
 //! # Sequence state
 //! A sequence's `history` is its prompt plus every sampled token; `kv_len`
 //! positions of it have KV in its blocks. It needs `history[kv_len..]` run: more
@@ -43,7 +54,8 @@
 //! window. Prefix reuse stops at the deepest block boundary whose window
 //! blocks are cached too.
 
-use super::blocks::{block_hashes, chain_hash, BlockManager, BlockStats};
+use super::blocks::{block_hashes, BlockManager, BlockStats};
+use super::seq::{finish, hybrid_piece, register_full_blocks, release_seq, Groups, Seq};
 use super::state_slots::StateSlots;
 use super::windows::{SeqWindow, WindowGroup};
 use crate::dist_batch::{BatchItem, PoolShape};
@@ -53,6 +65,7 @@ use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::EngineError;
 use model::LogitsMode;
 use std::collections::VecDeque;
+use std::time::Instant;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -91,78 +104,6 @@ pub struct Submission {
     pub hooks: Box<dyn SeqHooks>,
 }
 
-struct Seq {
-    req: GenerateRequest,
-    hooks: Box<dyn SeqHooks>,
-    sampler: Sampler,
-    history: Vec<u32>,
-    out_ids: Vec<u32>,
-    stream: TextStream,
-    decoder: StreamDecoder,
-    blocks: Vec<u32>,
-    /// Positions of `history` whose KV is in `blocks`.
-    kv_len: usize,
-    /// Chained hashes of the full blocks registered so far (prefix cache).
-    hashes: Vec<u64>,
-    /// Prompt tokens served by the prefix cache at first admission.
-    cached_tokens: Option<usize>,
-    greedy: bool,
-    /// Set when sampling ended the sequence.
-    finish: Option<FinishReason>,
-    /// Hybrid models: the recurrent-state slot, and a snapshot slot to
-    /// restore it from at the next step.
-    slot: Option<u32>,
-    restore: Option<u32>,
-    /// Its blocks in the sliding-window group.
-    window: SeqWindow,
-}
-
-/// What a scheduler hands out: full blocks, window blocks, state slots.
-struct Groups<'a> {
-    blocks: &'a mut BlockManager,
-    states: &'a mut Option<StateSlots>,
-    windows: &'a mut Option<WindowGroup>,
-}
-
-/// Gives back what a sequence leaving the batch holds: its blocks (full ones
-/// stay cached), its window blocks, and its state slot (a pending restore's
-/// pin too).
-fn release_seq(g: Groups<'_>, s: &mut Seq) {
-    let Groups { blocks, states, windows } = g;
-    blocks.release(&s.blocks);
-    s.blocks.clear();
-    if let Some(w) = windows.as_mut() {
-        w.release(&mut s.window);
-    }
-    if let Some(st) = states.as_mut() {
-        if let Some(r) = s.restore.take() {
-            st.unpin(r);
-        }
-        if let Some(slot) = s.slot.take() {
-            st.release(slot);
-        }
-    }
-}
-
-impl Seq {
-    /// Tokens still to run through the model.
-    fn pending(&self) -> usize {
-        self.history.len() - self.kv_len
-    }
-
-    /// Most tokens of this sequence one step may run. A prompt runs in chunks;
-    /// tokens it generated run one per step even when they are recomputed
-    /// (after a preemption or a lost rank), because decode and prefill sum in
-    /// different orders: replaying them as decode steps rebuilds the very KV
-    /// (and so the very next logits) the uninterrupted run had.
-    fn step_cap(&self) -> usize {
-        match self.req.prompt_ids.len().checked_sub(self.kv_len) {
-            Some(left) if left > 0 => left,
-            _ => 1,
-        }
-    }
-}
-
 /// Counters for `/metrics`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SchedulerStats {
@@ -196,6 +137,50 @@ pub struct Scheduler {
     states: Option<StateSlots>,
     /// The sliding-window block group (windowed models, when configured).
     windows: Option<WindowGroup>,
+    /// Steps sent and not yet collected, oldest first.
+    in_flight: VecDeque<Flight>,
+    /// The next [`Seq::id`].
+    next_id: u64,
+}
+
+/// A step in flight: which sequences it carries and what to do when it
+/// comes back.
+struct Flight {
+    /// (sequence id, tokens), in the step's item order.
+    items: Vec<(u64, usize)>,
+    /// (sequence id, prefix hash, snapshot slot) to commit.
+    snaps: Vec<(u64, u64, u32)>,
+    /// (sequence id, snapshot slot) restored by this step: pinned until then.
+    restores: Vec<(u64, u32)>,
+    tokens: usize,
+    sent: Instant,
+}
+
+/// One sequence's share of a planned step, turned into a [`BatchItem`]
+/// (which borrows the sequence) right before sending.
+struct PlanItem {
+    index: usize,
+    start: usize,
+    n: usize,
+    mode: LogitsMode,
+    restore: Option<u32>,
+    snapshot: Option<u32>,
+}
+
+impl PlanItem {
+    fn item<'a>(&self, running: &'a [Seq]) -> BatchItem<'a> {
+        let s = &running[self.index];
+        BatchItem {
+            tokens: &s.history[self.start..self.start + self.n],
+            table: &s.blocks,
+            start: self.start,
+            mode: self.mode,
+            state: s.slot,
+            restore: self.restore,
+            snapshot: self.snapshot,
+            window: s.window.view(),
+        }
+    }
 }
 
 impl Scheduler {
@@ -221,6 +206,8 @@ impl Scheduler {
             blocks: BlockManager::new(cfg.n_blocks, cfg.block, cfg.prefix_cache),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            in_flight: VecDeque::new(),
+            next_id: 0,
             eos_ids: engine.eos_ids.clone(),
             vocab: engine.model.config.vocab_size,
             context: engine.context_length(),
@@ -241,7 +228,7 @@ impl Scheduler {
 
     /// Whether any request is waiting or running.
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty() || !self.running.is_empty() || !self.in_flight.is_empty()
     }
 
     /// Queues a request, or refuses it at once (`done` with the error).
@@ -253,6 +240,8 @@ impl Scheduler {
         }
         let greedy = req.sampling.temperature <= 0.0 && req.sampling.repetition_penalty == 1.0;
         self.waiting.push_back(Seq {
+            id: 0,
+            sub_len: 0,
             sampler: Sampler::new(req.sampling.clone()),
             history: req.prompt_ids.clone(),
             out_ids: Vec::new(),
@@ -387,6 +376,9 @@ impl Scheduler {
                 s.cached_tokens = Some(got.len() * b);
             }
             s.kv_len = got.len() * b;
+            s.sub_len = s.kv_len;
+            s.id = self.next_id;
+            self.next_id += 1;
             if let Some(w) = self.windows.as_mut() {
                 w.acquire(&mut s.window, &hashes, got.len());
             }
@@ -410,8 +402,7 @@ impl Scheduler {
     fn preempt_youngest(&mut self) {
         if let Some(mut s) = self.running.pop() {
             release_seq(self.groups(), &mut s);
-            s.hashes.clear();
-            s.kv_len = 0;
+            s.forget_kv();
             self.stats.preemptions += 1;
             self.waiting.push_front(s);
         }
@@ -448,7 +439,7 @@ impl Scheduler {
         while i < self.running.len() {
             let Some(w) = self.windows.as_mut() else { return };
             let s = &mut self.running[i];
-            let upto = s.kv_len + s.pending().min(step).min(s.step_cap());
+            let upto = s.sub_len + s.ready().min(step).min(s.step_cap());
             if w.grow(&mut s.window, upto) {
                 i += 1;
             } else {
@@ -463,6 +454,8 @@ impl Scheduler {
     /// the prefix cache is emptied, since the re-formed ranks hold no KV.
     /// Call [`Scheduler::reinit_pool`] once the cluster is back.
     pub fn requeue_all(&mut self) {
+        // The re-formed ranks hold none of the steps in flight.
+        self.in_flight.clear();
         while !self.running.is_empty() {
             self.preempt_youngest();
         }
@@ -490,112 +483,57 @@ impl Scheduler {
     /// cluster failure ([`EngineError::is_cluster_failure`]): that is returned
     /// with every sequence kept, for the caller to re-form the cluster and
     /// [`Scheduler::requeue_all`].
+    ///
+    /// In a pipeline of S stages up to S steps are in flight
+    /// ([`Engine::max_in_flight`]): this sends new micro-batches until S are
+    /// out (or nothing is ready), then collects and samples the oldest. The
+    /// decoding sequences are shared out between the free micro-batches, and a
+    /// prompt's next chunk may leave before its previous one came back, so
+    /// that one long prompt keeps every stage busy too.
     pub fn step(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
         self.drop_cancelled();
         self.admit();
         self.reserve_decode_blocks();
         self.reserve_window_blocks();
-        if self.running.is_empty() {
-            return Ok(());
-        }
-        // Decode tokens first, then prefill chunks oldest first.
-        let mut budget = self.cfg.step_tokens.saturating_sub(self.running.iter().filter(|s| s.pending() == 1).count());
-        let mut plan: Vec<(usize, usize)> = Vec::new(); // (running index, tokens)
-        let mut snaps: Vec<(usize, u64, u32)> = Vec::new(); // (running index, prefix hash, slot)
-        for (i, s) in self.running.iter().enumerate() {
-            let n = match s.pending() {
-                1 => 1,
-                p if budget > 0 => {
-                    let n = match self.states.as_mut() {
-                        Some(st) => {
-                            let (n, snap) = hybrid_piece(
-                                st,
-                                s,
-                                p.min(budget).min(s.step_cap()),
-                                self.cfg.block,
-                                self.cfg.prefix_cache,
-                            );
-                            if let Some((h, slot)) = snap {
-                                snaps.push((i, h, slot));
-                            }
-                            n
-                        }
-                        None => p.min(budget).min(s.step_cap()),
-                    };
-                    budget -= n;
-                    n
-                }
-                _ => continue,
+        let depth = engine.max_in_flight().max(1);
+        while self.in_flight.len() < depth {
+            let Some((flight, items)) = self.plan(depth - self.in_flight.len()) else { break };
+            let sent = {
+                let items: Vec<BatchItem<'_>> = items.iter().map(|it| it.item(&self.running)).collect();
+                self.stats.batch_size = items.len();
+                engine.submit_batch(&items)
             };
-            plan.push((i, n));
-        }
-        let snapshot_of = |i: usize| snaps.iter().find(|x| x.0 == i).map(|x| x.2);
-        let items: Vec<BatchItem<'_>> = plan
-            .iter()
-            .map(|&(i, n)| {
-                let s = &self.running[i];
-                let ends = s.kv_len + n == s.history.len();
-                let mode = match ends {
-                    false => LogitsMode::None,
-                    true if s.greedy && !s.hooks.wants_logits() => LogitsMode::Argmax,
-                    true => LogitsMode::Last,
-                };
-                BatchItem {
-                    tokens: &s.history[s.kv_len..s.kv_len + n],
-                    table: &s.blocks,
-                    start: s.kv_len,
-                    mode,
-                    state: s.slot,
-                    restore: s.restore,
-                    snapshot: snapshot_of(i),
-                    window: s.window.view(),
+            match sent {
+                Ok(()) => self.in_flight.push_back(flight),
+                Err(e) => {
+                    let mut flight = flight;
+                    self.unsend(&mut flight);
+                    return self.fail_flight(flight, e);
                 }
-            })
-            .collect();
-        self.stats.batch_size = items.len();
-        let t0 = std::time::Instant::now();
-        let ntok: usize = items.iter().map(|i| i.tokens.len()).sum();
-        let result = engine.step_batch(&items).map(|l| l.iter().map(|row| row[..self.vocab.min(row.len())].to_vec()));
-        // The restores ran (or the step failed): unpin them either way.
-        for &(i, _) in &plan {
-            if let (Some(st), Some(r)) = (self.states.as_mut(), self.running[i].restore.take()) {
-                st.unpin(r);
             }
         }
+        let Some(flight) = self.in_flight.pop_front() else { return Ok(()) };
+        let result = engine.collect_batch().map(|l| l.iter().map(|row| row[..self.vocab.min(row.len())].to_vec()));
         let logits: Vec<Vec<f32>> = match result {
-            Ok(l) => {
-                if let Some(st) = self.states.as_mut() {
-                    for &(_, h, slot) in &snaps {
-                        st.commit(h, slot);
-                    }
-                }
-                l.collect()
-            }
-            Err(e) if e.is_cluster_failure() => {
-                if let Some(st) = self.states.as_mut() {
-                    snaps.iter().for_each(|&(_, _, slot)| st.release(slot));
-                }
-                return Err(e);
-            }
-            Err(e) => {
-                if let Some(st) = self.states.as_mut() {
-                    snaps.iter().for_each(|&(_, _, slot)| st.release(slot));
-                }
-                let msg = e.to_string();
-                let mut idx: Vec<usize> = plan.iter().map(|&(i, _)| i).collect();
-                idx.sort_unstable_by(|a, b| b.cmp(a));
-                for i in idx {
-                    let mut s = self.running.remove(i);
-                    release_seq(self.groups(), &mut s);
-                    s.hooks.done(Err(EngineError::BadArgument(format!("the forward step failed: {msg}"))));
-                }
-                return Ok(());
-            }
+            Ok(l) => l.collect(),
+            Err(e) => return self.fail_flight(flight, e),
         };
-        tracing::debug!("step: {} seqs, {ntok} tokens, {:.2} ms", plan.len(), t0.elapsed().as_secs_f64() * 1e3);
+        // The restores ran: unpin them.
+        if let Some(st) = self.states.as_mut() {
+            flight.restores.iter().for_each(|&(_, r)| st.unpin(r));
+            flight.snaps.iter().for_each(|&(_, h, slot)| st.commit(h, slot));
+        }
+        tracing::debug!(
+            "step: {} seqs, {} tokens, {:.2} ms",
+            flight.items.len(),
+            flight.tokens,
+            flight.sent.elapsed().as_secs_f64() * 1e3
+        );
         let tok = engine.tokenizer.as_ref();
         let mut finished = Vec::new();
-        for (&(i, n), mut row) in plan.iter().zip(logits) {
+        for (&(id, n), mut row) in flight.items.iter().zip(logits) {
+            // Gone (cancelled, preempted, failed) since the step was sent.
+            let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
             let s = &mut self.running[i];
             s.kv_len += n;
             register_full_blocks(&mut self.blocks, self.windows.as_mut(), s);
@@ -609,6 +547,114 @@ impl Scheduler {
             release_seq(self.groups(), &mut s);
             let outcome = finish(&mut s);
             s.hooks.done(Ok(outcome));
+        }
+        Ok(())
+    }
+
+    /// The next micro-batch, when anything is ready (`free`: micro-batches
+    /// that may still be sent, this one included). Marks its tokens sent.
+    ///
+    /// Decode tokens first (a `free`-th share of the ready ones, so that the
+    /// micro-batches in flight split the decoding sequences between them),
+    /// then prefill chunks oldest first up to `step_tokens`.
+    fn plan(&mut self, free: usize) -> Option<(Flight, Vec<PlanItem>)> {
+        let decoding = self.running.iter().filter(|s| s.ready() == 1).count();
+        let mut decode_left = decoding.div_ceil(free.max(1));
+        let mut budget = self.cfg.step_tokens.saturating_sub(decode_left);
+        // Sliding-window groups size a sequence's window blocks for one step
+        // beyond its computed KV: their prompts send one chunk at a time.
+        let one_chunk = self.windows.is_some();
+        let mut plan: Vec<(usize, usize)> = Vec::new(); // (running index, tokens)
+        let mut snaps: Vec<(u64, u64, u32)> = Vec::new(); // (seq id, prefix hash, slot)
+        for (i, s) in self.running.iter().enumerate() {
+            let n = match s.ready() {
+                0 => continue,
+                1 if decode_left > 0 => {
+                    decode_left -= 1;
+                    1
+                }
+                1 => continue,
+                _ if one_chunk && s.busy() => continue,
+                p if budget > 0 => {
+                    let n = match self.states.as_mut() {
+                        Some(st) => {
+                            let (n, snap) = hybrid_piece(
+                                st,
+                                s,
+                                p.min(budget).min(s.step_cap()),
+                                self.cfg.block,
+                                self.cfg.prefix_cache,
+                            );
+                            if let Some((h, slot)) = snap {
+                                snaps.push((s.id, h, slot));
+                            }
+                            n
+                        }
+                        None => p.min(budget).min(s.step_cap()),
+                    };
+                    budget -= n;
+                    n
+                }
+                _ => continue,
+            };
+            plan.push((i, n));
+        }
+        if plan.is_empty() {
+            return None;
+        }
+        let mut flight = Flight { items: Vec::new(), snaps, restores: Vec::new(), tokens: 0, sent: Instant::now() };
+        let mut items = Vec::with_capacity(plan.len());
+        for (i, n) in plan {
+            let s = &mut self.running[i];
+            let ends = s.sub_len + n == s.history.len();
+            let mode = match ends {
+                false => LogitsMode::None,
+                true if s.greedy && !s.hooks.wants_logits() => LogitsMode::Argmax,
+                true => LogitsMode::Last,
+            };
+            // A restore runs with the sequence's first step only; its pin is
+            // dropped when that step comes back.
+            let restore = s.restore.take();
+            flight.restores.extend(restore.map(|r| (s.id, r)));
+            let snapshot = flight.snaps.iter().find(|x| x.0 == s.id).map(|x| x.2);
+            items.push(PlanItem { index: i, start: s.sub_len, n, mode, restore, snapshot });
+            flight.items.push((s.id, n));
+            flight.tokens += n;
+            s.sub_len += n;
+        }
+        Some((flight, items))
+    }
+
+    /// A micro-batch that was never sent: its sequences take its tokens back
+    /// (and their restores, still pinned).
+    fn unsend(&mut self, flight: &mut Flight) {
+        for &(id, n) in &flight.items {
+            if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
+                s.sub_len -= n;
+                s.restore = flight.restores.iter().find(|r| r.0 == id).map(|r| r.1).or(s.restore);
+            }
+        }
+        flight.restores.clear();
+    }
+
+    /// A step failed. A cluster failure is returned with every sequence
+    /// kept (the caller re-forms the cluster and requeues them); any other
+    /// error ends the sequences of that step.
+    fn fail_flight(&mut self, flight: Flight, e: EngineError) -> Result<(), EngineError> {
+        if let Some(st) = self.states.as_mut() {
+            flight.snaps.iter().for_each(|&(_, _, slot)| st.release(slot));
+            flight.restores.iter().for_each(|&(_, r)| st.unpin(r));
+        }
+        if e.is_cluster_failure() {
+            return Err(e);
+        }
+        let msg = e.to_string();
+        for &(id, _) in &flight.items {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let mut s = self.running.remove(i);
+                release_seq(self.groups(), &mut s);
+                s.hooks.done(Err(EngineError::BadArgument(format!("the forward step failed: {msg}"))));
+            }
         }
         Ok(())
     }
@@ -648,47 +694,6 @@ impl Scheduler {
     }
 }
 
-/// A hybrid model's prefill piece of sequence `s`, at most `n` tokens: it ends
-/// on a multiple of the delta rule's chunk (unless it ends the prompt, or
-/// that would leave nothing), or at the prompt's last snapshot boundary,
-/// which then gets a snapshot slot (with its prefix hash).
-fn hybrid_piece(st: &mut StateSlots, s: &Seq, n: usize, block: usize, cache: bool) -> (usize, Option<(u64, u32)>) {
-    let (start, len) = (s.kv_len, s.history.len());
-    let chunk = kernels::delta_rule::CHUNK;
-    let snap_at = (len - 1) / st.granularity * st.granularity;
-    let end = start + n;
-    if cache && snap_at > start && end >= snap_at {
-        let hash = block_hashes(&s.history[..snap_at], block).last().copied();
-        let slot = hash.and_then(|h| st.reserve_snapshot(h).map(|slot| (h, slot)));
-        return (snap_at - start, slot);
-    }
-    if end == len {
-        return (n, None);
-    }
-    let aligned = end / chunk * chunk;
-    (if aligned > start { aligned - start } else { n }, None)
-}
-
-/// Registers each block of `s` that has become full since the last call
-/// (its window block under the same name), then gives back the window
-/// blocks that fell out of the window.
-fn register_full_blocks(blocks: &mut BlockManager, mut windows: Option<&mut WindowGroup>, s: &mut Seq) {
-    let b = blocks.block;
-    while (s.hashes.len() + 1) * b <= s.kv_len && s.hashes.len() < s.blocks.len() {
-        let k = s.hashes.len();
-        let parent = k.checked_sub(1).map_or(0, |p| s.hashes[p]);
-        let h = chain_hash(parent, &s.history[k * b..(k + 1) * b]);
-        blocks.register(s.blocks[k], h);
-        if let Some(w) = windows.as_deref_mut() {
-            w.register(&s.window, k, h);
-        }
-        s.hashes.push(h);
-    }
-    if let Some(w) = windows {
-        w.trim(&mut s.window, s.kv_len);
-    }
-}
-
 /// The window group `cfg` asks for, checked against the model's window.
 fn window_group(engine: &Engine, cfg: &SchedulerConfig) -> Result<Option<WindowGroup>, EngineError> {
     let Some(w) = engine.model.max_window().filter(|_| cfg.n_window_blocks > 0) else { return Ok(None) };
@@ -700,22 +705,4 @@ fn window_group(engine: &Engine, cfg: &SchedulerConfig) -> Result<Option<WindowG
         )));
     }
     Ok(Some(g))
-}
-
-/// Flushes the text and builds the outcome of a finished sequence.
-fn finish(s: &mut Seq) -> SeqOutcome {
-    let hooks = &mut s.hooks;
-    if s.stream.stopped.is_none() {
-        let tail = s.decoder.finish();
-        s.stream.push(&tail, &mut |t| hooks.on_text(t));
-    }
-    s.stream.flush(&mut |t| hooks.on_text(t));
-    let finish_reason = s.finish.unwrap_or(FinishReason::Length);
-    SeqOutcome {
-        output_ids: std::mem::take(&mut s.out_ids),
-        finish_reason,
-        stop_string: s.stream.stopped_by.map(|i| s.req.stop_strings[i].clone()),
-        prompt_tokens: s.req.prompt_ids.len(),
-        cached_tokens: s.cached_tokens.unwrap_or(0),
-    }
 }
