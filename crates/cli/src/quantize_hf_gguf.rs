@@ -136,12 +136,13 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType, mix: Option<Mix>) -> Result<(
             out.write_tensor(&scales.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>())
                 .with_context(write_err)?;
         }
-        n_quantized += usize::from(p.dtype == target);
+        n_quantized += usize::from(p.dtype == target || (mix.is_some() && p.dtype.is_quantized()));
         bar.inc(1);
     }
     bar.finish_and_clear();
     out.finish().with_context(write_err)?;
-    eprintln!("wrote {} ({n_quantized} of {} tensors quantized to {target})", a.output.display(), plans.len());
+    let to = mix.map_or(target.to_string(), |m| format!("{m:?}"));
+    eprintln!("wrote {} ({n_quantized} of {} tensors quantized to {to})", a.output.display(), plans.len());
     Ok(())
 }
 
