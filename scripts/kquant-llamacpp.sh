@@ -13,10 +13,15 @@
 # Exit status 1 if shardlm fails to load or decode a file llama.cpp wrote.
 # Not in CI (needs llama.cpp built; see scripts/bench-vs-llamacpp.sh).
 #
+# With QUANTIZER=shardlm the files are written by `shardlm quantize --to
+# <type in lower case>` instead (Q2_K Q3_K Q5_K Q6_K and the mixes Q3_K_M
+# Q4_K_M Q5_K_M): does llama.cpp load what we write, and decode it as we do?
+#
 # Usage: scripts/kquant-llamacpp.sh [SOURCE.gguf] [TYPE ...]
 # Environment: SHARDLM (default target/release/shardlm), LLAMA_BIN (dir with
 #   llama-quantize, llama-server), OUT (where the files go, kept; default a
-#   temporary dir), N (tokens, default 24), THREADS (default 2).
+#   temporary dir), N (tokens, default 24), THREADS (default 2), QUANTIZER
+#   (llama, the default, or shardlm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARDLM="${SHARDLM:-target/release/shardlm}"
@@ -26,6 +31,7 @@ shift || true
 TYPES="${*:-Q2_K Q3_K_M IQ4_XS IQ4_NL IQ3_XXS IQ3_S IQ2_XXS IQ2_XS IQ2_S IQ1_S IQ1_M}"
 N="${N:-24}"
 THREADS="${THREADS:-2}"
+QUANTIZER="${QUANTIZER:-llama}"
 if [ -z "${OUT:-}" ]; then
   OUT=$(mktemp -d)
   trap 'rm -rf "$OUT"' EXIT
@@ -45,10 +51,18 @@ with open(sys.argv[2], "wb") as f:
         f.write(struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 1, n) + struct.pack(f"<{n}f", *([1.0] * n)))
 PY
 for t in $TYPES; do
-  f="$OUT/$base.$t.gguf"
+  f="$OUT/$base.$t.$QUANTIZER.gguf"
+  if [ "$QUANTIZER" = shardlm ]; then
+    if [ ! -s "$f" ] && ! "$SHARDLM" quantize "$SRC" "$OUT/part.gguf" --to "${t,,}" >"$OUT/$t.quantize.log" 2>&1; then
+      echo "$t: shardlm quantize failed: $(tail -1 "$OUT/$t.quantize.log")"
+      status=1
+      continue
+    fi
+    [ -f "$OUT/part.gguf" ] && mv "$OUT/part.gguf" "$f"
+  fi
   imx=()
   case "$t" in IQ2_* | IQ1_*) imx=(--imatrix "$OUT/uniform.imatrix") ;; esac
-  if [ ! -s "$f" ] && ! "$LLAMA_BIN/llama-quantize" --allow-requantize "${imx[@]}" "$SRC" "$f.part" "$t" "$THREADS" >"$OUT/$t.quantize.log" 2>&1; then
+  if [ "$QUANTIZER" = llama ] && [ ! -s "$f" ] && ! "$LLAMA_BIN/llama-quantize" --allow-requantize "${imx[@]}" "$SRC" "$f.part" "$t" "$THREADS" >"$OUT/$t.quantize.log" 2>&1; then
     echo "$t: llama-quantize refused: $(grep -iE 'error|imatrix|importance' "$OUT/$t.quantize.log" | head -1)"
     rm -f "$f.part"
     continue

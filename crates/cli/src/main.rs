@@ -18,6 +18,7 @@ mod quantize_gguf;
 mod quantize_hf_gguf;
 mod quantize_hf_gguf_hybrid;
 mod quantize_hf_gguf_moe;
+mod quantize_mix;
 mod run;
 mod serve;
 mod template_args;

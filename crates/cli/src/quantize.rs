@@ -1,4 +1,4 @@
-//! `shardlm quantize IN OUT --to nvfp4|mxfp4|fp8|q8_0|q4_0|q4_k [--keep PATTERN]...`
+//! `shardlm quantize IN OUT --to TYPE [--keep PATTERN]...`
 //!
 //! * `nvfp4`, `mxfp4`, `fp8` into a directory: a safetensors checkpoint in a
 //!   publisher's layout, readable by vLLM/SGLang-style loaders and by us:
@@ -33,10 +33,11 @@ use std::path::{Path, PathBuf};
 pub struct QuantizeArgs {
     /// HF checkpoint directory (bf16, f16 or f32 safetensors) or GGUF file.
     pub input: PathBuf,
-    /// A directory (nvfp4, mxfp4, fp8) or a `.gguf` file (q8_0, q4_0, mxfp4, nvfp4).
+    /// A directory (nvfp4, mxfp4, fp8) or a `.gguf` file (every other target; mxfp4 and nvfp4 too).
     pub output: PathBuf,
-    /// Target format: nvfp4, mxfp4, fp8, q8_0, q4_0, q4_k, q5_0, q5_1, iq4_nl or iq4_xs;
-    /// from an HF directory to a `.gguf` file also f32, f16 or bf16 (a plain conversion).
+    /// Target format: nvfp4, mxfp4, fp8, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k,
+    /// iq4_nl or iq4_xs; llama.cpp's mixes q3_k_m, q4_k_m, q5_k_m; from an HF directory to a
+    /// `.gguf` file also f32, f16 or bf16 (a plain conversion).
     #[arg(long = "to")]
     pub to: String,
     /// Leave tensors whose name matches this pattern (`*` matches anything) unquantized; repeatable.
@@ -148,9 +149,12 @@ pub fn quantize(a: QuantizeArgs) -> Result<()> {
         "fp8" => bail!("fp8 has no GGUF type (llama.cpp has none): give an output directory"),
         "q8_0" | "q4_0" | "q4_k" | "nvfp4" | "mxfp4" => return crate::quantize_gguf::quantize_gguf(&a, &to),
         "q5_0" | "q5_1" | "iq4_nl" | "iq4_xs" => return crate::quantize_gguf::quantize_gguf(&a, &to),
+        "q2_k" | "q3_k" | "q5_k" | "q6_k" | "q3_k_m" | "q4_k_m" | "q5_k_m" => {
+            return crate::quantize_gguf::quantize_gguf(&a, &to)
+        }
         "f32" | "f16" | "bf16" if gguf_out => return crate::quantize_gguf::quantize_gguf(&a, &to),
         other => bail!(
-            "unknown target '{other}' (expected nvfp4, mxfp4, fp8, q8_0, q4_0, q4_k, q5_0, q5_1, iq4_nl or iq4_xs; f32, f16 or bf16 for HF → GGUF)"
+            "unknown target '{other}' (expected nvfp4, mxfp4, fp8, q8_0, q4_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, q3_k_m, q4_k_m or q5_k_m; f32, f16 or bf16 for HF → GGUF)"
         ),
     };
     if !a.input.is_dir() {

@@ -1,4 +1,5 @@
-//! `shardlm quantize HF_DIR OUT.gguf --to q8_0|q4_0|q4_k|mxfp4|nvfp4`: an HF
+//! `shardlm quantize HF_DIR OUT.gguf --to TYPE` (any GGUF target of
+//! [`crate::quantize_gguf`], the mixes of [`crate::quantize_mix`] too): an HF
 //! checkpoint (bf16, f16 or f32) written as a GGUF file the way llama.cpp's
 //! `convert_hf_to_gguf.py` lays it out, for the dense architectures llama,
 //! mistral (GGUF arch `llama`), qwen2 and qwen3, and the MoE ones qwen2_moe,
@@ -15,16 +16,18 @@
 //!   llama.cpp's adjacent pairs (its converter's `permute`), since llama.cpp
 //!   ropes `llama` GGUFs pairwise. Linear weights of whole blocks are
 //!   quantized (`--keep` and the publishers' defaults as for every target),
-//!   other matrices are written as F16, vectors (norms, biases) as F32.
+//!   other matrices are written as F16, vectors (norms, biases) as F32. A
+//!   mix picks each weight's type by its llama.cpp name, the head included.
 //! * Tokenizer: a BPE `tokenizer.json` becomes `tokenizer.ggml.model = gpt2`
 //!   with its tokens (ids in order, added tokens included; special ones typed
 //!   3 = control), merges, bos/eos ids and the chat template.
 //!
 //! Streamed like the GGUF → GGUF path: one tensor in memory at a time.
 
-use crate::quantize::{eligible, QuantizeArgs};
+use crate::quantize::{eligible, glob, QuantizeArgs};
 use crate::quantize_hf_gguf_hybrid as hybrid;
 use crate::quantize_hf_gguf_moe as moe;
+use crate::quantize_mix::{Mix, MixModel};
 use anyhow::{bail, Context, Result};
 use formats::gguf::GgufValue;
 use formats::gguf_writer::{GgufWriter, TensorInfo};
@@ -34,7 +37,7 @@ use kernels::quant::{self, nvfp4};
 use kernels::DType;
 use serde_json::Value;
 
-pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
+pub fn hf_to_gguf(a: &QuantizeArgs, target: DType, mix: Option<Mix>) -> Result<()> {
     let files = formats::open_model(&a.input)?;
     let cfg = &files.config;
     let arch = match cfg.arch.as_str() {
@@ -51,7 +54,8 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
         },
     };
     let mut w = GgufWriter::new();
-    metadata(&mut w, cfg, arch, target).with_context(|| format!("{}", a.input.display()))?;
+    let ftype = mix.map_or(crate::quantize_gguf::llama_ftype(target), Mix::ftype);
+    metadata(&mut w, cfg, arch, ftype).with_context(|| format!("{}", a.input.display()))?;
     moe::metadata(&mut w, cfg, arch);
     if arch == "gemma3" {
         gemma3_metadata(&mut w, cfg)?;
@@ -65,7 +69,7 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
     if let Some(t) = &files.chat_template {
         w.add_str("tokenizer.chat_template", t);
     }
-    let plans = plan(&files, a, target)?;
+    let plans = plan(&files, a, target, mix)?;
     let nvfp4 = target == DType::NVFP4;
     let rope_freqs = llama3_rope_divisors(cfg);
     let mut infos = Vec::new();
@@ -132,12 +136,13 @@ pub fn hf_to_gguf(a: &QuantizeArgs, target: DType) -> Result<()> {
             out.write_tensor(&scales.iter().flat_map(|s| s.to_le_bytes()).collect::<Vec<u8>>())
                 .with_context(write_err)?;
         }
-        n_quantized += usize::from(p.dtype == target);
+        n_quantized += usize::from(p.dtype == target || (mix.is_some() && p.dtype.is_quantized()));
         bar.inc(1);
     }
     bar.finish_and_clear();
     out.finish().with_context(write_err)?;
-    eprintln!("wrote {} ({n_quantized} of {} tensors quantized to {target})", a.output.display(), plans.len());
+    let to = mix.map_or(target.to_string(), |m| format!("{m:?}"));
+    eprintln!("wrote {} ({n_quantized} of {} tensors quantized to {to})", a.output.display(), plans.len());
     Ok(())
 }
 
@@ -150,6 +155,30 @@ fn fallback(target: DType) -> DType {
     } else {
         DType::F16
     }
+}
+
+/// The type of a 2-D weight (`hf` its checkpoint name, `gguf` llama.cpp's):
+/// `target` where its rows are whole blocks and neither `--keep` nor the
+/// defaults keep it; under a mix the recipe's type ([`MixModel::tensor_type`];
+/// the head is quantized too, unless `--keep` names it); else [`fallback`].
+fn choose_type(
+    a: &QuantizeArgs,
+    target: DType,
+    mix: Option<Mix>,
+    mix_model: &MixModel,
+    hf: &str,
+    gguf: &str,
+    shape: &[usize],
+) -> DType {
+    let cols = *shape.last().unwrap_or(&1);
+    let chosen = match mix {
+        Some(m) => {
+            let head = gguf == "output.weight" && !a.keep.iter().any(|p| glob(p, hf) || glob(p, gguf));
+            (head || eligible(hf, shape, 1, &a.keep)).then(|| mix_model.tensor_type(m, gguf, cols)).flatten()
+        }
+        None => eligible(hf, shape, target.block_elems(), &a.keep).then_some(target),
+    };
+    chosen.unwrap_or(fallback(target))
 }
 
 /// One GGUF tensor to write: its HF sources (one, or a stack's experts in
@@ -167,12 +196,19 @@ struct Plan {
 
 /// Pass 1: names, output types and sizes, in the store's (sorted) order, each
 /// expert stack where its first expert comes.
-fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<Vec<Plan>> {
+fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType, mix: Option<Mix>) -> Result<Vec<Plan>> {
     /// A tensor as it is, or a layer's stack of one projection's experts.
     enum Slot {
         Plain(Plan),
         Stack(usize, &'static str, Vec<(usize, String)>),
     }
+    let experts = ["num_local_experts", "num_experts"].iter().find_map(|k| files.config.raw[*k].as_u64());
+    let mix_model = MixModel::new(
+        files.config.n_layers,
+        experts.unwrap_or(0) as usize,
+        files.tensors.tensors.keys().filter_map(|n| gguf_name(n)).collect::<Vec<_>>().iter().map(String::as_str),
+    );
+    let choose = |hf: &str, gguf: &str, shape: &[usize]| choose_type(a, target, mix, &mix_model, hf, gguf, shape);
     let mut slots: Vec<Slot> = Vec::new();
     let mut stack_at: std::collections::HashMap<(usize, &str), usize> = Default::default();
     for (name, t) in &files.tensors.tensors {
@@ -189,13 +225,7 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
         let arch = hybrid::hybrid_arch(&files.config.arch);
         if let Some(outs) = arch.map(|h| hybrid::outputs(&files.config, h, name, &t.shape)).transpose()?.flatten() {
             for o in outs {
-                let dtype = if o.f32 || o.shape.len() != 2 {
-                    DType::F32
-                } else if eligible(name, &o.shape, target.block_elems(), &a.keep) {
-                    target
-                } else {
-                    fallback(target)
-                };
+                let dtype = if o.f32 || o.shape.len() != 2 { DType::F32 } else { choose(name, &o.name, &o.shape) };
                 let info = TensorInfo::new(&o.name, &o.shape, dtype)
                     .with_context(|| format!("tensor '{name}': {:?} is not whole blocks of {dtype}", o.shape))?;
                 let cols = Some(*o.shape.last().unwrap_or(&1));
@@ -221,13 +251,8 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
         // gate `[1, hidden]` is a `[hidden]` vector there.
         let shape: Vec<usize> =
             if gguf.contains("ffn_gate_inp_shexp") { vec![t.shape.iter().product()] } else { t.shape.clone() };
-        let dtype = if gguf.contains("ffn_gate_inp") || shape.len() != 2 {
-            DType::F32
-        } else if eligible(name, &shape, target.block_elems(), &a.keep) {
-            target
-        } else {
-            fallback(target)
-        };
+        let dtype =
+            if gguf.contains("ffn_gate_inp") || shape.len() != 2 { DType::F32 } else { choose(name, &gguf, &shape) };
         let info = TensorInfo::new(&gguf, &shape, dtype)
             .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
         slots.push(Slot::Plain(Plan {
@@ -243,7 +268,13 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
         .into_iter()
         .map(|slot| match slot {
             Slot::Plain(p) => Ok(p),
-            Slot::Stack(layer, stack, experts) => stack_plan(files, a, target, layer, stack, experts),
+            Slot::Stack(layer, stack, experts) => {
+                let gguf = format!("blk.{layer}.{stack}.weight");
+                let first = &files.tensors.tensors[&experts[0].1];
+                let dtype =
+                    if first.shape.len() == 2 { choose(&experts[0].1, &gguf, &first.shape) } else { fallback(target) };
+                stack_plan(files, a, dtype, layer, stack, experts)
+            }
         })
         .collect()
 }
@@ -253,7 +284,7 @@ fn plan(files: &formats::ModelFiles, a: &QuantizeArgs, target: DType) -> Result<
 fn stack_plan(
     files: &formats::ModelFiles,
     a: &QuantizeArgs,
-    target: DType,
+    dtype: DType,
     layer: usize,
     stack: &str,
     mut experts: Vec<(usize, String)>,
@@ -267,11 +298,6 @@ fn stack_plan(
         bail!("{}: expert tensor '{odd}' differs in shape from '{}'", a.input.display(), experts[0].1);
     }
     let shape = [experts.len(), first.shape[0], *first.shape.last().unwrap_or(&1)];
-    let dtype = if first.shape.len() == 2 && eligible(&experts[0].1, &first.shape, target.block_elems(), &a.keep) {
-        target
-    } else {
-        fallback(target)
-    };
     let name = format!("blk.{layer}.{stack}.weight");
     let info = TensorInfo::new(&name, &shape, dtype)
         .with_context(|| format!("tensor '{name}': {shape:?} is not whole blocks of {dtype}"))?;
@@ -336,12 +362,12 @@ fn pair_rope_rows(x: &[f32], heads: usize, d: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-fn metadata(w: &mut GgufWriter, c: &ModelConfig, arch: &str, target: DType) -> Result<()> {
+fn metadata(w: &mut GgufWriter, c: &ModelConfig, arch: &str, ftype: u32) -> Result<()> {
     let k = |key: &str| format!("{arch}.{key}");
     let u = |v: usize| GgufValue::U32(v as u32);
     w.add_str("general.architecture", arch);
     w.add_str("general.name", c.raw.get("_name_or_path").and_then(Value::as_str).unwrap_or("shardlm-converted"));
-    w.add("general.file_type", GgufValue::U32(crate::quantize_gguf::llama_ftype(target)));
+    w.add("general.file_type", GgufValue::U32(ftype));
     w.add(&k("block_count"), u(c.n_layers));
     w.add(&k("context_length"), u(c.max_position_embeddings));
     w.add(&k("embedding_length"), u(c.hidden_size));

@@ -27,6 +27,7 @@ pub mod iq3_xxs;
 pub mod iq4_nl;
 pub mod iq4_xs;
 pub mod iq_grids;
+pub(crate) mod kq_fit;
 pub mod minifloat;
 pub mod mxfp4;
 pub mod nvfp4;
@@ -276,8 +277,8 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) {
 }
 
 /// Quantizes `src` (a whole number of blocks) into `dst`. Supports the load-time
-/// targets Q8_0 and Q4_0, the GGUF targets Q4_K, Q5_0, Q5_1, IQ4_NL and IQ4_XS
-/// (llama.cpp's reference quantizers, no importance matrix), the low-bit formats MXFP4, NVFP4 (no tensor scale:
+/// targets Q8_0 and Q4_0, the GGUF targets Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q5_0,
+/// Q5_1, IQ4_NL and IQ4_XS (llama.cpp's reference schemes, no importance matrix), the low-bit formats MXFP4, NVFP4 (no tensor scale:
 /// use [`nvfp4::quantize`] for one) and FP8 (a scale per 64-value block), plus
 /// the float types F32/F16/BF16.
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), KernelError> {
@@ -296,6 +297,10 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<(), Ker
         DType::Q4_0 => q4_0::quantize(src, bytemuck::cast_slice_mut(dst)),
         DType::Q8_0 => q8_0::quantize(src, bytemuck::cast_slice_mut(dst)),
         DType::Q4_K => q4_k::quantize(src, bytemuck::cast_slice_mut(dst)),
+        DType::Q2_K => q2_k::quantize(src, bytemuck::cast_slice_mut(dst)),
+        DType::Q3_K => q3_k::quantize(src, bytemuck::cast_slice_mut(dst)),
+        DType::Q5_K => q5_k::quantize(src, bytemuck::cast_slice_mut(dst)),
+        DType::Q6_K => q6_k::quantize(src, bytemuck::cast_slice_mut(dst)),
         DType::Q5_0 => q5_0::quantize(src, bytemuck::cast_slice_mut(dst)),
         DType::Q5_1 => q5_1::quantize(src, bytemuck::cast_slice_mut(dst)),
         DType::IQ4_NL => iq4_nl::quantize(src, bytemuck::cast_slice_mut(dst)),
