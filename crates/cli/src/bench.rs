@@ -16,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use engine::generate::{Engine, GenerateHooks, GenerateRequest};
 use engine::sampler::SamplingParams;
+use engine::serving::Scheduler;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -232,12 +233,15 @@ fn depth_curves(h: &BenchHooks, t0: Instant, p: usize) -> (bench_power::Curve, b
 }
 
 /// Runs one trial: prefill the prompt, generate `g` tokens.
-fn trial(engine: &mut Engine, prompt: &[u32], g: usize, progress: Duration) -> Result<Trial> {
-    trial_curves(engine, prompt, g, progress).map(|(t, _)| t)
+fn trial(sched: &mut Scheduler, engine: &mut Engine, prompt: &[u32], g: usize, progress: Duration) -> Result<Trial> {
+    trial_curves(sched, engine, prompt, g, progress).map(|(t, _)| t)
 }
 
-/// `trial`, with its tok/s over depth for the plot.
+/// `trial`, with its tok/s over depth for the plot. The request goes
+/// through the batching scheduler, as `serve` runs it (the paged pool, a
+/// pipeline's prompt chunks in flight at once).
 fn trial_curves(
+    sched: &mut Scheduler,
     engine: &mut Engine,
     prompt: &[u32],
     g: usize,
@@ -257,18 +261,24 @@ fn trial_curves(
         hooks.phase = Some(engine::power::enter(engine::power::Phase::Prefill, prompt.len()));
         hooks.decode_tokens = g.saturating_sub(1);
     }
-    let out = engine.generate_hooked(&req, &mut hooks, &model::NoComm)?;
+    let (out, mut hooks) = engine::serving::solo::run_request(sched, engine, req, hooks)?;
     hooks.phase = None;
     let total_s = t0.elapsed().as_secs_f64();
     let curves = depth_curves(&hooks, t0, prompt.len());
     if out.output_ids.len() != g {
         bail!("generated {} tokens instead of {g}", out.output_ids.len());
     }
+    let times = &hooks.token_times;
+    let ttft_s = times.first().map_or(total_s, |t| t.duration_since(t0).as_secs_f64());
+    // (g − 1) tokens over the time from the first token to the last.
+    let decode_s = match (times.first(), times.last()) {
+        (Some(a), Some(b)) if times.len() > 1 => b.duration_since(*a).as_secs_f64(),
+        _ => 0.0,
+    };
     let t = Trial {
-        prompt_tps: out.prefill_tok_s,
-        // (g − 1) tokens over the time from the first token to the last.
-        generation_tps: out.decode_tok_s,
-        ttft_s: out.ttft_ms / 1e3,
+        prompt_tps: prompt.len() as f64 / ttft_s.max(1e-9),
+        generation_tps: if decode_s > 0.0 { (times.len() - 1) as f64 / decode_s } else { 0.0 },
+        ttft_s,
         peak_rss_bytes: peak_rss_bytes(),
         total_s,
     };
@@ -307,7 +317,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if p + g > ctx {
         bail!("-p {p} plus -g {g} is {} tokens, more than the context length {ctx}", p + g);
     }
-    let cfg = &engine.model.config;
+    let cfg = engine.model.config.clone();
+    let cfg = &cfg;
     let vocab = cfg.vocab_size;
     // What the generate loop allocates: K and V for every layer, p + g positions
     // (this process's layers and KV heads: rank 0's share in a cluster).
@@ -323,6 +334,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let ws_bytes = workspace_bytes(cfg, engine.prefill_chunk.min(p));
     let predicted_rss = (resident + kv_cache_bytes + ws_bytes).max(rss_after_load);
     let prompt = random_prompt(p, vocab, a.seed);
+    // One sequence's pool, in the server's blocks: every trial runs the
+    // server's path (and starts cold: no prefix cache).
+    let solo = engine::serving::solo::solo_config(&engine, p + g, crate::serve::KV_BLOCK, engine.prefill_chunk);
+    let mut sched = Scheduler::new(&mut engine, solo).context("allocating the KV pool")?;
 
     if !a.json {
         println!(
@@ -346,7 +361,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     for w in 0..a.warmup {
         eprintln!("warm-up {}/{} ...", w + 1, a.warmup);
-        trial(&mut engine, &prompt, g, progress).context("warm-up trial")?;
+        trial(&mut sched, &mut engine, &prompt, g, progress).context("warm-up trial")?;
     }
     // Power from here on (the warm-up is not in rank 0's figures).
     if let Ok(m) = engine::power::global() {
@@ -356,7 +371,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let mut curves = (Vec::new(), Vec::new());
     for i in 0..n {
         eprintln!("trial {}/{n} ...", i + 1);
-        let (t, c) = trial_curves(&mut engine, &prompt, g, progress).with_context(|| format!("trial {}", i + 1))?;
+        let (t, c) =
+            trial_curves(&mut sched, &mut engine, &prompt, g, progress).with_context(|| format!("trial {}", i + 1))?;
         curves = c;
         if !a.json {
             println!(

@@ -147,7 +147,7 @@ fn window_share(
 
 /// Positions per KV block: the attention kernel's key step, and fine enough
 /// that a resent conversation reuses all but its last partial block.
-const KV_BLOCK: usize = 32;
+pub(crate) const KV_BLOCK: usize = 32;
 
 /// The KV pool and batch limits from the flags. `--kv-cache-bytes` counts the
 /// whole model's KV (every layer, every KV head), so it means the same number

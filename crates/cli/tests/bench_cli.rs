@@ -40,12 +40,14 @@ fn bench_json_shape() {
 }
 
 /// Decode traffic on the wire, counted by the transport, against what each
-/// strategy must send per token on the tiny qwen3_moe (hidden 128, 3 layers):
-/// a pipeline of 2 sends one f32 hidden row (512 bytes) plus a 20-byte step
-/// header one way and the header and the token id back; tensor and expert
-/// parallelism send, per rank, one 512-byte all-reduce for the embedding and
-/// two per layer (attention, feed-forward: one covers the routed experts), the
-/// 8-byte argmax pair, and rank 0's step header and token.
+/// strategy must send per token on the tiny qwen3_moe (hidden 128, 3 layers).
+/// Every step is a batched step (`serve`'s protocol): a 20-byte header and a
+/// 44-byte descriptor (one sequence: 11 u32s, its block table one block
+/// long at these depths). A pipeline of 2 sends the step with one f32 hidden
+/// row (512 bytes) one way and the step with the token id back; tensor and
+/// expert parallelism send, per rank, one 512-byte all-reduce for the
+/// embedding and two per layer (attention, feed-forward: one covers the
+/// routed experts) and the 8-byte argmax pair, and rank 0 the step and token.
 #[test]
 fn bench_reports_decode_traffic_per_strategy() {
     let m = fixture("qwen3_moe");
@@ -56,10 +58,11 @@ fn bench_reports_decode_traffic_per_strategy() {
         let j = json_of(&shardlm(&all));
         j["decode_wire_bytes_per_token"].as_f64().unwrap_or_else(|| panic!("{strategy}: no traffic in {j}"))
     };
-    assert_eq!(bench("pipeline"), (512 + 20 + 24) as f64);
+    let step = 20 + 4 * 11;
+    assert_eq!(bench("pipeline"), (step + 512 + step + 4) as f64);
     let per_rank = (1 + 2 * 3) * 512 + 8;
     for s in ["tensor", "expert"] {
-        assert_eq!(bench(s), (2 * per_rank + 24) as f64, "{s}");
+        assert_eq!(bench(s), (2 * per_rank + step + 4) as f64, "{s}");
     }
 }
 

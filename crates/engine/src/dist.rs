@@ -147,16 +147,36 @@ static DECODE_STEPS: AtomicU64 = AtomicU64::new(0);
 /// Runs `f`, counting what this rank sends meanwhile as decode traffic when
 /// the step is one token.
 fn count_decode<T>(n_tokens: usize, f: impl FnOnce() -> T) -> T {
+    count_step(n_tokens == 1, n_tokens, f)
+}
+
+/// Runs `f`, a step of `n_tokens` tokens (0: not counted), marking its power
+/// phase; a decode step (`decode`: one new token per sequence) also counts
+/// what this rank sends meanwhile, per token.
+pub(crate) fn count_step<T>(decode: bool, n_tokens: usize, f: impl FnOnce() -> T) -> T {
     // The power meter attributes this step's energy to its phase.
-    let phase = if n_tokens == 1 { crate::power::Phase::Decode } else { crate::power::Phase::Prefill };
+    let phase = if decode { crate::power::Phase::Decode } else { crate::power::Phase::Prefill };
     let _phase = (n_tokens > 0).then(|| crate::power::enter(phase, n_tokens));
-    if n_tokens != 1 {
+    if !decode || n_tokens == 0 {
         return f();
     }
     let before = comm::bytes_sent();
     let out = f();
     DECODE_BYTES.fetch_add(comm::bytes_sent() - before, Ordering::Relaxed);
-    DECODE_STEPS.fetch_add(1, Ordering::Relaxed);
+    DECODE_STEPS.fetch_add(n_tokens as u64, Ordering::Relaxed);
+    out
+}
+
+/// Runs `f` and counts what this rank sends meanwhile as decode traffic
+/// (when `decode`), without counting a step: rank 0's half of a pipelined
+/// batch (its sends; the step is counted when it comes back).
+pub(crate) fn count_bytes<T>(decode: bool, f: impl FnOnce() -> T) -> T {
+    if !decode {
+        return f();
+    }
+    let before = comm::bytes_sent();
+    let out = f();
+    DECODE_BYTES.fetch_add(comm::bytes_sent() - before, Ordering::Relaxed);
     out
 }
 
@@ -411,6 +431,7 @@ impl StageRunner<'_> {
                 pool.states = self.model.state_pool(h.mode as usize);
                 *self.paged = Some(pool);
             }
+            // Rank 0 counts its batches in `submit_batch` and `collect_batch`.
             OP_BATCH => self.handle_batch(h, from)?,
             OP_PING => {
                 if let Some(to) = c.downstream().filter(|&to| to != 0) {

@@ -19,7 +19,7 @@
 //! blocks (the pool's window group, `OP_POOL`'s `new_capacity` blocks) travel
 //! as `window_first` and the held window blocks.
 
-use crate::dist::{comm_err, mode_code, mode_of, Header, StageRunner, OP_BATCH, OP_POOL};
+use crate::dist::{comm_err, count_bytes, count_step, mode_code, mode_of, Header, StageRunner, OP_BATCH, OP_POOL};
 use crate::EngineError;
 use model::{AllReduce, LogitsMode, SeqKv, SeqStep, WindowBlocks};
 
@@ -188,15 +188,23 @@ impl StageRunner<'_> {
         let desc = encode(items);
         let tokens: Vec<u32> = items.iter().flat_map(|it| it.tokens.iter().copied()).collect();
         let h = Header { op: OP_BATCH, n: tokens.len() as u32, chunk: desc.len() as u32, ..Default::default() };
-        for r in c.embed_stage_ranks() {
-            c.send_header(r, h)?;
-            c.world.send(r, bytemuck::cast_slice(&desc)).map_err(comm_err)?;
-            c.world.send(r, bytemuck::cast_slice(&tokens)).map_err(comm_err)?;
-        }
+        let decode_step = items.iter().all(|it| it.tokens.len() == 1);
+        let send = || -> Result<(), EngineError> {
+            for r in c.embed_stage_ranks() {
+                c.send_header(r, h)?;
+                c.world.send(r, bytemuck::cast_slice(&desc)).map_err(comm_err)?;
+                c.world.send(r, bytemuck::cast_slice(&tokens)).map_err(comm_err)?;
+            }
+            Ok(())
+        };
         if c.stages == 1 {
-            return self.run_batch(&decode(&desc)?, Some(&tokens));
+            return count_step(decode_step, tokens.len(), || {
+                send()?;
+                self.run_batch(&decode(&desc)?, Some(&tokens))
+            });
         }
-        Ok(())
+        // The step is counted when it comes back (`collect_batch`).
+        count_bytes(decode_step, send)
     }
 
     /// Rank 0: finishes the oldest step sent by [`Self::submit_batch`]. In a
@@ -229,17 +237,25 @@ impl StageRunner<'_> {
         if d.seqs.iter().map(|s| s.len).sum::<usize>() != n {
             return Err(EngineError::BadArgument("batch descriptor disagrees with its token count".into()));
         }
+        let decode_step = d.seqs.iter().all(|s| s.len == 1);
+        count_step(decode_step, n, || self.run_received(&d, n, from))
+    }
+
+    /// [`Self::handle_batch`] once the descriptor is in: receives the step's
+    /// input (tokens or the residual stream) and runs it.
+    fn run_received(&mut self, d: &Desc, n: usize, from: usize) -> Result<(), EngineError> {
+        let c = self.cluster;
         if c.stage + 1 == c.stages {
             let mut tokens = vec![0u32; n];
             c.world.recv(from, bytemuck::cast_slice_mut(&mut tokens)).map_err(comm_err)?;
-            self.run_batch(&d, Some(&tokens))
+            self.run_batch(d, Some(&tokens))
         } else {
             let width = self.model.config.hidden_size;
             if self.ws.x.len() < n * width {
                 self.ws.x.resize(n * width, 0.0);
             }
             c.world.recv(from, bytemuck::cast_slice_mut(&mut self.ws.x[..n * width])).map_err(comm_err)?;
-            self.run_batch(&d, None)
+            self.run_batch(d, None)
         }
     }
 

@@ -4,6 +4,7 @@
 pub mod blocks;
 pub mod scheduler;
 mod seq;
+pub mod solo;
 pub mod state_slots;
 pub mod windows;
 

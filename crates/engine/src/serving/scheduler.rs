@@ -497,7 +497,7 @@ impl Scheduler {
         self.reserve_window_blocks();
         let depth = engine.max_in_flight().max(1);
         while self.in_flight.len() < depth {
-            let Some((flight, items)) = self.plan(depth - self.in_flight.len()) else { break };
+            let Some((flight, items)) = self.plan(depth) else { break };
             let sent = {
                 let items: Vec<BatchItem<'_>> = items.iter().map(|it| it.item(&self.running)).collect();
                 self.stats.batch_size = items.len();
@@ -537,6 +537,10 @@ impl Scheduler {
             let s = &mut self.running[i];
             s.kv_len += n;
             register_full_blocks(&mut self.blocks, self.windows.as_mut(), s);
+            let prompt = s.req.prompt_ids.len();
+            if s.kv_len - n < prompt {
+                s.hooks.on_prefill(s.kv_len.min(prompt), prompt);
+            }
             if s.kv_len == s.history.len() && row.len() == self.vocab && self.sample(i, &mut row, tok) {
                 finished.push(i);
             }
@@ -551,15 +555,18 @@ impl Scheduler {
         Ok(())
     }
 
-    /// The next micro-batch, when anything is ready (`free`: micro-batches
-    /// that may still be sent, this one included). Marks its tokens sent.
+    /// The next micro-batch, when anything is ready (`depth`: how many may be
+    /// in flight). Marks its tokens sent.
     ///
-    /// Decode tokens first (a `free`-th share of the ready ones, so that the
-    /// micro-batches in flight split the decoding sequences between them),
-    /// then prefill chunks oldest first up to `step_tokens`.
-    fn plan(&mut self, free: usize) -> Option<(Flight, Vec<PlanItem>)> {
-        let decoding = self.running.iter().filter(|s| s.ready() == 1).count();
-        let mut decode_left = decoding.div_ceil(free.max(1));
+    /// Decode tokens first, then prefill chunks oldest first up to
+    /// `step_tokens`. A micro-batch takes at most a `depth`-th share of all
+    /// decoding sequences (in flight or not), so that the micro-batches stay
+    /// even: one that came back with more than its share leaves the rest to
+    /// the next.
+    fn plan(&mut self, depth: usize) -> Option<(Flight, Vec<PlanItem>)> {
+        let decoding = self.running.iter().filter(|s| s.ready() == 1 || (s.busy() && s.pending() == 1)).count();
+        let ready = self.running.iter().filter(|s| s.ready() == 1).count();
+        let mut decode_left = ready.min(decoding.div_ceil(depth.max(1)));
         let mut budget = self.cfg.step_tokens.saturating_sub(decode_left);
         // Sliding-window groups size a sequence's window blocks for one step
         // beyond its computed KV: their prompts send one chunk at a time.
