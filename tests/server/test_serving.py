@@ -290,3 +290,27 @@ def test_kv_pressure_succeeds_or_429_with_retry_after(spawn_server):
                    json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi."}]})
     assert r.status_code == 200, r.text
     assert srv.metrics()["shardlm_kv_blocks_used"] == 0
+
+
+@pytest.mark.smoke
+def test_serve_matches_run(server, oai):
+    """One engine (issue 27): serve's greedy text for a prompt is `shardlm run`'s,
+    on whatever split SHARDLM_SERVE_ARGS gives (one process, pipeline 2 with its
+    micro-batches and overlapping prompt chunks, tensor 2). The prompt spans
+    three prefill steps of 512 tokens."""
+    import json
+    import shlex
+    import subprocess
+    from conftest import ROOT
+    prompt = "Here is a file:\n\n" + code_file("serve-matches-run", 45) + "\n\nLine 7 does"
+    got = oai.completions.create(model="m", prompt=prompt, max_tokens=24, extra_body={"ignore_eos": True},
+                                 **GREEDY)
+    assert got.usage.prompt_tokens > 1024, got.usage
+    binary = os.environ.get("SHARDLM_BIN", os.path.join(ROOT, "target", "release", "shardlm"))
+    serve_args = shlex.split(os.environ.get("SHARDLM_SERVE_ARGS", ""))
+    out = subprocess.run([binary, "run", "--prompt", prompt, "--max-tokens", "24", "--ignore-eos", "--json",
+                          *serve_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    ran = json.loads(out.stdout)
+    assert len(ran["output_ids"]) == 24
+    assert got.choices[0].text == ran["text"]

@@ -60,23 +60,27 @@ pub struct BenchArgs {
 }
 
 /// One measured trial.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Trial {
     prompt_tps: f64,
     generation_tps: f64,
     ttft_s: f64,
     peak_rss_bytes: u64,
     total_s: f64,
+    /// The greedy tokens it generated (the same as `run --prompt-ids` and
+    /// `serve` give for this prompt: tests compare them).
+    output_ids: Vec<u32>,
 }
 
 impl Trial {
-    fn to_json(self) -> serde_json::Value {
+    fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "prompt_tps": self.prompt_tps,
             "generation_tps": self.generation_tps,
             "ttft_s": self.ttft_s,
             "peak_rss_bytes": self.peak_rss_bytes,
             "total_s": self.total_s,
+            "output_ids": self.output_ids,
         })
     }
 }
@@ -281,6 +285,7 @@ fn trial_curves(
         ttft_s,
         peak_rss_bytes: peak_rss_bytes(),
         total_s,
+        output_ids: out.output_ids,
     };
     Ok((t, curves))
 }
@@ -421,6 +426,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "workspace_bytes": ws_bytes,
             "predicted_peak_rss_bytes": predicted_rss,
             "load_s": load_s,
+            "prompt_ids": prompt,
             "trials": trials.iter().map(|t| t.to_json()).collect::<Vec<_>>(),
             "avg": {
                 "prompt_tps": avg_prompt,
