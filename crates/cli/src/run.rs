@@ -164,14 +164,18 @@ fn run_on(
         ignore_eos: a.ignore_eos,
         want_prompt_logits: a.dump_logits.is_some(),
     };
-    let stream = !a.json;
-    let mut stdout = std::io::stdout();
-    let out = engine.generate(&req, &mut |t| {
-        if stream {
-            let _ = stdout.write_all(t.as_bytes());
-            let _ = stdout.flush();
-        }
-    })?;
+    // Through the batching scheduler, as `serve` runs a request: one engine.
+    let solo = engine::serving::solo::solo_config(
+        engine,
+        prompt_ids.len() + max_tokens,
+        crate::serve::KV_BLOCK,
+        engine.prefill_chunk,
+    );
+    let mut sched = engine::serving::Scheduler::new(engine, solo).context("allocating the KV pool")?;
+    let hooks = RunHooks { stream: !a.json, text: String::new(), token_times: Vec::new() };
+    let t0 = std::time::Instant::now();
+    let (done, hooks) = engine::serving::solo::run_request(&mut sched, engine, req, hooks)?;
+    let out = RunOutcome::new(done, hooks, t0, prompt_ids.len());
     if let (Some(path), Some(logits)) = (&a.dump_logits, &out.prompt_logits) {
         write_logits(path, logits, prompt_ids.len(), engine.model.config.vocab_size)?;
     }
@@ -256,4 +260,64 @@ pub fn write_logits(path: &PathBuf, logits: &[f32], rows: usize, vocab: usize) -
     let data = safetensors::serialize([("logits", view)], None)?;
     std::fs::write(path, data).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+/// `run`'s hooks: streams the text to stdout (unless `--json`), keeps it, and
+/// times the tokens.
+struct RunHooks {
+    stream: bool,
+    text: String,
+    token_times: Vec<std::time::Instant>,
+}
+
+impl engine::generate::GenerateHooks for RunHooks {
+    fn on_token(&mut self, _id: u32) -> bool {
+        self.token_times.push(std::time::Instant::now());
+        true
+    }
+
+    fn on_text(&mut self, t: &str) {
+        if self.stream {
+            let mut stdout = std::io::stdout();
+            let _ = stdout.write_all(t.as_bytes());
+            let _ = stdout.flush();
+        }
+        self.text.push_str(t);
+    }
+}
+
+/// What `run` prints about a finished request.
+struct RunOutcome {
+    output_ids: Vec<u32>,
+    text: String,
+    finish_reason: engine::generate::FinishReason,
+    prompt_logits: Option<Vec<f32>>,
+    ttft_ms: f64,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+}
+
+impl RunOutcome {
+    fn new(
+        done: engine::serving::SeqOutcome,
+        hooks: RunHooks,
+        t0: std::time::Instant,
+        prompt_len: usize,
+    ) -> RunOutcome {
+        let times = &hooks.token_times;
+        let ttft_s = times.first().map_or_else(|| t0.elapsed().as_secs_f64(), |t| t.duration_since(t0).as_secs_f64());
+        let decode_s = match (times.first(), times.last()) {
+            (Some(a), Some(b)) if times.len() > 1 => b.duration_since(*a).as_secs_f64(),
+            _ => 0.0,
+        };
+        RunOutcome {
+            output_ids: done.output_ids,
+            text: hooks.text,
+            finish_reason: done.finish_reason,
+            prompt_logits: done.prompt_logits,
+            ttft_ms: ttft_s * 1e3,
+            prefill_tok_s: prompt_len as f64 / ttft_s.max(1e-9),
+            decode_tok_s: if decode_s > 0.0 { (times.len() - 1) as f64 / decode_s } else { 0.0 },
+        }
+    }
 }

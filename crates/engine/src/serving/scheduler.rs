@@ -92,6 +92,9 @@ pub struct SeqOutcome {
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV came from the prefix cache.
     pub cached_tokens: usize,
+    /// `[prompt_len × vocab]` logits of every prompt position, when the
+    /// request asked for them (`want_prompt_logits`: `run --dump-logits`).
+    pub prompt_logits: Option<Vec<f32>>,
 }
 
 /// The per-request callbacks: [`GenerateHooks`] for every step, and `done` once.
@@ -146,8 +149,9 @@ pub struct Scheduler {
 /// A step in flight: which sequences it carries and what to do when it
 /// comes back.
 struct Flight {
-    /// (sequence id, tokens), in the step's item order.
-    items: Vec<(u64, usize)>,
+    /// (sequence id, tokens, whether its logits are every position's), in
+    /// the step's item order.
+    items: Vec<(u64, usize, bool)>,
     /// (sequence id, prefix hash, snapshot slot) to commit.
     snaps: Vec<(u64, u64, u32)>,
     /// (sequence id, snapshot slot) restored by this step: pinned until then.
@@ -242,6 +246,7 @@ impl Scheduler {
         self.waiting.push_back(Seq {
             id: 0,
             sub_len: 0,
+            prompt_logits: Vec::new(),
             sampler: Sampler::new(req.sampling.clone()),
             history: req.prompt_ids.clone(),
             out_ids: Vec::new(),
@@ -276,9 +281,6 @@ impl Scheduler {
                 generate: req.max_tokens,
                 ctx: self.context,
             });
-        }
-        if req.want_prompt_logits {
-            return Err(EngineError::BadArgument("the batching scheduler does not return prompt logits".into()));
         }
         let pool = self.cfg.n_blocks * self.cfg.block;
         if prompt.len() + req.max_tokens > pool {
@@ -334,7 +336,8 @@ impl Scheduler {
             // Reuse cached full blocks, leaving at least one token to run (its
             // logits start the output).
             let hashes = block_hashes(&s.history, b);
-            let reusable = (s.history.len() - 1) / b;
+            // A request for every prompt position's logits computes them all.
+            let reusable = if s.req.want_prompt_logits { 0 } else { (s.history.len() - 1) / b };
             let mut got = self.blocks.acquire_prefix(&hashes, reusable);
             // Hybrid: only as deep as the deepest state snapshot; windowed:
             // as deep as the window blocks before it are cached.
@@ -513,7 +516,12 @@ impl Scheduler {
             }
         }
         let Some(flight) = self.in_flight.pop_front() else { return Ok(()) };
-        let result = engine.collect_batch().map(|l| l.iter().map(|row| row[..self.vocab.min(row.len())].to_vec()));
+        let vocab = self.vocab;
+        let result = engine.collect_batch().map(|l| {
+            l.iter()
+                .zip(&flight.items)
+                .map(|(row, &(_, _, all))| if all { row.clone() } else { row[..vocab.min(row.len())].to_vec() })
+        });
         let logits: Vec<Vec<f32>> = match result {
             Ok(l) => l.collect(),
             Err(e) => return self.fail_flight(flight, e),
@@ -531,10 +539,15 @@ impl Scheduler {
         );
         let tok = engine.tokenizer.as_ref();
         let mut finished = Vec::new();
-        for (&(id, n), mut row) in flight.items.iter().zip(logits) {
+        for (&(id, n, all), mut row) in flight.items.iter().zip(logits) {
             // Gone (cancelled, preempted, failed) since the step was sent.
             let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
             let s = &mut self.running[i];
+            if all {
+                // Every position's logits: keep them, sample from the last.
+                s.prompt_logits.extend_from_slice(&row);
+                row = row.split_off(row.len().saturating_sub(self.vocab));
+            }
             s.kv_len += n;
             register_full_blocks(&mut self.blocks, self.windows.as_mut(), s);
             let prompt = s.req.prompt_ids.len();
@@ -614,7 +627,10 @@ impl Scheduler {
         for (i, n) in plan {
             let s = &mut self.running[i];
             let ends = s.sub_len + n == s.history.len();
+            // `run --dump-logits`: every prompt position's logits.
+            let all = s.req.want_prompt_logits && s.sub_len + n <= s.req.prompt_ids.len();
             let mode = match ends {
+                _ if all => LogitsMode::All,
                 false => LogitsMode::None,
                 true if s.greedy && !s.hooks.wants_logits() => LogitsMode::Argmax,
                 true => LogitsMode::Last,
@@ -625,7 +641,7 @@ impl Scheduler {
             flight.restores.extend(restore.map(|r| (s.id, r)));
             let snapshot = flight.snaps.iter().find(|x| x.0 == s.id).map(|x| x.2);
             items.push(PlanItem { index: i, start: s.sub_len, n, mode, restore, snapshot });
-            flight.items.push((s.id, n));
+            flight.items.push((s.id, n, all));
             flight.tokens += n;
             s.sub_len += n;
         }
@@ -635,7 +651,7 @@ impl Scheduler {
     /// A micro-batch that was never sent: its sequences take its tokens back
     /// (and their restores, still pinned).
     fn unsend(&mut self, flight: &mut Flight) {
-        for &(id, n) in &flight.items {
+        for &(id, n, _) in &flight.items {
             if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
                 s.sub_len -= n;
                 s.restore = flight.restores.iter().find(|r| r.0 == id).map(|r| r.1).or(s.restore);
@@ -656,7 +672,7 @@ impl Scheduler {
             return Err(e);
         }
         let msg = e.to_string();
-        for &(id, _) in &flight.items {
+        for &(id, _, _) in &flight.items {
             if let Some(i) = self.running.iter().position(|s| s.id == id) {
                 let mut s = self.running.remove(i);
                 release_seq(self.groups(), &mut s);

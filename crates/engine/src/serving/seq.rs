@@ -48,6 +48,8 @@ pub(super) struct Seq {
     pub restore: Option<u32>,
     /// Its blocks in the sliding-window group.
     pub window: SeqWindow,
+    /// Every prompt position's logits so far (`want_prompt_logits`).
+    pub prompt_logits: Vec<f32>,
 }
 
 /// What a scheduler hands out: full blocks, window blocks, state slots.
@@ -109,6 +111,8 @@ impl Seq {
 
     /// Back to no KV at all (preempted, or its cluster was lost).
     pub fn forget_kv(&mut self) {
+        // The recomputation makes the prompt's logits again.
+        self.prompt_logits.clear();
         self.hashes.clear();
         self.kv_len = 0;
         self.sub_len = 0;
@@ -177,5 +181,6 @@ pub(super) fn finish(s: &mut Seq) -> SeqOutcome {
         stop_string: s.stream.stopped_by.map(|i| s.req.stop_strings[i].clone()),
         prompt_tokens: s.req.prompt_ids.len(),
         cached_tokens: s.cached_tokens.unwrap_or(0),
+        prompt_logits: s.req.want_prompt_logits.then(|| std::mem::take(&mut s.prompt_logits)),
     }
 }
