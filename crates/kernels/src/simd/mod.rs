@@ -50,6 +50,7 @@ pub mod avx512_k;
 pub mod avx512_lanes;
 pub mod avx512_lowk;
 pub mod avx512_packed;
+mod gemm_lowk;
 pub mod kvq;
 pub mod kvq_dot;
 pub mod selftest;
