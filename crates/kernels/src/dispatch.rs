@@ -494,8 +494,8 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq4_nl,
         scalar_packed_dot4: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], ..NONE },
+        // No 512-bit dot yet: the AVX2 one; prefill takes the lane GEMM.
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], gemm: GEMM_Q8_0, ..NONE },
     },
     Row {
         dtype: DType::IQ4_XS,

@@ -369,7 +369,7 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
     }
 }
 
-/// The prefill GEMM of MXFP4, Q4_0, Q8_0, Q5_0, Q4_1 and Q5_1 (AVX-512, batches of at least
+/// The prefill GEMM of MXFP4, Q4_0, Q8_0, Q5_0, IQ4_NL, Q4_1 and Q5_1 (AVX-512, batches of at least
 /// `avx512_gemm::MIN_M` rows, activations in the vector lanes) against the
 /// scalar reference: batch sizes around the threshold and not a multiple of the
 /// 16 lanes, row counts that leave 8-, 4- and 1-row tails, odd block counts,
@@ -384,9 +384,9 @@ fn prefill_gemm_matches_reference() {
     }
     let mut rng = rng(14);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    for (dtype, &(rows, cols)) in [DType::MXFP4, DType::Q4_0, DType::Q8_0, DType::Q5_0, DType::Q4_1, DType::Q5_1]
-        .into_iter()
-        .flat_map(|d| [(37usize, 96usize), (16, 64), (45, 576), (8, 32)].iter().map(move |s| (d, s)))
+    let types = [DType::MXFP4, DType::Q4_0, DType::Q8_0, DType::Q5_0, DType::IQ4_NL, DType::Q4_1, DType::Q5_1];
+    for (dtype, &(rows, cols)) in
+        types.into_iter().flat_map(|d| [(37usize, 96usize), (16, 64), (45, 576), (8, 32)].iter().map(move |s| (d, s)))
     {
         let w = random_weight(&mut rng, dtype, rows, cols);
         let wm = MatRef::new(dtype, rows, cols, &w).unwrap();

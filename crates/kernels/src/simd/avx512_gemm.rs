@@ -1,5 +1,5 @@
 //! AVX-512 VNNI prefill GEMM for weights of 32-value blocks with Q8_0 or Q8_1
-//! activations (MXFP4, Q4_0, Q5_0, Q8_0; Q4_1, Q5_1): `y = x · Wᵀ` for
+//! activations (MXFP4, Q4_0, Q5_0, Q8_0, IQ4_NL; Q4_1, Q5_1): `y = x · Wᵀ` for
 //! `m ≥` [`MIN_M`] activation rows, with the activation rows in the vector lanes.
 //!
 //! Why: the 4 × 2 tiles put 64 weights of one row in a vector, so every
@@ -31,6 +31,7 @@
 //! | Q4_0  | the nibble (0..15)       | 8          | `d`                     |
 //! | Q8_0  | `q + 128` (0..255)       | 128        | `d`                     |
 //! | Q5_0  | the 5-bit code (0..31)   | 16         | `d`                     |
+//! | IQ4_NL | `K[nibble] + 128` (1..241) | 128      | `d`                     |
 //! | Q4_1  | the nibble (0..15)       | 0          | `d`, plus `m·s_a`       |
 //! | Q5_1  | the 5-bit code (0..31)   | 0          | `d`, plus `m·s_a`       |
 //!
@@ -61,6 +62,17 @@ const GROUP_BLOCK: usize = 8 * 64 + 3 * 64;
 /// `2·E2M1(code) + 12` by code (MXFP4).
 const E2M1_X2_PLUS12: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
 
+/// `K[code] + 128` by code (IQ4_NL's table, `quant::iq4_nl::KVALUES`, made unsigned).
+const IQ4NL_PLUS128: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (crate::quant::iq4_nl::KVALUES[i] as i32 + 128) as u8;
+        i += 1;
+    }
+    t
+};
+
 thread_local! {
     /// This thread's decode scratch.
     static DECODED: std::cell::RefCell<Decoded> =
@@ -84,7 +96,7 @@ fn offset(dtype: DType) -> Option<i32> {
     match dtype {
         DType::MXFP4 => Some(12),
         DType::Q4_0 => Some(8),
-        DType::Q8_0 => Some(128),
+        DType::Q8_0 | DType::IQ4_NL => Some(128),
         DType::Q5_0 => Some(16),
         DType::Q4_1 | DType::Q5_1 => Some(0),
         _ => None,
@@ -129,6 +141,7 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, q8_1: boo
 unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
     let (nb, rb, bb) = (w.cols / 32, w.row_bytes(), w.dtype.block_bytes());
     let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_X2_PLUS12.as_ptr() as *const __m128i));
+    let lut_nl = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_PLUS128.as_ptr() as *const __m128i));
     let low = _mm_set1_epi8(0x0F);
     d.row.resize(rb, 0);
     for (k, r) in (r0..r1).enumerate() {
@@ -143,7 +156,7 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
             let x = row.add(b * bb);
             let dst = d.q.as_mut_ptr().add(k * w.cols + b * 32) as *mut __m256i;
             let f16 = || half::f16::from_bits(u16::from_le_bytes([*x, *x.add(1)])).to_f32();
-            // Block layouts: MXFP4 [e8m0, 16 nibble bytes], Q4_0 [f16 d, 16
+            // Block layouts: MXFP4 [e8m0, 16 nibble bytes], Q4_0 and IQ4_NL [f16 d, 16
             // nibble bytes] (element j low nibble of byte j, j+16 high), Q8_0
             // [f16 d, 32 × i8], Q5_0 [f16 d, u32 qh, 16 nibble bytes] (bit j
             // of qh: bit 4 of element j), Q4_1 [f16 d, f16 m, 16 nibble
@@ -155,7 +168,7 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
                 dt => {
                     let head = match dt {
                         DType::MXFP4 => 1,
-                        DType::Q4_0 => 2,
+                        DType::Q4_0 | DType::IQ4_NL => 2,
                         DType::Q4_1 => 4,
                         DType::Q5_0 => 6,
                         _ => 8,
@@ -168,6 +181,7 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
                     };
                     match dt {
                         DType::MXFP4 => (e8m0_half(*x), _mm256_shuffle_epi8(lut, nib)),
+                        DType::IQ4_NL => (f16(), _mm256_shuffle_epi8(lut_nl, nib)),
                         DType::Q5_0 => (f16(), high(2)),
                         DType::Q5_1 => (f16(), high(4)),
                         _ => (f16(), nib),
