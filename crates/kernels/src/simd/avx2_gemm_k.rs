@@ -6,8 +6,8 @@
 //! Differences: groups of 8 activation rows (position group `p` is 32 bytes),
 //! and without `vpdpbusd` each 4-position product sum is `vpmaddubsw` (u8 × i8
 //! pairs to i16; two position groups are added in i16 before `vpmaddwd` widens
-//! them: at most 2·2·63·127 = 32004 for Q6_K's 6-bit codes, so nothing
-//! saturates) and the `bsums` pairs meet the weights' `c` pairs in one
+//! them: at most 2·2·63·127 = 32004 for Q6_K's 6-bit codes, 2·2·45·127 for
+//! Q2_K's scale-folded ones, so nothing saturates) and the `bsums` pairs meet the weights' `c` pairs in one
 //! `vpmaddwd` each. IQ4_XS's codes (−127..113) take the sign trick instead
 //! (see [`super::gemm_lowk`]).
 //!
@@ -146,7 +146,8 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 
 /// `R` decoded rows (codes `q` rows `cols` apart, scales `s` rows `nb` apart)
 /// × one activation group: `out[r]` = the 16 lanes' results of row `r`.
-/// `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q2_K/Q3_K);
+/// `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q3_K, 256: Q2_K's
+/// scale-folded codes);
 /// `MINS`: the `d`/`dmin` combination (Q4_K, Q5_K, Q2_K), else `d·(isum − msum)`;
 /// `SIGNED`: the codes are i8 (IQ4_XS), multiplied as `|w|·sign(a, w)`, one
 /// position group per `vpmaddubsw` (at most 2·127·127 = 32258), no `msum`.
@@ -276,7 +277,7 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         decode_rows(w, r0, r1, &mut d);
         match w.dtype {
             DType::Q4_K | DType::Q5_K => unit_groups::<32, true, false>(w, r0, r1, &d, act, m, y),
-            DType::Q2_K => unit_groups::<16, true, false>(w, r0, r1, &d, act, m, y),
+            DType::Q2_K => unit_groups::<256, true, false>(w, r0, r1, &d, act, m, y),
             DType::IQ4_XS => unit_groups::<32, false, true>(w, r0, r1, &d, act, m, y),
             _ => unit_groups::<16, false, false>(w, r0, r1, &d, act, m, y),
         }

@@ -27,8 +27,8 @@
 //! | Q6_K  | 16        | `(32·sc_2t, 32·sc_2t+1)`     | `d_a·d·(Σ sc·S − Σ 32·sc·B)`   |
 //!
 //! with `S` a sub-block's `Σ q·a` and `B` its `Σ a`; Q2_K, Q3_K and IQ4_XS in
-//! [`super::gemm_lowk`]'s table (Q2_K takes the Q4_K combination over 16-value
-//! sub-blocks, Q3_K and IQ4_XS the Q6_K one over 16 and 32).
+//! [`super::gemm_lowk`]'s table (Q2_K takes the Q4_K combination over its
+//! scale-folded codes, Q3_K and IQ4_XS the Q6_K one over 16 and 32).
 //!
 //! Numerics: every integer sum is exact and the float steps are the scalar
 //! reference's (`quant::q4_k::vec_dot` etc.: the same products, no FMA, super-
@@ -167,7 +167,8 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 
 /// `R` decoded rows (codes `q` rows `cols` apart, scales `s` rows `nb` apart)
 /// × one activation group: `out[r]` = the 16 lanes' results of row `r`.
-/// `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q2_K/Q3_K);
+/// `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q3_K, 256: Q2_K's
+/// scale-folded codes);
 /// `MINS`: the `d`/`dmin` combination (Q4_K, Q5_K, Q2_K), else `d·(isum − msum)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
@@ -284,7 +285,7 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         decode_rows(w, r0, r1, &mut d);
         match w.dtype {
             DType::Q4_K | DType::Q5_K => unit_groups::<32, true>(w, r0, r1, &d, act, m, y),
-            DType::Q2_K => unit_groups::<16, true>(w, r0, r1, &d, act, m, y),
+            DType::Q2_K => unit_groups::<256, true>(w, r0, r1, &d, act, m, y),
             DType::IQ4_XS => unit_groups::<32, false>(w, r0, r1, &d, act, m, y),
             _ => unit_groups::<16, false>(w, r0, r1, &d, act, m, y),
         }

@@ -10,12 +10,15 @@
 //!
 //! | type   | sub-block | code            | `c` pair `t`               | result per super-block |
 //! |--------|-----------|-----------------|----------------------------|------------------------|
-//! | Q2_K   | 16        | `q` (0..3)      | `(m_2t, m_2t+1)`           | `(d_a·d)·isum − (d_a·dmin)·msum` |
+//! | Q2_K   | 256 (one) | `q·sc` (0..45)  | `(m_2t, m_2t+1)`           | `(d_a·d)·isum − (d_a·dmin)·msum` |
 //! | Q3_K   | 16        | `q + 4` (0..7)  | `(4·sc_2t, 4·sc_2t+1)`     | `(d·d_a)·(isum − msum)` |
 //! | IQ4_XS | 32        | `K[q] + 128` (1..241) | `(128·sc_t, 128·sc_t)` | `(d·d_a)·(isum − msum)` |
 //! | IQ4_XS, signed | 32 | `K[q]` (−127..113) | `0`                   | `(d·d_a)·isum` |
 //!
-//! The offsets make the codes unsigned for `vpdpbusd`; `c·bsums` takes them
+//! Q2_K's 4-bit scales are folded into its codes (`3·15 = 45` fits a byte),
+//! so its whole super-block is one "sub-block" of scale 1: no per-16-value
+//! scale multiply in the GEMM's inner loop. The offsets make the codes
+//! unsigned for `vpdpbusd`; `c·bsums` takes them
 //! back out exactly (`Σ sc·(code − o)·a = Σ sc·code·a − o·Σ sc·B`, `B` a
 //! sub-block's `Σ a` = its Q8_K `bsums`). The signed IQ4_XS codes are for
 //! AVX2, whose `vpmaddubsw` would saturate on 241·127 pairs: it uses the sign
@@ -51,28 +54,33 @@ pub(super) fn pair(lo: i32, hi: i32) -> i32 {
     (lo & 0xFFFF) | (hi << 16)
 }
 
-/// Q2_K `[scales[16], qs[64], d, dmin]` (84 bytes) → codes 0..3 at `q[0..256]`.
+/// Q2_K `[scales[16], qs[64], d, dmin]` (84 bytes) → codes times their
+/// group's scale (`q·sc`, 0..45) at `q[0..256]`, one sub-block of scale 1.
 ///
 /// # Safety
 /// AVX2 CPU; `x` holds 84 bytes, `q` 256 writable bytes.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn decode_q2_k(x: &[u8], q: *mut u8) -> Scales {
     let mut s = Scales::default();
-    for g in 0..16 {
-        s.sc[g] = (x[g] & 15) as i32;
-    }
+    s.sc[0] = 1;
     for t in 0..8 {
         s.c[t] = pair((x[2 * t] >> 4) as i32, (x[2 * t + 1] >> 4) as i32);
     }
     s.d = f16(&x[80..82]);
     s.dmin = f16(&x[82..84]);
-    let three = _mm256_set1_epi8(3);
+    let (three, even) = (_mm256_set1_epi8(3), _mm256_set1_epi16(0x00FF));
     for h in 0..2 {
         // Element 128h + 32j + l: bits 2j..2j+2 of qs[32h + l].
         let v = _mm256_loadu_si256(x.as_ptr().add(16 + 32 * h) as *const __m256i);
         for j in 0..4 {
             let c = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * j as i32)), three);
-            _mm256_storeu_si256(q.add(128 * h + 32 * j) as *mut __m256i, c);
+            // Groups 8h + 2j (low 16 bytes) and 8h + 2j + 1: each byte times
+            // its scale in 16-bit lanes (products < 256 stay in their byte).
+            let g = 8 * h + 2 * j;
+            let sc = _mm256_set_m128i(_mm_set1_epi16((x[g + 1] & 15) as i16), _mm_set1_epi16((x[g] & 15) as i16));
+            let lo = _mm256_mullo_epi16(_mm256_and_si256(c, even), sc);
+            let hi = _mm256_slli_epi16(_mm256_mullo_epi16(_mm256_srli_epi16(c, 8), sc), 8);
+            _mm256_storeu_si256(q.add(128 * h + 32 * j) as *mut __m256i, _mm256_or_si256(lo, hi));
         }
     }
     s
