@@ -29,8 +29,8 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_gemm_k, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4,
-    avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_lowk, avx512_packed,
+    avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp,
+    avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_lowk, avx512_packed,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -493,9 +493,14 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq4_nl,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], ..NONE },
-        // No 512-bit dot yet: the AVX2 one; prefill takes the lane GEMM.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], gemm: GEMM_Q8_0, ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], tile: &[(Base, avx2_iq4nl::tile_iq4_nl)], ..NONE },
+        // No 512-bit dot or tile yet: the AVX2 ones; prefill takes the lane GEMM.
+        avx512: x86! {
+            dot: &[(Base, avx2_lowk::dot_iq4_nl)],
+            tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
+            gemm: GEMM_Q8_0,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::IQ4_XS,

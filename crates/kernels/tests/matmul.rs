@@ -416,3 +416,30 @@ fn prefill_gemm_matches_reference() {
         }
     }
 }
+
+/// IQ4_NL's small batches (the AVX2 4 × 2 tile, at AVX-512 too below the
+/// GEMM threshold) equal the scalar reference, and so the one-row decode
+/// kernel, bit for bit: odd batch sizes (tile and one-row tails), row counts
+/// that leave a partial four-row group, one and two threads.
+#[test]
+fn iq4_nl_tile_matches_reference_exactly() {
+    let isas: Vec<Isa> = isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)).collect();
+    let mut rng = rng(16);
+    let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
+    for &(rows, cols) in &[(37usize, 96usize), (8, 576), (5, 32)] {
+        let w = random_weight(&mut rng, DType::IQ4_NL, rows, cols);
+        let wm = MatRef::new(DType::IQ4_NL, rows, cols, &w).unwrap();
+        for m in [1usize, 2, 5, 31] {
+            let x = random_acts(&mut rng, m * cols);
+            let mut want = vec![0f32; m * rows];
+            matmul_reference(wm, &x, m, &mut want);
+            for (isa, pool) in isas.iter().flat_map(|&i| pools.iter().map(move |p| (i, p))) {
+                let mut got = vec![f32::NAN; m * rows];
+                matmul_isa(isa, pool, wm, &x, m, &mut got, &mut MatmulScratch::default());
+                let differ = got.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                let what = format!("IQ4_NL {isa} {rows}x{cols} m={m} threads={}", pool.n_threads());
+                assert_eq!(differ, 0, "{what}: {differ} outputs differ from the scalar reference");
+            }
+        }
+    }
+}
