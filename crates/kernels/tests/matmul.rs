@@ -417,10 +417,11 @@ fn prefill_gemm_matches_reference() {
     }
 }
 
-/// IQ4_NL's small batches (the AVX2 4 × 2 tile, at AVX-512 too below the
-/// GEMM threshold) equal the scalar reference, and so the one-row decode
-/// kernel, bit for bit: odd batch sizes (tile and one-row tails), row counts
-/// that leave a partial four-row group, one and two threads.
+/// IQ4_NL's batches (the AVX2 4 × 2 tile, at AVX-512 too below the GEMM
+/// threshold, and the AVX-512 lane GEMM with the scalar epilogue above it)
+/// equal the scalar reference, and so the one-row decode kernel, bit for bit:
+/// odd batch sizes (tile, one-row and lane tails), row counts that leave
+/// partial row groups, one and two threads.
 #[test]
 fn iq4_nl_tile_matches_reference_exactly() {
     let isas: Vec<Isa> = isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)).collect();
@@ -429,7 +430,7 @@ fn iq4_nl_tile_matches_reference_exactly() {
     for &(rows, cols) in &[(37usize, 96usize), (8, 576), (5, 32)] {
         let w = random_weight(&mut rng, DType::IQ4_NL, rows, cols);
         let wm = MatRef::new(DType::IQ4_NL, rows, cols, &w).unwrap();
-        for m in [1usize, 2, 5, 31] {
+        for m in [1usize, 2, 5, 31, 32, 47] {
             let x = random_acts(&mut rng, m * cols);
             let mut want = vec![0f32; m * rows];
             matmul_reference(wm, &x, m, &mut want);

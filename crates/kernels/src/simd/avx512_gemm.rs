@@ -40,6 +40,9 @@
 //! in order. The result differs from the four-row kernels' only in the f32
 //! summation order, so a row's result depends on whether its batch reached
 //! [`MIN_M`] (below it the 4 × 2 tiles keep batches bit-identical to decode).
+//! IQ4_NL is the exception: its epilogue is the scalar reference's (multiply,
+//! then add), so its results equal `matmul_reference` (and its scalar-exact
+//! one-row kernel) bit for bit at every batch size.
 
 use crate::matmul::{MatRef, SyncPtr};
 use crate::quant::minifloat::e8m0_half;
@@ -199,11 +202,13 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 
 /// `R` decoded rows (`q` rows `cols` apart, scales `s` and minimums `mn` rows
 /// `nb` apart) × one activation group: `out[r]` = the 16 lanes' results of
-/// row `r`. `MIN`: add `m_w·s_a` per block (Q4_1, Q5_1).
+/// row `r`. `MIN`: add `m_w·s_a` per block (Q4_1, Q5_1). `EXACT`: the scalar
+/// reference's float step (`(d_a·d)·sumi`, then add; no FMA), for IQ4_NL,
+/// whose one-row kernel is scalar-exact: its prefill keeps those bits too.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_x_group<const R: usize, const MIN: bool>(
+unsafe fn rows_x_group<const R: usize, const MIN: bool, const EXACT: bool>(
     nb: usize,
     cols: usize,
     q: *const u8,
@@ -229,7 +234,11 @@ unsafe fn rows_x_group<const R: usize, const MIN: bool>(
         let d = _mm512_loadu_ps(blk.add(512) as *const f32);
         for r in 0..R {
             let scale = _mm512_mul_ps(d, _mm512_set1_ps(*s.add(r * nb + b)));
-            accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, accf[r]);
+            accf[r] = if EXACT {
+                _mm512_add_ps(accf[r], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(acc[r])))
+            } else {
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, accf[r])
+            };
             if MIN {
                 let sa = _mm512_loadu_ps(blk.add(640) as *const f32);
                 accf[r] = _mm512_fmadd_ps(sa, _mm512_set1_ps(*mn.add(r * nb + b)), accf[r]);
@@ -262,10 +271,10 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         d.s.resize(UNIT_ROWS * nb, 0.0);
         d.m.resize(UNIT_ROWS * nb, 0.0);
         decode_rows(w, r0, r1, &mut d);
-        if has_min(w.dtype) {
-            unit_groups::<true>(w, r0, r1, &d, act, m, off, y);
-        } else {
-            unit_groups::<false>(w, r0, r1, &d, act, m, off, y);
+        match (has_min(w.dtype), w.dtype == DType::IQ4_NL) {
+            (true, _) => unit_groups::<true, false>(w, r0, r1, &d, act, m, off, y),
+            (false, true) => unit_groups::<false, true>(w, r0, r1, &d, act, m, off, y),
+            (false, false) => unit_groups::<false, false>(w, r0, r1, &d, act, m, off, y),
         }
     });
 }
@@ -273,7 +282,7 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
 /// The decoded rows `r0..r1` (`d`) × every activation group, into `y`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn unit_groups<const MIN: bool>(
+unsafe fn unit_groups<const MIN: bool, const EXACT: bool>(
     w: &MatRef<'_>,
     r0: usize,
     r1: usize,
@@ -292,21 +301,21 @@ unsafe fn unit_groups<const MIN: bool>(
         let yg = y.add(g * LANES * w.rows);
         let mut k = 0;
         while k + 8 <= n {
-            let out = rows_x_group::<8, MIN>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
+            let out = rows_x_group::<8, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
             for (j, v) in out.into_iter().enumerate() {
                 store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
             }
             k += 8;
         }
         while k + 4 <= n {
-            let out = rows_x_group::<4, MIN>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
+            let out = rows_x_group::<4, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
             for (j, v) in out.into_iter().enumerate() {
                 store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
             }
             k += 4;
         }
         while k < n {
-            let out = rows_x_group::<1, MIN>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
+            let out = rows_x_group::<1, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
             store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
             k += 1;
         }
