@@ -29,8 +29,8 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_gemm_k, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp, avx512_fp4,
-    avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_lowk, avx512_packed,
+    avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp,
+    avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_lowk, avx512_packed,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -168,7 +168,7 @@ use Feature::{Base, Bf16, Vbmi};
 const GEMM_Q8_0: Choice<Gemm> =
     &[(Base, Gemm { name: "avx512_gemm", run: avx512_gemm::matmul, min_m: avx512_gemm::MIN_M })];
 
-/// The lane GEMM for the K-quants (Q8_K activations).
+/// The lane GEMM for the K-quants and IQ4_XS (Q8_K activations).
 #[cfg(target_arch = "x86_64")]
 const GEMM_K: Choice<Gemm> =
     &[(Base, Gemm { name: "avx512_gemm_k", run: avx512_gemm_k::matmul, min_m: avx512_gemm_k::MIN_M })];
@@ -405,8 +405,8 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q2_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_q2_k)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_lowk::dot_q2_k)], ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_q2_k)], gemm: GEMM_K_AVX2, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_lowk::dot_q2_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::Q3_K,
@@ -414,8 +414,8 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q3_k,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_lowk::dot_q3_k)], ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], gemm: GEMM_K_AVX2, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_lowk::dot_q3_k)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::IQ2_XXS,
@@ -493,9 +493,14 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq4_nl,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], tile: &[(Base, avx2_iq4nl::tile_iq4_nl)], ..NONE },
+        // No 512-bit dot or tile yet: the AVX2 ones; prefill takes the lane GEMM.
+        avx512: x86! {
+            dot: &[(Base, avx2_lowk::dot_iq4_nl)],
+            tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
+            gemm: GEMM_Q8_0,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::IQ4_XS,
@@ -503,8 +508,8 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq4_xs,
         scalar_packed_dot4: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_lowk::dot_iq4_xs)], ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], gemm: GEMM_K_AVX2, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_lowk::dot_iq4_xs)], gemm: GEMM_K, ..NONE },
     },
 ];
 

@@ -319,7 +319,8 @@ fn matmul_each_equals_separate_calls_every_isa() {
 }
 
 /// The K-quant prefill GEMMs (`avx512_gemm_k`, `avx2_gemm_k`: Q8_K
-/// activations in the lanes, at each level the CPU has) equal the scalar reference bit for bit: batch sizes around the
+/// activations in the lanes, at each level the CPU has; Q2_K..Q6_K and IQ4_XS)
+/// equal the scalar reference bit for bit: batch sizes around the
 /// threshold and not a multiple of the 16 lanes, row counts that leave 8-, 4-
 /// and 1-row tails, one to three super-blocks, one and two threads, mixed
 /// K-quant weights in one call.
@@ -330,7 +331,8 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
     let isas: Vec<Isa> = isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)).collect();
     let mut rng = rng(15);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    for (dtype, &(rows, cols)) in [DType::Q4_K, DType::Q5_K, DType::Q6_K]
+    let types = [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q2_K, DType::Q3_K, DType::IQ4_XS];
+    for (dtype, &(rows, cols)) in types
         .into_iter()
         .flat_map(|d| [(37usize, 256usize), (16, 512), (45, 768), (8, 256)].iter().map(move |s| (d, s)))
     {
@@ -367,7 +369,7 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
     }
 }
 
-/// The prefill GEMM of MXFP4, Q4_0, Q8_0, Q5_0, Q4_1 and Q5_1 (AVX-512, batches of at least
+/// The prefill GEMM of MXFP4, Q4_0, Q8_0, Q5_0, IQ4_NL, Q4_1 and Q5_1 (AVX-512, batches of at least
 /// `avx512_gemm::MIN_M` rows, activations in the vector lanes) against the
 /// scalar reference: batch sizes around the threshold and not a multiple of the
 /// 16 lanes, row counts that leave 8-, 4- and 1-row tails, odd block counts,
@@ -382,9 +384,9 @@ fn prefill_gemm_matches_reference() {
     }
     let mut rng = rng(14);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    for (dtype, &(rows, cols)) in [DType::MXFP4, DType::Q4_0, DType::Q8_0, DType::Q5_0, DType::Q4_1, DType::Q5_1]
-        .into_iter()
-        .flat_map(|d| [(37usize, 96usize), (16, 64), (45, 576), (8, 32)].iter().map(move |s| (d, s)))
+    let types = [DType::MXFP4, DType::Q4_0, DType::Q8_0, DType::Q5_0, DType::IQ4_NL, DType::Q4_1, DType::Q5_1];
+    for (dtype, &(rows, cols)) in
+        types.into_iter().flat_map(|d| [(37usize, 96usize), (16, 64), (45, 576), (8, 32)].iter().map(move |s| (d, s)))
     {
         let w = random_weight(&mut rng, dtype, rows, cols);
         let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
@@ -410,6 +412,34 @@ fn prefill_gemm_matches_reference() {
                     assert_eq!(a, got, "{what}: first of two weights in one call");
                     assert_eq!(b, got, "{what}: second of two weights in one call");
                 }
+            }
+        }
+    }
+}
+
+/// IQ4_NL's batches (the AVX2 4 × 2 tile, at AVX-512 too below the GEMM
+/// threshold, and the AVX-512 lane GEMM with the scalar epilogue above it)
+/// equal the scalar reference, and so the one-row decode kernel, bit for bit:
+/// odd batch sizes (tile, one-row and lane tails), row counts that leave
+/// partial row groups, one and two threads.
+#[test]
+fn iq4_nl_tile_matches_reference_exactly() {
+    let isas: Vec<Isa> = isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)).collect();
+    let mut rng = rng(16);
+    let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
+    for &(rows, cols) in &[(37usize, 96usize), (8, 576), (5, 32)] {
+        let w = random_weight(&mut rng, DType::IQ4_NL, rows, cols);
+        let wm = MatRef::new(DType::IQ4_NL, rows, cols, &w).unwrap();
+        for m in [1usize, 2, 5, 31, 32, 47] {
+            let x = random_acts(&mut rng, m * cols);
+            let mut want = vec![0f32; m * rows];
+            matmul_reference(wm, &x, m, &mut want);
+            for (isa, pool) in isas.iter().flat_map(|&i| pools.iter().map(move |p| (i, p))) {
+                let mut got = vec![f32::NAN; m * rows];
+                matmul_isa(isa, pool, wm, &x, m, &mut got, &mut MatmulScratch::default());
+                let differ = got.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                let what = format!("IQ4_NL {isa} {rows}x{cols} m={m} threads={}", pool.n_threads());
+                assert_eq!(differ, 0, "{what}: {differ} outputs differ from the scalar reference");
             }
         }
     }

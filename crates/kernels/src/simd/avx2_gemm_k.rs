@@ -1,18 +1,21 @@
-//! AVX2 prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K) with Q8_K
+//! AVX2 prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K and
+//! IQ4_XS through the decoders of [`super::gemm_lowk`]) with Q8_K
 //! activations: the 8-lane sibling of [`super::avx512_gemm_k`] (read its docs
 //! for the why and the layouts), for CPUs without AVX-512.
 //!
 //! Differences: groups of 8 activation rows (position group `p` is 32 bytes),
 //! and without `vpdpbusd` each 4-position product sum is `vpmaddubsw` (u8 × i8
 //! pairs to i16; two position groups are added in i16 before `vpmaddwd` widens
-//! them: at most 2·2·63·127 = 32004 for Q6_K's 6-bit codes, so nothing
-//! saturates) and the `bsums` pairs meet the weights' `c` pairs in one
-//! `vpmaddwd` each.
+//! them: at most 2·2·63·127 = 32004 for Q6_K's 6-bit codes, 2·2·45·127 for
+//! Q2_K's scale-folded ones, so nothing saturates) and the `bsums` pairs meet the weights' `c` pairs in one
+//! `vpmaddwd` each. IQ4_XS's codes (−127..113) take the sign trick instead
+//! (see [`super::gemm_lowk`]).
 //!
 //! Numerics: as the AVX-512 one, every integer sum is exact and the float
 //! steps are the scalar reference's, so results equal `matmul_reference` bit
 //! for bit at `m ≥` [`MIN_M`].
 
+use super::gemm_lowk::{self, f16, pair, Scales};
 use crate::matmul::{MatRef, SyncPtr};
 use crate::quant::q4_k::scales_mins;
 use crate::{DType, ThreadPool};
@@ -33,17 +36,6 @@ const D_AT: usize = 2048;
 const BSUM_AT: usize = 2080;
 /// Q8_K block bytes: `d` (f32), 256 × i8, 16 × i16 `bsums`.
 const Q8K_BYTES: usize = 292;
-
-/// One decoded super-block of one weight row.
-#[derive(Clone, Copy, Default)]
-struct Scales {
-    /// Sub-block scales (8 used for Q4_K/Q5_K, 16 for Q6_K).
-    sc: [i32; 16],
-    /// The i16 pairs for the `bsums` pairs (see the module table).
-    c: [i32; 8],
-    d: f32,
-    dmin: f32,
-}
 
 thread_local! {
     /// This thread's decode scratch.
@@ -76,16 +68,6 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut
             }
         }
     }
-}
-
-#[inline(always)]
-fn f16(b: &[u8]) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
-}
-
-#[inline(always)]
-fn pair(lo: i32, hi: i32) -> i32 {
-    (lo & 0xFFFF) | (hi << 16)
 }
 
 /// Decodes one super-block `x` of `dtype` into 256 codes at `q` and its scales.
@@ -121,6 +103,9 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
                 st(64 * c + 32, hi);
             }
         }
+        DType::Q2_K => return gemm_lowk::decode_q2_k(x, q),
+        DType::Q3_K => return gemm_lowk::decode_q3_k(x, q),
+        DType::IQ4_XS => return gemm_lowk::decode_iq4_xs(x, q, true),
         _ => {
             // Q6_K: [ql[128], qh[64], scales[16] (i8), d]
             for k in 0..16 {
@@ -161,10 +146,14 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 
 /// `R` decoded rows (codes `q` rows `cols` apart, scales `s` rows `nb` apart)
 /// × one activation group: `out[r]` = the 16 lanes' results of row `r`.
-/// `SUB`: sub-block length (32: Q4_K/Q5_K, 16: Q6_K).
+/// `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q3_K, 256: Q2_K's
+/// scale-folded codes);
+/// `MINS`: the `d`/`dmin` combination (Q4_K, Q5_K, Q2_K), else `d·(isum − msum)`;
+/// `SIGNED`: the codes are i8 (IQ4_XS), multiplied as `|w|·sign(a, w)`, one
+/// position group per `vpmaddubsw` (at most 2·127·127 = 32258), no `msum`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn rows_x_group<const R: usize, const SUB: usize>(
+unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const SIGNED: bool>(
     nb: usize,
     cols: usize,
     q: *const u8,
@@ -178,16 +167,28 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize>(
         let mut isum = [_mm256_setzero_si256(); R];
         for j in 0..256 / SUB {
             let mut acc = [_mm256_setzero_si256(); R];
-            for p in (0..SUB / 4).step_by(2) {
-                let pos = j * SUB + 4 * p;
-                let a0 = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
-                let a1 = _mm256_loadu_si256(blk.add(pos * 8 + 32) as *const __m256i);
-                for (r, acc_r) in acc.iter_mut().enumerate() {
-                    let wp = q.add(r * cols + b * 256 + pos);
-                    let w0 = _mm256_set1_epi32((wp as *const i32).read_unaligned());
-                    let w1 = _mm256_set1_epi32((wp.add(4) as *const i32).read_unaligned());
-                    let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, a0), _mm256_maddubs_epi16(w1, a1));
-                    *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(p16, ones));
+            if SIGNED {
+                for p in 0..SUB / 4 {
+                    let pos = j * SUB + 4 * p;
+                    let a = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let w = _mm256_set1_epi32((q.add(r * cols + b * 256 + pos) as *const i32).read_unaligned());
+                        let p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+                        *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(p16, ones));
+                    }
+                }
+            } else {
+                for p in (0..SUB / 4).step_by(2) {
+                    let pos = j * SUB + 4 * p;
+                    let a0 = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
+                    let a1 = _mm256_loadu_si256(blk.add(pos * 8 + 32) as *const __m256i);
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let wp = q.add(r * cols + b * 256 + pos);
+                        let w0 = _mm256_set1_epi32((wp as *const i32).read_unaligned());
+                        let w1 = _mm256_set1_epi32((wp.add(4) as *const i32).read_unaligned());
+                        let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, a0), _mm256_maddubs_epi16(w1, a1));
+                        *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(p16, ones));
+                    }
                 }
             }
             for r in 0..R {
@@ -196,7 +197,7 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize>(
             }
         }
         let mut msum = [_mm256_setzero_si256(); R];
-        for t in 0..8 {
+        for t in 0..if SIGNED { 0 } else { 8 } {
             let bs = _mm256_loadu_si256(blk.add(BSUM_AT + t * 32) as *const __m256i);
             for r in 0..R {
                 let c = _mm256_set1_epi32((*s.add(r * nb + b)).c[t]);
@@ -207,7 +208,7 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize>(
         for r in 0..R {
             let sc = &*s.add(r * nb + b);
             // The scalar reference's float steps, in its order (no FMA).
-            let part = if SUB == 16 {
+            let part = if !MINS {
                 let sumi = _mm256_sub_epi32(isum[r], msum[r]);
                 _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(sc.d), da), _mm256_cvtepi32_ps(sumi))
             } else {
@@ -234,7 +235,7 @@ unsafe fn store_lanes(v: __m256, lanes: usize, y: *mut f32, ys: usize) {
 
 /// The decoded rows `r0..r1` × every activation group, into `y`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unit_groups<const SUB: usize>(
+unsafe fn unit_groups<const SUB: usize, const MINS: bool, const SIGNED: bool>(
     w: &MatRef<'_>,
     r0: usize,
     r1: usize,
@@ -252,14 +253,14 @@ unsafe fn unit_groups<const SUB: usize>(
         let yg = y.add(g * LANES * w.rows);
         let mut k = 0;
         while k + 4 <= n {
-            let out = rows_x_group::<4, SUB>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            let out = rows_x_group::<4, SUB, MINS, SIGNED>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
             for (j, v) in out.into_iter().enumerate() {
                 store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
             }
             k += 4;
         }
         while k < n {
-            let out = rows_x_group::<1, SUB>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            let out = rows_x_group::<1, SUB, MINS, SIGNED>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
             store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
             k += 1;
         }
@@ -275,13 +276,15 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         d.s.resize(UNIT_ROWS * (w.cols / 256), Scales::default());
         decode_rows(w, r0, r1, &mut d);
         match w.dtype {
-            DType::Q6_K => unit_groups::<16>(w, r0, r1, &d, act, m, y),
-            _ => unit_groups::<32>(w, r0, r1, &d, act, m, y),
+            DType::Q4_K | DType::Q5_K => unit_groups::<32, true, false>(w, r0, r1, &d, act, m, y),
+            DType::Q2_K => unit_groups::<256, true, false>(w, r0, r1, &d, act, m, y),
+            DType::IQ4_XS => unit_groups::<32, false, true>(w, r0, r1, &d, act, m, y),
+            _ => unit_groups::<16, false, false>(w, r0, r1, &d, act, m, y),
         }
     });
 }
 
-/// `ys[k] = x · ws[k]ᵀ` for K-quant weights (Q4_K, Q5_K, Q6_K, mixed freely;
+/// `ys[k] = x · ws[k]ᵀ` for K-quant weights (Q2_K..Q6_K, IQ4_XS, mixed freely;
 /// file layout), `a` the `m` Q8_K activation rows (`a_stride` bytes apart),
 /// `act` a reusable buffer.
 ///

@@ -1,5 +1,5 @@
 //! AVX-512 VNNI prefill GEMM for weights of 32-value blocks with Q8_0 or Q8_1
-//! activations (MXFP4, Q4_0, Q5_0, Q8_0; Q4_1, Q5_1): `y = x · Wᵀ` for
+//! activations (MXFP4, Q4_0, Q5_0, Q8_0, IQ4_NL; Q4_1, Q5_1): `y = x · Wᵀ` for
 //! `m ≥` [`MIN_M`] activation rows, with the activation rows in the vector lanes.
 //!
 //! Why: the 4 × 2 tiles put 64 weights of one row in a vector, so every
@@ -31,6 +31,7 @@
 //! | Q4_0  | the nibble (0..15)       | 8          | `d`                     |
 //! | Q8_0  | `q + 128` (0..255)       | 128        | `d`                     |
 //! | Q5_0  | the 5-bit code (0..31)   | 16         | `d`                     |
+//! | IQ4_NL | `K[nibble] + 128` (1..241) | 128      | `d`                     |
 //! | Q4_1  | the nibble (0..15)       | 0          | `d`, plus `m·s_a`       |
 //! | Q5_1  | the 5-bit code (0..31)   | 0          | `d`, plus `m·s_a`       |
 //!
@@ -39,6 +40,9 @@
 //! in order. The result differs from the four-row kernels' only in the f32
 //! summation order, so a row's result depends on whether its batch reached
 //! [`MIN_M`] (below it the 4 × 2 tiles keep batches bit-identical to decode).
+//! IQ4_NL is the exception: its epilogue is the scalar reference's (multiply,
+//! then add), so its results equal `matmul_reference` (and its scalar-exact
+//! one-row kernel) bit for bit at every batch size.
 
 use crate::matmul::{MatRef, SyncPtr};
 use crate::quant::minifloat::e8m0_half;
@@ -60,6 +64,17 @@ const GROUP_BLOCK: usize = 8 * 64 + 3 * 64;
 
 /// `2·E2M1(code) + 12` by code (MXFP4).
 const E2M1_X2_PLUS12: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
+
+/// `K[code] + 128` by code (IQ4_NL's table, `quant::iq4_nl::KVALUES`, made unsigned).
+const IQ4NL_PLUS128: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (crate::quant::iq4_nl::KVALUES[i] as i32 + 128) as u8;
+        i += 1;
+    }
+    t
+};
 
 thread_local! {
     /// This thread's decode scratch.
@@ -84,7 +99,7 @@ fn offset(dtype: DType) -> Option<i32> {
     match dtype {
         DType::MXFP4 => Some(12),
         DType::Q4_0 => Some(8),
-        DType::Q8_0 => Some(128),
+        DType::Q8_0 | DType::IQ4_NL => Some(128),
         DType::Q5_0 => Some(16),
         DType::Q4_1 | DType::Q5_1 => Some(0),
         _ => None,
@@ -129,6 +144,7 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, q8_1: boo
 unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
     let (nb, rb, bb) = (w.cols / 32, w.row_bytes(), w.dtype.block_bytes());
     let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_X2_PLUS12.as_ptr() as *const __m128i));
+    let lut_nl = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_PLUS128.as_ptr() as *const __m128i));
     let low = _mm_set1_epi8(0x0F);
     d.row.resize(rb, 0);
     for (k, r) in (r0..r1).enumerate() {
@@ -143,7 +159,7 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
             let x = row.add(b * bb);
             let dst = d.q.as_mut_ptr().add(k * w.cols + b * 32) as *mut __m256i;
             let f16 = || half::f16::from_bits(u16::from_le_bytes([*x, *x.add(1)])).to_f32();
-            // Block layouts: MXFP4 [e8m0, 16 nibble bytes], Q4_0 [f16 d, 16
+            // Block layouts: MXFP4 [e8m0, 16 nibble bytes], Q4_0 and IQ4_NL [f16 d, 16
             // nibble bytes] (element j low nibble of byte j, j+16 high), Q8_0
             // [f16 d, 32 × i8], Q5_0 [f16 d, u32 qh, 16 nibble bytes] (bit j
             // of qh: bit 4 of element j), Q4_1 [f16 d, f16 m, 16 nibble
@@ -155,7 +171,7 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
                 dt => {
                     let head = match dt {
                         DType::MXFP4 => 1,
-                        DType::Q4_0 => 2,
+                        DType::Q4_0 | DType::IQ4_NL => 2,
                         DType::Q4_1 => 4,
                         DType::Q5_0 => 6,
                         _ => 8,
@@ -168,6 +184,7 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
                     };
                     match dt {
                         DType::MXFP4 => (e8m0_half(*x), _mm256_shuffle_epi8(lut, nib)),
+                        DType::IQ4_NL => (f16(), _mm256_shuffle_epi8(lut_nl, nib)),
                         DType::Q5_0 => (f16(), high(2)),
                         DType::Q5_1 => (f16(), high(4)),
                         _ => (f16(), nib),
@@ -185,11 +202,13 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 
 /// `R` decoded rows (`q` rows `cols` apart, scales `s` and minimums `mn` rows
 /// `nb` apart) × one activation group: `out[r]` = the 16 lanes' results of
-/// row `r`. `MIN`: add `m_w·s_a` per block (Q4_1, Q5_1).
+/// row `r`. `MIN`: add `m_w·s_a` per block (Q4_1, Q5_1). `EXACT`: the scalar
+/// reference's float step (`(d_a·d)·sumi`, then add; no FMA), for IQ4_NL,
+/// whose one-row kernel is scalar-exact: its prefill keeps those bits too.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_x_group<const R: usize, const MIN: bool>(
+unsafe fn rows_x_group<const R: usize, const MIN: bool, const EXACT: bool>(
     nb: usize,
     cols: usize,
     q: *const u8,
@@ -215,7 +234,11 @@ unsafe fn rows_x_group<const R: usize, const MIN: bool>(
         let d = _mm512_loadu_ps(blk.add(512) as *const f32);
         for r in 0..R {
             let scale = _mm512_mul_ps(d, _mm512_set1_ps(*s.add(r * nb + b)));
-            accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, accf[r]);
+            accf[r] = if EXACT {
+                _mm512_add_ps(accf[r], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(acc[r])))
+            } else {
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, accf[r])
+            };
             if MIN {
                 let sa = _mm512_loadu_ps(blk.add(640) as *const f32);
                 accf[r] = _mm512_fmadd_ps(sa, _mm512_set1_ps(*mn.add(r * nb + b)), accf[r]);
@@ -248,10 +271,10 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         d.s.resize(UNIT_ROWS * nb, 0.0);
         d.m.resize(UNIT_ROWS * nb, 0.0);
         decode_rows(w, r0, r1, &mut d);
-        if has_min(w.dtype) {
-            unit_groups::<true>(w, r0, r1, &d, act, m, off, y);
-        } else {
-            unit_groups::<false>(w, r0, r1, &d, act, m, off, y);
+        match (has_min(w.dtype), w.dtype == DType::IQ4_NL) {
+            (true, _) => unit_groups::<true, false>(w, r0, r1, &d, act, m, off, y),
+            (false, true) => unit_groups::<false, true>(w, r0, r1, &d, act, m, off, y),
+            (false, false) => unit_groups::<false, false>(w, r0, r1, &d, act, m, off, y),
         }
     });
 }
@@ -259,7 +282,7 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
 /// The decoded rows `r0..r1` (`d`) × every activation group, into `y`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn unit_groups<const MIN: bool>(
+unsafe fn unit_groups<const MIN: bool, const EXACT: bool>(
     w: &MatRef<'_>,
     r0: usize,
     r1: usize,
@@ -278,21 +301,21 @@ unsafe fn unit_groups<const MIN: bool>(
         let yg = y.add(g * LANES * w.rows);
         let mut k = 0;
         while k + 8 <= n {
-            let out = rows_x_group::<8, MIN>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
+            let out = rows_x_group::<8, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
             for (j, v) in out.into_iter().enumerate() {
                 store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
             }
             k += 8;
         }
         while k + 4 <= n {
-            let out = rows_x_group::<4, MIN>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
+            let out = rows_x_group::<4, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
             for (j, v) in out.into_iter().enumerate() {
                 store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
             }
             k += 4;
         }
         while k < n {
-            let out = rows_x_group::<1, MIN>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
+            let out = rows_x_group::<1, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
             store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
             k += 1;
         }

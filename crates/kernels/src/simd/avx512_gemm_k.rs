@@ -1,4 +1,5 @@
-//! AVX-512 VNNI prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K) with Q8_K
+//! AVX-512 VNNI prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K
+//! and IQ4_XS through the decoders of [`super::gemm_lowk`]) with Q8_K
 //! activations: `y = x · Wᵀ` for `m ≥` [`MIN_M`] activation rows, with the
 //! activation rows in the 16 vector lanes (the K-quant sibling of
 //! [`super::avx512_gemm`]).
@@ -25,7 +26,9 @@
 //! | Q4_K, Q5_K | 32   | `(m_t, m_t)`                 | `d_a·d·Σ sc·S − d_a·dmin·Σ m·B` |
 //! | Q6_K  | 16        | `(32·sc_2t, 32·sc_2t+1)`     | `d_a·d·(Σ sc·S − Σ 32·sc·B)`   |
 //!
-//! with `S` a sub-block's `Σ q·a` and `B` its `Σ a`.
+//! with `S` a sub-block's `Σ q·a` and `B` its `Σ a`; Q2_K, Q3_K and IQ4_XS in
+//! [`super::gemm_lowk`]'s table (Q2_K takes the Q4_K combination over its
+//! scale-folded codes, Q3_K and IQ4_XS the Q6_K one over 16 and 32).
 //!
 //! Numerics: every integer sum is exact and the float steps are the scalar
 //! reference's (`quant::q4_k::vec_dot` etc.: the same products, no FMA, super-
@@ -33,6 +36,7 @@
 //! bit. The one-row SIMD kernels below [`MIN_M`] sum in another order, so a
 //! row's result still depends on whether its batch reached the threshold.
 
+use super::gemm_lowk::{self, f16, pair, Scales};
 use crate::matmul::{MatRef, SyncPtr};
 use crate::quant::q4_k::scales_mins;
 use crate::{DType, ThreadPool};
@@ -53,17 +57,6 @@ const D_AT: usize = 4096;
 const BSUM_AT: usize = 4160;
 /// Q8_K block bytes: `d` (f32), 256 × i8, 16 × i16 `bsums`.
 const Q8K_BYTES: usize = 292;
-
-/// One decoded super-block of one weight row.
-#[derive(Clone, Copy, Default)]
-struct Scales {
-    /// Sub-block scales (8 used for Q4_K/Q5_K, 16 for Q6_K).
-    sc: [i32; 16],
-    /// The i16 pairs for the `bsums` pairs (see the module table).
-    c: [i32; 8],
-    d: f32,
-    dmin: f32,
-}
 
 thread_local! {
     /// This thread's decode scratch.
@@ -96,16 +89,6 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut
             }
         }
     }
-}
-
-#[inline(always)]
-fn f16(b: &[u8]) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
-}
-
-#[inline(always)]
-fn pair(lo: i32, hi: i32) -> i32 {
-    (lo & 0xFFFF) | (hi << 16)
 }
 
 /// Decodes one super-block `x` of `dtype` into 256 codes at `q` and its scales.
@@ -141,6 +124,9 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
                 st(64 * c + 32, hi);
             }
         }
+        DType::Q2_K => return gemm_lowk::decode_q2_k(x, q),
+        DType::Q3_K => return gemm_lowk::decode_q3_k(x, q),
+        DType::IQ4_XS => return gemm_lowk::decode_iq4_xs(x, q, false),
         _ => {
             // Q6_K: [ql[128], qh[64], scales[16] (i8), d]
             for k in 0..16 {
@@ -181,10 +167,12 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 
 /// `R` decoded rows (codes `q` rows `cols` apart, scales `s` rows `nb` apart)
 /// × one activation group: `out[r]` = the 16 lanes' results of row `r`.
-/// `SUB`: sub-block length (32: Q4_K/Q5_K, 16: Q6_K).
+/// `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q3_K, 256: Q2_K's
+/// scale-folded codes);
+/// `MINS`: the `d`/`dmin` combination (Q4_K, Q5_K, Q2_K), else `d·(isum − msum)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn rows_x_group<const R: usize, const SUB: usize>(
+unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool>(
     nb: usize,
     cols: usize,
     q: *const u8,
@@ -221,7 +209,7 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize>(
         for r in 0..R {
             let sc = &*s.add(r * nb + b);
             // The scalar reference's float steps, in its order (no FMA).
-            let part = if SUB == 16 {
+            let part = if !MINS {
                 let sumi = _mm512_sub_epi32(isum[r], msum[r]);
                 _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sc.d), da), _mm512_cvtepi32_ps(sumi))
             } else {
@@ -248,7 +236,7 @@ unsafe fn store_lanes(v: __m512, lanes: usize, y: *mut f32, ys: usize) {
 
 /// The decoded rows `r0..r1` × every activation group, into `y`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn unit_groups<const SUB: usize>(
+unsafe fn unit_groups<const SUB: usize, const MINS: bool>(
     w: &MatRef<'_>,
     r0: usize,
     r1: usize,
@@ -266,21 +254,21 @@ unsafe fn unit_groups<const SUB: usize>(
         let yg = y.add(g * LANES * w.rows);
         let mut k = 0;
         while k + 8 <= n {
-            let out = rows_x_group::<8, SUB>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            let out = rows_x_group::<8, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
             for (j, v) in out.into_iter().enumerate() {
                 store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
             }
             k += 8;
         }
         while k + 4 <= n {
-            let out = rows_x_group::<4, SUB>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            let out = rows_x_group::<4, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
             for (j, v) in out.into_iter().enumerate() {
                 store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
             }
             k += 4;
         }
         while k < n {
-            let out = rows_x_group::<1, SUB>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            let out = rows_x_group::<1, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
             store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
             k += 1;
         }
@@ -296,13 +284,15 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         d.s.resize(UNIT_ROWS * (w.cols / 256), Scales::default());
         decode_rows(w, r0, r1, &mut d);
         match w.dtype {
-            DType::Q6_K => unit_groups::<16>(w, r0, r1, &d, act, m, y),
-            _ => unit_groups::<32>(w, r0, r1, &d, act, m, y),
+            DType::Q4_K | DType::Q5_K => unit_groups::<32, true>(w, r0, r1, &d, act, m, y),
+            DType::Q2_K => unit_groups::<256, true>(w, r0, r1, &d, act, m, y),
+            DType::IQ4_XS => unit_groups::<32, false>(w, r0, r1, &d, act, m, y),
+            _ => unit_groups::<16, false>(w, r0, r1, &d, act, m, y),
         }
     });
 }
 
-/// `ys[k] = x · ws[k]ᵀ` for K-quant weights (Q4_K, Q5_K, Q6_K, mixed freely;
+/// `ys[k] = x · ws[k]ᵀ` for K-quant weights (Q2_K..Q6_K, IQ4_XS, mixed freely;
 /// file layout), `a` the `m` Q8_K activation rows (`a_stride` bytes apart),
 /// `act` a reusable buffer.
 ///

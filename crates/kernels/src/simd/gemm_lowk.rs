@@ -1,0 +1,157 @@
+//! Super-block decoders of Q2_K, Q3_K and IQ4_XS for the lane GEMMs
+//! ([`super::avx512_gemm_k`], [`super::avx2_gemm_k`]), and the decoded-scales
+//! record both GEMMs share.
+//!
+//! Each decoder turns one 256-value super-block into 256 codes in element
+//! order (one byte each, what `vpdpbusd` / `vpmaddubsw` broadcast per weight
+//! row) and a [`Scales`]. The GEMM then computes per super-block
+//! `isum = Σ_j sc_j·S_j` (`S_j` a sub-block's `Σ code·a`) and
+//! `msum = Σ_t c_t·(bsums pair t)`, and one of two float combinations:
+//!
+//! | type   | sub-block | code            | `c` pair `t`               | result per super-block |
+//! |--------|-----------|-----------------|----------------------------|------------------------|
+//! | Q2_K   | 256 (one) | `q·sc` (0..45)  | `(m_2t, m_2t+1)`           | `(d_a·d)·isum − (d_a·dmin)·msum` |
+//! | Q3_K   | 16        | `q + 4` (0..7)  | `(4·sc_2t, 4·sc_2t+1)`     | `(d·d_a)·(isum − msum)` |
+//! | IQ4_XS | 32        | `K[q] + 128` (1..241) | `(128·sc_t, 128·sc_t)` | `(d·d_a)·(isum − msum)` |
+//! | IQ4_XS, signed | 32 | `K[q]` (−127..113) | `0`                   | `(d·d_a)·isum` |
+//!
+//! Q2_K's 4-bit scales are folded into its codes (`3·15 = 45` fits a byte),
+//! so its whole super-block is one "sub-block" of scale 1: no per-16-value
+//! scale multiply in the GEMM's inner loop. The offsets make the codes
+//! unsigned for `vpdpbusd`; `c·bsums` takes them
+//! back out exactly (`Σ sc·(code − o)·a = Σ sc·code·a − o·Σ sc·B`, `B` a
+//! sub-block's `Σ a` = its Q8_K `bsums`). The signed IQ4_XS codes are for
+//! AVX2, whose `vpmaddubsw` would saturate on 241·127 pairs: it uses the sign
+//! trick (`|w|·sign(a, w)`, exact since Q8_K codes are −127..127). The float
+//! steps are the scalar references' (`quant::q2_k::combine`,
+//! `quant::q3_k::vec_dot`, `quant::iq4_xs::vec_dot`), so the GEMMs match them
+//! bit for bit.
+
+use crate::quant::iq4_nl::KVALUES;
+use crate::quant::q3_k;
+use std::arch::x86_64::*;
+
+/// One decoded super-block of one weight row (all K-quant lane GEMM types).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Scales {
+    /// Sub-block scales (8 used for 32-value sub-blocks, 16 for 16-value).
+    pub sc: [i32; 16],
+    /// The i16 pairs for the `bsums` pairs (see the GEMMs' module tables).
+    pub c: [i32; 8],
+    pub d: f32,
+    pub dmin: f32,
+}
+
+#[inline(always)]
+pub(super) fn f16(b: &[u8]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
+/// Two i16 in one i32 (`lo` in the low half), the operand `vpdpwssd` /
+/// `vpmaddwd` pairs with one `bsums` pair.
+#[inline(always)]
+pub(super) fn pair(lo: i32, hi: i32) -> i32 {
+    (lo & 0xFFFF) | (hi << 16)
+}
+
+/// Q2_K `[scales[16], qs[64], d, dmin]` (84 bytes) → codes times their
+/// group's scale (`q·sc`, 0..45) at `q[0..256]`, one sub-block of scale 1.
+///
+/// # Safety
+/// AVX2 CPU; `x` holds 84 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn decode_q2_k(x: &[u8], q: *mut u8) -> Scales {
+    let mut s = Scales::default();
+    s.sc[0] = 1;
+    for t in 0..8 {
+        s.c[t] = pair((x[2 * t] >> 4) as i32, (x[2 * t + 1] >> 4) as i32);
+    }
+    s.d = f16(&x[80..82]);
+    s.dmin = f16(&x[82..84]);
+    let (three, even) = (_mm256_set1_epi8(3), _mm256_set1_epi16(0x00FF));
+    for h in 0..2 {
+        // Element 128h + 32j + l: bits 2j..2j+2 of qs[32h + l].
+        let v = _mm256_loadu_si256(x.as_ptr().add(16 + 32 * h) as *const __m256i);
+        for j in 0..4 {
+            let c = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * j as i32)), three);
+            // Groups 8h + 2j (low 16 bytes) and 8h + 2j + 1: each byte times
+            // its scale in 16-bit lanes (products < 256 stay in their byte).
+            let g = 8 * h + 2 * j;
+            let sc = _mm256_set_m128i(_mm_set1_epi16((x[g + 1] & 15) as i16), _mm_set1_epi16((x[g] & 15) as i16));
+            let lo = _mm256_mullo_epi16(_mm256_and_si256(c, even), sc);
+            let hi = _mm256_slli_epi16(_mm256_mullo_epi16(_mm256_srli_epi16(c, 8), sc), 8);
+            _mm256_storeu_si256(q.add(128 * h + 32 * j) as *mut __m256i, _mm256_or_si256(lo, hi));
+        }
+    }
+    s
+}
+
+/// Q3_K `[hmask[32], qs[64], scales[12], d]` (110 bytes) → codes `q + 4`
+/// (0..7: the two low bits, plus 4 where the high bit is set).
+///
+/// # Safety
+/// AVX2 CPU; `x` holds 110 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn decode_q3_k(x: &[u8], q: *mut u8) -> Scales {
+    let mut s = Scales::default();
+    let sc = q3_k::scales(x[96..108].try_into().expect("12 scale bytes"));
+    for g in 0..16 {
+        s.sc[g] = sc[g] as i32;
+    }
+    for t in 0..8 {
+        s.c[t] = pair(4 * s.sc[2 * t], 4 * s.sc[2 * t + 1]);
+    }
+    s.d = f16(&x[108..110]);
+    let (three, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+    let hm = _mm256_loadu_si256(x.as_ptr() as *const __m256i);
+    for h in 0..2 {
+        // Element 128h + 32j + l: bits 2j.. of qs[32h + l], bit 4h + j of hmask[l].
+        let v = _mm256_loadu_si256(x.as_ptr().add(32 + 32 * h) as *const __m256i);
+        for j in 0..4 {
+            let lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * j as i32)), three);
+            let hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + j) as i32)), one);
+            let c = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2));
+            _mm256_storeu_si256(q.add(128 * h + 32 * j) as *mut __m256i, c);
+        }
+    }
+    s
+}
+
+/// IQ4_XS `[d, scales_h[2], scales_l[4], qs[128]]` (136 bytes) → codes
+/// `K[q] + 128` as u8 (`signed == false`, with the `128·sc` pairs) or `K[q]`
+/// as i8 (`signed`, `c = 0`).
+///
+/// # Safety
+/// AVX2 CPU; `x` holds 136 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn decode_iq4_xs(x: &[u8], q: *mut u8, signed: bool) -> Scales {
+    let mut s = Scales::default();
+    let h = u16::from_le_bytes([x[2], x[3]]);
+    for ib in 0..8 {
+        let lo = (x[4 + ib / 2] >> (4 * (ib % 2))) & 15;
+        let hi = ((h >> (2 * ib)) & 3) as u8;
+        s.sc[ib] = (lo | (hi << 4)) as i32 - 32;
+    }
+    if !signed {
+        for t in 0..8 {
+            s.c[t] = pair(128 * s.sc[t], 128 * s.sc[t]);
+        }
+    }
+    s.d = f16(&x[0..2]);
+    let mut table = [0u8; 16];
+    for (t, &k) in table.iter_mut().zip(&KVALUES) {
+        *t = if signed { k as u8 } else { (k as u8) ^ 0x80 };
+    }
+    let tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+    let low = _mm256_set1_epi8(0x0F);
+    for k in 0..4 {
+        // qs[16ib + j]: low nibble element 32ib + j, high nibble 32ib + 16 + j;
+        // one load covers sub-blocks 2k (lane 0) and 2k + 1 (lane 1).
+        let v = _mm256_loadu_si256(x.as_ptr().add(8 + 32 * k) as *const __m256i);
+        let lo = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, low));
+        let hi = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+        _mm256_storeu_si256(q.add(64 * k) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256(q.add(64 * k + 32) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    s
+}
