@@ -10,7 +10,7 @@ round (A B C D A B C D ...), a fresh `shardlm serve` each time:
   decode_1      one stream's decode tok/s (128 tokens)
   decode_8      aggregate decode tok/s of 8 concurrent streams × 128 tokens
 and, with `shardlm bench` on the same split (`-p` the prompt's token count,
-`-g 1`; then `-p 16 -g 128`):
+`-g 1`; then `-p 40 -g 128`, the depth of the decode streams):
   bench_ttft_s, bench_decode
 
 Prints medians and the ratios issue 27 asks for:
@@ -73,7 +73,8 @@ def one_round(name, args, rnd, raw_dir):
         srv.stop()
     b = bench(args, flags, out["prompt_tokens"], 1)
     out["bench_ttft_s"] = b["ttft_s"]
-    out["bench_decode"] = bench(args, flags, 16, 128)["generation_tps"]
+    # At the depth of the serve streams (a short chat prompt, ~40 tokens).
+    out["bench_decode"] = bench(args, flags, 40, 128)["generation_tps"]
     return out
 
 
