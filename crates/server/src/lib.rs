@@ -7,8 +7,8 @@
 //! → the engine thread → `worker::Event`s → `chat::Generation` (tool-call
 //! parsing into `Delta`s) → the handler's wire format (JSON or SSE).
 //!
-//! Until the serving engine (paged KV, continuous batching) lands, requests
-//! queue and run one at a time on the engine thread.
+//! The engine thread runs `engine::serving::Scheduler`: continuous batching
+//! over a paged KV pool, with a pipeline's micro-batches in flight.
 
 mod anthropic;
 pub mod chat;
