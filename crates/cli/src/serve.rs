@@ -157,10 +157,7 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
     // Whole quantized blocks per K/V row for q8_0/q4_0 (a row is whole heads);
     // latent attention keeps one latent ‖ rope-key row per layer.
     let ty = engine.model.kv_type;
-    let per_layer = match &engine.model.spec.mla {
-        Some(m) => ty.bytes_for(m.cache_width()),
-        None => 2 * ty.bytes_for(cfg.n_kv_heads * cfg.head_dim),
-    };
+    let per_layer = model::layer_memory::kv_bytes_per_position(&engine.model.spec, cfg.n_kv_heads, cfg.head_dim, ty);
     // Hybrid models: only the attention layers keep KV; the linear-attention
     // layers hold a fixed state per sequence, in slots for every batch row
     // plus as many prefix-cache snapshots, taken off the budget first.

@@ -9,13 +9,31 @@ use crate::arch::{ArchSpec, AttnKind};
 use crate::KvType;
 use formats::ModelConfig;
 
+/// Values one position keeps in one attention layer holding `n_kv_heads` KV
+/// heads (a tensor rank's share, or all): its K and V rows, or latent
+/// attention's one latent ‖ rope-key row (the same on every tensor rank).
+/// With [`kv_bytes_per_position`], the one formula behind the runtime pool
+/// (`Model::kv_bytes_per_token`), `serve`'s KV budget, the pipeline split
+/// ([`layer_cache_bytes`]) and the planner.
+pub fn kv_values_per_position(spec: &ArchSpec, n_kv_heads: usize, head_dim: usize) -> usize {
+    match &spec.mla {
+        Some(m) => m.cache_width(),
+        None => 2 * n_kv_heads * head_dim,
+    }
+}
+
+/// [`kv_values_per_position`] in `kv_type`'s bytes (whole quantized blocks
+/// per row: K and V are rows of their own).
+pub fn kv_bytes_per_position(spec: &ArchSpec, n_kv_heads: usize, head_dim: usize, kv_type: KvType) -> usize {
+    match &spec.mla {
+        Some(m) => kv_type.bytes_for(m.cache_width()),
+        None => 2 * kv_type.bytes_for(n_kv_heads * head_dim),
+    }
+}
+
 /// Bytes of one sequence's cache in each layer at `ctx` positions of context.
 pub fn layer_cache_bytes(cfg: &ModelConfig, spec: &ArchSpec, kv_type: KvType, ctx: usize) -> Vec<f64> {
-    let raw = |k: &str| cfg.raw.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
-    let row = match (raw("kv_lora_rank"), raw("qk_rope_head_dim")) {
-        (Some(latent), Some(rope)) if latent > 0 => kv_type.bytes_for(latent + rope),
-        _ => 2 * kv_type.bytes_for(cfg.n_kv_heads * cfg.head_dim),
-    };
+    let row = kv_bytes_per_position(spec, cfg.n_kv_heads, cfg.head_dim, kv_type);
     (0..cfg.n_layers)
         .map(|l| match spec.attn_kind(l) {
             AttnKind::Linear(la) => (la.state_shape(la.k_heads).len() * 4) as f64,

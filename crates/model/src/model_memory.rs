@@ -80,10 +80,13 @@ impl Model {
     /// tensor-parallel rank).
     pub fn kv_bytes_per_token(&self) -> usize {
         let kv_layers = self.kv_layer_mask().iter().filter(|&&k| k).count();
-        match &self.spec.mla {
-            Some(m) => kv_layers * self.kv_type.bytes_for(m.cache_width()),
-            None => kv_layers * 2 * self.kv_type.bytes_for(self.local.n_kv_heads * self.config.head_dim),
-        }
+        let row = crate::layer_memory::kv_bytes_per_position(
+            &self.spec,
+            self.local.n_kv_heads,
+            self.config.head_dim,
+            self.kv_type,
+        );
+        kv_layers * row
     }
 
     /// A KV cache for one sequence of up to `capacity` positions (with one

@@ -234,9 +234,14 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         .unwrap_or_else(|| "f16".into());
     let experts = n_experts(&c.raw);
     let raw = |k: &str| c.raw.get(k).and_then(Value::as_u64);
-    // MLA caches one latent ‖ rope-key row per layer (model::mla).
-    let kv_elems_per_layer = match (raw("kv_lora_rank"), raw("qk_rope_head_dim")) {
-        (Some(r), Some(p)) if r > 0 => (r + p) as usize,
+    // Windowed layers as the model builds them (the architecture's spec).
+    let spec = model::Arch::from_name(&c.arch).and_then(|a| a.spec(c).ok());
+    // The runtime's own formula when the architecture is known
+    // (model::layer_memory); a model given by its parameters: K and V rows,
+    // or MLA's one latent ‖ rope-key row.
+    let kv_elems_per_layer = match (&spec, raw("kv_lora_rank"), raw("qk_rope_head_dim")) {
+        (Some(s), _, _) => model::layer_memory::kv_values_per_position(s, c.n_kv_heads, c.head_dim),
+        (None, Some(r), Some(p)) if r > 0 => (r + p) as usize,
         _ => 2 * c.n_kv_heads * c.head_dim,
     };
     // Hybrid linear attention (Qwen3-Next, Qwen3.5): only the full-attention
@@ -250,8 +255,6 @@ fn from_files(path: &Path, quant: Option<&str>) -> Result<Shape> {
         _ => kv_elems_per_layer,
     };
     let active = c.raw.get("num_experts_per_tok").and_then(Value::as_u64).unwrap_or(0);
-    // Windowed layers as the model builds them (the architecture's spec).
-    let spec = model::Arch::from_name(&c.arch).and_then(|a| a.spec(c).ok());
     let per_layer: Vec<Option<usize>> = match (&spec, c.raw.get("kv_lora_rank").and_then(Value::as_u64)) {
         (Some(s), None | Some(0)) => (0..c.n_layers).map(|l| s.attention(l).window).collect(),
         _ => Vec::new(),
