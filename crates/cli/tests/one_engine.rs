@@ -54,3 +54,31 @@ fn bench_generates_what_run_does_smollm2() {
     let Some(m) = smollm2() else { return };
     bench_equals_run(m.to_str().unwrap(), 1100, 24);
 }
+
+/// A pipeline's micro-batches in flight (here a prompt's chunks of 128
+/// overlapping across 2 and 3 stages) give every prompt position the logits
+/// one process gives, bit for bit, and the same tokens after.
+fn micro_batches_keep_logits(model: &str) {
+    let ids: Vec<String> = (0..450).map(|i| ((i * 7919 + 13) % 1000 + 10).to_string()).collect();
+    let ids = ids.join(",");
+    let prompt = ["--prompt-ids", ids.as_str(), "--prefill-chunk", "128"];
+    let (want_ids, want) = common::run_with_logits(model, "8", &prompt, &[]);
+    assert_eq!(want.len() % 450, 0);
+    for split in [&["--ranks", "2"][..], &["--ranks", "3", "--backend", "tcp"]] {
+        let (got_ids, got) = common::run_with_logits(model, "8", &prompt, split);
+        assert!(got == want, "{model} {split:?}: prompt logits differ from one process");
+        assert_eq!(got_ids, want_ids, "{model} {split:?}");
+    }
+}
+
+#[test]
+fn pipeline_micro_batches_keep_every_logit_tiny() {
+    micro_batches_keep_logits(fixture("llama").to_str().unwrap());
+    micro_batches_keep_logits(fixture("qwen3_next").to_str().unwrap());
+}
+
+#[test]
+fn pipeline_micro_batches_keep_every_logit_smollm2() {
+    let Some(m) = smollm2() else { return };
+    micro_batches_keep_logits(m.to_str().unwrap());
+}
