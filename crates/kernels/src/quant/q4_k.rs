@@ -76,6 +76,20 @@ pub fn dequantize(blocks: &[BlockQ4K], out: &mut [f32]) {
 /// least squares on the chosen `q`. The 8 scales and mins are then stored as
 /// 6-bit multiples of the block's `d = max s/63` and `dmin = max m/63` (both
 /// f16), and the values are re-quantized against those stored scales, so the
+/// The super-block header shared by Q4_K and Q5_K: eight sub-block scales and
+/// mins (≥ 0) become `d`, `dmin` (their maxima ÷ 63, f16) and 6-bit multiples
+/// of them, packed as the block stores them. Returns (d, dmin, packed, the
+/// 6-bit scales, the 6-bit mins).
+pub(crate) fn six_bit_scales(scales: &[f32; 8], mins: &[f32; 8]) -> (F16Le, F16Le, [u8; 12], [u8; 8], [u8; 8]) {
+    let max_s = scales.iter().fold(0f32, |a, &v| a.max(v));
+    let max_m = mins.iter().fold(0f32, |a, &v| a.max(v));
+    let (d, dmin) = (F16Le::from_f32(max_s / 63.0), F16Le::from_f32(max_m / 63.0));
+    let six_bit = |v: f32, unit: f32| if unit > 0.0 { (v / unit).round().clamp(0.0, 63.0) as u8 } else { 0 };
+    let ls: [u8; 8] = std::array::from_fn(|j| six_bit(scales[j], d.to_f32()));
+    let lm: [u8; 8] = std::array::from_fn(|j| six_bit(mins[j], dmin.to_f32()));
+    (d, dmin, pack_scales_mins(&ls, &lm), ls, lm)
+}
+
 /// codes fit what the dequantizer will compute.
 pub fn quantize(x: &[f32], out: &mut [BlockQ4K]) {
     assert_eq!(x.len(), out.len() * 256);
@@ -85,15 +99,9 @@ pub fn quantize(x: &[f32], out: &mut [BlockQ4K]) {
         for (j, sub) in xb.chunks_exact(32).enumerate() {
             (scales[j], mins[j]) = fit_sub_block(sub);
         }
-        let max_s = scales.iter().fold(0f32, |a, &v| a.max(v));
-        let max_m = mins.iter().fold(0f32, |a, &v| a.max(v));
-        b.d = F16Le::from_f32(max_s / 63.0);
-        b.dmin = F16Le::from_f32(max_m / 63.0);
+        let (ls, lm);
+        (b.d, b.dmin, b.scales, ls, lm) = six_bit_scales(&scales, &mins);
         let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-        let six_bit = |v: f32, unit: f32| if unit > 0.0 { (v / unit).round().clamp(0.0, 63.0) as u8 } else { 0 };
-        let ls: [u8; 8] = std::array::from_fn(|j| six_bit(scales[j], d));
-        let lm: [u8; 8] = std::array::from_fn(|j| six_bit(mins[j], dmin));
-        b.scales = pack_scales_mins(&ls, &lm);
         for c in 0..4 {
             for half in 0..2 {
                 let j = 2 * c + half;
@@ -201,15 +209,7 @@ mod tests {
 
     /// xorshift values in about [-1, 1).
     fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
+        crate::quant::kq_fit::test_data::uniform(n, seed)
     }
 
     #[test]

@@ -85,7 +85,7 @@ pub fn vec_dot(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
 /// values.
 pub fn quantize(x: &[f32], out: &mut [BlockQ5K]) {
     use super::kq_fit::{code, fit_affine};
-    use super::q4_k::pack_scales_mins;
+    use super::q4_k::six_bit_scales;
     assert_eq!(x.len(), out.len() * 256);
     for (xb, b) in x.chunks_exact(256).zip(out.iter_mut()) {
         let av = (xb.iter().map(|v| v * v).sum::<f32>() / 256.0).sqrt();
@@ -95,15 +95,9 @@ pub fn quantize(x: &[f32], out: &mut [BlockQ5K]) {
         for j in 0..8 {
             (scales[j], mins[j]) = fit_affine(&xb[32 * j..32 * j + 32], &w[32 * j..32 * j + 32], 31);
         }
-        let max_s = scales.iter().fold(0f32, |a, &v| a.max(v));
-        let max_m = mins.iter().fold(0f32, |a, &v| a.max(v));
-        b.d = F16Le::from_f32(max_s / 63.0);
-        b.dmin = F16Le::from_f32(max_m / 63.0);
+        let (ls, lm);
+        (b.d, b.dmin, b.scales, ls, lm) = six_bit_scales(&scales, &mins);
         let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-        let six_bit = |v: f32, unit: f32| if unit > 0.0 { (v / unit).round().clamp(0.0, 63.0) as u8 } else { 0 };
-        let ls: [u8; 8] = std::array::from_fn(|j| six_bit(scales[j], d));
-        let lm: [u8; 8] = std::array::from_fn(|j| six_bit(mins[j], dmin));
-        b.scales = pack_scales_mins(&ls, &lm);
         let mut q = [0u8; 256];
         for j in 0..8 {
             let (step, m) = (d * ls[j] as f32, dmin * lm[j] as f32);
