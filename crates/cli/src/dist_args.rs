@@ -168,6 +168,7 @@ pub fn load_engine_dist_with(
             logits: &mut logits,
             paged: &mut None,
             batch_logits: &mut Vec::new(),
+            disk: &mut engine::kv_disk::DiskSlot::for_model(&path),
         };
         runner.serve()?;
         return Ok(None);

@@ -46,6 +46,15 @@ pub struct ServeArgs {
     /// Reuse the KV cache of earlier prompts that share a prefix with a new one.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     prefix_cache: OnOff,
+    /// Keep the prefix cache's full KV blocks in this directory too, so they
+    /// survive restarts and RAM eviction (each rank uses the same path on its
+    /// own host).
+    #[arg(long, value_name = "DIR")]
+    kv_disk: Option<std::path::PathBuf>,
+    /// Bound on each rank's block files under --kv-disk (least recently used
+    /// go first).
+    #[arg(long, default_value_t = 20 << 30, value_parser = clap::value_parser!(u64).range(1..))]
+    kv_disk_bytes: u64,
     /// Context length in tokens (default: the model's). Beyond the model's own,
     /// use --rope-scaling.
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..))]
@@ -178,6 +187,8 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
     let row_bytes = |blocks: usize| blocks * KV_BLOCK * windowed.min(kv_layers) * per_layer;
     let n_window_blocks = match a.kv_cache_bytes {
         _ if rows(1) == 0 => 0,
+        // The disk tier keeps full blocks only: windowed layers use them too.
+        _ if a.kv_disk.is_some() => 0,
         // Every batch row's window, beside twice the context in full blocks.
         None => rows(max_batch),
         // A budget too small for one row's window: no window group, the
@@ -290,7 +301,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         prefix_cache: a.prefix_cache == OnOff::On,
         kv_cache_bytes: a.kv_cache_bytes,
         tool_format: a.template.tool_format,
+        kv_disk: a.kv_disk.clone().map(|dir| engine::kv_disk::KvDiskConfig { dir, max_bytes: a.kv_disk_bytes }),
     };
+    if a.kv_disk.is_some() {
+        if a.prefix_cache == OnOff::Off {
+            bail!("bad flag value: --kv-disk needs --prefix-cache on");
+        }
+        engine.disk.model_path = Some(files.path.clone());
+    }
     // A cluster re-forms after losing a rank (the launcher restarts it);
     // MPI worlds are fixed by mpirun and cannot.
     let reform: Option<server::Reform<'_>> = (ranks > 1 && !crate::dist_args::launched_by_mpi()).then(|| {

@@ -188,6 +188,8 @@ pub(crate) const OP_POOL: u32 = 3;
 pub(crate) const OP_BATCH: u32 = 4;
 /// Liveness probe of an idle server: every rank answers rank 0 directly.
 const OP_PING: u32 = 5;
+/// Disk-tier operations of the prefix cache (`kv_disk`, see `dist_disk`).
+pub(crate) const OP_DISK: u32 = 6;
 const OP_SHUTDOWN: u32 = 9;
 const PING_ACK: [u8; 4] = *b"pong";
 
@@ -373,6 +375,8 @@ pub struct StageRunner<'a> {
     /// sequence's logits.
     pub paged: &'a mut Option<model::KvPool>,
     pub batch_logits: &'a mut Vec<Vec<f32>>,
+    /// The prefix cache's disk tier on this rank (`OP_DISK`).
+    pub disk: &'a mut crate::kv_disk::DiskSlot,
 }
 
 impl StageRunner<'_> {
@@ -433,6 +437,7 @@ impl StageRunner<'_> {
             }
             // Rank 0 counts its batches in `submit_batch` and `collect_batch`.
             OP_BATCH => self.handle_batch(h, from)?,
+            OP_DISK => self.handle_disk(h, from)?,
             OP_PING => {
                 if let Some(to) = c.downstream().filter(|&to| to != 0) {
                     c.send_header(to, h)?;

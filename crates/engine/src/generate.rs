@@ -113,10 +113,13 @@ pub struct Engine {
     /// The sequence's KV cache for this rank's shard when distributed.
     dist_cache: Option<KvCache>,
     /// The block pool of batched serving ([`Engine::init_pool`]).
-    paged: Option<KvPool>,
+    pub(crate) paged: Option<KvPool>,
     batch_logits: Vec<Vec<f32>>,
     /// Item counts of the batched steps submitted and not yet collected.
     in_flight: std::collections::VecDeque<usize>,
+    /// The prefix cache's disk tier (`serve --kv-disk`); set `model_path`
+    /// before opening it.
+    pub disk: crate::kv_disk::DiskSlot,
 }
 
 impl Engine {
@@ -140,6 +143,7 @@ impl Engine {
             paged: None,
             batch_logits: Vec::new(),
             in_flight: Default::default(),
+            disk: Default::default(),
         }
     }
 
@@ -238,7 +242,7 @@ impl Engine {
 
     /// Runs `f` with a stage runner over this engine's buffers when this engine
     /// is rank 0 of a cluster (`None` in a single process).
-    fn with_runner<R>(&mut self, f: impl FnOnce(&mut StageRunner<'_>) -> R) -> Option<R> {
+    pub(crate) fn with_runner<R>(&mut self, f: impl FnOnce(&mut StageRunner<'_>) -> R) -> Option<R> {
         let cluster = self.cluster.as_ref()?;
         let mut runner = StageRunner {
             cluster,
@@ -249,6 +253,7 @@ impl Engine {
             logits: &mut self.logits,
             paged: &mut self.paged,
             batch_logits: &mut self.batch_logits,
+            disk: &mut self.disk,
         };
         let r = f(&mut runner);
         self.dist_cache = runner.cache.take();
@@ -280,6 +285,7 @@ impl Engine {
                 logits: &mut self.logits,
                 paged: &mut self.paged,
                 batch_logits: &mut self.batch_logits,
+                disk: &mut self.disk,
             };
             let r = runner.drive(tokens, self.prefill_chunk, mode, new_capacity);
             self.dist_cache = runner.cache.take();
@@ -309,6 +315,7 @@ impl Engine {
                 logits: &mut self.logits,
                 paged: &mut self.paged,
                 batch_logits: &mut self.batch_logits,
+                disk: &mut self.disk,
             };
             return runner.shutdown();
         }

@@ -3,8 +3,10 @@
 pub mod chat_template;
 pub mod dist;
 pub mod dist_batch;
+mod dist_disk;
 pub mod error;
 pub mod generate;
+pub mod kv_disk;
 pub mod power;
 pub mod rank_info;
 pub mod sampler;

@@ -6,6 +6,7 @@
 
 pub mod arch;
 pub mod decoder;
+pub mod kv_block_io;
 pub mod kv_cache;
 pub mod layer_memory;
 pub mod linear;

@@ -96,6 +96,19 @@ pub struct Metrics {
     pub prefix_hits: AtomicU64,
     /// Prompt tokens served from the prefix cache instead of a prefill.
     pub prefix_cached_tokens: AtomicU64,
+    /// The part of `prefix_cached_tokens` loaded from the disk tier.
+    pub prefix_disk_tokens: AtomicU64,
+    /// The disk tier (`--kv-disk`): blocks held and the bound, blocks
+    /// written and loaded, loads some rank could not make, and rank 0's
+    /// bytes written and read and unusable files found.
+    pub kv_disk_blocks: AtomicI64,
+    pub kv_disk_capacity_blocks: AtomicI64,
+    pub kv_disk_blocks_written: AtomicU64,
+    pub kv_disk_blocks_loaded: AtomicU64,
+    pub kv_disk_load_failures: AtomicU64,
+    pub kv_disk_bytes_written: AtomicU64,
+    pub kv_disk_bytes_read: AtomicU64,
+    pub kv_disk_corrupt_files: AtomicU64,
     /// Sequences in the last forward step.
     pub batch_size: AtomicI64,
     /// Sequences evicted from the KV cache to make room (to be recomputed).
@@ -137,6 +150,15 @@ impl Default for Metrics {
             prefix_queries: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
             prefix_cached_tokens: AtomicU64::new(0),
+            prefix_disk_tokens: AtomicU64::new(0),
+            kv_disk_blocks: AtomicI64::new(0),
+            kv_disk_capacity_blocks: AtomicI64::new(0),
+            kv_disk_blocks_written: AtomicU64::new(0),
+            kv_disk_blocks_loaded: AtomicU64::new(0),
+            kv_disk_load_failures: AtomicU64::new(0),
+            kv_disk_bytes_written: AtomicU64::new(0),
+            kv_disk_bytes_read: AtomicU64::new(0),
+            kv_disk_corrupt_files: AtomicU64::new(0),
             batch_size: AtomicI64::new(0),
             preemptions: AtomicU64::new(0),
             degraded: std::sync::Mutex::new(None),
@@ -246,6 +268,37 @@ impl Metrics {
             "shardlm_prefix_cache_cached_tokens_total",
             "Prompt tokens served from the prefix cache instead of a prefill.",
             c(&self.prefix_cached_tokens),
+        );
+        let (cached, disk) = (c(&self.prefix_cached_tokens), c(&self.prefix_disk_tokens));
+        counter(
+            out,
+            "shardlm_prefix_cache_ram_tokens_total",
+            "Prompt tokens whose KV was still in RAM.",
+            cached.saturating_sub(disk),
+        );
+        counter(out, "shardlm_prefix_cache_disk_tokens_total", "Prompt tokens whose KV was loaded from disk.", disk);
+        gauge(out, "shardlm_kv_disk_blocks", "KV blocks in the disk tier.", g(&self.kv_disk_blocks));
+        gauge(
+            out,
+            "shardlm_kv_disk_capacity_blocks",
+            "The disk tier's bound, in blocks (--kv-disk-bytes over the largest rank's block file).",
+            g(&self.kv_disk_capacity_blocks),
+        );
+        counter(out, "shardlm_kv_disk_blocks_written_total", "Blocks written to the disk tier.", c(&self.kv_disk_blocks_written));
+        counter(out, "shardlm_kv_disk_blocks_loaded_total", "Blocks loaded from the disk tier.", c(&self.kv_disk_blocks_loaded));
+        counter(
+            out,
+            "shardlm_kv_disk_load_failures_total",
+            "Disk loads some rank could not make (missing, torn or corrupt file): recomputed.",
+            c(&self.kv_disk_load_failures),
+        );
+        counter(out, "shardlm_kv_disk_bytes_written_total", "Bytes rank 0 wrote to the disk tier.", c(&self.kv_disk_bytes_written));
+        counter(out, "shardlm_kv_disk_bytes_read_total", "Bytes rank 0 read from the disk tier.", c(&self.kv_disk_bytes_read));
+        counter(
+            out,
+            "shardlm_kv_disk_corrupt_files_total",
+            "Block files rank 0 found torn or corrupt (deleted and recomputed).",
+            c(&self.kv_disk_corrupt_files),
         );
         gauge(out, "shardlm_batch_size", "Sequences in the last forward step.", g(&self.batch_size));
         counter(

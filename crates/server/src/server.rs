@@ -131,6 +131,7 @@ pub fn serve(
         .unwrap_or_else(|| vec![engine::rank_info::RankInfo::here(&engine.model, engine.cluster.as_ref())]);
     // Start sampling power now, so `/cluster` has a reading at once.
     let _ = engine::power::global();
+    let state_kv_disk = cfg.kv_disk.clone();
     let state = Arc::new(AppState {
         cfg,
         tokenizer,
@@ -158,7 +159,8 @@ pub fn serve(
     let server = rt.spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await });
     // The router (and with it the queue's sender) drops when the server ends,
     // which ends the worker loop.
-    run_worker(engine, queue, &metrics, sched, reform);
+    let kv_disk = state_kv_disk;
+    run_worker(engine, queue, &metrics, sched, kv_disk, reform);
     let result = rt.block_on(server);
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -37,6 +37,8 @@ pub struct ServerConfig {
     pub kv_cache_bytes: Option<u64>,
     /// `--tool-format`: the call syntax to parse; `None` = detected from the template.
     pub tool_format: Option<ToolFormat>,
+    /// The prefix cache's disk tier (`--kv-disk`), when on.
+    pub kv_disk: Option<engine::kv_disk::KvDiskConfig>,
 }
 
 pub struct AppState {

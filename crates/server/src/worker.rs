@@ -141,6 +141,7 @@ pub fn run_worker(
     queue: JobQueue,
     metrics: &Arc<Metrics>,
     cfg: SchedulerConfig,
+    kv_disk: Option<engine::kv_disk::KvDiskConfig>,
     mut reform: Option<Reform<'_>>,
 ) {
     struct Stopped<'a>(&'a Metrics);
@@ -157,6 +158,13 @@ pub fn run_worker(
             return;
         }
     };
+    if let Some(d) = kv_disk {
+        let dir = d.dir.display().to_string();
+        if let Err(e) = sched.enable_disk(engine, d) {
+            tracing::error!("the serving engine could not start: kv disk tier {dir}: {e}");
+            return;
+        }
+    }
     publish(metrics, &sched.stats());
     tracing::info!("KV pool: {} bytes on this rank", sched.stats().pool_bytes);
     let distributed = engine.cluster.is_some();
@@ -307,6 +315,18 @@ fn publish(m: &Metrics, st: &SchedulerStats) {
     m.prefix_cached_tokens.store(st.prefix_cached_tokens, Relaxed);
     m.batch_size.store(st.batch_size as i64, Relaxed);
     m.preemptions.store(st.preemptions, Relaxed);
+    if let Some(d) = &st.disk {
+        let (written, read, corrupt) = engine::kv_disk::counters::get();
+        m.prefix_disk_tokens.store(d.hit_tokens, Relaxed);
+        m.kv_disk_blocks.store(d.blocks as i64, Relaxed);
+        m.kv_disk_capacity_blocks.store(d.capacity as i64, Relaxed);
+        m.kv_disk_blocks_written.store(d.blocks_written, Relaxed);
+        m.kv_disk_blocks_loaded.store(d.blocks_loaded, Relaxed);
+        m.kv_disk_load_failures.store(d.load_failures, Relaxed);
+        m.kv_disk_bytes_written.store(written, Relaxed);
+        m.kv_disk_bytes_read.store(read, Relaxed);
+        m.kv_disk_corrupt_files.store(corrupt, Relaxed);
+    }
 }
 
 /// One request's callbacks; it owns the request's event channel.

@@ -22,20 +22,26 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-/// Chains a block's tokens onto the hash of everything before it (FNV-1a over
-/// the parent hash and the token ids: stable, fast, and collision-resistant
-/// enough for 64 bits at the sizes a pool holds).
-pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ parent.rotate_left(17);
-    for b in parent.to_le_bytes().into_iter().chain(tokens.iter().flat_map(|t| t.to_le_bytes())) {
-        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+/// A full block's name: 128 bits of a BLAKE3 chain over every token before
+/// and in it. 128 bits because the disk tier keeps blocks across restarts and
+/// users, where a collision would silently serve another conversation's KV;
+/// at 2⁻⁶⁴ birthday odds per 2³² blocks that is out of reach. BLAKE3 rather
+/// than xxh3-128: it is collision-resistant by design, not only well mixed,
+/// and one block's 64–512 bytes hash in well under a microsecond.
+pub type BlockHash = u128;
+
+/// Chains a block's tokens onto the hash of everything before it.
+pub fn chain_hash(parent: BlockHash, tokens: &[u32]) -> BlockHash {
+    let mut h = blake3::Hasher::new();
+    h.update(&parent.to_le_bytes());
+    h.update(bytemuck::cast_slice(tokens));
+    let out = h.finalize();
+    u128::from_le_bytes(out.as_bytes()[..16].try_into().expect("32-byte digest"))
 }
 
 /// The hashes of the full blocks of `tokens`, in order.
-pub fn block_hashes(tokens: &[u32], block: usize) -> Vec<u64> {
-    let mut parent = 0u64;
+pub fn block_hashes(tokens: &[u32], block: usize) -> Vec<BlockHash> {
+    let mut parent = 0;
     tokens
         .chunks_exact(block)
         .map(|c| {
@@ -48,7 +54,7 @@ pub fn block_hashes(tokens: &[u32], block: usize) -> Vec<u64> {
 #[derive(Debug, Clone, Default)]
 struct BlockInfo {
     refs: u32,
-    hash: Option<u64>,
+    hash: Option<BlockHash>,
     /// Tick of the last release (LRU order of cached blocks).
     last_used: u64,
 }
@@ -70,10 +76,13 @@ pub struct BlockManager {
     free: Vec<u32>,
     /// Cached blocks by (last release tick, id): the first is the LRU victim.
     cached: BTreeSet<(u64, u32)>,
-    by_hash: HashMap<u64, u32>,
+    by_hash: HashMap<BlockHash, u32>,
     tick: u64,
     /// Whether full blocks are registered and looked up at all.
     pub prefix_cache: bool,
+    /// When set, every block that becomes cached is also recorded here (the
+    /// disk tier writes it through, [`super::disk_tier`]).
+    pub just_cached: Option<Vec<(u32, BlockHash)>>,
 }
 
 impl BlockManager {
@@ -87,6 +96,7 @@ impl BlockManager {
             by_hash: HashMap::new(),
             tick: 0,
             prefix_cache,
+            just_cached: None,
         }
     }
 
@@ -106,7 +116,7 @@ impl BlockManager {
 
     /// The longest run of cached blocks that starts `hashes` (the full blocks of
     /// a prompt), referenced for the caller. At most `max_blocks` are taken.
-    pub fn acquire_prefix(&mut self, hashes: &[u64], max_blocks: usize) -> Vec<u32> {
+    pub fn acquire_prefix(&mut self, hashes: &[BlockHash], max_blocks: usize) -> Vec<u32> {
         if !self.prefix_cache {
             return Vec::new();
         }
@@ -120,13 +130,13 @@ impl BlockManager {
     }
 
     /// Whether every block named in `hashes` is cached or in use.
-    pub fn has_all(&self, hashes: &[u64]) -> bool {
+    pub fn has_all(&self, hashes: &[BlockHash]) -> bool {
         self.prefix_cache && hashes.iter().all(|h| self.by_hash.contains_key(h))
     }
 
     /// The blocks named by `hashes`, referenced for the caller, or `None`
     /// (nothing referenced) unless every one is there.
-    pub fn acquire_exact(&mut self, hashes: &[u64]) -> Option<Vec<u32>> {
+    pub fn acquire_exact(&mut self, hashes: &[BlockHash]) -> Option<Vec<u32>> {
         if !self.has_all(hashes) {
             return None;
         }
@@ -164,7 +174,7 @@ impl BlockManager {
     /// Names a block the caller has just filled, so later prompts can reuse it.
     /// A block already cached under the same hash (another sequence computed the
     /// same prefix concurrently) is left as is; this one stays private.
-    pub fn register(&mut self, b: u32, hash: u64) {
+    pub fn register(&mut self, b: u32, hash: BlockHash) {
         if !self.prefix_cache || self.info[b as usize].hash.is_some() {
             return;
         }
@@ -186,7 +196,10 @@ impl BlockManager {
             debug_assert!(info.refs > 0, "release of an unreferenced block {b}");
             info.refs = info.refs.saturating_sub(1);
             if info.refs == 0 {
-                if info.hash.is_some() {
+                if let Some(h) = info.hash {
+                    if let Some(j) = self.just_cached.as_mut() {
+                        j.push((b, h));
+                    }
                     info.last_used = self.tick;
                     self.cached.insert((self.tick, b));
                     self.tick += 1;

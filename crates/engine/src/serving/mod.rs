@@ -2,6 +2,7 @@
 //! and the continuous-batching scheduler that drives an [`crate::generate::Engine`].
 
 pub mod blocks;
+pub mod disk_tier;
 pub mod scheduler;
 mod seq;
 pub mod solo;

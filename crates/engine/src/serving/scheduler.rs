@@ -54,7 +54,8 @@
 //! window. Prefix reuse stops at the deepest block boundary whose window
 //! blocks are cached too.
 
-use super::blocks::{block_hashes, BlockManager, BlockStats};
+use super::blocks::{block_hashes, BlockHash, BlockManager, BlockStats};
+use super::disk_tier::{DiskTier, DiskTierStats};
 use super::seq::{finish, hybrid_piece, register_full_blocks, release_seq, Groups, Seq};
 use super::state_slots::StateSlots;
 use super::windows::{SeqWindow, WindowGroup};
@@ -124,6 +125,8 @@ pub struct SchedulerStats {
     pub window_blocks: BlockStats,
     /// Bytes of this process's pool ([`Engine::pool_bytes`]).
     pub pool_bytes: usize,
+    /// The disk tier's counters (`serve --kv-disk`), when it is on.
+    pub disk: Option<DiskTierStats>,
 }
 
 pub struct Scheduler {
@@ -144,6 +147,8 @@ pub struct Scheduler {
     in_flight: VecDeque<Flight>,
     /// The next [`Seq::id`].
     next_id: u64,
+    /// The prefix cache's disk tier ([`Scheduler::enable_disk`]).
+    disk: Option<DiskTier>,
 }
 
 /// A step in flight: which sequences it carries and what to do when it
@@ -153,7 +158,7 @@ struct Flight {
     /// the step's item order.
     items: Vec<(u64, usize, bool)>,
     /// (sequence id, prefix hash, snapshot slot) to commit.
-    snaps: Vec<(u64, u64, u32)>,
+    snaps: Vec<(u64, BlockHash, u32)>,
     /// (sequence id, snapshot slot) restored by this step: pinned until then.
     restores: Vec<(u64, u32)>,
     tokens: usize,
@@ -212,6 +217,7 @@ impl Scheduler {
             running: Vec::new(),
             in_flight: VecDeque::new(),
             next_id: 0,
+            disk: None,
             eos_ids: engine.eos_ids.clone(),
             vocab: engine.model.config.vocab_size,
             context: engine.context_length(),
@@ -226,8 +232,26 @@ impl Scheduler {
             running: self.running.len(),
             waiting: self.waiting.len(),
             window_blocks: self.windows.as_ref().map(|w| w.stats()).unwrap_or_default(),
+            disk: self.disk.as_ref().map(|d| d.stats),
             ..self.stats
         }
+    }
+
+    /// Turns on the prefix cache's disk tier (`serve --kv-disk`): opens it on
+    /// every rank, keeping the blocks a former run left there.
+    pub fn enable_disk(&mut self, engine: &mut Engine, cfg: crate::kv_disk::KvDiskConfig) -> Result<(), EngineError> {
+        let refuse = |why: &str| Err(EngineError::BadArgument(format!("--kv-disk: {why}")));
+        if !self.cfg.prefix_cache {
+            return refuse("needs the prefix cache (--prefix-cache on)");
+        }
+        if self.states.is_some() {
+            return refuse("this model's linear-attention states are not kept on disk yet");
+        }
+        if self.windows.is_some() {
+            return refuse("sliding-window block groups are not kept on disk (give windowed layers full blocks)");
+        }
+        self.disk = Some(DiskTier::open(engine, cfg, &mut self.blocks)?);
+        Ok(())
     }
 
     /// Whether any request is waiting or running.
@@ -328,9 +352,14 @@ impl Scheduler {
         }
     }
 
-    /// Moves waiting sequences into the batch while there is room.
-    fn admit(&mut self) {
+    /// Moves waiting sequences into the batch while there is room. Blocks of
+    /// a prompt's prefix that RAM lost but the disk tier holds are loaded
+    /// (with no step in flight: otherwise this asks for a drain and stops).
+    fn admit(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
         let b = self.cfg.block;
+        if let Some(d) = self.disk.as_mut() {
+            d.drain = false;
+        }
         while self.running.len() < self.cfg.max_batch {
             let Some(mut s) = self.waiting.pop_front() else { break };
             // Reuse cached full blocks, leaving at least one token to run (its
@@ -354,6 +383,16 @@ impl Scheduler {
             }
             self.blocks.release(&got[j..]);
             got.truncate(j);
+            // The disk tier: the next blocks of the prefix, if RAM lost them.
+            let on_disk = self.disk.as_ref().map_or(0, |d| d.on_disk(&hashes[j..reusable.max(j)]));
+            if on_disk > 0 && !self.in_flight.is_empty() {
+                self.blocks.release(&got);
+                self.waiting.push_front(s);
+                if let Some(d) = self.disk.as_mut() {
+                    d.drain = true;
+                }
+                break;
+            }
             let restore = match self.states.as_mut() {
                 Some(st) if j > 0 => st.lookup(hashes[j - 1]),
                 _ => None,
@@ -372,24 +411,44 @@ impl Scheduler {
                 self.waiting.push_front(s);
                 break;
             }
-            if s.cached_tokens.is_none() {
-                self.stats.prefix_queries += 1;
-                self.stats.prefix_hits += u64::from(!got.is_empty());
-                self.stats.prefix_cached_tokens += (got.len() * b) as u64;
-                s.cached_tokens = Some(got.len() * b);
-            }
-            s.kv_len = got.len() * b;
-            s.sub_len = s.kv_len;
-            s.id = self.next_id;
-            self.next_id += 1;
+            let in_ram = got.len();
             if let Some(w) = self.windows.as_mut() {
                 w.acquire(&mut s.window, &hashes, got.len());
             }
-            s.hashes = hashes[..got.len()].to_vec();
             s.blocks = got;
             for _ in 0..needed {
                 s.blocks.push(self.blocks.allocate().expect("counted available blocks"));
             }
+            // Load what the disk holds into the first fresh blocks.
+            let mut from_disk = 0;
+            if let (Some(d), true) = (self.disk.as_mut(), on_disk > 0) {
+                let loads: Vec<(u32, BlockHash)> =
+                    (in_ram..in_ram + on_disk).map(|k| (s.blocks[k], hashes[k])).collect();
+                from_disk = match d.load(engine, &mut self.blocks, &loads) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.blocks.release(&s.blocks);
+                        s.blocks.clear();
+                        self.waiting.push_front(s);
+                        return Err(e);
+                    }
+                };
+                if s.cached_tokens.is_none() {
+                    d.stats.hit_tokens += (from_disk * b) as u64;
+                }
+            }
+            let reused = in_ram + from_disk;
+            if s.cached_tokens.is_none() {
+                self.stats.prefix_queries += 1;
+                self.stats.prefix_hits += u64::from(reused > 0);
+                self.stats.prefix_cached_tokens += (reused * b) as u64;
+                s.cached_tokens = Some(reused * b);
+            }
+            s.kv_len = reused * b;
+            s.sub_len = s.kv_len;
+            s.id = self.next_id;
+            self.next_id += 1;
+            s.hashes = hashes[..reused].to_vec();
             if let Some(st) = self.states.as_mut() {
                 s.slot = Some(st.take_live().expect("a live slot per batch row"));
                 if let Some(r) = restore {
@@ -399,6 +458,7 @@ impl Scheduler {
             }
             self.running.push(s);
         }
+        Ok(())
     }
 
     /// Gives back the youngest running sequence's blocks and requeues it first.
@@ -459,10 +519,16 @@ impl Scheduler {
     pub fn requeue_all(&mut self) {
         // The re-formed ranks hold none of the steps in flight.
         self.in_flight.clear();
+        if let Some(d) = self.disk.as_mut() {
+            d.forget_pending();
+        }
         while !self.running.is_empty() {
             self.preempt_youngest();
         }
         self.blocks = BlockManager::new(self.cfg.n_blocks, self.cfg.block, self.cfg.prefix_cache);
+        if self.disk.is_some() {
+            self.blocks.just_cached = Some(Vec::new());
+        }
         // The state snapshots went with the ranks' pools too.
         if self.states.is_some() {
             let snaps = if self.cfg.prefix_cache { self.cfg.max_batch } else { 0 };
@@ -478,7 +544,15 @@ impl Scheduler {
     pub fn reinit_pool(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
         let n_slots = self.states.as_ref().map_or(0, |s| s.idle_slots());
         let n_window_blocks = self.windows.as_ref().map_or(0, |w| w.n_blocks());
-        engine.init_pool(PoolShape { block: self.cfg.block, n_blocks: self.cfg.n_blocks, n_window_blocks, n_slots })
+        engine.init_pool(PoolShape { block: self.cfg.block, n_blocks: self.cfg.n_blocks, n_window_blocks, n_slots })?;
+        // The restarted ranks open their disk tier again; the index is what
+        // every rank still holds.
+        if let Some(old) = self.disk.take() {
+            let mut d = DiskTier::open(engine, old.cfg, &mut self.blocks)?;
+            d.stats = DiskTierStats { blocks: d.stats.blocks, capacity: d.stats.capacity, ..old.stats };
+            self.disk = Some(d);
+        }
+        Ok(())
     }
 
     /// Runs one step: admits, batches, runs the model, samples. Errors of the
@@ -495,10 +569,15 @@ impl Scheduler {
     /// that one long prompt keeps every stage busy too.
     pub fn step(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
         self.drop_cancelled();
-        self.admit();
+        self.admit(engine)?;
         self.reserve_decode_blocks();
         self.reserve_window_blocks();
-        let depth = engine.max_in_flight().max(1);
+        // Blocks that became cached go to disk before any step may reuse them.
+        if let Some(d) = self.disk.as_mut() {
+            d.sync(engine, &mut self.blocks)?;
+        }
+        let draining = self.disk.as_ref().is_some_and(|d| d.drain);
+        let depth = if draining { 0 } else { engine.max_in_flight().max(1) };
         while self.in_flight.len() < depth {
             let Some((flight, items)) = self.plan(depth) else { break };
             let sent = {
@@ -565,7 +644,12 @@ impl Scheduler {
             let outcome = finish(&mut s);
             s.hooks.done(Ok(outcome));
         }
-        Ok(())
+        // A finished conversation's blocks reach the disk now, not at the
+        // next request (which may come after a restart).
+        match self.disk.as_mut() {
+            Some(d) => d.sync(engine, &mut self.blocks),
+            None => Ok(()),
+        }
     }
 
     /// The next micro-batch, when anything is ready (`depth`: how many may be
@@ -585,7 +669,7 @@ impl Scheduler {
         // beyond its computed KV: their prompts send one chunk at a time.
         let one_chunk = self.windows.is_some();
         let mut plan: Vec<(usize, usize)> = Vec::new(); // (running index, tokens)
-        let mut snaps: Vec<(u64, u64, u32)> = Vec::new(); // (seq id, prefix hash, slot)
+        let mut snaps: Vec<(u64, BlockHash, u32)> = Vec::new(); // (seq id, prefix hash, slot)
         for (i, s) in self.running.iter().enumerate() {
             let n = match s.ready() {
                 0 => continue,

@@ -11,7 +11,7 @@
 //! sampled, none while that step is in flight; a prompt may have several
 //! chunks in flight at once.
 
-use super::blocks::{block_hashes, chain_hash, BlockManager};
+use super::blocks::{block_hashes, chain_hash, BlockHash, BlockManager};
 use super::scheduler::{SeqHooks, SeqOutcome};
 use super::state_slots::StateSlots;
 use super::windows::{SeqWindow, WindowGroup};
@@ -36,7 +36,7 @@ pub(super) struct Seq {
     /// Positions of `history` sent in steps (`≥ kv_len`).
     pub sub_len: usize,
     /// Chained hashes of the full blocks registered so far (prefix cache).
-    pub hashes: Vec<u64>,
+    pub hashes: Vec<BlockHash>,
     /// Prompt tokens served by the prefix cache at first admission.
     pub cached_tokens: Option<usize>,
     pub greedy: bool,
@@ -129,7 +129,7 @@ pub(super) fn hybrid_piece(
     n: usize,
     block: usize,
     cache: bool,
-) -> (usize, Option<(u64, u32)>) {
+) -> (usize, Option<(BlockHash, u32)>) {
     let (start, len) = (s.sub_len, s.history.len());
     let chunk = kernels::delta_rule::CHUNK;
     let snap_at = (len - 1) / st.granularity * st.granularity;

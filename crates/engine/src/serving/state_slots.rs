@@ -12,6 +12,7 @@
 //! Snapshots are evicted least recently used first; a snapshot whose blocks
 //! were evicted is simply never found again and ages out.
 
+use super::blocks::BlockHash;
 use std::collections::{BTreeSet, HashMap};
 
 #[derive(Debug)]
@@ -20,8 +21,8 @@ pub struct StateSlots {
     pub granularity: usize,
     free: Vec<u32>,
     /// Snapshot slot and its last-use tick, by prefix hash.
-    snaps: HashMap<u64, (u32, u64)>,
-    lru: BTreeSet<(u64, u64)>,
+    snaps: HashMap<BlockHash, (u32, u64)>,
+    lru: BTreeSet<(u64, BlockHash)>,
     max_snaps: usize,
     tick: u64,
     /// Snapshot slots a sequence will restore from at its next step: never evicted.
@@ -89,7 +90,7 @@ impl StateSlots {
     }
 
     /// The snapshot after the prefix named `hash`, marked recently used.
-    pub fn lookup(&mut self, hash: u64) -> Option<u32> {
+    pub fn lookup(&mut self, hash: BlockHash) -> Option<u32> {
         self.tick += 1;
         let (slot, last) = self.snaps.get_mut(&hash)?;
         self.lru.remove(&(*last, hash));
@@ -98,14 +99,14 @@ impl StateSlots {
         Some(*slot)
     }
 
-    pub fn has(&self, hash: u64) -> bool {
+    pub fn has(&self, hash: BlockHash) -> bool {
         self.snaps.contains_key(&hash)
     }
 
     /// A slot to write a new snapshot into (not yet findable: [`Self::commit`]
     /// names it once the step that fills it succeeded). `None` when snapshots
     /// are off or `hash` is already held.
-    pub fn reserve_snapshot(&mut self, hash: u64) -> Option<u32> {
+    pub fn reserve_snapshot(&mut self, hash: BlockHash) -> Option<u32> {
         if self.max_snaps == 0 || self.has(hash) {
             return None;
         }
@@ -117,7 +118,7 @@ impl StateSlots {
     }
 
     /// Names a reserved snapshot slot, now filled.
-    pub fn commit(&mut self, hash: u64, slot: u32) {
+    pub fn commit(&mut self, hash: BlockHash, slot: u32) {
         self.tick += 1;
         if let Some((old, last)) = self.snaps.insert(hash, (slot, self.tick)) {
             self.lru.remove(&(last, hash));

@@ -32,7 +32,7 @@
 //! reads the very KV the run that cached it wrote, so it computes, bit for
 //! bit, what the same resume computes over a pool of every position.
 
-use super::blocks::{BlockManager, BlockStats};
+use super::blocks::{BlockHash, BlockManager, BlockStats};
 use std::ops::Range;
 
 #[derive(Debug)]
@@ -142,13 +142,13 @@ impl WindowGroup {
 
     /// Whether the window blocks for a resume after `j` blocks (named by the
     /// prompt's chained `hashes`) are all cached or held.
-    pub fn can_resume(&self, hashes: &[u64], j: usize) -> bool {
+    pub fn can_resume(&self, hashes: &[BlockHash], j: usize) -> bool {
         hashes.get(self.resume_range(j)).is_some_and(|h| self.blocks.has_all(h))
     }
 
     /// Gives `w` the window blocks of a resume after `j` blocks, referenced
     /// (checked with [`WindowGroup::can_resume`]).
-    pub fn acquire(&mut self, w: &mut SeqWindow, hashes: &[u64], j: usize) {
+    pub fn acquire(&mut self, w: &mut SeqWindow, hashes: &[BlockHash], j: usize) {
         let r = self.resume_range(j);
         w.blocks = self.blocks.acquire_exact(&hashes[r.clone()]).unwrap_or_default();
         w.first = r.start;
@@ -176,7 +176,7 @@ impl WindowGroup {
     }
 
     /// Names the window block of logical block `k` (now full) `hash`.
-    pub fn register(&mut self, w: &SeqWindow, k: usize, hash: u64) {
+    pub fn register(&mut self, w: &SeqWindow, k: usize, hash: BlockHash) {
         if let Some(b) = w.get(k) {
             self.blocks.register(b, hash);
         }

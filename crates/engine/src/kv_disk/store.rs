@@ -1,0 +1,280 @@
+//! One rank's block files: `DIR/<namespace>/<key>.kvb`, written whole under a
+//! temporary name and renamed (atomic on every POSIX file system), read back
+//! only when their checksum holds.
+//!
+//! # File layout (little-endian)
+//! ```text
+//! magic "SLMKVB01" | namespace 16 B | key 16 B | payload length u64 | BLAKE3 of the payload 32 B | payload
+//! ```
+//! The payload is one block of this rank's pool ([`model::KvPool::copy_block_out`]).
+//! A file whose magic, namespace, key, length or checksum disagrees is torn
+//! or corrupt: it is deleted and reported, and the block is recomputed.
+//!
+//! Writes and deletes go to a writer thread in order, so the step that spilled
+//! a block does not wait for the disk; a load first waits for the writes
+//! queued before it ([`DiskStore::flush`]).
+
+use super::{counters, BlockHash};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime};
+
+const MAGIC: &[u8; 8] = b"SLMKVB01";
+/// Bytes before the payload.
+pub const HEADER_BYTES: usize = 8 + 16 + 16 + 8 + 32;
+/// Temporary files older than this are a crashed writer's, and are removed
+/// at open (younger ones may be another live server's write in progress).
+const STALE_TMP: Duration = Duration::from_secs(600);
+
+enum Job {
+    Write(BlockHash, Vec<u8>),
+    Delete(BlockHash),
+    Flush(mpsc::Sender<()>),
+}
+
+/// Why a block file could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadError {
+    Missing,
+    Corrupt(String),
+}
+
+#[derive(Debug)]
+pub struct DiskStore {
+    /// `DIR/<namespace hex>`.
+    pub dir: PathBuf,
+    pub namespace: u128,
+    /// Payload bytes of one block.
+    pub payload: usize,
+    jobs: Option<mpsc::Sender<Job>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+fn key_name(key: BlockHash) -> String {
+    format!("{key:032x}.kvb")
+}
+
+/// The whole file for `key`'s `payload`.
+fn encode(namespace: u128, key: BlockHash, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(HEADER_BYTES + payload.len());
+    f.extend_from_slice(MAGIC);
+    f.extend_from_slice(&namespace.to_le_bytes());
+    f.extend_from_slice(&key.to_le_bytes());
+    f.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    f.extend_from_slice(blake3::hash(payload).as_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Checks a whole file and returns its payload.
+fn decode(namespace: u128, key: BlockHash, payload: usize, f: &[u8]) -> Result<&[u8], String> {
+    if f.len() < HEADER_BYTES {
+        return Err(format!("{} bytes, shorter than the {HEADER_BYTES}-byte header", f.len()));
+    }
+    if &f[..8] != MAGIC {
+        return Err("bad magic".into());
+    }
+    let u128_at = |i: usize| u128::from_le_bytes(f[i..i + 16].try_into().expect("16 bytes"));
+    if u128_at(8) != namespace || u128_at(24) != key {
+        return Err("written for another model, shard or prefix".into());
+    }
+    let len = u64::from_le_bytes(f[40..48].try_into().expect("8 bytes")) as usize;
+    if len != payload || f.len() != HEADER_BYTES + len {
+        return Err(format!("payload of {} bytes, expected {payload}", f.len() - HEADER_BYTES));
+    }
+    let body = &f[HEADER_BYTES..];
+    if blake3::hash(body).as_bytes() != &f[48..80] {
+        return Err("checksum mismatch".into());
+    }
+    Ok(body)
+}
+
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        std::fs::rename(&tmp, dir.join(name))
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+fn writer_loop(dir: PathBuf, namespace: u128, jobs: mpsc::Receiver<Job>) {
+    for job in jobs {
+        match job {
+            Job::Write(key, payload) => {
+                let file = encode(namespace, key, &payload);
+                match write_atomic(&dir, &key_name(key), &file) {
+                    Ok(()) => counters::add_written(file.len() as u64),
+                    Err(e) => tracing::warn!("kv disk: cannot write {}: {e}", dir.join(key_name(key)).display()),
+                }
+            }
+            Job::Delete(key) => {
+                let _ = std::fs::remove_file(dir.join(key_name(key)));
+            }
+            Job::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+impl DiskStore {
+    /// Opens (creating) `root/<namespace hex>` for blocks of `payload` bytes
+    /// and starts its writer.
+    pub fn open(root: &Path, namespace: u128, payload: usize) -> std::io::Result<DiskStore> {
+        let dir = root.join(format!("{namespace:032x}"));
+        std::fs::create_dir_all(&dir)?;
+        // A crashed writer's leftovers.
+        for e in std::fs::read_dir(&dir)?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let old = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+            if name.ends_with(".tmp") && old.is_some_and(|d| d > STALE_TMP) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let d = dir.clone();
+        let writer = std::thread::Builder::new()
+            .name("kv-disk-writer".into())
+            .spawn(move || writer_loop(d, namespace, rx))?;
+        Ok(DiskStore { dir, namespace, payload, jobs: Some(tx), writer: Some(writer) })
+    }
+
+    /// Bytes one block file takes.
+    pub fn file_bytes(&self) -> u64 {
+        (HEADER_BYTES + self.payload) as u64
+    }
+
+    /// Every block file here, with its modification time (oldest first).
+    pub fn scan(&self) -> Vec<(BlockHash, SystemTime)> {
+        let mut found = Vec::new();
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(hex) = name.strip_suffix(".kvb") else { continue };
+            let Ok(key) = u128::from_str_radix(hex, 16) else { continue };
+            let t = e.metadata().and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
+            found.push((key, t));
+        }
+        found.sort_by_key(|&(k, t)| (t, k));
+        found
+    }
+
+    /// Queues `payload` to be written as `key`'s file.
+    pub fn write(&self, key: BlockHash, payload: Vec<u8>) {
+        if let Some(j) = &self.jobs {
+            let _ = j.send(Job::Write(key, payload));
+        }
+    }
+
+    /// Queues the removal of `key`'s file.
+    pub fn delete(&self, key: BlockHash) {
+        if let Some(j) = &self.jobs {
+            let _ = j.send(Job::Delete(key));
+        }
+    }
+
+    /// Waits until every write and delete queued so far is done.
+    pub fn flush(&self) {
+        let (tx, rx) = mpsc::channel();
+        if let Some(j) = &self.jobs {
+            if j.send(Job::Flush(tx)).is_ok() {
+                let _ = rx.recv();
+            }
+        }
+    }
+
+    /// Reads `key`'s payload after the queued writes. A torn or corrupt file
+    /// is deleted.
+    pub fn read(&self, key: BlockHash) -> Result<Vec<u8>, LoadError> {
+        self.flush();
+        let path = self.dir.join(key_name(key));
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(LoadError::Missing),
+            Err(e) => return Err(LoadError::Corrupt(e.to_string())),
+        };
+        match decode(self.namespace, key, self.payload, &bytes) {
+            Ok(body) => {
+                counters::add_read(bytes.len() as u64);
+                Ok(body.to_vec())
+            }
+            Err(why) => {
+                tracing::warn!("kv disk: {} is unusable ({why}); deleted, the block is recomputed", path.display());
+                let _ = std::fs::remove_file(&path);
+                counters::add_corrupt();
+                Err(LoadError::Corrupt(why))
+            }
+        }
+    }
+
+    /// Deletes every block file not in `keep`.
+    pub fn prune(&self, keep: &std::collections::HashSet<BlockHash>) {
+        self.flush();
+        for (k, _) in self.scan() {
+            if !keep.contains(&k) {
+                let _ = std::fs::remove_file(self.dir.join(key_name(k)));
+            }
+        }
+    }
+}
+
+impl Drop for DiskStore {
+    /// Finishes the queued writes: a clean shutdown keeps every block.
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("shardlm-kvdisk-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn a_block_survives_a_reopen_and_damage_is_caught() {
+        let root = tmp_dir("store");
+        let payload: Vec<u8> = (0..1000).map(|i| (i % 253) as u8).collect();
+        {
+            let s = DiskStore::open(&root, 7, 1000).unwrap();
+            s.write(1, payload.clone());
+            s.write(2, payload.clone());
+            s.write(3, payload.clone());
+        }
+        let s = DiskStore::open(&root, 7, 1000).unwrap();
+        assert_eq!(s.scan().len(), 3);
+        assert_eq!(s.read(1).unwrap(), payload);
+        // Another namespace does not see them.
+        assert_eq!(DiskStore::open(&root, 8, 1000).unwrap().read(1), Err(LoadError::Missing));
+        // A flipped payload byte, a truncated file, a file under another key.
+        let path = |k: u128| s.dir.join(key_name(k));
+        let mut f = std::fs::read(path(2)).unwrap();
+        f[HEADER_BYTES + 10] ^= 1;
+        std::fs::write(path(2), &f).unwrap();
+        let f = std::fs::read(path(3)).unwrap();
+        std::fs::write(path(3), &f[..f.len() / 2]).unwrap();
+        std::fs::copy(path(1), path(4)).unwrap();
+        for k in [2, 3, 4] {
+            assert!(matches!(s.read(k), Err(LoadError::Corrupt(_))), "key {k}");
+            assert!(!path(k).exists(), "key {k}'s file is deleted");
+        }
+        assert_eq!(s.read(1).unwrap(), payload);
+        s.prune(&std::collections::HashSet::new());
+        assert!(s.scan().is_empty());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
