@@ -32,6 +32,7 @@ impl StageRunner<'_> {
         }
         let ops = kv_disk::decode(&words)
             .ok_or_else(|| EngineError::BadArgument(format!("rank {} got a malformed disk op list", c.rank())))?;
+        kv_disk::store::flush_on_sigterm();
         let reply = match kv_disk::apply(self.disk, self.model, self.paged.as_mut(), &ops) {
             Ok(r) => r,
             // Tell rank 0 why (an empty key list, and a zero size it refuses).
@@ -85,7 +86,8 @@ impl Engine {
         if let Some(r) = self.with_runner(|r| r.run_disk(ops)) {
             return r;
         }
-        let reply = kv_disk::apply(&mut self.disk, &self.model, self.paged.as_mut(), ops).map_err(|w| disk_err(0, w))?;
+        let reply =
+            kv_disk::apply(&mut self.disk, &self.model, self.paged.as_mut(), ops).map_err(|w| disk_err(0, w))?;
         Ok(if wants_reply(ops) { vec![reply.unwrap_or_default()] } else { Vec::new() })
     }
 

@@ -19,7 +19,14 @@ impl KvPool {
     pub fn copy_block_out(&self, b: usize, out: &mut Vec<u8>) {
         let (nk, nv) = (self.block_elems(false), self.block_elems(true));
         let win = &self.window_layers;
-        fn go<T: bytemuck::Pod>(l: &[(Vec<T>, Vec<T>)], win: &[bool], b: usize, nk: usize, nv: usize, out: &mut Vec<u8>) {
+        fn go<T: bytemuck::Pod>(
+            l: &[(Vec<T>, Vec<T>)],
+            win: &[bool],
+            b: usize,
+            nk: usize,
+            nv: usize,
+            out: &mut Vec<u8>,
+        ) {
             for (i, (k, v)) in l.iter().enumerate() {
                 if k.is_empty() || win.get(i).copied().unwrap_or(false) {
                     continue;

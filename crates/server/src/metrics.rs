@@ -284,16 +284,36 @@ impl Metrics {
             "The disk tier's bound, in blocks (--kv-disk-bytes over the largest rank's block file).",
             g(&self.kv_disk_capacity_blocks),
         );
-        counter(out, "shardlm_kv_disk_blocks_written_total", "Blocks written to the disk tier.", c(&self.kv_disk_blocks_written));
-        counter(out, "shardlm_kv_disk_blocks_loaded_total", "Blocks loaded from the disk tier.", c(&self.kv_disk_blocks_loaded));
+        counter(
+            out,
+            "shardlm_kv_disk_blocks_written_total",
+            "Blocks written to the disk tier.",
+            c(&self.kv_disk_blocks_written),
+        );
+        counter(
+            out,
+            "shardlm_kv_disk_blocks_loaded_total",
+            "Blocks loaded from the disk tier.",
+            c(&self.kv_disk_blocks_loaded),
+        );
         counter(
             out,
             "shardlm_kv_disk_load_failures_total",
             "Disk loads some rank could not make (missing, torn or corrupt file): recomputed.",
             c(&self.kv_disk_load_failures),
         );
-        counter(out, "shardlm_kv_disk_bytes_written_total", "Bytes rank 0 wrote to the disk tier.", c(&self.kv_disk_bytes_written));
-        counter(out, "shardlm_kv_disk_bytes_read_total", "Bytes rank 0 read from the disk tier.", c(&self.kv_disk_bytes_read));
+        counter(
+            out,
+            "shardlm_kv_disk_bytes_written_total",
+            "Bytes rank 0 wrote to the disk tier.",
+            c(&self.kv_disk_bytes_written),
+        );
+        counter(
+            out,
+            "shardlm_kv_disk_bytes_read_total",
+            "Bytes rank 0 read from the disk tier.",
+            c(&self.kv_disk_bytes_read),
+        );
         counter(
             out,
             "shardlm_kv_disk_corrupt_files_total",

@@ -94,10 +94,16 @@ pub enum DiskOp {
     /// and the keys present.
     Init(PathBuf),
     /// Write this rank's part of pool block `block` as `key`.
-    Save { block: u32, key: BlockHash },
+    Save {
+        block: u32,
+        key: BlockHash,
+    },
     Delete(BlockHash),
     /// Read `key` into pool block `block`.
-    Load { block: u32, key: BlockHash },
+    Load {
+        block: u32,
+        key: BlockHash,
+    },
     /// Reply with whether each load since the last report succeeded.
     Report,
     /// Delete every file except these keys.

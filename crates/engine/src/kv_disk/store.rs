@@ -47,6 +47,8 @@ pub struct DiskStore {
     pub namespace: u128,
     /// Payload bytes of one block.
     pub payload: usize,
+    /// Names this store's queue in `QUEUES`.
+    id: u64,
     jobs: Option<mpsc::Sender<Job>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
@@ -125,6 +127,34 @@ fn writer_loop(dir: PathBuf, namespace: u128, jobs: mpsc::Receiver<Job>) {
     }
 }
 
+/// Every open store's queue, for [`flush_on_sigterm`].
+static QUEUES: std::sync::Mutex<Vec<(u64, mpsc::Sender<Job>)>> = std::sync::Mutex::new(Vec::new());
+
+/// A follower rank is stopped with SIGTERM by its supervisor, which would
+/// lose the writes still queued: from the first call on, SIGTERM first
+/// waits for every store's queue, then ends the process as SIGTERM would
+/// have. (Not for rank 0, whose server shuts down on SIGTERM by itself and
+/// drops its store, which waits too.)
+pub fn flush_on_sigterm() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM]) else { return };
+        let _ = std::thread::Builder::new().name("kv-disk-sigterm".into()).spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                let queues: Vec<(u64, mpsc::Sender<Job>)> = QUEUES.lock().map(|q| q.clone()).unwrap_or_default();
+                for (_, q) in queues {
+                    let (tx, rx) = mpsc::channel();
+                    if q.send(Job::Flush(tx)).is_ok() {
+                        let _ = rx.recv_timeout(Duration::from_secs(20));
+                    }
+                }
+                let _ = signal_hook::low_level::emulate_default_handler(sig);
+                std::process::exit(128 + sig);
+            }
+        });
+    });
+}
+
 impl DiskStore {
     /// Opens (creating) `root/<namespace hex>` for blocks of `payload` bytes
     /// and starts its writer.
@@ -140,11 +170,15 @@ impl DiskStore {
             }
         }
         let (tx, rx) = mpsc::channel();
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut q) = QUEUES.lock() {
+            q.push((id, tx.clone()));
+        }
         let d = dir.clone();
-        let writer = std::thread::Builder::new()
-            .name("kv-disk-writer".into())
-            .spawn(move || writer_loop(d, namespace, rx))?;
-        Ok(DiskStore { dir, namespace, payload, jobs: Some(tx), writer: Some(writer) })
+        let writer =
+            std::thread::Builder::new().name("kv-disk-writer".into()).spawn(move || writer_loop(d, namespace, rx))?;
+        Ok(DiskStore { dir, namespace, payload, id, jobs: Some(tx), writer: Some(writer) })
     }
 
     /// Bytes one block file takes.
@@ -228,6 +262,9 @@ impl DiskStore {
 impl Drop for DiskStore {
     /// Finishes the queued writes: a clean shutdown keeps every block.
     fn drop(&mut self) {
+        if let Ok(mut q) = QUEUES.lock() {
+            q.retain(|(id, _)| *id != self.id);
+        }
         self.jobs.take();
         if let Some(w) = self.writer.take() {
             let _ = w.join();

@@ -66,18 +66,26 @@ impl DiskTier {
     /// yet (evicting the least recently used beyond the bound), and sends
     /// what is queued.
     pub fn sync(&mut self, engine: &mut Engine, blocks: &mut BlockManager) -> Result<(), EngineError> {
+        // Blocks come in release order, a sequence's last block first, which
+        // is the index's LRU order (a prefix's first blocks serve the most
+        // continuations, so they go last). The writes go the other way, first
+        // blocks first: a prefix is useful from its start.
+        let mut saves: Vec<(u32, BlockHash)> = Vec::new();
+        let mut deletes: Vec<BlockHash> = Vec::new();
         for (block, key) in blocks.just_cached.as_mut().map(std::mem::take).unwrap_or_default() {
             if self.index.contains(key) {
                 self.index.touch(key);
                 continue;
             }
-            let evicted = self.index.insert(key);
-            if !evicted.contains(&key) {
-                self.pending.push(DiskOp::Save { block, key });
-                self.stats.blocks_written += 1;
-            }
-            self.pending.extend(evicted.into_iter().filter(|&k| k != key).map(DiskOp::Delete));
+            saves.push((block, key));
+            deletes.extend(self.index.insert(key));
         }
+        // A key evicted in this same pass is not written at all.
+        saves.retain(|(_, k)| !deletes.contains(k));
+        deletes.retain(|k| !saves.iter().any(|s| s.1 == *k));
+        self.stats.blocks_written += saves.len() as u64;
+        self.pending.extend(saves.into_iter().rev().map(|(block, key)| DiskOp::Save { block, key }));
+        self.pending.extend(deletes.into_iter().map(DiskOp::Delete));
         self.stats.blocks = self.index.len();
         if self.pending.is_empty() {
             return Ok(());
