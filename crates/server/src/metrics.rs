@@ -109,6 +109,7 @@ pub struct Metrics {
     pub kv_disk_bytes_written: AtomicU64,
     pub kv_disk_bytes_read: AtomicU64,
     pub kv_disk_corrupt_files: AtomicU64,
+    pub kv_disk_load_us: AtomicU64,
     /// Sequences in the last forward step.
     pub batch_size: AtomicI64,
     /// Sequences evicted from the KV cache to make room (to be recomputed).
@@ -159,6 +160,7 @@ impl Default for Metrics {
             kv_disk_bytes_written: AtomicU64::new(0),
             kv_disk_bytes_read: AtomicU64::new(0),
             kv_disk_corrupt_files: AtomicU64::new(0),
+            kv_disk_load_us: AtomicU64::new(0),
             batch_size: AtomicI64::new(0),
             preemptions: AtomicU64::new(0),
             degraded: std::sync::Mutex::new(None),
@@ -319,6 +321,12 @@ impl Metrics {
             "shardlm_kv_disk_corrupt_files_total",
             "Block files rank 0 found torn or corrupt (deleted and recomputed).",
             c(&self.kv_disk_corrupt_files),
+        );
+        counter(
+            out,
+            "shardlm_kv_disk_load_microseconds_total",
+            "Time spent loading blocks from the disk tier (every rank's reads and the round trip).",
+            c(&self.kv_disk_load_us),
         );
         gauge(out, "shardlm_batch_size", "Sequences in the last forward step.", g(&self.batch_size));
         counter(

@@ -326,6 +326,7 @@ fn publish(m: &Metrics, st: &SchedulerStats) {
         m.kv_disk_bytes_written.store(written, Relaxed);
         m.kv_disk_bytes_read.store(read, Relaxed);
         m.kv_disk_corrupt_files.store(corrupt, Relaxed);
+        m.kv_disk_load_us.store(d.load_us, Relaxed);
     }
 }
 

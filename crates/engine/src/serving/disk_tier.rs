@@ -25,6 +25,8 @@ pub struct DiskTierStats {
     pub blocks_loaded: u64,
     /// Loads that some rank could not make (missing, torn or corrupt file).
     pub load_failures: u64,
+    /// Time spent loading (every rank's reads and the round trip), µs.
+    pub load_us: u64,
 }
 
 pub(super) struct DiskTier {
@@ -111,7 +113,9 @@ impl DiskTier {
         loads: &[(u32, BlockHash)],
     ) -> Result<usize, EngineError> {
         self.sync(engine, blocks)?;
+        let started = std::time::Instant::now();
         let good = engine.disk_load(loads)?;
+        self.stats.load_us += started.elapsed().as_micros() as u64;
         let ok = good.iter().take_while(|&&g| g).count();
         for &(b, key) in &loads[..ok] {
             blocks.register(b, key);
