@@ -294,7 +294,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     // A cluster re-forms after losing a rank (the launcher restarts it);
     // MPI worlds are fixed by mpirun and cannot.
     let reform: Option<server::Reform<'_>> = (ranks > 1 && !crate::dist_args::launched_by_mpi()).then(|| {
-        Box::new(|engine: &mut engine::generate::Engine| {
+        Box::new(|engine: &mut engine::generate::Engine, cause: Option<&str>| {
+            // A hung rank never exits: the supervisor must kill it before it restarts it.
+            cause.into_iter().for_each(crate::launch_restart::report_hung);
             crate::dist_args::rejoin_cluster(
                 engine,
                 a.model.as_deref(),
