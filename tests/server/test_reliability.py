@@ -296,3 +296,103 @@ def test_a_stopped_rank_ends_streams_with_an_error_not_a_hang():
             except ProcessLookupError:
                 pass
         stop_server(srv)
+
+
+def _stalled_requests(srv):
+    """One request in each API's shape, sent at once; returns what each got."""
+    out = {}
+    msgs = [{"role": "user", "content": "hi"}]
+    akey = {"x-api-key": API_KEY}
+
+    def post(name, path, body, headers, stream):
+        try:
+            if stream:
+                with httpx.stream("POST", srv.base + path, json=body, headers=headers, timeout=60) as r:
+                    out[name] = (r.status_code, "\n".join(r.iter_lines()))
+            else:
+                r = httpx.post(srv.base + path, json=body, headers=headers, timeout=60)
+                out[name] = (r.status_code, r.text)
+        except httpx.HTTPError as e:
+            out[name] = (0, repr(e))
+
+    jobs = [
+        ("chat", "/v1/chat/completions", {"messages": msgs, "max_tokens": 8}, H, False),
+        ("chat_stream", "/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "stream": True}, H, True),
+        ("completions_stream", "/v1/completions", {"prompt": "hi", "max_tokens": 8, "stream": True}, H, True),
+        ("responses_stream", "/v1/responses", {"input": "hi", "max_output_tokens": 16, "stream": True}, H, True),
+        ("responses", "/v1/responses", {"input": "hi", "max_output_tokens": 16}, H, False),
+        ("messages", "/v1/messages", {"model": "m", "max_tokens": 8, "messages": msgs}, akey, False),
+    ]
+    threads = [threading.Thread(target=post, args=j) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_a_stall_ends_each_api_with_its_own_error():
+    """A request that gets no token for --request-timeout (rank 1 stopped;
+    the supervisor replaces it only after 5 s) ends with an error in its API's
+    format: OpenAI chat / completions streams `data: {"error": …}`, Responses
+    `response.failed`, non-streamed ones 504 with the API's error body."""
+    srv = start_server("--ranks", "2", "--strategy", "pipeline", "--request-timeout", "2")
+    pid = rank_pid(srv, 1)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        out = _stalled_requests(srv)
+        for name in ("chat", "responses"):
+            code, text = out[name]
+            assert code == 504 and "--request-timeout" in json.loads(text)["error"]["message"], (name, out[name])
+        code, text = out["messages"]
+        body = json.loads(text)
+        assert code == 504 and body["type"] == "error" and "--request-timeout" in body["error"]["message"], text
+        for name in ("chat_stream", "completions_stream"):
+            code, text = out[name]
+            assert code == 200 and '"error"' in text and "--request-timeout" in text, (name, text)
+            assert "data: [DONE]" not in text.split('"error"')[0], (name, text)
+        code, text = out["responses_stream"]
+        assert code == 200 and "response.failed" in text and "--request-timeout" in text, text
+        wait_ready(srv, 60)
+        assert srv.proc.poll() is None
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        stop_server(srv)
+
+
+def test_new_requests_get_503_with_retry_after_once_degraded_past_the_bound(monkeypatch):
+    """With --degraded-wait 0, a request that arrives while the cluster
+    re-forms is refused at once: 503 with Retry-After, in its API's format."""
+    monkeypatch.setenv("SHARDLM_HANG_TIMEOUT_MS", "1500")
+    srv = start_server("--ranks", "2", "--strategy", "pipeline", "--backend", "tcp", "--degraded-wait", "0")
+    pid = rank_pid(srv, 1)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.time() + 20
+        while health(srv)[0] == 200 and time.time() < deadline:
+            time.sleep(0.01)
+        msgs = [{"role": "user", "content": "hi"}]
+        r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=30,
+                       json={"messages": msgs, "max_tokens": 4})
+        a = httpx.post(srv.base + "/v1/messages", headers={"x-api-key": API_KEY}, timeout=30,
+                       json={"model": "m", "max_tokens": 4, "messages": msgs})
+        assert r.status_code == 503 and r.headers.get("retry-after") == "5", r.text
+        assert "degraded" in r.json()["error"]["message"], r.text
+        # (The Anthropic request may come after the cluster is back.)
+        if a.status_code == 503:
+            assert a.json()["type"] == "error" and a.headers.get("retry-after") == "5", a.text
+        else:
+            assert a.status_code == 200, a.text
+        wait_ready(srv)
+        r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=30,
+                       json={"messages": msgs, "max_tokens": 4})
+        assert r.status_code == 200, r.text
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        stop_server(srv)
