@@ -137,35 +137,105 @@ def test_rank_lost_while_idle_is_replaced():
         stop_server(srv)
 
 
-def test_a_stopped_rank_is_replaced_and_the_stream_continues():
-    """SIGSTOP of rank 1 mid-stream: the supervisor kills it after 5 s stopped
-    and restarts it, rank 0 re-forms, and the stream continues with the text of
-    an uninterrupted greedy run."""
-    srv = start_server("--ranks", "2", "--strategy", "pipeline")
+def stopped_mid_stream(srv):
+    """SIGSTOP of rank 1 after 15 deltas: the stream continues with the text of
+    an uninterrupted greedy run, /health says degraded meanwhile and ready
+    within 30 s, and a new request succeeds; returns rank 1's old pid."""
+    expected = stream_text(srv)
+    old = rank_pid(srv, 1)
+    seen = []
+    stopped_at = []
+
+    def stop():
+        os.kill(old, signal.SIGSTOP)
+        stopped_at.append(time.time())
+
+        def watch():
+            for _ in range(1500):
+                code, h = health(srv)
+                if code != 200:
+                    seen.append((code, h))
+                    return
+                time.sleep(0.02)
+        threading.Thread(target=watch, daemon=True).start()
+
+    got = stream_text(srv, kill_after=15, on_kill=stop)
+    assert got == expected
+    wait_ready(srv)
+    assert seen and seen[0][0] == 503 and seen[0][1]["status"] == "degraded", seen
+    assert "rank 1" in seen[0][1]["reason"] or "peer 1" in seen[0][1]["reason"], seen
+    r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=60,
+                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200 and time.time() - stopped_at[0] < 30
+    assert rank_pid(srv, 1) != old
+    assert srv.proc.poll() is None
+    return old
+
+
+def log_text(srv):
+    srv.log.flush()
+    with open(srv.log.name) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
+def test_a_stopped_rank_is_replaced_and_the_stream_continues(strategy):
+    """SIGSTOP of rank 1 mid-stream (shared memory): the supervisor kills it
+    after 5 s stopped and restarts it, rank 0 re-forms, and the stream
+    continues with the text of an uninterrupted greedy run."""
+    srv = start_server("--ranks", "2", "--strategy", strategy)
     try:
-        expected = stream_text(srv)
-        old = rank_pid(srv, 1)
-        seen = []
-
-        def stop():
-            os.kill(old, signal.SIGSTOP)
-
-            def watch():
-                for _ in range(1000):
-                    code, h = health(srv)
-                    if code != 200:
-                        seen.append((code, h))
-                        return
-                    time.sleep(0.02)
-            threading.Thread(target=watch, daemon=True).start()
-
-        got = stream_text(srv, kill_after=15, on_kill=stop)
-        assert got == expected
-        wait_ready(srv)
-        assert seen and seen[0][0] == 503, "the server never reported itself degraded"
-        assert rank_pid(srv, 1) != old
-        assert srv.proc.poll() is None
+        stopped_mid_stream(srv)
+        assert "has been stopped (SIGSTOP)" in log_text(srv)
     finally:
+        stop_server(srv)
+
+
+@pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
+def test_a_hung_rank_is_found_by_its_heartbeat(strategy, monkeypatch):
+    """Over TCP, rank 0 notices a stopped rank by its silent heartbeats
+    (SHARDLM_HANG_TIMEOUT_MS, 1.5 s here) before the supervisor's 5 s look at
+    its state, and asks the supervisor to kill it; the stream continues."""
+    monkeypatch.setenv("SHARDLM_HANG_TIMEOUT_MS", "1500")
+    srv = start_server("--ranks", "2", "--strategy", strategy, "--backend", "tcp")
+    try:
+        stopped_mid_stream(srv)
+        log = log_text(srv)
+        assert "is hung: no heartbeat" in log, log[-3000:]
+        assert "reports rank 1" in log and "has been stopped (SIGSTOP)" not in log, log[-3000:]
+    finally:
+        stop_server(srv)
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_a_rank_stopped_while_idle_is_replaced(backend, monkeypatch):
+    """SIGSTOP of rank 1 while the server is idle: the probe of the idle
+    server (tcp: the heartbeat; shm: the supervisor's look at its state) finds
+    it, it is replaced, and the next request is answered."""
+    monkeypatch.setenv("SHARDLM_HANG_TIMEOUT_MS", "1500")
+    srv = start_server("--ranks", "2", "--strategy", "pipeline", "--backend", backend)
+    old = None
+    try:
+        old = rank_pid(srv, 1)
+        os.kill(old, signal.SIGSTOP)
+        t0 = time.time()
+        h = {}
+        while time.time() - t0 < 30:
+            h = health(srv)[1]
+            if h["cluster_reforms"] >= 1 and h["status"] == "ready":
+                break
+            time.sleep(0.1)
+        assert h["cluster_reforms"] >= 1 and h["status"] == "ready", h
+        assert rank_pid(srv, 1) != old
+        r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200 and time.time() - t0 < 30
+    finally:
+        if old is not None:
+            try:
+                os.kill(old, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
         stop_server(srv)
 
 
@@ -225,4 +295,104 @@ def test_a_stopped_rank_ends_streams_with_an_error_not_a_hang():
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        stop_server(srv)
+
+
+def _stalled_requests(srv):
+    """One request in each API's shape, sent at once; returns what each got."""
+    out = {}
+    msgs = [{"role": "user", "content": "hi"}]
+    akey = {"x-api-key": API_KEY}
+
+    def post(name, path, body, headers, stream):
+        try:
+            if stream:
+                with httpx.stream("POST", srv.base + path, json=body, headers=headers, timeout=60) as r:
+                    out[name] = (r.status_code, "\n".join(r.iter_lines()))
+            else:
+                r = httpx.post(srv.base + path, json=body, headers=headers, timeout=60)
+                out[name] = (r.status_code, r.text)
+        except httpx.HTTPError as e:
+            out[name] = (0, repr(e))
+
+    jobs = [
+        ("chat", "/v1/chat/completions", {"messages": msgs, "max_tokens": 8}, H, False),
+        ("chat_stream", "/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "stream": True}, H, True),
+        ("completions_stream", "/v1/completions", {"prompt": "hi", "max_tokens": 8, "stream": True}, H, True),
+        ("responses_stream", "/v1/responses", {"input": "hi", "max_output_tokens": 16, "stream": True}, H, True),
+        ("responses", "/v1/responses", {"input": "hi", "max_output_tokens": 16}, H, False),
+        ("messages", "/v1/messages", {"model": "m", "max_tokens": 8, "messages": msgs}, akey, False),
+    ]
+    threads = [threading.Thread(target=post, args=j) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_a_stall_ends_each_api_with_its_own_error():
+    """A request that gets no token for --request-timeout (rank 1 stopped;
+    the supervisor replaces it only after 5 s) ends with an error in its API's
+    format: OpenAI chat / completions streams `data: {"error": …}`, Responses
+    `response.failed`, non-streamed ones 504 with the API's error body."""
+    srv = start_server("--ranks", "2", "--strategy", "pipeline", "--request-timeout", "2")
+    pid = rank_pid(srv, 1)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        out = _stalled_requests(srv)
+        for name in ("chat", "responses"):
+            code, text = out[name]
+            assert code == 504 and "--request-timeout" in json.loads(text)["error"]["message"], (name, out[name])
+        code, text = out["messages"]
+        body = json.loads(text)
+        assert code == 504 and body["type"] == "error" and "--request-timeout" in body["error"]["message"], text
+        for name in ("chat_stream", "completions_stream"):
+            code, text = out[name]
+            assert code == 200 and '"error"' in text and "--request-timeout" in text, (name, text)
+            assert "data: [DONE]" not in text.split('"error"')[0], (name, text)
+        code, text = out["responses_stream"]
+        assert code == 200 and "response.failed" in text and "--request-timeout" in text, text
+        wait_ready(srv, 60)
+        assert srv.proc.poll() is None
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        stop_server(srv)
+
+
+def test_new_requests_get_503_with_retry_after_once_degraded_past_the_bound(monkeypatch):
+    """With --degraded-wait 0, a request that arrives while the cluster
+    re-forms is refused at once: 503 with Retry-After, in its API's format."""
+    monkeypatch.setenv("SHARDLM_HANG_TIMEOUT_MS", "1500")
+    srv = start_server("--ranks", "2", "--strategy", "pipeline", "--backend", "tcp", "--degraded-wait", "0")
+    pid = rank_pid(srv, 1)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.time() + 20
+        while health(srv)[0] == 200 and time.time() < deadline:
+            time.sleep(0.01)
+        msgs = [{"role": "user", "content": "hi"}]
+        r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=30,
+                       json={"messages": msgs, "max_tokens": 4})
+        a = httpx.post(srv.base + "/v1/messages", headers={"x-api-key": API_KEY}, timeout=30,
+                       json={"model": "m", "max_tokens": 4, "messages": msgs})
+        assert r.status_code == 503 and r.headers.get("retry-after") == "5", r.text
+        assert "degraded" in r.json()["error"]["message"], r.text
+        # (The Anthropic request may come after the cluster is back.)
+        if a.status_code == 503:
+            assert a.json()["type"] == "error" and a.headers.get("retry-after") == "5", a.text
+        else:
+            assert a.status_code == 200, a.text
+        wait_ready(srv)
+        r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=30,
+                       json={"messages": msgs, "max_tokens": 4})
+        assert r.status_code == 200, r.text
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
         stop_server(srv)

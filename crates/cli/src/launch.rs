@@ -501,9 +501,13 @@ fn catch_signals() {
 
 /// Starts every rank of `plan` and supervises them. With `restart` (a serving
 /// world), a rank other than 0 that dies is started again (launch_restart).
-fn run_world(plan: Vec<Planned>, verbose: bool, restart: bool) -> Result<i32> {
+fn run_world(mut plan: Vec<Planned>, verbose: bool, restart: bool) -> Result<i32> {
     catch_signals();
     let (tx, rx) = mpsc::channel();
+    if let Some(p) = plan.iter_mut().find(|p| restart && p.rank == 0 && p.remote.is_none()) {
+        crate::launch_restart::catch_hung_reports();
+        p.cmd.env(crate::launch_restart::ENV_SUPERVISOR_PID, std::process::id().to_string());
+    }
     let recipes: Vec<Recipe> =
         if restart { plan.iter().map(|p| Recipe::of(&p.cmd, &p.remote)).collect() } else { Vec::new() };
     let mut ranks: Vec<Rank> = Vec::with_capacity(plan.len());
@@ -669,10 +673,10 @@ fn supervise(
                 rs.pending.clear();
             }
             if ranks[0].status.is_none() && interrupted.is_none() && first_failure.is_none() {
-                let local: Vec<(usize, u32, String)> = ranks
+                let local: Vec<(usize, u32, String, bool)> = ranks
                     .iter()
-                    .filter(|r| r.rank != 0 && r.status.is_none() && r.host.is_none())
-                    .map(|r| (r.rank, r.child.id(), r.label()))
+                    .filter(|r| r.rank != 0 && r.status.is_none())
+                    .map(|r| (r.rank, r.child.id(), r.label(), r.host.is_none()))
                     .collect();
                 rs.stops.kill_overdue(&local);
             }

@@ -10,8 +10,10 @@
 //! A rank that is stopped (SIGSTOP, a job-control stop: state `T`) holds its
 //! connections open, so rank 0 would wait on it forever. The supervisor kills
 //! a local rank that stays stopped for [`STOPPED_GRACE`], and it is then
-//! restarted like any lost rank. (Ranks on other hosts run under ssh; their
-//! state is not visible here.)
+//! restarted like any lost rank. Ranks on other hosts run under ssh, where
+//! their state is not visible; over TCP, rank 0 notices a hung rank by its
+//! silent heartbeats (`comm`'s beacon, whichever host it is on) and reports
+//! it to the supervisor ([`report_hung`]), which kills it the same way.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -86,6 +88,8 @@ pub(crate) struct StopWatch {
     /// Rank → (its pid, when it was first seen stopped).
     since: Vec<(usize, u32, Instant)>,
     next: Option<Instant>,
+    /// Rank → (its pid, when the supervisor first saw it running).
+    first_seen: Vec<(usize, u32, Instant)>,
 }
 
 impl StopWatch {
@@ -109,9 +113,31 @@ impl StopWatch {
         self.since.retain(|s| !due.contains(&(s.0, s.1)));
         due
     }
-    /// Kills the ranks of `local` (rank, pid, label; unreaped children)
-    /// stopped for [`STOPPED_GRACE`], so that the supervisor restarts them.
-    pub(crate) fn kill_overdue(&mut self, local: &[(usize, u32, String)]) {
+    /// Kills the ranks of `live` (rank, pid, label, whether local; unreaped
+    /// children) that rank 0 reported hung, and the local ones stopped for
+    /// [`STOPPED_GRACE`], so that the supervisor restarts them. (For a rank
+    /// over ssh the pid is ssh's: its end hangs up the remote command.)
+    pub(crate) fn kill_overdue(&mut self, live: &[(usize, u32, String, bool)]) {
+        let now = Instant::now();
+        self.first_seen.retain(|(r, p, _)| live.iter().any(|l| l.0 == *r && l.1 == *p));
+        for l in live {
+            if !self.first_seen.iter().any(|s| s.0 == l.0 && s.1 == l.1) {
+                self.first_seen.push((l.0, l.1, now));
+            }
+        }
+        let reported: Vec<usize> =
+            (0..HUNG.len()).filter(|&r| HUNG[r].swap(false, std::sync::atomic::Ordering::SeqCst)).collect();
+        for l in live {
+            let reported = reported.contains(&l.0);
+            let since = self.first_seen.iter().find(|s| s.0 == l.0 && s.1 == l.1).map_or(now, |s| s.2);
+            if !reported || now.duration_since(since) < HUNG_REPORT_MIN_AGE {
+                continue;
+            }
+            eprintln!("note: rank 0 reports {} hung (no heartbeat); killing it to restart it", l.2);
+            // SAFETY: the caller's children are not reaped yet, so the pid still names this one.
+            unsafe { libc::kill(l.1 as libc::pid_t, libc::SIGKILL) };
+        }
+        let local: Vec<&(usize, u32, String, bool)> = live.iter().filter(|l| l.3).collect();
         let ranks: Vec<(usize, u32)> = local.iter().map(|l| (l.0, l.1)).collect();
         for (i, pid) in self.overdue(&ranks, STOPPED_GRACE) {
             let label = local.iter().find(|l| l.0 == i).map_or("a rank", |l| l.2.as_str());
@@ -121,6 +147,75 @@ impl StopWatch {
             );
             // SAFETY: the caller's children are not reaped yet, so the pid still names this one.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Set by the supervisor on rank 0 of a serving world: its own pid, which
+/// rank 0 signals to report a rank it found hung ([`report_hung`]).
+pub(crate) const ENV_SUPERVISOR_PID: &str = "SHARDLM_SUPERVISOR_PID";
+/// A rank reported hung is killed only if it has run this long, so that a
+/// report about a rank restarted since does not kill its successor.
+const HUNG_REPORT_MIN_AGE: Duration = Duration::from_secs(2);
+
+/// Ranks that rank 0 reported hung (`SIGUSR1` with the rank as its value).
+static HUNG: [std::sync::atomic::AtomicBool; 256] = [const { std::sync::atomic::AtomicBool::new(false) }; 256];
+
+extern "C" {
+    // glibc and musl both export it; the libc crate does not bind it on Linux.
+    fn sigqueue(pid: libc::pid_t, sig: libc::c_int, value: libc::sigval) -> libc::c_int;
+}
+
+extern "C" fn on_hung_report(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO; only atomics are touched.
+    unsafe {
+        if !info.is_null() && (*info).si_code == libc::SI_QUEUE {
+            let rank = (*info).si_value().sival_ptr as usize;
+            if let Some(flag) = HUNG.get(rank) {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// The supervisor takes rank 0's reports of hung ranks (`SIGUSR1`).
+pub(crate) fn catch_hung_reports() {
+    // SAFETY: the handler only stores to atomics, which is async-signal-safe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction =
+            on_hung_report as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+    }
+}
+
+/// The rank a transport error calls hung (`… peer 1 at … is hung: no heartbeat …`).
+pub(crate) fn hung_rank(cause: &str) -> Option<usize> {
+    let before = &cause[..cause.find(" is hung")?];
+    let rest = &before[before.rfind("peer ")? + 5..];
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
+}
+
+/// Rank 0 of a serving world: when `cause` (why the cluster failed) names a
+/// hung rank, asks the supervisor that started us to kill it so it is
+/// restarted: a hung process never exits by itself. Does nothing without a
+/// supervisor (it must be our parent) or when no rank is hung.
+pub(crate) fn report_hung(cause: &str) {
+    let Some(rank) = hung_rank(cause) else { return };
+    let Some(pid) = std::env::var(ENV_SUPERVISOR_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok()) else {
+        return;
+    };
+    // SAFETY: getppid has no preconditions; sigqueue gets a plain value.
+    unsafe {
+        if libc::getppid() != pid {
+            return;
+        }
+        let value = libc::sigval { sival_ptr: rank as *mut libc::c_void };
+        if sigqueue(pid, libc::SIGUSR1, value) == 0 {
+            eprintln!("shardlm serve: asked the supervisor to restart hung rank {rank}");
         }
     }
 }
@@ -168,6 +263,14 @@ mod tests {
         let envs: Vec<_> = r.get_envs().collect();
         assert!(envs.contains(&(std::ffi::OsStr::new("SHARDLM_RANK"), Some(std::ffi::OsStr::new("1")))));
         assert!(envs.contains(&(std::ffi::OsStr::new("X"), None)));
+    }
+
+    #[test]
+    fn the_hung_rank_is_read_from_the_cause() {
+        let cause = "comm: peer 1 at 127.0.0.1:5001 aborted: peer 2 at 127.0.0.1:5002 is hung: no heartbeat for 5.0s";
+        assert_eq!(hung_rank(cause), Some(2));
+        assert_eq!(hung_rank("peer 1 at x is gone: closed"), None);
+        assert_eq!(hung_rank("peer 12 at h:1 is hung: no heartbeat"), Some(12));
     }
 
     #[test]

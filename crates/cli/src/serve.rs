@@ -78,6 +78,11 @@ pub struct ServeArgs {
     /// for its next token (a stalled cluster), seconds.
     #[arg(long, default_value_t = 600)]
     request_timeout: u64,
+    /// While a lost rank is being replaced, new requests wait in the queue;
+    /// once the cluster has been degraded this long, seconds, they are refused
+    /// with 503 and `Retry-After`.
+    #[arg(long, default_value_t = 30)]
+    degraded_wait: u64,
     /// Interval of SSE keep-alive comments while a stream is silent, milliseconds.
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(10..))]
     sse_keepalive_ms: u64,
@@ -295,6 +300,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         context: engine.context_length(),
         body_limit: a.max_body_bytes,
         request_timeout: Duration::from_secs(a.request_timeout),
+        degraded_wait: Duration::from_secs(a.degraded_wait),
         sse_keepalive: Duration::from_millis(a.sse_keepalive_ms),
         ranks,
         strategy: if ranks > 1 { a.dist.strategy.clone() } else { "single".into() },
@@ -312,7 +318,9 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     // A cluster re-forms after losing a rank (the launcher restarts it);
     // MPI worlds are fixed by mpirun and cannot.
     let reform: Option<server::Reform<'_>> = (ranks > 1 && !crate::dist_args::launched_by_mpi()).then(|| {
-        Box::new(|engine: &mut engine::generate::Engine| {
+        Box::new(|engine: &mut engine::generate::Engine, cause: Option<&str>| {
+            // A hung rank never exits: the supervisor must kill it before it restarts it.
+            cause.into_iter().for_each(crate::launch_restart::report_hung);
             crate::dist_args::rejoin_cluster(
                 engine,
                 a.model.as_deref(),

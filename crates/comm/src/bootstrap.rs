@@ -35,6 +35,9 @@ pub const ENV_BIND: &str = "SHARDLM_BIND";
 pub const ENV_LINKS: &str = "SHARDLM_LINKS";
 pub const ENV_CALIBRATE_BYTES: &str = "SHARDLM_CALIBRATE_BYTES";
 pub const ENV_OP_TIMEOUT_MS: &str = "SHARDLM_OP_TIMEOUT_MS";
+/// TCP: a peer whose heartbeats stopped for this long is hung (0: no heartbeats;
+/// default [`crate::transport::tcp::DEFAULT_HANG_TIMEOUT`]).
+pub const ENV_HANG_TIMEOUT_MS: &str = "SHARDLM_HANG_TIMEOUT_MS";
 /// Microseconds a rank busy-waits for a peer before it parks, over the
 /// transports' default (200) and over what [`Group::from_env_spinning`]'s
 /// caller chose. Longer spins shorten a pipeline's hand-offs when every rank
@@ -141,6 +144,9 @@ impl Bootstrap {
         }
         cfg.bind = get(ENV_BIND).filter(|s| !s.is_empty());
         cfg.op_timeout = op_timeout;
+        if let Some(ms) = number(ENV_HANG_TIMEOUT_MS)? {
+            cfg.hang_timeout = (ms > 0).then(|| std::time::Duration::from_millis(ms as u64));
+        }
         cfg.spin = spin.unwrap_or(cfg.spin);
         Ok(Bootstrap::Tcp(cfg))
     }

@@ -40,6 +40,10 @@ pub enum CommError {
     /// Nothing arrived from the peer within the configured time.
     #[error("peer {rank} at {addr} sent nothing for {:.1}s ({what})", .waited.as_secs_f64())]
     Timeout { rank: usize, addr: String, waited: Duration, what: String },
+    /// The peer's heartbeats stopped: its process is stopped (SIGSTOP) or its
+    /// host frozen, though its connections stay open (`transport::tcp_beacon`).
+    #[error("peer {rank} at {addr} is hung: no heartbeat for {:.1}s (stopped, or its host frozen)", .silent.as_secs_f64())]
+    Hung { rank: usize, addr: String, silent: Duration },
     /// The peer sent something we did not expect (collectives called in a different order?).
     #[error("protocol error with peer {rank} at {addr}: {detail}")]
     Protocol { rank: usize, addr: String, detail: String },
@@ -72,6 +76,7 @@ impl CommError {
             | CommError::PeerLost { rank, .. }
             | CommError::PeerAborted { rank, .. }
             | CommError::Timeout { rank, .. }
+            | CommError::Hung { rank, .. }
             | CommError::Protocol { rank, .. } => Some(*rank),
             _ => None,
         }

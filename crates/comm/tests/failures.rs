@@ -31,7 +31,19 @@ fn rank_process() {
     println!("READY {}", group.rank());
     let start = Instant::now();
     let mut i = 0u64;
+    // A slow rank (`SLOW`: this rank sleeps MS once, mid-stream) and a bounded run (`ITERS`).
+    let env_num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let (slow_ms, iters) = (env_num("SHARDLM_TEST_SLOW_MS"), env_num("SHARDLM_TEST_ITERS"));
+    let mut total = 0u64;
     loop {
+        total += 1;
+        if iters.is_some_and(|n| total > n) {
+            println!("DONE");
+            std::process::exit(0);
+        }
+        if let Some(ms) = slow_ms.filter(|_| total == 500) {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         // Never outlive a broken parent test.
         if start.elapsed() > Duration::from_secs(60) {
             std::process::exit(4);
@@ -173,6 +185,35 @@ fn tcp_envs(extra: &[(&str, &str)]) -> Vec<Vec<(String, String)>> {
 #[test]
 fn tcp_peer_stopped_hits_the_operation_timeout() {
     fail_one_of_three(tcp_envs(&[("SHARDLM_OP_TIMEOUT_MS", "1000")]), Fate::Stopped);
+}
+
+#[test]
+fn tcp_peer_stopped_is_hung_by_its_silent_heartbeat() {
+    // No operation timeout: only the beacon can tell a stopped rank.
+    fail_one_of_three(tcp_envs(&[("SHARDLM_HANG_TIMEOUT_MS", "1000")]), Fate::Stopped);
+}
+
+#[test]
+fn tcp_peer_busy_for_longer_than_the_hang_timeout_is_not_hung() {
+    // Rank 2 computes (sleeps) for 3 s mid-stream; its beacon thread keeps beating.
+    let mut envs = tcp_envs(&[("SHARDLM_HANG_TIMEOUT_MS", "1000"), ("SHARDLM_TEST_ITERS", "2000")]);
+    envs[2].push(("SHARDLM_TEST_SLOW_MS".into(), "3000".into()));
+    let mut ranks = Ranks(
+        envs.iter()
+            .map(|e| {
+                let mut c = spawn_rank(e);
+                let out = BufReader::new(c.stdout.take().unwrap());
+                (c, out)
+            })
+            .collect(),
+    );
+    for (rank, (k, out)) in ranks.0.iter_mut().enumerate() {
+        let line = wait_line(out, "READY");
+        assert!(line.starts_with("READY"), "{line}");
+        let line = wait_line(out, "DONE");
+        assert_eq!(line, "DONE", "rank {rank}");
+        assert!(k.wait().unwrap().success(), "rank {rank}");
+    }
 }
 
 #[test]

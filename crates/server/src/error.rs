@@ -91,6 +91,9 @@ impl ApiError {
 /// Seconds a 429 asks the client to wait. Both SDKs honour `Retry-After` in
 /// their retry loop; a second is about one short request on a busy server.
 pub const RETRY_AFTER_SECS: u64 = 1;
+/// Seconds a 503 asks the client to wait: about what re-forming a cluster
+/// takes once its lost rank is back.
+pub const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 5;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -98,6 +101,9 @@ impl IntoResponse for ApiError {
         // Every 429 leaves here, so each carries the header whatever raised it.
         if self.status == StatusCode::TOO_MANY_REQUESTS {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, RETRY_AFTER_SECS.into());
+        }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, UNAVAILABLE_RETRY_AFTER_SECS.into());
         }
         response
     }

@@ -70,6 +70,25 @@ pub async fn declared_body_limit(State(state): State<SharedState>, req: Request,
     next.run(req).await
 }
 
+/// `--request-timeout` bounds a request until its response starts (all of a
+/// non-streamed one): past it, a 504 in the route's API format says so (a
+/// stream, once started, is bounded by its stall timeout instead).
+pub async fn deadline(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let (limit, dialect) = (state.cfg.request_timeout, dialect_of(req.uri().path()));
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "the request did not finish within {} s (--request-timeout) and was cancelled",
+                limit.as_secs_f64()
+            ),
+        )
+        .in_dialect(dialect)
+        .into_response(),
+    }
+}
+
 /// With `--api-key`, requires `Authorization: Bearer KEY` or `x-api-key: KEY`
 /// (compared in constant time). `/health`, `/metrics` and the page's files stay open.
 pub async fn auth(State(state): State<SharedState>, req: Request, next: Next) -> Response {

@@ -117,6 +117,8 @@ pub struct Metrics {
     /// Why the cluster is degraded ("rank 1 lost at 12:03:04: …"), while it is
     /// being re-formed; `None` when every rank serves.
     pub degraded: std::sync::Mutex<Option<String>>,
+    /// Since when it has been degraded.
+    pub degraded_since: std::sync::Mutex<Option<std::time::Instant>>,
     /// Times the cluster lost a rank, and times it was re-formed.
     pub rank_losses: AtomicU64,
     pub cluster_reforms: AtomicU64,
@@ -164,6 +166,7 @@ impl Default for Metrics {
             batch_size: AtomicI64::new(0),
             preemptions: AtomicU64::new(0),
             degraded: std::sync::Mutex::new(None),
+            degraded_since: std::sync::Mutex::new(None),
             rank_losses: AtomicU64::new(0),
             cluster_reforms: AtomicU64::new(0),
             lost_rank: AtomicI64::new(-1),
@@ -178,7 +181,14 @@ impl Metrics {
     }
 
     pub fn set_degraded(&self, why: Option<String>) {
+        let mut since = self.degraded_since.lock().unwrap_or_else(|e| e.into_inner());
+        *since = why.as_ref().map(|_| since.unwrap_or_else(std::time::Instant::now));
         *self.degraded.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// How long the cluster has been degraded (`None`: it is not).
+    pub fn degraded_for(&self) -> Option<std::time::Duration> {
+        self.degraded_since.lock().unwrap_or_else(|e| e.into_inner()).map(|t| t.elapsed())
     }
 
     pub fn render(&self) -> String {

@@ -450,7 +450,20 @@ fn sampling_field(msg: &str) -> &'static str {
 }
 
 /// Submits a prepared request (429 when `--max-concurrency` requests are in).
+/// While the cluster re-forms after losing a rank, a new request waits in the
+/// queue, its wait bounded by `--request-timeout`; once the cluster has been
+/// degraded for `--degraded-wait`, new ones get 503 with `Retry-After`.
 pub fn start(state: &AppState, p: Prepared) -> Result<Generation, ApiError> {
+    if let Some(d) = state.metrics.degraded_for().filter(|d| *d >= state.cfg.degraded_wait) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the cluster has been degraded for {:.0} s and is re-forming ({}); retry later",
+                d.as_secs_f64(),
+                state.metrics.degraded().unwrap_or_default()
+            ),
+        ));
+    }
     if state.metrics.active.load(Relaxed) >= state.cfg.max_concurrency as i64 {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,

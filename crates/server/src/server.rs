@@ -16,7 +16,6 @@ use engine::{ChatTemplate, Tokenizer};
 use serde_json::json;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use tower_http::timeout::TimeoutLayer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -32,7 +31,6 @@ pub enum ServerError {
 
 pub fn router(state: SharedState) -> Router {
     let body_limit = state.cfg.body_limit;
-    let timeout = state.cfg.request_timeout;
     Router::new()
         .route("/", get(web::index))
         .route("/index.html", get(web::index))
@@ -53,7 +51,7 @@ pub fn router(state: SharedState) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), http::auth))
         .layer(axum::middleware::from_fn_with_state(state.clone(), http::declared_body_limit))
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), http::deadline))
         .with_state(state)
 }
 

@@ -24,6 +24,9 @@ pub struct ServerConfig {
     pub context: usize,
     pub body_limit: usize,
     pub request_timeout: Duration,
+    /// How long the cluster may stay degraded before new requests are refused
+    /// (503 with `Retry-After`) instead of queued.
+    pub degraded_wait: Duration,
     /// Interval of SSE keep-alive comments while nothing else is sent.
     pub sse_keepalive: Duration,
     /// Ranks in the world (1 = single process), for `/health`.

@@ -125,8 +125,9 @@ fn submission(job: Job, metrics: &Arc<Metrics>) -> Submission {
 
 /// Re-forms the cluster after a rank was lost: joins the world again (the
 /// supervisor restarts the lost rank) and hands the engine its new cluster.
-/// Errors are one line each; the worker retries.
-pub type Reform<'a> = Box<dyn FnMut(&mut Engine) -> Result<(), String> + 'a>;
+/// Errors are one line each; the worker retries. The first attempt after a
+/// loss gets its cause (one line), the retries `None`.
+pub type Reform<'a> = Box<dyn FnMut(&mut Engine, Option<&str>) -> Result<(), String> + 'a>;
 
 /// How often an idle worker checks that every rank still answers, so a rank
 /// lost between requests is replaced before the next one arrives.
@@ -251,6 +252,7 @@ fn recover(
         return true;
     };
     let started = Instant::now();
+    let mut first = Some(cause.to_string());
     loop {
         // Keep admitting (queued, not run) and notice a shutdown.
         loop {
@@ -266,7 +268,8 @@ fn recover(
                 }
             }
         }
-        let attempt = reform(engine).and_then(|()| sched.reinit_pool(engine).map_err(|e| e.to_string()));
+        let attempt =
+            reform(engine, first.take().as_deref()).and_then(|()| sched.reinit_pool(engine).map_err(|e| e.to_string()));
         match attempt {
             Ok(()) => break,
             Err(e) => {

@@ -36,6 +36,7 @@ pub mod local;
 pub mod mpi;
 pub mod shm;
 pub mod tcp;
+mod tcp_beacon;
 mod tcp_cables;
 pub use tcp_cables::CableStats;
 mod tcp_io;

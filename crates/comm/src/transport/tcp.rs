@@ -21,6 +21,7 @@
 //! reason to every peer it can and closes all sockets: the other ranks then
 //! fail fast with a message that names the rank that really failed.
 
+use super::tcp_beacon::Beacon;
 pub use super::tcp_cables::CableStats;
 use super::tcp_cables::{common_cables, dial, measure_links, route, validate_links, LinkPlan};
 use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, Resumer, SendJob};
@@ -45,6 +46,9 @@ pub enum Topology {
     /// collectives then use ring algorithms only.
     Ring,
 }
+
+/// [`TcpConfig::hang_timeout`] unless set: twenty missed heartbeats.
+pub const DEFAULT_HANG_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Everything needed to join a TCP world.
 #[derive(Debug, Clone)]
@@ -83,6 +87,11 @@ pub struct TcpConfig {
     /// forever (idle workers wait for the next request); dead peers are still
     /// detected by closed connections and keep-alive probes.
     pub op_timeout: Option<Duration>,
+    /// Fail an operation when a peer that beat before has sent no heartbeat
+    /// for this long: its process is stopped or its host frozen, though its
+    /// connections stay open (see `tcp_beacon`). A busy peer keeps beating.
+    /// `None` disables the beacon.
+    pub hang_timeout: Option<Duration>,
     /// Keep-alive idle time before probing (then 1 s apart, 3 probes);
     /// also bounds how long unacknowledged data may wait. `None` disables.
     pub keepalive: Option<Duration>,
@@ -115,6 +124,7 @@ impl TcpConfig {
             handshake_timeout: Duration::from_secs(10),
             resume_timeout: Duration::from_secs(10),
             op_timeout: None,
+            hang_timeout: Some(DEFAULT_HANG_TIMEOUT),
             keepalive: Some(Duration::from_secs(2)),
             max_message_bytes: 1 << 30,
             stripe_threshold: 256 << 10,
@@ -224,6 +234,8 @@ pub struct TcpInner {
     pub(super) mailbox: Mutex<Vec<(usize, usize, TcpStream)>>,
     /// Held by an exchange, and by the watcher while it continues a connection.
     pub(super) quiet: Mutex<()>,
+    /// Our heartbeats, and when we last heard each peer's.
+    pub(super) beacon: Option<Beacon>,
 }
 
 impl TcpTransport {
@@ -231,7 +243,7 @@ impl TcpTransport {
     pub fn connect(cfg: &TcpConfig) -> Result<TcpTransport> {
         cfg.validate()?;
         if cfg.size == 1 {
-            return Ok(Self::assemble(cfg, Vec::new(), Vec::new(), None));
+            return Ok(Self::assemble(cfg, Vec::new(), Vec::new(), None, None));
         }
         let bind = cfg.listen_addr()?;
         let listener = TcpListener::bind(&bind).map_err(|e| CommError::io(format!("listening on {bind}"), e))?;
@@ -289,7 +301,11 @@ impl TcpTransport {
                     .map_err(|e| CommError::io(format!("tuning socket to {p}"), e))?;
             }
         }
-        Ok(Self::assemble(cfg, links, plans, Some(listener)))
+        let beacon = match (cfg.hang_timeout, listener.local_addr()) {
+            (Some(limit), Ok(local)) => Beacon::start(cfg.rank, local, &cfg.peers, &cfg.secret, limit),
+            _ => None,
+        };
+        Ok(Self::assemble(cfg, links, plans, Some(listener), beacon))
     }
 
     /// The connections to rank `peer` as measured when connecting (empty when
@@ -303,6 +319,7 @@ impl TcpTransport {
         links: Vec<Vec<Conn>>,
         plans: Vec<LinkPlan>,
         listener: Option<TcpListener>,
+        beacon: Option<Beacon>,
     ) -> TcpTransport {
         let watch = listener.is_some();
         let inner = Arc::new(TcpInner {
@@ -322,6 +339,7 @@ impl TcpTransport {
             listener,
             mailbox: Mutex::new(Vec::new()),
             quiet: Mutex::new(()),
+            beacon,
         });
         let stop = Arc::new(AtomicBool::new(false));
         let watcher = watch.then(|| {
@@ -401,6 +419,7 @@ impl TcpInner {
             cancel,
             resumer: Some(self),
             idle: &[],
+            beacon: self.beacon.as_ref(),
         }
     }
 

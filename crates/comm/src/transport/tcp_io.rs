@@ -281,6 +281,8 @@ pub(crate) struct PumpCtx<'a> {
     /// while it waits: one that loses its cable, or whose peer connects again
     /// to continue one, is resumed at once (the peer may be waiting for it).
     pub idle: &'a [&'a Conn],
+    /// Fails the wait when a peer's heartbeats stopped (`None`: no beacon).
+    pub beacon: Option<&'a super::tcp_beacon::Beacon>,
 }
 
 /// Finds a new socket for a connection whose cable was lost.
@@ -570,6 +572,9 @@ pub(crate) fn pump(sends: &mut [SendJob<'_>], recvs: &mut [RecvJob<'_>], ctx: &P
             if idle >= limit {
                 return Err(timeout_error(sends, recvs, ctx, idle));
             }
+        }
+        if let Some(hung) = ctx.beacon.and_then(|b| b.hung(ctx.peers)) {
+            return Err(hung);
         }
         polls.clear();
         for s in sends.iter().filter(|s| !s.complete()) {
