@@ -52,13 +52,29 @@ def ttft(srv, messages, max_tokens=8):
     return first, text, usage
 
 
-def dd_read(files):
-    """MB/s of `dd` reading `files` (as the page cache holds them now)."""
-    total, t0 = 0, time.time()
+def drop_from_page_cache(files):
+    """Writes dirty pages back, then asks the kernel to drop the files' pages
+    (posix_fadvise DONTNEED: no root needed), so the next read comes from disk."""
+    os.sync()
     for f in files:
-        subprocess.run(["dd", f"if={f}", "of=/dev/null", "bs=1M"], check=True, capture_output=True)
-        total += os.path.getsize(f)
-    return total / (time.time() - t0) / 1e6
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def dd_direct(directory, mb=256):
+    """The disk's own sequential read figure: `dd` of a fresh file with O_DIRECT, MB/s."""
+    path = os.path.join(directory, "dd-probe.bin")
+    subprocess.run(["dd", "if=/dev/urandom", f"of={path}", "bs=1M", f"count={mb}", "conv=fdatasync"],
+                   check=True, capture_output=True)
+    out = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M", "iflag=direct"],
+                         check=True, capture_output=True, text=True).stderr
+    os.remove(path)
+    # "268435456 bytes (268 MB, 256 MiB) copied, 0.8 s, 335 MB/s"
+    secs = float(out.strip().splitlines()[-1].split(",")[-2].split()[0])
+    return mb * (1 << 20) / secs / 1e6
 
 
 def main():
@@ -68,6 +84,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--serve-args", default="", help="extra flags for every server")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--warm-cache", action="store_true",
+                    help="leave the block files in the page cache (default: drop them, so loads read the disk)")
     a = ap.parse_args()
     os.environ["SHARDLM_SERVE_ARGS"] = f"--model {a.model} {a.serve_args}"
     rows = []
@@ -95,14 +113,15 @@ def main():
                     stop_server(srv)
                     turn2 = msgs + [{"role": "assistant", "content": reply},
                                     {"role": "user", "content": "And line 5?"}]
+                    if not a.warm_cache:
+                        drop_from_page_cache(glob.glob(os.path.join(d, "*", "*.kvb")))
                     srv = start_server("--kv-disk", d)
                     t, text, usage = ttft(srv, turn2)
                     m = srv.metrics()
                     stop_server(srv)
-                    files = glob.glob(os.path.join(d, "*", "*.kvb"))
                     secs = m.get("shardlm_kv_disk_load_microseconds_total", 0) / 1e6
                     mbs = m.get("shardlm_kv_disk_bytes_read_total", 0) / 1e6 / secs if secs else 0.0
-                    got["disk"] = (t, text, usage, mbs, dd_read(files))
+                    got["disk"] = (t, text, usage, mbs, dd_direct(d))
             (tc, text_c, uc), (tw, text_w, uw, mbs, dd) = got["cold"], got["disk"]
             row = {"round": r, "prompt_tokens": uw.prompt_tokens,
                    "cached_tokens": uw.prompt_tokens_details.cached_tokens,
@@ -111,7 +130,7 @@ def main():
             rows.append(row)
             print(f"round {r}: prompt {row['prompt_tokens']} tokens, {row['cached_tokens']} from disk; "
                   f"TTFT cold {tc:.3f} s, after restart {tw:.3f} s: {tw / tc:.3f}x; same text {row['same_text']}; "
-                  f"load {mbs:.0f} MB/s, dd {dd:.0f} MB/s", flush=True)
+                  f"load {mbs:.0f} MB/s, dd O_DIRECT {dd:.0f} MB/s", flush=True)
     med = statistics.median(x["ratio"] for x in rows)
     print(f"median TTFT after restart / cold: {med:.3f}x over {len(rows)} rounds ({a.model}, {a.tokens} tokens)")
     if a.json:

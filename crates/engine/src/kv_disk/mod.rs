@@ -275,6 +275,13 @@ pub fn apply(
     let pool = pool.ok_or("disk tier before the KV pool")?;
     let mut reply = None;
     let mut loads: Vec<u32> = Vec::new();
+    // Every load of the list is read at once, in parallel, before the list runs.
+    let wanted: Vec<BlockHash> =
+        ops.iter().filter_map(|o| if let DiskOp::Load { key, .. } = o { Some(*key) } else { None }).collect();
+    let mut read = match (&slot.store, wanted.is_empty()) {
+        (Some(store), false) => store.read_many(&wanted).into_iter(),
+        _ => Vec::new().into_iter(),
+    };
     for op in ops {
         match op {
             DiskOp::Init(dir) => {
@@ -295,9 +302,10 @@ pub fn apply(
                 store.write(*key, buf);
             }
             DiskOp::Delete(key) => slot.store.as_ref().ok_or("disk op before Init")?.delete(*key),
-            DiskOp::Load { block, key } => {
-                let store = slot.store.as_ref().ok_or("disk op before Init")?;
-                let ok = store.read(*key).is_ok_and(|data| pool.copy_block_in(*block as usize, &data));
+            DiskOp::Load { block, .. } => {
+                slot.store.as_ref().ok_or("disk op before Init")?;
+                let data = read.next().unwrap_or(Err(store::LoadError::Missing));
+                let ok = data.is_ok_and(|data| pool.copy_block_in(*block as usize, &data));
                 loads.push(u32::from(ok));
             }
             DiskOp::Report => {

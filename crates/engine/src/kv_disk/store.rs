@@ -26,6 +26,8 @@ pub const HEADER_BYTES: usize = 8 + 16 + 16 + 8 + 32;
 /// Temporary files older than this are a crashed writer's, and are removed
 /// at open (younger ones may be another live server's write in progress).
 const STALE_TMP: Duration = Duration::from_secs(600);
+/// Threads reading block files at once ([`DiskStore::read_many`]).
+pub const READERS: usize = 8;
 
 enum Job {
     Write(BlockHash, Vec<u8>),
@@ -228,6 +230,37 @@ impl DiskStore {
     /// is deleted.
     pub fn read(&self, key: BlockHash) -> Result<Vec<u8>, LoadError> {
         self.flush();
+        self.read_now(key)
+    }
+
+    /// Reads many keys at once, after the queued writes. The reads run on up
+    /// to [`READERS`] threads: one file per block, read one at a time, waits
+    /// on the disk's latency per file (a virtual disk read 84–300 MB/s so
+    /// against 1.4 GB/s for `dd` with O_DIRECT).
+    pub fn read_many(&self, keys: &[BlockHash]) -> Vec<Result<Vec<u8>, LoadError>> {
+        self.flush();
+        if keys.len() < 2 {
+            return keys.iter().map(|&k| self.read_now(k)).collect();
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let slots: Vec<std::sync::Mutex<Option<Result<Vec<u8>, LoadError>>>> =
+            keys.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            for _ in 0..READERS.min(keys.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&k) = keys.get(i) else { break };
+                    let r = self.read_now(k);
+                    if let Ok(mut slot) = slots[i].lock() {
+                        *slot = Some(r);
+                    }
+                });
+            }
+        });
+        slots.into_iter().map(|m| m.into_inner().ok().flatten().unwrap_or(Err(LoadError::Missing))).collect()
+    }
+
+    fn read_now(&self, key: BlockHash) -> Result<Vec<u8>, LoadError> {
         let path = self.dir.join(key_name(key));
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
