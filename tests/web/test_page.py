@@ -103,6 +103,7 @@ def test_chat_streams_and_cluster_shows_every_rank(server, browser, shot):
     # After a request the cells still show each rank's power (live, from the pings).
     time.sleep(2.5)
     power_cells(browser, fetch_cluster(server.base))
+    shot("power-after")
     # The conversation is kept in the browser: a reload shows it again.
     browser.refresh()
     WebDriverWait(browser, 30).until(lambda d: d.find_elements(*role("message-assistant")))
