@@ -3,6 +3,7 @@ chat with a streamed reply, the cluster's rank rows, the same behind
 --api-key, and the page's Markdown renderer and highlighter."""
 
 import json
+import time
 import urllib.request
 
 import pytest
@@ -57,6 +58,31 @@ def rank_rows(browser, n):
     return rows
 
 
+def power_cells(browser, cluster):
+    """Each rank row's power cell: live watts with prefill and decode where the
+    rank reads power, else "not readable" (this VM reads none); and the
+    cluster's power line."""
+    n = len(cluster["ranks"])
+    read = ("return [...document.querySelectorAll('[data-role=rank]')]"
+            ".map(r => r.querySelector('[data-role=rank-power]').innerText)")
+    cells = WebDriverWait(browser, 30).until(
+        lambda d: (lambda v: v if len(v) == n and all(v) else None)(d.execute_script(read)))
+    for cell, r in zip(cells, cluster["ranks"]):
+        p = r["power"]
+        if p["readable"]:
+            assert " W" in cell or "waiting for a reading" in cell, cell
+            assert "prefill" in cell and "decode" in cell, cell
+        else:
+            assert cell.strip() == "not readable", cell
+            assert p["reason"], p
+    line = browser.find_element(*role("cluster-power")).text
+    if any(h["readable"] for h in cluster["power"]["hosts"]):
+        assert "prefill" in line and "decode" in line, line
+    else:
+        assert line == "not readable on any host", line
+    return cells
+
+
 def fetch_cluster(base, key=None):
     req = urllib.request.Request(base + "/cluster")
     if key:
@@ -71,7 +97,13 @@ def test_chat_streams_and_cluster_shows_every_rank(server, browser, shot):
     world = fetch_cluster(server.base)["world_size"]
     rows = rank_rows(browser, world)
     assert [r[0] for r in rows] == [str(i) for i in range(world)]
+    power_cells(browser, fetch_cluster(server.base))
+    shot("power")
     chat_once(browser, shot)
+    # After a request the cells still show each rank's power (live, from the pings).
+    time.sleep(2.5)
+    power_cells(browser, fetch_cluster(server.base))
+    shot("power-after")
     # The conversation is kept in the browser: a reload shows it again.
     browser.refresh()
     WebDriverWait(browser, 30).until(lambda d: d.find_elements(*role("message-assistant")))

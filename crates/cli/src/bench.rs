@@ -153,29 +153,19 @@ fn workspace_bytes(cfg: &formats::ModelConfig, chunk: usize) -> u64 {
 /// Prefill progress on stderr with the rate so far, a line every `every` (and
 /// only once the prefill has run that long, so short prompts stay quiet).
 /// Also keeps when each prefill chunk and each token finished (the plot's
-/// tok/s over depth) and, in a single process, marks the power phases (a
-/// cluster's steps mark their own, `engine::dist`).
+/// tok/s over depth). The engine's steps mark their own power phases
+/// (`engine::power::enter`), in one process as in a cluster.
 struct BenchHooks {
     every: Duration,
     start: Instant,
     last: Option<Instant>,
     prefill_marks: Vec<(usize, Instant)>,
     token_times: Vec<Instant>,
-    phase: Option<engine::power::PhaseGuard>,
-    decode_tokens: usize,
 }
 
 impl BenchHooks {
     fn new(every: Duration) -> BenchHooks {
-        BenchHooks {
-            every,
-            start: Instant::now(),
-            last: None,
-            prefill_marks: Vec::new(),
-            token_times: Vec::new(),
-            phase: None,
-            decode_tokens: 0,
-        }
+        BenchHooks { every, start: Instant::now(), last: None, prefill_marks: Vec::new(), token_times: Vec::new() }
     }
 }
 
@@ -183,11 +173,6 @@ impl GenerateHooks for BenchHooks {
     fn on_text(&mut self, _text: &str) {}
 
     fn on_token(&mut self, _id: u32) -> bool {
-        if self.token_times.is_empty() && self.phase.is_some() {
-            // The first token ends the prefill; the rest are decode steps.
-            self.phase = None;
-            self.phase = Some(engine::power::enter(engine::power::Phase::Decode, self.decode_tokens));
-        }
         self.token_times.push(Instant::now());
         true
     }
@@ -260,13 +245,8 @@ fn trial_curves(
         want_prompt_logits: false,
     };
     let t0 = Instant::now();
-    let mut hooks = BenchHooks::new(progress);
-    if engine.cluster.is_none() {
-        hooks.phase = Some(engine::power::enter(engine::power::Phase::Prefill, prompt.len()));
-        hooks.decode_tokens = g.saturating_sub(1);
-    }
-    let (out, mut hooks) = engine::serving::solo::run_request(sched, engine, req, hooks)?;
-    hooks.phase = None;
+    let hooks = BenchHooks::new(progress);
+    let (out, hooks) = engine::serving::solo::run_request(sched, engine, req, hooks)?;
     let total_s = t0.elapsed().as_secs_f64();
     let curves = depth_curves(&hooks, t0, prompt.len());
     if out.output_ids.len() != g {

@@ -103,9 +103,21 @@ fn check_cluster(j: &Value, world: usize) {
         }
         assert!(num(&r["memory"], "weights_bytes") > 0.0 && num(&r["memory"], "kv_pool_bytes") > 0.0);
         let p = &r["power"];
-        assert!(p["readable"].is_boolean());
+        assert!(p["readable"].is_boolean() && p["host"].is_string(), "{p}");
         if p["readable"] == false {
             assert!(p["reason"].as_str().is_some_and(|s| !s.is_empty()), "{p}");
+        } else {
+            assert!(p["sources"].is_array() && p["host_wide"] == true && p["counted_for_host"].is_boolean(), "{p}");
+            for k in ["watts", "joules", "age_s", "prefill", "decode"] {
+                assert!(p.get(k).is_some(), "power.{k} in {p}");
+            }
+            for ph in ["prefill", "decode"] {
+                if !p[ph].is_null() {
+                    for k in ["mean_w", "peak_w", "joules", "seconds", "tokens", "joules_per_token"] {
+                        assert!(p[ph].get(k).is_some(), "power.{ph}.{k} in {p}");
+                    }
+                }
+            }
         }
         assert_eq!(r["degraded"], false);
         assert!(r["links"].is_array());
@@ -128,6 +140,33 @@ fn check_cluster(j: &Value, world: usize) {
     }
     for k in ["tokens_per_s", "generated_tokens_total", "prompt_tokens_total"] {
         num(&j["throughput"], k);
+    }
+    check_cluster_power(j, ranks);
+}
+
+/// The cluster's `power`: every host once, with its ranks; the total and the
+/// phases only where some host is readable.
+fn check_cluster_power(j: &Value, ranks: &[Value]) {
+    let p = &j["power"];
+    let hosts = p["hosts"].as_array().expect("power.hosts");
+    let mut seen = 0;
+    for h in hosts {
+        assert!(h["host"].is_string() && h["readable"].is_boolean() && h.get("watts").is_some(), "{h}");
+        let members = h["ranks"].as_array().unwrap();
+        seen += members.len();
+        for m in members {
+            assert_eq!(ranks[m.as_u64().unwrap() as usize]["power"]["host"], h["host"]);
+        }
+        if h["readable"] == false {
+            assert!(h["reason"].as_str().is_some_and(|s| !s.is_empty()), "{h}");
+            assert!(h["watts"].is_null() && h["read_by_rank"].is_null(), "no invented number: {h}");
+        }
+    }
+    assert_eq!(seen, ranks.len(), "each rank under one host");
+    let any = hosts.iter().any(|h| h["readable"] == true);
+    assert!(p.get("total_watts").is_some());
+    for ph in ["prefill", "decode"] {
+        assert_eq!(!p[ph].is_null(), any, "power.{ph}: {p}");
     }
 }
 

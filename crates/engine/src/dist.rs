@@ -443,6 +443,8 @@ impl StageRunner<'_> {
                     c.send_header(to, h)?;
                 }
                 c.world.send(0, &PING_ACK).map_err(comm_err)?;
+                // And this rank's latest power reading (`GET /cluster` shows it live).
+                crate::power::live::send_reading(&c.world)?;
             }
             OP_STEP => {
                 let mut tokens = vec![0u32; n];
@@ -584,7 +586,8 @@ impl StageRunner<'_> {
     }
 
     /// Rank 0: checks that every rank still answers (an idle server's probe,
-    /// so a rank lost between requests is noticed before the next one).
+    /// so a rank lost between requests is noticed before the next one), and
+    /// keeps each rank's power reading that comes with its answer.
     pub fn ping(&mut self) -> Result<(), EngineError> {
         let h = Header { op: OP_PING, ..Default::default() };
         for r in self.cluster.embed_stage_ranks() {
@@ -596,6 +599,7 @@ impl StageRunner<'_> {
             if b != PING_ACK {
                 return Err(comm_err(comm::CommError::InvalidArgument(format!("rank {r} answered a ping with {b:?}"))));
             }
+            crate::power::live::recv_reading(&self.cluster.world, r)?;
         }
         Ok(())
     }

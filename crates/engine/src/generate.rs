@@ -214,7 +214,13 @@ impl Engine {
                 logits,
             })
             .collect();
+        // The power meter attributes this step's energy to its phase.
+        let decode = items.iter().all(|it| it.tokens.len() == 1);
+        let phase = if decode { crate::power::Phase::Decode } else { crate::power::Phase::Prefill };
+        let n_tokens = items.iter().map(|it| it.tokens.len()).sum();
+        let guard = (n_tokens > 0).then(|| crate::power::enter(phase, n_tokens));
         self.model.forward_paged(&self.pool, &mut self.ws, kv, &mut steps, &NoComm)?;
+        drop(guard);
         drop(steps);
         crate::dist_batch::snapshot_states(kv, items.iter().map(|it| (it.state, it.snapshot)))?;
         self.in_flight.push_back(items.len());
@@ -232,6 +238,12 @@ impl Engine {
             r?;
         }
         Ok(&self.batch_logits[..n])
+    }
+
+    /// Batched steps sent and not yet collected: while there are any, the
+    /// cluster's ranks are busy with them and must not be pinged.
+    pub fn steps_in_flight(&self) -> usize {
+        self.in_flight.len()
     }
 
     /// Forgets the steps in flight (after the cluster was lost: the re-formed

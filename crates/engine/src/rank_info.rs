@@ -118,7 +118,7 @@ impl RankInfo {
     /// This process, holding `model` (the whole model when `cluster` is `None`).
     pub fn here(model: &model::Model, cluster: Option<&Cluster>) -> RankInfo {
         let shard = &model.shard;
-        let power = crate::power::PowerSources::discover(&crate::power::sysfs_root()).map(|s| s.names);
+        let power = crate::power::global().map(|m| m.sources.clone()).map_err(|e| e.to_string());
         RankInfo {
             rank: cluster.map_or(0, |c| c.rank()),
             host: hostname(),

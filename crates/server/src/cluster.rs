@@ -1,8 +1,8 @@
 //! `GET /cluster`: which rank holds what, its memory, links and power, and the
 //! KV pool, prefix cache, queue and throughput, as one JSON object (the schema
 //! is in docs/WEB.md). Static per-rank facts come from the ranks' startup
-//! reports (`engine::rank_info`); the live numbers from `Metrics` and this
-//! process's power meter.
+//! reports (`engine::rank_info`); the live numbers from `Metrics`, and power
+//! from every rank's latest reading (`crate::cluster_power`).
 
 use crate::state::SharedState;
 use axum::extract::State;
@@ -90,24 +90,11 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
         m.kv_window_blocks_used.load(Relaxed).max(0) as u64,
         m.kv_window_blocks_cached.load(Relaxed).max(0) as u64,
     );
-    let meter = engine::power::global();
-    let host0 = ranks.first().map(|r| r.host.clone()).unwrap_or_default();
+    let (rank_power, power) = crate::cluster_power::power_json(ranks, &crate::cluster_power::readings(ranks));
     let rank_rows: Vec<Value> = ranks
         .iter()
-        .map(|r| {
-            let power = match (&r.power, meter) {
-                (Err(reason), _) => json!({"readable": false, "reason": reason}),
-                (Ok(_), Err(reason)) if r.rank == 0 => json!({"readable": false, "reason": reason}),
-                (Ok(sources), Ok(mt)) if r.rank == 0 || r.host == host0 => json!({
-                    "readable": true, "watts": mt.watts(), "sources": sources,
-                    // RAPL and hwmon measure the machine: ranks on one host share it.
-                    "host_wide": true,
-                }),
-                (Ok(sources), _) => json!({
-                    "readable": false, "sources": sources,
-                    "reason": "readable on that host; live readings of other hosts are not collected yet (bench reports them)",
-                }),
-            };
+        .zip(rank_power)
+        .map(|(r, power)| {
             json!({
                 "rank": r.rank,
                 "host": r.host,
@@ -164,6 +151,7 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
             "waiting": m.queue_depth.load(Relaxed).max(0), "active": m.active.load(Relaxed).max(0),
             "batch_size": m.batch_size.load(Relaxed).max(0),
         },
+        "power": power,
         "throughput": {
             "tokens_per_s": tokens_per_s,
             "generated_tokens_total": m.generated_tokens.load(Relaxed),

@@ -13,6 +13,7 @@
 mod anthropic;
 pub mod chat;
 mod cluster;
+mod cluster_power;
 pub mod error;
 pub mod guide;
 mod guide_schema;

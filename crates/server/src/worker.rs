@@ -130,7 +130,8 @@ fn submission(job: Job, metrics: &Arc<Metrics>) -> Submission {
 pub type Reform<'a> = Box<dyn FnMut(&mut Engine, Option<&str>) -> Result<(), String> + 'a>;
 
 /// How often an idle worker checks that every rank still answers, so a rank
-/// lost between requests is replaced before the next one arrives.
+/// lost between requests is replaced before the next one arrives (and, busy,
+/// how often it asks between steps, for the ranks' power readings).
 const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Runs jobs through the batching scheduler until every `EngineHandle` is
@@ -171,6 +172,7 @@ pub fn run_worker(
     let distributed = engine.cluster.is_some();
     let mut open = true;
     let mut waiting = 0usize;
+    let mut last_ping = Instant::now();
     loop {
         // Block for work when idle (probing the cluster now and then); otherwise
         // take whatever has arrived.
@@ -181,6 +183,7 @@ pub fn run_worker(
                     sched.submit(submission(job, metrics));
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    last_ping = Instant::now();
                     if distributed {
                         if let Err(e) = engine.ping_cluster() {
                             if !recover(engine, &mut sched, &queue, metrics, &mut reform, &e) {
@@ -218,7 +221,19 @@ pub fn run_worker(
                     return;
                 }
             }
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => {
+                // Busy for a while: ping between steps too (only with no step
+                // in flight, when every rank waits for the next header), so
+                // the ranks' power readings stay live (`GET /cluster`).
+                if distributed && engine.steps_in_flight() == 0 && last_ping.elapsed() >= PING_EVERY {
+                    last_ping = Instant::now();
+                    if let Err(e) = engine.ping_cluster() {
+                        if !recover(engine, &mut sched, &queue, metrics, &mut reform, &e) {
+                            return;
+                        }
+                    }
+                }
+            }
         }
         let st = sched.stats();
         // Requests the scheduler holds but has not admitted still count as queued.

@@ -419,6 +419,47 @@
     tr.appendChild(td);
     return td;
   }
+  // "prefill 21.0 W · 0.052 J/token" (or why there is no figure yet).
+  function phaseText(name, ph) {
+    if (!ph || ph.mean_w == null) return name + " –";
+    return name + " " + ph.mean_w.toFixed(1) + " W" + (ph.joules_per_token == null ? "" : " · " + ph.joules_per_token.toFixed(3) + " J/token");
+  }
+  // The cluster's power: each host once, and per phase over the hosts.
+  function clusterPower(p) {
+    const read = p.hosts.filter((h) => h.readable);
+    if (!read.length) return "not readable on any host";
+    const total = p.total_watts == null ? "sampling…" : p.total_watts.toFixed(1) + " W";
+    const hosts = p.hosts.map((h) => h.host + " " + (h.readable ? (h.watts == null ? "…" : h.watts.toFixed(1) + " W") : "not readable")).join(", ");
+    return total + " (" + hosts + ") · " + phaseText("prefill", p.prefill) + " · " + phaseText("decode", p.decode);
+  }
+  // A rank's power: live watts, then prefill and decode; ranks sharing a
+  // host show the same machine, so only the one counted for it is bold.
+  function powerCell(tr, p, ranks) {
+    const td = document.createElement("td");
+    td.dataset.role = "rank-power";
+    if (!p.readable) {
+      td.textContent = "not readable";
+      td.title = p.reason;
+      tr.appendChild(td);
+      return;
+    }
+    td.title = p.sources.join(", ");
+    const w = document.createElement("div");
+    w.textContent = p.watts == null ? "waiting for a reading" : p.watts.toFixed(1) + " W";
+    if (p.age_s != null && p.age_s > 3) w.textContent += " (" + p.age_s.toFixed(0) + " s ago)";
+    if (!p.counted_for_host) {
+      const other = ranks.find((o) => o.power.readable && o.power.counted_for_host && o.power.host === p.host);
+      if (other) w.textContent += " (host " + p.host + ", as rank " + other.rank + ")";
+    } else {
+      w.style.fontWeight = "600";
+    }
+    const ph = document.createElement("div");
+    ph.className = "muted";
+    ph.dataset.role = "rank-power-phases";
+    ph.textContent = phaseText("prefill", p.prefill) + "; " + phaseText("decode", p.decode);
+    td.append(w, ph);
+    tr.appendChild(td);
+  }
   function renderCluster(j) {
     $("cluster-status").textContent = j.status + " · " + j.strategy + " · " + j.world_size + (j.world_size === 1 ? " rank" : " ranks");
     const kv = j.kv_pool;
@@ -449,6 +490,10 @@
     row("Prefix cache", pc.enabled ? (pc.hit_rate == null ? "no lookups yet" : (100 * pc.hit_rate).toFixed(0) + "% hits of " + pc.queries + " · " + pc.cached_tokens + " tokens reused") : "off");
     row("Queue", j.queue.waiting + " waiting · " + j.queue.active + " active · batch " + j.queue.batch_size);
     row("Throughput", j.throughput.tokens_per_s.toFixed(1) + " tok/s · " + j.throughput.generated_tokens_total + " generated");
+    if (j.power) {
+      row("Power", clusterPower(j.power));
+      s.lastChild.dataset.role = "cluster-power";
+    }
     const tb = $("rank-rows");
     tb.textContent = "";
     for (const r of j.ranks) {
@@ -462,8 +507,7 @@
       cell(tr, r.layers[0] + "–" + r.layers[1] + " (" + (r.layers[1] - r.layers[0]) + ")").dataset.role = "rank-layers";
       const m = r.memory;
       cell(tr, "weights " + bytes(m.weights_bytes) + " · KV " + bytes(m.kv_used_bytes) + " / " + bytes(m.kv_pool_bytes) + " · RSS " + bytes(m.rss_bytes) + " of " + bytes(m.total_bytes)).dataset.role = "rank-memory";
-      const p = r.power;
-      cell(tr, p.readable ? (p.watts == null ? "sampling…" : p.watts.toFixed(1) + " W" + (p.host_wide ? " (host)" : "")) : "not readable", p.readable ? p.sources.join(", ") : p.reason).dataset.role = "rank-power";
+      powerCell(tr, r.power, j.ranks);
       tb.appendChild(tr);
     }
     const unreadable = j.ranks.filter((r) => !r.power.readable);
