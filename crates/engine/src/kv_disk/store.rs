@@ -243,8 +243,8 @@ impl DiskStore {
             return keys.iter().map(|&k| self.read_now(k)).collect();
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let slots: Vec<std::sync::Mutex<Option<Result<Vec<u8>, LoadError>>>> =
-            keys.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        type Slot = std::sync::Mutex<Option<Result<Vec<u8>, LoadError>>>;
+        let slots: Vec<Slot> = keys.iter().map(|_| std::sync::Mutex::new(None)).collect();
         std::thread::scope(|s| {
             for _ in 0..READERS.min(keys.len()) {
                 s.spawn(|| loop {
