@@ -105,10 +105,10 @@ impl Engine {
             .collect()
     }
 
-    /// Loads `loads` (pool block, key) on every rank; returns, for each,
-    /// whether every rank loaded it.
-    pub fn disk_load(&mut self, loads: &[(u32, kv_disk::BlockHash)]) -> Result<Vec<bool>, EngineError> {
-        let mut ops: Vec<DiskOp> = loads.iter().map(|&(block, key)| DiskOp::Load { block, key }).collect();
+    /// Runs `loads` (`Load` and `LoadState` ops) on every rank; returns, for
+    /// each, whether every rank loaded it.
+    pub fn disk_load(&mut self, loads: &[DiskOp]) -> Result<Vec<bool>, EngineError> {
+        let mut ops = loads.to_vec();
         ops.push(DiskOp::Report);
         let replies = self.disk_ops(&ops)?;
         let mut good = vec![true; loads.len()];

@@ -166,3 +166,41 @@ fn ram_eviction_falls_back_to_disk_and_the_bound_holds_in_lru_order() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&small);
 }
+
+/// Hybrid models (linear attention): the state snapshots go to disk beside
+/// the blocks, and a restarted scheduler resumes from the deepest boundary
+/// both reach, equal to the cold run bit for bit.
+#[test]
+fn hybrid_state_snapshots_survive_a_restart() {
+    for name in ["qwen3_next", "qwen3_5"] {
+        let dir_name = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+        let mut e = common::serving::fixture_engine(name, 64);
+        e.disk.model_path = Some(dir_name);
+        let mut cold = common::serving::fixture_engine(name, 64);
+        let dir = tmp(&format!("hybrid-{name}"));
+        let tokens = |n: u32, seed: u32| -> Vec<u32> {
+            (0..n).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed * 40_503) >> 7) % 1000 + 3).collect()
+        };
+        let turn1 = tokens(300, 1);
+        let cfg = SchedulerConfig { step_tokens: 100, ..config(48) };
+        let mut s = Scheduler::new(&mut e, cfg.clone()).unwrap();
+        s.enable_disk(&mut e, KvDiskConfig { dir: dir.clone(), max_bytes: 1 << 30 }).unwrap();
+        let (first, _) = run(&mut s, &mut e, &turn1, 6);
+        drop(s);
+        // The restart: a fresh pool and fresh state slots.
+        let mut turn2 = turn1.clone();
+        turn2.extend(&first.tokens);
+        turn2.extend(tokens(40, 2));
+        let mut s = Scheduler::new(&mut e, cfg).unwrap();
+        s.enable_disk(&mut e, KvDiskConfig { dir: dir.clone(), max_bytes: 1 << 30 }).unwrap();
+        let (warm, cached) = run(&mut s, &mut e, &turn2, 6);
+        let reference = Arc::new(Mutex::new(Seen::default()));
+        cold.generate_hooked(&request(turn2.clone(), 6), &mut Recorder(reference.clone()), &model::NoComm).unwrap();
+        let reference = std::mem::take(&mut *reference.lock().unwrap());
+        assert_eq!(warm.logits, reference.logits, "{name}: a resumed hybrid prompt must equal the cold run");
+        // Turn 1 took its snapshot at its last boundary of 64 positions.
+        assert_eq!(cached, (turn1.len() - 1) / 64 * 64, "{name}: cached tokens");
+        assert!(s.stats().disk.unwrap().hit_tokens as usize == cached);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

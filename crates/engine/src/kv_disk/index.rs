@@ -11,20 +11,24 @@ use std::collections::{BTreeSet, HashMap};
 
 #[derive(Debug, Default)]
 pub struct DiskIndex {
+    /// Bound on the summed weights (a KV block weighs 1, a state snapshot
+    /// as many blocks as its file is larger).
     cap: usize,
-    by_key: HashMap<BlockHash, u64>,
+    total: usize,
+    by_key: HashMap<BlockHash, (u64, usize)>,
     lru: BTreeSet<(u64, BlockHash)>,
     tick: u64,
 }
 
 impl DiskIndex {
-    /// An index of at most `cap` blocks holding `keys`, oldest first (only
-    /// the newest `cap` are kept; the rest are returned, to be deleted).
-    pub fn new(cap: usize, keys: impl IntoIterator<Item = BlockHash>) -> (DiskIndex, Vec<BlockHash>) {
+    /// An index of at most `cap` weight holding `keys` (key, weight), oldest
+    /// first (only the newest that fit are kept; the rest are returned, to be
+    /// deleted).
+    pub fn new(cap: usize, keys: impl IntoIterator<Item = (BlockHash, usize)>) -> (DiskIndex, Vec<BlockHash>) {
         let mut ix = DiskIndex { cap, ..Default::default() };
         let mut dropped = Vec::new();
-        for k in keys {
-            dropped.extend(ix.insert(k));
+        for (k, w) in keys {
+            dropped.extend(ix.insert(k, w));
         }
         (ix, dropped)
     }
@@ -51,7 +55,7 @@ impl DiskIndex {
 
     /// Marks `key` used now.
     pub fn touch(&mut self, key: BlockHash) {
-        if let Some(t) = self.by_key.get_mut(&key) {
+        if let Some((t, _)) = self.by_key.get_mut(&key) {
             self.lru.remove(&(*t, key));
             self.tick += 1;
             *t = self.tick;
@@ -59,29 +63,33 @@ impl DiskIndex {
         }
     }
 
-    /// Adds `key` as the most recent (or touches it), and returns the keys
-    /// evicted to stay within the bound, oldest first. With a bound of 0
-    /// nothing is kept: `key` itself comes back.
-    pub fn insert(&mut self, key: BlockHash) -> Vec<BlockHash> {
+    /// Adds `key` of `weight` as the most recent (or touches it), and returns
+    /// the keys evicted to stay within the bound, oldest first. What cannot
+    /// fit at all comes back itself.
+    pub fn insert(&mut self, key: BlockHash, weight: usize) -> Vec<BlockHash> {
         if self.contains(key) {
             self.touch(key);
             return Vec::new();
         }
         self.tick += 1;
-        self.by_key.insert(key, self.tick);
+        self.by_key.insert(key, (self.tick, weight));
         self.lru.insert((self.tick, key));
+        self.total += weight;
         let mut out = Vec::new();
-        while self.by_key.len() > self.cap {
+        while self.total > self.cap {
             let Some((_, victim)) = self.lru.pop_first() else { break };
-            self.by_key.remove(&victim);
+            if let Some((_, w)) = self.by_key.remove(&victim) {
+                self.total -= w;
+            }
             out.push(victim);
         }
         out
     }
 
     pub fn remove(&mut self, key: BlockHash) {
-        if let Some(t) = self.by_key.remove(&key) {
+        if let Some((t, w)) = self.by_key.remove(&key) {
             self.lru.remove(&(t, key));
+            self.total -= w;
         }
     }
 }
@@ -92,17 +100,19 @@ mod tests {
 
     #[test]
     fn evicts_least_recently_used_within_the_bound() {
-        let (mut ix, dropped) = DiskIndex::new(3, [1, 2, 3, 4]);
+        let (mut ix, dropped) = DiskIndex::new(3, [(1, 1), (2, 1), (3, 1), (4, 1)]);
         assert_eq!(dropped, vec![1]);
         ix.touch(2);
-        assert_eq!(ix.insert(5), vec![3]);
-        assert_eq!(ix.insert(6), vec![4]);
+        assert_eq!(ix.insert(5, 1), vec![3]);
+        assert_eq!(ix.insert(6, 1), vec![4]);
         assert_eq!(ix.keys().collect::<Vec<_>>(), vec![2, 5, 6]);
-        assert!(ix.insert(5).is_empty());
-        ix.remove(2);
-        assert_eq!(ix.len(), 2);
+        assert!(ix.insert(5, 1).is_empty());
+        // A heavier entry (a state snapshot) pushes out as many as it weighs.
+        assert_eq!(ix.insert(7, 2), vec![2, 5]);
+        ix.remove(7);
+        assert_eq!(ix.len(), 1);
         let (mut none, _) = DiskIndex::new(0, []);
-        assert_eq!(none.insert(9), vec![9]);
+        assert_eq!(none.insert(9, 1), vec![9]);
         assert!(none.is_empty());
     }
 }

@@ -37,7 +37,7 @@ pub mod index;
 pub mod store;
 
 pub use crate::serving::blocks::BlockHash;
-pub use store::DiskStore;
+pub use store::{DiskStore, Kind};
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -104,6 +104,17 @@ pub enum DiskOp {
         block: u32,
         key: BlockHash,
     },
+    /// Write recurrent-state slot `slot` as `key` (a hybrid model's snapshot).
+    SaveState {
+        slot: u32,
+        key: BlockHash,
+    },
+    /// Read `key` into state slot `slot`, which then stands at position `pos`.
+    LoadState {
+        slot: u32,
+        key: BlockHash,
+        pos: u32,
+    },
     /// Reply with whether each load since the last report succeeded.
     Report,
     /// Delete every file except these keys.
@@ -148,6 +159,14 @@ pub fn encode(ops: &[DiskOp]) -> Vec<u32> {
                 d.extend([6, keys.len() as u32]);
                 keys.iter().for_each(|&k| push_key(&mut d, k));
             }
+            DiskOp::SaveState { slot, key } => {
+                d.extend([7, *slot]);
+                push_key(&mut d, *key);
+            }
+            DiskOp::LoadState { slot, key, pos } => {
+                d.extend([8, *slot, *pos]);
+                push_key(&mut d, *key);
+            }
         }
     }
     d
@@ -174,6 +193,8 @@ pub fn decode(d: &[u32]) -> Option<Vec<DiskOp>> {
                 let keys = rest.get(2..2 + 4 * n)?.chunks(4).map(key_at).collect();
                 (DiskOp::Prune(keys), 2 + 4 * n)
             }
+            7 => (DiskOp::SaveState { slot: *rest.get(1)?, key: key_at(rest.get(2..6)?) }, 6),
+            8 => (DiskOp::LoadState { slot: *rest.get(1)?, pos: *rest.get(2)?, key: key_at(rest.get(3..7)?) }, 7),
             _ => return None,
         };
         ops.push(op);
@@ -182,25 +203,41 @@ pub fn decode(d: &[u32]) -> Option<Vec<DiskOp>> {
     Some(ops)
 }
 
-/// What a rank answers to [`DiskOp::Init`]: its block file size and the keys
-/// its directory holds, oldest first.
+/// What a rank answers to [`DiskOp::Init`]: its block and state file sizes
+/// and the keys its directory holds, oldest first, each with its kind.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InitReply {
     pub file_bytes: u64,
-    pub keys: Vec<BlockHash>,
+    pub state_file_bytes: u64,
+    pub keys: Vec<(BlockHash, Kind)>,
 }
 
 impl InitReply {
     pub fn to_words(&self) -> Vec<u32> {
-        let mut d = vec![self.file_bytes as u32, (self.file_bytes >> 32) as u32, self.keys.len() as u32];
-        self.keys.iter().for_each(|&k| push_key(&mut d, k));
+        let (f, s) = (self.file_bytes, self.state_file_bytes);
+        let mut d = vec![f as u32, (f >> 32) as u32, s as u32, (s >> 32) as u32, self.keys.len() as u32];
+        for &(k, kind) in &self.keys {
+            push_key(&mut d, k);
+            d.push(u32::from(kind == Kind::State));
+        }
         d
     }
     pub fn from_words(d: &[u32]) -> Option<InitReply> {
-        let n = *d.get(2)? as usize;
-        let keys = d.get(3..3 + 4 * n)?.chunks(4).map(key_at).collect();
-        Some(InitReply { file_bytes: d[0] as u64 | (d[1] as u64) << 32, keys })
+        let n = *d.get(4)? as usize;
+        let kind = |w: u32| if w == 1 { Kind::State } else { Kind::Block };
+        let keys = d.get(5..5 + 5 * n)?.chunks(5).map(|c| (key_at(c), kind(c[4]))).collect();
+        let u64_at = |i: usize| d[i] as u64 | (d[i + 1] as u64) << 32;
+        Some(InitReply { file_bytes: u64_at(0), state_file_bytes: u64_at(2), keys })
     }
+}
+
+/// The disk key of the state snapshot after the prefix whose last block is
+/// `block_key` (distinct from every block key).
+pub fn state_key(block_key: BlockHash) -> BlockHash {
+    let mut h = blake3::Hasher::new();
+    h.update(b"shardlm state snapshot");
+    h.update(&block_key.to_le_bytes());
+    u128::from_le_bytes(h.finalize().as_bytes()[..16].try_into().expect("16 bytes"))
 }
 
 /// BLAKE3 of every byte of the model at `path` (a file, or a directory's
@@ -276,8 +313,14 @@ pub fn apply(
     let mut reply = None;
     let mut loads: Vec<u32> = Vec::new();
     // Every load of the list is read at once, in parallel, before the list runs.
-    let wanted: Vec<BlockHash> =
-        ops.iter().filter_map(|o| if let DiskOp::Load { key, .. } = o { Some(*key) } else { None }).collect();
+    let wanted: Vec<(BlockHash, Kind)> = ops
+        .iter()
+        .filter_map(|o| match o {
+            DiskOp::Load { key, .. } => Some((*key, Kind::Block)),
+            DiskOp::LoadState { key, .. } => Some((*key, Kind::State)),
+            _ => None,
+        })
+        .collect();
     let mut read = match (&slot.store, wanted.is_empty()) {
         (Some(store), false) => store.read_many(&wanted).into_iter(),
         _ => Vec::new().into_iter(),
@@ -289,17 +332,38 @@ pub fn apply(
                 let fp = model_fingerprint(&path, dir).map_err(|e| format!("{}: {e}", dir.display()))?;
                 let ns = namespace(fp, model, pool);
                 slot.store = None; // finishes the old writer first
-                let store =
-                    DiskStore::open(dir, ns, pool.block_bytes()).map_err(|e| format!("{}: {e}", dir.display()))?;
-                let keys = store.scan().into_iter().map(|(k, _)| k).collect();
-                reply = Some(InitReply { file_bytes: store.file_bytes(), keys }.to_words());
+                let state_bytes = pool.states.as_ref().map_or(0, |s| s.slot_bytes());
+                let store = DiskStore::open(dir, ns, pool.block_bytes(), state_bytes)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
+                let keys = store.scan().into_iter().map(|(k, kind, _)| (k, kind)).collect();
+                let (file_bytes, state_file_bytes) = (store.file_bytes(Kind::Block), store.file_bytes(Kind::State));
+                reply = Some(InitReply { file_bytes, state_file_bytes, keys }.to_words());
                 slot.store = Some(store);
             }
             DiskOp::Save { block, key } => {
                 let store = slot.store.as_ref().ok_or("disk op before Init")?;
                 let mut buf = Vec::with_capacity(store.payload);
                 pool.copy_block_out(*block as usize, &mut buf);
-                store.write(*key, buf);
+                store.write(*key, Kind::Block, buf);
+            }
+            DiskOp::SaveState { slot: s, key } => {
+                let store = slot.store.as_ref().ok_or("disk op before Init")?;
+                let states = pool.states.as_ref().ok_or("a state snapshot on a model without states")?;
+                let values = states.save(*s as usize);
+                store.write(*key, Kind::State, bytemuck::cast_slice(&values).to_vec());
+            }
+            DiskOp::LoadState { slot: s, pos, .. } => {
+                slot.store.as_ref().ok_or("disk op before Init")?;
+                let data = read.next().unwrap_or(Err(store::LoadError::Missing));
+                let ok = match (data, pool.states.as_mut()) {
+                    (Ok(bytes), Some(states)) if bytes.len() % 4 == 0 => {
+                        let values: Vec<f32> =
+                            bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                        states.load(*s as usize, &values, *pos as usize).is_ok()
+                    }
+                    _ => false,
+                };
+                loads.push(u32::from(ok));
             }
             DiskOp::Delete(key) => slot.store.as_ref().ok_or("disk op before Init")?.delete(*key),
             DiskOp::Load { block, .. } => {
@@ -336,11 +400,13 @@ mod tests {
             DiskOp::Load { block: 9, key: k },
             DiskOp::Report,
             DiskOp::Prune(vec![k, 5]),
+            DiskOp::SaveState { slot: 2, key: k },
+            DiskOp::LoadState { slot: 3, key: k ^ 7, pos: 128 },
         ];
         assert_eq!(decode(&encode(&ops)).unwrap(), ops);
         assert!(decode(&[7]).is_none());
         assert!(decode(&encode(&ops)[..3]).is_none());
-        let r = InitReply { file_bytes: 5 << 33, keys: vec![k, 1] };
+        let r = InitReply { file_bytes: 5 << 33, state_file_bytes: 7, keys: vec![(k, Kind::Block), (1, Kind::State)] };
         assert_eq!(InitReply::from_words(&r.to_words()).unwrap(), r);
     }
 }

@@ -10,7 +10,7 @@
 
 use super::blocks::{BlockHash, BlockManager};
 use crate::generate::Engine;
-use crate::kv_disk::{index::DiskIndex, DiskOp, KvDiskConfig};
+use crate::kv_disk::{self, index::DiskIndex, DiskOp, Kind, KvDiskConfig};
 use crate::EngineError;
 
 /// Counters for `/metrics`.
@@ -33,10 +33,21 @@ pub(super) struct DiskTier {
     pub cfg: KvDiskConfig,
     index: DiskIndex,
     pending: Vec<DiskOp>,
+    /// State snapshots committed since the last sync: (slot, prefix hash).
+    snapshots: Vec<(u32, BlockHash)>,
+    /// Index weight of a state snapshot (its file over a block's, rounded up).
+    state_weight: usize,
     /// Admission found blocks on disk while steps were in flight: send no
     /// more steps until they are back, then admit again.
     pub drain: bool,
     pub stats: DiskTierStats,
+}
+
+/// What a load brought back: per block whether every rank loaded it, and
+/// whether the state snapshot (if one was asked for) loaded everywhere.
+pub(super) struct Loaded {
+    pub blocks: Vec<bool>,
+    pub state: bool,
 }
 
 impl DiskTier {
@@ -46,14 +57,17 @@ impl DiskTier {
     pub fn open(engine: &mut Engine, cfg: KvDiskConfig, blocks: &mut BlockManager) -> Result<DiskTier, EngineError> {
         let replies = engine.disk_open(&cfg.dir)?;
         let file = replies.iter().map(|r| r.file_bytes).max().unwrap_or(1).max(1);
+        let state_file = replies.iter().map(|r| r.state_file_bytes).max().unwrap_or(0);
+        let state_weight = state_file.div_ceil(file).max(1) as usize;
         let cap = (cfg.max_bytes / file) as usize;
-        let others: Vec<std::collections::HashSet<BlockHash>> =
+        let others: Vec<std::collections::HashSet<(BlockHash, Kind)>> =
             replies[1..].iter().map(|r| r.keys.iter().copied().collect()).collect();
         let common = replies[0].keys.iter().copied().filter(|k| others.iter().all(|o| o.contains(k)));
-        let (index, _dropped) = DiskIndex::new(cap, common);
+        let weighted = common.map(|(k, kind)| (k, if kind == Kind::State { state_weight } else { 1 }));
+        let (index, _dropped) = DiskIndex::new(cap, weighted);
         engine.disk_ops(&[DiskOp::Prune(index.keys().collect())])?;
         tracing::info!(
-            "kv disk: {} blocks kept in {} (bound {} blocks of {} bytes)",
+            "kv disk: {} files kept in {} (bound {} blocks of {} bytes)",
             index.len(),
             cfg.dir.display(),
             cap,
@@ -61,32 +75,50 @@ impl DiskTier {
         );
         blocks.just_cached = Some(Vec::new());
         let stats = DiskTierStats { blocks: index.len(), capacity: cap, ..Default::default() };
-        Ok(DiskTier { cfg, index, pending: Vec::new(), drain: false, stats })
+        Ok(DiskTier { cfg, index, pending: Vec::new(), snapshots: Vec::new(), state_weight, drain: false, stats })
     }
 
-    /// Queues a write of every block that became cached and is not on disk
-    /// yet (evicting the least recently used beyond the bound), and sends
-    /// what is queued.
+    /// A hybrid model's state snapshot after the prefix named `hash` was
+    /// committed in `slot`: written at the next [`DiskTier::sync`].
+    pub fn note_snapshot(&mut self, slot: u32, hash: BlockHash) {
+        self.snapshots.push((slot, hash));
+    }
+
+    /// Queues a write of every block that became cached and every state
+    /// snapshot taken that is not on disk yet (evicting the least recently
+    /// used beyond the bound), and sends what is queued.
     pub fn sync(&mut self, engine: &mut Engine, blocks: &mut BlockManager) -> Result<(), EngineError> {
         // Blocks come in release order, a sequence's last block first, which
         // is the index's LRU order (a prefix's first blocks serve the most
         // continuations, so they go last). The writes go the other way, first
         // blocks first: a prefix is useful from its start.
-        let mut saves: Vec<(u32, BlockHash)> = Vec::new();
+        let mut saves: Vec<DiskOp> = Vec::new();
         let mut deletes: Vec<BlockHash> = Vec::new();
         for (block, key) in blocks.just_cached.as_mut().map(std::mem::take).unwrap_or_default() {
             if self.index.contains(key) {
                 self.index.touch(key);
                 continue;
             }
-            saves.push((block, key));
-            deletes.extend(self.index.insert(key));
+            saves.push(DiskOp::Save { block, key });
+            deletes.extend(self.index.insert(key, 1));
+        }
+        saves.reverse();
+        for (slot, hash) in std::mem::take(&mut self.snapshots) {
+            let key = kv_disk::state_key(hash);
+            if !self.index.contains(key) {
+                saves.push(DiskOp::SaveState { slot, key });
+                deletes.extend(self.index.insert(key, self.state_weight));
+            }
         }
         // A key evicted in this same pass is not written at all.
-        saves.retain(|(_, k)| !deletes.contains(k));
-        deletes.retain(|k| !saves.iter().any(|s| s.1 == *k));
+        let saved_key = |op: &DiskOp| match op {
+            DiskOp::Save { key, .. } | DiskOp::SaveState { key, .. } => *key,
+            _ => 0,
+        };
+        saves.retain(|op| !deletes.contains(&saved_key(op)));
+        deletes.retain(|k| !saves.iter().any(|op| saved_key(op) == *k));
         self.stats.blocks_written += saves.len() as u64;
-        self.pending.extend(saves.into_iter().rev().map(|(block, key)| DiskOp::Save { block, key }));
+        self.pending.extend(saves);
         self.pending.extend(deletes.into_iter().map(DiskOp::Delete));
         self.stats.blocks = self.index.len();
         if self.pending.is_empty() {
@@ -101,41 +133,58 @@ impl DiskTier {
         hashes.iter().take_while(|&&h| self.index.contains(h)).count()
     }
 
-    /// Loads `loads` (pool block, key) on every rank; the blocks every rank
-    /// loaded, from the first, are registered in `blocks` under their keys.
-    /// Returns how many. Every block some rank could not load is dropped
-    /// from the index and deleted everywhere (so one pass finds all the
-    /// damage; the blocks after the first failure are recomputed anyway).
+    /// Whether the state snapshot after the prefix named `hash` is on disk.
+    pub fn has_state(&self, hash: BlockHash) -> bool {
+        self.index.contains(kv_disk::state_key(hash))
+    }
+
+    /// Loads `loads` (pool block, block key) and, when given, the state
+    /// snapshot (slot, prefix hash, position) on every rank. Every file some
+    /// rank could not load is dropped from the index and deleted everywhere
+    /// (so one pass finds all the damage). The caller registers what it uses.
     pub fn load(
         &mut self,
         engine: &mut Engine,
         blocks: &mut BlockManager,
         loads: &[(u32, BlockHash)],
-    ) -> Result<usize, EngineError> {
+        state: Option<(u32, BlockHash, usize)>,
+    ) -> Result<Loaded, EngineError> {
         self.sync(engine, blocks)?;
+        let mut ops: Vec<DiskOp> = loads.iter().map(|&(block, key)| DiskOp::Load { block, key }).collect();
+        let state_key = state.map(|(slot, h, pos)| {
+            let key = kv_disk::state_key(h);
+            ops.push(DiskOp::LoadState { slot, key, pos: pos as u32 });
+            key
+        });
         let started = std::time::Instant::now();
-        let good = engine.disk_load(loads)?;
+        let mut good = engine.disk_load(&ops)?;
         self.stats.load_us += started.elapsed().as_micros() as u64;
-        let ok = good.iter().take_while(|&&g| g).count();
-        for &(b, key) in &loads[..ok] {
-            blocks.register(b, key);
+        let state_ok = state_key.is_some() && good.pop() == Some(true);
+        let keys = loads.iter().map(|&(_, k)| k).chain(state_key.filter(|_| !state_ok));
+        for (key, ok) in keys.zip(good.iter().copied().chain([false])) {
+            if ok {
+                self.index.touch(key);
+                self.stats.blocks_loaded += 1;
+            } else {
+                self.stats.load_failures += 1;
+                self.index.remove(key);
+                self.pending.push(DiskOp::Delete(key));
+                tracing::warn!("kv disk: file {key:032x} could not be loaded on every rank; it is recomputed");
+            }
+        }
+        if let Some(key) = state_key.filter(|_| state_ok) {
             self.index.touch(key);
         }
-        self.stats.blocks_loaded += ok as u64;
-        for (&(_, bad), _) in loads.iter().zip(&good).filter(|(_, &g)| !g) {
-            self.stats.load_failures += 1;
-            self.index.remove(bad);
-            self.pending.push(DiskOp::Delete(bad));
-            tracing::warn!("kv disk: block {bad:032x} could not be loaded on every rank; it is recomputed");
-        }
         self.stats.blocks = self.index.len();
-        Ok(ok)
+        Ok(Loaded { blocks: good, state: state_ok })
     }
 
-    /// After the cluster was lost: the queued writes name blocks of a pool
-    /// that is gone. The index is rebuilt when the tier is opened again.
+    /// After the cluster was lost: the queued writes name blocks and slots
+    /// of a pool that is gone. The index is rebuilt when the tier is opened
+    /// again.
     pub fn forget_pending(&mut self) {
         self.pending.clear();
+        self.snapshots.clear();
         self.drain = false;
     }
 }

@@ -244,9 +244,6 @@ impl Scheduler {
         if !self.cfg.prefix_cache {
             return refuse("needs the prefix cache (--prefix-cache on)");
         }
-        if self.states.is_some() {
-            return refuse("this model's linear-attention states are not kept on disk yet");
-        }
         if self.windows.is_some() {
             return refuse("sliding-window block groups are not kept on disk (give windowed layers full blocks)");
         }
@@ -368,24 +365,31 @@ impl Scheduler {
             // A request for every prompt position's logits computes them all.
             let reusable = if s.req.want_prompt_logits { 0 } else { (s.history.len() - 1) / b };
             let mut got = self.blocks.acquire_prefix(&hashes, reusable);
-            // Hybrid: only as deep as the deepest state snapshot; windowed:
-            // as deep as the window blocks before it are cached.
-            let mut j = got.len();
+            // The disk tier may hold the prefix's next blocks (and a hybrid
+            // model's state snapshots) that RAM lost.
+            let disk = self.disk.as_ref();
+            let disk_run = disk.map_or(0, |d| d.on_disk(&hashes[got.len()..reusable.max(got.len())]));
+            // Hybrid: only as deep as the deepest state snapshot (in RAM or
+            // on disk); windowed: as deep as the window blocks before it are
+            // cached.
+            let mut j = got.len() + disk_run;
             while j > 0 {
-                let state_ok = self
-                    .states
-                    .as_ref()
-                    .is_none_or(|st| (j * b).is_multiple_of(st.granularity) && st.has(hashes[j - 1]));
+                let state_ok = self.states.as_ref().is_none_or(|st| {
+                    (j * b).is_multiple_of(st.granularity)
+                        && (st.has(hashes[j - 1]) || disk.is_some_and(|d| d.has_state(hashes[j - 1])))
+                });
                 if state_ok && self.windows.as_ref().is_none_or(|w| w.can_resume(&hashes, j)) {
                     break;
                 }
                 j -= 1;
             }
-            self.blocks.release(&got[j..]);
-            got.truncate(j);
-            // The disk tier: the next blocks of the prefix, if RAM lost them.
-            let on_disk = self.disk.as_ref().map_or(0, |d| d.on_disk(&hashes[j..reusable.max(j)]));
-            if on_disk > 0 && !self.in_flight.is_empty() {
+            let in_ram = got.len().min(j);
+            self.blocks.release(&got[in_ram..]);
+            got.truncate(in_ram);
+            let on_disk = j - in_ram;
+            let state_from_disk = j > 0 && self.states.as_ref().is_some_and(|st| !st.has(hashes[j - 1]));
+            // A load needs every rank's answer: with steps in flight, drain first.
+            if (on_disk > 0 || state_from_disk) && !self.in_flight.is_empty() {
                 self.blocks.release(&got);
                 self.waiting.push_front(s);
                 if let Some(d) = self.disk.as_mut() {
@@ -393,10 +397,6 @@ impl Scheduler {
                 }
                 break;
             }
-            let restore = match self.states.as_mut() {
-                Some(st) if j > 0 => st.lookup(hashes[j - 1]),
-                _ => None,
-            };
             let needed = s.history.len().div_ceil(b) - got.len();
             // Keep one block in hand for the running sequences' decode.
             let headroom = usize::from(!self.running.is_empty());
@@ -411,7 +411,6 @@ impl Scheduler {
                 self.waiting.push_front(s);
                 break;
             }
-            let in_ram = got.len();
             if let Some(w) = self.windows.as_mut() {
                 w.acquire(&mut s.window, &hashes, got.len());
             }
@@ -419,25 +418,35 @@ impl Scheduler {
             for _ in 0..needed {
                 s.blocks.push(self.blocks.allocate().expect("counted available blocks"));
             }
-            // Load what the disk holds into the first fresh blocks.
-            let mut from_disk = 0;
-            if let (Some(d), true) = (self.disk.as_mut(), on_disk > 0) {
-                let loads: Vec<(u32, BlockHash)> =
-                    (in_ram..in_ram + on_disk).map(|k| (s.blocks[k], hashes[k])).collect();
-                from_disk = match d.load(engine, &mut self.blocks, &loads) {
-                    Ok(n) => n,
+            // Load what the disk holds into the first fresh blocks (and the
+            // state snapshot into a snapshot slot); the prefix then reaches
+            // as deep as every rank loaded and a state snapshot exists.
+            let mut reused = in_ram;
+            if on_disk > 0 || state_from_disk {
+                match self.load_from_disk(engine, &mut s, &hashes, in_ram, j, state_from_disk) {
+                    Ok(Some(r)) => reused = r,
+                    Ok(None) => {
+                        // The fallback needs blocks the pool does not have now.
+                        release_seq(self.groups(), &mut s);
+                        self.waiting.push_front(s);
+                        break;
+                    }
                     Err(e) => {
-                        self.blocks.release(&s.blocks);
-                        s.blocks.clear();
+                        release_seq(self.groups(), &mut s);
                         self.waiting.push_front(s);
                         return Err(e);
                     }
-                };
+                }
                 if s.cached_tokens.is_none() {
-                    d.stats.hit_tokens += (from_disk * b) as u64;
+                    if let Some(d) = self.disk.as_mut() {
+                        d.stats.hit_tokens += (reused.saturating_sub(in_ram) * b) as u64;
+                    }
                 }
             }
-            let reused = in_ram + from_disk;
+            let restore = match self.states.as_mut() {
+                Some(st) if reused > 0 => st.lookup(hashes[reused - 1]),
+                _ => None,
+            };
             if s.cached_tokens.is_none() {
                 self.stats.prefix_queries += 1;
                 self.stats.prefix_hits += u64::from(reused > 0);
@@ -459,6 +468,70 @@ impl Scheduler {
             self.running.push(s);
         }
         Ok(())
+    }
+
+    /// Admission's disk load for `s` (holding its RAM prefix `0..in_ram` and
+    /// fresh blocks after it): loads blocks `in_ram..j` and, for a hybrid
+    /// model, the state snapshot at `j` (`state_from_disk`). Returns how many
+    /// blocks the prefix reuses: as deep as every rank loaded and a state
+    /// snapshot exists in RAM (after the load). Loaded blocks within it are
+    /// registered; RAM blocks beyond it, should the load fall short, are
+    /// swapped for fresh ones (they will be recomputed). `None`: the pool has
+    /// no fresh blocks for that swap now.
+    fn load_from_disk(
+        &mut self,
+        engine: &mut Engine,
+        s: &mut Seq,
+        hashes: &[BlockHash],
+        in_ram: usize,
+        j: usize,
+        state_from_disk: bool,
+    ) -> Result<Option<usize>, EngineError> {
+        let b = self.cfg.block;
+        let Some(d) = self.disk.as_mut() else { return Ok(Some(in_ram)) };
+        let loads: Vec<(u32, BlockHash)> = (in_ram..j).map(|k| (s.blocks[k], hashes[k])).collect();
+        let slot = match self.states.as_mut() {
+            Some(st) if state_from_disk => st.reserve_snapshot(hashes[j - 1]),
+            _ => None,
+        };
+        let loaded = match d.load(engine, &mut self.blocks, &loads, slot.map(|x| (x, hashes[j - 1], j * b))) {
+            Ok(l) => l,
+            Err(e) => {
+                if let (Some(st), Some(x)) = (self.states.as_mut(), slot) {
+                    st.release(x);
+                }
+                return Err(e);
+            }
+        };
+        if let (Some(st), Some(x)) = (self.states.as_mut(), slot) {
+            if loaded.state {
+                st.commit(hashes[j - 1], x);
+            } else {
+                st.release(x);
+            }
+        }
+        let depth = in_ram + loaded.blocks.iter().take_while(|&&ok| ok).count();
+        let mut reused = depth;
+        while reused > 0 {
+            let ok = self
+                .states
+                .as_ref()
+                .is_none_or(|st| (reused * b).is_multiple_of(st.granularity) && st.has(hashes[reused - 1]));
+            if ok {
+                break;
+            }
+            reused -= 1;
+        }
+        for k in in_ram.min(reused)..reused {
+            self.blocks.register(s.blocks[k], hashes[k]);
+        }
+        // Shared RAM blocks this sequence would now recompute: swap them.
+        for k in reused..in_ram {
+            let Some(fresh) = self.blocks.allocate() else { return Ok(None) };
+            let old = std::mem::replace(&mut s.blocks[k], fresh);
+            self.blocks.release(&[old]);
+        }
+        Ok(Some(reused))
     }
 
     /// Gives back the youngest running sequence's blocks and requeues it first.
@@ -609,6 +682,9 @@ impl Scheduler {
         if let Some(st) = self.states.as_mut() {
             flight.restores.iter().for_each(|&(_, r)| st.unpin(r));
             flight.snaps.iter().for_each(|&(_, h, slot)| st.commit(h, slot));
+            if let Some(d) = self.disk.as_mut() {
+                flight.snaps.iter().for_each(|&(_, h, slot)| d.note_snapshot(slot, h));
+            }
         }
         tracing::debug!(
             "step: {} seqs, {} tokens, {:.2} ms",
