@@ -522,8 +522,9 @@ impl Scheduler {
             }
             reused -= 1;
         }
-        for k in in_ram.min(reused)..reused {
-            self.blocks.register(s.blocks[k], hashes[k]);
+        let fresh = in_ram.min(reused)..reused;
+        for (&blk, &h) in s.blocks[fresh.clone()].iter().zip(&hashes[fresh]) {
+            self.blocks.register(blk, h);
         }
         // Shared RAM blocks this sequence would now recompute: swap them.
         for k in reused..in_ram {
