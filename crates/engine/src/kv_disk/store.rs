@@ -164,6 +164,9 @@ pub fn flush_on_sigterm() {
         let Ok(mut signals) = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM]) else { return };
         let _ = std::thread::Builder::new().name("kv-disk-sigterm".into()).spawn(move || {
             if let Some(sig) = signals.forever().next() {
+                // The rank may be reading disk ops sent just before the
+                // signal: give it a moment to queue their writes.
+                std::thread::sleep(Duration::from_millis(100));
                 let queues: Vec<(u64, mpsc::Sender<Job>)> = QUEUES.lock().map(|q| q.clone()).unwrap_or_default();
                 for (_, q) in queues {
                     let (tx, rx) = mpsc::channel();

@@ -715,18 +715,23 @@ impl Scheduler {
             }
         }
         finished.sort_unstable_by(|a, b| b.cmp(a));
+        let mut done = Vec::with_capacity(finished.len());
         for i in finished {
             let mut s = self.running.remove(i);
             release_seq(self.groups(), &mut s);
+            done.push(s);
+        }
+        // A finished conversation's blocks leave for the disk before its
+        // client hears it is done (who may restart the server right then).
+        let synced = match self.disk.as_mut() {
+            Some(d) => d.sync(engine, &mut self.blocks),
+            None => Ok(()),
+        };
+        for mut s in done {
             let outcome = finish(&mut s);
             s.hooks.done(Ok(outcome));
         }
-        // A finished conversation's blocks reach the disk now, not at the
-        // next request (which may come after a restart).
-        match self.disk.as_mut() {
-            Some(d) => d.sync(engine, &mut self.blocks),
-            None => Ok(()),
-        }
+        synced
     }
 
     /// The next micro-batch, when anything is ready (`depth`: how many may be
