@@ -204,3 +204,27 @@ fn hybrid_state_snapshots_survive_a_restart() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// Two servers sharing one directory write the same names with the same
+/// bytes (atomic renames), so neither breaks the other's files.
+#[test]
+fn two_servers_share_a_directory() {
+    let Some(path) = smollm2() else { return };
+    let (mut a, prompt) = engine(&path);
+    let (mut b, _) = engine(&path);
+    let dir = tmp("shared");
+    let mut sa = scheduler(&mut a, 64, Some((&dir, 1 << 30)));
+    let mut sb = scheduler(&mut b, 64, Some((&dir, 1 << 30)));
+    // Interleaved: both compute and write the same prompt's blocks.
+    let (ra, _) = run(&mut sa, &mut a, &prompt, 4);
+    let (rb, _) = run(&mut sb, &mut b, &prompt, 4);
+    assert_eq!(ra.logits, rb.logits);
+    drop((sa, sb));
+    // A third opening loads every block and gets the same output.
+    let mut sc = scheduler(&mut a, 64, Some((&dir, 1 << 30)));
+    let (rc, cached) = run(&mut sc, &mut a, &prompt, 4);
+    assert!(cached >= prompt.len() - BLOCK);
+    assert_eq!(rc.logits, ra.logits);
+    assert_eq!(sc.stats().disk.unwrap().load_failures, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
