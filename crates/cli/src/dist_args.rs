@@ -158,14 +158,11 @@ pub fn load_engine_dist_with(
     if cluster.rank() != 0 {
         let pool = kernels::ThreadPool::new(threads);
         let mut ws = model::Workspace::default();
-        let mut logits = Vec::new();
         let mut runner = StageRunner {
             cluster: &cluster,
             model: &m,
             pool: &pool,
             ws: &mut ws,
-            cache: None,
-            logits: &mut logits,
             paged: &mut None,
             batch_logits: &mut Vec::new(),
             disk: &mut engine::kv_disk::DiskSlot::for_model(&path),

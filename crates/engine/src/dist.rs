@@ -14,7 +14,7 @@
 use crate::EngineError;
 use comm::Group;
 use model::plan::{pipeline_layers_by_layer_bytes, tp_slice};
-use model::{AllReduce, KvCache, LogitsMode, Model, SeqKv, SeqStep, ShardSpec, Workspace};
+use model::{LogitsMode, Model, ShardSpec, Workspace};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How the model is split.
@@ -144,12 +144,6 @@ impl RankReport {
 static DECODE_BYTES: AtomicU64 = AtomicU64::new(0);
 static DECODE_STEPS: AtomicU64 = AtomicU64::new(0);
 
-/// Runs `f`, counting what this rank sends meanwhile as decode traffic when
-/// the step is one token.
-fn count_decode<T>(n_tokens: usize, f: impl FnOnce() -> T) -> T {
-    count_step(n_tokens == 1, n_tokens, f)
-}
-
 /// Runs `f`, a step of `n_tokens` tokens (0: not counted), marking its power
 /// phase; a decode step (`decode`: one new token per sequence) also counts
 /// what this rank sends meanwhile, per token.
@@ -180,8 +174,9 @@ pub(crate) fn count_bytes<T>(decode: bool, f: impl FnOnce() -> T) -> T {
     out
 }
 
-const OP_STEP: u32 = 1;
-const OP_HIDDEN: u32 = 2;
+// Ops 1 and 2 were the contiguous-cache step protocol (`OP_STEP`/`OP_HIDDEN`)
+// that `run` and `bench` used before issue 27; every path now sends
+// `OP_BATCH`, and a rank that gets 1 or 2 says it is an unknown op.
 /// Allocate the KV block pool (`n` blocks of `chunk` positions).
 pub(crate) const OP_POOL: u32 = 3;
 /// One batched step over paged sequences (see `dist_batch`).
@@ -369,8 +364,6 @@ pub struct StageRunner<'a> {
     pub model: &'a Model,
     pub pool: &'a kernels::ThreadPool,
     pub ws: &'a mut Workspace,
-    pub cache: Option<KvCache>,
-    pub logits: &'a mut Vec<f32>,
     /// The paged KV pool of batched serving (`OP_POOL`), and each batched
     /// sequence's logits.
     pub paged: &'a mut Option<model::KvPool>,
@@ -380,35 +373,6 @@ pub struct StageRunner<'a> {
 }
 
 impl StageRunner<'_> {
-    /// Runs this stage's part of one chunk whose input is already in place (token
-    /// ids for the embedding stage, `ws.x` otherwise) and passes it on.
-    fn run_chunk(&mut self, tokens: &[u32], n: usize, mode: LogitsMode) -> Result<(), EngineError> {
-        let cache = self.cache.as_mut().ok_or_else(|| EngineError::BadArgument("step before a sequence".into()))?;
-        // The first chunk of a sequence tells the next stage to start its cache too.
-        let new_capacity = if cache.len == 0 { cache.capacity as u32 } else { 0 };
-        let dummy;
-        let toks = if tokens.is_empty() {
-            dummy = vec![0u32; n];
-            &dummy[..]
-        } else {
-            tokens
-        };
-        let mut steps = [SeqStep { tokens: toks, cache: SeqKv::Own(cache), mode, logits: self.logits }];
-        let comm: &dyn AllReduce = &self.cluster.tp_group;
-        if !tokens.is_empty() {
-            self.model.embed_tokens(self.ws, &steps, comm)?;
-        }
-        self.model.run_layers(self.pool, self.ws, &mut steps, None, comm)?;
-        self.model.head(self.pool, self.ws, &mut steps, comm)?;
-        if let Some(to) = self.cluster.downstream() {
-            let h = Header { op: OP_HIDDEN, n: n as u32, mode: mode_code(mode), chunk: 0, new_capacity };
-            self.cluster.send_header(to, h)?;
-            let width = self.model.config.hidden_size;
-            self.cluster.world.send(to, bytemuck::cast_slice(&self.ws.x[..n * width])).map_err(comm_err)?;
-        }
-        Ok(())
-    }
-
     /// Handles one header (and its payload) arriving at this rank. Returns false on shutdown.
     fn handle(&mut self, h: Header, from: usize) -> Result<bool, EngineError> {
         let c = self.cluster;
@@ -420,10 +384,6 @@ impl StageRunner<'_> {
             // Report this rank's peak memory and decode traffic to rank 0 (`bench`).
             c.world.send(0, &RankReport::here().to_bytes()).map_err(comm_err)?;
             return Ok(false);
-        }
-        // (OP_POOL's `new_capacity` is its window group's block count.)
-        if h.new_capacity > 0 && h.op != OP_POOL {
-            self.cache = Some(self.model.new_cache(h.new_capacity as usize));
         }
         let n = h.n as usize;
         match h.op {
@@ -446,49 +406,11 @@ impl StageRunner<'_> {
                 // And this rank's latest power reading (`GET /cluster` shows it live).
                 crate::power::live::send_reading(&c.world)?;
             }
-            OP_STEP => {
-                let mut tokens = vec![0u32; n];
-                c.world.recv(from, bytemuck::cast_slice_mut(&mut tokens)).map_err(comm_err)?;
-                if c.stage + 1 != c.stages {
-                    return Err(EngineError::BadArgument("token step sent to a stage that does not embed".into()));
-                }
-                // Rank 0 counts its whole step in `drive`.
-                let n_counted = if c.rank() == 0 { 0 } else { n };
-                count_decode(n_counted, || self.run_prompt(&tokens, h.chunk.max(1) as usize, mode_of(h.mode)))?;
-            }
-            OP_HIDDEN => {
-                let width = self.model.config.hidden_size;
-                model_grow(&mut self.ws.x, n * width);
-                c.world.recv(from, bytemuck::cast_slice_mut(&mut self.ws.x[..n * width])).map_err(comm_err)?;
-                let n_counted = if c.rank() == 0 { 0 } else { n };
-                count_decode(n_counted, || self.run_chunk(&[], n, mode_of(h.mode)))?;
-            }
             op => {
                 return Err(EngineError::BadArgument(format!("rank {} got unknown op {op} from rank {from}", c.rank())))
             }
         }
         Ok(true)
-    }
-
-    /// Embedding stage: cuts `tokens` into chunks and runs each through this stage.
-    fn run_prompt(&mut self, tokens: &[u32], chunk: usize, final_mode: LogitsMode) -> Result<(), EngineError> {
-        let n_chunks = tokens.len().div_ceil(chunk);
-        let mut all = Vec::new();
-        for (i, part) in tokens.chunks(chunk).enumerate() {
-            let mode = match final_mode {
-                LogitsMode::All => LogitsMode::All,
-                m if i + 1 == n_chunks => m,
-                _ => LogitsMode::None,
-            };
-            self.run_chunk(part, part.len(), mode)?;
-            if final_mode == LogitsMode::All {
-                all.extend_from_slice(self.logits);
-            }
-        }
-        if final_mode == LogitsMode::All {
-            *self.logits = all;
-        }
-        Ok(())
     }
 
     /// The loop of every rank but 0: serve steps until shutdown.
@@ -516,73 +438,6 @@ impl StageRunner<'_> {
                 std::thread::sleep(std::time::Duration::from_millis(ms));
             }
         }
-    }
-
-    /// Rank 0: runs `tokens` as one step of the current (or a new) sequence across
-    /// the cluster. Returns with `self.logits` holding the requested logits.
-    pub fn drive(
-        &mut self,
-        tokens: &[u32],
-        chunk: usize,
-        mode: LogitsMode,
-        new_capacity: usize,
-    ) -> Result<(), EngineError> {
-        count_decode(tokens.len(), || self.drive_step(tokens, chunk, mode, new_capacity))
-    }
-
-    fn drive_step(
-        &mut self,
-        tokens: &[u32],
-        chunk: usize,
-        mode: LogitsMode,
-        new_capacity: usize,
-    ) -> Result<(), EngineError> {
-        let c = self.cluster;
-        let parts: Vec<&[u32]> =
-            if c.overlap_prefill || c.stages == 1 { vec![tokens] } else { tokens.chunks(chunk).collect() };
-        let mut collected: Vec<f32> = Vec::new();
-        for (pi, part) in parts.iter().enumerate() {
-            let last = pi + 1 == parts.len();
-            let part_mode = match mode {
-                LogitsMode::All => LogitsMode::All,
-                m if last => m,
-                _ => LogitsMode::None,
-            };
-            let h = Header {
-                op: OP_STEP,
-                n: part.len() as u32,
-                mode: mode_code(part_mode),
-                chunk: chunk as u32,
-                new_capacity: if pi == 0 { new_capacity as u32 } else { 0 },
-            };
-            for r in c.embed_stage_ranks() {
-                c.send_header(r, h)?;
-                c.world.send(r, bytemuck::cast_slice(part)).map_err(comm_err)?;
-            }
-            if h.new_capacity > 0 {
-                self.cache = Some(self.model.new_cache(new_capacity));
-            }
-            if c.stages == 1 {
-                self.run_prompt(part, chunk, part_mode)?;
-            } else {
-                // Stage 0 receives one hidden message per chunk the embedding stage makes.
-                let from = c.upstream().expect("stage 0 of a pipeline has an upstream");
-                for _ in 0..part.len().div_ceil(chunk.max(1)) {
-                    let hh = c.recv_header(from)?;
-                    self.handle(hh, from)?;
-                    if mode == LogitsMode::All {
-                        collected.extend_from_slice(self.logits);
-                    }
-                }
-            }
-            if mode == LogitsMode::All && c.stages == 1 {
-                collected.extend_from_slice(self.logits);
-            }
-        }
-        if mode == LogitsMode::All {
-            *self.logits = collected;
-        }
-        Ok(())
     }
 
     /// Rank 0: checks that every rank still answers (an idle server's probe,
@@ -618,12 +473,6 @@ impl StageRunner<'_> {
             reports.push(RankReport::from_bytes(&b));
         }
         Ok(reports)
-    }
-}
-
-fn model_grow(v: &mut Vec<f32>, len: usize) {
-    if v.len() < len {
-        v.resize(len, 0.0);
     }
 }
 

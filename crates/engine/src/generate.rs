@@ -110,8 +110,6 @@ pub struct Engine {
     pub cluster: Option<Cluster>,
     ws: Workspace,
     logits: Vec<f32>,
-    /// The sequence's KV cache for this rank's shard when distributed.
-    dist_cache: Option<KvCache>,
     /// The block pool of batched serving ([`Engine::init_pool`]).
     pub(crate) paged: Option<KvPool>,
     batch_logits: Vec<Vec<f32>>,
@@ -139,7 +137,6 @@ impl Engine {
             cluster: None,
             ws: Workspace::default(),
             logits: Vec::new(),
-            dist_cache: None,
             paged: None,
             batch_logits: Vec::new(),
             in_flight: Default::default(),
@@ -261,47 +258,32 @@ impl Engine {
             model: &self.model,
             pool: &self.pool,
             ws: &mut self.ws,
-            cache: self.dist_cache.take(),
-            logits: &mut self.logits,
             paged: &mut self.paged,
             batch_logits: &mut self.batch_logits,
             disk: &mut self.disk,
         };
-        let r = f(&mut runner);
-        self.dist_cache = runner.cache.take();
-        Some(r)
+        Some(f(&mut runner))
     }
 
     pub fn context_length(&self) -> usize {
         self.model.config.max_position_embeddings
     }
 
-    /// Runs one step of the current sequence: locally, or across the cluster when
-    /// this engine is rank 0 of one. The requested logits land in `self.logits`.
-    /// `new_capacity > 0` starts a new sequence (the cluster's caches).
+    /// Runs one step of the current sequence through its contiguous cache, in
+    /// this process (the reference the serving tests compare the scheduler
+    /// with; a cluster generates only through `serving::Scheduler` and
+    /// `OP_BATCH`). The requested logits land in `self.logits`.
     fn step(
         &mut self,
         cache: &mut KvCache,
         tokens: &[u32],
         mode: LogitsMode,
-        new_capacity: usize,
         comm: &dyn AllReduce,
     ) -> Result<(), EngineError> {
-        if let Some(cluster) = &self.cluster {
-            let mut runner = StageRunner {
-                cluster,
-                model: &self.model,
-                pool: &self.pool,
-                ws: &mut self.ws,
-                cache: self.dist_cache.take(),
-                logits: &mut self.logits,
-                paged: &mut self.paged,
-                batch_logits: &mut self.batch_logits,
-                disk: &mut self.disk,
-            };
-            let r = runner.drive(tokens, self.prefill_chunk, mode, new_capacity);
-            self.dist_cache = runner.cache.take();
-            return r;
+        if self.cluster.is_some() {
+            return Err(EngineError::BadArgument(
+                "Engine::generate runs in one process; a cluster generates through serving::Scheduler".into(),
+            ));
         }
         let mut steps = [SeqStep { tokens, cache: SeqKv::Own(cache), mode, logits: &mut self.logits }];
         self.model.forward(&self.pool, &mut self.ws, &mut steps, comm)?;
@@ -323,8 +305,6 @@ impl Engine {
                 model: &self.model,
                 pool: &self.pool,
                 ws: &mut self.ws,
-                cache: None,
-                logits: &mut self.logits,
                 paged: &mut self.paged,
                 batch_logits: &mut self.batch_logits,
                 disk: &mut self.disk,
@@ -368,7 +348,7 @@ impl Engine {
         if self.cluster.is_some() {
             let mode = if all { LogitsMode::All } else { LogitsMode::Last };
             hooks.on_prefill(0, total);
-            self.step(cache, tokens, mode, cache.capacity, comm)?;
+            self.step(cache, tokens, mode, comm)?;
             hooks.on_prefill(total, total);
             let last = self.logits[self.logits.len() - vocab..].to_vec();
             return Ok((last, all.then(|| self.logits.clone())));
@@ -388,7 +368,7 @@ impl Engine {
             } else {
                 LogitsMode::None
             };
-            self.step(cache, part, mode, 0, comm)?;
+            self.step(cache, part, mode, comm)?;
             hooks.on_prefill((ci * chunk + part.len()).min(total), total);
             if let Some(a) = all_logits.as_mut() {
                 a.extend_from_slice(&self.logits);
@@ -493,7 +473,7 @@ impl Engine {
                 break;
             }
             token_buf[0] = id;
-            self.step(&mut cache, &token_buf, decode_mode, 0, comm)?;
+            self.step(&mut cache, &token_buf, decode_mode, comm)?;
             logits.copy_from_slice(&self.logits[..vocab]);
         }
         let decode_s = t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());

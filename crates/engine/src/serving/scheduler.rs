@@ -149,6 +149,9 @@ pub struct Scheduler {
     next_id: u64,
     /// The prefix cache's disk tier ([`Scheduler::enable_disk`]).
     disk: Option<DiskTier>,
+    /// A pipeline run with `--no-prefill-overlap`: a prompt's next chunk
+    /// waits for the previous one to come back.
+    no_overlap: bool,
 }
 
 /// A step in flight: which sequences it carries and what to do when it
@@ -218,6 +221,7 @@ impl Scheduler {
             in_flight: VecDeque::new(),
             next_id: 0,
             disk: None,
+            no_overlap: engine.cluster.as_ref().is_some_and(|c| !c.overlap_prefill),
             eos_ids: engine.eos_ids.clone(),
             vocab: engine.model.config.vocab_size,
             context: engine.context_length(),
@@ -748,8 +752,9 @@ impl Scheduler {
         let mut decode_left = ready.min(decoding.div_ceil(depth.max(1)));
         let mut budget = self.cfg.step_tokens.saturating_sub(decode_left);
         // Sliding-window groups size a sequence's window blocks for one step
-        // beyond its computed KV: their prompts send one chunk at a time.
-        let one_chunk = self.windows.is_some();
+        // beyond its computed KV: their prompts send one chunk at a time; so
+        // do all prompts under `--no-prefill-overlap`.
+        let one_chunk = self.windows.is_some() || self.no_overlap;
         let mut plan: Vec<(usize, usize)> = Vec::new(); // (running index, tokens)
         let mut snaps: Vec<(u64, BlockHash, u32)> = Vec::new(); // (seq id, prefix hash, slot)
         for (i, s) in self.running.iter().enumerate() {
