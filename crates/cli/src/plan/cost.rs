@@ -40,6 +40,10 @@ pub struct Prediction {
     pub prefill_bottleneck: &'static str,
     /// Bytes each rank sends per decoded token.
     pub wire_bytes_per_token: f64,
+    /// `serve` with this many concurrent streams decoding at the context's
+    /// depth: their aggregate tok/s (`super::serve`).
+    pub serve_streams: usize,
+    pub serve_tok_s: f64,
 }
 
 /// What the user plans to run.
@@ -51,6 +55,8 @@ pub struct Workload {
     pub chunk: usize,
     /// Bytes per cached K/V value (f16: 2, f32: 4, q8_0: 34/32, q4_0: 18/32).
     pub kv_elem: f64,
+    /// Concurrent streams of the `serve` prediction.
+    pub streams: usize,
 }
 
 /// Seconds measured on this machine by running rank 0's shard of the model
@@ -178,15 +184,32 @@ fn stage_decode(
     let split = shape.layer_active_bytes() - shape.attn_replicated_bytes;
     let bytes = (layers as f64 * split + if head { shape.head_read_bytes() } else { 0.0 }) * share
         + layers as f64 * shape.attn_replicated_bytes;
+    let mem = bytes / m.decode_bytes_per_s + stage_kv_read(shape, m, layers, share, depth, w);
+    let attn = shape.decode_attn_flops(depth) * layers as f64 / shape.layers as f64 * share / m.attn_flops;
+    (mem.max(attn) + layers as f64 * m.layer_overhead_s, mem >= attn)
+}
+
+/// Seconds one sequence's KV (and linear-attention state) takes to read on a
+/// stage of `layers` layers at depth `depth`.
+fn stage_kv_read(shape: &Shape, m: &Machine, layers: usize, share: f64, depth: f64, w: &Workload) -> f64 {
     let kv = (layers * shape.kv_elems_per_layer) as f64
         * w.kv_elem
         * shape.kv_positions_per_layer(depth)
         * shape.kv_share(share);
     // A linear-attention state is read and written back once per token.
     let state = 2.0 * layers as f64 * shape.state_bytes_per_layer * share;
-    let mem = (bytes + kv + state) / m.decode_bytes_per_s;
-    let attn = shape.decode_attn_flops(depth) * layers as f64 / shape.layers as f64 * share / m.attn_flops;
-    (mem.max(attn) + layers as f64 * m.layer_overhead_s, mem >= attn)
+    (kv + state) / m.decode_bytes_per_s
+}
+
+/// Seconds of matmul compute one activation row costs on a stage (the
+/// per-row part of a batched decode step, `super::serve`): the stage's share
+/// of `2 · params` FLOPs at the machine's prefill rate.
+fn stage_row(shape: &Shape, m: &Machine, layers: usize, head: bool, share: f64) -> f64 {
+    let c = 1024.0;
+    let attn = 2.0 * c * c * (shape.heads * shape.head_dim * shape.layers) as f64;
+    let head_f = 2.0 * (shape.vocab * shape.hidden) as f64;
+    let per_layer = (shape.prefill_flops(c) - attn - head_f) / c / shape.layers as f64;
+    (layers as f64 * per_layer + if head { head_f } else { 0.0 }) * share / m.prefill_flops
 }
 
 /// Prefill of `c` tokens over some layers: compute, or the weights streamed
@@ -293,7 +316,12 @@ fn predict_split(
         decode_bottleneck: "memory bandwidth",
         prefill_bottleneck: "compute",
         wire_bytes_per_token: 0.0,
+        serve_streams: w.streams,
+        serve_tok_s: 0.0,
     };
+    // Per stage, for the serving prediction: its slowest rank's batch-1
+    // decode, one sequence's KV read, and prefill per prompt token.
+    let mut serve_stages: Vec<super::serve::StageCost> = Vec::with_capacity(stages);
     let kv_position = shape.kv_elems_per_layer as f64 * w.kv_elem;
     // Stage s holds layers[s]; the last stage (data-flow order) also the head;
     // the first the embedding. Ranks r = s·tp + j.
@@ -307,6 +335,8 @@ fn predict_split(
         let embed = s == stages - 1;
         let mut stage_dec: f64 = 0.0;
         let mut stage_pf: f64 = 0.0;
+        let mut stage_kv: f64 = 0.0;
+        let mut stage_row_s: f64 = 0.0;
         for j in 0..tp {
             let r = s * tp + j;
             let a_share = attn_share(shape, j, tp);
@@ -349,6 +379,8 @@ fn predict_split(
             p.work_bytes[r] = work_bytes(shape, w.chunk.min(w.context), tp) + 1.5e6 * (tp - 1) as f64;
             let (mut d, mut mem) = stage_decode(shape, &ms[r], layers[s], head, share, depth, w);
             let mut pf = stage_prefill(shape, &ms[r], layers[s], head, share, w).0;
+            let mut kv1 = stage_kv_read(shape, &ms[r], layers[s], share, depth, w);
+            stage_row_s = stage_row_s.max(stage_row(shape, &ms[r], layers[s], head, share));
             // This machine, with the model's own shard timed on it: the
             // measured seconds replace the bandwidth and FLOP estimates (which
             // still name the bottleneck: memory if streaming explains half).
@@ -358,7 +390,9 @@ fn predict_split(
                 d = layers[s] as f64 * t.layer_decode_s + if head { t.head_decode_s } else { 0.0 };
                 mem = stream >= 0.5 * d;
                 pf = layers[s] as f64 * t.layer_prefill_s + if head { t.head_prefill_s } else { 0.0 };
+                kv1 = layers[s] as f64 * t.attn_s_per_key * depth;
             }
+            stage_kv = stage_kv.max(kv1);
             if d > stage_dec {
                 stage_dec = d;
                 dec_mem_bound = mem;
@@ -366,6 +400,11 @@ fn predict_split(
             stage_pf = stage_pf.max(pf);
         }
         dec_total += stage_dec;
+        serve_stages.push(super::serve::StageCost {
+            decode_1: stage_dec,
+            kv_1: stage_kv.min(stage_dec),
+            row: stage_row_s,
+        });
         pf_stage_max = pf_stage_max.max(stage_pf);
         pf_total += stage_pf;
     }
@@ -390,6 +429,16 @@ fn predict_split(
     } else {
         "compute"
     };
+    // Serving: a tensor group all-reduces each step's rows; a pipeline's
+    // micro-batch passes every hop of the ring.
+    p.serve_tok_s = super::serve::aggregate_tok_s(&serve_stages, w.streams, |m| {
+        let rows = act * m as f64;
+        (if tp > 1 {
+            (shape.layers as f64 * 2.0 + 1.0) * link.all_reduce(rows, tp) + link.all_reduce(8.0, tp)
+        } else {
+            0.0
+        }) + if stages > 1 { stages as f64 * (link.send(rows) + link.handoff_s) } else { 0.0 }
+    });
     p.wire_bytes_per_token = if tp > 1 { shape.layers as f64 * 2.0 * act * (tp - 1) as f64 } else { 0.0 }
         + if stages > 1 { act } else { 0.0 };
     // Prefill: pipeline stages overlap chunk by chunk; tensor groups all-reduce
@@ -429,7 +478,7 @@ mod tests {
         let shape = from_config(v, "test", Some("bf16")).unwrap();
         let machines = vec![machine_preset("h200").unwrap(); tp];
         let link = link_preset("nvlink").unwrap();
-        let w = Workload { context: 4096, chunk: 512, kv_elem: 2.0 };
+        let w = Workload { context: 4096, chunk: 512, kv_elem: 2.0, streams: 8 };
         let strategy = if tp == 1 { Strategy::Single } else { Strategy::Tensor };
         predict(&shape, &machines, &link, strategy, tp, tp, &w, &[]).kv_bytes
     }
@@ -447,7 +496,7 @@ mod tests {
         assert_eq!(shape.attn_replicated_bytes, 7168.0 * (1536.0 + 512.0 + 64.0) * 2.0);
         let weights = |tp: usize| {
             let machines = vec![machine_preset("h200").unwrap(); tp];
-            let w = Workload { context: 4096, chunk: 512, kv_elem: 2.0 };
+            let w = Workload { context: 4096, chunk: 512, kv_elem: 2.0, streams: 8 };
             let strategy = if tp == 1 { Strategy::Single } else { Strategy::Tensor };
             predict(&shape, &machines, &link_preset("nvlink").unwrap(), strategy, tp, tp, &w, &[]).weights_bytes
         };

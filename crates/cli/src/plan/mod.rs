@@ -7,6 +7,7 @@ mod calibrate;
 mod cost;
 mod hardware;
 pub mod measure;
+mod serve;
 mod shape;
 mod svg;
 
@@ -44,6 +45,10 @@ pub struct PlanArgs {
     /// Prompt tokens per prefill step (as run's --prefill-chunk).
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
+    /// Concurrent streams of the `serve` prediction (aggregate decode tok/s
+    /// at the context's depth).
+    #[arg(long, default_value_t = 8)]
+    streams: usize,
     /// Threads per rank for the local measurements (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -74,8 +79,12 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     } else {
         model::KvType::F16
     });
-    let w =
-        Workload { context: a.context.max(1), chunk: a.prefill_chunk.max(1), kv_elem: kv.bytes_for(32) as f64 / 32.0 };
+    let w = Workload {
+        context: a.context.max(1),
+        chunk: a.prefill_chunk.max(1),
+        kv_elem: kv.bytes_for(32) as f64 / 32.0,
+        streams: a.streams.max(1),
+    };
     let link = match (&a.links, profile_link) {
         (Some(l), _) => hardware::parse_link(l)?,
         (None, Some(l)) => l,
@@ -299,13 +308,22 @@ fn print_tables(
         w.context
     );
     println!(
-        "\n{:<26} {:>3} {:>10} {:>10} {:>10} {:>6} {:>10} {:>9} {:>10}  bottleneck (decode / prefill)",
-        "strategy", "n", "weights", "KV", "total/rank", "fits", "margin", "TTFT s", "decode t/s"
+        "\n{:<26} {:>3} {:>10} {:>10} {:>10} {:>6} {:>10} {:>9} {:>10} {:>11}  bottleneck (decode / prefill)",
+        "strategy",
+        "n",
+        "weights",
+        "KV",
+        "total/rank",
+        "fits",
+        "margin",
+        "TTFT s",
+        "decode t/s",
+        format!("serve {}× t/s", w.streams)
     );
     for p in preds {
         let r = (0..p.ranks).max_by(|&a, &b| p.total_bytes[a].total_cmp(&p.total_bytes[b])).unwrap_or(0);
         println!(
-            "{:<26} {:>3} {:>10} {:>10} {:>10} {:>6} {:>10} {:>9} {:>10}  {} / {}",
+            "{:<26} {:>3} {:>10} {:>10} {:>10} {:>6} {:>10} {:>9} {:>10} {:>11}  {} / {}",
             name(p),
             p.ranks,
             gb(p.weights_bytes[r]),
@@ -315,6 +333,7 @@ fn print_tables(
             gb(p.margin_bytes),
             if p.fits { format!("{:.2}", p.ttft_s) } else { "-".into() },
             if p.fits { format!("{:.1}", p.decode_tok_s) } else { "-".into() },
+            if p.fits { format!("{:.1}", p.serve_tok_s) } else { "-".into() },
             p.decode_bottleneck,
             p.prefill_bottleneck
         );
