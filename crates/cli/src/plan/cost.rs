@@ -380,7 +380,7 @@ fn predict_split(
             let (mut d, mut mem) = stage_decode(shape, &ms[r], layers[s], head, share, depth, w);
             let mut pf = stage_prefill(shape, &ms[r], layers[s], head, share, w).0;
             let mut kv1 = stage_kv_read(shape, &ms[r], layers[s], share, depth, w);
-            stage_row_s = stage_row_s.max(stage_row(shape, &ms[r], layers[s], head, share));
+            let mut row = stage_row(shape, &ms[r], layers[s], head, share);
             // This machine, with the model's own shard timed on it: the
             // measured seconds replace the bandwidth and FLOP estimates (which
             // still name the bottleneck: memory if streaming explains half).
@@ -391,7 +391,12 @@ fn predict_split(
                 mem = stream >= 0.5 * d;
                 pf = layers[s] as f64 * t.layer_prefill_s + if head { t.head_prefill_s } else { 0.0 };
                 kv1 = layers[s] as f64 * t.attn_s_per_key * depth;
+                // The timed prefill's cost per prompt row: real rows carry
+                // the norms, activation quantization and thread joins a FLOP
+                // rate leaves out (the GEMM probe ran 1.6× the real rate).
+                row = pf / w.context.max(1) as f64;
             }
+            stage_row_s = stage_row_s.max(row);
             stage_kv = stage_kv.max(kv1);
             if d > stage_dec {
                 stage_dec = d;

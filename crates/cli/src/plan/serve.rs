@@ -9,10 +9,10 @@
 //! - `weights` = the stage's batch-1 decode time less one sequence's KV read;
 //! - `kv` = one sequence's KV read at the depth (bytes over bandwidth, or the
 //!   measured attention slope × depth on `local` machines);
-//! - `row` = the matmul FLOPs of one activation row (`2 · params` of the
-//!   stage's share) at the machine's prefill FLOP rate (measured on `local`
-//!   machines; a short prompt's measured prefill would count its fixed costs
-//!   once per row).
+//! - `row` = one activation row's cost: on `local` machines the timed
+//!   prefill of the stage's shard per prompt token (at the plan's context:
+//!   plan at the streams' depth); elsewhere the row's matmul FLOPs (`2 ·
+//!   params` of the stage's share) at the machine's prefill FLOP rate.
 //!
 //! Splits (as the scheduler runs them, docs/ARCHITECTURE.md "Micro-batches in
 //! flight"):
