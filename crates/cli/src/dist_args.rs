@@ -215,6 +215,56 @@ pub fn rejoin_cluster(
     Ok(())
 }
 
+/// Rank 0 of a serving cluster whose lost rank does not come back: re-plans
+/// the model onto this machine alone when it can hold it, and tells the
+/// supervisor to retire the other ranks. The memory check: the weights this
+/// rank does not hold yet (the model's file bytes beyond its shard's share)
+/// and the whole model's KV pool (`pool_bytes`, as `--kv-cache-bytes` counts
+/// the whole model's) beyond this rank's present pool must fit in
+/// `MemAvailable`. Errs (the cluster stays degraded, and says why) when they
+/// do not. Re-forming a smaller world among several survivors is not done.
+pub fn replan_alone(
+    engine: &mut Engine,
+    model: Option<&str>,
+    quantize: Option<kernels::DType>,
+    d: &DistArgs,
+    adjust: &dyn Fn(&mut formats::ModelConfig) -> Result<()>,
+    pool_bytes: u64,
+    world: usize,
+    stages: usize,
+) -> Result<()> {
+    let path = model_source::resolve(model)?;
+    let mut files = formats::open_model(&path)?;
+    adjust(&mut files.config)?;
+    let file_bytes: u64 = files.tensors.tensors.values().map(|t| t.bytes().len() as u64).sum();
+    // (The failed re-join already dropped the cluster: its shape comes from the caller.)
+    let layers = engine.model.shard.layers.len() as f64 / files.config.n_layers.max(1) as f64;
+    let tp = (world / stages.max(1)).max(1) as f64;
+    let held = (file_bytes as f64 * layers / tp) as u64;
+    let have_pool = engine.pool_bytes().unwrap_or(0) as u64;
+    let need = file_bytes.saturating_sub(held) + pool_bytes.saturating_sub(have_pool);
+    let avail = mem_available().unwrap_or(0);
+    if need > avail {
+        anyhow::bail!(
+            "this machine alone cannot hold the model: it needs {:.1} GB more, {:.1} GB is available",
+            need as f64 / 1e9,
+            avail as f64 / 1e9
+        );
+    }
+    engine.cluster = None;
+    let opts = load_options(d, quantize, None);
+    engine.model = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &opts)?;
+    (1..world).for_each(crate::launch_restart::retire);
+    Ok(())
+}
+
+/// `MemAvailable` from /proc/meminfo, bytes.
+fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
 /// How long a rank's transport spins before it parks. Ranks that each have
 /// cores of their own (ranks here × threads each ≤ cores) wait for their peers
 /// spinning, 10 ms, rather than parking after 200 µs: a pipeline stage waits a

@@ -639,8 +639,20 @@ fn supervise(
                 live -= 1;
                 failed = (!status.success()).then_some(i);
                 let world_up = interrupted.is_none() && first_failure.is_none() && ranks[0].status.is_none();
-                if let (Some(rs), Some(_), true) = (restarter.as_mut(), failed.filter(|&i| i != 0), world_up) {
-                    if rs.counts[i] < MAX_RESTARTS {
+                if restarter.is_some() && i != 0 && crate::launch_restart::is_retired(i) {
+                    // Rank 0 re-planned the model without it.
+                    eprintln!("note: {} retired by rank 0 (the cluster re-planned without it)", ranks[i].label());
+                    failed = None;
+                } else if let (Some(rs), Some(_), true) = (restarter.as_mut(), failed.filter(|&i| i != 0), world_up) {
+                    if rs.counts[i] >= MAX_RESTARTS {
+                        // A host that stays gone: rank 0 keeps serving degraded,
+                        // or re-plans onto the survivors (`serve --replan-after`).
+                        eprintln!(
+                            "note: giving up on {} after {MAX_RESTARTS} restarts; rank 0 serves degraded or re-plans without it",
+                            ranks[i].label()
+                        );
+                        failed = None;
+                    } else {
                         rs.counts[i] += 1;
                         let r = &ranks[i];
                         if let (false, Some(tail)) = (verbose, &r.tail) {
@@ -671,6 +683,15 @@ fn supervise(
         if let Some(rs) = restarter.as_mut() {
             if ranks[0].status.is_some() {
                 rs.pending.clear();
+            }
+            rs.pending.retain(|p| !crate::launch_restart::is_retired(p.rank));
+            // A retired rank still running (hung, or waiting for a world
+            // that is gone) is stopped.
+            for r in ranks.iter().filter(|r| r.rank != 0 && r.status.is_none()) {
+                if crate::launch_restart::is_retired(r.rank) {
+                    // SAFETY: its status is not collected, so the pid still names our child.
+                    unsafe { libc::kill(r.child.id() as libc::pid_t, libc::SIGKILL) };
+                }
             }
             if ranks[0].status.is_none() && interrupted.is_none() && first_failure.is_none() {
                 let local: Vec<(usize, u32, String, bool)> = ranks

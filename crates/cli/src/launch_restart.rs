@@ -178,7 +178,48 @@ extern "C" fn on_hung_report(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx
     }
 }
 
-/// The supervisor takes rank 0's reports of hung ranks (`SIGUSR1`).
+/// Ranks that rank 0 retired (`SIGUSR2` with the rank as its value): it
+/// re-planned the model onto fewer ranks, so they are neither restarted nor
+/// a failure of the world.
+static RETIRED: [std::sync::atomic::AtomicBool; 256] = [const { std::sync::atomic::AtomicBool::new(false) }; 256];
+
+extern "C" fn on_retire_report(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO; only atomics are touched.
+    unsafe {
+        if !info.is_null() && (*info).si_code == libc::SI_QUEUE {
+            let rank = (*info).si_value().sival_ptr as usize;
+            if let Some(flag) = RETIRED.get(rank) {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// Whether rank 0 retired rank `rank`.
+pub(crate) fn is_retired(rank: usize) -> bool {
+    RETIRED.get(rank).is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
+}
+
+/// Rank 0 of a serving world that re-planned without `rank`: tells the
+/// supervisor that started us (our parent) to stop restarting it.
+pub(crate) fn retire(rank: usize) {
+    let Some(pid) = std::env::var(ENV_SUPERVISOR_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok()) else {
+        return;
+    };
+    // SAFETY: getppid has no preconditions; sigqueue gets a plain value.
+    unsafe {
+        if libc::getppid() != pid {
+            return;
+        }
+        let value = libc::sigval { sival_ptr: rank as *mut libc::c_void };
+        if sigqueue(pid, libc::SIGUSR2, value) == 0 {
+            eprintln!("shardlm serve: told the supervisor to retire rank {rank}");
+        }
+    }
+}
+
+/// The supervisor takes rank 0's reports of hung ranks (`SIGUSR1`) and of
+/// retired ones (`SIGUSR2`).
 pub(crate) fn catch_hung_reports() {
     // SAFETY: the handler only stores to atomics, which is async-signal-safe.
     unsafe {
@@ -188,6 +229,12 @@ pub(crate) fn catch_hung_reports() {
         sa.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
         libc::sigemptyset(&mut sa.sa_mask);
         libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+        let mut sr: libc::sigaction = std::mem::zeroed();
+        sr.sa_sigaction = on_retire_report as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as libc::sighandler_t;
+        sr.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sr.sa_mask);
+        libc::sigaction(libc::SIGUSR2, &sr, std::ptr::null_mut());
     }
 }
 

@@ -55,6 +55,11 @@ pub struct ServeArgs {
     /// go first).
     #[arg(long, default_value_t = 20 << 30, value_parser = clap::value_parser!(u64).range(1..))]
     kv_disk_bytes: u64,
+    /// A lost rank that has not rejoined after this many seconds is given up:
+    /// rank 0 re-plans the model onto its own machine when it can hold it
+    /// (the others are retired); otherwise it stays degraded and says why.
+    #[arg(long, default_value_t = 30)]
+    replan_after: u64,
     /// Context length in tokens (default: the model's). Beyond the model's own,
     /// use --rope-scaling.
     #[arg(long, value_parser = clap::value_parser!(u64).range(16..))]
@@ -317,11 +322,27 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     // A cluster re-forms after losing a rank (the launcher restarts it);
     // MPI worlds are fixed by mpirun and cannot.
+    let replan_after = Duration::from_secs(a.replan_after);
+    let whole_pool = (sched.n_blocks * sched.block) as u64
+        * model::layer_memory::kv_bytes_per_position(
+            &engine.model.spec,
+            engine.model.config.n_kv_heads,
+            engine.model.config.head_dim,
+            engine.model.kv_type,
+        ) as u64
+        * engine.model.config.n_layers as u64;
+    let stages = engine.cluster.as_ref().map_or(1, |c| c.stages);
     let reform: Option<server::Reform<'_>> = (ranks > 1 && !crate::dist_args::launched_by_mpi()).then(|| {
-        Box::new(|engine: &mut engine::generate::Engine, cause: Option<&str>| {
+        let mut lost_since: Option<std::time::Instant> = None;
+        let mut replan_refused = false;
+        Box::new(move |engine: &mut engine::generate::Engine, cause: Option<&str>| {
+            if cause.is_some() {
+                lost_since = Some(std::time::Instant::now());
+                replan_refused = false;
+            }
             // A hung rank never exits: the supervisor must kill it before it restarts it.
             cause.into_iter().for_each(crate::launch_restart::report_hung);
-            crate::dist_args::rejoin_cluster(
+            let rejoined = crate::dist_args::rejoin_cluster(
                 engine,
                 a.model.as_deref(),
                 threads,
@@ -330,7 +351,31 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 &a.dist,
                 &|cfg| adjust_context(&a, cfg),
             )
-            .map_err(|e| format!("{e:#}"))
+            .map_err(|e| format!("{e:#}"));
+            // A rank that stays gone: re-plan onto this machine if it can hold the model.
+            let overdue = lost_since.is_some_and(|t| t.elapsed() >= replan_after);
+            match rejoined {
+                Err(e) if overdue && !replan_refused => {
+                    let adjust = |cfg: &mut ModelConfig| adjust_context(&a, cfg);
+                    match crate::dist_args::replan_alone(engine, a.model.as_deref(), a.quantize, &a.dist, &adjust, whole_pool, ranks, stages)
+                    {
+                        Ok(()) => {
+                            eprintln!(
+                                "shardlm serve: the lost rank did not come back in {} s; re-planned the model onto this \
+                                 machine alone",
+                                replan_after.as_secs()
+                            );
+                            Ok(())
+                        }
+                        Err(why) => {
+                            replan_refused = true;
+                            eprintln!("shardlm serve: cannot re-plan without the lost rank ({why:#}); staying degraded");
+                            Err(format!("{e}; and {why:#}"))
+                        }
+                    }
+                }
+                other => other,
+            }
         }) as server::Reform<'_>
     });
     let result = server::serve(&mut engine, &files, cfg, sched, reform);
