@@ -223,6 +223,7 @@ pub fn rejoin_cluster(
 /// the whole model's) beyond this rank's present pool must fit in
 /// `MemAvailable`. Errs (the cluster stays degraded, and says why) when they
 /// do not. Re-forming a smaller world among several survivors is not done.
+#[allow(clippy::too_many_arguments)] // the load's inputs, as `rejoin_cluster` takes them
 pub fn replan_alone(
     engine: &mut Engine,
     model: Option<&str>,
