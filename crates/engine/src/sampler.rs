@@ -72,6 +72,42 @@ impl Sampler {
     /// Picks the next token from `logits` (modified in place by the penalty).
     /// `history` is every token so far (prompt and output).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        if let Some(id) = self.distribution(logits, history) {
+            return id;
+        }
+        let total: f32 = self.cand.iter().map(|c| c.0).sum();
+        self.draw(total)
+    }
+
+    /// Checks a draft token proposed by a deterministic drafter (its
+    /// distribution `q` is a point mass on `draft`): speculative sampling
+    /// accepts it with probability `min(1, p/q) = p(draft)`, and on rejection
+    /// draws from the residual `max(0, p − q)`, which is `p` without `draft`,
+    /// renormalized. The token that comes out is distributed as `p` exactly.
+    /// Greedy: the argmax, accepted when it is the draft. Returns (token,
+    /// whether it is the draft).
+    pub fn sample_draft(&mut self, logits: &mut [f32], history: &[u32], draft: u32) -> (u32, bool) {
+        if let Some(id) = self.distribution(logits, history) {
+            return (id, id == draft);
+        }
+        let p_draft = self.cand.iter().find(|c| c.1 == draft).map_or(0.0, |c| c.0);
+        let total: f32 = self.cand.iter().map(|c| c.0).sum();
+        if p_draft > 0.0 && self.rng.gen::<f32>() * total < p_draft {
+            return (draft, true);
+        }
+        self.cand.retain(|c| c.1 != draft);
+        if self.cand.is_empty() {
+            // p was all on the draft (up to rounding): nothing else to draw.
+            return (draft, true);
+        }
+        let total: f32 = self.cand.iter().map(|c| c.0).sum();
+        (self.draw(total), false)
+    }
+
+    /// Applies the penalty, then either returns the greedy token, or leaves
+    /// the filtered distribution (probability, token) in `self.cand`, most
+    /// likely first, and returns `None`.
+    fn distribution(&mut self, logits: &mut [f32], history: &[u32]) -> Option<u32> {
         let p = &self.params;
         if p.repetition_penalty != 1.0 {
             for &t in history {
@@ -81,7 +117,7 @@ impl Sampler {
             }
         }
         if p.temperature <= 0.0 {
-            return argmax(logits);
+            return Some(argmax(logits));
         }
         let inv_t = 1.0 / p.temperature;
         self.cand.clear();
@@ -116,7 +152,11 @@ impl Sampler {
             let floor = self.cand[0].0 * p.min_p;
             self.cand.retain(|c| c.0 >= floor);
         }
-        let total: f32 = self.cand.iter().map(|c| c.0).sum();
+        None
+    }
+
+    /// Draws from `self.cand`, whose weights sum to `total`.
+    fn draw(&mut self, total: f32) -> u32 {
         let mut r = self.rng.gen::<f32>() * total;
         for c in &self.cand {
             r -= c.0;

@@ -6,6 +6,7 @@ pub mod disk_tier;
 pub mod scheduler;
 mod seq;
 pub mod solo;
+mod spec;
 pub mod state_slots;
 pub mod windows;
 

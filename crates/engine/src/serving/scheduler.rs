@@ -60,6 +60,7 @@ use super::seq::{finish, hybrid_piece, register_full_blocks, release_seq, Groups
 use super::state_slots::StateSlots;
 use super::windows::{SeqWindow, WindowGroup};
 use crate::dist_batch::{BatchItem, PoolShape};
+use crate::draft::{DraftParams, NgramPool};
 use crate::generate::{Engine, FinishReason, GenerateHooks, GenerateRequest, TextStream};
 use crate::sampler::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -96,6 +97,9 @@ pub struct SeqOutcome {
     /// `[prompt_len × vocab]` logits of every prompt position, when the
     /// request asked for them (`want_prompt_logits`: `run --dump-logits`).
     pub prompt_logits: Option<Vec<f32>>,
+    /// Speculative decoding: draft tokens checked, and how many were accepted.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// The per-request callbacks: [`GenerateHooks`] for every step, and `done` once.
@@ -127,22 +131,30 @@ pub struct SchedulerStats {
     pub pool_bytes: usize,
     /// The disk tier's counters (`serve --kv-disk`), when it is on.
     pub disk: Option<DiskTierStats>,
+    /// Speculative decoding: verify steps, draft tokens checked, accepted.
+    pub spec_steps: u64,
+    pub spec_drafted: u64,
+    pub spec_accepted: u64,
 }
 
 pub struct Scheduler {
-    cfg: SchedulerConfig,
-    blocks: BlockManager,
+    pub(super) cfg: SchedulerConfig,
+    pub(super) blocks: BlockManager,
     waiting: VecDeque<Seq>,
     /// In admission order (the last one is preempted first).
-    running: Vec<Seq>,
+    pub(super) running: Vec<Seq>,
     eos_ids: Vec<u32>,
-    vocab: usize,
+    pub(super) vocab: usize,
     context: usize,
-    stats: SchedulerStats,
+    pub(super) stats: SchedulerStats,
     /// Recurrent-state slots and snapshots (hybrid models only).
-    states: Option<StateSlots>,
+    pub(super) states: Option<StateSlots>,
     /// The sliding-window block group (windowed models, when configured).
-    windows: Option<WindowGroup>,
+    pub(super) windows: Option<WindowGroup>,
+    /// Speculative decoding ([`super::spec`]): the default for requests, and
+    /// the n-gram pool shared by them (made at the first speculating request).
+    pub(super) draft: Option<DraftParams>,
+    pub(super) ngram_pool: Option<NgramPool>,
     /// Steps sent and not yet collected, oldest first.
     in_flight: VecDeque<Flight>,
     /// The next [`Seq::id`].
@@ -151,12 +163,31 @@ pub struct Scheduler {
     disk: Option<DiskTier>,
 }
 
+/// One sequence's item in a step in flight.
+#[derive(Debug, Clone, Copy)]
+struct FlightItem {
+    id: u64,
+    /// Rows in the step (`1 + drafts` for a verify item).
+    n: usize,
+    /// Whether its logits are every prompt position's (`want_prompt_logits`).
+    all: bool,
+    /// Draft tokens checked by it (0: not a verify item); its `sub_len`
+    /// counts only the first row, the rest are not in `history` yet.
+    drafts: usize,
+}
+
+impl FlightItem {
+    /// Positions of `history` it sent.
+    fn sent(&self) -> usize {
+        self.n - self.drafts
+    }
+}
+
 /// A step in flight: which sequences it carries and what to do when it
 /// comes back.
 struct Flight {
-    /// (sequence id, tokens, whether its logits are every position's), in
-    /// the step's item order.
-    items: Vec<(u64, usize, bool)>,
+    /// In the step's item order.
+    items: Vec<FlightItem>,
     /// (sequence id, prefix hash, snapshot slot) to commit.
     snaps: Vec<(u64, BlockHash, u32)>,
     /// (sequence id, snapshot slot) restored by this step: pinned until then.
@@ -174,13 +205,19 @@ struct PlanItem {
     mode: LogitsMode,
     restore: Option<u32>,
     snapshot: Option<u32>,
+    /// A verify item: its tokens are the sequence's prepared draft.
+    verify: bool,
 }
 
 impl PlanItem {
     fn item<'a>(&self, running: &'a [Seq]) -> BatchItem<'a> {
         let s = &running[self.index];
+        let tokens = match (self.verify, s.spec.as_ref()) {
+            (true, Some(sp)) => &sp.tokens[..],
+            _ => &s.history[self.start..self.start + self.n],
+        };
         BatchItem {
-            tokens: &s.history[self.start..self.start + self.n],
+            tokens,
             table: &s.blocks,
             start: self.start,
             mode: self.mode,
@@ -221,6 +258,8 @@ impl Scheduler {
             eos_ids: engine.eos_ids.clone(),
             vocab: engine.model.config.vocab_size,
             context: engine.context_length(),
+            draft: None,
+            ngram_pool: None,
             stats: SchedulerStats { block: cfg.block, pool_bytes, ..Default::default() },
             cfg,
         })
@@ -267,7 +306,9 @@ impl Scheduler {
             return;
         }
         let greedy = req.sampling.temperature <= 0.0 && req.sampling.repetition_penalty == 1.0;
+        let spec = self.spec_for(&req);
         self.waiting.push_back(Seq {
+            spec,
             id: 0,
             sub_len: 0,
             prompt_logits: Vec::new(),
@@ -292,6 +333,7 @@ impl Scheduler {
 
     fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
         req.sampling.validate().map_err(EngineError::BadArgument)?;
+        Scheduler::validate_draft(req)?;
         let prompt = &req.prompt_ids;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -572,6 +614,7 @@ impl Scheduler {
         self.admit(engine)?;
         self.reserve_decode_blocks();
         self.reserve_window_blocks();
+        self.prepare_drafts();
         // Blocks that became cached go to disk before any step may reuse them.
         if let Some(d) = self.disk.as_mut() {
             d.sync(engine, &mut self.blocks)?;
@@ -597,9 +640,13 @@ impl Scheduler {
         let Some(flight) = self.in_flight.pop_front() else { return Ok(()) };
         let vocab = self.vocab;
         let result = engine.collect_batch().map(|l| {
-            l.iter()
-                .zip(&flight.items)
-                .map(|(row, &(_, _, all))| if all { row.clone() } else { row[..vocab.min(row.len())].to_vec() })
+            l.iter().zip(&flight.items).map(|(row, it)| {
+                if it.all || it.drafts > 0 {
+                    row.clone()
+                } else {
+                    row[..vocab.min(row.len())].to_vec()
+                }
+            })
         });
         let logits: Vec<Vec<f32>> = match result {
             Ok(l) => l.collect(),
@@ -618,9 +665,15 @@ impl Scheduler {
         );
         let tok = engine.tokenizer.as_ref();
         let mut finished = Vec::new();
-        for (&(id, n, all), mut row) in flight.items.iter().zip(logits) {
+        for (&FlightItem { id, n, all, drafts }, mut row) in flight.items.iter().zip(logits) {
             // Gone (cancelled, preempted, failed) since the step was sent.
             let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
+            if drafts > 0 {
+                if self.verify(i, &row, tok) {
+                    finished.push(i);
+                }
+                continue;
+            }
             let s = &mut self.running[i];
             if all {
                 // Every position's logits: keep them, sample from the last.
@@ -633,7 +686,7 @@ impl Scheduler {
             if s.kv_len - n < prompt {
                 s.hooks.on_prefill(s.kv_len.min(prompt), prompt);
             }
-            if s.kv_len == s.history.len() && row.len() == self.vocab && self.sample(i, &mut row, tok) {
+            if s.kv_len == s.history.len() && row.len() == self.vocab && self.sample(i, &mut row, tok, None).0 {
                 finished.push(i);
             }
         }
@@ -641,6 +694,7 @@ impl Scheduler {
         for i in finished {
             let mut s = self.running.remove(i);
             release_seq(self.groups(), &mut s);
+            self.feed_pool(&s);
             let outcome = finish(&mut s);
             s.hooks.done(Ok(outcome));
         }
@@ -675,7 +729,10 @@ impl Scheduler {
                 0 => continue,
                 1 if decode_left > 0 => {
                     decode_left -= 1;
-                    1
+                    // A verify item: the last token and the draft.
+                    let rows = s.spec.as_ref().map_or(1, |sp| sp.tokens.len().max(1));
+                    budget = budget.saturating_sub(rows - 1);
+                    rows
                 }
                 1 => continue,
                 _ if one_chunk && s.busy() => continue,
@@ -710,6 +767,16 @@ impl Scheduler {
         let mut items = Vec::with_capacity(plan.len());
         for (i, n) in plan {
             let s = &mut self.running[i];
+            if s.ready() == 1 && n > 1 {
+                // A verify item: it sends the last token (so `sub_len` moves
+                // by one) and the draft behind it.
+                flight.items.push(FlightItem { id: s.id, n, all: false, drafts: n - 1 });
+                let (start, mode) = (s.sub_len, LogitsMode::Verify);
+                items.push(PlanItem { index: i, start, n, mode, restore: None, snapshot: None, verify: true });
+                flight.tokens += n;
+                s.sub_len += 1;
+                continue;
+            }
             let ends = s.sub_len + n == s.history.len();
             // `run --dump-logits`: every prompt position's logits.
             let all = s.req.want_prompt_logits && s.sub_len + n <= s.req.prompt_ids.len();
@@ -724,8 +791,8 @@ impl Scheduler {
             let restore = s.restore.take();
             flight.restores.extend(restore.map(|r| (s.id, r)));
             let snapshot = flight.snaps.iter().find(|x| x.0 == s.id).map(|x| x.2);
-            items.push(PlanItem { index: i, start: s.sub_len, n, mode, restore, snapshot });
-            flight.items.push((s.id, n, all));
+            items.push(PlanItem { index: i, start: s.sub_len, n, mode, restore, snapshot, verify: false });
+            flight.items.push(FlightItem { id: s.id, n, all, drafts: 0 });
             flight.tokens += n;
             s.sub_len += n;
         }
@@ -735,9 +802,10 @@ impl Scheduler {
     /// A micro-batch that was never sent: its sequences take its tokens back
     /// (and their restores, still pinned).
     fn unsend(&mut self, flight: &mut Flight) {
-        for &(id, n, _) in &flight.items {
+        for it in &flight.items {
+            let id = it.id;
             if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
-                s.sub_len -= n;
+                s.sub_len -= it.sent();
                 s.restore = flight.restores.iter().find(|r| r.0 == id).map(|r| r.1).or(s.restore);
             }
         }
@@ -756,8 +824,8 @@ impl Scheduler {
             return Err(e);
         }
         let msg = e.to_string();
-        for &(id, _, _) in &flight.items {
-            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+        for it in &flight.items {
+            if let Some(i) = self.running.iter().position(|s| s.id == it.id) {
                 let mut s = self.running.remove(i);
                 release_seq(self.groups(), &mut s);
                 s.hooks.done(Err(EngineError::BadArgument(format!("the forward step failed: {msg}"))));
@@ -766,20 +834,31 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Samples sequence `i`'s next token from `logits`; true when it is done
-    /// (its `finish` is then set). Mirrors `Engine::generate_hooked`.
-    fn sample(&mut self, i: usize, logits: &mut [f32], tok: Option<&Tokenizer>) -> bool {
+    /// Samples sequence `i`'s next token from `logits`, or checks `draft`
+    /// against them ([`Sampler::sample_draft`]); returns (whether it is done
+    /// (its `finish` is then set), whether the token is the draft). Mirrors
+    /// `Engine::generate_hooked`.
+    pub(super) fn sample(
+        &mut self,
+        i: usize,
+        logits: &mut [f32],
+        tok: Option<&Tokenizer>,
+        draft: Option<u32>,
+    ) -> (bool, bool) {
         let s = &mut self.running[i];
         let remaining = s.req.max_tokens - s.out_ids.len();
         if remaining == 0 {
             s.finish = Some(FinishReason::Length);
-            return true;
+            return (true, false);
         }
         s.hooks.constrain(logits, remaining);
-        let id = s.sampler.sample(logits, &s.history);
+        let (id, took) = match draft {
+            Some(d) => s.sampler.sample_draft(logits, &s.history, d),
+            None => (s.sampler.sample(logits, &s.history), false),
+        };
         if !s.req.ignore_eos && self.eos_ids.contains(&id) {
             s.finish = Some(FinishReason::Stop);
-            return true;
+            return (true, took);
         }
         s.out_ids.push(id);
         s.history.push(id);
@@ -789,7 +868,7 @@ impl Scheduler {
             let hooks = &mut s.hooks;
             if s.stream.push(&piece, &mut |t| hooks.on_text(t)) {
                 s.finish = Some(FinishReason::Stop);
-                return true;
+                return (true, took);
             }
         }
         if !go_on {
@@ -797,7 +876,7 @@ impl Scheduler {
         } else if s.out_ids.len() == s.req.max_tokens {
             s.finish = Some(FinishReason::Length);
         }
-        s.finish.is_some()
+        (s.finish.is_some(), took)
     }
 }
 

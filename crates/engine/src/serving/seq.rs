@@ -13,6 +13,7 @@
 
 use super::blocks::{block_hashes, chain_hash, BlockHash, BlockManager};
 use super::scheduler::{SeqHooks, SeqOutcome};
+use super::spec::SpecState;
 use super::state_slots::StateSlots;
 use super::windows::{SeqWindow, WindowGroup};
 use crate::generate::{FinishReason, GenerateRequest, TextStream};
@@ -50,6 +51,8 @@ pub(super) struct Seq {
     pub window: SeqWindow,
     /// Every prompt position's logits so far (`want_prompt_logits`).
     pub prompt_logits: Vec<f32>,
+    /// Speculative decoding's state, when the sequence speculates.
+    pub spec: Option<SpecState>,
 }
 
 /// What a scheduler hands out: full blocks, window blocks, state slots.
@@ -114,6 +117,10 @@ impl Seq {
         // The recomputation makes the prompt's logits again.
         self.prompt_logits.clear();
         self.hashes.clear();
+        // A prepared draft was for the KV just dropped.
+        if let Some(sp) = self.spec.as_mut() {
+            sp.tokens.clear();
+        }
         self.kv_len = 0;
         self.sub_len = 0;
     }
@@ -182,5 +189,7 @@ pub(super) fn finish(s: &mut Seq) -> SeqOutcome {
         prompt_tokens: s.req.prompt_ids.len(),
         cached_tokens: s.cached_tokens.unwrap_or(0),
         prompt_logits: s.req.want_prompt_logits.then(|| std::mem::take(&mut s.prompt_logits)),
+        drafted: s.spec.as_ref().map_or(0, |sp| sp.drafted),
+        accepted: s.spec.as_ref().map_or(0, |sp| sp.accepted),
     }
 }

@@ -1,0 +1,243 @@
+//! Speculative decoding in the batching scheduler.
+//!
+//! A speculating sequence that is ready to decode gets a draft of up to `k`
+//! tokens ([`crate::draft`]: n-gram lookup in its own history, then the
+//! shared pool). Its next step sends its last sampled token and the draft as
+//! ONE item of `1 + k` rows with [`LogitsMode::Verify`] (every row's logits,
+//! each row's attention computed as a decode step would), in the same batch
+//! as plain sequences and prefill chunks; in a pipeline the item crosses
+//! every stage once, and under tensor parallelism every rank runs its shard
+//! of the same rows.
+//!
+//! # Verification
+//! Row `r`'s logits are the model's next-token distribution after the
+//! draft's first `r` tokens. Rows are checked in order: row `r` samples (or,
+//! greedy, takes the argmax) with the draft's token `r` as the proposal
+//! ([`crate::sampler::Sampler::sample_draft`]); while the token that comes
+//! out is the draft's, the next row is checked; the first other token (the
+//! correction) or row `k`'s token (the bonus) ends the step. Each token goes
+//! through the same path as a plain decode step's (constraints, EOS, stop
+//! strings, streaming, `max_tokens`), so output, stream and stop strings
+//! only ever see accepted tokens.
+//!
+//! # Rollback
+//! A row's KV is valid when its input token was accepted: the last token and
+//! the `a` accepted draft tokens, so `kv_len` advances by `1 + a` and the
+//! prefix cache hashes full blocks only up to there. The rejected rows' KV
+//! stays in the blocks past `kv_len`, unread (attention reads positions below
+//! a step's own), and the next steps overwrite it. Extra blocks a draft
+//! needed stay with the sequence for the positions it reaches next.
+//!
+//! # When it pays
+//! The draft length starts at `max`, doubles after a fully accepted draft
+//! and drops to `accepted + 1` (at least `min`) otherwise. An average of the
+//! tokens accepted per verify step below [`GAIN_FLOOR`] pauses speculation
+//! for a number of the sequence's decode steps that doubles each time (up to
+//! [`MAX_PAUSE`]), so text the drafter cannot predict costs plain decode
+//! steps. A draft shorter than `min` is not sent.
+//!
+//! Hybrid models (recurrent states would need a rollback snapshot per
+//! verify step) and sliding-window block groups (window blocks are sized
+//! for one token past the computed KV) do not speculate: [`Scheduler::set_draft`]
+//! says so and leaves it off.
+
+use super::scheduler::Scheduler;
+use super::seq::{register_full_blocks, Seq};
+use crate::draft::{lookup, DraftChoice, DraftParams, NgramPool};
+use crate::generate::GenerateRequest;
+use crate::tokenizer::Tokenizer;
+use crate::EngineError;
+
+/// Accepted tokens per verify step (moving average) below which a sequence
+/// pauses speculating.
+pub const GAIN_FLOOR: f32 = 0.3;
+/// First and longest pause, in the sequence's decode steps.
+const FIRST_PAUSE: usize = 16;
+pub const MAX_PAUSE: usize = 256;
+
+/// A speculating sequence's drafter state.
+#[derive(Debug, Clone)]
+pub(super) struct SpecState {
+    pub params: DraftParams,
+    /// The next draft's length.
+    pub k: usize,
+    /// The next (or in-flight) verify item's tokens: the last sampled token,
+    /// then the draft; empty when none is prepared.
+    pub tokens: Vec<u32>,
+    /// Moving average of the tokens accepted per verify step.
+    pub gain: f32,
+    /// Decode steps left without speculating, and the next pause's length.
+    pub pause: usize,
+    pub next_pause: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+impl SpecState {
+    fn new(params: DraftParams) -> SpecState {
+        SpecState {
+            params,
+            k: params.max,
+            tokens: Vec::new(),
+            gain: 1.0,
+            pause: 0,
+            next_pause: FIRST_PAUSE,
+            drafted: 0,
+            accepted: 0,
+        }
+    }
+
+    /// After a verify step of `k` draft tokens of which `a` were accepted.
+    fn adapt(&mut self, k: usize, a: usize) {
+        self.drafted += k;
+        self.accepted += a;
+        let p = self.params;
+        self.k = if a == k { (self.k * 2).min(p.max) } else { (a + 1).clamp(p.min, p.max) };
+        self.gain = 0.8 * self.gain + 0.2 * a as f32;
+        if self.gain < GAIN_FLOOR {
+            self.pause = self.next_pause;
+            self.next_pause = (self.next_pause * 2).min(MAX_PAUSE);
+            self.gain = 1.0;
+            self.k = p.max;
+        } else if a > 0 {
+            self.next_pause = FIRST_PAUSE;
+        }
+    }
+}
+
+impl Scheduler {
+    /// Turns speculative decoding on (or off) for requests that leave it to
+    /// the scheduler ([`DraftChoice::Default`]). Returns why it stays off
+    /// for this model, if it does (then no request speculates).
+    pub fn set_draft(&mut self, draft: Option<DraftParams>) -> Result<Option<&'static str>, EngineError> {
+        if let Some(p) = &draft {
+            p.validate().map_err(EngineError::BadArgument)?;
+        }
+        self.draft = draft;
+        Ok(match self.spec_unsupported() {
+            Some(why) if draft.is_some() => {
+                tracing::warn!("speculative decoding is off: {why}");
+                Some(why)
+            }
+            _ => None,
+        })
+    }
+
+    /// Why this model does not speculate, if it does not.
+    fn spec_unsupported(&self) -> Option<&'static str> {
+        if self.states.is_some() {
+            Some("this model's linear-attention states cannot roll back a rejected draft yet")
+        } else if self.windows.is_some() {
+            Some("sliding-window block groups hold one step past the computed KV (give windowed layers full blocks)")
+        } else {
+            None
+        }
+    }
+
+    /// Checks a request's own draft bounds.
+    pub(super) fn validate_draft(req: &GenerateRequest) -> Result<(), EngineError> {
+        match req.draft {
+            DraftChoice::On(p) => p.validate().map_err(EngineError::BadArgument),
+            _ => Ok(()),
+        }
+    }
+
+    /// A new sequence's drafter state, if it speculates.
+    pub(super) fn spec_for(&mut self, req: &GenerateRequest) -> Option<SpecState> {
+        let params = req.draft.resolve(self.draft)?;
+        if self.spec_unsupported().is_some() {
+            return None;
+        }
+        self.ngram_pool.get_or_insert_with(NgramPool::new);
+        Some(SpecState::new(params))
+    }
+
+    /// Prepares a draft for every speculating sequence that is ready to
+    /// decode and has none: at most `k` tokens, at most one fewer than its
+    /// tokens left, and as many as the blocks it has (or the free ones, one
+    /// kept for the others' decode) can hold.
+    pub(super) fn prepare_drafts(&mut self) {
+        let b = self.cfg.block;
+        for s in self.running.iter_mut() {
+            let decoding = s.ready() == 1 && !s.busy() && s.history.len() > s.req.prompt_ids.len();
+            let Some(sp) = s.spec.as_mut() else { continue };
+            if !sp.tokens.is_empty() || !decoding {
+                continue;
+            }
+            if sp.pause > 0 {
+                sp.pause -= 1;
+                continue;
+            }
+            let left = s.req.max_tokens.saturating_sub(s.out_ids.len());
+            let k = sp.k.min(left.saturating_sub(1));
+            if k < sp.params.min {
+                continue;
+            }
+            let mut draft = lookup(&s.history, k);
+            if draft.is_empty() {
+                if let Some(pool) = &self.ngram_pool {
+                    draft = pool.lookup(&s.history, k);
+                }
+            }
+            // Positions `start ..= start + draft.len()` need blocks.
+            let start = s.history.len() - 1;
+            while s.blocks.len() * b < start + 1 + draft.len() && self.blocks.available() > 1 {
+                s.blocks.push(self.blocks.allocate().expect("counted available blocks"));
+            }
+            draft.truncate((s.blocks.len() * b).saturating_sub(start + 1));
+            if draft.len() < sp.params.min {
+                continue;
+            }
+            sp.tokens.reserve(draft.len() + 1);
+            sp.tokens.push(s.history[start]);
+            sp.tokens.extend(draft);
+        }
+    }
+
+    /// Checks sequence `i`'s draft against its verify item's logits (`rows`:
+    /// `(1 + k) × vocab`); returns whether the sequence is done.
+    pub(super) fn verify(&mut self, i: usize, rows: &[f32], tok: Option<&Tokenizer>) -> bool {
+        let vocab = self.vocab;
+        let Some(sp) = self.running[i].spec.as_mut() else { return false };
+        let tokens = std::mem::take(&mut sp.tokens);
+        let draft = tokens.get(1..).unwrap_or_default();
+        let k = draft.len();
+        let mut accepted = 0;
+        let mut done = false;
+        for r in 0..=k {
+            let Some(row) = rows.get(r * vocab..(r + 1) * vocab) else { break };
+            // Row r's input token (the last one, or accepted draft r − 1) is
+            // in `history`: its KV is valid.
+            let s = &mut self.running[i];
+            s.kv_len += 1;
+            register_full_blocks(&mut self.blocks, self.windows.as_mut(), s);
+            let mut row = row.to_vec();
+            let (end, took) = self.sample(i, &mut row, tok, draft.get(r).copied());
+            if end {
+                done = true;
+                break;
+            }
+            if !took || r == k {
+                break;
+            }
+            accepted += 1;
+        }
+        let s = &mut self.running[i];
+        // No other step of this sequence is in flight.
+        s.sub_len = s.kv_len;
+        if let Some(sp) = s.spec.as_mut() {
+            sp.adapt(k, accepted);
+        }
+        self.stats.spec_steps += 1;
+        self.stats.spec_drafted += k as u64;
+        self.stats.spec_accepted += accepted as u64;
+        done
+    }
+
+    /// A finished speculating sequence's tokens join the shared n-gram pool.
+    pub(super) fn feed_pool(&mut self, s: &Seq) {
+        if let (Some(pool), Some(_)) = (self.ngram_pool.as_mut(), s.spec.as_ref()) {
+            pool.feed(&s.history);
+        }
+    }
+}
