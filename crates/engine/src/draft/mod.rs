@@ -5,6 +5,14 @@ pub mod ngram;
 
 pub use ngram::{lookup, NgramPool};
 
+/// A drafter in place of the n-gram lookup ([`crate::serving::Scheduler::set_drafter`]):
+/// tests drive verification with it (drafts that are all right, all wrong,
+/// or anything between); a draft model would be one.
+pub trait Drafter: Send {
+    /// Up to `k` tokens to follow `history` (the prompt and every accepted token).
+    fn propose(&mut self, history: &[u32], k: usize) -> Vec<u32>;
+}
+
 /// How a sequence speculates: an n-gram (prompt lookup) drafter proposing
 /// between `min` and `max` tokens per step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -60,7 +60,7 @@ use super::seq::{finish, hybrid_piece, register_full_blocks, release_seq, Groups
 use super::state_slots::StateSlots;
 use super::windows::{SeqWindow, WindowGroup};
 use crate::dist_batch::{BatchItem, PoolShape};
-use crate::draft::{DraftParams, NgramPool};
+use crate::draft::{DraftParams, Drafter, NgramPool};
 use crate::generate::{Engine, FinishReason, GenerateHooks, GenerateRequest, TextStream};
 use crate::sampler::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -155,6 +155,8 @@ pub struct Scheduler {
     /// the n-gram pool shared by them (made at the first speculating request).
     pub(super) draft: Option<DraftParams>,
     pub(super) ngram_pool: Option<NgramPool>,
+    /// A drafter in place of the n-gram lookup ([`Scheduler::set_drafter`]).
+    pub(super) drafter: Option<Box<dyn Drafter>>,
     /// Steps sent and not yet collected, oldest first.
     in_flight: VecDeque<Flight>,
     /// The next [`Seq::id`].
@@ -260,6 +262,7 @@ impl Scheduler {
             context: engine.context_length(),
             draft: None,
             ngram_pool: None,
+            drafter: None,
             stats: SchedulerStats { block: cfg.block, pool_bytes, ..Default::default() },
             cfg,
         })

@@ -43,7 +43,7 @@
 
 use super::scheduler::Scheduler;
 use super::seq::{register_full_blocks, Seq};
-use crate::draft::{lookup, DraftChoice, DraftParams, NgramPool};
+use crate::draft::{lookup, DraftChoice, DraftParams, Drafter, NgramPool};
 use crate::generate::GenerateRequest;
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
@@ -123,6 +123,12 @@ impl Scheduler {
         })
     }
 
+    /// Drafts with `drafter` instead of the n-gram lookup and pool (`None`:
+    /// back to them).
+    pub fn set_drafter(&mut self, drafter: Option<Box<dyn Drafter>>) {
+        self.drafter = drafter;
+    }
+
     /// Why this model does not speculate, if it does not.
     fn spec_unsupported(&self) -> Option<&'static str> {
         if self.states.is_some() {
@@ -173,8 +179,14 @@ impl Scheduler {
             if k < sp.params.min {
                 continue;
             }
-            let mut draft = lookup(&s.history, k);
-            if draft.is_empty() {
+            let mut draft = match self.drafter.as_mut() {
+                Some(d) => d.propose(&s.history, k),
+                None => lookup(&s.history, k),
+            };
+            // Never more than asked, never a token the model cannot embed.
+            let valid = draft.iter().take(k).take_while(|&&t| (t as usize) < self.vocab).count();
+            draft.truncate(valid);
+            if draft.is_empty() && self.drafter.is_none() {
                 if let Some(pool) = &self.ngram_pool {
                     draft = pool.lookup(&s.history, k);
                 }
