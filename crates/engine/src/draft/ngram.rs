@@ -10,8 +10,10 @@
 //! conversation's next turn (or another request over the same file) finds
 //! continuations its own prompt lacks.
 
-/// Longest and shortest suffix matched by [`lookup`].
-pub const N_MAX: usize = 3;
+/// Longest and shortest suffix matched by [`lookup`]. Code repeats short
+/// runs everywhere (`self.`, `}\n    `): the longest match picks the right
+/// place among them.
+pub const N_MAX: usize = 8;
 pub const N_MIN: usize = 1;
 /// Tokens hashed per pool entry.
 pub const POOL_N: usize = 4;
