@@ -597,4 +597,24 @@ mod tests {
         assert!(g.next().await.is_none());
         drop(tx);
     }
+
+    #[test]
+    fn draft_fields_choose_speculation_per_request() {
+        use engine::draft::{DraftChoice, DraftParams};
+        let f = |v: serde_json::Value| serde_json::from_value::<DraftFields>(v).unwrap().choice();
+        assert_eq!(f(serde_json::json!({})).unwrap(), DraftChoice::Default);
+        assert_eq!(f(serde_json::json!({"draft": "none"})).unwrap(), DraftChoice::Off);
+        assert_eq!(f(serde_json::json!({"draft": "ngram"})).unwrap(), DraftChoice::On(DraftParams::default()));
+        let got = f(serde_json::json!({"draft_max": 4})).unwrap();
+        assert_eq!(got, DraftChoice::On(DraftParams { max: 4, min: 1 }));
+        for (bad, field) in [
+            (serde_json::json!({"draft": "model"}), "draft"),
+            (serde_json::json!({"draft": "ngram", "draft_max": 99}), "draft_max"),
+            (serde_json::json!({"draft_max": 4, "draft_min": 5}), "draft_min"),
+            (serde_json::json!({"draft_min": -1}), "draft_min"),
+        ] {
+            let e = f(bad.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{bad}: {}", e.message);
+        }
+    }
 }
