@@ -216,6 +216,23 @@ mod tests {
     }
 
     #[test]
+    fn drafts_are_checked_against_the_distribution() {
+        // Greedy: accepted exactly when the draft is the argmax.
+        let mut g = Sampler::new(SamplingParams::default());
+        assert_eq!(g.sample_draft(&mut [0.1, 3.0], &[], 1), (1, true));
+        assert_eq!(g.sample_draft(&mut [0.1, 3.0], &[], 0), (1, false));
+        // A draft the filters cut (top-k 2) is never accepted nor drawn.
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, seed: 3, ..Default::default() });
+        for _ in 0..50 {
+            let (t, took) = s.sample_draft(&mut [3.0, 2.5, 0.0, -1.0], &[], 3);
+            assert!(!took && t < 2, "{t} {took}");
+        }
+        // The only token left is always accepted.
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() });
+        assert_eq!(s.sample_draft(&mut [0.0, 5.0], &[], 1), (1, true));
+    }
+
+    #[test]
     fn validation_names_the_value() {
         let p = SamplingParams { top_p: 1.5, ..Default::default() };
         assert!(p.validate().unwrap_err().contains("top-p"));
