@@ -135,8 +135,9 @@ fn greedy_equality(name: &str) {
 
 #[test]
 fn greedy_speculation_equals_plain_decoding_tiny() {
-    // gpt_oss has attention sinks and windows over full blocks; qwen3 q/k norms.
-    for name in ["llama", "qwen3", "mistral", "gpt_oss"] {
+    // gpt_oss has attention sinks and windows over full blocks; qwen3 q/k
+    // norms; deepseek_v3 latent attention (MLA) and experts; qwen3_moe experts.
+    for name in ["llama", "qwen3", "mistral", "gpt_oss", "deepseek_v3", "qwen3_moe"] {
         greedy_equality(name);
     }
 }
