@@ -102,13 +102,6 @@ pub enum LogitsMode {
     Verify,
 }
 
-impl LogitsMode {
-    /// Whether every row of the sequence gets logits.
-    pub fn every_row(self) -> bool {
-        matches!(self, LogitsMode::All | LogitsMode::Verify)
-    }
-}
-
 /// One sequence's share of a forward step.
 pub struct SeqStep<'a> {
     /// New tokens; they take positions `cache.start() ..`.
@@ -642,23 +635,6 @@ impl Model {
         }
         let view = KvView { k: kc, v: vc, table, block };
         let hq = self.local.n_heads * hd;
-        if per_row && len > 1 {
-            // Row i sees positions 0..=start + i, all stored above.
-            for i in 0..len {
-                let shape = AttnShape {
-                    n_new: 1,
-                    start_pos: start + i,
-                    n_heads: self.local.n_heads,
-                    n_kv_heads: self.local.n_kv_heads,
-                    head_dim: hd,
-                    window: layer.window,
-                    scale: self.spec.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt()),
-                    sinks: layer.sinks.as_deref(),
-                };
-                attention_paged(pool, &q[i * hq..(i + 1) * hq], &view, &shape, &mut out[i * hq..(i + 1) * hq]);
-            }
-            return;
-        }
         let shape = AttnShape {
             n_new: len,
             start_pos: start,
@@ -669,6 +645,14 @@ impl Model {
             scale: self.spec.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt()),
             sinks: layer.sinks.as_deref(),
         };
+        if per_row && len > 1 {
+            // Row i sees positions 0..=start + i, all stored above.
+            for i in 0..len {
+                let one = AttnShape { n_new: 1, start_pos: start + i, ..shape };
+                attention_paged(pool, &q[i * hq..(i + 1) * hq], &view, &one, &mut out[i * hq..(i + 1) * hq]);
+            }
+            return;
+        }
         attention_paged(pool, q, &view, &shape, &mut out[..len * hq]);
     }
 

@@ -3,6 +3,7 @@
 
 pub mod blocks;
 pub mod disk_tier;
+mod flight;
 pub mod scheduler;
 mod seq;
 pub mod solo;

@@ -56,6 +56,7 @@
 
 use super::blocks::{block_hashes, BlockHash, BlockManager, BlockStats};
 use super::disk_tier::{DiskTier, DiskTierStats};
+use super::flight::{Flight, FlightItem, PlanItem};
 use super::seq::{finish, hybrid_piece, register_full_blocks, release_seq, Groups, Seq};
 use super::state_slots::StateSlots;
 use super::windows::{SeqWindow, WindowGroup};
@@ -63,7 +64,7 @@ use crate::dist_batch::{BatchItem, PoolShape};
 use crate::draft::{DraftParams, Drafter, NgramPool};
 use crate::generate::{Engine, FinishReason, GenerateHooks, GenerateRequest, TextStream};
 use crate::sampler::Sampler;
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::tokenizer::StreamDecoder;
 use crate::EngineError;
 use model::LogitsMode;
 use std::collections::VecDeque;
@@ -143,7 +144,7 @@ pub struct Scheduler {
     waiting: VecDeque<Seq>,
     /// In admission order (the last one is preempted first).
     pub(super) running: Vec<Seq>,
-    eos_ids: Vec<u32>,
+    pub(super) eos_ids: Vec<u32>,
     pub(super) vocab: usize,
     context: usize,
     pub(super) stats: SchedulerStats,
@@ -163,72 +164,6 @@ pub struct Scheduler {
     next_id: u64,
     /// The prefix cache's disk tier ([`Scheduler::enable_disk`]).
     disk: Option<DiskTier>,
-}
-
-/// One sequence's item in a step in flight.
-#[derive(Debug, Clone, Copy)]
-struct FlightItem {
-    id: u64,
-    /// Rows in the step (`1 + drafts` for a verify item).
-    n: usize,
-    /// Whether its logits are every prompt position's (`want_prompt_logits`).
-    all: bool,
-    /// Draft tokens checked by it (0: not a verify item); its `sub_len`
-    /// counts only the first row, the rest are not in `history` yet.
-    drafts: usize,
-}
-
-impl FlightItem {
-    /// Positions of `history` it sent.
-    fn sent(&self) -> usize {
-        self.n - self.drafts
-    }
-}
-
-/// A step in flight: which sequences it carries and what to do when it
-/// comes back.
-struct Flight {
-    /// In the step's item order.
-    items: Vec<FlightItem>,
-    /// (sequence id, prefix hash, snapshot slot) to commit.
-    snaps: Vec<(u64, BlockHash, u32)>,
-    /// (sequence id, snapshot slot) restored by this step: pinned until then.
-    restores: Vec<(u64, u32)>,
-    tokens: usize,
-    sent: Instant,
-}
-
-/// One sequence's share of a planned step, turned into a [`BatchItem`]
-/// (which borrows the sequence) right before sending.
-struct PlanItem {
-    index: usize,
-    start: usize,
-    n: usize,
-    mode: LogitsMode,
-    restore: Option<u32>,
-    snapshot: Option<u32>,
-    /// A verify item: its tokens are the sequence's prepared draft.
-    verify: bool,
-}
-
-impl PlanItem {
-    fn item<'a>(&self, running: &'a [Seq]) -> BatchItem<'a> {
-        let s = &running[self.index];
-        let tokens = match (self.verify, s.spec.as_ref()) {
-            (true, Some(sp)) => &sp.tokens[..],
-            _ => &s.history[self.start..self.start + self.n],
-        };
-        BatchItem {
-            tokens,
-            table: &s.blocks,
-            start: self.start,
-            mode: self.mode,
-            state: s.slot,
-            restore: self.restore,
-            snapshot: self.snapshot,
-            window: s.window.view(),
-        }
-    }
 }
 
 impl Scheduler {
@@ -689,7 +624,10 @@ impl Scheduler {
             if s.kv_len - n < prompt {
                 s.hooks.on_prefill(s.kv_len.min(prompt), prompt);
             }
-            if s.kv_len == s.history.len() && row.len() == self.vocab && self.sample(i, &mut row, tok, None).0 {
+            if s.kv_len == s.history.len()
+                && row.len() == self.vocab
+                && self.running[i].sample(&mut row, tok, None, &self.eos_ids).0
+            {
                 finished.push(i);
             }
         }
@@ -835,51 +773,6 @@ impl Scheduler {
             }
         }
         Ok(())
-    }
-
-    /// Samples sequence `i`'s next token from `logits`, or checks `draft`
-    /// against them ([`Sampler::sample_draft`]); returns (whether it is done
-    /// (its `finish` is then set), whether the token is the draft). Mirrors
-    /// `Engine::generate_hooked`.
-    pub(super) fn sample(
-        &mut self,
-        i: usize,
-        logits: &mut [f32],
-        tok: Option<&Tokenizer>,
-        draft: Option<u32>,
-    ) -> (bool, bool) {
-        let s = &mut self.running[i];
-        let remaining = s.req.max_tokens - s.out_ids.len();
-        if remaining == 0 {
-            s.finish = Some(FinishReason::Length);
-            return (true, false);
-        }
-        s.hooks.constrain(logits, remaining);
-        let (id, took) = match draft {
-            Some(d) => s.sampler.sample_draft(logits, &s.history, d),
-            None => (s.sampler.sample(logits, &s.history), false),
-        };
-        if !s.req.ignore_eos && self.eos_ids.contains(&id) {
-            s.finish = Some(FinishReason::Stop);
-            return (true, took);
-        }
-        s.out_ids.push(id);
-        s.history.push(id);
-        let go_on = s.hooks.on_token(id);
-        if let Some(tok) = tok {
-            let piece = s.decoder.push(tok, id);
-            let hooks = &mut s.hooks;
-            if s.stream.push(&piece, &mut |t| hooks.on_text(t)) {
-                s.finish = Some(FinishReason::Stop);
-                return (true, took);
-            }
-        }
-        if !go_on {
-            s.finish = Some(FinishReason::Stop);
-        } else if s.out_ids.len() == s.req.max_tokens {
-            s.finish = Some(FinishReason::Length);
-        }
-        (s.finish.is_some(), took)
     }
 }
 

@@ -19,6 +19,7 @@ use super::windows::{SeqWindow, WindowGroup};
 use crate::generate::{FinishReason, GenerateRequest, TextStream};
 use crate::sampler::Sampler;
 use crate::tokenizer::StreamDecoder;
+use crate::tokenizer::Tokenizer;
 
 pub(super) struct Seq {
     /// Names the sequence in the steps in flight; a fresh one at every
@@ -110,6 +111,51 @@ impl Seq {
             Some(left) if left > 0 => left,
             _ => 1,
         }
+    }
+
+    /// Samples the next token from `logits`, or checks `draft`
+    /// against them ([`Sampler::sample_draft`]); returns (whether it is done
+    /// (its `finish` is then set), whether the token is the draft). Mirrors
+    /// `Engine::generate_hooked`.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        tok: Option<&Tokenizer>,
+        draft: Option<u32>,
+        eos_ids: &[u32],
+    ) -> (bool, bool) {
+        let s = self;
+        let remaining = s.req.max_tokens - s.out_ids.len();
+        if remaining == 0 {
+            s.finish = Some(FinishReason::Length);
+            return (true, false);
+        }
+        s.hooks.constrain(logits, remaining);
+        let (id, took) = match draft {
+            Some(d) => s.sampler.sample_draft(logits, &s.history, d),
+            None => (s.sampler.sample(logits, &s.history), false),
+        };
+        if !s.req.ignore_eos && eos_ids.contains(&id) {
+            s.finish = Some(FinishReason::Stop);
+            return (true, took);
+        }
+        s.out_ids.push(id);
+        s.history.push(id);
+        let go_on = s.hooks.on_token(id);
+        if let Some(tok) = tok {
+            let piece = s.decoder.push(tok, id);
+            let hooks = &mut s.hooks;
+            if s.stream.push(&piece, &mut |t| hooks.on_text(t)) {
+                s.finish = Some(FinishReason::Stop);
+                return (true, took);
+            }
+        }
+        if !go_on {
+            s.finish = Some(FinishReason::Stop);
+        } else if s.out_ids.len() == s.req.max_tokens {
+            s.finish = Some(FinishReason::Length);
+        }
+        (s.finish.is_some(), took)
     }
 
     /// Back to no KV at all (preempted, or its cluster was lost).

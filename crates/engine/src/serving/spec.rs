@@ -252,7 +252,7 @@ impl Scheduler {
             s.kv_len += 1;
             register_full_blocks(&mut self.blocks, self.windows.as_mut(), s);
             let mut row = row.to_vec();
-            let (end, took) = self.sample(i, &mut row, tok, draft.get(r).copied());
+            let (end, took) = self.running[i].sample(&mut row, tok, draft.get(r).copied(), &self.eos_ids);
             if end {
                 done = true;
                 break;
