@@ -371,6 +371,20 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let load_s = t_load.elapsed().as_secs_f64();
     engine.prefill_chunk = a.prefill_chunk as usize;
     let ctx = engine.context_length();
+    // `--prompt-file` sets the prompt's length instead of -p.
+    let prompt = match &a.prompt_file {
+        None => random_prompt(p, engine.model.config.vocab_size, a.seed),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let tok = engine.tokenizer.as_ref().context("this model has no tokenizer: --prompt-file needs one")?;
+            let ids = tok.encode(&text, true)?;
+            if ids.is_empty() || ids.len() + g > ctx {
+                bail!("--prompt-file gives {} tokens; with -g {g} that must fit the context {ctx}", ids.len());
+            }
+            ids
+        }
+    };
+    let p = prompt.len();
     if p + g > ctx {
         bail!("-p {p} plus -g {g} is {} tokens, more than the context length {ctx}", p + g);
     }
@@ -390,19 +404,6 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let resident = status_bytes("VmRSS:");
     let ws_bytes = workspace_bytes(cfg, engine.prefill_chunk.min(p));
     let predicted_rss = (resident + kv_cache_bytes + ws_bytes).max(rss_after_load);
-    let prompt = match &a.prompt_file {
-        None => random_prompt(p, vocab, a.seed),
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let tok = engine.tokenizer.as_ref().context("this model has no tokenizer: --prompt-file needs one")?;
-            let ids = tok.encode(&text, true)?;
-            if ids.is_empty() || ids.len() + g > ctx {
-                bail!("--prompt-file gives {} tokens; with -g {g} that must fit the context {ctx}", ids.len());
-            }
-            ids
-        }
-    };
-    let p = prompt.len();
     // One sequence's pool, in the server's blocks: every trial runs the
     // server's path (and starts cold: no prefix cache).
     let solo = engine::serving::solo::solo_config(&engine, p + g, crate::serve::KV_BLOCK, engine.prefill_chunk);

@@ -52,3 +52,24 @@ fn ngram_speculation_keeps_greedy_tokens_smollm2() {
     let prompt = format!("Repeat this code exactly:\n{code}\nHere it is:\n");
     same_tokens_with_and_without(m.to_str().unwrap(), &["--prompt", &prompt]);
 }
+
+#[test]
+fn bench_reports_the_speedup_and_identical_output() {
+    let m = fixture("llama");
+    let args = ["bench", "--model", m.to_str().unwrap(), "-p", "64", "-g", "32", "-n", "2", "--warmup", "0"];
+    let o = shardlm(&[&args[..], &["--draft", "ngram", "--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let s = &j["speculative"];
+    assert_eq!(s["identical_output"], true, "{s}");
+    assert!(s["median_speedup"].as_f64().unwrap() > 0.0, "{s}");
+    assert!(s["plain_generation_tps"].as_f64().unwrap() > 0.0, "{s}");
+    for t in j["trials"].as_array().unwrap() {
+        assert_eq!(t["plain"]["output_ids"], t["output_ids"]);
+        assert!(t["speedup"].as_f64().is_some() && t["drafted_tokens"].as_u64().is_some());
+    }
+    // Without --draft: no plain twin, no speculative block.
+    let o = shardlm(&[&args[..], &["--json"]].concat());
+    let j: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert!(j["speculative"].is_null() && j["trials"][0]["plain"].is_null());
+}
