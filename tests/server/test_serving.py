@@ -314,3 +314,26 @@ def test_serve_matches_run(server, oai):
     ran = json.loads(out.stdout)
     assert len(ran["output_ids"]) == 24
     assert got.choices[0].text == ran["text"]
+
+
+def test_speculation_per_request_keeps_greedy_text(server, oai):
+    """Speculative decoding (issue 28) chosen per request with the `draft`
+    extension field: the greedy text is the one without it, /metrics counts
+    the drafted and accepted tokens, and a bad value is a 400 naming the field."""
+    lines = code_file("speculate", 12)
+    prompt = f"Here is a file:\n\n{lines}\n\nThe same file again:\n\n" + lines.split("\n")[0]
+    before = server.metrics()
+    texts = {}
+    for draft in ("none", "ngram"):
+        got = oai.completions.create(model="m", prompt=prompt, max_tokens=64, **GREEDY,
+                                     extra_body={"ignore_eos": True, "draft": draft, "draft_max": 8})
+        texts[draft] = got.choices[0].text
+    assert texts["ngram"] == texts["none"]
+    after = server.metrics()
+    drafted = after["shardlm_spec_draft_tokens_total"] - before.get("shardlm_spec_draft_tokens_total", 0)
+    accepted = after["shardlm_spec_accepted_tokens_total"] - before.get("shardlm_spec_accepted_tokens_total", 0)
+    assert drafted > 0 and 0 < accepted <= drafted, (drafted, accepted)
+    assert 0 < after["shardlm_spec_acceptance_rate"] <= 1
+    r = httpx.post(server.base + "/v1/chat/completions", headers=H, timeout=30,
+                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "draft_max": 99})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "draft_max", r.text

@@ -14,6 +14,7 @@ use crate::bench_power;
 use crate::run::default_threads;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use engine::draft::DraftChoice;
 use engine::generate::{Engine, GenerateHooks, GenerateRequest};
 use engine::sampler::SamplingParams;
 use engine::serving::Scheduler;
@@ -55,6 +56,14 @@ pub struct BenchArgs {
     /// Seconds between prefill progress lines on stderr (0: after every chunk).
     #[arg(long, default_value_t = 2.0)]
     progress_secs: f64,
+    /// Prompt from this text file (tokenized) instead of random ids.
+    #[arg(long, value_name = "FILE")]
+    prompt_file: Option<std::path::PathBuf>,
+    /// With --draft: each trial also runs without speculation (alternating
+    /// which goes first); the report gives the speedup and whether the
+    /// outputs are identical.
+    #[command(flatten)]
+    draft: crate::draft_args::DraftArgs,
     #[command(flatten)]
     dist: crate::dist_args::DistArgs,
 }
@@ -70,6 +79,11 @@ struct Trial {
     /// The greedy tokens it generated (the same as `run --prompt-ids` and
     /// `serve` give for this prompt: tests compare them).
     output_ids: Vec<u32>,
+    /// Speculative decoding (with --draft): draft tokens checked and
+    /// accepted, and the same trial without speculation.
+    drafted: usize,
+    accepted: usize,
+    plain: Option<Box<Trial>>,
 }
 
 impl Trial {
@@ -81,7 +95,17 @@ impl Trial {
             "peak_rss_bytes": self.peak_rss_bytes,
             "total_s": self.total_s,
             "output_ids": self.output_ids,
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "acceptance_rate": crate::draft_args::acceptance(self.drafted, self.accepted),
+            "plain": self.plain.as_ref().map(|p| p.to_json()),
+            "speedup": self.speedup(),
         })
+    }
+
+    /// Decode tok/s against the same trial without speculation.
+    fn speedup(&self) -> Option<f64> {
+        self.plain.as_ref().map(|p| self.generation_tps / p.generation_tps.max(1e-9))
     }
 }
 
@@ -223,7 +247,30 @@ fn depth_curves(h: &BenchHooks, t0: Instant, p: usize) -> (bench_power::Curve, b
 
 /// Runs one trial: prefill the prompt, generate `g` tokens.
 fn trial(sched: &mut Scheduler, engine: &mut Engine, prompt: &[u32], g: usize, progress: Duration) -> Result<Trial> {
-    trial_curves(sched, engine, prompt, g, progress).map(|(t, _)| t)
+    trial_curves(sched, engine, prompt, g, progress, DraftChoice::Default).map(|(t, _)| t)
+}
+
+/// A trial with speculation (`draft`), and the same without it, in the
+/// order `plain_first` says (benchmarks alternate it).
+fn spec_trial(
+    sched: &mut Scheduler,
+    engine: &mut Engine,
+    prompt: &[u32],
+    g: usize,
+    progress: Duration,
+    plain_first: bool,
+) -> Result<(Trial, (bench_power::Curve, bench_power::Curve))> {
+    let plain = |sched: &mut Scheduler, engine: &mut Engine| {
+        trial_curves(sched, engine, prompt, g, progress, DraftChoice::Off).map(|(t, _)| t)
+    };
+    let first = if plain_first { Some(plain(sched, engine)?) } else { None };
+    let (mut t, c) = trial_curves(sched, engine, prompt, g, progress, DraftChoice::Default)?;
+    let p = match first {
+        Some(p) => p,
+        None => plain(sched, engine)?,
+    };
+    t.plain = Some(Box::new(p));
+    Ok((t, c))
 }
 
 /// `trial`, with its tok/s over depth for the plot. The request goes
@@ -235,6 +282,7 @@ fn trial_curves(
     prompt: &[u32],
     g: usize,
     progress: Duration,
+    draft: DraftChoice,
 ) -> Result<(Trial, (bench_power::Curve, bench_power::Curve))> {
     let req = GenerateRequest {
         prompt_ids: prompt.to_vec(),
@@ -243,6 +291,7 @@ fn trial_curves(
         stop_strings: Vec::new(),
         ignore_eos: true,
         want_prompt_logits: false,
+        draft,
     };
     let t0 = Instant::now();
     let hooks = BenchHooks::new(progress);
@@ -266,6 +315,9 @@ fn trial_curves(
         peak_rss_bytes: peak_rss_bytes(),
         total_s,
         output_ids: out.output_ids,
+        drafted: out.drafted,
+        accepted: out.accepted,
+        plain: None,
     };
     Ok((t, curves))
 }
@@ -299,6 +351,20 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let load_s = t_load.elapsed().as_secs_f64();
     engine.prefill_chunk = a.prefill_chunk as usize;
     let ctx = engine.context_length();
+    // `--prompt-file` sets the prompt's length instead of -p.
+    let prompt = match &a.prompt_file {
+        None => random_prompt(p, engine.model.config.vocab_size, a.seed),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let tok = engine.tokenizer.as_ref().context("this model has no tokenizer: --prompt-file needs one")?;
+            let ids = tok.encode(&text, true)?;
+            if ids.is_empty() || ids.len() + g > ctx {
+                bail!("--prompt-file gives {} tokens; with -g {g} that must fit the context {ctx}", ids.len());
+            }
+            ids
+        }
+    };
+    let p = prompt.len();
     if p + g > ctx {
         bail!("-p {p} plus -g {g} is {} tokens, more than the context length {ctx}", p + g);
     }
@@ -318,11 +384,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let resident = status_bytes("VmRSS:");
     let ws_bytes = workspace_bytes(cfg, engine.prefill_chunk.min(p));
     let predicted_rss = (resident + kv_cache_bytes + ws_bytes).max(rss_after_load);
-    let prompt = random_prompt(p, vocab, a.seed);
     // One sequence's pool, in the server's blocks: every trial runs the
     // server's path (and starts cold: no prefix cache).
     let solo = engine::serving::solo::solo_config(&engine, p + g, crate::serve::KV_BLOCK, engine.prefill_chunk);
     let mut sched = Scheduler::new(&mut engine, solo).context("allocating the KV pool")?;
+    let speculate = a.draft.params()?.is_some();
+    if let Some(why) = sched.set_draft(a.draft.params()?)? {
+        eprintln!("speculative decoding is off: {why}");
+    }
 
     if !a.json {
         println!(
@@ -356,8 +425,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let mut curves = (Vec::new(), Vec::new());
     for i in 0..n {
         eprintln!("trial {}/{n} ...", i + 1);
-        let (t, c) =
-            trial_curves(&mut sched, &mut engine, &prompt, g, progress).with_context(|| format!("trial {}", i + 1))?;
+        let (t, c) = match speculate {
+            true => spec_trial(&mut sched, &mut engine, &prompt, g, progress, i % 2 == 1),
+            false => trial_curves(&mut sched, &mut engine, &prompt, g, progress, DraftChoice::Default),
+        }
+        .with_context(|| format!("trial {}", i + 1))?;
         curves = c;
         if !a.json {
             println!(
@@ -369,6 +441,17 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 gib(t.peak_rss_bytes),
                 t.total_s
             );
+            if let (Some(plain), Some(x)) = (&t.plain, t.speedup()) {
+                println!(
+                    "  speculative: {} of {} draft tokens accepted ({:.0}%); without: generation_tps={:.3}; \
+                     speedup {x:.2}x; identical output: {}",
+                    t.accepted,
+                    t.drafted,
+                    100.0 * crate::draft_args::acceptance(t.drafted, t.accepted),
+                    plain.generation_tps,
+                    plain.output_ids == t.output_ids
+                );
+            }
         }
         trials.push(t);
     }
@@ -376,6 +459,19 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let avg_gen = mean(trials.iter().map(|t| t.generation_tps));
     let avg_ttft = mean(trials.iter().map(|t| t.ttft_s));
     let avg_rss = mean(trials.iter().map(|t| t.peak_rss_bytes as f64)) as u64;
+    let (drafted, accepted) = trials.iter().fold((0, 0), |(d, a), t| (d + t.drafted, a + t.accepted));
+    let speculative = speculate.then(|| {
+        let mut x: Vec<f64> = trials.iter().filter_map(|t| t.speedup()).collect();
+        x.sort_by(f64::total_cmp);
+        serde_json::json!({
+            "drafted_tokens": drafted,
+            "accepted_tokens": accepted,
+            "acceptance_rate": crate::draft_args::acceptance(drafted, accepted),
+            "plain_generation_tps": mean(trials.iter().filter_map(|t| t.plain.as_ref().map(|p| p.generation_tps))),
+            "median_speedup": x.get(x.len() / 2).copied().unwrap_or(0.0),
+            "identical_output": trials.iter().all(|t| t.plain.as_ref().is_none_or(|p| p.output_ids == t.output_ids)),
+        })
+    });
     // Every rank's high-water mark (rank 0 first); one entry in a single process.
     let reports = engine.shutdown()?;
     let power = bench_power::collect(&reports);
@@ -421,6 +517,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 .map(|r| r.decode_bytes_sent as f64 / decode_steps.max(1) as f64)
                 .collect::<Vec<_>>(),
             "power": bench_power::to_json(&power),
+            "speculative": speculative,
         });
         println!("{j}");
     } else {
@@ -447,6 +544,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         if let (true, Some(w)) = (per_rank_rss.len() > 1, wire_per_token) {
             println!("Decode traffic: {w:.0} bytes sent per token by all ranks together");
+        }
+        if let Some(s) = &speculative {
+            println!(
+                "Speculative: acceptance {:.0}%, median speedup {:.2}x over {:.3} tok/s without, identical output: {}",
+                100.0 * s["acceptance_rate"].as_f64().unwrap_or(0.0),
+                s["median_speedup"].as_f64().unwrap_or(0.0),
+                s["plain_generation_tps"].as_f64().unwrap_or(0.0),
+                s["identical_output"]
+            );
         }
         for line in bench_power::lines(&power) {
             println!("{line}");

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_power;
 mod dist_args;
+mod draft_args;
 mod fetch;
 mod inspect;
 mod launch;

@@ -70,6 +70,8 @@ pub struct RunArgs {
     #[arg(long)]
     dump_logits: Option<PathBuf>,
     #[command(flatten)]
+    draft: crate::draft_args::DraftArgs,
+    #[command(flatten)]
     template: crate::template_args::TemplateArgs,
     #[command(flatten)]
     dist: crate::dist_args::DistArgs,
@@ -96,6 +98,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         seed: a.seed,
     };
     sampling.validate().map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
+    a.draft.params()?;
     let template = a.template.read()?;
     let threads = a.threads.map_or_else(default_threads, |t| t as usize);
     let Some((mut engine, mut files, model_name)) =
@@ -163,6 +166,7 @@ fn run_on(
         stop_strings: a.stop.clone(),
         ignore_eos: a.ignore_eos,
         want_prompt_logits: a.dump_logits.is_some(),
+        draft: a.draft.choice()?,
     };
     // Through the batching scheduler, as `serve` runs a request: one engine.
     let solo = engine::serving::solo::solo_config(
@@ -172,6 +176,9 @@ fn run_on(
         engine.prefill_chunk,
     );
     let mut sched = engine::serving::Scheduler::new(engine, solo).context("allocating the KV pool")?;
+    if let Some(why) = sched.set_draft(a.draft.params()?)? {
+        eprintln!("[speculative decoding is off: {why}]");
+    }
     let hooks = RunHooks { stream: !a.json, text: String::new(), token_times: Vec::new() };
     let t0 = std::time::Instant::now();
     let (done, hooks) = engine::serving::solo::run_request(&mut sched, engine, req, hooks)?;
@@ -190,6 +197,9 @@ fn run_on(
             "ttft_ms": out.ttft_ms,
             "prefill_tok_s": out.prefill_tok_s,
             "decode_tok_s": out.decode_tok_s,
+            "drafted_tokens": out.drafted,
+            "accepted_tokens": out.accepted,
+            "acceptance_rate": crate::draft_args::acceptance(out.drafted, out.accepted),
         });
         if let Some((text, reasoning, calls)) = parsed {
             j["content"] = text.into();
@@ -216,6 +226,14 @@ fn run_on(
             out.decode_tok_s,
             out.finish_reason.as_str()
         );
+        if out.drafted > 0 {
+            eprintln!(
+                "[speculative: {} of {} draft tokens accepted ({:.0}%)]",
+                out.accepted,
+                out.drafted,
+                100.0 * crate::draft_args::acceptance(out.drafted, out.accepted)
+            );
+        }
     }
     Ok(())
 }
@@ -295,6 +313,8 @@ struct RunOutcome {
     ttft_ms: f64,
     prefill_tok_s: f64,
     decode_tok_s: f64,
+    drafted: usize,
+    accepted: usize,
 }
 
 impl RunOutcome {
@@ -311,6 +331,8 @@ impl RunOutcome {
             _ => 0.0,
         };
         RunOutcome {
+            drafted: done.drafted,
+            accepted: done.accepted,
             output_ids: done.output_ids,
             text: hooks.text,
             finish_reason: done.finish_reason,

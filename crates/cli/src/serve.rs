@@ -100,6 +100,9 @@ pub struct ServeArgs {
     /// Re-encode float weights at load: q8_0 or q4_0.
     #[arg(long, value_parser = parse_quantize)]
     quantize: Option<kernels::DType>,
+    /// The default for requests; a request may choose with `"draft"`.
+    #[command(flatten)]
+    draft: crate::draft_args::DraftArgs,
     #[command(flatten)]
     template: crate::template_args::TemplateArgs,
     #[command(flatten)]
@@ -274,6 +277,7 @@ fn scheduler_config(a: &ServeArgs, engine: &engine::generate::Engine) -> Result<
 
 pub fn serve(a: ServeArgs) -> Result<()> {
     let template = a.template.read()?;
+    let draft = a.draft.params()?;
     let threads = a.threads.map_or_else(crate::run::default_threads, |t| t as usize);
     let loaded = crate::dist_args::load_engine_dist_with(
         a.model.as_deref(),
@@ -313,6 +317,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         kv_cache_bytes: a.kv_cache_bytes,
         tool_format: a.template.tool_format,
         kv_disk: a.kv_disk.clone().map(|dir| engine::kv_disk::KvDiskConfig { dir, max_bytes: a.kv_disk_bytes }),
+        draft,
     };
     if a.kv_disk.is_some() {
         if a.prefix_cache == OnOff::Off {

@@ -49,6 +49,7 @@ fn main() {
                 stop_strings: Vec::new(),
                 ignore_eos: true,
                 want_prompt_logits: false,
+                draft: Default::default(),
             };
             sched.submit(Submission { request, hooks: Box::new(Quiet) });
         }

@@ -223,6 +223,7 @@ pub(crate) fn mode_code(m: LogitsMode) -> u32 {
         LogitsMode::Last => 1,
         LogitsMode::All => 2,
         LogitsMode::Argmax => 3,
+        LogitsMode::Verify => 4,
     }
 }
 
@@ -231,6 +232,7 @@ pub(crate) fn mode_of(c: u32) -> LogitsMode {
         1 => LogitsMode::Last,
         2 => LogitsMode::All,
         3 => LogitsMode::Argmax,
+        4 => LogitsMode::Verify,
         _ => LogitsMode::None,
     }
 }

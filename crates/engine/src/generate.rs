@@ -20,6 +20,8 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// Keep the logits of every prompt position (`--dump-logits`).
     pub want_prompt_logits: bool,
+    /// Speculative decoding for this request (default: the scheduler's).
+    pub draft: crate::draft::DraftChoice,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

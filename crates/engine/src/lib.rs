@@ -4,6 +4,7 @@ pub mod chat_template;
 pub mod dist;
 pub mod dist_batch;
 mod dist_disk;
+pub mod draft;
 pub mod error;
 pub mod generate;
 pub mod kv_disk;

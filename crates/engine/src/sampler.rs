@@ -72,6 +72,42 @@ impl Sampler {
     /// Picks the next token from `logits` (modified in place by the penalty).
     /// `history` is every token so far (prompt and output).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        if let Some(id) = self.distribution(logits, history) {
+            return id;
+        }
+        let total: f32 = self.cand.iter().map(|c| c.0).sum();
+        self.draw(total)
+    }
+
+    /// Checks a draft token proposed by a deterministic drafter (its
+    /// distribution `q` is a point mass on `draft`): speculative sampling
+    /// accepts it with probability `min(1, p/q) = p(draft)`, and on rejection
+    /// draws from the residual `max(0, p − q)`, which is `p` without `draft`,
+    /// renormalized. The token that comes out is distributed as `p` exactly.
+    /// Greedy: the argmax, accepted when it is the draft. Returns (token,
+    /// whether it is the draft).
+    pub fn sample_draft(&mut self, logits: &mut [f32], history: &[u32], draft: u32) -> (u32, bool) {
+        if let Some(id) = self.distribution(logits, history) {
+            return (id, id == draft);
+        }
+        let p_draft = self.cand.iter().find(|c| c.1 == draft).map_or(0.0, |c| c.0);
+        let total: f32 = self.cand.iter().map(|c| c.0).sum();
+        if p_draft > 0.0 && self.rng.gen::<f32>() * total < p_draft {
+            return (draft, true);
+        }
+        self.cand.retain(|c| c.1 != draft);
+        if self.cand.is_empty() {
+            // p was all on the draft (up to rounding): nothing else to draw.
+            return (draft, true);
+        }
+        let total: f32 = self.cand.iter().map(|c| c.0).sum();
+        (self.draw(total), false)
+    }
+
+    /// Applies the penalty, then either returns the greedy token, or leaves
+    /// the filtered distribution (probability, token) in `self.cand`, most
+    /// likely first, and returns `None`.
+    fn distribution(&mut self, logits: &mut [f32], history: &[u32]) -> Option<u32> {
         let p = &self.params;
         if p.repetition_penalty != 1.0 {
             for &t in history {
@@ -81,7 +117,7 @@ impl Sampler {
             }
         }
         if p.temperature <= 0.0 {
-            return argmax(logits);
+            return Some(argmax(logits));
         }
         let inv_t = 1.0 / p.temperature;
         self.cand.clear();
@@ -116,7 +152,11 @@ impl Sampler {
             let floor = self.cand[0].0 * p.min_p;
             self.cand.retain(|c| c.0 >= floor);
         }
-        let total: f32 = self.cand.iter().map(|c| c.0).sum();
+        None
+    }
+
+    /// Draws from `self.cand`, whose weights sum to `total`.
+    fn draw(&mut self, total: f32) -> u32 {
         let mut r = self.rng.gen::<f32>() * total;
         for c in &self.cand {
             r -= c.0;
@@ -173,6 +213,23 @@ mod tests {
     fn repetition_penalty_demotes_seen_tokens() {
         let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..Default::default() });
         assert_eq!(s.sample(&mut [2.0, 1.5], &[0]), 1);
+    }
+
+    #[test]
+    fn drafts_are_checked_against_the_distribution() {
+        // Greedy: accepted exactly when the draft is the argmax.
+        let mut g = Sampler::new(SamplingParams::default());
+        assert_eq!(g.sample_draft(&mut [0.1, 3.0], &[], 1), (1, true));
+        assert_eq!(g.sample_draft(&mut [0.1, 3.0], &[], 0), (1, false));
+        // A draft the filters cut (top-k 2) is never accepted nor drawn.
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, seed: 3, ..Default::default() });
+        for _ in 0..50 {
+            let (t, took) = s.sample_draft(&mut [3.0, 2.5, 0.0, -1.0], &[], 3);
+            assert!(!took && t < 2, "{t} {took}");
+        }
+        // The only token left is always accepted.
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 1, ..Default::default() });
+        assert_eq!(s.sample_draft(&mut [0.0, 5.0], &[], 1), (1, true));
     }
 
     #[test]

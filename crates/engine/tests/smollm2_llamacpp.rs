@@ -115,6 +115,7 @@ fn free_running_greedy_matches_for_32_tokens() {
             stop_strings: vec![],
             ignore_eos: true,
             want_prompt_logits: false,
+            draft: Default::default(),
         };
         let out = engine.generate(&req, &mut |_| {}).unwrap();
         let want = &ids(&case["output_ids"])[..32];

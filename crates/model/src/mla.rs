@@ -302,6 +302,8 @@ impl Mla {
         let mut row = 0;
         for seq in seqs.iter_mut() {
             let (len, start) = (seq.tokens.len(), seq.cache.start());
+            // A verify item's rows attend one at a time, as decode steps do.
+            let per_row = seq.mode == crate::LogitsMode::Verify;
             let (kv, table): (&mut KvPool, &[u32]) = match &mut seq.cache {
                 SeqKv::Own(c) => (&mut c.pool, &[0]),
                 SeqKv::Paged { table, .. } => (paged.as_deref_mut().expect("checked by run_layers"), table),
@@ -319,7 +321,7 @@ impl Mla {
                             block,
                             table,
                             &s.q_lat[row * nh * w..(row + len) * nh * w],
-                            start,
+                            (start, per_row),
                             &mut s.out_lat[row * nh * w..(row + len) * nh * w],
                         ),
                         MlaMode::Expanded => {
@@ -377,7 +379,9 @@ impl Mla {
     }
 
     /// Multi-query attention of the absorbed queries (`len × heads × (r +
-    /// rope)`) against the cache rows, each row serving as key and as value.
+    /// rope)`) against the cache rows, each row serving as key and as value;
+    /// `per_row`: each new row alone, as a one-token decode step
+    /// ([`crate::LogitsMode::Verify`]).
     #[allow(clippy::too_many_arguments)]
     fn attend_absorbed<T: KvElem>(
         &self,
@@ -386,11 +390,19 @@ impl Mla {
         block: usize,
         table: &[u32],
         q: &[f32],
-        start: usize,
+        (start, per_row): (usize, bool),
         out: &mut [f32],
     ) {
         let w = self.spec.cache_width();
         let len = q.len() / (self.n_heads * w).max(1);
+        if per_row && len > 1 {
+            let hw = self.n_heads * w;
+            for i in 0..len {
+                let (q, out) = (&q[i * hw..(i + 1) * hw], &mut out[i * hw..(i + 1) * hw]);
+                self.attend_absorbed(pool, cache, block, table, q, (start + i, false), out);
+            }
+            return;
+        }
         let view = KvView { k: cache, v: cache, table, block };
         let shape = AttnShape {
             n_new: len,

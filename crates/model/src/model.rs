@@ -94,6 +94,12 @@ pub enum LogitsMode {
     /// still vocab-sized, but under tensor parallelism only the winner is filled
     /// (others are −∞): ranks exchange (max, index) pairs instead of all logits.
     Argmax,
+    /// Every token's logits, for checking a speculative draft: each row's
+    /// attention runs as a one-token decode step at its position would, so
+    /// row `i` equals, bit for bit, the logits of decoding the tokens one at a
+    /// time (a multi-row prefill sums in another order). The matmuls are
+    /// batch-invariant below their GEMM threshold (32 rows in the step).
+    Verify,
 }
 
 /// One sequence's share of a forward step.
@@ -455,8 +461,9 @@ impl Model {
                     }
                 };
                 let ring = kv.ring_of(li);
+                let per_row = s.mode == LogitsMode::Verify;
                 if ring == 0 {
-                    let at = (&**gqa, kv.block, table, start);
+                    let at = (&**gqa, kv.block, table, start, per_row);
                     match &mut kv.layers {
                         KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
                         KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
@@ -475,7 +482,7 @@ impl Model {
                     let mut done = 0;
                     while done < len {
                         let m = run.min(len - done);
-                        let at = (&**gqa, ring, &ws.ring_table[..], start + done);
+                        let at = (&**gqa, ring, &ws.ring_table[..], start + done, per_row);
                         let (k, v) = (&k[done * hkv..(done + m) * hkv], &v[done * hkv..(done + m) * hkv]);
                         let (q, out) = (&q[done * hq..(done + m) * hq], &mut out[done * hq..]);
                         match &mut kv.layers {
@@ -597,13 +604,14 @@ impl Model {
     /// `block × kv_heads × head_dim` each, in `table` order), then runs causal
     /// attention of their queries `q` (`len × heads × head_dim`) against it into
     /// `out`, honoring the layer's sliding window and sinks. `at`: the layer,
-    /// block size, block table and first new position.
+    /// block size, block table, first new position, and whether each new row
+    /// attends alone, as a decode step ([`LogitsMode::Verify`]).
     #[allow(clippy::too_many_arguments)]
     fn store_and_attend<T: KvElem>(
         &self,
         pool: &ThreadPool,
         cache: &mut (Vec<T>, Vec<T>),
-        (layer, block, table, start): (&Gqa, usize, &[u32], usize),
+        (layer, block, table, start, per_row): (&Gqa, usize, &[u32], usize, bool),
         k: &[f32],
         v: &[f32],
         q: &[f32],
@@ -626,6 +634,7 @@ impl Model {
             p += n;
         }
         let view = KvView { k: kc, v: vc, table, block };
+        let hq = self.local.n_heads * hd;
         let shape = AttnShape {
             n_new: len,
             start_pos: start,
@@ -636,7 +645,15 @@ impl Model {
             scale: self.spec.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt()),
             sinks: layer.sinks.as_deref(),
         };
-        attention_paged(pool, q, &view, &shape, &mut out[..len * self.local.n_heads * hd]);
+        if per_row && len > 1 {
+            // Row i sees positions 0..=start + i, all stored above.
+            for i in 0..len {
+                let one = AttnShape { n_new: 1, start_pos: start + i, ..shape };
+                attention_paged(pool, &q[i * hq..(i + 1) * hq], &view, &one, &mut out[i * hq..(i + 1) * hq]);
+            }
+            return;
+        }
+        attention_paged(pool, q, &view, &shape, &mut out[..len * hq]);
     }
 
     /// The whole-projection q/k RMSNorm ([`ArchSpec::qk_norm_whole`]) of the
@@ -706,7 +723,7 @@ impl Model {
             let range = match s.mode {
                 LogitsMode::None => 0..0,
                 LogitsMode::Last | LogitsMode::Argmax => len.saturating_sub(1)..len,
-                LogitsMode::All => 0..len,
+                LogitsMode::All | LogitsMode::Verify => 0..len,
             };
             grow(&mut ws.head_in, (rows + range.len()) * h);
             for r in range {
@@ -735,7 +752,7 @@ impl Model {
             let n = match s.mode {
                 LogitsMode::None => 0,
                 LogitsMode::Last | LogitsMode::Argmax => usize::from(!s.tokens.is_empty()),
-                LogitsMode::All => s.tokens.len(),
+                LogitsMode::All | LogitsMode::Verify => s.tokens.len(),
             };
             s.logits.clear();
             s.logits.extend_from_slice(&ws.logits[r * vocab..(r + n) * vocab]);

@@ -36,6 +36,9 @@ pub struct MessagesRequest {
     pub output_format: Option<Value>,
     /// `{"type": "enabled", "budget_tokens": N}`: reasoning templates think; others answer plainly.
     pub thinking: Option<Value>,
+    /// Extension: speculative decoding (`draft`, `draft_max`, `draft_min`).
+    #[serde(flatten)]
+    pub draft: crate::chat::DraftFields,
 }
 
 #[derive(Deserialize, Debug)]
@@ -164,6 +167,7 @@ fn to_chat(req: MessagesRequest) -> Result<ChatRequest, ApiError> {
         sampling: sampling(req.temperature, req.top_p, req.top_k, None, None, None),
         stop: req.stop_sequences.unwrap_or_default(),
         ignore_eos: false,
+        draft: req.draft.choice().map_err(|e| e.in_dialect(Dialect::Anthropic))?,
         messages,
     })
 }
@@ -393,6 +397,7 @@ pub async fn count_tokens(
         output_config: None,
         output_format: None,
         thinking: None,
+        draft: Default::default(),
     };
     let chat = to_chat(req)?;
     let n = count_chat_tokens(&state, &chat).map_err(|e| e.in_dialect(Dialect::Anthropic))?;

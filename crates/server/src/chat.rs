@@ -55,6 +55,48 @@ pub struct ChatRequest {
     pub thinking: Option<bool>,
     /// Generate to `max_tokens` past end-of-sequence (a benchmarking extension).
     pub ignore_eos: bool,
+    /// Speculative decoding for this request (an extension: [`DraftFields`]).
+    pub draft: engine::draft::DraftChoice,
+}
+
+/// The speculative-decoding extension fields of a request body: `"draft"`
+/// (`"ngram"` or `"none"`; absent: the server's `--draft`), `"draft_max"`
+/// and `"draft_min"` (bounds of the draft length; either alone means n-gram
+/// drafting, the other bound at its default).
+#[derive(serde::Deserialize, Debug, Default, Clone)]
+pub struct DraftFields {
+    pub draft: Option<String>,
+    pub draft_max: Option<i64>,
+    pub draft_min: Option<i64>,
+}
+
+impl DraftFields {
+    /// The request's choice; a 400 naming the field when a value is out of range.
+    pub fn choice(&self) -> Result<engine::draft::DraftChoice, crate::error::ApiError> {
+        use engine::draft::{DraftChoice, DraftParams};
+        let bad = |field: &str, msg: String| crate::error::ApiError::bad_request(Some(field), msg);
+        let on = match self.draft.as_deref() {
+            None => self.draft_max.is_some() || self.draft_min.is_some(),
+            Some("ngram") => true,
+            Some("none") => false,
+            Some(other) => return Err(bad("draft", format!("unknown draft '{other}' (use \"ngram\" or \"none\")"))),
+        };
+        if !on {
+            return Ok(if self.draft.is_some() { DraftChoice::Off } else { DraftChoice::Default });
+        }
+        let base = DraftParams::default();
+        let bound = |v: Option<i64>, d: usize, field: &str| -> Result<usize, crate::error::ApiError> {
+            match v {
+                None => Ok(d),
+                Some(v) => usize::try_from(v).map_err(|_| bad(field, format!("{field} must be ≥ 1, got {v}"))),
+            }
+        };
+        let max = bound(self.draft_max, base.max, "draft_max")?;
+        let min = bound(self.draft_min, base.min.min(max), "draft_min")?;
+        let p = DraftParams { max, min };
+        p.validate().map_err(|e| bad(if e.starts_with("draft-max") { "draft_max" } else { "draft_min" }, e))?;
+        Ok(DraftChoice::On(p))
+    }
 }
 
 /// Why generation ended, in OpenAI's words (each API maps it to its own).
@@ -554,5 +596,25 @@ mod tests {
         }
         assert!(g.next().await.is_none());
         drop(tx);
+    }
+
+    #[test]
+    fn draft_fields_choose_speculation_per_request() {
+        use engine::draft::{DraftChoice, DraftParams};
+        let f = |v: serde_json::Value| serde_json::from_value::<DraftFields>(v).unwrap().choice();
+        assert_eq!(f(serde_json::json!({})).unwrap(), DraftChoice::Default);
+        assert_eq!(f(serde_json::json!({"draft": "none"})).unwrap(), DraftChoice::Off);
+        assert_eq!(f(serde_json::json!({"draft": "ngram"})).unwrap(), DraftChoice::On(DraftParams::default()));
+        let got = f(serde_json::json!({"draft_max": 4})).unwrap();
+        assert_eq!(got, DraftChoice::On(DraftParams { max: 4, min: 1 }));
+        for (bad, field) in [
+            (serde_json::json!({"draft": "model"}), "draft"),
+            (serde_json::json!({"draft": "ngram", "draft_max": 99}), "draft_max"),
+            (serde_json::json!({"draft_max": 4, "draft_min": 5}), "draft_min"),
+            (serde_json::json!({"draft_min": -1}), "draft_min"),
+        ] {
+            let e = f(bad.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field), "{bad}: {}", e.message);
+        }
     }
 }

@@ -222,6 +222,7 @@ fn history_renders_in_each_familys_format() {
             max_tokens_field: "max_tokens",
             thinking: None,
             ignore_eos: false,
+            draft: Default::default(),
         };
         let messages = template_messages(&req, format, "");
         let text = tpl

@@ -53,6 +53,10 @@ fn gauge(out: &mut String, name: &str, help: &str, v: i64) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
 }
 
+fn gauge_f(out: &mut String, name: &str, help: &str, v: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
 /// Everything `/metrics` shows. One per server, shared by handlers and the worker.
 pub struct Metrics {
     pub requests_total: AtomicU64,
@@ -114,6 +118,10 @@ pub struct Metrics {
     pub batch_size: AtomicI64,
     /// Sequences evicted from the KV cache to make room (to be recomputed).
     pub preemptions: AtomicU64,
+    /// Speculative decoding: verify steps, draft tokens checked and accepted.
+    pub spec_steps: AtomicU64,
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
     /// Why the cluster is degraded ("rank 1 lost at 12:03:04: …"), while it is
     /// being re-formed; `None` when every rank serves.
     pub degraded: std::sync::Mutex<Option<String>>,
@@ -165,6 +173,9 @@ impl Default for Metrics {
             kv_disk_load_us: AtomicU64::new(0),
             batch_size: AtomicI64::new(0),
             preemptions: AtomicU64::new(0),
+            spec_steps: AtomicU64::new(0),
+            spec_drafted: AtomicU64::new(0),
+            spec_accepted: AtomicU64::new(0),
             degraded: std::sync::Mutex::new(None),
             degraded_since: std::sync::Mutex::new(None),
             rank_losses: AtomicU64::new(0),
@@ -345,6 +356,31 @@ impl Metrics {
             "Sequences evicted from the KV cache to make room, to be recomputed.",
             c(&self.preemptions),
         );
+        counter(
+            out,
+            "shardlm_spec_verify_steps_total",
+            "Speculative decoding: verify items (a sequence's last token and its draft, checked in one pass).",
+            c(&self.spec_steps),
+        );
+        counter(
+            out,
+            "shardlm_spec_draft_tokens_total",
+            "Speculative decoding: draft tokens checked.",
+            c(&self.spec_drafted),
+        );
+        counter(
+            out,
+            "shardlm_spec_accepted_tokens_total",
+            "Speculative decoding: draft tokens accepted (each one a decode step saved).",
+            c(&self.spec_accepted),
+        );
+        let (d, a) = (self.spec_drafted.load(Relaxed), self.spec_accepted.load(Relaxed));
+        gauge_f(
+            out,
+            "shardlm_spec_acceptance_rate",
+            "Speculative decoding: accepted over drafted tokens since start (0 before any draft).",
+            if d == 0 { 0.0 } else { a as f64 / d as f64 },
+        );
     }
 }
 
@@ -387,6 +423,9 @@ mod tests {
             ("shardlm_prefix_cache_cached_tokens_total", "counter"),
             ("shardlm_batch_size", "gauge"),
             ("shardlm_preemptions_total", "counter"),
+            ("shardlm_spec_draft_tokens_total", "counter"),
+            ("shardlm_spec_accepted_tokens_total", "counter"),
+            ("shardlm_spec_acceptance_rate", "gauge"),
         ] {
             assert!(text.contains(&format!("# HELP {name} ")), "{name}");
             assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");

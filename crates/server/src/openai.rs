@@ -63,6 +63,9 @@ pub struct ChatCompletionRequest {
     pub ignore_eos: bool,
     /// Choices per request: only 1 is served (see [`one_choice`]).
     pub n: Option<i64>,
+    /// Extension: speculative decoding (`draft`, `draft_max`, `draft_min`).
+    #[serde(flatten)]
+    pub draft: crate::chat::DraftFields,
 }
 
 /// `n` other than 1 is refused with a 400 naming the field, instead of
@@ -224,6 +227,7 @@ impl ChatCompletionRequest {
             ),
             stop: Stop::into_vec(self.stop),
             ignore_eos: self.ignore_eos,
+            draft: self.draft.choice()?,
             messages: self.messages,
         };
         Ok((req, self.stream, include_usage))
@@ -337,6 +341,9 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub ignore_eos: bool,
     pub n: Option<i64>,
+    /// Extension: speculative decoding (`draft`, `draft_max`, `draft_min`).
+    #[serde(flatten)]
+    pub draft: crate::chat::DraftFields,
 }
 
 pub async fn completions(
@@ -354,6 +361,7 @@ pub async fn completions(
     let max_tokens = body.max_tokens.or(Some(16));
     let mut prepared = prepare_text(&state, &prompt, max_tokens, sampling, Stop::into_vec(body.stop))?;
     prepared.request.ignore_eos = body.ignore_eos;
+    prepared.request.draft = body.draft.choice()?;
     let mut generation = start(&state, prepared)?;
     let id = new_id("cmpl-");
     let created = unix_now();

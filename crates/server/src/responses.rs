@@ -126,6 +126,7 @@ fn to_chat(req: &ResponsesRequest) -> Result<ChatRequest, ApiError> {
         sampling: sampling(req.temperature, req.top_p, None, None, None, None),
         stop: Vec::new(),
         ignore_eos: false,
+        draft: Default::default(),
     })
 }
 

@@ -130,6 +130,7 @@ pub fn serve(
     // Start sampling power now, so `/cluster` has a reading at once.
     let _ = engine::power::global();
     let state_kv_disk = cfg.kv_disk.clone();
+    let draft = cfg.draft;
     let state = Arc::new(AppState {
         cfg,
         tokenizer,
@@ -158,7 +159,7 @@ pub fn serve(
     // The router (and with it the queue's sender) drops when the server ends,
     // which ends the worker loop.
     let kv_disk = state_kv_disk;
-    run_worker(engine, queue, &metrics, sched, kv_disk, reform);
+    run_worker(engine, queue, &metrics, (sched, draft), kv_disk, reform);
     let result = rt.block_on(server);
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -42,6 +42,8 @@ pub struct ServerConfig {
     pub tool_format: Option<ToolFormat>,
     /// The prefix cache's disk tier (`--kv-disk`), when on.
     pub kv_disk: Option<engine::kv_disk::KvDiskConfig>,
+    /// Speculative decoding for requests that do not choose (`--draft`).
+    pub draft: Option<engine::draft::DraftParams>,
 }
 
 pub struct AppState {

@@ -142,7 +142,7 @@ pub fn run_worker(
     engine: &mut Engine,
     queue: JobQueue,
     metrics: &Arc<Metrics>,
-    cfg: SchedulerConfig,
+    (cfg, draft): (SchedulerConfig, Option<engine::draft::DraftParams>),
     kv_disk: Option<engine::kv_disk::KvDiskConfig>,
     mut reform: Option<Reform<'_>>,
 ) {
@@ -160,6 +160,14 @@ pub fn run_worker(
             return;
         }
     };
+    match sched.set_draft(draft) {
+        Ok(Some(why)) => eprintln!("shardlm serve: speculative decoding is off: {why}"),
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!("the serving engine could not start: {e}");
+            return;
+        }
+    }
     if let Some(d) = kv_disk {
         let dir = d.dir.display().to_string();
         if let Err(e) = sched.enable_disk(engine, d) {
@@ -333,6 +341,9 @@ fn publish(m: &Metrics, st: &SchedulerStats) {
     m.prefix_cached_tokens.store(st.prefix_cached_tokens, Relaxed);
     m.batch_size.store(st.batch_size as i64, Relaxed);
     m.preemptions.store(st.preemptions, Relaxed);
+    m.spec_steps.store(st.spec_steps, Relaxed);
+    m.spec_drafted.store(st.spec_drafted, Relaxed);
+    m.spec_accepted.store(st.spec_accepted, Relaxed);
     if let Some(d) = &st.disk {
         let (written, read, corrupt) = engine::kv_disk::counters::get();
         m.prefix_disk_tokens.store(d.hit_tokens, Relaxed);

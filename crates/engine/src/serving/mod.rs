@@ -3,9 +3,11 @@
 
 pub mod blocks;
 pub mod disk_tier;
+mod flight;
 pub mod scheduler;
 mod seq;
 pub mod solo;
+mod spec;
 pub mod state_slots;
 pub mod windows;
 

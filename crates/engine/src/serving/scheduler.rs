@@ -56,13 +56,15 @@
 
 use super::blocks::{block_hashes, BlockHash, BlockManager, BlockStats};
 use super::disk_tier::{DiskTier, DiskTierStats};
+use super::flight::{Flight, FlightItem, PlanItem};
 use super::seq::{finish, hybrid_piece, register_full_blocks, release_seq, Groups, Seq};
 use super::state_slots::StateSlots;
 use super::windows::{SeqWindow, WindowGroup};
 use crate::dist_batch::{BatchItem, PoolShape};
+use crate::draft::{DraftParams, Drafter, NgramPool};
 use crate::generate::{Engine, FinishReason, GenerateHooks, GenerateRequest, TextStream};
 use crate::sampler::Sampler;
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::tokenizer::StreamDecoder;
 use crate::EngineError;
 use model::LogitsMode;
 use std::collections::VecDeque;
@@ -96,6 +98,9 @@ pub struct SeqOutcome {
     /// `[prompt_len × vocab]` logits of every prompt position, when the
     /// request asked for them (`want_prompt_logits`: `run --dump-logits`).
     pub prompt_logits: Option<Vec<f32>>,
+    /// Speculative decoding: draft tokens checked, and how many were accepted.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// The per-request callbacks: [`GenerateHooks`] for every step, and `done` once.
@@ -127,22 +132,32 @@ pub struct SchedulerStats {
     pub pool_bytes: usize,
     /// The disk tier's counters (`serve --kv-disk`), when it is on.
     pub disk: Option<DiskTierStats>,
+    /// Speculative decoding: verify steps, draft tokens checked, accepted.
+    pub spec_steps: u64,
+    pub spec_drafted: u64,
+    pub spec_accepted: u64,
 }
 
 pub struct Scheduler {
-    cfg: SchedulerConfig,
-    blocks: BlockManager,
+    pub(super) cfg: SchedulerConfig,
+    pub(super) blocks: BlockManager,
     waiting: VecDeque<Seq>,
     /// In admission order (the last one is preempted first).
-    running: Vec<Seq>,
-    eos_ids: Vec<u32>,
-    vocab: usize,
+    pub(super) running: Vec<Seq>,
+    pub(super) eos_ids: Vec<u32>,
+    pub(super) vocab: usize,
     context: usize,
-    stats: SchedulerStats,
+    pub(super) stats: SchedulerStats,
     /// Recurrent-state slots and snapshots (hybrid models only).
-    states: Option<StateSlots>,
+    pub(super) states: Option<StateSlots>,
     /// The sliding-window block group (windowed models, when configured).
-    windows: Option<WindowGroup>,
+    pub(super) windows: Option<WindowGroup>,
+    /// Speculative decoding ([`super::spec`]): the default for requests, and
+    /// the n-gram pool shared by them (made at the first speculating request).
+    pub(super) draft: Option<DraftParams>,
+    pub(super) ngram_pool: Option<NgramPool>,
+    /// A drafter in place of the n-gram lookup ([`Scheduler::set_drafter`]).
+    pub(super) drafter: Option<Box<dyn Drafter>>,
     /// Steps sent and not yet collected, oldest first.
     in_flight: VecDeque<Flight>,
     /// The next [`Seq::id`].
@@ -152,47 +167,6 @@ pub struct Scheduler {
     /// A pipeline run with `--no-prefill-overlap`: a prompt's next chunk
     /// waits for the previous one to come back.
     no_overlap: bool,
-}
-
-/// A step in flight: which sequences it carries and what to do when it
-/// comes back.
-struct Flight {
-    /// (sequence id, tokens, whether its logits are every position's), in
-    /// the step's item order.
-    items: Vec<(u64, usize, bool)>,
-    /// (sequence id, prefix hash, snapshot slot) to commit.
-    snaps: Vec<(u64, BlockHash, u32)>,
-    /// (sequence id, snapshot slot) restored by this step: pinned until then.
-    restores: Vec<(u64, u32)>,
-    tokens: usize,
-    sent: Instant,
-}
-
-/// One sequence's share of a planned step, turned into a [`BatchItem`]
-/// (which borrows the sequence) right before sending.
-struct PlanItem {
-    index: usize,
-    start: usize,
-    n: usize,
-    mode: LogitsMode,
-    restore: Option<u32>,
-    snapshot: Option<u32>,
-}
-
-impl PlanItem {
-    fn item<'a>(&self, running: &'a [Seq]) -> BatchItem<'a> {
-        let s = &running[self.index];
-        BatchItem {
-            tokens: &s.history[self.start..self.start + self.n],
-            table: &s.blocks,
-            start: self.start,
-            mode: self.mode,
-            state: s.slot,
-            restore: self.restore,
-            snapshot: self.snapshot,
-            window: s.window.view(),
-        }
-    }
 }
 
 impl Scheduler {
@@ -225,6 +199,9 @@ impl Scheduler {
             eos_ids: engine.eos_ids.clone(),
             vocab: engine.model.config.vocab_size,
             context: engine.context_length(),
+            draft: None,
+            ngram_pool: None,
+            drafter: None,
             stats: SchedulerStats { block: cfg.block, pool_bytes, ..Default::default() },
             cfg,
         })
@@ -268,7 +245,9 @@ impl Scheduler {
             return;
         }
         let greedy = req.sampling.temperature <= 0.0 && req.sampling.repetition_penalty == 1.0;
+        let spec = self.spec_for(&req);
         self.waiting.push_back(Seq {
+            spec,
             id: 0,
             sub_len: 0,
             prompt_logits: Vec::new(),
@@ -293,6 +272,7 @@ impl Scheduler {
 
     fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
         req.sampling.validate().map_err(EngineError::BadArgument)?;
+        Scheduler::validate_draft(req)?;
         let prompt = &req.prompt_ids;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -650,6 +630,7 @@ impl Scheduler {
         self.admit(engine)?;
         self.reserve_decode_blocks();
         self.reserve_window_blocks();
+        self.prepare_drafts();
         // Blocks that became cached go to disk before any step may reuse them.
         if let Some(d) = self.disk.as_mut() {
             d.sync(engine, &mut self.blocks)?;
@@ -675,9 +656,13 @@ impl Scheduler {
         let Some(flight) = self.in_flight.pop_front() else { return Ok(()) };
         let vocab = self.vocab;
         let result = engine.collect_batch().map(|l| {
-            l.iter()
-                .zip(&flight.items)
-                .map(|(row, &(_, _, all))| if all { row.clone() } else { row[..vocab.min(row.len())].to_vec() })
+            l.iter().zip(&flight.items).map(|(row, it)| {
+                if it.all || it.drafts > 0 {
+                    row.clone()
+                } else {
+                    row[..vocab.min(row.len())].to_vec()
+                }
+            })
         });
         let logits: Vec<Vec<f32>> = match result {
             Ok(l) => l.collect(),
@@ -699,9 +684,15 @@ impl Scheduler {
         );
         let tok = engine.tokenizer.as_ref();
         let mut finished = Vec::new();
-        for (&(id, n, all), mut row) in flight.items.iter().zip(logits) {
+        for (&FlightItem { id, n, all, drafts }, mut row) in flight.items.iter().zip(logits) {
             // Gone (cancelled, preempted, failed) since the step was sent.
             let Some(i) = self.running.iter().position(|s| s.id == id) else { continue };
+            if drafts > 0 {
+                if self.verify(i, &row, tok) {
+                    finished.push(i);
+                }
+                continue;
+            }
             let s = &mut self.running[i];
             if all {
                 // Every position's logits: keep them, sample from the last.
@@ -714,7 +705,10 @@ impl Scheduler {
             if s.kv_len - n < prompt {
                 s.hooks.on_prefill(s.kv_len.min(prompt), prompt);
             }
-            if s.kv_len == s.history.len() && row.len() == self.vocab && self.sample(i, &mut row, tok) {
+            if s.kv_len == s.history.len()
+                && row.len() == self.vocab
+                && self.running[i].sample(&mut row, tok, None, &self.eos_ids).0
+            {
                 finished.push(i);
             }
         }
@@ -723,6 +717,7 @@ impl Scheduler {
         for i in finished {
             let mut s = self.running.remove(i);
             release_seq(self.groups(), &mut s);
+            self.feed_pool(&s);
             done.push(s);
         }
         // A finished conversation's blocks leave for the disk before its
@@ -762,7 +757,10 @@ impl Scheduler {
                 0 => continue,
                 1 if decode_left > 0 => {
                     decode_left -= 1;
-                    1
+                    // A verify item: the last token and the draft.
+                    let rows = s.spec.as_ref().map_or(1, |sp| sp.tokens.len().max(1));
+                    budget = budget.saturating_sub(rows - 1);
+                    rows
                 }
                 1 => continue,
                 _ if one_chunk && s.busy() => continue,
@@ -797,6 +795,16 @@ impl Scheduler {
         let mut items = Vec::with_capacity(plan.len());
         for (i, n) in plan {
             let s = &mut self.running[i];
+            if s.ready() == 1 && n > 1 {
+                // A verify item: it sends the last token (so `sub_len` moves
+                // by one) and the draft behind it.
+                flight.items.push(FlightItem { id: s.id, n, all: false, drafts: n - 1 });
+                let (start, mode) = (s.sub_len, LogitsMode::Verify);
+                items.push(PlanItem { index: i, start, n, mode, restore: None, snapshot: None, verify: true });
+                flight.tokens += n;
+                s.sub_len += 1;
+                continue;
+            }
             let ends = s.sub_len + n == s.history.len();
             // `run --dump-logits`: every prompt position's logits.
             let all = s.req.want_prompt_logits && s.sub_len + n <= s.req.prompt_ids.len();
@@ -811,8 +819,8 @@ impl Scheduler {
             let restore = s.restore.take();
             flight.restores.extend(restore.map(|r| (s.id, r)));
             let snapshot = flight.snaps.iter().find(|x| x.0 == s.id).map(|x| x.2);
-            items.push(PlanItem { index: i, start: s.sub_len, n, mode, restore, snapshot });
-            flight.items.push((s.id, n, all));
+            items.push(PlanItem { index: i, start: s.sub_len, n, mode, restore, snapshot, verify: false });
+            flight.items.push(FlightItem { id: s.id, n, all, drafts: 0 });
             flight.tokens += n;
             s.sub_len += n;
         }
@@ -822,9 +830,10 @@ impl Scheduler {
     /// A micro-batch that was never sent: its sequences take its tokens back
     /// (and their restores, still pinned).
     fn unsend(&mut self, flight: &mut Flight) {
-        for &(id, n, _) in &flight.items {
+        for it in &flight.items {
+            let id = it.id;
             if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
-                s.sub_len -= n;
+                s.sub_len -= it.sent();
                 s.restore = flight.restores.iter().find(|r| r.0 == id).map(|r| r.1).or(s.restore);
             }
         }
@@ -843,48 +852,14 @@ impl Scheduler {
             return Err(e);
         }
         let msg = e.to_string();
-        for &(id, _, _) in &flight.items {
-            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+        for it in &flight.items {
+            if let Some(i) = self.running.iter().position(|s| s.id == it.id) {
                 let mut s = self.running.remove(i);
                 release_seq(self.groups(), &mut s);
                 s.hooks.done(Err(EngineError::BadArgument(format!("the forward step failed: {msg}"))));
             }
         }
         Ok(())
-    }
-
-    /// Samples sequence `i`'s next token from `logits`; true when it is done
-    /// (its `finish` is then set). Mirrors `Engine::generate_hooked`.
-    fn sample(&mut self, i: usize, logits: &mut [f32], tok: Option<&Tokenizer>) -> bool {
-        let s = &mut self.running[i];
-        let remaining = s.req.max_tokens - s.out_ids.len();
-        if remaining == 0 {
-            s.finish = Some(FinishReason::Length);
-            return true;
-        }
-        s.hooks.constrain(logits, remaining);
-        let id = s.sampler.sample(logits, &s.history);
-        if !s.req.ignore_eos && self.eos_ids.contains(&id) {
-            s.finish = Some(FinishReason::Stop);
-            return true;
-        }
-        s.out_ids.push(id);
-        s.history.push(id);
-        let go_on = s.hooks.on_token(id);
-        if let Some(tok) = tok {
-            let piece = s.decoder.push(tok, id);
-            let hooks = &mut s.hooks;
-            if s.stream.push(&piece, &mut |t| hooks.on_text(t)) {
-                s.finish = Some(FinishReason::Stop);
-                return true;
-            }
-        }
-        if !go_on {
-            s.finish = Some(FinishReason::Stop);
-        } else if s.out_ids.len() == s.req.max_tokens {
-            s.finish = Some(FinishReason::Length);
-        }
-        s.finish.is_some()
     }
 }
 

@@ -13,11 +13,13 @@
 
 use super::blocks::{block_hashes, chain_hash, BlockHash, BlockManager};
 use super::scheduler::{SeqHooks, SeqOutcome};
+use super::spec::SpecState;
 use super::state_slots::StateSlots;
 use super::windows::{SeqWindow, WindowGroup};
 use crate::generate::{FinishReason, GenerateRequest, TextStream};
 use crate::sampler::Sampler;
 use crate::tokenizer::StreamDecoder;
+use crate::tokenizer::Tokenizer;
 
 pub(super) struct Seq {
     /// Names the sequence in the steps in flight; a fresh one at every
@@ -50,6 +52,8 @@ pub(super) struct Seq {
     pub window: SeqWindow,
     /// Every prompt position's logits so far (`want_prompt_logits`).
     pub prompt_logits: Vec<f32>,
+    /// Speculative decoding's state, when the sequence speculates.
+    pub spec: Option<SpecState>,
 }
 
 /// What a scheduler hands out: full blocks, window blocks, state slots.
@@ -109,11 +113,60 @@ impl Seq {
         }
     }
 
+    /// Samples the next token from `logits`, or checks `draft`
+    /// against them ([`Sampler::sample_draft`]); returns (whether it is done
+    /// (its `finish` is then set), whether the token is the draft). Mirrors
+    /// `Engine::generate_hooked`.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        tok: Option<&Tokenizer>,
+        draft: Option<u32>,
+        eos_ids: &[u32],
+    ) -> (bool, bool) {
+        let s = self;
+        let remaining = s.req.max_tokens - s.out_ids.len();
+        if remaining == 0 {
+            s.finish = Some(FinishReason::Length);
+            return (true, false);
+        }
+        s.hooks.constrain(logits, remaining);
+        let (id, took) = match draft {
+            Some(d) => s.sampler.sample_draft(logits, &s.history, d),
+            None => (s.sampler.sample(logits, &s.history), false),
+        };
+        if !s.req.ignore_eos && eos_ids.contains(&id) {
+            s.finish = Some(FinishReason::Stop);
+            return (true, took);
+        }
+        s.out_ids.push(id);
+        s.history.push(id);
+        let go_on = s.hooks.on_token(id);
+        if let Some(tok) = tok {
+            let piece = s.decoder.push(tok, id);
+            let hooks = &mut s.hooks;
+            if s.stream.push(&piece, &mut |t| hooks.on_text(t)) {
+                s.finish = Some(FinishReason::Stop);
+                return (true, took);
+            }
+        }
+        if !go_on {
+            s.finish = Some(FinishReason::Stop);
+        } else if s.out_ids.len() == s.req.max_tokens {
+            s.finish = Some(FinishReason::Length);
+        }
+        (s.finish.is_some(), took)
+    }
+
     /// Back to no KV at all (preempted, or its cluster was lost).
     pub fn forget_kv(&mut self) {
         // The recomputation makes the prompt's logits again.
         self.prompt_logits.clear();
         self.hashes.clear();
+        // A prepared draft was for the KV just dropped.
+        if let Some(sp) = self.spec.as_mut() {
+            sp.tokens.clear();
+        }
         self.kv_len = 0;
         self.sub_len = 0;
     }
@@ -182,5 +235,7 @@ pub(super) fn finish(s: &mut Seq) -> SeqOutcome {
         prompt_tokens: s.req.prompt_ids.len(),
         cached_tokens: s.cached_tokens.unwrap_or(0),
         prompt_logits: s.req.want_prompt_logits.then(|| std::mem::take(&mut s.prompt_logits)),
+        drafted: s.spec.as_ref().map_or(0, |sp| sp.drafted),
+        accepted: s.spec.as_ref().map_or(0, |sp| sp.accepted),
     }
 }

@@ -48,6 +48,7 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         stop_strings: Vec::new(),
         ignore_eos: true,
         want_prompt_logits: false,
+        draft: Default::default(),
     }
 }
 
