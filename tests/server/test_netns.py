@@ -218,7 +218,10 @@ def watch_health(c, seen, seconds):
     def run():
         end = time.time() + seconds
         while time.time() < end:
-            code, h = health(c)
+            try:
+                code, h = health(c)
+            except httpx.HTTPError:  # the cluster was stopped meanwhile
+                return
             if code != 200:
                 seen.append((code, h))
                 return
