@@ -20,7 +20,9 @@
 //! `--remote-exe`). Hosts whose address is this machine are started directly.
 
 use crate::launch_output::{describe, forward_lines, forward_raw, write_out};
-use crate::launch_restart::{restarts_ranks, PendingRestart, Recipe, StopWatch, MAX_RESTARTS, RESTART_PAUSE};
+use crate::launch_restart::{
+    restart_pause, restarts_ranks, PendingRestart, Recipe, StopWatch, MAX_RESTARTS, STABLE_RUN,
+};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use comm::bootstrap::{
@@ -465,6 +467,7 @@ struct Rank {
     tail: Option<Tail>,
     /// We signalled it (after another rank failed, or on Ctrl-C) before it exited.
     stopped: bool,
+    started: Instant,
 }
 
 impl Rank {
@@ -588,7 +591,8 @@ fn start(p: Planned, verbose: bool, tx: &mpsc::Sender<usize>, readers: &mut Vec<
         readers.push(if rank == 0 { forward_raw(err, false) } else { forward_lines(err, rank, tail.clone()) });
     }
     notify_exit(child.id(), rank, tx.clone());
-    Ok(Rank { rank, child, host: remote.map(|(h, _)| h), stdin, status: None, tail, stopped: false })
+    let host = remote.map(|(h, _)| h);
+    Ok(Rank { rank, child, host, stdin, status: None, tail, stopped: false, started: Instant::now() })
 }
 
 /// Tells `tx` when the child exits, without reaping it (the supervisor does).
@@ -644,6 +648,11 @@ fn supervise(
                     eprintln!("note: {} retired by rank 0 (the cluster re-planned without it)", ranks[i].label());
                     failed = None;
                 } else if let (Some(rs), Some(_), true) = (restarter.as_mut(), failed.filter(|&i| i != 0), world_up) {
+                    // A rank that ran a while before it was lost starts a fresh
+                    // count: the limit is on restarts in a row that fail fast.
+                    if ranks[i].started.elapsed() >= STABLE_RUN {
+                        rs.counts[i] = 0;
+                    }
                     if rs.counts[i] >= MAX_RESTARTS {
                         // A host that stays gone: rank 0 keeps serving degraded,
                         // or re-plans onto the survivors (`serve --replan-after`).
@@ -660,13 +669,15 @@ fn supervise(
                             let shown: String = lines.iter().map(|l| format!("[rank {i}] {l}\n")).collect();
                             let _ = write_out(false, shown.as_bytes());
                         }
+                        let pause = restart_pause(rs.counts[i]);
                         eprintln!(
-                            "note: {} {}; restarting it (restart {} of at most {MAX_RESTARTS})",
+                            "note: {} {}; restarting it in {:.1} s (restart {} in a row of at most {MAX_RESTARTS})",
                             r.label(),
                             describe(status, r.host.is_some()),
+                            pause.as_secs_f64(),
                             rs.counts[i]
                         );
-                        rs.pending.push(PendingRestart { rank: i, at: Instant::now() + RESTART_PAUSE });
+                        rs.pending.push(PendingRestart { rank: i, at: Instant::now() + pause });
                         failed = None;
                     }
                 }

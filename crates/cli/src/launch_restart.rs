@@ -20,10 +20,24 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Restarts of one rank before the supervisor gives up on it and stops the world.
+/// Restarts of one rank in a row (each failing within [`STABLE_RUN`]) before
+/// the supervisor gives up on it and stops the world.
 pub(crate) const MAX_RESTARTS: u32 = 20;
-/// Pause between a rank's death and its restart (lets its port and segment go).
+/// A rank that ran this long before it was lost starts a fresh count of
+/// restarts: a server killed now and then over weeks is never given up on.
+pub(crate) const STABLE_RUN: Duration = Duration::from_secs(30);
+/// Pause between a rank's death and its first restart (lets its port and segment go).
 pub(crate) const RESTART_PAUSE: Duration = Duration::from_millis(500);
+/// Longest pause between restarts that keep failing (a host unreachable for a
+/// while: ssh fails at once, and 20 restarts 0.5 s apart would give up in 10 s).
+pub(crate) const MAX_RESTART_PAUSE: Duration = Duration::from_secs(5);
+
+/// The pause before restart number `n` in a row (1-based): [`RESTART_PAUSE`],
+/// doubling with each restart in a row, at most [`MAX_RESTART_PAUSE`]. Twenty
+/// restarts in a row then span about 85 s.
+pub(crate) fn restart_pause(n: u32) -> Duration {
+    RESTART_PAUSE.saturating_mul(1 << n.saturating_sub(1).min(16)).min(MAX_RESTART_PAUSE)
+}
 
 /// Whether `command` (the subcommand and its arguments) keeps serving across
 /// rank losses.
@@ -318,6 +332,17 @@ mod tests {
         assert_eq!(hung_rank(cause), Some(2));
         assert_eq!(hung_rank("peer 1 at x is gone: closed"), None);
         assert_eq!(hung_rank("peer 12 at h:1 is hung: no heartbeat"), Some(12));
+    }
+
+    #[test]
+    fn restarts_in_a_row_back_off() {
+        assert_eq!(restart_pause(1), RESTART_PAUSE);
+        assert_eq!(restart_pause(2), RESTART_PAUSE * 2);
+        assert_eq!(restart_pause(4), RESTART_PAUSE * 8);
+        assert_eq!(restart_pause(5), MAX_RESTART_PAUSE);
+        assert_eq!(restart_pause(u32::MAX), MAX_RESTART_PAUSE);
+        let total: Duration = (1..=MAX_RESTARTS).map(restart_pause).sum();
+        assert!(total > Duration::from_secs(60), "{total:?}");
     }
 
     #[test]

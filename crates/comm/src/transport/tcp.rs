@@ -23,7 +23,7 @@
 
 use super::tcp_beacon::Beacon;
 pub use super::tcp_cables::CableStats;
-use super::tcp_cables::{common_cables, dial, measure_links, route, validate_links, LinkPlan};
+use super::tcp_cables::{all_addresses, common_cables, dial, measure_links, route, validate_links, LinkPlan};
 use super::tcp_io::{cancelled, pump, Conn, PumpCtx, RecvJob, Resumer, SendJob};
 use super::tcp_resume::resume_idle;
 use super::{validate_ops, BusyGuard, RecvOp, SendOp, Transport};
@@ -302,7 +302,7 @@ impl TcpTransport {
             }
         }
         let beacon = match (cfg.hang_timeout, listener.local_addr()) {
-            (Some(limit), Ok(local)) => Beacon::start(cfg.rank, local, &cfg.peers, &cfg.secret, limit),
+            (Some(limit), Ok(local)) => Beacon::start(cfg.rank, local, &beacon_targets(cfg), &cfg.secret, limit),
             _ => None,
         };
         Ok(Self::assemble(cfg, links, plans, Some(listener), beacon))
@@ -642,6 +642,12 @@ pub(super) fn run_handshake(
 }
 
 /// Accepts `expected` connections from higher ranks and handshakes each.
+/// Where our heartbeats go: every address of every rank (each cable's), so
+/// that a peer goes silent only when all its cables are down.
+fn beacon_targets(cfg: &TcpConfig) -> Vec<Vec<String>> {
+    cfg.peers.iter().enumerate().map(|(r, a)| all_addresses(&cfg.links, cfg.rank, r, a)).collect()
+}
+
 fn accept_all(
     cfg: &TcpConfig,
     listener: &TcpListener,

@@ -8,7 +8,11 @@
 //!
 //! So every rank runs a beacon: a thread that sends a small UDP datagram to
 //! every peer each [`BEAT`], from the same port number as its TCP listener,
-//! and records when it last heard each peer's. The thread beats whatever the
+//! and records when it last heard each peer's. A peer with several cables
+//! gets the datagram on each of them (its main address and every cable
+//! address a connection would dial), so a peer is silent only when every
+//! cable to it is down: losing one cable while another carries the
+//! connections on is not a hang. The thread beats whatever the
 //! rank's compute threads are doing, so a busy rank keeps beating; a stopped
 //! process beats no more. A pump that waits fails with
 //! [`CommError::Hung`] once some peer it has heard from has been silent for
@@ -51,34 +55,36 @@ pub(crate) struct Beacon {
 
 impl Beacon {
     /// Starts beating from `local` (our TCP listener's address: the same port,
-    /// in UDP) to every other rank of `peers` (`host:port`, the port of its
-    /// listener). `None` when the socket cannot be bound: the world then runs
-    /// without hang detection, as it did before beacons.
+    /// in UDP) to every other rank: `targets[r]` lists rank `r`'s addresses
+    /// (`host:port`, the port of its listener; one per cable), `targets.len()`
+    /// is the world's size. `None` when the socket cannot be bound: the world
+    /// then runs without hang detection, as it did before beacons.
     pub(crate) fn start(
         rank: usize,
         local: SocketAddr,
-        peers: &[String],
+        targets: &[Vec<String>],
         secret: &[u8],
         limit: Duration,
     ) -> Option<Beacon> {
         let socket = UdpSocket::bind(local).ok()?;
         socket.set_read_timeout(Some(BEAT / 2)).ok()?;
-        let targets: Vec<SocketAddr> = peers
-            .iter()
-            .enumerate()
-            .filter(|&(r, _)| r != rank)
-            .filter_map(|(_, p)| p.to_socket_addrs().ok()?.find(|a| a.is_ipv4() == local.is_ipv4()))
-            .collect();
+        let mut addrs: Vec<SocketAddr> = Vec::new();
+        for a in targets.iter().enumerate().filter(|&(r, _)| r != rank).flat_map(|(_, t)| t) {
+            let found = a.to_socket_addrs().ok().and_then(|mut it| it.find(|s| s.is_ipv4() == local.is_ipv4()));
+            if let Some(s) = found.filter(|s| !addrs.contains(s)) {
+                addrs.push(s);
+            }
+        }
         let tag = world_tag(secret);
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
-            heard: (0..peers.len()).map(|_| AtomicU64::new(0)).collect(),
+            heard: (0..targets.len()).map(|_| AtomicU64::new(0)).collect(),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("beacon-{rank}"))
-            .spawn(move || beat(&socket, rank, &targets, tag, &s))
+            .spawn(move || beat(&socket, rank, &addrs, tag, &s))
             .ok()?;
         Some(Beacon { shared, limit, thread: Some(thread) })
     }
@@ -155,6 +161,27 @@ mod tests {
         UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
     }
 
+    fn targets(peers: &[String]) -> Vec<Vec<String>> {
+        peers.iter().map(|p| vec![p.clone()]).collect()
+    }
+
+    #[test]
+    fn a_peer_heard_on_any_of_its_addresses_is_not_hung() {
+        // Rank 1 is reached at a dead address (its "lost cable") and at its
+        // real one: rank 0's beats still reach it, and its reach rank 0.
+        let ports = [free_port(), free_port()];
+        let peers: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let ids: Vec<PeerId> = peers.iter().enumerate().map(|(r, a)| PeerId::new(r, a.clone())).collect();
+        let dead = format!("127.0.0.1:{}", free_port());
+        let t = vec![vec![peers[0].clone()], vec![dead, peers[1].clone()]];
+        let limit = Duration::from_millis(800);
+        let a = Beacon::start(0, peers[0].parse().unwrap(), &t, b"s", limit).expect("beacon 0");
+        let b = Beacon::start(1, peers[1].parse().unwrap(), &t, b"s", limit).expect("beacon 1");
+        std::thread::sleep(Duration::from_millis(1200));
+        assert!(a.hung(&ids).is_none() && b.hung(&ids).is_none());
+        assert!(b.shared.heard[0].load(Ordering::Relaxed) != 0, "rank 1 heard rank 0 over its live address");
+    }
+
     #[test]
     fn a_silent_peer_is_hung_and_a_beating_one_is_not() {
         let ports = [free_port(), free_port()];
@@ -162,8 +189,9 @@ mod tests {
         let ids: Vec<PeerId> = peers.iter().enumerate().map(|(r, a)| PeerId::new(r, a.clone())).collect();
         let addr = |r: usize| peers[r].parse::<SocketAddr>().unwrap();
         let limit = Duration::from_millis(800);
-        let a = Beacon::start(0, addr(0), &peers, b"s", limit).expect("beacon 0");
-        let b = Beacon::start(1, addr(1), &peers, b"s", limit).expect("beacon 1");
+        let t = targets(&peers);
+        let a = Beacon::start(0, addr(0), &t, b"s", limit).expect("beacon 0");
+        let b = Beacon::start(1, addr(1), &t, b"s", limit).expect("beacon 1");
         std::thread::sleep(Duration::from_millis(1200));
         assert!(a.hung(&ids).is_none() && b.hung(&ids).is_none());
         drop(b);
@@ -179,8 +207,9 @@ mod tests {
         let peers: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let ids: Vec<PeerId> = peers.iter().enumerate().map(|(r, a)| PeerId::new(r, a.clone())).collect();
         let limit = Duration::from_millis(100);
-        let a = Beacon::start(0, peers[0].parse().unwrap(), &peers, b"one", limit).unwrap();
-        let _b = Beacon::start(1, peers[1].parse().unwrap(), &peers, b"two", limit).unwrap();
+        let t = targets(&peers);
+        let a = Beacon::start(0, peers[0].parse().unwrap(), &t, b"one", limit).unwrap();
+        let _b = Beacon::start(1, peers[1].parse().unwrap(), &t, b"two", limit).unwrap();
         std::thread::sleep(Duration::from_millis(600));
         // Never heard (the tags differ): never declared hung.
         assert!(a.hung(&ids).is_none());

@@ -71,6 +71,21 @@ pub(crate) fn route(links: &[Vec<String>], me: usize, peer: usize, peer_addr: &s
     }
 }
 
+/// Every address of rank `peer` that rank `me` may reach it at: its main
+/// address `peer_addr`, then each cable's (with `peer_addr`'s port where the
+/// cable gives none). Heartbeats go to all of them.
+pub(crate) fn all_addresses(links: &[Vec<String>], me: usize, peer: usize, peer_addr: &str) -> Vec<String> {
+    let mut out = vec![peer_addr.to_string()];
+    for k in 0..common_cables(links, me, peer) {
+        for a in route(links, me, peer, peer_addr, k).remote {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    out
+}
+
 /// A cable entry may hold several addresses separated by `|` (e.g. IPv4 and IPv6).
 fn alternatives(entry: &str) -> impl Iterator<Item = &str> {
     entry.split('|').map(str::trim).filter(|a| !a.is_empty())
@@ -480,6 +495,16 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn heartbeats_go_to_every_cable() {
+        let links = vec![s(&["10.78.18.1", "10.79.18.1"]), s(&["10.78.18.2", "10.79.18.2|fd00::2"])];
+        assert_eq!(
+            all_addresses(&links, 0, 1, "10.78.18.2:7000"),
+            s(&["10.78.18.2:7000", "10.79.18.2:7000", "[fd00::2]:7000"])
+        );
+        assert_eq!(all_addresses(&[], 0, 1, "h:7"), s(&["h:7"]));
     }
 
     #[test]
