@@ -695,7 +695,13 @@ fn supervise(
             if ranks[0].status.is_some() {
                 rs.pending.clear();
             }
-            rs.pending.retain(|p| !crate::launch_restart::is_retired(p.rank));
+            rs.pending.retain(|p| {
+                let retired = crate::launch_restart::is_retired(p.rank);
+                if retired {
+                    eprintln!("note: rank {} retired by rank 0 (the cluster re-planned without it)", p.rank);
+                }
+                !retired
+            });
             // A retired rank still running (hung, or waiting for a world
             // that is gone) is stopped.
             for r in ranks.iter().filter(|r| r.rank != 0 && r.status.is_none()) {
