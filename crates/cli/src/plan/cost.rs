@@ -83,16 +83,18 @@ pub struct Measured {
 }
 
 /// Runtime memory that is not weights, KV or activations: the binary and its
-/// libraries, thread stacks, allocator slack (~8.7 MB for shardlm on Linux:
-/// most of the 10–11 MB peak RSS of a tiny fixture run; 7.5 MB before the
-/// I-quant grids, the web page and the power sampler joined the binary), the tokenizer on rank 0
+/// libraries, thread stacks, allocator slack (~10.0 MB for shardlm on Linux:
+/// most of the 11.2–13.0 MB peak RSS of a tiny fixture run; 8.7 MB before
+/// speculative decoding, the disk tier, NVML and the TCP beacon joined the
+/// binary, 7.5 MB before the I-quant grids, the web page and the power
+/// sampler), the tokenizer on rank 0
 /// (~250 bytes per vocabulary entry, measured on SmolLM2's 49152), and, for
 /// weights repacked at load (Q4_0, Q4_1, Q8_0: `kernels::packed`), ~20 MB the
 /// allocator keeps from the packing buffers (measured after load: 19.8–22.9 MB
 /// on the ~1B test model, single and pipeline rank 0; 20 MB on SmolLM2).
 fn runtime_bytes(shape: &Shape, rank0: bool) -> f64 {
     let packed = matches!(shape.quant.as_str(), "q4_0" | "q4_1" | "q8_0");
-    8.7e6 + if rank0 { shape.vocab as f64 * 250.0 } else { 0.0 } + if packed { 20e6 } else { 0.0 }
+    10.0e6 + if rank0 { shape.vocab as f64 * 250.0 } else { 0.0 } + if packed { 20e6 } else { 0.0 }
 }
 
 /// Share of the attention weights and KV cache tensor rank `j` of `tp` holds:
