@@ -154,14 +154,16 @@ fn strip_generation_tags(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
-        let Some(len) = rest[start..].find("%}") else { break };
-        let tag = &rest[start + 2..start + len];
+        // The closing `%}` after the opening `{%` (in `{%}` they overlap: not a tag end).
+        let Some(len) = rest[start + 2..].find("%}") else { break };
+        let tag = &rest[start + 2..start + 2 + len];
         let word = tag.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         out.push_str(&rest[..start]);
+        let end = start + 2 + len + 2;
         if word != "generation" && word != "endgeneration" {
-            out.push_str(&rest[start..start + len + 2]);
+            out.push_str(&rest[start..end]);
         }
-        rest = &rest[start + len + 2..];
+        rest = &rest[end..];
     }
     out.push_str(rest);
     out
@@ -379,6 +381,19 @@ pub(crate) fn python_float(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlapping_tag_marks_are_not_a_tag_end() {
+        // Found by the chat_template fuzz target: `{%}` used to panic.
+        assert_eq!(strip_generation_tags("a{%}b"), "a{%}b");
+        assert_eq!(strip_generation_tags("x{% generation %}y{%- endgeneration -%}z"), "xyz");
+        let crash = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/corpus/chat_template/crash-e7c288a597f8484346ab9d4eef134d70f70c8876"
+        ))
+        .unwrap();
+        let _ = strip_generation_tags(&String::from_utf8_lossy(&crash));
+    }
 
     #[test]
     fn floats_print_like_python() {
