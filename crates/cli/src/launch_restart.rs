@@ -214,21 +214,24 @@ pub(crate) fn is_retired(rank: usize) -> bool {
     RETIRED.get(rank).is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
 }
 
-/// Rank 0 of a serving world that re-planned without `rank`: tells the
-/// supervisor that started us (our parent) to stop restarting it.
-pub(crate) fn retire(rank: usize) {
+/// Rank 0 of a serving world: sends the supervisor that started us (our
+/// parent, `SHARDLM_SUPERVISOR_PID`) `sig` carrying `rank`. False without one.
+fn signal_supervisor(sig: libc::c_int, rank: usize) -> bool {
     let Some(pid) = std::env::var(ENV_SUPERVISOR_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok()) else {
-        return;
+        return false;
     };
     // SAFETY: getppid has no preconditions; sigqueue gets a plain value.
     unsafe {
-        if libc::getppid() != pid {
-            return;
-        }
         let value = libc::sigval { sival_ptr: rank as *mut libc::c_void };
-        if sigqueue(pid, libc::SIGUSR2, value) == 0 {
-            eprintln!("shardlm serve: told the supervisor to retire rank {rank}");
-        }
+        libc::getppid() == pid && sigqueue(pid, sig, value) == 0
+    }
+}
+
+/// Rank 0 of a serving world that re-planned without `rank`: tells the
+/// supervisor to stop restarting it.
+pub(crate) fn retire(rank: usize) {
+    if signal_supervisor(libc::SIGUSR2, rank) {
+        eprintln!("shardlm serve: told the supervisor to retire rank {rank}");
     }
 }
 
@@ -266,18 +269,8 @@ pub(crate) fn hung_rank(cause: &str) -> Option<usize> {
 /// supervisor (it must be our parent) or when no rank is hung.
 pub(crate) fn report_hung(cause: &str) {
     let Some(rank) = hung_rank(cause) else { return };
-    let Some(pid) = std::env::var(ENV_SUPERVISOR_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok()) else {
-        return;
-    };
-    // SAFETY: getppid has no preconditions; sigqueue gets a plain value.
-    unsafe {
-        if libc::getppid() != pid {
-            return;
-        }
-        let value = libc::sigval { sival_ptr: rank as *mut libc::c_void };
-        if sigqueue(pid, libc::SIGUSR1, value) == 0 {
-            eprintln!("shardlm serve: asked the supervisor to restart hung rank {rank}");
-        }
+    if signal_supervisor(libc::SIGUSR1, rank) {
+        eprintln!("shardlm serve: asked the supervisor to restart hung rank {rank}");
     }
 }
 
