@@ -137,3 +137,52 @@ fn scheduler_refuses_what_cannot_fit_and_survives_pressure() {
     }
     assert_eq!(sched.stats().blocks.used, 0);
 }
+
+/// An agent's next turn contains the reply the server generated. The reply's
+/// KV rows came from decode steps, which sum attention in another order than
+/// a prompt chunk, so the prefix cache reuses only prompt rows: the next turn
+/// equals a cold run bit for bit. With re-warming on (as `serve` runs), the
+/// reply's blocks are made again as prompt rows while idle and then reused.
+#[test]
+fn a_next_turn_reuses_only_prompt_rows_and_equals_the_cold_run() {
+    let Some(path) = smollm2() else { return };
+    let files = formats::open_model(&path).unwrap();
+    let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
+    let tok = shardlm_engine::Tokenizer::from_source(&files.tokenizer).unwrap().unwrap();
+    let text: String = (0..30).map(|i| format!("let v{i} = {} * x + {i};\n", i % 4 + 3)).collect();
+    let prompt = tok.encode(&format!("Explain:\n{text}"), true).unwrap();
+    let mut engine = Engine::new(m, Some(tok), 2);
+    engine.prefill_chunk = 128;
+    let cfg = SchedulerConfig {
+        block: 32,
+        n_blocks: 96,
+        max_batch: 4,
+        step_tokens: 128,
+        prefix_cache: true,
+        n_window_blocks: 0,
+    };
+    let drive = |sched: &mut Scheduler, engine: &mut Engine, p: &[u32], n: usize| {
+        let seen = submit(sched, request(p.to_vec(), n));
+        while sched.has_work() {
+            sched.step(engine).expect("step");
+        }
+        let seen = std::mem::take(&mut *seen.lock().unwrap());
+        let cached = seen.outcome.as_ref().unwrap().as_ref().unwrap().cached_tokens;
+        (seen, cached)
+    };
+    for rewarm in [false, true] {
+        let mut sched = Scheduler::new(&mut engine, cfg.clone()).unwrap();
+        sched.set_rewarm(rewarm);
+        // Turn 1 generates 70 tokens: two or more blocks of decode rows.
+        let (first, _) = drive(&mut sched, &mut engine, &prompt, 70);
+        let mut turn2 = prompt.clone();
+        turn2.extend(&first.tokens);
+        turn2.extend(&prompt[1..40]);
+        let (warm, cached) = drive(&mut sched, &mut engine, &turn2, 8);
+        let mut fresh = Scheduler::new(&mut engine, cfg.clone()).unwrap();
+        let (cold, _) = drive(&mut fresh, &mut engine, &turn2, 8);
+        let expect = if rewarm { (prompt.len() + 70) / 32 * 32 } else { prompt.len() / 32 * 32 };
+        assert_eq!(cached, expect, "rewarm {rewarm}: cached tokens");
+        assert_eq!(warm.logits, cold.logits, "rewarm {rewarm}: the next turn must equal the cold run bit for bit");
+    }
+}

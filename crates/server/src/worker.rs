@@ -160,6 +160,8 @@ pub fn run_worker(
             return;
         }
     };
+    // A finished reply's blocks are made again as prompt rows when idle.
+    sched.set_rewarm(true);
     match sched.set_draft(draft) {
         Ok(Some(why)) => eprintln!("shardlm serve: speculative decoding is off: {why}"),
         Ok(None) => {}

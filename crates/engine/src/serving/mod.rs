@@ -4,6 +4,7 @@
 pub mod blocks;
 pub mod disk_tier;
 mod flight;
+mod rewarm;
 pub mod scheduler;
 mod seq;
 pub mod solo;

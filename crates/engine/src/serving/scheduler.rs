@@ -59,6 +59,8 @@ use super::disk_tier::{DiskTier, DiskTierStats};
 
 // The disk tier's admission and switch (`scheduler/disk.rs`).
 mod disk;
+// Re-forming after a lost cluster (`scheduler/recovery.rs`).
+mod recovery;
 use super::flight::{Flight, FlightItem, PlanItem};
 use super::seq::{finish, hybrid_piece, register_full_blocks, release_seq, Groups, Seq};
 use super::state_slots::StateSlots;
@@ -144,7 +146,10 @@ pub struct SchedulerStats {
 pub struct Scheduler {
     pub(super) cfg: SchedulerConfig,
     pub(super) blocks: BlockManager,
-    waiting: VecDeque<Seq>,
+    pub(super) waiting: VecDeque<Seq>,
+    /// Finished replies to re-warm when idle ([`super::rewarm`]).
+    pub(super) rewarm: VecDeque<Vec<u32>>,
+    pub(super) rewarm_on: bool,
     /// In admission order (the last one is preempted first).
     pub(super) running: Vec<Seq>,
     pub(super) eos_ids: Vec<u32>,
@@ -194,6 +199,8 @@ impl Scheduler {
             windows,
             blocks: BlockManager::new(cfg.n_blocks, cfg.block, cfg.prefix_cache),
             waiting: VecDeque::new(),
+            rewarm: VecDeque::new(),
+            rewarm_on: false,
             running: Vec::new(),
             in_flight: VecDeque::new(),
             next_id: 0,
@@ -223,7 +230,7 @@ impl Scheduler {
 
     /// Whether any request is waiting or running.
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty() || !self.in_flight.is_empty()
+        !self.waiting.is_empty() || !self.running.is_empty() || !self.in_flight.is_empty() || !self.rewarm.is_empty()
     }
 
     /// Queues a request, or refuses it at once (`done` with the error).
@@ -254,6 +261,7 @@ impl Scheduler {
             slot: None,
             restore: None,
             window: SeqWindow::default(),
+            rewarm: false,
             req,
             hooks,
         });
@@ -447,6 +455,9 @@ impl Scheduler {
     fn preempt_youngest(&mut self) {
         if let Some(mut s) = self.running.pop() {
             release_seq(self.groups(), &mut s);
+            if s.rewarm {
+                return; // nobody waits for it: not worth a recomputation
+            }
             s.forget_kv();
             self.stats.preemptions += 1;
             self.waiting.push_front(s);
@@ -493,50 +504,6 @@ impl Scheduler {
         }
     }
 
-    /// After the cluster was lost: every running sequence goes back to the
-    /// front of the queue, in admission order, with its history (prompt and
-    /// the tokens streamed so far) kept and its KV dropped, as preemption does;
-    /// the prefix cache is emptied, since the re-formed ranks hold no KV.
-    /// Call [`Scheduler::reinit_pool`] once the cluster is back.
-    pub fn requeue_all(&mut self) {
-        // The re-formed ranks hold none of the steps in flight.
-        self.in_flight.clear();
-        if let Some(d) = self.disk.as_mut() {
-            d.forget_pending();
-        }
-        while !self.running.is_empty() {
-            self.preempt_youngest();
-        }
-        self.blocks = BlockManager::new(self.cfg.n_blocks, self.cfg.block, self.cfg.prefix_cache);
-        if self.disk.is_some() {
-            self.blocks.just_cached = Some(Vec::new());
-        }
-        // The state snapshots went with the ranks' pools too.
-        if self.states.is_some() {
-            let snaps = if self.cfg.prefix_cache { self.cfg.max_batch } else { 0 };
-            self.states = Some(StateSlots::new(self.cfg.max_batch, snaps, self.cfg.block));
-        }
-        if let Some(w) = &self.windows {
-            let c = &self.cfg;
-            self.windows = Some(WindowGroup::new(w.window, c.block, w.n_blocks(), c.step_tokens, c.prefix_cache));
-        }
-    }
-
-    /// Allocates the pool again on every rank (a re-formed cluster).
-    pub fn reinit_pool(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
-        let n_slots = self.states.as_ref().map_or(0, |s| s.idle_slots());
-        let n_window_blocks = self.windows.as_ref().map_or(0, |w| w.n_blocks());
-        engine.init_pool(PoolShape { block: self.cfg.block, n_blocks: self.cfg.n_blocks, n_window_blocks, n_slots })?;
-        // The restarted ranks open their disk tier again; the index is what
-        // every rank still holds.
-        if let Some(old) = self.disk.take() {
-            let mut d = DiskTier::open(engine, old.cfg, &mut self.blocks)?;
-            d.stats = DiskTierStats { blocks: d.stats.blocks, capacity: d.stats.capacity, ..old.stats };
-            self.disk = Some(d);
-        }
-        Ok(())
-    }
-
     /// Runs one step: admits, batches, runs the model, samples. Errors of the
     /// step end the sequences in it and the scheduler stays usable, except a
     /// cluster failure ([`EngineError::is_cluster_failure`]): that is returned
@@ -551,6 +518,7 @@ impl Scheduler {
     /// that one long prompt keeps every stage busy too.
     pub fn step(&mut self, engine: &mut Engine) -> Result<(), EngineError> {
         self.drop_cancelled();
+        self.admit_rewarm();
         self.admit(engine)?;
         self.reserve_decode_blocks();
         self.reserve_window_blocks();
@@ -642,6 +610,7 @@ impl Scheduler {
             let mut s = self.running.remove(i);
             release_seq(self.groups(), &mut s);
             self.feed_pool(&s);
+            self.queue_rewarm(&s);
             done.push(s);
         }
         // A finished conversation's blocks leave for the disk before its

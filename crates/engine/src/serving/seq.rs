@@ -54,6 +54,9 @@ pub(super) struct Seq {
     pub prompt_logits: Vec<f32>,
     /// Speculative decoding's state, when the sequence speculates.
     pub spec: Option<SpecState>,
+    /// A finished reply re-warmed for the prefix cache ([`super::rewarm`]):
+    /// nobody waits for it, so a preemption drops it.
+    pub rewarm: bool,
 }
 
 /// What a scheduler hands out: full blocks, window blocks, state slots.
@@ -202,9 +205,20 @@ pub(super) fn hybrid_piece(
 /// Registers each block of `s` that has become full since the last call
 /// (its window block under the same name), then gives back the window
 /// blocks that fell out of the window.
+///
+/// Only blocks of prompt positions are registered. A generated token's KV
+/// row comes from a decode step, whose attention sums in another order than
+/// a prefill chunk's (it splits the keys between threads, and reads them in
+/// place); a later prompt that contains the reply (an agent's next turn)
+/// computes those positions as prompt rows when cold. Reusing the decode
+/// rows would change its logits in the last bits, and a near-tie in greedy
+/// decoding would then answer differently from a cold server. The reply's
+/// blocks are made again as prompt rows when the server is idle
+/// ([`super::rewarm`]).
 pub(super) fn register_full_blocks(blocks: &mut BlockManager, mut windows: Option<&mut WindowGroup>, s: &mut Seq) {
     let b = blocks.block;
-    while (s.hashes.len() + 1) * b <= s.kv_len && s.hashes.len() < s.blocks.len() {
+    let upto = s.kv_len.min(s.req.prompt_ids.len());
+    while (s.hashes.len() + 1) * b <= upto && s.hashes.len() < s.blocks.len() {
         let k = s.hashes.len();
         let parent = k.checked_sub(1).map_or(0, |p| s.hashes[p]);
         let h = chain_hash(parent, &s.history[k * b..(k + 1) * b]);

@@ -1,0 +1,94 @@
+//! Re-warming a finished reply's blocks for the prefix cache (`serve` only).
+//!
+//! The prefix cache registers only blocks of prompt positions
+//! ([`super::seq::register_full_blocks`] says why: a generated token's KV
+//! row is a decode step's, and reusing it would make a later prompt differ
+//! from a cold run in the last bits). An agent's next turn contains the
+//! reply, so without more it would prefill the reply again before its first
+//! token. Instead, when a sequence finishes with full blocks past its
+//! prompt, the scheduler keeps its history up to the last full block, and
+//! when no request is waiting it runs that as a prompt of its own, with
+//! `max_tokens = 0` and nobody listening: the prompt's blocks come from the
+//! cache, the reply's are computed as prompt rows and registered (and, with
+//! the disk tier, written through), exactly what a cold run of the next turn
+//! computes. The work is the prefill the next turn would otherwise do, moved
+//! to idle time; a server never idle simply does it in the next turn. A
+//! re-warm that would need blocks a request needs is dropped (preempted,
+//! never requeued), and it is not counted as a request or a prefix query.
+
+use super::blocks::block_hashes;
+use super::scheduler::{Scheduler, SeqHooks, SeqOutcome, Submission};
+use super::seq::Seq;
+use crate::draft::DraftChoice;
+use crate::generate::{GenerateHooks, GenerateRequest};
+use crate::sampler::SamplingParams;
+use crate::EngineError;
+
+/// Most replies kept for re-warming; older ones are dropped first.
+const MAX_QUEUED: usize = 8;
+
+/// A re-warming prompt's callbacks: nobody listens.
+struct Unheard;
+
+impl GenerateHooks for Unheard {
+    fn on_text(&mut self, _text: &str) {}
+}
+
+impl SeqHooks for Unheard {
+    fn done(&mut self, _result: Result<SeqOutcome, EngineError>) {}
+}
+
+impl Scheduler {
+    /// Re-warm finished replies' blocks when idle (`serve` turns it on; a
+    /// benchmark's timing must not include the extra prefill).
+    pub fn set_rewarm(&mut self, on: bool) {
+        self.rewarm_on = on && self.cfg.prefix_cache;
+        if !self.rewarm_on {
+            self.rewarm.clear();
+        }
+    }
+
+    /// Called when `s` finished: keeps its history up to the last full
+    /// block, when that reaches past the prompt's full blocks.
+    pub(super) fn queue_rewarm(&mut self, s: &Seq) {
+        let b = self.cfg.block;
+        let full = s.history.len() / b * b;
+        if !self.rewarm_on || s.req.want_prompt_logits || full <= s.req.prompt_ids.len() / b * b {
+            return;
+        }
+        if self.rewarm.len() == MAX_QUEUED {
+            self.rewarm.pop_front();
+        }
+        self.rewarm.push_back(s.history[..full].to_vec());
+    }
+
+    /// Submits the oldest kept reply when no request waits and the batch has
+    /// room, unless its blocks are all cached already.
+    pub(super) fn admit_rewarm(&mut self) {
+        while self.waiting.is_empty() && self.running.len() < self.cfg.max_batch {
+            let Some(tokens) = self.rewarm.pop_front() else { return };
+            if self.blocks.has_all(&block_hashes(&tokens, self.cfg.block)) {
+                continue;
+            }
+            let request = GenerateRequest {
+                prompt_ids: tokens,
+                max_tokens: 0,
+                sampling: SamplingParams::default(),
+                stop_strings: Vec::new(),
+                ignore_eos: true,
+                want_prompt_logits: false,
+                draft: DraftChoice::Off,
+            };
+            let queued = self.waiting.len();
+            self.submit(Submission { request, hooks: Box::new(Unheard) });
+            // Not a client's request: the prefix cache's counters skip it.
+            if self.waiting.len() > queued {
+                if let Some(s) = self.waiting.back_mut() {
+                    s.cached_tokens = Some(0);
+                    s.rewarm = true;
+                }
+            }
+            return;
+        }
+    }
+}
