@@ -19,7 +19,8 @@ use kernels::{ops, DType, ThreadPool};
 // layers), linear-attention state slots, and what they cost.
 #[path = "model_memory.rs"]
 mod memory;
-// The head's vocab-parallel argmax and gather (tensor-parallel ranks).
+// The head: final norm and lm_head for the rows asked for, and on
+// tensor-parallel ranks the vocab-parallel argmax and gather.
 #[path = "model_vocab.rs"]
 mod vocab;
 pub use memory::{ring_positions, window_blocks_per_seq};
@@ -702,61 +703,6 @@ impl Model {
             for (v, w) in ws.k[t * lk..(t + 1) * lk].iter_mut().zip(kn) {
                 *v *= k_inv * w;
             }
-        }
-        Ok(())
-    }
-
-    /// Final norm and lm_head for the rows each sequence asked for.
-    pub fn head(
-        &self,
-        pool: &ThreadPool,
-        ws: &mut Workspace,
-        seqs: &mut [SeqStep<'_>],
-        comm: &dyn AllReduce,
-    ) -> Result<(), ModelError> {
-        let (Some(norm), Some(lm_head)) = (&self.final_norm, &self.lm_head) else { return Ok(()) };
-        let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
-        let mut rows = 0;
-        let mut t = 0;
-        for s in seqs.iter() {
-            let len = s.tokens.len();
-            let range = match s.mode {
-                LogitsMode::None => 0..0,
-                LogitsMode::Last | LogitsMode::Argmax => len.saturating_sub(1)..len,
-                LogitsMode::All | LogitsMode::Verify => 0..len,
-            };
-            grow(&mut ws.head_in, (rows + range.len()) * h);
-            for r in range {
-                ws.head_in[rows * h..(rows + 1) * h].copy_from_slice(&ws.x[(t + r) * h..(t + r + 1) * h]);
-                rows += 1;
-            }
-            t += len;
-        }
-        if rows == 0 {
-            seqs.iter_mut().for_each(|s| s.logits.clear());
-            return Ok(());
-        }
-        grow(&mut ws.xn, rows * h);
-        ops::rms_norm(&ws.head_in[..rows * h], norm, self.config.rms_norm_eps, h, &mut ws.xn[..rows * h]);
-        grow(&mut ws.logits, rows * vocab);
-        let only_argmax = seqs.iter().all(|s| matches!(s.mode, LogitsMode::Argmax | LogitsMode::None));
-        if self.local.vocab_all.is_empty() {
-            lm_head.forward(pool, &ws.xn, rows, &mut ws.logits, &mut ws.scratch);
-        } else if only_argmax {
-            self.argmax_vocab_parallel(pool, ws, rows, lm_head, comm)?;
-        } else {
-            self.gather_vocab_parallel(pool, ws, rows, lm_head, comm)?;
-        }
-        let mut r = 0;
-        for s in seqs.iter_mut() {
-            let n = match s.mode {
-                LogitsMode::None => 0,
-                LogitsMode::Last | LogitsMode::Argmax => usize::from(!s.tokens.is_empty()),
-                LogitsMode::All | LogitsMode::Verify => s.tokens.len(),
-            };
-            s.logits.clear();
-            s.logits.extend_from_slice(&ws.logits[r * vocab..(r + n) * vocab]);
-            r += n;
         }
         Ok(())
     }
