@@ -70,6 +70,11 @@ impl Scheduler {
             if self.blocks.has_all(&block_hashes(&tokens, self.cfg.block)) {
                 continue;
             }
+            // Only into room the pool has now (counting its cached prefix as
+            // room too): it must never queue ahead of a request.
+            if tokens.len().div_ceil(self.cfg.block) + 1 > self.blocks.available() {
+                continue;
+            }
             let request = GenerateRequest {
                 prompt_ids: tokens,
                 max_tokens: 0,
