@@ -23,9 +23,11 @@ pub struct RankPower {
 /// absorb); reasons from the startup reports.
 pub fn collect(reports: &[RankReport]) -> Vec<RankPower> {
     let infos = engine::rank_info::gathered();
-    let host = |r: usize| infos.and_then(|i| i.get(r)).map_or_else(engine::rank_info::hostname, |i| i.host.clone());
+    let host =
+        |r: usize| infos.as_ref().and_then(|i| i.get(r)).map_or_else(engine::rank_info::hostname, |i| i.host.clone());
     let reason = |r: usize| {
         infos
+            .as_ref()
             .and_then(|i| i.get(r))
             .and_then(|i| i.power.clone().err())
             .unwrap_or_else(|| "no reading came back from that rank".into())
@@ -40,7 +42,7 @@ pub fn collect(reports: &[RankReport]) -> Vec<RankPower> {
                     Err(e) => (Err(e.to_string()), Vec::new()),
                 }
             } else {
-                let src = infos.and_then(|i| i.get(r)).and_then(|i| i.power.clone().ok()).unwrap_or_default();
+                let src = infos.as_ref().and_then(|i| i.get(r)).and_then(|i| i.power.clone().ok()).unwrap_or_default();
                 (rep.power.ok_or_else(|| reason(r)), src)
             };
             RankPower { rank: r, host: host(r), phases, sources }

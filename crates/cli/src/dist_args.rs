@@ -132,7 +132,7 @@ pub fn load_engine_dist_with(
         let m = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &opts)?;
         return Ok(Some((Engine::new(m, tokenizer, threads), files, name)));
     }
-    let weights = rank_weights(d, world.size())?;
+    let weights = rank_weights(d, world.size(), std::env::var(crate::reform::ENV_SURVIVORS).ok().as_deref())?;
     // Ranks sharing this host share its cores unless --threads says otherwise.
     let threads = if explicit_threads { threads } else { (threads / ranks_on_this_host().max(1)).max(1) };
     let mut cluster = Cluster::new(world.with_wire(d.wire), strategy, !d.no_prefill_overlap)?;
@@ -182,6 +182,9 @@ pub fn load_engine_dist_with(
 /// the new cluster. Rank 0 keeps its loaded shard when the split comes out the
 /// same (the same world and weights always give the same split); otherwise it
 /// loads its new one. The caller re-allocates the KV pool on every rank.
+/// `world_env` overrides the world's variables once the cluster re-planned
+/// onto fewer ranks ([`replan_onto`]). `/cluster` then lists the new world.
+#[allow(clippy::too_many_arguments)] // the load's inputs, and the world's variables
 pub fn rejoin_cluster(
     engine: &mut Engine,
     model: Option<&str>,
@@ -190,6 +193,7 @@ pub fn rejoin_cluster(
     quantize: Option<kernels::DType>,
     d: &DistArgs,
     adjust: &dyn Fn(&mut formats::ModelConfig) -> Result<()>,
+    world_env: &[crate::reform::EnvChange],
 ) -> Result<()> {
     let strategy = Strategy::parse(&d.strategy, d.tp).map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
     let path = model_source::resolve(model)?;
@@ -197,9 +201,12 @@ pub fn rejoin_cluster(
     adjust(&mut files.config)?;
     // The old transport goes first: its listening port or segment is reused.
     engine.cluster = None;
-    let world = comm::Group::from_env_spinning(fingerprint(&path, &files.config), rank_spin(threads, explicit_threads))
+    let get = |k: &str| world_var(world_env, k);
+    let spin_set = get(comm::bootstrap::ENV_SPIN_US).is_some();
+    let world = comm::bootstrap::Bootstrap::from_vars(get, fingerprint(&path, &files.config))
+        .and_then(|b| b.with_default_spin(rank_spin(threads, explicit_threads), spin_set).connect())
         .context("re-joining the cluster")?;
-    let weights = rank_weights(d, world.size())?;
+    let weights = rank_weights(d, world.size(), world_var(world_env, crate::reform::ENV_SURVIVORS).as_deref())?;
     let mut cluster = Cluster::new(world.with_wire(d.wire), strategy, !d.no_prefill_overlap)?;
     cluster.exact_tp = d.tp_exact;
     let opts = load_options(d, quantize, Some(cluster.rank()));
@@ -209,10 +216,129 @@ pub fn rejoin_cluster(
         eprintln!("shardlm serve: the re-formed cluster splits the model anew; loading rank 0's new shard");
         engine.model = model::Model::load(&files, &spec, &opts)?;
     }
-    // The restarted ranks send their startup report first, as at startup.
-    engine::rank_info::gather(&cluster, engine::rank_info::RankInfo::here(&engine.model, Some(&cluster)))?;
+    // The restarted ranks send their startup report first, as at startup;
+    // `/cluster` shows the world as it is now.
+    if let Some(all) =
+        engine::rank_info::gather(&cluster, engine::rank_info::RankInfo::here(&engine.model, Some(&cluster)))?
+    {
+        engine::rank_info::remember(all);
+    }
     engine.cluster = Some(cluster);
     Ok(())
+}
+
+/// A world variable: as `over` (the variables of a re-formed world) sets or
+/// removes it, else from our environment.
+pub fn world_var(over: &[crate::reform::EnvChange], key: &str) -> Option<String> {
+    match over.iter().rev().find(|(k, _)| k == key) {
+        Some((_, v)) => v.clone(),
+        None => std::env::var(key).ok(),
+    }
+}
+
+/// One rank that would hold a share of the model in a re-planned world.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Holder {
+    pub host: String,
+    /// Bytes of model and KV pool it holds now.
+    pub held: u64,
+    /// Its share of the model and KV pool after the re-plan (the split's weight).
+    pub weight: f64,
+    /// `MemAvailable` of its machine, bytes (0: unknown).
+    pub available: u64,
+}
+
+/// The planner's memory check for a re-plan: `total` bytes (the model's file
+/// bytes and the whole KV pool) shared among `holders` by weight must fit on
+/// every machine, where what its ranks hold beyond what they hold now must
+/// fit in its `MemAvailable` (ranks on one machine share it). Errs with the
+/// first machine that cannot.
+pub fn replan_fits(holders: &[Holder], total: u64) -> Result<(), String> {
+    let sum: f64 = holders.iter().map(|h| h.weight).sum::<f64>().max(f64::MIN_POSITIVE);
+    let mut hosts: Vec<&str> = holders.iter().map(|h| h.host.as_str()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    for host in hosts {
+        let on: Vec<&Holder> = holders.iter().filter(|h| h.host == host).collect();
+        let need: u64 = on.iter().map(|h| ((total as f64 * h.weight / sum) as u64).saturating_sub(h.held)).sum();
+        let avail = on.iter().map(|h| h.available).max().unwrap_or(0);
+        if need > avail {
+            return Err(format!(
+                "{host} cannot hold its share: it needs {:.1} GB more, {:.1} GB is available",
+                need as f64 / 1e9,
+                avail as f64 / 1e9
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Rank 0 of a serving cluster whose rank `lost` does not come back, with
+/// other survivors: re-plans the model onto all the survivors when their
+/// machines can hold it ([`replan_fits`], from each rank's last report to
+/// rank 0 and this machine's `MemAvailable` now), tells the supervisor to
+/// retire `lost` and restart the others into the smaller world, and sets
+/// `world_env` to that world's variables for [`rejoin_cluster`] (which
+/// joins it: each survivor loads its new shard). Errs (the cluster stays
+/// degraded, and says why) when they cannot, or without a supervisor.
+#[allow(clippy::too_many_arguments)] // the load's inputs, as `rejoin_cluster` takes them
+pub fn replan_onto(
+    model: Option<&str>,
+    d: &DistArgs,
+    adjust: &dyn Fn(&mut formats::ModelConfig) -> Result<()>,
+    pool_bytes: u64,
+    world: usize,
+    lost: usize,
+    world_env: &mut Vec<crate::reform::EnvChange>,
+) -> Result<Vec<usize>> {
+    let keep: Vec<usize> = (0..world).filter(|&r| r != lost).collect();
+    if lost == 0 || lost >= world || keep.len() < 2 {
+        anyhow::bail!("rank {lost} is not a rank other than 0 of a world of {world} with other survivors");
+    }
+    let strategy = Strategy::parse(&d.strategy, d.tp).map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
+    if let Strategy::Hybrid { tp } | Strategy::Expert { tp: Some(tp) } = strategy {
+        if !keep.len().is_multiple_of(tp) {
+            anyhow::bail!("--tp {tp} does not divide the {} survivors", keep.len());
+        }
+    }
+    let path = model_source::resolve(model)?;
+    let mut files = formats::open_model(&path)?;
+    adjust(&mut files.config)?;
+    let file_bytes: u64 = files.tensors.tensors.values().map(|t| t.bytes().len() as u64).sum();
+    let total = file_bytes + pool_bytes;
+    let infos = engine::rank_info::gathered().unwrap_or_default();
+    if infos.len() != world {
+        anyhow::bail!("rank 0 has reports of {} ranks for a world of {world}", infos.len());
+    }
+    let weights = rank_weights(d, world, world_var(world_env, crate::reform::ENV_SURVIVORS).as_deref())?;
+    let n_layers = files.config.n_layers.max(1) as f64;
+    let tp_now = infos.iter().map(|r| r.tp_rank + 1).max().unwrap_or(1) as f64;
+    let here = engine::rank_info::hostname();
+    let holders: Vec<Holder> = keep
+        .iter()
+        .map(|&r| {
+            let info = &infos[r];
+            let share = (info.layers[1] - info.layers[0]) as f64 / n_layers / tp_now;
+            let available = if info.host == here { mem_available().unwrap_or(0) } else { info.mem_available_bytes };
+            Holder { host: info.host.clone(), held: (total as f64 * share) as u64, weight: weights[r], available }
+        })
+        .collect();
+    replan_fits(&holders, total).map_err(|e| anyhow::anyhow!("the survivors cannot hold the model: {e}"))?;
+    let get = |k: &str| world_var(world_env, k);
+    let envs = crate::reform::shrunk_env(&get, &keep).map_err(|e| anyhow::anyhow!("re-forming the world: {e}"))?;
+    let list: Vec<String> = keep.iter().map(|r| r.to_string()).collect();
+    eprintln!(
+        "shardlm serve: rank {lost} stays gone; re-planning the model onto the {} survivors (ranks {}), whose machines can hold it",
+        keep.len(),
+        list.join(", ")
+    );
+    if !crate::launch_restart::retire(&[lost]) {
+        anyhow::bail!(
+            "no supervisor to restart the survivors into a smaller world (started by `shardlm launch` or `--ranks`?)"
+        );
+    }
+    world_env.extend(envs[0].iter().cloned());
+    Ok(keep)
 }
 
 /// Rank 0 of a serving cluster whose lost rank does not come back: re-plans
@@ -222,7 +348,7 @@ pub fn rejoin_cluster(
 /// and the whole model's KV pool (`pool_bytes`, as `--kv-cache-bytes` counts
 /// the whole model's) beyond this rank's present pool must fit in
 /// `MemAvailable`. Errs (the cluster stays degraded, and says why) when they
-/// do not. Re-forming a smaller world among several survivors is not done.
+/// do not. With other survivors, see [`replan_onto`].
 #[allow(clippy::too_many_arguments)] // the load's inputs, as `rejoin_cluster` takes them
 pub fn replan_alone(
     engine: &mut Engine,
@@ -255,7 +381,8 @@ pub fn replan_alone(
     engine.cluster = None;
     let opts = load_options(d, quantize, None);
     engine.model = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &opts)?;
-    (1..world).for_each(crate::launch_restart::retire);
+    engine::rank_info::remember(vec![engine::rank_info::RankInfo::here(&engine.model, None)]);
+    crate::launch_restart::retire(&(1..world).collect::<Vec<_>>());
     Ok(())
 }
 
@@ -297,7 +424,9 @@ fn ranks_on_this_host() -> usize {
     }
 }
 
-fn rank_weights(d: &DistArgs, n: usize) -> Result<Vec<f64>> {
+/// Every rank's weight in a world of `n`; `survivors` (`SHARDLM_SURVIVORS`)
+/// picks them when the world was re-formed from a larger one.
+fn rank_weights(d: &DistArgs, n: usize, survivors: Option<&str>) -> Result<Vec<f64>> {
     let from_env = std::env::var("SHARDLM_WEIGHTS")
         .ok()
         .map(|s| s.split(',').map(|x| x.trim().parse::<f64>()).collect::<std::result::Result<Vec<f64>, _>>());
@@ -307,6 +436,7 @@ fn rank_weights(d: &DistArgs, n: usize) -> Result<Vec<f64>> {
         (None, Some(Err(e))) => anyhow::bail!("SHARDLM_WEIGHTS: {e}"),
         (None, None) => vec![1.0; n],
     };
+    let w = crate::reform::survivor_weights(w, n, survivors);
     if w.len() != n || w.iter().any(|x| !x.is_finite() || *x <= 0.0) {
         anyhow::bail!("bad flag value: --weights needs {n} positive numbers, got {w:?}");
     }
@@ -348,4 +478,31 @@ pub fn report_rss() {
 pub fn launched_by_mpi() -> bool {
     std::env::var_os(comm::bootstrap::ENV_SIZE).is_none()
         && ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"].iter().any(|v| std::env::var_os(v).is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(host: &str, held: u64, available: u64) -> Holder {
+        Holder { host: host.into(), held, weight: 1.0, available }
+    }
+
+    #[test]
+    fn survivors_on_one_machine_share_its_memory() {
+        // 300 bytes over two ranks that hold 100 each: each needs 50 more.
+        assert!(replan_fits(&[holder("a", 100, 100), holder("a", 100, 100)], 300).is_ok());
+        let err = replan_fits(&[holder("a", 100, 99), holder("a", 100, 99)], 300).unwrap_err();
+        assert!(err.contains("a cannot hold its share"), "{err}");
+        // On two machines each needs only its own 50.
+        assert!(replan_fits(&[holder("a", 100, 50), holder("b", 100, 50)], 300).is_ok());
+        assert!(replan_fits(&[holder("a", 100, 50), holder("b", 100, 49)], 300).unwrap_err().starts_with("b "));
+    }
+
+    #[test]
+    fn a_survivor_that_holds_more_than_its_share_needs_nothing() {
+        let heavy = Holder { weight: 1.0, ..holder("a", 250, 0) };
+        let light = Holder { weight: 2.0, ..holder("b", 50, 150) };
+        assert!(replan_fits(&[heavy, light], 300).is_ok());
+    }
 }

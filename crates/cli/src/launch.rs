@@ -184,6 +184,28 @@ struct Planned {
     cmd: Command,
     /// Remote ranks: the ssh host, and the line (secret) written to ssh's stdin.
     remote: Option<(String, String)>,
+    /// Remote ranks: what their ssh command is made of.
+    script: Option<RemoteScript>,
+}
+
+/// What a remote rank's ssh command is made of, so that the supervisor can
+/// make it again with the variables of a re-formed world.
+#[derive(Clone, Debug)]
+pub(crate) struct RemoteScript {
+    pub(crate) host: String,
+    pub(crate) cwd: String,
+    /// The rank's variables (the secret is not among them: it goes to stdin).
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) exe: String,
+    pub(crate) args: Vec<String>,
+}
+
+impl RemoteScript {
+    /// The arguments of ssh.
+    pub(crate) fn ssh_args(&self) -> Vec<String> {
+        let script = remote_script(&self.cwd, &self.env, &self.exe, &self.args);
+        vec!["-o".into(), "BatchMode=yes".into(), self.host.clone(), format!("sh -c {}", quote(&script))]
+    }
 }
 
 /// What every rank is told about the world.
@@ -250,7 +272,7 @@ fn plan_local(
         World::shm(n, secret)?
     };
     Ok((0..n)
-        .map(|rank| Planned { rank, cmd: local_command(exe, args, &world.env(rank, true)), remote: None })
+        .map(|rank| Planned { rank, cmd: local_command(exe, args, &world.env(rank, true)), remote: None, script: None })
         .collect())
 }
 
@@ -301,15 +323,23 @@ fn plan_hostfile(a: &LaunchArgs, path: &Path, secret: &str, exe: &Path) -> Resul
     let mut plan = Vec::with_capacity(n);
     for (rank, host) in hf.hosts.iter().enumerate() {
         if here[rank] && !a.ssh_local {
-            plan.push(Planned { rank, cmd: local_command(exe, &a.command, &world.env(rank, true)), remote: None });
+            let cmd = local_command(exe, &a.command, &world.env(rank, true));
+            plan.push(Planned { rank, cmd, remote: None, script: None });
             continue;
         }
         let mut env = world.env(rank, false);
         env.extend(FORWARDED_VARS.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))));
-        let script = remote_script(&cwd.display().to_string(), &env, &remote_exe, &a.command);
+        let script = RemoteScript {
+            host: host.name.clone(),
+            cwd: cwd.display().to_string(),
+            env,
+            exe: remote_exe.clone(),
+            args: a.command.clone(),
+        };
         let mut cmd = Command::new(&a.ssh);
-        cmd.args(["-o", "BatchMode=yes", &host.name, &format!("sh -c {}", quote(&script))]);
-        plan.push(Planned { rank, cmd, remote: Some((host.name.clone(), format!("{secret}\n"))) });
+        cmd.args(script.ssh_args());
+        let remote = Some((host.name.clone(), format!("{secret}\n")));
+        plan.push(Planned { rank, cmd, remote, script: Some(script) });
     }
     Ok(plan)
 }
@@ -512,7 +542,7 @@ fn run_world(mut plan: Vec<Planned>, verbose: bool, restart: bool) -> Result<i32
         p.cmd.env(crate::launch_restart::ENV_SUPERVISOR_PID, std::process::id().to_string());
     }
     let recipes: Vec<Recipe> =
-        if restart { plan.iter().map(|p| Recipe::of(&p.cmd, &p.remote)).collect() } else { Vec::new() };
+        if restart { plan.iter().map(|p| Recipe::of(&p.cmd, &p.remote, &p.script)).collect() } else { Vec::new() };
     let mut ranks: Vec<Rank> = Vec::with_capacity(plan.len());
     let mut readers = Vec::new();
     for p in plan {
@@ -533,6 +563,9 @@ fn run_world(mut plan: Vec<Planned>, verbose: bool, restart: bool) -> Result<i32
         counts: vec![0; ranks.len()],
         pending: Vec::new(),
         stops: StopWatch::default(),
+        current: (0..ranks.len()).collect(),
+        retired: vec![false; ranks.len()],
+        rejoining: vec![false; ranks.len()],
     });
     supervise(ranks, rx, readers, verbose, restarter)
 }
@@ -545,10 +578,67 @@ struct Restarter {
     pending: Vec<PendingRestart>,
     /// Local ranks seen stopped (SIGSTOP): killed after a grace, then restarted.
     stops: StopWatch,
+    /// The ranks (as started) that make up the current world, in its order:
+    /// fewer once rank 0 re-planned without some.
+    current: Vec<usize>,
+    /// Ranks (as started) that rank 0 retired: never restarted again.
+    retired: Vec<bool>,
+    /// Ranks (as started) stopped to join a re-formed world: restarted at once.
+    rejoining: Vec<bool>,
+}
+
+impl Restarter {
+    /// Rank 0 retired `mask` (ranks of the current world): they are stopped
+    /// and not restarted, and when others survive besides rank 0, each of
+    /// them is restarted into the smaller world they form (`crate::reform`).
+    fn retire(&mut self, mask: u64, ranks: &[Rank]) {
+        let n = self.current.len();
+        let keep: Vec<usize> = (0..n).filter(|&r| r == 0 || r >= 64 || mask & (1 << r) == 0).collect();
+        if keep.len() == n {
+            return;
+        }
+        (0..n).filter(|r| !keep.contains(r)).for_each(|r| self.retired[self.current[r]] = true);
+        let survivors: Vec<usize> = keep.iter().map(|&r| self.current[r]).collect();
+        self.current = survivors.clone();
+        if survivors.len() < 2 {
+            return;
+        }
+        let get = |k: &str| self.recipes[0].env_var(k);
+        let envs = match crate::reform::shrunk_env(&get, &keep) {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("error: re-forming the world of the survivors: {e}");
+                return;
+            }
+        };
+        for (&o, env) in survivors.iter().zip(&envs) {
+            self.recipes[o].apply_env(env);
+        }
+        let list: Vec<String> = survivors.iter().map(|r| r.to_string()).collect();
+        eprintln!(
+            "note: rank 0 re-planned onto the survivors (ranks {} as started); restarting the others into a world of {}",
+            list.join(", "),
+            survivors.len()
+        );
+        for &o in &survivors[1..] {
+            self.counts[o] = 0;
+            match ranks.get(o) {
+                Some(r) if r.status.is_none() => {
+                    self.rejoining[o] = true;
+                    // SAFETY: its status is not collected, so the pid still names our child.
+                    unsafe { libc::kill(r.child.id() as libc::pid_t, libc::SIGKILL) };
+                }
+                _ if !self.pending.iter().any(|p| p.rank == o) => {
+                    self.pending.push(PendingRestart { rank: o, at: Instant::now() });
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 fn start(p: Planned, verbose: bool, tx: &mpsc::Sender<usize>, readers: &mut Vec<JoinHandle<()>>) -> Result<Rank> {
-    let Planned { rank, mut cmd, remote } = p;
+    let Planned { rank, mut cmd, remote, .. } = p;
     cmd.stdout(if rank == 0 || verbose { Stdio::piped() } else { Stdio::null() });
     cmd.stderr(Stdio::piped());
     let stdin = match (&remote, rank) {
@@ -643,9 +733,15 @@ fn supervise(
                 live -= 1;
                 failed = (!status.success()).then_some(i);
                 let world_up = interrupted.is_none() && first_failure.is_none() && ranks[0].status.is_none();
-                if restarter.is_some() && i != 0 && crate::launch_restart::is_retired(i) {
+                if restarter.as_ref().is_some_and(|rs| i != 0 && rs.retired[i]) {
                     // Rank 0 re-planned the model without it.
                     eprintln!("note: {} retired by rank 0 (the cluster re-planned without it)", ranks[i].label());
+                    failed = None;
+                } else if let Some(rs) = restarter.as_mut().filter(|rs| i != 0 && rs.rejoining[i]) {
+                    // Stopped to join the smaller world of the survivors.
+                    rs.rejoining[i] = false;
+                    rs.pending
+                        .push(PendingRestart { rank: i, at: Instant::now() + crate::launch_restart::RESTART_PAUSE });
                     failed = None;
                 } else if let (Some(rs), Some(_), true) = (restarter.as_mut(), failed.filter(|&i| i != 0), world_up) {
                     // A rank that ran a while before it was lost starts a fresh
@@ -694,9 +790,15 @@ fn supervise(
         if let Some(rs) = restarter.as_mut() {
             if ranks[0].status.is_some() {
                 rs.pending.clear();
+            } else {
+                let mask = crate::launch_restart::take_retired();
+                if mask != 0 {
+                    rs.retire(mask, &ranks);
+                }
             }
+            let retired = rs.retired.clone();
             rs.pending.retain(|p| {
-                let retired = crate::launch_restart::is_retired(p.rank);
+                let retired = retired[p.rank];
                 if retired {
                     eprintln!("note: rank {} retired by rank 0 (the cluster re-planned without it)", p.rank);
                 }
@@ -705,7 +807,7 @@ fn supervise(
             // A retired rank still running (hung, or waiting for a world
             // that is gone) is stopped.
             for r in ranks.iter().filter(|r| r.rank != 0 && r.status.is_none()) {
-                if crate::launch_restart::is_retired(r.rank) {
+                if rs.retired[r.rank] {
                     // SAFETY: its status is not collected, so the pid still names our child.
                     unsafe { libc::kill(r.child.id() as libc::pid_t, libc::SIGKILL) };
                 }
@@ -721,7 +823,12 @@ fn supervise(
             while let Some(k) = rs.pending.iter().position(|p| p.at <= Instant::now()) {
                 let i = rs.pending.swap_remove(k).rank;
                 let recipe = &rs.recipes[i];
-                let planned = Planned { rank: i, cmd: recipe.command(), remote: recipe.remote.clone() };
+                let planned = Planned {
+                    rank: i,
+                    cmd: recipe.command(),
+                    remote: recipe.remote.clone(),
+                    script: recipe.script.clone(),
+                };
                 match start(planned, verbose, &rs.tx, &mut readers) {
                     Ok(r) => {
                         eprintln!("note: {} started again", r.label());

@@ -53,16 +53,58 @@ pub(crate) struct Recipe {
     envs: Vec<(OsString, Option<OsString>)>,
     cwd: Option<PathBuf>,
     pub(crate) remote: Option<(String, String)>,
+    /// Remote ranks: their ssh command's parts (its arguments are made from them).
+    pub(crate) script: Option<crate::launch::RemoteScript>,
 }
 
 impl Recipe {
-    pub(crate) fn of(cmd: &Command, remote: &Option<(String, String)>) -> Recipe {
+    pub(crate) fn of(
+        cmd: &Command,
+        remote: &Option<(String, String)>,
+        script: &Option<crate::launch::RemoteScript>,
+    ) -> Recipe {
         Recipe {
             program: cmd.get_program().to_owned(),
             args: cmd.get_args().map(|a| a.to_owned()).collect(),
             envs: cmd.get_envs().map(|(k, v)| (k.to_owned(), v.map(|v| v.to_owned()))).collect(),
             cwd: cmd.get_current_dir().map(|d| d.to_owned()),
             remote: remote.clone(),
+            script: script.clone(),
+        }
+    }
+
+    /// The value the rank gets for variable `key` (set by its command, else
+    /// inherited from ours; a remote rank's from its script).
+    pub(crate) fn env_var(&self, key: &str) -> Option<String> {
+        if let Some(s) = &self.script {
+            return s.env.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        }
+        match self.envs.iter().find(|(k, _)| k == key) {
+            Some((_, v)) => v.as_ref().map(|v| v.to_string_lossy().into_owned()),
+            None => std::env::var(key).ok(),
+        }
+    }
+
+    /// Sets (`Some`) or removes (`None`) the rank's variables `changes`.
+    pub(crate) fn apply_env(&mut self, changes: &[crate::reform::EnvChange]) {
+        for (k, v) in changes {
+            let key = OsString::from(k);
+            let value = v.as_ref().map(OsString::from);
+            if let Some(s) = &mut self.script {
+                // A remote rank's variables are in its script, not ssh's environment.
+                s.env.retain(|(n, _)| n != k);
+                if let Some(v) = v {
+                    s.env.push((k.clone(), v.clone()));
+                }
+                continue;
+            }
+            match self.envs.iter_mut().find(|(n, _)| *n == key) {
+                Some(slot) => slot.1 = value,
+                None => self.envs.push((key, value)),
+            }
+        }
+        if let Some(s) = &self.script {
+            self.args = s.ssh_args().into_iter().map(OsString::from).collect();
         }
     }
 
@@ -192,47 +234,57 @@ extern "C" fn on_hung_report(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx
     }
 }
 
-/// Ranks that rank 0 retired (`SIGUSR2` with the rank as its value): it
-/// re-planned the model onto fewer ranks, so they are neither restarted nor
-/// a failure of the world.
-static RETIRED: [std::sync::atomic::AtomicBool; 256] = [const { std::sync::atomic::AtomicBool::new(false) }; 256];
+/// Ranks of the current world that rank 0 retired (`SIGUSR2` with a mask of
+/// them as its value, bit r for rank r): it re-planned the model onto the
+/// others, so they are neither restarted nor a failure of the world. One
+/// signal carries the whole set: a second `SIGUSR2` sent before the first is
+/// taken would be lost.
+static RETIRED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 extern "C" fn on_retire_report(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO; only atomics are touched.
     unsafe {
         if !info.is_null() && (*info).si_code == libc::SI_QUEUE {
-            let rank = (*info).si_value().sival_ptr as usize;
-            if let Some(flag) = RETIRED.get(rank) {
-                flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
+            let mask = (*info).si_value().sival_ptr as u64;
+            RETIRED.fetch_or(mask, std::sync::atomic::Ordering::SeqCst);
         }
     }
 }
 
-/// Whether rank 0 retired rank `rank`.
-pub(crate) fn is_retired(rank: usize) -> bool {
-    RETIRED.get(rank).is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
+/// The ranks of the current world (a mask, bit r for rank r) that rank 0
+/// retired since the last call.
+pub(crate) fn take_retired() -> u64 {
+    RETIRED.swap(0, std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Rank 0 of a serving world: sends the supervisor that started us (our
-/// parent, `SHARDLM_SUPERVISOR_PID`) `sig` carrying `rank`. False without one.
-fn signal_supervisor(sig: libc::c_int, rank: usize) -> bool {
+/// parent, `SHARDLM_SUPERVISOR_PID`) `sig` carrying `value`. False without one.
+fn signal_supervisor(sig: libc::c_int, value: usize) -> bool {
     let Some(pid) = std::env::var(ENV_SUPERVISOR_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok()) else {
         return false;
     };
     // SAFETY: getppid has no preconditions; sigqueue gets a plain value.
     unsafe {
-        let value = libc::sigval { sival_ptr: rank as *mut libc::c_void };
+        let value = libc::sigval { sival_ptr: value as *mut libc::c_void };
         libc::getppid() == pid && sigqueue(pid, sig, value) == 0
     }
 }
 
-/// Rank 0 of a serving world that re-planned without `rank`: tells the
-/// supervisor to stop restarting it.
-pub(crate) fn retire(rank: usize) {
-    if signal_supervisor(libc::SIGUSR2, rank) {
-        eprintln!("shardlm serve: told the supervisor to retire rank {rank}");
+/// Rank 0 of a serving world that re-planned without `ranks` (of the current
+/// world, below 64): tells the supervisor to stop restarting them, and to
+/// restart every other rank into the smaller world (`crate::reform`). False
+/// without a supervisor, or for a rank it cannot name.
+pub(crate) fn retire(ranks: &[usize]) -> bool {
+    if ranks.iter().any(|&r| r == 0 || r >= 64) {
+        return false;
     }
+    let mask = ranks.iter().fold(0u64, |m, &r| m | 1 << r);
+    let sent = signal_supervisor(libc::SIGUSR2, mask as usize);
+    if sent {
+        let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+        eprintln!("shardlm serve: told the supervisor to retire rank {}", list.join(", "));
+    }
+    sent
 }
 
 /// The supervisor takes rank 0's reports of hung ranks (`SIGUSR1`) and of
@@ -310,7 +362,7 @@ mod tests {
     fn a_recipe_rebuilds_the_same_command() {
         let mut c = Command::new("/bin/echo");
         c.args(["a", "b c"]).env("SHARDLM_RANK", "1").env_remove("X").current_dir("/tmp");
-        let r = Recipe::of(&c, &None).command();
+        let r = Recipe::of(&c, &None, &None).command();
         assert_eq!(r.get_program(), "/bin/echo");
         assert_eq!(r.get_args().collect::<Vec<_>>(), ["a", "b c"]);
         assert_eq!(r.get_current_dir(), Some(std::path::Path::new("/tmp")));

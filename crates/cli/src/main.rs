@@ -20,6 +20,7 @@ mod quantize_hf_gguf;
 mod quantize_hf_gguf_hybrid;
 mod quantize_hf_gguf_moe;
 mod quantize_mix;
+mod reform;
 mod run;
 mod serve;
 mod template_args;

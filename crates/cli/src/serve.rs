@@ -356,6 +356,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let reform: Option<server::Reform<'_>> = (ranks > 1 && !crate::dist_args::launched_by_mpi()).then(|| {
         let mut lost_since: Option<std::time::Instant> = None;
         let mut replan_refused = false;
+        // The world as it is now: smaller, with variables of its own, once
+        // re-planned onto the survivors of a lost rank.
+        let (mut world, mut stages) = (ranks, stages);
+        let mut world_env: Vec<crate::reform::EnvChange> = Vec::new();
         Box::new(move |engine: &mut engine::generate::Engine, cause: Option<&str>| {
             if cause.is_some() {
                 lost_since = Some(std::time::Instant::now());
@@ -363,23 +367,59 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             }
             // A hung rank never exits: the supervisor must kill it before it restarts it.
             cause.into_iter().for_each(crate::launch_restart::report_hung);
-            let rejoined = crate::dist_args::rejoin_cluster(
-                engine,
-                a.model.as_deref(),
-                threads,
-                a.threads.is_some(),
-                a.quantize,
-                &a.dist,
-                &|cfg| adjust_context(&a, cfg),
-            )
-            .map_err(|e| format!("{e:#}"));
-            // A rank that stays gone: re-plan onto this machine if it can hold the model.
+            let adjust = |cfg: &mut ModelConfig| adjust_context(&a, cfg);
+            let rejoin = |engine: &mut engine::generate::Engine, env: &[crate::reform::EnvChange]| {
+                crate::dist_args::rejoin_cluster(
+                    engine,
+                    a.model.as_deref(),
+                    threads,
+                    a.threads.is_some(),
+                    a.quantize,
+                    &a.dist,
+                    &adjust,
+                    env,
+                )
+                .map_err(|e| format!("{e:#}"))
+            };
+            let rejoined = rejoin(engine, &world_env);
+            // A rank that stays gone: re-plan onto the survivors if they can
+            // hold the model (onto this machine alone when it is the only one).
             let overdue = lost_since.is_some_and(|t| t.elapsed() >= replan_after);
-            match rejoined {
-                Err(e) if overdue && !replan_refused => {
-                    let adjust = |cfg: &mut ModelConfig| adjust_context(&a, cfg);
-                    match crate::dist_args::replan_alone(engine, a.model.as_deref(), a.quantize, &a.dist, &adjust, whole_pool, ranks, stages)
-                    {
+            let lost = rejoined.as_ref().err().and_then(|e| crate::reform::blamed_rank(e)).filter(|&r| r > 0 && r < world);
+            let result = match (rejoined, lost) {
+                (Err(e), Some(lost)) if overdue && !replan_refused && world > 2 => {
+                    match crate::dist_args::replan_onto(
+                        a.model.as_deref(),
+                        &a.dist,
+                        &adjust,
+                        whole_pool,
+                        world,
+                        lost,
+                        &mut world_env,
+                    ) {
+                        Ok(_) => {
+                            // The smaller world gets its own time to form.
+                            lost_since = Some(std::time::Instant::now());
+                            rejoin(engine, &world_env)
+                        }
+                        Err(why) => {
+                            replan_refused = true;
+                            eprintln!("shardlm serve: cannot re-plan without rank {lost} ({why:#}); staying degraded");
+                            Err(format!("{e}; and {why:#}"))
+                        }
+                    }
+                }
+                (Err(e), _) if overdue && !replan_refused => {
+                    match crate::dist_args::replan_alone(
+                        engine,
+                        a.model.as_deref(),
+                        a.quantize,
+                        &a.dist,
+                        &adjust,
+                        whole_pool,
+                        world,
+                        stages,
+                    ) {
                         Ok(()) => {
                             eprintln!(
                                 "shardlm serve: the lost rank did not come back in {} s; re-planned the model onto this \
@@ -395,8 +435,13 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                         }
                     }
                 }
-                other => other,
+                (other, _) => other,
+            };
+            if result.is_ok() {
+                world = engine.cluster.as_ref().map_or(1, |c| c.world.size());
+                stages = engine.cluster.as_ref().map_or(1, |c| c.stages);
             }
+            result
         }) as server::Reform<'_>
     });
     let result = server::serve(&mut engine, &files, cfg, sched, reform);

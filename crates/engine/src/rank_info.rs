@@ -59,6 +59,10 @@ pub struct RankInfo {
     pub rss_bytes: u64,
     /// The machine's memory (`MemTotal`), bytes; 0 where unknown.
     pub mem_total_bytes: u64,
+    /// The machine's `MemAvailable` after loading, bytes; 0 where unknown
+    /// (re-planning onto the survivors of a lost rank checks it).
+    #[serde(default)]
+    pub mem_available_bytes: u64,
     pub links: Vec<LinkInfo>,
     /// The power sources this rank reads, or why it reads none.
     pub power: Result<Vec<String>, String>,
@@ -134,6 +138,7 @@ impl RankInfo {
             window_kv_bytes_per_token: model.window_kv_bytes_per_token() as u64,
             rss_bytes: rss_bytes(),
             mem_total_bytes: meminfo_bytes("MemTotal:"),
+            mem_available_bytes: meminfo_bytes("MemAvailable:"),
             links: cluster.map_or_else(Vec::new, |c| links_of(&c.world)),
             power,
         }
@@ -167,14 +172,16 @@ pub fn gather(cluster: &Cluster, mine: RankInfo) -> Result<Option<Vec<RankInfo>>
     Ok(Some(all))
 }
 
-static GATHERED: std::sync::OnceLock<Vec<RankInfo>> = std::sync::OnceLock::new();
+static GATHERED: std::sync::Mutex<Option<Vec<RankInfo>>> = std::sync::Mutex::new(None);
 
-/// Rank 0 keeps what [`gather`] collected for the server (`GET /cluster`).
+/// Rank 0 keeps what [`gather`] collected for the server (`GET /cluster`):
+/// at startup, and again each time the cluster re-forms (a re-planned world
+/// may have fewer ranks, each holding a new shard).
 pub fn remember(all: Vec<RankInfo>) {
-    let _ = GATHERED.set(all);
+    *GATHERED.lock().unwrap_or_else(|e| e.into_inner()) = Some(all);
 }
 
-/// What [`remember`] kept: every rank's startup report, rank 0 first.
-pub fn gathered() -> Option<&'static [RankInfo]> {
-    GATHERED.get().map(|v| v.as_slice())
+/// What [`remember`] kept last: every rank of the current world, rank 0 first.
+pub fn gathered() -> Option<Vec<RankInfo>> {
+    GATHERED.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }

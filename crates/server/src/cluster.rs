@@ -77,6 +77,7 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
     let alive = state.engine.is_alive();
     let stages = ranks.iter().map(|r| r.stage + 1).max().unwrap_or(1);
     let tp = ranks.iter().map(|r| r.tp_rank + 1).max().unwrap_or(1);
+    let strategy = state.current_strategy(ranks.len());
     let block = m.kv_block_size.load(Relaxed).max(0) as u64;
     let (total, used, cached, free) = (
         m.kv_blocks_total.load(Relaxed).max(0) as u64,
@@ -102,7 +103,7 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
                 "role": {
                     "stage": r.stage, "stages": stages, "tp_rank": r.tp_rank, "tp": tp,
                     "experts": r.experts, "has_embed": r.has_embed, "has_head": r.has_head,
-                    "label": role_label(r, stages, tp, &state.cfg.strategy),
+                    "label": role_label(r, stages, tp, &strategy),
                 },
                 "layers": r.layers,
                 "memory": {
@@ -131,7 +132,7 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
     let (queries, hits) = (m.prefix_queries.load(Relaxed), m.prefix_hits.load(Relaxed));
     json!({
         "model": state.cfg.served_model_name,
-        "strategy": state.cfg.strategy,
+        "strategy": strategy,
         "world_size": ranks.len(),
         "context": state.cfg.context,
         "status": if alive && m.degraded().is_none() { "ready" } else { "degraded" },
@@ -162,5 +163,5 @@ pub fn cluster_json(state: &SharedState, ranks: &[RankInfo], tokens_per_s: f64) 
 
 pub async fn cluster(State(state): State<SharedState>) -> Json<Value> {
     let rate = state.rate.update(state.metrics.generated_tokens.load(Relaxed));
-    Json(cluster_json(&state, &state.ranks, rate))
+    Json(cluster_json(&state, &state.current_ranks(), rate))
 }

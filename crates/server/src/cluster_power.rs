@@ -139,6 +139,7 @@ mod tests {
             window_kv_bytes_per_token: 0,
             rss_bytes: 1,
             mem_total_bytes: 1,
+            mem_available_bytes: 1,
             links: Vec::new(),
             power,
         }

@@ -72,7 +72,9 @@ async fn health(State(state): State<SharedState>) -> (StatusCode, Json<serde_jso
         (None, false) => Some("degraded: the engine has stopped".to_string()),
         (None, true) => None,
     };
-    let ranks: Vec<_> = (0..state.cfg.ranks).map(|r| json!({"rank": r, "state": status})).collect();
+    // The current world: fewer ranks once the cluster re-planned without a lost one.
+    let world = state.current_ranks().len();
+    let ranks: Vec<_> = (0..world).map(|r| json!({"rank": r, "state": status})).collect();
     let code = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (
         code,
@@ -80,7 +82,7 @@ async fn health(State(state): State<SharedState>) -> (StatusCode, Json<serde_jso
             "status": status, "reason": reason, "model": state.cfg.served_model_name, "context": state.cfg.context,
             "rank_losses": state.metrics.rank_losses.load(Relaxed),
             "cluster_reforms": state.metrics.cluster_reforms.load(Relaxed),
-            "strategy": state.cfg.strategy, "ranks": ranks,
+            "strategy": state.current_strategy(world), "ranks": ranks,
             "queue_depth": state.metrics.queue_depth.load(Relaxed), "active_requests": state.metrics.active.load(Relaxed),
         })),
     )
@@ -125,7 +127,6 @@ pub fn serve(
     let addr = format!("{}:{}", cfg.host, cfg.port);
     // Every rank's startup report (gathered by the CLI), or this process's own.
     let ranks = engine::rank_info::gathered()
-        .map(|r| r.to_vec())
         .unwrap_or_else(|| vec![engine::rank_info::RankInfo::here(&engine.model, engine.cluster.as_ref())]);
     // Start sampling power now, so `/cluster` has a reading at once.
     let _ = engine::power::global();

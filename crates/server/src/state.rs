@@ -29,9 +29,10 @@ pub struct ServerConfig {
     pub degraded_wait: Duration,
     /// Interval of SSE keep-alive comments while nothing else is sent.
     pub sse_keepalive: Duration,
-    /// Ranks in the world (1 = single process), for `/health`.
+    /// Ranks in the world at startup (1 = single process); `/health` and
+    /// `/cluster` show the current world ([`AppState::current_ranks`]).
     pub ranks: usize,
-    /// How the model is split (`/health`).
+    /// How the model is split at startup (`/health`; see [`AppState::current_strategy`]).
     pub strategy: String,
     /// Keep finished prompts' KV blocks for reuse by later requests that share
     /// their prefix (`--prefix-cache on|off`).
@@ -60,7 +61,8 @@ pub struct AppState {
     pub bos_token: Option<String>,
     /// Unix time the server started (`created` of the model).
     pub started: u64,
-    /// Every rank's startup report, rank 0 first (`GET /cluster`).
+    /// Every rank's startup report, rank 0 first (`GET /cluster`), when the
+    /// CLI gathered none (see [`AppState::current_ranks`]).
     pub ranks: Vec<engine::rank_info::RankInfo>,
     /// Tokens/s between `/cluster` calls.
     pub rate: crate::cluster::RateTracker,
@@ -69,6 +71,23 @@ pub struct AppState {
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
+    /// Every rank of the world as it is now, rank 0 first: the reports rank 0
+    /// gathered last (again after each re-forming of the cluster, which may
+    /// have re-planned onto fewer ranks), else those the server started with.
+    pub fn current_ranks(&self) -> Vec<engine::rank_info::RankInfo> {
+        engine::rank_info::gathered().unwrap_or_else(|| self.ranks.clone())
+    }
+
+    /// How the model is split in a world of `ranks`: `single` once the
+    /// cluster re-planned onto rank 0 alone.
+    pub fn current_strategy(&self, ranks: usize) -> String {
+        if ranks <= 1 {
+            "single".into()
+        } else {
+            self.cfg.strategy.clone()
+        }
+    }
+
     /// The vocabulary as bytes per id, for the JSON guide.
     pub fn build_vocab(tokenizer: &Tokenizer, model_vocab: usize) -> Vocab {
         let n = model_vocab.max(tokenizer.vocab_size());

@@ -269,7 +269,7 @@ fn recover(
     metrics.rank_losses.fetch_add(1, Relaxed);
     let why = format!("lost at {} UTC: {cause}", clock_utc());
     eprintln!("shardlm serve: degraded: {why}; re-forming the cluster");
-    metrics.set_degraded(Some(why));
+    metrics.set_degraded(Some(why.clone()));
     metrics.lost_rank.store(peer_named(&cause.to_string()).map_or(-1, |r| r as i64), Relaxed);
     sched.requeue_all();
     let Some(reform) = reform.as_mut() else {
@@ -299,6 +299,8 @@ fn recover(
             Ok(()) => break,
             Err(e) => {
                 eprintln!("shardlm serve: re-forming the cluster failed: {e}; retrying in 1 s");
+                // `/health` says why it is still degraded (a re-plan refused, say).
+                metrics.set_degraded(Some(format!("{why}; re-forming failed: {e}")));
                 std::thread::sleep(std::time::Duration::from_secs(1));
             }
         }
