@@ -271,6 +271,12 @@ def soak(a, minutes, kills, tag):
         "rss_minute_2": rss_a,
         "rss_end": rss_b,
         "rss_drift": (rss_b - rss_a) / rss_a if rss_a else float("nan"),
+        # The minute-2 window opens with the first kill, when the KV pool is
+        # mapped afresh and not yet touched: the plateau in the 30 s before
+        # each kill (and at the end) compares like with like.
+        "rss_before_kills": [statistics.median([b for t, b in rss if k - 30 <= t + t_start < k] or [0])
+                             for k in kill_times] + [rss_b],
+        "rss_series": [(round(t), b) for t, b in rss],
         "outages_s": [round(e - d, 1) for d, e in outages],
         "log": srv.log_path,
     }

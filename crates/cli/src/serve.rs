@@ -290,6 +290,26 @@ fn fix_mmap_threshold() {
     }
 }
 
+/// Gives the heap's free pages back to the system after a re-forming.
+/// Re-joining opens the model files again (GGUF metadata, the tokenizer's
+/// vocabulary and merges: a few MB in small blocks) while every request is
+/// requeued; those blocks are freed, but among ones that live on, so glibc
+/// cannot shrink the heap from its top and keeps the freed pages resident.
+/// Under load (16 streams, rank 1 killed every 40 s) rank 0's main heap grew
+/// 47.8 → 52.9 MB over five re-forms, while `malloc_stats` showed its bytes
+/// in use flat (51.5 → 51.7 MB) and everything else in `smaps` (KV pool,
+/// weights, shm) flat: freed, not leaked. With this, 49.5 → 50.9 MB.
+/// `malloc_trim(0)` releases free pages anywhere in every arena
+/// (`MADV_DONTNEED`), once per re-forming. The arenas are not the cause (the
+/// two tokio workers' hold about 1 MB each), so their number is left alone.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory to the system; no block in use moves.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 pub fn serve(a: ServeArgs) -> Result<()> {
     fix_mmap_threshold();
     let template = a.template.read()?;
@@ -441,6 +461,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
                 world = engine.cluster.as_ref().map_or(1, |c| c.world.size());
                 stages = engine.cluster.as_ref().map_or(1, |c| c.stages);
             }
+            release_freed_heap();
             result
         }) as server::Reform<'_>
     });
