@@ -77,6 +77,12 @@ pub struct XmlParam<'a> {
 /// Most properties an object node tracks (a bit each in `required`/`seen`).
 pub const MAX_PROPS: usize = 64;
 
+/// Longest shortest-valid-text a schema may have. The guide writes that text
+/// when the token budget runs out, so a schema needing more than any output
+/// could hold (`"minLength": 100000000000`, or nested `minItems` multiplying)
+/// is refused when it compiles, instead of allocating it then.
+pub const MAX_MIN_TEXT: usize = 1 << 20;
+
 #[derive(Debug)]
 pub struct Schema {
     pub nodes: Vec<Node>,
@@ -92,7 +98,67 @@ impl Schema {
     pub fn compile(schema: &Value) -> Result<Schema, SchemaError> {
         let mut c = Compiler { root: schema, nodes: Vec::new(), refs: HashMap::new(), any: None, depth: 0 };
         let root = c.node(schema)?;
-        Ok(Schema { nodes: c.nodes, root })
+        Schema { nodes: c.nodes, root }.bounded()
+    }
+
+    /// `self`, unless the shortest valid text of one of its nodes (what
+    /// [`Schema::min_text`] builds when the output must close there) exceeds
+    /// [`MAX_MIN_TEXT`]. Every node counts, not only the root: an `anyOf`
+    /// branch or an optional property the output may enter is closed by its
+    /// own shortest text.
+    fn bounded(self) -> Result<Schema, SchemaError> {
+        // `min_text` stops at depth 12 with "null" (4 bytes): after k rounds
+        // from 4 everywhere, `len[n]` is `min_text(n, 13 - k).len()`, so 13
+        // rounds give every node's length at depth 0 (and round 12 at depth 1)
+        // in 13 passes over the nodes, with no recursion to blow up on
+        // recursive `$ref`s.
+        let mut len = vec![4usize; self.nodes.len()];
+        let mut worst = 0usize;
+        for round in 1..=13 {
+            len = (0..self.nodes.len()).map(|n| self.min_len_over(n, &len)).collect();
+            if round >= 12 {
+                worst = worst.max(len.iter().copied().max().unwrap_or(0));
+            }
+        }
+        if worst > MAX_MIN_TEXT {
+            let n = if worst == usize::MAX { "2^64 or more".to_string() } else { worst.to_string() };
+            return Err(SchemaError(format!(
+                "its shortest valid JSON is {n} bytes, more than the {MAX_MIN_TEXT} any output may hold \
+                 (check minLength/minItems)"
+            )));
+        }
+        Ok(self)
+    }
+
+    /// The length of `node`'s shortest text given its children's (`child`),
+    /// saturating: one level of [`Schema::min_text`] without building it.
+    pub(crate) fn min_len_over(&self, node: NodeId, child: &[usize]) -> usize {
+        match &self.nodes[node] {
+            Node::Object { props, required, .. } => {
+                let mut n = 2usize;
+                let mut first = true;
+                for (i, (key, value)) in props.iter().enumerate() {
+                    if required & (1 << i) != 0 {
+                        let sep = if first { 0 } else { 2 };
+                        first = false;
+                        n = n.saturating_add(sep + key.len() + 2).saturating_add(child[*value]);
+                    }
+                }
+                n
+            }
+            Node::Array { items, min, .. } => {
+                let seps = if *min > 0 { 2 } else { 0 };
+                child[*items].saturating_add(2).saturating_mul(*min).saturating_sub(seps).saturating_add(2)
+            }
+            Node::String { min, .. } => min.saturating_add(2),
+            Node::Number { .. } => 1,
+            Node::Literals(alts) | Node::Markup(alts) => alts.iter().map(|a| a.len()).min().unwrap_or(0),
+            Node::AnyOf(alts) => alts.iter().map(|&a| child[a]).min().unwrap_or(0),
+            Node::Seq(items) => {
+                items.iter().filter(|(_, optional)| !optional).fold(0usize, |n, &(id, _)| n.saturating_add(child[id]))
+            }
+            Node::Raw { min, term, .. } => min.saturating_add(term.len()),
+        }
     }
 
     /// The grammar of one forced call: any of `alts`.
@@ -133,7 +199,7 @@ impl Schema {
             ids.push(c.push(Node::Seq(items)));
         }
         let root = if ids.len() == 1 { ids[0] } else { c.push(Node::AnyOf(ids)) };
-        Ok(Schema { nodes: c.nodes, root })
+        Schema { nodes: c.nodes, root }.bounded()
     }
 
     /// Whether a value of `node` may have whitespace before it (JSON does, markup not).

@@ -183,3 +183,32 @@ fn max_length_counts_escapes_and_whole_utf8_characters() {
         assert!(v.chars().count() <= 3, "budget {budget}: {v:?}");
     }
 }
+
+/// A schema whose shortest valid text no output could hold is refused when it
+/// compiles (found by hand beside the json_schema fuzz target: building that
+/// text for `minLength: 1e11` tried to allocate 100 GB). Every node counts,
+/// an `anyOf` branch too; and the lengths agree with `min_text` below the bound.
+#[test]
+fn schemas_with_huge_minimal_texts_are_refused() {
+    for s in [
+        json!({"type": "string", "minLength": 100_000_000_000u64}),
+        json!({"type": "array", "minItems": 4_000_000_000u64, "items": {"type": "string", "minLength": 30}}),
+        json!({"type": "array", "minItems": 2000, "items": {"type": "array", "minItems": 2000, "items": {"type": "number"}}}),
+        json!({"anyOf": [{"type": "number"}, {"type": "string", "minLength": 5_000_000}]}),
+        json!({"type": "object", "properties": {"a": {"type": "string", "minLength": 5_000_000}}}),
+    ] {
+        let e = Schema::compile(&s).unwrap_err().to_string();
+        assert!(e.contains("shortest valid JSON"), "{s}: {e}");
+    }
+    let ok = json!({"type": "object", "required": ["a", "b"], "properties": {
+        "a": {"type": "array", "minItems": 3, "items": {"type": "string", "minLength": 4}},
+        "b": {"anyOf": [{"type": "number"}, {"type": "string"}]}}});
+    let s = Schema::compile(&ok).unwrap();
+    let mut len = vec![4usize; s.nodes.len()];
+    for _ in 0..13 {
+        len = (0..s.nodes.len()).map(|n| s.min_len_over(n, &len)).collect();
+    }
+    for n in 0..s.nodes.len() {
+        assert_eq!(len[n], s.min_text(n, 0).len(), "node {n}");
+    }
+}
