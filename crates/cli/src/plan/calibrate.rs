@@ -34,6 +34,8 @@ const DECODE_MAX_STEPS: usize = 512;
 const DECODE_MIN_TIME: Duration = Duration::from_millis(600);
 /// Most decode steps timed deep in the context (its cache is allocated for them).
 const DEEP_MAX_STEPS: usize = 128;
+/// Sequences in the timed batched decode step (`serve`'s default streams).
+const BATCH: usize = 8;
 /// Most bytes of KV cache the attention probe cycles through (see
 /// [`attention_slopes`]).
 const MAX_PROBE_KV_BYTES: f64 = 512e6;
@@ -105,6 +107,8 @@ pub fn measure_shard(probe: &ShardProbe<'_>, copies: usize) -> Result<Measured> 
         m.head_prefill_s = m.head_prefill_s.max(o.head_prefill_s);
         m.attn_s_per_key = m.attn_s_per_key.max(o.attn_s_per_key);
         m.attn_s_per_pair = m.attn_s_per_pair.max(o.attn_s_per_pair);
+        m.layer_row_s = m.layer_row_s.max(o.layer_row_s);
+        m.head_row_s = m.head_row_s.max(o.head_row_s);
     }
     Ok(m)
 }
@@ -266,6 +270,47 @@ fn measure_one(probe: &ShardProbe<'_>, sync: Option<&Rendezvous>) -> Result<Meas
     }
     let depth_deep = hi + deep.len() / 2;
     drop(deep_cache);
+    // A batched decode step, as `serve` runs many streams: BATCH sequences
+    // of one token each against one sequence alone, both at depth 0 (the
+    // caches are emptied before each step), alternating. The difference per
+    // added sequence is its row: the narrow tile kernels, norms, activation
+    // quantization and head row, which the weights' stream does not hide.
+    let mut caches: Vec<model::KvCache> = (0..BATCH).map(|_| m.new_cache(4)).collect();
+    let mut outs: Vec<Vec<f32>> = vec![Vec::new(); BATCH];
+    let (mut one, mut many, mut head_one, mut head_many) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    together()?;
+    let start = Instant::now();
+    while one.len() < DECODE_MIN_STEPS || (one.len() < DECODE_MAX_STEPS / 4 && start.elapsed() < DECODE_MIN_TIME) {
+        for k in [1, BATCH] {
+            let toks: Vec<[u32; 1]> = (0..k).map(|j| [((one.len() * 31 + j * 17 + 5) as u32) % vocab]).collect();
+            let mut seqs: Vec<SeqStep<'_>> = caches
+                .iter_mut()
+                .zip(outs.iter_mut())
+                .zip(&toks)
+                .map(|((c, l), t)| {
+                    c.truncate(0);
+                    SeqStep { tokens: t, cache: SeqKv::Own(c), mode: LogitsMode::Argmax, logits: l }
+                })
+                .collect();
+            let t0 = Instant::now();
+            m.embed_tokens(&mut ws, &seqs, &model::NoComm)?;
+            m.run_layers(&pool, &mut ws, &mut seqs, None, &model::NoComm)?;
+            let t1 = Instant::now();
+            m.head(&pool, &mut ws, &mut seqs, &model::NoComm)?;
+            let (l, h) = ((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+            if k == 1 {
+                one.push(l);
+                head_one.push(h);
+            } else {
+                many.push(l);
+                head_many.push(h);
+            }
+        }
+    }
+    drop(caches);
+    let extra = (BATCH - 1) as f64;
+    let layer_row_s = (per_layer(median(many)) - per_layer(median(one))).max(0.0) / extra;
+    let head_row_s = (median(head_many) - median(head_one)).max(0.0) / extra;
     let per_key = ((per_layer(median(deep)) - layer_decode_at_rows) / (depth_deep - depth_meas) as f64).max(0.0);
     let layer_decode_s = (layer_decode_at_rows + per_key * (w.context as f64 - depth_meas as f64)).max(0.0);
     // The attention kernel at this shard's heads: seconds per (row, key) pair
@@ -301,6 +346,8 @@ fn measure_one(probe: &ShardProbe<'_>, sync: Option<&Rendezvous>) -> Result<Meas
         head_prefill_s,
         attn_s_per_key: per_key,
         attn_s_per_pair: per_pair,
+        layer_row_s,
+        head_row_s,
     })
 }
 

@@ -80,6 +80,11 @@ pub struct Measured {
     /// a decode step, and per (row, key) pair of a prompt chunk.
     pub attn_s_per_key: f64,
     pub attn_s_per_pair: f64,
+    /// What each sequence beyond the first adds to a batched decode step:
+    /// per layer, and in the head (`serve`'s many streams; measured at a
+    /// shallow depth, so without the attention the KV terms add).
+    pub layer_row_s: f64,
+    pub head_row_s: f64,
 }
 
 /// Runtime memory that is not weights, KV or activations: the binary and its
@@ -339,6 +344,9 @@ fn predict_split(
         let mut stage_pf: f64 = 0.0;
         let mut stage_kv: f64 = 0.0;
         let mut stage_row_s: f64 = 0.0;
+        // Whether every rank of the stage timed its batched rows (they add to
+        // the weights' time); otherwise estimated rows overlap it.
+        let mut stage_rows_add = true;
         for j in 0..tp {
             let r = s * tp + j;
             let a_share = attn_share(shape, j, tp);
@@ -397,6 +405,14 @@ fn predict_split(
                 // the norms, activation quantization and thread joins a FLOP
                 // rate leaves out (the GEMM probe ran 1.6× the real rate).
                 row = pf / w.context.max(1) as f64;
+                // Measured batched rows replace it when the probe timed them.
+                if t.layer_row_s > 0.0 {
+                    row = layers[s] as f64 * t.layer_row_s + if head { t.head_row_s } else { 0.0 };
+                } else {
+                    stage_rows_add = false;
+                }
+            } else {
+                stage_rows_add = false;
             }
             stage_row_s = stage_row_s.max(row);
             stage_kv = stage_kv.max(kv1);
@@ -411,6 +427,7 @@ fn predict_split(
             decode_1: stage_dec,
             kv_1: stage_kv.min(stage_dec),
             row: stage_row_s,
+            rows_add: stage_rows_add,
         });
         pf_stage_max = pf_stage_max.max(stage_pf);
         pf_total += stage_pf;
