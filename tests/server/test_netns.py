@@ -30,13 +30,12 @@ import httpx
 import pytest
 
 from conftest import API_KEY, MODEL, ROOT, _free_port
+# The same request, stream reader and /health probe as the single-machine tests.
+from test_reliability import BODY, H, health, stream_text
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("SHARDLM_SERVE_ARGS")),
                                 reason="starts its own clusters; runs in the single-process pass")
 
-H = {"Authorization": f"Bearer {API_KEY}"}
-BODY = {"messages": [{"role": "user", "content": "Write a long story about a dragon."}],
-        "max_tokens": 120, "temperature": 0, "stream": True, "ignore_eos": True}
 SETUP = os.path.join(ROOT, "scripts", "netns", "setup.sh")
 TEARDOWN = os.path.join(ROOT, "scripts", "netns", "teardown.sh")
 SSH = os.path.join(ROOT, "scripts", "netns", "ssh.sh")
@@ -188,31 +187,6 @@ def remote_rank_pid(c):
     return None
 
 
-def stream_text(c, at=None, act=None):
-    """Streams BODY; calls `act` after `at` text deltas."""
-    text, deltas = "", 0
-    with httpx.stream("POST", c.base + "/v1/chat/completions", json=BODY, headers=H, timeout=180) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            for ch in event.get("choices", []):
-                piece = ch["delta"].get("content")
-                if piece:
-                    text += piece
-                    deltas += 1
-                    if deltas == at:
-                        act()
-    return text
-
-
-def health(c):
-    r = httpx.get(c.base + "/health", timeout=5)
-    return r.status_code, r.json()
-
-
 def watch_health(c, seen, seconds):
     """Records the first non-200 /health answer within `seconds` (in a thread)."""
     def run():
@@ -263,7 +237,7 @@ def test_every_cable_down_for_20_s_then_back(hosts, strategy, tmp_path):
                     back.append(time.time())
                 threading.Thread(target=restore, daemon=True).start()
 
-            got = stream_text(c, at=15, act=cut)
+            got = stream_text(c, kill_after=15, on_kill=cut)
             assert back, "the stream ended before the cables came back"
             assert got == expected
             wait_ready(c, 30 - (time.time() - back[0]))
@@ -293,7 +267,7 @@ def test_one_cable_down_for_20_s_is_not_a_lost_rank(hosts, tmp_path):
                 hosts.cables(up=False, which=(1,))
                 watch_health(c, seen, OUTAGE)
             t0 = time.time()
-            got = stream_text(c, at=15, act=cut)
+            got = stream_text(c, kill_after=15, on_kill=cut)
             assert got == expected
             time.sleep(max(0.0, OUTAGE - (time.time() - t0)))
             hosts.cables(up=True, which=(1,))
@@ -319,7 +293,7 @@ def test_a_killed_remote_rank_is_restarted_over_ssh(hosts, tmp_path):
             def kill():
                 os.kill(old, 9)
                 killed.append(time.time())
-            got = stream_text(c, at=15, act=kill)
+            got = stream_text(c, kill_after=15, on_kill=kill)
             assert got == expected
             wait_ready(c, 30 - (time.time() - killed[0]))
             r = a_new_request(c)

@@ -46,7 +46,7 @@ def rank_pid(srv, rank):
 def stream_text(srv, kill_after=None, on_kill=None):
     """Streams BODY; with `kill_after`, calls `on_kill` after that many text deltas."""
     text, deltas = "", 0
-    with httpx.stream("POST", srv.base + "/v1/chat/completions", json=BODY, headers=H, timeout=120) as r:
+    with httpx.stream("POST", srv.base + "/v1/chat/completions", json=BODY, headers=H, timeout=180) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
