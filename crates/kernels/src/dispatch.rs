@@ -303,29 +303,50 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::Q4_K,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        // Whole super-blocks of the four rows interleaved: one stream for decode.
+        packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_q4_k,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_k),
         avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q4_k)], dot4: &[(Base, avx512_k::dot4_q4_k)], gemm: GEMM_K, ..NONE },
+        avx512: x86! {
+            dot: &[(Base, avx512_k::dot_q4_k)],
+            dot4: &[(Base, avx512_k::dot4_q4_k)],
+            packed_dot4: &[(Base, avx512_k::dot4_q4_k_packed)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::Q5_K,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        // Whole super-blocks of the four rows interleaved: one stream for decode.
+        packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_q5_k,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q5_k),
         avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q5_k)], dot4: &[(Base, avx512_k::dot4_q5_k)], gemm: GEMM_K, ..NONE },
+        avx512: x86! {
+            dot: &[(Base, avx512_k::dot_q5_k)],
+            dot4: &[(Base, avx512_k::dot4_q5_k)],
+            packed_dot4: &[(Base, avx512_k::dot4_q5_k_packed)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::Q6_K,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        // Whole super-blocks of the four rows interleaved: one stream for decode.
+        packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_q6_k,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q6_k),
         avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_k::dot_q6_k)], gemm: GEMM_K, ..NONE },
+        avx512: x86! {
+            dot: &[(Base, avx512_k::dot_q6_k)],
+            dot4: &[(Base, avx512_k::dot4_q6_k)],
+            packed_dot4: &[(Base, avx512_k::dot4_q6_k_packed)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::MXFP4,

@@ -198,6 +198,9 @@ scalar_dot4!(scalar_dot4_q4_1, DType::Q4_1);
 scalar_dot4!(scalar_dot4_q8_0, DType::Q8_0);
 scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
+scalar_dot4!(scalar_dot4_q4_k, DType::Q4_K);
+scalar_dot4!(scalar_dot4_q5_k, DType::Q5_K);
+scalar_dot4!(scalar_dot4_q6_k, DType::Q6_K);
 
 /// The four-row kernel over a packed group for `dtype` at `isa`. Always present
 /// for packable types (the scalar one unpacks rows), `None` otherwise.
@@ -218,8 +221,8 @@ mod tests {
 
     #[test]
     fn pack_round_trips() {
-        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4] {
-            let (rows, cols) = (8, 128);
+        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4, DType::Q4_K, DType::Q6_K] {
+            let (rows, cols) = (8, if dtype.block_elems() == 256 { 512 } else { 128 });
             let src: Vec<u8> = (0..rows * dtype.bytes_for(cols).unwrap()).map(|i| (i * 31 % 251) as u8).collect();
             let packed = pack(dtype, rows, cols, &src);
             assert_ne!(packed, src);
@@ -232,7 +235,9 @@ mod tests {
         }
         assert!(!packable(DType::Q4_0, 6, 64));
         assert!(!packable(DType::Q4_0, 8, 96));
-        assert!(!packable(DType::Q4_K, 8, 512));
+        assert!(packable(DType::Q4_K, 8, 512));
+        assert!(!packable(DType::Q4_K, 6, 512));
+        assert!(!packable(DType::Q2_K, 8, 512));
         // MXFP4 packs by block pairs, NVFP4 by blocks; FP8 stays in the file layout.
         assert!(!packable(DType::MXFP4, 8, 96));
         assert!(packable(DType::NVFP4, 8, 64));

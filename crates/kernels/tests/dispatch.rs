@@ -44,7 +44,6 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::Q5_K, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::Q6_K, Isa::Avx2, Shape::Decode4, "a four-row version measured 0.7x the one-row kernel"),
     (DType::Q6_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
-    (DType::Q6_K, Isa::Avx512, Shape::Decode4, "a four-row version measured 0.85x the one-row kernel"),
     (DType::Q6_K, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::MXFP4, Isa::Avx2, Shape::Decode4, "AVX2 decode runs the one-row kernel"),
     (DType::NVFP4, Isa::Avx2, Shape::Decode4, "AVX2 decode runs the one-row kernel"),

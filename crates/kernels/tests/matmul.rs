@@ -155,8 +155,14 @@ fn packed_matches_row_major_every_isa() {
     use shardlm_kernels::packed;
     let mut rng = rng(11);
     let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
-    for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4] {
-        for &(rows, cols, m) in &[(4usize, 64usize, 1usize), (36, 576, 1), (68, 128, 2), (20, 192, 3), (40, 64, 70)] {
+    const SHAPES: &[(usize, usize, usize)] = &[(4, 64, 1), (36, 576, 1), (68, 128, 2), (20, 192, 3), (40, 64, 70)];
+    // The K-quants: whole super-blocks; m = 70 takes the prefill GEMM.
+    const K_SHAPES: &[(usize, usize, usize)] = &[(4, 256, 1), (36, 512, 1), (68, 256, 2), (20, 768, 3), (40, 256, 70)];
+    let types =
+        [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+    for dtype in types {
+        let shapes = if dtype.block_elems() == 256 { K_SHAPES } else { SHAPES };
+        for &(rows, cols, m) in shapes {
             let w = random_weight(&mut rng, dtype, rows, cols);
             let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
             let pw = packed::pack(dtype, rows, cols, &w);

@@ -61,7 +61,7 @@ const Q8K_BYTES: usize = 292;
 thread_local! {
     /// This thread's decode scratch.
     static DECODED: std::cell::RefCell<Decoded> =
-        const { std::cell::RefCell::new(Decoded { q: Vec::new(), s: Vec::new() }) };
+        const { std::cell::RefCell::new(Decoded { q: Vec::new(), s: Vec::new(), row: Vec::new() }) };
 }
 
 struct Decoded {
@@ -69,6 +69,8 @@ struct Decoded {
     q: Vec<u8>,
     /// `UNIT_ROWS × cols / 256` decoded scales.
     s: Vec<Scales>,
+    /// One row of a packed weight, unpacked to the file layout.
+    row: Vec<u8>,
 }
 
 /// Group `g` of the activations in the lane layout into `dst`
@@ -152,17 +154,19 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
     s
 }
 
-/// Decodes rows `r0..r1` of `w` (file layout) into `d`.
+/// Decodes rows `r0..r1` of `w` (file or packed layout) into `d`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
-    let (nb, rb, bb) = (w.cols / 256, w.row_bytes(), w.dtype.block_bytes());
+    let (nb, bb) = (w.cols / 256, w.dtype.block_bytes());
+    let mut buf = std::mem::take(&mut d.row);
     for (k, r) in (r0..r1).enumerate() {
-        let row = &w.data[r * rb..(r + 1) * rb];
+        let row = w.row(r, &mut buf);
         for b in 0..nb {
             let q = d.q.as_mut_ptr().add(k * w.cols + b * 256);
             d.s[k * nb + b] = decode_block(w.dtype, &row[b * bb..(b + 1) * bb], q);
         }
     }
+    d.row = buf;
 }
 
 /// `R` decoded rows (codes `q` rows `cols` apart, scales `s` rows `nb` apart)

@@ -223,7 +223,8 @@ fn gemms(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
 /// answers.
 fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
     for dtype in DType::ALL {
-        let n = 192;
+        // Two super-blocks for the K-quants, else 192 values.
+        let n = if dtype.block_elems() == 256 { 512 } else { 192 };
         if !crate::packed::packable(dtype, 4, n) {
             continue;
         }
