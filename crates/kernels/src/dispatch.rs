@@ -423,20 +423,32 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::Q2_K,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_q2_k,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q2_k),
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_q2_k)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_lowk::dot_q2_k)], gemm: GEMM_K, ..NONE },
+        avx512: x86! {
+            dot: &[(Base, avx512_lowk::dot_q2_k)],
+            dot4: &[(Base, avx512_lowk::dot4_q2_k)],
+            packed_dot4: &[(Base, avx512_lowk::dot4_q2_k_packed)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::Q3_K,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_q3_k,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q3_k),
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_lowk::dot_q3_k)], gemm: GEMM_K, ..NONE },
+        avx512: x86! {
+            dot: &[(Base, avx512_lowk::dot_q3_k)],
+            dot4: &[(Base, avx512_lowk::dot4_q3_k)],
+            packed_dot4: &[(Base, avx512_lowk::dot4_q3_k_packed)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::IQ2_XXS,
@@ -526,11 +538,17 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::IQ4_XS,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_iq4_xs,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq4_xs),
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_lowk::dot_iq4_xs)], gemm: GEMM_K, ..NONE },
+        avx512: x86! {
+            dot: &[(Base, avx512_lowk::dot_iq4_xs)],
+            dot4: &[(Base, avx512_lowk::dot4_iq4_xs)],
+            packed_dot4: &[(Base, avx512_lowk::dot4_iq4_xs_packed)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
 ];
 

@@ -201,6 +201,9 @@ scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
 scalar_dot4!(scalar_dot4_q4_k, DType::Q4_K);
 scalar_dot4!(scalar_dot4_q5_k, DType::Q5_K);
 scalar_dot4!(scalar_dot4_q6_k, DType::Q6_K);
+scalar_dot4!(scalar_dot4_q2_k, DType::Q2_K);
+scalar_dot4!(scalar_dot4_q3_k, DType::Q3_K);
+scalar_dot4!(scalar_dot4_iq4_xs, DType::IQ4_XS);
 
 /// The four-row kernel over a packed group for `dtype` at `isa`. Always present
 /// for packable types (the scalar one unpacks rows), `None` otherwise.
@@ -221,7 +224,9 @@ mod tests {
 
     #[test]
     fn pack_round_trips() {
-        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4, DType::Q4_K, DType::Q6_K] {
+        for dtype in
+            [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4, DType::Q4_K, DType::Q6_K, DType::Q2_K]
+        {
             let (rows, cols) = (8, if dtype.block_elems() == 256 { 512 } else { 128 });
             let src: Vec<u8> = (0..rows * dtype.bytes_for(cols).unwrap()).map(|i| (i * 31 % 251) as u8).collect();
             let packed = pack(dtype, rows, cols, &src);
@@ -237,7 +242,8 @@ mod tests {
         assert!(!packable(DType::Q4_0, 8, 96));
         assert!(packable(DType::Q4_K, 8, 512));
         assert!(!packable(DType::Q4_K, 6, 512));
-        assert!(!packable(DType::Q2_K, 8, 512));
+        assert!(packable(DType::Q2_K, 8, 512));
+        assert!(!packable(DType::IQ2_XXS, 8, 512));
         // MXFP4 packs by block pairs, NVFP4 by blocks; FP8 stays in the file layout.
         assert!(!packable(DType::MXFP4, 8, 96));
         assert!(packable(DType::NVFP4, 8, 64));

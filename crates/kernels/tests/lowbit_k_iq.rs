@@ -120,6 +120,47 @@ fn simd_dots_bit_identical_to_scalar() {
     }
 }
 
+/// The four-row decode kernels (file layout and packed) equal scalar bit for
+/// bit row by row, where a level has them.
+#[test]
+fn four_row_dots_bit_identical_to_scalar() {
+    use shardlm_kernels::packed;
+    let mut rng = rng(2325);
+    for dtype in TYPES {
+        let vdt = VecDotType::of(dtype);
+        for n in [256usize, 768] {
+            let w = random_weight(&mut rng, dtype, 4, n);
+            let rb = dtype.bytes_for(n).unwrap();
+            let x = random_acts(&mut rng, n);
+            let a = quantize_acts(vdt, &x);
+            let ap = bytemuck::cast_slice::<u64, u8>(&a).as_ptr();
+            let want: Vec<f32> =
+                (0..4).map(|r| unsafe { quant::scalar::dot_fn(dtype)(n, w.as_ptr().add(r * rb), ap) }).collect();
+            for isa in isa::available() {
+                let mut got = [f32::NAN; 4];
+                if let Some(d4) = quant::dot4_fn(dtype, isa) {
+                    unsafe { d4(n, w.as_ptr(), rb, ap, got.as_mut_ptr()) };
+                    assert_eq!(
+                        got.map(f32::to_bits).to_vec(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{dtype} n={n} {isa} dot4"
+                    );
+                }
+                if packed::packable(dtype, 4, n) && packed::worth_packing(dtype, isa) {
+                    let pw = packed::pack(dtype, 4, n, &w);
+                    let d4 = packed::dot4_fn(dtype, isa).unwrap();
+                    unsafe { d4(n, pw.as_ptr(), rb, ap, got.as_mut_ptr()) };
+                    assert_eq!(
+                        got.map(f32::to_bits).to_vec(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{dtype} n={n} {isa} packed dot4"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The GGUF write targets (llama.cpp's reference quantizers) round-trip with
 /// the error their bit widths allow: relative RMS error on Gaussian-like rows
 /// (with an all-zero block and a large outlier) under a per-type bound.
