@@ -60,9 +60,10 @@ pub struct ChatRequest {
 }
 
 /// The speculative-decoding extension fields of a request body: `"draft"`
-/// (`"ngram"` or `"none"`; absent: the server's `--draft`), `"draft_max"`
-/// and `"draft_min"` (bounds of the draft length; either alone means n-gram
-/// drafting, the other bound at its default).
+/// (`"ngram"` or `"model"`: on, with the server's drafter, its
+/// `--draft-model` when it has one; `"none"`: off; absent: the server's
+/// `--draft`), `"draft_max"` and `"draft_min"` (bounds of the draft length;
+/// either alone turns drafting on, the other bound at its default).
 #[derive(serde::Deserialize, Debug, Default, Clone)]
 pub struct DraftFields {
     pub draft: Option<String>,
@@ -77,9 +78,13 @@ impl DraftFields {
         let bad = |field: &str, msg: String| crate::error::ApiError::bad_request(Some(field), msg);
         let on = match self.draft.as_deref() {
             None => self.draft_max.is_some() || self.draft_min.is_some(),
-            Some("ngram") => true,
+            // Either drafts with the server's drafter: its `--draft-model`
+            // when it has one, else the n-gram lookup.
+            Some("ngram" | "model") => true,
             Some("none") => false,
-            Some(other) => return Err(bad("draft", format!("unknown draft '{other}' (use \"ngram\" or \"none\")"))),
+            Some(other) => {
+                return Err(bad("draft", format!("unknown draft '{other}' (use \"ngram\", \"model\" or \"none\")")))
+            }
         };
         if !on {
             return Ok(if self.draft.is_some() { DraftChoice::Off } else { DraftChoice::Default });
