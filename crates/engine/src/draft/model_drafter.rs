@@ -128,11 +128,14 @@ impl ModelDrafter {
         let target_m = &target.model;
         let local_layers = target_m.shard.layers.len().max(1) as f32;
         let target_bytes = target_m.weight_bytes_per_token() as f32 * target_m.config.n_layers as f32 / local_layers;
-        let cost = m.weight_bytes_per_token() as f32 / target_bytes.max(1.0);
+        let estimate = m.weight_bytes_per_token() as f32 / target_bytes.max(1.0);
+        // `SHARDLM_DRAFT_COST` replaces the estimate (0: draft at every step).
+        let cost = std::env::var("SHARDLM_DRAFT_COST").ok().and_then(|v| v.parse::<f32>().ok()).unwrap_or(estimate);
         let mut engine = Engine::new(m, tok, threads);
         engine.prefill_chunk = 256;
         let slots = (0..slots.max(1)).map(|_| Slot { cache: None, tokens: Vec::new(), base: 0, used: 0 }).collect();
-        Ok(ModelDrafter { engine, slots, clock: 0, cost, warned: false })
+        tracing::info!("draft model {}: a drafted token costs {cost:.2} target decode steps", path.display());
+        Ok(ModelDrafter { engine, slots, clock: 0, cost: cost.max(0.0), warned: false })
     }
 
     /// Sets the cost of a drafted token, in target decode steps, in place of
