@@ -610,10 +610,12 @@ mod tests {
         assert_eq!(f(serde_json::json!({})).unwrap(), DraftChoice::Default);
         assert_eq!(f(serde_json::json!({"draft": "none"})).unwrap(), DraftChoice::Off);
         assert_eq!(f(serde_json::json!({"draft": "ngram"})).unwrap(), DraftChoice::On(DraftParams::default()));
+        // "model": the server's drafter too (its --draft-model when it has one).
+        assert_eq!(f(serde_json::json!({"draft": "model"})).unwrap(), DraftChoice::On(DraftParams::default()));
         let got = f(serde_json::json!({"draft_max": 4})).unwrap();
         assert_eq!(got, DraftChoice::On(DraftParams { max: 4, min: 1 }));
         for (bad, field) in [
-            (serde_json::json!({"draft": "model"}), "draft"),
+            (serde_json::json!({"draft": "eagle"}), "draft"),
             (serde_json::json!({"draft": "ngram", "draft_max": 99}), "draft_max"),
             (serde_json::json!({"draft_max": 4, "draft_min": 5}), "draft_min"),
             (serde_json::json!({"draft_min": -1}), "draft_min"),
