@@ -174,3 +174,22 @@ fn a_tokenizer_that_differs_is_refused() {
     let why = refusal(&fixture("llama"), &e);
     assert!(why.contains("vocabulary") && why.contains("tokenizer"), "{why}");
 }
+
+#[test]
+fn a_grown_cache_keeps_its_positions() {
+    // A draft slot's cache doubles in place: decoding on after growing gives
+    // the logits of a cache that was large from the start.
+    let mut e = fixture_engine("llama", 64);
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 53 + 7) % 1000 + 2).collect();
+    let mut small = e.model.new_cache(16);
+    let mut large = e.model.new_cache(64);
+    e.prefill(&mut small, &prompt, false, &model::NoComm).unwrap();
+    e.prefill(&mut large, &prompt, false, &model::NoComm).unwrap();
+    assert!(small.grow(64) && small.capacity == 64);
+    assert!(!small.grow(32), "shrinking is refused");
+    for t in 0..20u32 {
+        let (a, _) = e.prefill(&mut small, &[t * 31 + 5], false, &model::NoComm).unwrap();
+        let (b, _) = e.prefill(&mut large, &[t * 31 + 5], false, &model::NoComm).unwrap();
+        assert!(a == b, "step {t}: logits differ after growing");
+    }
+}

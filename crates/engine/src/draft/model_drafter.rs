@@ -15,6 +15,10 @@
 //! gets changes only the cost, never the draft: a slot holds no state but
 //! the KV of its tokens.
 //!
+//! A slot's cache starts at [`MIN_CAPACITY`] positions and doubles in place
+//! ([`model::KvCache::grow`]) as its history grows, up to the draft model's
+//! context; a history past that gets no draft.
+//!
 //! A slot "belongs" to a sequence when the history continues what the slot
 //! saw at its last proposal (only the draft region can differ), so
 //! concurrent sequences keep their own slots; a new sequence takes a free
@@ -24,8 +28,7 @@
 //! # Limits
 //! Draft models with sliding-window layers (their ring caches cannot be cut
 //! back) or linear-attention layers (no rollback of a recurrent state) are
-//! refused. Caches grow by doubling, up to the draft model's context; a
-//! history past it gets no draft.
+//! refused.
 
 use super::Drafter;
 use crate::generate::Engine;
@@ -168,8 +171,14 @@ impl ModelDrafter {
             return Ok(Vec::new());
         }
         let slot = &mut self.slots[i];
-        if slot.cache.as_ref().is_none_or(|c| c.capacity < need) {
-            let capacity = need.next_power_of_two().clamp(MIN_CAPACITY, ctx.max(need));
+        // `need ≤ ctx` (checked above), so the capacity holds it.
+        let capacity = need.next_power_of_two().max(MIN_CAPACITY).min(ctx);
+        // Lengthened in place where it can be: the KV written so far stays valid.
+        let fits = match slot.cache.as_mut() {
+            Some(c) => c.capacity >= need || c.grow(capacity),
+            None => false,
+        };
+        if !fits {
             slot.cache = Some(self.engine.model.new_cache(capacity));
             slot.tokens.clear();
         }
