@@ -340,3 +340,33 @@ def test_speculation_per_request_keeps_greedy_text(server, oai):
     r = httpx.post(server.base + "/v1/chat/completions", headers=H, timeout=30,
                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "draft_max": 99})
     assert r.status_code == 400 and r.json()["error"]["param"] == "draft_max", r.text
+
+
+def test_a_draft_model_serves_concurrent_streams_with_greedy_text(spawn_server):
+    """`serve --draft-model` (issue 28): one drafter serves several streams
+    at once (a slot of draft KV each) and every greedy text is the one
+    without speculation; /metrics counts its drafted and accepted tokens."""
+    # The default model drafting for itself, at every step (no cost pauses).
+    os.environ["SHARDLM_DRAFT_COST"] = "0"
+    try:
+        srv = spawn_server("--draft-model", "smollm2-135m", "--max-batch", "4")
+    finally:
+        del os.environ["SHARDLM_DRAFT_COST"]
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    prompts = [f"Here is a file:\n\n{code_file(f'dm{i}', 8)}\n\nThe same file again:\n\n" for i in range(3)]
+
+    def complete(prompt, draft):
+        got = client.completions.create(model="m", prompt=prompt, max_tokens=48, **GREEDY,
+                                        extra_body={"ignore_eos": True, "draft": draft})
+        return got.choices[0].text
+
+    want = [complete(p, "none") for p in prompts]
+    before = srv.metrics()
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda p: complete(p, "model"), prompts))
+    assert got == want
+    after = srv.metrics()
+    drafted = after["shardlm_spec_draft_tokens_total"] - before.get("shardlm_spec_draft_tokens_total", 0)
+    accepted = after["shardlm_spec_accepted_tokens_total"] - before.get("shardlm_spec_accepted_tokens_total", 0)
+    # The same weights: nearly every draft token is the target's pick.
+    assert drafted > 0 and accepted >= 0.8 * drafted, (drafted, accepted)

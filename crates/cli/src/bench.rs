@@ -392,6 +392,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if let Some(why) = sched.set_draft(a.draft.params()?)? {
         eprintln!("speculative decoding is off: {why}");
     }
+    sched.set_drafter(a.draft.drafter(&engine, threads, 1)?);
 
     if !a.json {
         println!(

@@ -45,7 +45,7 @@ enum Command {
     /// Re-encode a checkpoint as nvfp4, mxfp4, fp8 (safetensors) or a ggml type (GGUF).
     Quantize(quantize::QuantizeArgs),
     /// Measure prompt and generation throughput (like mlx_lm.benchmark).
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Measure memory read bandwidth (1 and N threads).
     #[command(hide = true)]
     Membw(membw::MembwArgs),
@@ -71,7 +71,7 @@ fn main() {
         Command::Run(a) => run::run(*a),
         Command::Serve(a) => serve::serve(*a),
         Command::Inspect(a) => inspect::inspect(a),
-        Command::Bench(a) => bench::bench(a),
+        Command::Bench(a) => bench::bench(*a),
         Command::Quantize(a) => quantize::quantize(a),
         Command::Membw(a) => membw::membw(a),
         Command::Launch(a) => launch::launch(*a),

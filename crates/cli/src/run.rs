@@ -109,7 +109,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if template.is_some() {
         files.chat_template = template;
     }
-    let result = run_on(&a, &mut engine, &files, &model_name, sampling);
+    let result = run_on(&a, &mut engine, &files, &model_name, sampling, threads);
     let stopped = engine.shutdown();
     result?;
     stopped?;
@@ -122,8 +122,11 @@ fn run_on(
     files: &formats::ModelFiles,
     model_name: &str,
     sampling: SamplingParams,
+    threads: usize,
 ) -> Result<()> {
     engine.prefill_chunk = a.prefill_chunk as usize;
+    // Before the prompt is read: a draft model that cannot draft is refused at once.
+    let drafter = a.draft.drafter(engine, threads, 1)?;
 
     let prompt_ids = match (&a.prompt_ids, a.prompt.as_ref().or(a.prompt_pos.as_ref())) {
         (Some(ids), _) => {
@@ -179,6 +182,7 @@ fn run_on(
     if let Some(why) = sched.set_draft(a.draft.params()?)? {
         eprintln!("[speculative decoding is off: {why}]");
     }
+    sched.set_drafter(drafter);
     let hooks = RunHooks { stream: !a.json, text: String::new(), token_times: Vec::new() };
     let t0 = std::time::Instant::now();
     let (done, hooks) = engine::serving::solo::run_request(&mut sched, engine, req, hooks)?;

@@ -331,6 +331,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     }
     engine.prefill_chunk = a.prefill_chunk as usize;
     let sched = scheduler_config(&a, &engine)?;
+    // One slot of draft KV per sequence the scheduler runs at once.
+    let drafter = a.draft.drafter(&engine, threads, sched.max_batch)?;
     let served = a.served_model_name.clone().unwrap_or_else(|| {
         std::path::Path::new(&model_name).file_stem().map_or(model_name.clone(), |s| s.to_string_lossy().into_owned())
     });
@@ -465,7 +467,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             result
         }) as server::Reform<'_>
     });
-    let result = server::serve(&mut engine, &files, cfg, sched, reform);
+    let result = server::serve(&mut engine, &files, cfg, (sched, drafter), reform);
     // On SIGTERM from `launch` the other ranks get the signal too and may be gone
     // before rank 0 says goodbye: that is a normal stop, not a failure.
     if let Err(e) = engine.shutdown() {

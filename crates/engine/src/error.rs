@@ -24,6 +24,9 @@ pub enum EngineError {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("{0}")]
     BadArgument(String),
+    /// `--draft-model`: the file does not load or cannot draft for the target.
+    #[error("draft model {path}: {why}")]
+    DraftModel { path: PathBuf, why: String },
     #[error("the request was cancelled")]
     Cancelled,
 }

@@ -433,6 +433,39 @@ impl KvCache {
         self.pool.bytes() + self.states.as_ref().map_or(0, |s| s.bytes())
     }
 
+    /// Makes room for `capacity` positions, keeping the ones filled in place
+    /// (rows are position-major in the one block of a contiguous cache, so
+    /// the arrays only lengthen). Returns false, changing nothing, for a
+    /// cache with ring layers (sliding windows lay positions out modulo the
+    /// ring) or a smaller `capacity`.
+    pub fn grow(&mut self, capacity: usize) -> bool {
+        let pool = &mut self.pool;
+        if pool.ring.iter().any(|&r| r > 0) || pool.n_blocks != 1 || capacity < pool.block {
+            return pool.block == capacity;
+        }
+        fn lengthen<T: ZeroBits>(l: &mut [(Vec<T>, Vec<T>)], per_k: usize, per_v: usize, capacity: usize) {
+            for (k, v) in l.iter_mut() {
+                // Layers without storage (dropped, keys-only V) stay empty.
+                for (a, per) in [(k, per_k), (v, per_v)] {
+                    if !a.is_empty() {
+                        a.extend(zeroed::<T>(capacity * per - a.len()));
+                    }
+                }
+            }
+        }
+        let bv = pool.kv_type().block_values();
+        let (per_k, per_v) = (pool.kv_width.div_ceil(bv), pool.v_width.div_ceil(bv));
+        match &mut pool.layers {
+            KvLayers::F16(l) => lengthen(l, per_k, per_v, capacity),
+            KvLayers::F32(l) => lengthen(l, per_k, per_v, capacity),
+            KvLayers::Q8_0(l) => lengthen(l, per_k, per_v, capacity),
+            KvLayers::Q4_0(l) => lengthen(l, per_k, per_v, capacity),
+        }
+        pool.block = capacity;
+        self.capacity = capacity;
+        true
+    }
+
     /// Forgets positions from `len` on (for prefix reuse or retries). A
     /// linear-attention state cannot be rewound: the next step must then start
     /// at 0 or where the state stopped ([`crate::StatePool::begin_step`]).

@@ -60,9 +60,10 @@ pub struct ChatRequest {
 }
 
 /// The speculative-decoding extension fields of a request body: `"draft"`
-/// (`"ngram"` or `"none"`; absent: the server's `--draft`), `"draft_max"`
-/// and `"draft_min"` (bounds of the draft length; either alone means n-gram
-/// drafting, the other bound at its default).
+/// (`"ngram"` or `"model"`: on, with the server's drafter, its
+/// `--draft-model` when it has one; `"none"`: off; absent: the server's
+/// `--draft`), `"draft_max"` and `"draft_min"` (bounds of the draft length;
+/// either alone turns drafting on, the other bound at its default).
 #[derive(serde::Deserialize, Debug, Default, Clone)]
 pub struct DraftFields {
     pub draft: Option<String>,
@@ -77,9 +78,13 @@ impl DraftFields {
         let bad = |field: &str, msg: String| crate::error::ApiError::bad_request(Some(field), msg);
         let on = match self.draft.as_deref() {
             None => self.draft_max.is_some() || self.draft_min.is_some(),
-            Some("ngram") => true,
+            // Either drafts with the server's drafter: its `--draft-model`
+            // when it has one, else the n-gram lookup.
+            Some("ngram" | "model") => true,
             Some("none") => false,
-            Some(other) => return Err(bad("draft", format!("unknown draft '{other}' (use \"ngram\" or \"none\")"))),
+            Some(other) => {
+                return Err(bad("draft", format!("unknown draft '{other}' (use \"ngram\", \"model\" or \"none\")")))
+            }
         };
         if !on {
             return Ok(if self.draft.is_some() { DraftChoice::Off } else { DraftChoice::Default });
@@ -605,10 +610,12 @@ mod tests {
         assert_eq!(f(serde_json::json!({})).unwrap(), DraftChoice::Default);
         assert_eq!(f(serde_json::json!({"draft": "none"})).unwrap(), DraftChoice::Off);
         assert_eq!(f(serde_json::json!({"draft": "ngram"})).unwrap(), DraftChoice::On(DraftParams::default()));
+        // "model": the server's drafter too (its --draft-model when it has one).
+        assert_eq!(f(serde_json::json!({"draft": "model"})).unwrap(), DraftChoice::On(DraftParams::default()));
         let got = f(serde_json::json!({"draft_max": 4})).unwrap();
         assert_eq!(got, DraftChoice::On(DraftParams { max: 4, min: 1 }));
         for (bad, field) in [
-            (serde_json::json!({"draft": "model"}), "draft"),
+            (serde_json::json!({"draft": "eagle"}), "draft"),
             (serde_json::json!({"draft": "ngram", "draft_max": 99}), "draft_max"),
             (serde_json::json!({"draft_max": 4, "draft_min": 5}), "draft_min"),
             (serde_json::json!({"draft_min": -1}), "draft_min"),

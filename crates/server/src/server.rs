@@ -97,7 +97,7 @@ pub fn serve(
     engine: &mut Engine,
     files: &formats::ModelFiles,
     cfg: ServerConfig,
-    sched: engine::serving::SchedulerConfig,
+    (sched, drafter): (engine::serving::SchedulerConfig, Option<Box<dyn engine::draft::Drafter>>),
     reform: Option<crate::worker::Reform<'_>>,
 ) -> Result<(), ServerError> {
     let mut tokenizer = Tokenizer::from_source(&files.tokenizer)?.ok_or(ServerError::NoTokenizer)?;
@@ -160,7 +160,7 @@ pub fn serve(
     // The router (and with it the queue's sender) drops when the server ends,
     // which ends the worker loop.
     let kv_disk = state_kv_disk;
-    run_worker(engine, queue, &metrics, (sched, draft), kv_disk, reform);
+    run_worker(engine, queue, &metrics, (sched, draft, drafter), kv_disk, reform);
     let result = rt.block_on(server);
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -142,7 +142,11 @@ pub fn run_worker(
     engine: &mut Engine,
     queue: JobQueue,
     metrics: &Arc<Metrics>,
-    (cfg, draft): (SchedulerConfig, Option<engine::draft::DraftParams>),
+    (cfg, draft, drafter): (
+        SchedulerConfig,
+        Option<engine::draft::DraftParams>,
+        Option<Box<dyn engine::draft::Drafter>>,
+    ),
     kv_disk: Option<engine::kv_disk::KvDiskConfig>,
     mut reform: Option<Reform<'_>>,
 ) {
@@ -170,6 +174,8 @@ pub fn run_worker(
             return;
         }
     }
+    // A draft model (`--draft-model`) in place of the n-gram lookup.
+    sched.set_drafter(drafter);
     if let Some(d) = kv_disk {
         let dir = d.dir.display().to_string();
         if let Err(e) = sched.enable_disk(engine, d) {

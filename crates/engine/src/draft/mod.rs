@@ -1,16 +1,26 @@
 //! Drafters for speculative decoding: what proposes the next tokens that a
 //! verify step then checks in one pass ([`crate::serving`]'s `spec` module).
 
+pub mod model_drafter;
 pub mod ngram;
 
+pub use model_drafter::{vocab_mismatch, ModelDrafter};
 pub use ngram::{lookup, NgramPool};
 
 /// A drafter in place of the n-gram lookup ([`crate::serving::Scheduler::set_drafter`]):
 /// tests drive verification with it (drafts that are all right, all wrong,
-/// or anything between); a draft model would be one.
+/// or anything between); [`ModelDrafter`] drafts with a small model.
 pub trait Drafter: Send {
     /// Up to `k` tokens to follow `history` (the prompt and every accepted token).
     fn propose(&mut self, history: &[u32], k: usize) -> Vec<u32>;
+
+    /// What drafting one token costs, in decode steps of the target model
+    /// (0 for a lookup; about the weight ratio for a draft model): the
+    /// scheduler's draft length and pausing weigh it ([`crate::serving`]'s
+    /// `spec` module).
+    fn cost(&self) -> f32 {
+        0.0
+    }
 }
 
 /// How a sequence speculates: an n-gram (prompt lookup) drafter proposing

@@ -32,10 +32,13 @@
 //! A verify row is not free: on a CPU the matmuls of a few rows are compute
 //! bound, and each draft row costs about [`ROW_COST`] of a decode step
 //! (SmolLM2-135M, 2 threads: a 9-row verify item took 52 ms where a decode
-//! step took 14). So the draft length follows the acceptance rate: with `α`
-//! the (decaying) rate at which checked draft tokens were accepted, a draft
-//! of `k` yields `(1 − α^(k+1)) / (1 − α)` tokens on average for a cost of
-//! `1 + ROW_COST·k` steps, and `k` is the best of `min..=max` for that.
+//! step took 14). A draft model's drafting costs too: `c` decode steps per
+//! token it decodes ([`Drafter::cost`]; the n-gram lookup's is 0), and it
+//! decodes `k` tokens after feeding about one. So the draft length follows
+//! the acceptance rate: with `α` the (decaying) rate at which checked draft
+//! tokens were accepted, a draft of `k` yields `(1 − α^(k+1)) / (1 − α)`
+//! tokens on average for a cost of `1 + ROW_COST·k + c·(k + 1)` steps
+//! ([`step_cost`]), and `k` is the best of `min..=max` for that.
 //! When the tokens per unit of cost (a moving average) fall below 1, plain
 //! decoding would have been faster: speculation pauses for a number of the
 //! sequence's decode steps that doubles each time (up to [`MAX_PAUSE`]), so
@@ -68,6 +71,8 @@ pub const MAX_PAUSE: usize = 256;
 #[derive(Debug, Clone)]
 pub(super) struct SpecState {
     pub params: DraftParams,
+    /// The drafter's cost per drafted token, in decode steps ([`Drafter::cost`]).
+    pub draft_cost: f32,
     /// The next draft's length.
     pub k: usize,
     /// The next (or in-flight) verify item's tokens: the last sampled token,
@@ -87,10 +92,11 @@ pub(super) struct SpecState {
 }
 
 impl SpecState {
-    fn new(params: DraftParams) -> SpecState {
+    fn new(params: DraftParams, draft_cost: f32) -> SpecState {
         SpecState {
             params,
-            k: best_len(PRIOR.0 / PRIOR.1, params),
+            draft_cost,
+            k: best_len(PRIOR.0 / PRIOR.1, params, draft_cost),
             tokens: Vec::new(),
             gain: 1.5,
             hits: PRIOR.0,
@@ -109,7 +115,7 @@ impl SpecState {
         let p = self.params;
         self.hits = DECAY * self.hits + a as f32;
         self.checked = DECAY * self.checked + (a + usize::from(a < k)) as f32;
-        let yielded = (1 + a) as f32 / (1.0 + ROW_COST * k as f32);
+        let yielded = (1 + a) as f32 / step_cost(k, self.draft_cost);
         self.gain = 0.8 * self.gain + 0.2 * yielded;
         if self.gain < GAIN_FLOOR {
             self.pause = self.next_pause;
@@ -118,18 +124,25 @@ impl SpecState {
         } else if yielded > 1.0 {
             self.next_pause = FIRST_PAUSE;
         }
-        self.k = best_len(self.hits / self.checked.max(1e-6), p);
+        self.k = best_len(self.hits / self.checked.max(1e-6), p, self.draft_cost);
     }
 }
 
 /// The acceptance counts a sequence starts with (a rate of 0.8).
 const PRIOR: (f32, f32) = (4.0, 5.0);
 
+/// A verify step of `k` draft tokens, in decode steps, with a drafter that
+/// costs `draft_cost` per token it decodes (see the module notes).
+pub fn step_cost(k: usize, draft_cost: f32) -> f32 {
+    let draft_cost = if draft_cost > 0.0 { draft_cost * (k + 1) as f32 } else { 0.0 };
+    1.0 + ROW_COST * k as f32 + draft_cost
+}
+
 /// The draft length in `p.min..=p.max` that yields the most tokens per unit
 /// of cost when each draft token is accepted with probability `alpha`.
-pub fn best_len(alpha: f32, p: DraftParams) -> usize {
+pub fn best_len(alpha: f32, p: DraftParams, draft_cost: f32) -> usize {
     let alpha = alpha.clamp(0.0, 0.999);
-    let rate = |k: usize| (1.0 - alpha.powi(k as i32 + 1)) / (1.0 - alpha) / (1.0 + ROW_COST * k as f32);
+    let rate = |k: usize| (1.0 - alpha.powi(k as i32 + 1)) / (1.0 - alpha) / step_cost(k, draft_cost);
     (p.min..=p.max).max_by(|&a, &b| rate(a).total_cmp(&rate(b)).then(b.cmp(&a))).unwrap_or(p.min)
 }
 
@@ -183,7 +196,7 @@ impl Scheduler {
             return None;
         }
         self.ngram_pool.get_or_insert_with(NgramPool::new);
-        Some(SpecState::new(params))
+        Some(SpecState::new(params, self.drafter.as_ref().map_or(0.0, |d| d.cost())))
     }
 
     /// Prepares a draft for every speculating sequence that is ready to
@@ -289,16 +302,18 @@ mod tests {
     #[test]
     fn the_draft_length_follows_the_acceptance_rate() {
         let p = DraftParams { max: 16, min: 1 };
-        assert_eq!(best_len(0.3, p), 1);
-        assert!(best_len(0.8, p) <= 4);
-        assert!(best_len(0.97, p) >= 8);
-        assert_eq!(best_len(0.999, DraftParams { max: 6, min: 2 }), 6);
-        assert_eq!(best_len(0.0, DraftParams { max: 6, min: 2 }), 2);
+        assert_eq!(best_len(0.3, p, 0.0), 1);
+        assert!(best_len(0.8, p, 0.0) <= 4);
+        assert!(best_len(0.97, p, 0.0) >= 8);
+        assert_eq!(best_len(0.999, DraftParams { max: 6, min: 2 }, 0.0), 6);
+        assert_eq!(best_len(0.0, DraftParams { max: 6, min: 2 }, 0.0), 2);
+        // A costly drafter drafts less at the same acceptance rate.
+        assert!(best_len(0.97, p, 0.5) < best_len(0.97, p, 0.0));
     }
 
     #[test]
     fn rejected_drafts_pause_speculation_and_accepted_ones_lengthen_it() {
-        let mut s = SpecState::new(DraftParams { max: 16, min: 1 });
+        let mut s = SpecState::new(DraftParams { max: 16, min: 1 }, 0.0);
         for _ in 0..20 {
             let k = s.k;
             s.adapt(k, k);
