@@ -185,6 +185,29 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool>(
 ) -> [__m512; R] {
     let mut accf = [_mm512_setzero_ps(); R];
     for b in 0..nb {
+        let part = block_parts::<R, SUB, MINS>(nb, cols, q, s, act, b);
+        for r in 0..R {
+            accf[r] = _mm512_add_ps(accf[r], part[r]);
+        }
+    }
+    accf
+}
+
+/// Super-block `b` of [`rows_x_group`]: each row's float part. Not inlined:
+/// the caller's `R` float accumulators then stay out of this loop's
+/// registers (with `R = 8`, 24 live accumulators spilled in the inner loop).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline(never)]
+unsafe fn block_parts<const R: usize, const SUB: usize, const MINS: bool>(
+    nb: usize,
+    cols: usize,
+    q: *const u8,
+    s: *const Scales,
+    act: *const u8,
+    b: usize,
+) -> [__m512; R] {
+    let mut parts = [_mm512_setzero_ps(); R];
+    {
         let blk = act.add(b * GROUP_BLOCK);
         let mut isum = [_mm512_setzero_si512(); R];
         for j in 0..256 / SUB {
@@ -221,10 +244,10 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool>(
                 let t2 = _mm512_mul_ps(_mm512_mul_ps(da, _mm512_set1_ps(sc.dmin)), _mm512_cvtepi32_ps(msum[r]));
                 _mm512_sub_ps(t1, t2)
             };
-            accf[r] = _mm512_add_ps(accf[r], part);
+            parts[r] = part;
         }
     }
-    accf
+    parts
 }
 
 /// Writes lane `i < lanes` of `v` to `y[i · ys]`.
