@@ -26,30 +26,30 @@ const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
 #[inline(always)]
-unsafe fn ld256(p: *const u8) -> __m256i {
+pub(super) unsafe fn ld256(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
 #[inline(always)]
-unsafe fn ld512(p: *const u8) -> __m512i {
+pub(super) unsafe fn ld512(p: *const u8) -> __m512i {
     _mm512_loadu_si512(p as *const _)
 }
 
 /// The 32 bytes at `p` in both halves of a vector.
 #[inline(always)]
-unsafe fn bcast256(p: *const u8) -> __m512i {
+pub(super) unsafe fn bcast256(p: *const u8) -> __m512i {
     _mm512_broadcast_i64x4(ld256(p))
 }
 
 /// Word vector: 16 × `a` then 16 × `b`.
 #[inline(always)]
-unsafe fn words2(a: i16, b: i16) -> __m512i {
+pub(super) unsafe fn words2(a: i16, b: i16) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)), _mm256_set1_epi16(b), 1)
 }
 
 /// Word vector: 8 × `b`, 8 × `b+1`, 8 × `b+2`, 8 × `b+3`.
 #[inline(always)]
-unsafe fn words4(b: i16) -> __m512i {
+pub(super) unsafe fn words4(b: i16) -> __m512i {
     let lo = _mm256_setr_epi16(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1);
     let hi = _mm256_add_epi16(lo, _mm256_set1_epi16(2));
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)

@@ -21,6 +21,7 @@
 //! * The four rows' block sums are reduced together (`vphaddd`), and the
 //!   float combination runs in four lanes, the scalar expression lane by lane.
 
+use super::avx512_k::{bcast256, ld256, ld512, words2, words4};
 use std::arch::x86_64::*;
 
 const Q8K_QS: usize = 4;
@@ -28,37 +29,8 @@ const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
 #[inline(always)]
-unsafe fn ld256(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
-}
-
-#[inline(always)]
-unsafe fn ld512(p: *const u8) -> __m512i {
-    _mm512_loadu_si512(p as *const _)
-}
-
-#[inline(always)]
-unsafe fn bcast256(p: *const u8) -> __m512i {
-    _mm512_broadcast_i64x4(ld256(p))
-}
-
-#[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
     half::f16::from_bits((p as *const u16).read_unaligned()).to_f32()
-}
-
-/// Word vector: 16 × `a` then 16 × `b`.
-#[inline(always)]
-unsafe fn words2(a: i16, b: i16) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)), _mm256_set1_epi16(b), 1)
-}
-
-/// Word vector: 8 × `b`, 8 × `b+1`, 8 × `b+2`, 8 × `b+3` (one 16-value group
-/// per 8 words of a `vpmaddubsw` result).
-#[inline(always)]
-unsafe fn words4(b: i16) -> __m512i {
-    let lo = _mm256_setr_epi16(b, b, b, b, b, b, b, b, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1);
-    _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_add_epi16(lo, _mm256_set1_epi16(2)), 1)
 }
 
 /// A 16-lane i32 sum folded to 8 lanes.
