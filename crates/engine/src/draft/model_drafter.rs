@@ -32,6 +32,7 @@
 
 use super::Drafter;
 use crate::generate::Engine;
+use crate::sampler::argmax;
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
 use model::{KvCache, NoComm};
@@ -230,17 +231,6 @@ impl Drafter for ModelDrafter {
 /// How many leading tokens `a` and `b` share.
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// The index of the largest logit (the first of equals), as a token id.
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[cfg(test)]
