@@ -34,7 +34,13 @@ fn logits(dir: &Path, ids: &[u32]) -> Vec<f32> {
     let mut ws = Workspace::default();
     let mut cache = m.new_cache(ids.len());
     let mut out = Vec::new();
-    let mut steps = [SeqStep { tokens: ids, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut out }];
+    let mut steps = [SeqStep {
+        tokens: ids,
+        cache: SeqKv::Own(&mut cache),
+        mode: LogitsMode::All,
+        prompt: false,
+        logits: &mut out,
+    }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     out
 }
@@ -426,8 +432,13 @@ fn glm4_moe_and_minimax_m2_hf_to_gguf_read_back() {
             let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
             let mut cache = m.new_cache(ids.len());
             let (pool, mut ws, mut out) = (kernels::ThreadPool::new(1), Workspace::default(), Vec::new());
-            let mut steps =
-                [SeqStep { tokens: &ids, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut out }];
+            let mut steps = [SeqStep {
+                tokens: &ids,
+                cache: SeqKv::Own(&mut cache),
+                mode: LogitsMode::All,
+                prompt: false,
+                logits: &mut out,
+            }];
             m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
             out
         };

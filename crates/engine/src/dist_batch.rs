@@ -32,6 +32,8 @@ pub struct BatchItem<'a> {
     pub table: &'a [u32],
     pub start: usize,
     pub mode: LogitsMode,
+    /// Prompt tokens ([`model::SeqStep::prompt`]).
+    pub prompt: bool,
     /// Hybrid models: the sequence's recurrent-state slot.
     pub state: Option<u32>,
     /// Copy this snapshot slot into `state` before the step (prefix reuse).
@@ -59,6 +61,7 @@ pub(crate) struct SeqDesc {
     pub len: usize,
     pub start: usize,
     pub mode: LogitsMode,
+    pub prompt: bool,
     pub state: Option<u32>,
     pub restore: Option<u32>,
     pub snapshot: Option<u32>,
@@ -107,6 +110,9 @@ pub(crate) fn snapshot_states(
     Ok(())
 }
 
+/// The bit of a descriptor's mode word that marks prompt tokens.
+const PROMPT_BIT: u32 = 8;
+
 /// A decoded descriptor.
 struct Desc {
     seqs: Vec<SeqDesc>,
@@ -115,7 +121,7 @@ struct Desc {
 pub(crate) fn encode(items: &[BatchItem<'_>]) -> Vec<u32> {
     let mut d = vec![items.len() as u32];
     for it in items {
-        d.extend([it.tokens.len() as u32, it.start as u32, mode_code(it.mode)]);
+        d.extend([it.tokens.len() as u32, it.start as u32, mode_code(it.mode) | (it.prompt as u32) << PROMPT_BIT]);
         d.extend([opt_code(it.state), opt_code(it.restore), opt_code(it.snapshot), it.table.len() as u32]);
         d.extend([it.window.first as u32, it.window.blocks.len() as u32]);
         d.extend_from_slice(it.table);
@@ -138,7 +144,8 @@ fn decode(d: &[u32]) -> Result<Desc, EngineError> {
         seqs.push(SeqDesc {
             len: head[0] as usize,
             start: head[1] as usize,
-            mode: mode_of(head[2]),
+            mode: mode_of(head[2] & ((1 << PROMPT_BIT) - 1)),
+            prompt: head[2] >> PROMPT_BIT & 1 == 1,
             state: opt_of(head[3]),
             restore: opt_of(head[4]),
             snapshot: opt_of(head[5]),
@@ -283,6 +290,7 @@ impl StageRunner<'_> {
                 tokens: &toks[at..at + s.len],
                 cache: SeqKv::Paged { table: &s.table, start: s.start, state: s.state, window: s.window() },
                 mode: s.mode,
+                prompt: s.prompt,
                 logits,
             });
             at += s.len;
@@ -305,6 +313,7 @@ impl StageRunner<'_> {
                         table: &s.table,
                         start: s.start,
                         mode: s.mode,
+                        prompt: s.prompt,
                         state: s.state,
                         restore: s.restore,
                         snapshot: s.snapshot,
@@ -336,6 +345,7 @@ mod tests {
                 table: &[5, 6],
                 start: 64,
                 mode: LogitsMode::None,
+                prompt: true,
                 state: Some(2),
                 restore: Some(7),
                 snapshot: None,
@@ -346,6 +356,7 @@ mod tests {
                 table: &[1],
                 start: 9,
                 mode: LogitsMode::Argmax,
+                prompt: false,
                 state: None,
                 restore: None,
                 snapshot: Some(0),

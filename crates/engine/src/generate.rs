@@ -210,6 +210,7 @@ impl Engine {
                 tokens: it.tokens,
                 cache: SeqKv::Paged { table: it.table, start: it.start, state: it.state, window: it.window },
                 mode: it.mode,
+                prompt: it.prompt,
                 logits,
             })
             .collect();
@@ -279,7 +280,7 @@ impl Engine {
         &mut self,
         cache: &mut KvCache,
         tokens: &[u32],
-        mode: LogitsMode,
+        (mode, prompt): (LogitsMode, bool),
         comm: &dyn AllReduce,
     ) -> Result<(), EngineError> {
         if self.cluster.is_some() {
@@ -287,7 +288,7 @@ impl Engine {
                 "Engine::generate runs in one process; a cluster generates through serving::Scheduler".into(),
             ));
         }
-        let mut steps = [SeqStep { tokens, cache: SeqKv::Own(cache), mode, logits: &mut self.logits }];
+        let mut steps = [SeqStep { tokens, cache: SeqKv::Own(cache), mode, prompt, logits: &mut self.logits }];
         self.model.forward(&self.pool, &mut self.ws, &mut steps, comm)?;
         Ok(())
     }
@@ -350,7 +351,7 @@ impl Engine {
         if self.cluster.is_some() {
             let mode = if all { LogitsMode::All } else { LogitsMode::Last };
             hooks.on_prefill(0, total);
-            self.step(cache, tokens, mode, comm)?;
+            self.step(cache, tokens, (mode, true), comm)?;
             hooks.on_prefill(total, total);
             let last = self.logits[self.logits.len() - vocab..].to_vec();
             return Ok((last, all.then(|| self.logits.clone())));
@@ -370,7 +371,7 @@ impl Engine {
             } else {
                 LogitsMode::None
             };
-            self.step(cache, part, mode, comm)?;
+            self.step(cache, part, (mode, true), comm)?;
             hooks.on_prefill((ci * chunk + part.len()).min(total), total);
             if let Some(a) = all_logits.as_mut() {
                 a.extend_from_slice(&self.logits);
@@ -475,7 +476,7 @@ impl Engine {
                 break;
             }
             token_buf[0] = id;
-            self.step(&mut cache, &token_buf, decode_mode, comm)?;
+            self.step(&mut cache, &token_buf, (decode_mode, false), comm)?;
             logits.copy_from_slice(&self.logits[..vocab]);
         }
         let decode_s = t_first.map_or(0.0, |t| t.elapsed().as_secs_f64());

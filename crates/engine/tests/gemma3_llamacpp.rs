@@ -85,8 +85,13 @@ fn teacher_forced_argmax_matches_llamacpp() {
         let tokens: Vec<u32> = prompt.iter().chain(&ids(&case["output_ids"])).copied().collect();
         let mut cache = m.new_cache(tokens.len());
         let mut logits = Vec::new();
-        let mut steps =
-            [SeqStep { tokens: &tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens: &tokens,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::All,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         for (k, top2) in case["top2"].as_array().unwrap().iter().enumerate() {
             let pos = prompt.len() - 1 + k;

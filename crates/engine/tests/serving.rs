@@ -4,7 +4,7 @@
 //! pool:
 //! - cold, and again with its prompt served from the prefix cache: **bit for
 //!   bit equal** (prefill rows never depend on their chunk: attention splits
-//!   keys only in decode, and cached prefixes end on even, block-aligned rows);
+//!   keys only in decode, and a prompt piece of one row is still a prefill row);
 //! - batched with other requests: bit for bit equal at the AVX-512 level (its
 //!   tile kernels give every activation row the one-row arithmetic); at the
 //!   AVX2 and scalar levels within `LOGIT_BOUND`, greedy tokens identical.
@@ -184,5 +184,54 @@ fn a_next_turn_reuses_only_prompt_rows_and_equals_the_cold_run() {
         let expect = if rewarm { (prompt.len() + 70) / 32 * 32 } else { prompt.len() / 32 * 32 };
         assert_eq!(cached, expect, "rewarm {rewarm}: cached tokens");
         assert_eq!(warm.logits, cold.logits, "rewarm {rewarm}: the next turn must equal the cold run bit for bit");
+    }
+}
+
+/// A prompt of `k·32 + 1` tokens served again from the prefix cache resumes
+/// with a piece of one row, and a chunk budget can leave a last chunk of one
+/// row. Both are prompt rows: attention runs them as a prefill chunk (not as
+/// a decode step), so every sampled step's logits equal the cold run's bit
+/// for bit.
+#[test]
+fn a_one_row_prompt_piece_equals_the_cold_run() {
+    let Some(path) = smollm2() else { return };
+    let files = formats::open_model(&path).unwrap();
+    let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
+    let tok = shardlm_engine::Tokenizer::from_source(&files.tokenizer).unwrap().unwrap();
+    let text: String = (0..120).map(|i| format!("item {i}: weight {} kg\n", i * 3 % 11 + 1)).collect();
+    let mut prompt = tok.encode(&format!("Sum the weights:\n{text}"), true).unwrap();
+    assert!(prompt.len() > 321, "prompt of {} tokens", prompt.len());
+    prompt.truncate(321);
+    let mut engine = Engine::new(m, Some(tok), 2);
+    engine.prefill_chunk = 256;
+    let reference = Arc::new(Mutex::new(Seen::default()));
+    engine.generate_hooked(&request(prompt.clone(), 6), &mut Recorder(reference.clone()), &model::NoComm).unwrap();
+    let reference = std::mem::take(&mut *reference.lock().unwrap());
+    let cfg = |step_tokens| SchedulerConfig {
+        block: 32,
+        n_blocks: 32,
+        max_batch: 2,
+        step_tokens,
+        prefix_cache: true,
+        n_window_blocks: 0,
+    };
+    let run = |sched: &mut Scheduler, engine: &mut Engine| {
+        let seen = submit(sched, request(prompt.clone(), 6));
+        while sched.has_work() {
+            sched.step(engine).expect("step");
+        }
+        let seen = std::mem::take(&mut *seen.lock().unwrap());
+        let cached = seen.outcome.as_ref().unwrap().as_ref().unwrap().cached_tokens;
+        (seen, cached)
+    };
+    let mut sched = Scheduler::new(&mut engine, cfg(256)).unwrap();
+    let (cold, _) = run(&mut sched, &mut engine);
+    let (warm, cached) = run(&mut sched, &mut engine);
+    assert_eq!(cached, 320, "the rerun resumes one row before the prompt's end");
+    // Chunks of 64 rows, the last of one.
+    let mut chunked = Scheduler::new(&mut engine, cfg(64)).unwrap();
+    let (split, _) = run(&mut chunked, &mut engine);
+    for (what, got) in [("cold", &cold), ("one-row resume", &warm), ("one-row last chunk", &split)] {
+        assert_eq!(got.logits, reference.logits, "{what}: logits must equal the contiguous run bit for bit");
     }
 }

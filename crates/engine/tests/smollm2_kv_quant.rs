@@ -32,8 +32,13 @@ fn all_logits(m: &Model, tokens: &[u32]) -> Vec<f32> {
     let mut cache = m.new_cache(tokens.len());
     let (mut out, mut logits) = (Vec::new(), Vec::new());
     for part in tokens.chunks(128) {
-        let mut steps =
-            [SeqStep { tokens: part, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens: part,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::All,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         out.extend_from_slice(&logits);
     }

@@ -37,7 +37,8 @@ fn all_logits(m: &Model, tokens: &[u32]) -> Vec<f32> {
     let mut ws = Workspace::default();
     let mut cache = m.new_cache(tokens.len());
     let mut logits = Vec::new();
-    let mut steps = [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
+    let mut steps =
+        [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, prompt: false, logits: &mut logits }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     logits
 }
@@ -156,8 +157,13 @@ fn packed_layout_matches_file_layout_bit_for_bit() {
         let mut cache = m.new_cache(8);
         let mut logits = Vec::new();
         for &t in &tokens[..4] {
-            let mut steps =
-                [SeqStep { tokens: &[t], cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut logits }];
+            let mut steps = [SeqStep {
+                tokens: &[t],
+                cache: SeqKv::Own(&mut cache),
+                mode: LogitsMode::Last,
+                prompt: false,
+                logits: &mut logits,
+            }];
             m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         }
         logits

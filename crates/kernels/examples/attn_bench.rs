@@ -57,6 +57,7 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             window: None,
             scale,
             sinks: None,
+            prefill: false,
         };
         let reps = if n_new == 1 { 300 } else { 5 };
         attention(pool, &q, &k, &v, &sh, &mut out);
@@ -101,6 +102,7 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
             window: None,
             scale,
             sinks: None,
+            prefill: false,
         };
         let reps = if std::env::var_os("ATTN_DECODE_ONLY").is_some() { 400 } else { 20 };
         let mut best = f64::MAX;
@@ -140,6 +142,7 @@ fn bench<T: KvElem>(pool: &ThreadPool, zero: T) {
                 window: None,
                 scale,
                 sinks: None,
+                prefill: false,
             };
             let t = Instant::now();
             attention(pool, &q, &k, &v, &sh, &mut out);

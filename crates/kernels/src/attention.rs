@@ -214,9 +214,19 @@ pub struct AttnShape<'a> {
     /// Attention sinks: one logit per query head (`n_heads` values, compared
     /// with the *scaled* scores), added to the softmax denominator only.
     pub sinks: Option<&'a [f32]>,
+    /// The new rows are prompt rows: they run as a prefill chunk even when
+    /// there is only one, so a prompt row's bits never depend on where the
+    /// prompt was cut (a prefix-cache resume, a chunk boundary). `false`: one
+    /// new row is a decode step (keys split across threads, cache read in place).
+    pub prefill: bool,
 }
 
 impl AttnShape<'_> {
+    /// One new row computed as a decode step (see [`AttnShape::prefill`]).
+    pub fn decode(&self) -> bool {
+        self.n_new == 1 && !self.prefill
+    }
+
     /// Cache positions new token `i` attends to.
     pub fn keys(&self, i: usize) -> Range<usize> {
         let p = self.start_pos + i;
@@ -370,7 +380,7 @@ struct Tiling {
 impl Tiling {
     fn new(sh: &AttnShape, threads: usize) -> Tiling {
         let group = sh.n_heads / sh.n_kv_heads;
-        if sh.n_new == 1 && sh.n_heads <= RMAX {
+        if sh.decode() && sh.n_heads <= RMAX {
             // Decode: one tile of every head, its keys cut into pieces. A piece
             // reads whole cache rows (all KV heads) front to back, so each thread
             // streams one run of K and one of V, instead of one head's 2·d bytes
@@ -401,7 +411,7 @@ impl Tiling {
         // Only decode (one new token) splits: a prefill row's result must not
         // depend on how many tokens share its chunk, so that a prompt resumed
         // from the prefix cache computes exactly what a cold run computed.
-        let splits = if threads <= 1 || tiles >= 2 * threads || sh.n_new > 1 {
+        let splits = if threads <= 1 || tiles >= 2 * threads || !sh.decode() {
             1
         } else {
             (2 * threads).div_ceil(tiles).min(max_keys / (2 * KB)).max(1)
@@ -611,10 +621,10 @@ fn run_tile<T: KvElem>(
     // Decode on AVX-512: scores and P·V read the cache rows in place (each
     // key chunk is widened once per three rows: for large groups, as MLA's,
     // widening the block once is cheaper).
-    let direct = T::DIRECT && avx512 && sh.n_new == 1 && d.is_multiple_of(16) && per <= 8;
-    let direct_pv = T::DIRECT_PV && avx512 && sh.n_new == 1 && d.is_multiple_of(16) && per <= 8;
+    let direct = T::DIRECT && avx512 && sh.decode() && d.is_multiple_of(16) && per <= 8;
+    let direct_pv = T::DIRECT_PV && avx512 && sh.decode() && d.is_multiple_of(16) && per <= 8;
     // Prefill on AVX-512 with float keys: the query rows in the SIMD lanes.
-    let lanes = avx512 && !T::INT_SCORES && sh.n_new > 1 && d.is_multiple_of(16) && job.kvn == 1;
+    let lanes = avx512 && !T::INT_SCORES && !sh.decode() && d.is_multiple_of(16) && job.kvn == 1;
     let rp = if lanes { rows.next_multiple_of(16) } else { rows };
     // Keys every row of the tile sees (blocks inside need no mask).
     let (mut seen_lo, mut seen_hi) = (0, usize::MAX);

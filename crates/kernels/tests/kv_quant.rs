@@ -169,7 +169,17 @@ fn attention_at_depth<T: Quant>() {
         let (k, kf) = stored::<T>(&mut rng, ctx * nkv * hd);
         let (v, vf) = stored::<T>(&mut rng, ctx * nkv * hd);
         let scale = 1.0 / (hd as f32).sqrt();
-        let sh = AttnShape { n_new, start_pos, n_heads: nh, n_kv_heads: nkv, head_dim: hd, window, scale, sinks: None };
+        let sh = AttnShape {
+            n_new,
+            start_pos,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            window,
+            scale,
+            sinks: None,
+            prefill: false,
+        };
         let want_exact_q = naive(&q, &kf, &vf, &sh);
         let what = format!("{} {sh:?}", T::NAME);
         let mut out = vec![f32::NAN; n_new * nh * hd];

@@ -51,7 +51,7 @@
 use crate::decoder::LayerLoader;
 use crate::kv_cache::{KvLayers, KvPool, KvType};
 use crate::linear::Linear;
-use crate::model::SeqStep;
+use crate::model::{AttendRows, SeqStep};
 use crate::moe::{config_usize, text_config};
 use crate::workspace::grow;
 use crate::{slice, ModelError, SeqKv};
@@ -302,8 +302,7 @@ impl Mla {
         let mut row = 0;
         for seq in seqs.iter_mut() {
             let (len, start) = (seq.tokens.len(), seq.cache.start());
-            // A verify item's rows attend one at a time, as decode steps do.
-            let per_row = seq.mode == crate::LogitsMode::Verify;
+            let rows = seq.attend_rows();
             let (kv, table): (&mut KvPool, &[u32]) = match &mut seq.cache {
                 SeqKv::Own(c) => (&mut c.pool, &[0]),
                 SeqKv::Paged { table, .. } => (paged.as_deref_mut().expect("checked by run_layers"), table),
@@ -321,7 +320,7 @@ impl Mla {
                             block,
                             table,
                             &s.q_lat[row * nh * w..(row + len) * nh * w],
-                            (start, per_row),
+                            (start, rows),
                             &mut s.out_lat[row * nh * w..(row + len) * nh * w],
                         ),
                         MlaMode::Expanded => {
@@ -380,8 +379,7 @@ impl Mla {
 
     /// Multi-query attention of the absorbed queries (`len × heads × (r +
     /// rope)`) against the cache rows, each row serving as key and as value;
-    /// `per_row`: each new row alone, as a one-token decode step
-    /// ([`crate::LogitsMode::Verify`]).
+    /// `rows`: how the new rows attend ([`AttendRows`]).
     #[allow(clippy::too_many_arguments)]
     fn attend_absorbed<T: KvElem>(
         &self,
@@ -390,16 +388,16 @@ impl Mla {
         block: usize,
         table: &[u32],
         q: &[f32],
-        (start, per_row): (usize, bool),
+        (start, rows): (usize, AttendRows),
         out: &mut [f32],
     ) {
         let w = self.spec.cache_width();
         let len = q.len() / (self.n_heads * w).max(1);
-        if per_row && len > 1 {
+        if rows == AttendRows::Verify && len > 1 {
             let hw = self.n_heads * w;
             for i in 0..len {
                 let (q, out) = (&q[i * hw..(i + 1) * hw], &mut out[i * hw..(i + 1) * hw]);
-                self.attend_absorbed(pool, cache, block, table, q, (start + i, false), out);
+                self.attend_absorbed(pool, cache, block, table, q, (start + i, AttendRows::Step), out);
             }
             return;
         }
@@ -413,6 +411,7 @@ impl Mla {
             window: None,
             scale: self.spec.scale,
             sinks: None,
+            prefill: rows == AttendRows::Prompt,
         };
         attention_paged(pool, q, &view, &shape, out);
     }

@@ -109,8 +109,35 @@ pub struct SeqStep<'a> {
     pub tokens: &'a [u32],
     pub cache: SeqKv<'a>,
     pub mode: LogitsMode,
+    /// The tokens are prompt tokens (a prefill chunk, however short). Their
+    /// attention then never takes the one-row decode path, so a prompt row
+    /// computes the same bits wherever the prompt was cut: a prefix-cache
+    /// resume or a chunk boundary that leaves one row. `false`: one token is
+    /// a decode step; several are a prefill chunk either way.
+    pub prompt: bool,
     /// Filled with `rows × vocab` logits (rows = 0, 1 or `tokens.len()`).
     pub logits: &'a mut Vec<f32>,
+}
+
+/// How a sequence's new rows attend (see [`SeqStep::prompt`], [`LogitsMode::Verify`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AttendRows {
+    /// A prefill chunk, even of one row.
+    Prompt,
+    /// One decode step (or, without `prompt`, a chunk of several).
+    Step,
+    /// Each row alone, as a decode step at its position.
+    Verify,
+}
+
+impl SeqStep<'_> {
+    pub(crate) fn attend_rows(&self) -> AttendRows {
+        match (self.mode, self.prompt) {
+            (LogitsMode::Verify, _) => AttendRows::Verify,
+            (_, true) => AttendRows::Prompt,
+            _ => AttendRows::Step,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -445,6 +472,7 @@ impl Model {
             for s in seqs.iter_mut() {
                 let len = s.tokens.len();
                 let start = s.cache.start();
+                let rows = s.attend_rows();
                 let (k, v) = (&ws.k[row * hkv..(row + len) * hkv], &ws.v[row * hkv..(row + len) * hkv]);
                 let (q, out) = (&ws.q[row * hq..(row + len) * hq], &mut ws.attn[row * hq..]);
                 let (kv, table): (&mut KvPool, &[u32]) = match &mut s.cache {
@@ -462,9 +490,8 @@ impl Model {
                     }
                 };
                 let ring = kv.ring_of(li);
-                let per_row = s.mode == LogitsMode::Verify;
                 if ring == 0 {
-                    let at = (&**gqa, kv.block, table, start, per_row);
+                    let at = (&**gqa, kv.block, table, start, rows);
                     match &mut kv.layers {
                         KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
                         KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
@@ -483,7 +510,7 @@ impl Model {
                     let mut done = 0;
                     while done < len {
                         let m = run.min(len - done);
-                        let at = (&**gqa, ring, &ws.ring_table[..], start + done, per_row);
+                        let at = (&**gqa, ring, &ws.ring_table[..], start + done, rows);
                         let (k, v) = (&k[done * hkv..(done + m) * hkv], &v[done * hkv..(done + m) * hkv]);
                         let (q, out) = (&q[done * hq..(done + m) * hq], &mut out[done * hq..]);
                         match &mut kv.layers {
@@ -605,14 +632,14 @@ impl Model {
     /// `block × kv_heads × head_dim` each, in `table` order), then runs causal
     /// attention of their queries `q` (`len × heads × head_dim`) against it into
     /// `out`, honoring the layer's sliding window and sinks. `at`: the layer,
-    /// block size, block table, first new position, and whether each new row
-    /// attends alone, as a decode step ([`LogitsMode::Verify`]).
+    /// block size, block table, first new position, and how the new rows
+    /// attend ([`AttendRows`]).
     #[allow(clippy::too_many_arguments)]
     fn store_and_attend<T: KvElem>(
         &self,
         pool: &ThreadPool,
         cache: &mut (Vec<T>, Vec<T>),
-        (layer, block, table, start, per_row): (&Gqa, usize, &[u32], usize, bool),
+        (layer, block, table, start, rows): (&Gqa, usize, &[u32], usize, AttendRows),
         k: &[f32],
         v: &[f32],
         q: &[f32],
@@ -645,8 +672,9 @@ impl Model {
             window: layer.window,
             scale: self.spec.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt()),
             sinks: layer.sinks.as_deref(),
+            prefill: rows == AttendRows::Prompt,
         };
-        if per_row && len > 1 {
+        if rows == AttendRows::Verify && len > 1 {
             // Row i sees positions 0..=start + i, all stored above.
             for i in 0..len {
                 let one = AttnShape { n_new: 1, start_pos: start + i, ..shape };

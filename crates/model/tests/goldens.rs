@@ -66,8 +66,13 @@ fn check_kv(name: &str, path: &std::path::Path, threads: usize, kv_type: Option<
     let split = g.input_ids.len() / 3;
     let mut all = Vec::new();
     for part in [&g.input_ids[..split], &g.input_ids[split..]] {
-        let mut steps =
-            [SeqStep { tokens: part, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens: part,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::All,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         all.extend_from_slice(&logits);
     }
@@ -90,8 +95,13 @@ fn check_kv(name: &str, path: &std::path::Path, threads: usize, kv_type: Option<
     let mut greedy = vec![next];
     while greedy.len() < g.greedy.len() {
         let tok = [next];
-        let mut steps =
-            [SeqStep { tokens: &tok, cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens: &tok,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::Last,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         next = argmax(&logits);
         greedy.push(next);
@@ -369,13 +379,14 @@ fn batch_of_two_sequences_matches_single() {
     let (mut ca, mut cb) = (m.new_cache(32), m.new_cache(32));
     let (mut la, mut lb) = (Vec::new(), Vec::new());
     let mut steps = [
-        SeqStep { tokens: a, cache: SeqKv::Own(&mut ca), mode: LogitsMode::Last, logits: &mut la },
-        SeqStep { tokens: b, cache: SeqKv::Own(&mut cb), mode: LogitsMode::All, logits: &mut lb },
+        SeqStep { tokens: a, cache: SeqKv::Own(&mut ca), mode: LogitsMode::Last, prompt: false, logits: &mut la },
+        SeqStep { tokens: b, cache: SeqKv::Own(&mut cb), mode: LogitsMode::All, prompt: false, logits: &mut lb },
     ];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     let mut single = Vec::new();
     let mut c = m.new_cache(32);
-    let mut steps = [SeqStep { tokens: b, cache: SeqKv::Own(&mut c), mode: LogitsMode::All, logits: &mut single }];
+    let mut steps =
+        [SeqStep { tokens: b, cache: SeqKv::Own(&mut c), mode: LogitsMode::All, prompt: false, logits: &mut single }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     let d = lb.iter().zip(&single).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(d < 1e-5, "batched vs single differ by {d}");
@@ -397,7 +408,8 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
         let mut ws = Workspace::default();
         let alone = |tokens: &[u32]| {
             let (mut c, mut l, mut ws) = (m.new_cache(64), Vec::new(), Workspace::default());
-            let mut steps = [SeqStep { tokens, cache: SeqKv::Own(&mut c), mode: LogitsMode::All, logits: &mut l }];
+            let mut steps =
+                [SeqStep { tokens, cache: SeqKv::Own(&mut c), mode: LogitsMode::All, prompt: false, logits: &mut l }];
             m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
             l
         };
@@ -418,6 +430,7 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
                 tokens: &a[start..end],
                 cache: SeqKv::Paged { table: &table_a, start, state: None, window: Default::default() },
                 mode: LogitsMode::All,
+                prompt: false,
                 logits: &mut l,
             }];
             m.forward_paged(&pool, &mut ws, &mut kv, &mut steps, &NoComm).unwrap();
@@ -430,12 +443,14 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
                 tokens: &a[n - 1..],
                 cache: SeqKv::Paged { table: &table_a, start: n - 1, state: None, window: Default::default() },
                 mode: LogitsMode::All,
+                prompt: false,
                 logits: &mut la,
             },
             SeqStep {
                 tokens: &b[8..],
                 cache: SeqKv::Paged { table: &table_b, start: 8, state: None, window: Default::default() },
                 mode: LogitsMode::All,
+                prompt: false,
                 logits: &mut lb,
             },
         ];
@@ -455,6 +470,7 @@ fn paged_blocks_shared_prefix_and_batching_match_contiguous() {
             tokens: &a[..6],
             cache: SeqKv::Paged { table: &table_a[..1], start: 0, state: None, window: Default::default() },
             mode: LogitsMode::Last,
+            prompt: false,
             logits: &mut l,
         }];
         assert!(m.forward_paged(&pool, &mut ws, &mut kv, &mut steps, &NoComm).is_err());

@@ -28,15 +28,25 @@ fn logits(m: &Model, prompt: &[u32], forced: &[u32]) -> Vec<Vec<f32>> {
     let (mut out, mut logits) = (Vec::new(), Vec::new());
     let vocab = m.config.vocab_size;
     for part in prompt.chunks(64) {
-        let mut steps =
-            [SeqStep { tokens: part, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens: part,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::All,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         out.extend(logits.chunks_exact(vocab).map(|r| r.to_vec()));
     }
     for &t in forced {
         let tok = [t];
-        let mut steps =
-            [SeqStep { tokens: &tok, cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens: &tok,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::Last,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         out.push(logits.clone());
     }

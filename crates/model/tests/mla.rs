@@ -34,15 +34,25 @@ fn run(m: &Model, tokens: &[u32], decode: usize) -> Vec<f32> {
     let (mut logits, mut all) = (Vec::new(), Vec::new());
     let split = tokens.len() / 3;
     for part in [&tokens[..split], &tokens[split..]] {
-        let mut steps =
-            [SeqStep { tokens: part, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens: part,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::All,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         all.extend_from_slice(&logits);
     }
     for _ in 0..decode {
         let tok = [argmax(&all[all.len() - m.config.vocab_size..])];
-        let mut steps =
-            [SeqStep { tokens: &tok, cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens: &tok,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::Last,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         all.extend_from_slice(&logits);
     }
@@ -87,7 +97,7 @@ fn paged_pool_equals_contiguous() {
     let split = 10;
     for (start, part) in [(0, &tokens[..split]), (split, &tokens[split..])] {
         let cache = SeqKv::Paged { table: &table, start, state: None, window: Default::default() };
-        let mut steps = [SeqStep { tokens: part, cache, mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps = [SeqStep { tokens: part, cache, mode: LogitsMode::All, prompt: false, logits: &mut logits }];
         m.forward_paged(&pool, &mut ws, &mut kv, &mut steps, &NoComm).unwrap();
         got.extend_from_slice(&logits);
     }
@@ -178,8 +188,13 @@ fn batched_sequences_equal_alone() {
         let m = load(&fixture(), &LoadOptions { mla, ..Default::default() }).unwrap();
         let alone = |tokens: &[u32]| {
             let (mut ws, mut cache, mut out) = (Workspace::default(), m.new_cache(tokens.len()), Vec::new());
-            let mut steps =
-                [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut out }];
+            let mut steps = [SeqStep {
+                tokens,
+                cache: SeqKv::Own(&mut cache),
+                mode: LogitsMode::All,
+                prompt: false,
+                logits: &mut out,
+            }];
             m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
             out
         };
@@ -187,8 +202,8 @@ fn batched_sequences_equal_alone() {
         let (mut ca, mut cb) = (m.new_cache(a.len()), m.new_cache(b.len()));
         let (mut la, mut lb) = (Vec::new(), Vec::new());
         let mut steps = [
-            SeqStep { tokens: &a, cache: SeqKv::Own(&mut ca), mode: LogitsMode::All, logits: &mut la },
-            SeqStep { tokens: &b, cache: SeqKv::Own(&mut cb), mode: LogitsMode::All, logits: &mut lb },
+            SeqStep { tokens: &a, cache: SeqKv::Own(&mut ca), mode: LogitsMode::All, prompt: false, logits: &mut la },
+            SeqStep { tokens: &b, cache: SeqKv::Own(&mut cb), mode: LogitsMode::All, prompt: false, logits: &mut lb },
         ];
         m.forward(&pool, &mut Workspace::default(), &mut steps, &NoComm).unwrap();
         for (got, want) in [(&la, &want_a), (&lb, &want_b)] {

@@ -30,14 +30,24 @@ fn grouped_prefill_equals_one_token_steps() {
         let pool = kernels::ThreadPool::new(2);
         let mut ws = Workspace::default();
         let (mut cache, mut prefill) = (m.new_cache(tokens.len()), Vec::new());
-        let mut steps =
-            [SeqStep { tokens: &tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut prefill }];
+        let mut steps = [SeqStep {
+            tokens: &tokens,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::All,
+            prompt: false,
+            logits: &mut prefill,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         let (mut cache, mut one, mut stepped) = (m.new_cache(tokens.len()), Vec::new(), Vec::new());
         for t in &tokens {
             let tok = [*t];
-            let mut steps =
-                [SeqStep { tokens: &tok, cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut one }];
+            let mut steps = [SeqStep {
+                tokens: &tok,
+                cache: SeqKv::Own(&mut cache),
+                mode: LogitsMode::Last,
+                prompt: false,
+                logits: &mut one,
+            }];
             m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
             stepped.extend_from_slice(&one);
         }

@@ -21,7 +21,8 @@ fn single(files: &formats::ModelFiles, tokens: &[u32]) -> Vec<f32> {
     let m = Model::load(files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
     let pool = kernels::ThreadPool::new(1);
     let (mut ws, mut cache, mut logits) = (Workspace::default(), m.new_cache(tokens.len()), Vec::new());
-    let mut steps = [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
+    let mut steps =
+        [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, prompt: false, logits: &mut logits }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     logits
 }
@@ -44,7 +45,13 @@ fn pipeline(files: &formats::ModelFiles, tokens: &[u32], weights: &[f64]) -> Vec
         let mut ws = Workspace::default();
         ws.x = x.clone();
         let mut cache = m.new_cache(tokens.len());
-        let mut steps = [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens,
+            cache: SeqKv::Own(&mut cache),
+            mode: LogitsMode::All,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         x = ws.x;
     }
@@ -96,8 +103,13 @@ fn tensor_decode(
                     let pool = kernels::ThreadPool::new(1);
                     let mut ws = Workspace::default();
                     let (mut cache, mut logits) = (m.new_cache(tokens.len() + decode), Vec::new());
-                    let mut steps =
-                        [SeqStep { tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::All, logits: &mut logits }];
+                    let mut steps = [SeqStep {
+                        tokens,
+                        cache: SeqKv::Own(&mut cache),
+                        mode: LogitsMode::All,
+                        prompt: false,
+                        logits: &mut logits,
+                    }];
                     m.forward(&pool, &mut ws, &mut steps, &g).unwrap();
                     let (prompt_logits, mut greedy, mut last) = (logits.clone(), vec![], logits);
                     for _ in 0..decode {
@@ -105,7 +117,13 @@ fn tensor_decode(
                         let tok = [argmax(&last[last.len() - v..])];
                         greedy.push(tok[0]);
                         let cache = SeqKv::Own(&mut cache);
-                        let mut steps = [SeqStep { tokens: &tok, cache, mode: LogitsMode::Argmax, logits: &mut last }];
+                        let mut steps = [SeqStep {
+                            tokens: &tok,
+                            cache,
+                            mode: LogitsMode::Argmax,
+                            prompt: false,
+                            logits: &mut last,
+                        }];
                         m.forward(&pool, &mut ws, &mut steps, &g).unwrap();
                     }
                     (prompt_logits, greedy)

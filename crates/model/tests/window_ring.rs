@@ -23,8 +23,13 @@ fn run(m: &Model, cache: &mut KvCache, tokens: &[u32], chunks: &[usize]) -> Vec<
             break;
         }
         let part = &tokens[at..(at + c).min(tokens.len())];
-        let mut steps =
-            [SeqStep { tokens: part, cache: SeqKv::Own(cache), mode: LogitsMode::All, logits: &mut logits }];
+        let mut steps = [SeqStep {
+            tokens: part,
+            cache: SeqKv::Own(cache),
+            mode: LogitsMode::All,
+            prompt: false,
+            logits: &mut logits,
+        }];
         m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
         all.extend_from_slice(&logits);
         at += part.len();
@@ -66,8 +71,13 @@ fn cutting_back_past_the_rings_is_an_error() {
     let mut ws = Workspace::default();
     let mut cache = m.new_cache(64);
     let mut logits = Vec::new();
-    let mut steps =
-        [SeqStep { tokens: &tokens, cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut logits }];
+    let mut steps = [SeqStep {
+        tokens: &tokens,
+        cache: SeqKv::Own(&mut cache),
+        mode: LogitsMode::Last,
+        prompt: false,
+        logits: &mut logits,
+    }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
     // Back a few positions: the rings (16) still hold the window (8) before 57.
     cache.truncate(57);
@@ -75,6 +85,7 @@ fn cutting_back_past_the_rings_is_an_error() {
         tokens: &tokens[57..58],
         cache: SeqKv::Own(&mut cache),
         mode: LogitsMode::Last,
+        prompt: false,
         logits: &mut logits,
     }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
@@ -84,14 +95,20 @@ fn cutting_back_past_the_rings_is_an_error() {
         tokens: &tokens[20..21],
         cache: SeqKv::Own(&mut cache),
         mode: LogitsMode::Last,
+        prompt: false,
         logits: &mut logits,
     }];
     let err = m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap_err().to_string();
     assert!(err.contains("sliding-window rings"), "{err}");
     // Back to 0 always works.
     cache.truncate(0);
-    let mut steps =
-        [SeqStep { tokens: &tokens[..1], cache: SeqKv::Own(&mut cache), mode: LogitsMode::Last, logits: &mut logits }];
+    let mut steps = [SeqStep {
+        tokens: &tokens[..1],
+        cache: SeqKv::Own(&mut cache),
+        mode: LogitsMode::Last,
+        prompt: false,
+        logits: &mut logits,
+    }];
     m.forward(&pool, &mut ws, &mut steps, &NoComm).unwrap();
 }
 
@@ -131,8 +148,13 @@ fn window_blocks_in_the_paged_pool_equal_every_position() {
             ] {
                 let mut logits = Vec::new();
                 let cache = SeqKv::Paged { table: &table, start: at, state: None, window };
-                let mut steps =
-                    [SeqStep { tokens: &tokens[at..at + len], cache, mode: LogitsMode::All, logits: &mut logits }];
+                let mut steps = [SeqStep {
+                    tokens: &tokens[at..at + len],
+                    cache,
+                    mode: LogitsMode::All,
+                    prompt: false,
+                    logits: &mut logits,
+                }];
                 m.forward_paged(&pool, &mut ws, kv, &mut steps, &NoComm).unwrap();
                 out.extend_from_slice(&logits);
             }
@@ -144,7 +166,8 @@ fn window_blocks_in_the_paged_pool_equal_every_position() {
         let ids = [0u32];
         let cache =
             SeqKv::Paged { table: &table, start: 20, state: None, window: WindowBlocks { first: 5, blocks: &ids } };
-        let mut steps = [SeqStep { tokens: &tokens[20..21], cache, mode: LogitsMode::Last, logits: &mut logits }];
+        let mut steps =
+            [SeqStep { tokens: &tokens[20..21], cache, mode: LogitsMode::Last, prompt: false, logits: &mut logits }];
         let err = m.forward_paged(&pool, &mut ws, &mut win, &mut steps, &NoComm).unwrap_err().to_string();
         assert!(err.contains("window blocks hold"), "{err}");
     }

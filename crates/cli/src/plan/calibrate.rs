@@ -222,7 +222,7 @@ fn measure_one(probe: &ShardProbe<'_>, sync: Option<&Rendezvous>) -> Result<Meas
     let prompt: Vec<u32> = (0..rows as u32).map(|i| (i * 7919 + 13) % vocab).collect();
     // (seconds of embedding + layers, seconds of the head) of one step.
     let mut step = |tokens: &[u32], cache: &mut model::KvCache, mode: LogitsMode| -> Result<(f64, f64)> {
-        let mut seqs = [SeqStep { tokens, cache: SeqKv::Own(cache), mode, logits: &mut logits }];
+        let mut seqs = [SeqStep { tokens, cache: SeqKv::Own(cache), mode, prompt: false, logits: &mut logits }];
         let t0 = Instant::now();
         m.embed_tokens(&mut ws, &seqs, &model::NoComm)?;
         m.run_layers(&pool, &mut ws, &mut seqs, None, &model::NoComm)?;
@@ -289,7 +289,7 @@ fn measure_one(probe: &ShardProbe<'_>, sync: Option<&Rendezvous>) -> Result<Meas
                 .zip(&toks)
                 .map(|((c, l), t)| {
                     c.truncate(0);
-                    SeqStep { tokens: t, cache: SeqKv::Own(c), mode: LogitsMode::Argmax, logits: l }
+                    SeqStep { tokens: t, cache: SeqKv::Own(c), mode: LogitsMode::Argmax, prompt: false, logits: l }
                 })
                 .collect();
             let t0 = Instant::now();
@@ -323,6 +323,7 @@ fn measure_one(probe: &ShardProbe<'_>, sync: Option<&Rendezvous>) -> Result<Meas
         head_dim: cfg.head_dim,
         window: None,
         sinks: None,
+        prefill: false,
         scale: 1.0 / (cfg.head_dim as f32).sqrt(),
     };
     together()?;

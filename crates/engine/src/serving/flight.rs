@@ -48,6 +48,8 @@ pub(super) struct PlanItem {
     pub(super) start: usize,
     pub(super) n: usize,
     pub(super) mode: LogitsMode,
+    /// Every token is a prompt token ([`model::SeqStep::prompt`]).
+    pub(super) prompt: bool,
     pub(super) restore: Option<u32>,
     pub(super) snapshot: Option<u32>,
     /// A verify item: its tokens are the sequence's prepared draft.
@@ -66,6 +68,7 @@ impl PlanItem {
             table: &s.blocks,
             start: self.start,
             mode: self.mode,
+            prompt: self.prompt,
             state: s.slot,
             restore: self.restore,
             snapshot: self.snapshot,

@@ -693,14 +693,24 @@ impl Scheduler {
                 // by one) and the draft behind it.
                 flight.items.push(FlightItem { id: s.id, n, all: false, drafts: n - 1 });
                 let (start, mode) = (s.sub_len, LogitsMode::Verify);
-                items.push(PlanItem { index: i, start, n, mode, restore: None, snapshot: None, verify: true });
+                items.push(PlanItem {
+                    index: i,
+                    start,
+                    n,
+                    mode,
+                    prompt: false,
+                    restore: None,
+                    snapshot: None,
+                    verify: true,
+                });
                 flight.tokens += n;
                 s.sub_len += 1;
                 continue;
             }
             let ends = s.sub_len + n == s.history.len();
             // `run --dump-logits`: every prompt position's logits.
-            let all = s.req.want_prompt_logits && s.sub_len + n <= s.req.prompt_ids.len();
+            let prompt = s.sub_len + n <= s.req.prompt_ids.len();
+            let all = s.req.want_prompt_logits && prompt;
             let mode = match ends {
                 _ if all => LogitsMode::All,
                 false => LogitsMode::None,
@@ -712,7 +722,7 @@ impl Scheduler {
             let restore = s.restore.take();
             flight.restores.extend(restore.map(|r| (s.id, r)));
             let snapshot = flight.snaps.iter().find(|x| x.0 == s.id).map(|x| x.2);
-            items.push(PlanItem { index: i, start: s.sub_len, n, mode, restore, snapshot, verify: false });
+            items.push(PlanItem { index: i, start: s.sub_len, n, mode, prompt, restore, snapshot, verify: false });
             flight.items.push(FlightItem { id: s.id, n, all, drafts: 0 });
             flight.tokens += n;
             s.sub_len += n;

@@ -28,6 +28,7 @@ pub(crate) fn self_test_avx2(avx512: bool, unit: &mut dyn FnMut() -> f32) -> Res
             window,
             scale: 0.125,
             sinks: None,
+            prefill: false,
         };
         let tiling = Tiling::new(&sh, 1);
         let job = tiling.job(tiling.jobs() - 1, &sh);
