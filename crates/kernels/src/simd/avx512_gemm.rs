@@ -248,14 +248,52 @@ unsafe fn rows_x_group<const R: usize, const MIN: bool, const EXACT: bool>(
     accf
 }
 
-/// Writes lane `i < lanes` of `v` to `y[i · ys]`.
+/// 16 vectors as the rows of a 16 × 16 matrix → its columns: `out[l]` lane
+/// `k` = `v[k]` lane `l`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn store_lanes(v: __m512, lanes: usize, y: *mut f32, ys: usize) {
-    let mut t = [0f32; LANES];
-    _mm512_storeu_ps(t.as_mut_ptr(), v);
-    for (i, &x) in t.iter().enumerate().take(lanes) {
-        *y.add(i * ys) = x;
+unsafe fn transpose16(v: &[__m512; 16]) -> [__m512; 16] {
+    let (pd, ps) = (_mm512_castps_pd, _mm512_castpd_ps);
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+    // u[4i + c], 128-bit lane L: element 4L + c of rows 4i .. 4i + 3.
+    let mut u = [_mm512_setzero_ps(); 16];
+    for i in 0..4 {
+        let (a, b, c, d) = (pd(t[4 * i]), pd(t[4 * i + 2]), pd(t[4 * i + 1]), pd(t[4 * i + 3]));
+        u[4 * i] = ps(_mm512_unpacklo_pd(a, b));
+        u[4 * i + 1] = ps(_mm512_unpackhi_pd(a, b));
+        u[4 * i + 2] = ps(_mm512_unpacklo_pd(c, d));
+        u[4 * i + 3] = ps(_mm512_unpackhi_pd(c, d));
+    }
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        // Lanes 0 and 2 (x), 1 and 3 (z) of rows 0..8, then of rows 8..16.
+        let x = _mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]);
+        let z = _mm512_shuffle_f32x4::<0xDD>(u[c], u[4 + c]);
+        let x2 = _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]);
+        let z2 = _mm512_shuffle_f32x4::<0xDD>(u[8 + c], u[12 + c]);
+        out[c] = _mm512_shuffle_f32x4::<0x88>(x, x2);
+        out[8 + c] = _mm512_shuffle_f32x4::<0xDD>(x, x2);
+        out[4 + c] = _mm512_shuffle_f32x4::<0x88>(z, z2);
+        out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(z, z2);
+    }
+    out
+}
+
+/// Stores a unit's results: `v[k]` (weight row `k < n`, lane `l` = activation
+/// row `l < lanes`) to `y[l · ys + k]`. Transposed in registers, so each
+/// activation row takes one (masked) 64-byte store instead of 16 scattered
+/// scalar ones, each of which write-allocated its own line.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn store_unit(v: &[__m512; 16], n: usize, lanes: usize, y: *mut f32, ys: usize) {
+    let cols = transpose16(v);
+    let mask: __mmask16 = if n >= 16 { 0xFFFF } else { (1u16 << n) - 1 };
+    for (l, c) in cols.iter().enumerate().take(lanes) {
+        _mm512_mask_storeu_ps(y.add(l * ys), mask, *c);
     }
 }
 
@@ -298,27 +336,24 @@ unsafe fn unit_groups<const MIN: bool, const EXACT: bool>(
     for g in 0..m.div_ceil(LANES) {
         let lanes = (m - g * LANES).min(LANES);
         let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
-        let yg = y.add(g * LANES * w.rows);
+        let mut tile = [_mm512_setzero_ps(); UNIT_ROWS];
         let mut k = 0;
         while k + 8 <= n {
             let out = rows_x_group::<8, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
-            for (j, v) in out.into_iter().enumerate() {
-                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
-            }
+            tile[k..k + 8].copy_from_slice(&out);
             k += 8;
         }
         while k + 4 <= n {
             let out = rows_x_group::<4, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
-            for (j, v) in out.into_iter().enumerate() {
-                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
-            }
+            tile[k..k + 4].copy_from_slice(&out);
             k += 4;
         }
         while k < n {
             let out = rows_x_group::<1, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
-            store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
+            tile[k] = out[0];
             k += 1;
         }
+        store_unit(&tile, n, lanes, y.add(g * LANES * w.rows + r0), w.rows);
     }
 }
 

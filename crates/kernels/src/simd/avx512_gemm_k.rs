@@ -36,6 +36,7 @@
 //! bit. The one-row SIMD kernels below [`MIN_M`] sum in another order, so a
 //! row's result still depends on whether its batch reached the threshold.
 
+use super::avx512_gemm::store_unit;
 use super::gemm_lowk::{self, f16, pair, Scales};
 use crate::matmul::{MatRef, SyncPtr};
 use crate::quant::q4_k::scales_mins;
@@ -169,33 +170,12 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
     d.row = buf;
 }
 
-/// `R` decoded rows (codes `q` rows `cols` apart, scales `s` rows `nb` apart)
-/// × one activation group: `out[r]` = the 16 lanes' results of row `r`.
-/// `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q3_K, 256: Q2_K's
-/// scale-folded codes);
-/// `MINS`: the `d`/`dmin` combination (Q4_K, Q5_K, Q2_K), else `d·(isum − msum)`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool>(
-    nb: usize,
-    cols: usize,
-    q: *const u8,
-    s: *const Scales,
-    act: *const u8,
-) -> [__m512; R] {
-    let mut accf = [_mm512_setzero_ps(); R];
-    for b in 0..nb {
-        let part = block_parts::<R, SUB, MINS>(nb, cols, q, s, act, b);
-        for r in 0..R {
-            accf[r] = _mm512_add_ps(accf[r], part[r]);
-        }
-    }
-    accf
-}
-
-/// Super-block `b` of [`rows_x_group`]: each row's float part. Not inlined:
-/// the caller's `R` float accumulators then stay out of this loop's
-/// registers (with `R = 8`, 24 live accumulators spilled in the inner loop).
+/// Super-block `b` of `R` decoded rows (codes `q` rows `cols` apart, scales
+/// `s` rows `nb` apart) × one activation group: each row's float part (the
+/// 16 lanes). `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q3_K,
+/// 256: Q2_K's scale-folded codes); `MINS`: the `d`/`dmin` combination (Q4_K,
+/// Q5_K, Q2_K), else `d·(isum − msum)`. Not inlined: the caller's float
+/// accumulators then stay out of this loop's registers.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline(never)]
 unsafe fn block_parts<const R: usize, const SUB: usize, const MINS: bool>(
@@ -250,18 +230,17 @@ unsafe fn block_parts<const R: usize, const SUB: usize, const MINS: bool>(
     parts
 }
 
-/// Writes lane `i < lanes` of `v` to `y[i · ys]`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn store_lanes(v: __m512, lanes: usize, y: *mut f32, ys: usize) {
-    let mut t = [0f32; LANES];
-    _mm512_storeu_ps(t.as_mut_ptr(), v);
-    for (i, &x) in t.iter().enumerate().take(lanes) {
-        *y.add(i * ys) = x;
-    }
-}
+/// Activation groups per pass of [`unit_groups`]: their float accumulators
+/// (`UNIT_ROWS × GROUP_CHUNK` vectors, 16 KiB) stay in L1 with the unit's
+/// codes of one super-block.
+const GROUP_CHUNK: usize = 16;
 
-/// The decoded rows `r0..r1` × every activation group, into `y`.
+/// The decoded rows `r0..r1` × every activation group, into `y`. Super-
+/// blocks outermost: one super-block of one group's activations (4.6 KB) is
+/// read from L2 once and serves all the unit's rows from L1, instead of each
+/// 8-row tile streaming the group's whole row of activations (37–103 KB on
+/// the 1.1B shapes, more than L1). Each accumulator still adds its super-
+/// blocks in order, so the bits do not change.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn unit_groups<const SUB: usize, const MINS: bool>(
     w: &MatRef<'_>,
@@ -275,29 +254,44 @@ unsafe fn unit_groups<const SUB: usize, const MINS: bool>(
     let (nb, cols) = (w.cols / 256, w.cols);
     let (q, s) = (d.q.as_ptr(), d.s.as_ptr());
     let n = r1 - r0;
-    for g in 0..m.div_ceil(LANES) {
-        let lanes = (m - g * LANES).min(LANES);
-        let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
-        let yg = y.add(g * LANES * w.rows);
-        let mut k = 0;
-        while k + 8 <= n {
-            let out = rows_x_group::<8, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
-            for (j, v) in out.into_iter().enumerate() {
-                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
+    let groups = m.div_ceil(LANES);
+    let mut acc = [_mm512_setzero_ps(); UNIT_ROWS * GROUP_CHUNK];
+    for g0 in (0..groups).step_by(GROUP_CHUNK) {
+        let gn = GROUP_CHUNK.min(groups - g0);
+        acc.fill(_mm512_setzero_ps());
+        for b in 0..nb {
+            for gi in 0..gn {
+                let ag = act.as_ptr().add((g0 + gi) * nb * GROUP_BLOCK);
+                let mut k = 0;
+                while k + 8 <= n {
+                    let part = block_parts::<8, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag, b);
+                    for (j, v) in part.into_iter().enumerate() {
+                        let a = &mut acc[gi * UNIT_ROWS + k + j];
+                        *a = _mm512_add_ps(*a, v);
+                    }
+                    k += 8;
+                }
+                while k + 4 <= n {
+                    let part = block_parts::<4, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag, b);
+                    for (j, v) in part.into_iter().enumerate() {
+                        let a = &mut acc[gi * UNIT_ROWS + k + j];
+                        *a = _mm512_add_ps(*a, v);
+                    }
+                    k += 4;
+                }
+                while k < n {
+                    let part = block_parts::<1, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag, b);
+                    let a = &mut acc[gi * UNIT_ROWS + k];
+                    *a = _mm512_add_ps(*a, part[0]);
+                    k += 1;
+                }
             }
-            k += 8;
         }
-        while k + 4 <= n {
-            let out = rows_x_group::<4, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
-            for (j, v) in out.into_iter().enumerate() {
-                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
-            }
-            k += 4;
-        }
-        while k < n {
-            let out = rows_x_group::<1, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
-            store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
-            k += 1;
+        for gi in 0..gn {
+            let g = g0 + gi;
+            let lanes = (m - g * LANES).min(LANES);
+            let tile: &[__m512; UNIT_ROWS] = acc[gi * UNIT_ROWS..][..UNIT_ROWS].try_into().expect("16 rows");
+            store_unit(tile, n, lanes, y.add(g * LANES * w.rows + r0), w.rows);
         }
     }
 }
