@@ -171,63 +171,112 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 }
 
 /// Super-block `b` of `R` decoded rows (codes `q` rows `cols` apart, scales
-/// `s` rows `nb` apart) × one activation group: each row's float part (the
-/// 16 lanes). `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q3_K,
-/// 256: Q2_K's scale-folded codes); `MINS`: the `d`/`dmin` combination (Q4_K,
-/// Q5_K, Q2_K), else `d·(isum − msum)`. Not inlined: the caller's float
-/// accumulators then stay out of this loop's registers.
+/// `s` rows `nb` apart) × `G` activation groups (`act[g]`: the group's first
+/// super-block): `out[g][r]` = row `r`'s float part for group `g`'s 16 lanes.
+/// `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q3_K, 256: Q2_K's
+/// scale-folded codes); `MINS`: the `d`/`dmin` combination (Q4_K, Q5_K,
+/// Q2_K), else `d·(isum − msum)`.
+///
+/// Why `R × G` (4 × 3): each code broadcast meets `G` activation vectors and
+/// each activation vector `R` codes, so 12 independent `vpdpbusd` chains hide
+/// its latency with 7 loads per 12 (8 × 1 made 9 per 8, and 8 chains). Not
+/// inlined: the caller's float accumulators stay out of this loop's registers.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline(never)]
-unsafe fn block_parts<const R: usize, const SUB: usize, const MINS: bool>(
+unsafe fn block_parts<const R: usize, const G: usize, const SUB: usize, const MINS: bool>(
     nb: usize,
     cols: usize,
     q: *const u8,
     s: *const Scales,
-    act: *const u8,
+    act: [*const u8; G],
     b: usize,
-) -> [__m512; R] {
-    let mut parts = [_mm512_setzero_ps(); R];
-    {
-        let blk = act.add(b * GROUP_BLOCK);
-        let mut isum = [_mm512_setzero_si512(); R];
-        for j in 0..256 / SUB {
-            let mut acc = [_mm512_setzero_si512(); R];
-            for p in 0..SUB / 4 {
-                let pos = j * SUB + 4 * p;
-                let av = _mm512_loadu_si512(blk.add(pos * 16) as *const _);
-                for (r, acc_r) in acc.iter_mut().enumerate() {
-                    let wq = (q.add(r * cols + b * 256 + pos) as *const i32).read_unaligned();
-                    *acc_r = _mm512_dpbusd_epi32(*acc_r, _mm512_set1_epi32(wq), av);
+) -> [[__m512; R]; G] {
+    let blk = act.map(|a| a.add(b * GROUP_BLOCK));
+    let mut isum = [[_mm512_setzero_si512(); R]; G];
+    for j in 0..256 / SUB {
+        let mut acc = [[_mm512_setzero_si512(); R]; G];
+        for p in 0..SUB / 4 {
+            let pos = j * SUB + 4 * p;
+            let av = blk.map(|a| _mm512_loadu_si512(a.add(pos * 16) as *const _));
+            for r in 0..R {
+                let wq = _mm512_set1_epi32((q.add(r * cols + b * 256 + pos) as *const i32).read_unaligned());
+                for g in 0..G {
+                    acc[g][r] = _mm512_dpbusd_epi32(acc[g][r], wq, av[g]);
                 }
             }
-            for r in 0..R {
-                let sc = _mm512_set1_epi32((*s.add(r * nb + b)).sc[j]);
-                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(acc[r], sc));
+        }
+        for r in 0..R {
+            let sc = _mm512_set1_epi32((*s.add(r * nb + b)).sc[j]);
+            for g in 0..G {
+                isum[g][r] = _mm512_add_epi32(isum[g][r], _mm512_mullo_epi32(acc[g][r], sc));
             }
         }
-        let mut msum = [_mm512_setzero_si512(); R];
-        for t in 0..8 {
-            let bs = _mm512_loadu_si512(blk.add(BSUM_AT + t * 64) as *const _);
-            for r in 0..R {
-                msum[r] = _mm512_dpwssd_epi32(msum[r], bs, _mm512_set1_epi32((*s.add(r * nb + b)).c[t]));
+    }
+    let mut msum = [[_mm512_setzero_si512(); R]; G];
+    for t in 0..8 {
+        let bs = blk.map(|a| _mm512_loadu_si512(a.add(BSUM_AT + t * 64) as *const _));
+        for r in 0..R {
+            let c = _mm512_set1_epi32((*s.add(r * nb + b)).c[t]);
+            for g in 0..G {
+                msum[g][r] = _mm512_dpwssd_epi32(msum[g][r], bs[g], c);
             }
         }
-        let da = _mm512_loadu_ps(blk.add(D_AT) as *const f32);
+    }
+    let mut parts = [[_mm512_setzero_ps(); R]; G];
+    for g in 0..G {
+        let da = _mm512_loadu_ps(blk[g].add(D_AT) as *const f32);
         for r in 0..R {
             let sc = &*s.add(r * nb + b);
             // The scalar reference's float steps, in its order (no FMA).
-            let part = if !MINS {
-                let sumi = _mm512_sub_epi32(isum[r], msum[r]);
+            parts[g][r] = if !MINS {
+                let sumi = _mm512_sub_epi32(isum[g][r], msum[g][r]);
                 _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sc.d), da), _mm512_cvtepi32_ps(sumi))
             } else {
-                let t1 = _mm512_mul_ps(_mm512_mul_ps(da, _mm512_set1_ps(sc.d)), _mm512_cvtepi32_ps(isum[r]));
-                let t2 = _mm512_mul_ps(_mm512_mul_ps(da, _mm512_set1_ps(sc.dmin)), _mm512_cvtepi32_ps(msum[r]));
+                let t1 = _mm512_mul_ps(_mm512_mul_ps(da, _mm512_set1_ps(sc.d)), _mm512_cvtepi32_ps(isum[g][r]));
+                let t2 = _mm512_mul_ps(_mm512_mul_ps(da, _mm512_set1_ps(sc.dmin)), _mm512_cvtepi32_ps(msum[g][r]));
                 _mm512_sub_ps(t1, t2)
             };
-            parts[r] = part;
         }
     }
     parts
+}
+
+/// Adds super-block `b` of rows `0..n` (of the unit) × groups `g0 .. g0 + G`
+/// to their accumulators (`acc[g · UNIT_ROWS + row]`, `g` from the chunk's
+/// first group), in row tiles of 4 then 1.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn add_groups<const G: usize, const SUB: usize, const MINS: bool>(
+    (nb, cols, n): (usize, usize, usize),
+    q: *const u8,
+    s: *const Scales,
+    act: [*const u8; G],
+    b: usize,
+    gi: usize,
+    acc: &mut [__m512],
+) {
+    let mut add = |k: usize, part: &[__m512], g: usize| {
+        for (j, v) in part.iter().enumerate() {
+            let a = &mut acc[(gi + g) * UNIT_ROWS + k + j];
+            *a = _mm512_add_ps(*a, *v);
+        }
+    };
+    let mut k = 0;
+    while k + 4 <= n {
+        let part = block_parts::<4, G, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), act, b);
+        for (g, p) in part.iter().enumerate() {
+            add(k, p, g);
+        }
+        k += 4;
+    }
+    while k < n {
+        let part = block_parts::<1, G, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), act, b);
+        for (g, p) in part.iter().enumerate() {
+            add(k, p, g);
+        }
+        k += 1;
+    }
 }
 
 /// Activation groups per pass of [`unit_groups`]: their float accumulators
@@ -260,31 +309,16 @@ unsafe fn unit_groups<const SUB: usize, const MINS: bool>(
         let gn = GROUP_CHUNK.min(groups - g0);
         acc.fill(_mm512_setzero_ps());
         for b in 0..nb {
-            for gi in 0..gn {
-                let ag = act.as_ptr().add((g0 + gi) * nb * GROUP_BLOCK);
-                let mut k = 0;
-                while k + 8 <= n {
-                    let part = block_parts::<8, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag, b);
-                    for (j, v) in part.into_iter().enumerate() {
-                        let a = &mut acc[gi * UNIT_ROWS + k + j];
-                        *a = _mm512_add_ps(*a, v);
-                    }
-                    k += 8;
-                }
-                while k + 4 <= n {
-                    let part = block_parts::<4, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag, b);
-                    for (j, v) in part.into_iter().enumerate() {
-                        let a = &mut acc[gi * UNIT_ROWS + k + j];
-                        *a = _mm512_add_ps(*a, v);
-                    }
-                    k += 4;
-                }
-                while k < n {
-                    let part = block_parts::<1, SUB, MINS>(nb, cols, q.add(k * cols), s.add(k * nb), ag, b);
-                    let a = &mut acc[gi * UNIT_ROWS + k];
-                    *a = _mm512_add_ps(*a, part[0]);
-                    k += 1;
-                }
+            let ag = |g: usize| act.as_ptr().add(g * nb * GROUP_BLOCK);
+            let mut gi = 0;
+            while gi + 3 <= gn {
+                let g = g0 + gi;
+                add_groups::<3, SUB, MINS>((nb, cols, n), q, s, [ag(g), ag(g + 1), ag(g + 2)], b, gi, &mut acc);
+                gi += 3;
+            }
+            while gi < gn {
+                add_groups::<1, SUB, MINS>((nb, cols, n), q, s, [ag(g0 + gi)], b, gi, &mut acc);
+                gi += 1;
             }
         }
         for gi in 0..gn {
