@@ -201,47 +201,54 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 }
 
 /// `R` decoded rows (`q` rows `cols` apart, scales `s` and minimums `mn` rows
-/// `nb` apart) × one activation group: `out[r]` = the 16 lanes' results of
-/// row `r`. `MIN`: add `m_w·s_a` per block (Q4_1, Q5_1). `EXACT`: the scalar
-/// reference's float step (`(d_a·d)·sumi`, then add; no FMA), for IQ4_NL,
-/// whose one-row kernel is scalar-exact: its prefill keeps those bits too.
+/// `nb` apart) × `G` activation groups (`act[g]`): `out[g][r]` = group `g`'s
+/// 16 lanes' results of row `r`. `MIN`: add `m_w·s_a` per block (Q4_1, Q5_1).
+/// `EXACT`: the scalar reference's float step (`(d_a·d)·sumi`, then add; no
+/// FMA), for IQ4_NL, whose one-row kernel is scalar-exact: its prefill keeps
+/// those bits too. `R × G` = 4 × 3: each code broadcast meets three
+/// activation vectors, so 12 independent `vpdpbusd` chains run on 7 loads per
+/// 12 (8 × 1 made 9 loads per 8 and only 8 chains).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_x_group<const R: usize, const MIN: bool, const EXACT: bool>(
+unsafe fn rows_x_group<const R: usize, const G: usize, const MIN: bool, const EXACT: bool>(
     nb: usize,
     cols: usize,
     q: *const u8,
     s: *const f32,
     mn: *const f32,
-    act: *const u8,
+    act: [*const u8; G],
     offset: i32,
-) -> [__m512; R] {
-    let mut accf = [_mm512_setzero_ps(); R];
+) -> [[__m512; R]; G] {
+    let mut accf = [[_mm512_setzero_ps(); R]; G];
     let neg_offset = _mm512_set1_epi32(-offset);
     for b in 0..nb {
-        let blk = act.add(b * GROUP_BLOCK);
+        let blk = act.map(|a| a.add(b * GROUP_BLOCK));
         // −o·Σa: undoes the weights' unsigned offset.
-        let seed = _mm512_mullo_epi32(_mm512_loadu_si512(blk.add(576) as *const _), neg_offset);
-        let mut acc = [seed; R];
+        let seed = blk.map(|a| _mm512_mullo_epi32(_mm512_loadu_si512(a.add(576) as *const _), neg_offset));
+        let mut acc = seed.map(|v| [v; R]);
         for p in 0..8 {
-            let av = _mm512_loadu_si512(blk.add(p * 64) as *const _);
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let wq = (q.add(r * cols + b * 32 + 4 * p) as *const i32).read_unaligned();
-                *acc_r = _mm512_dpbusd_epi32(*acc_r, _mm512_set1_epi32(wq), av);
+            let av = blk.map(|a| _mm512_loadu_si512(a.add(p * 64) as *const _));
+            for r in 0..R {
+                let wq = _mm512_set1_epi32((q.add(r * cols + b * 32 + 4 * p) as *const i32).read_unaligned());
+                for g in 0..G {
+                    acc[g][r] = _mm512_dpbusd_epi32(acc[g][r], wq, av[g]);
+                }
             }
         }
-        let d = _mm512_loadu_ps(blk.add(512) as *const f32);
-        for r in 0..R {
-            let scale = _mm512_mul_ps(d, _mm512_set1_ps(*s.add(r * nb + b)));
-            accf[r] = if EXACT {
-                _mm512_add_ps(accf[r], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(acc[r])))
-            } else {
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, accf[r])
-            };
-            if MIN {
-                let sa = _mm512_loadu_ps(blk.add(640) as *const f32);
-                accf[r] = _mm512_fmadd_ps(sa, _mm512_set1_ps(*mn.add(r * nb + b)), accf[r]);
+        for g in 0..G {
+            let d = _mm512_loadu_ps(blk[g].add(512) as *const f32);
+            for r in 0..R {
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(*s.add(r * nb + b)));
+                accf[g][r] = if EXACT {
+                    _mm512_add_ps(accf[g][r], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(acc[g][r])))
+                } else {
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[g][r]), scale, accf[g][r])
+                };
+                if MIN {
+                    let sa = _mm512_loadu_ps(blk[g].add(640) as *const f32);
+                    accf[g][r] = _mm512_fmadd_ps(sa, _mm512_set1_ps(*mn.add(r * nb + b)), accf[g][r]);
+                }
             }
         }
     }
@@ -333,27 +340,44 @@ unsafe fn unit_groups<const MIN: bool, const EXACT: bool>(
     let (nb, cols) = (w.cols / 32, w.cols);
     let (q, s, mn) = (d.q.as_ptr(), d.s.as_ptr(), d.m.as_ptr());
     let n = r1 - r0;
-    for g in 0..m.div_ceil(LANES) {
-        let lanes = (m - g * LANES).min(LANES);
-        let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
-        let mut tile = [_mm512_setzero_ps(); UNIT_ROWS];
+    let groups = m.div_ceil(LANES);
+    let ag = |g: usize| act.as_ptr().add(g * nb * GROUP_BLOCK);
+    let mut g = 0;
+    while g < groups {
+        // Three groups at a time while three remain, then one.
+        let three = g + 3 <= groups;
+        let mut tiles = [[_mm512_setzero_ps(); UNIT_ROWS]; 3];
         let mut k = 0;
-        while k + 8 <= n {
-            let out = rows_x_group::<8, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
-            tile[k..k + 8].copy_from_slice(&out);
-            k += 8;
-        }
         while k + 4 <= n {
-            let out = rows_x_group::<4, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
-            tile[k..k + 4].copy_from_slice(&out);
+            let (qk, sk, mk) = (q.add(k * cols), s.add(k * nb), mn.add(k * nb));
+            if three {
+                let out = rows_x_group::<4, 3, MIN, EXACT>(nb, cols, qk, sk, mk, [ag(g), ag(g + 1), ag(g + 2)], off);
+                for (t, o) in tiles.iter_mut().zip(out) {
+                    t[k..k + 4].copy_from_slice(&o);
+                }
+            } else {
+                let out = rows_x_group::<4, 1, MIN, EXACT>(nb, cols, qk, sk, mk, [ag(g)], off);
+                tiles[0][k..k + 4].copy_from_slice(&out[0]);
+            }
             k += 4;
         }
         while k < n {
-            let out = rows_x_group::<1, MIN, EXACT>(nb, cols, q.add(k * cols), s.add(k * nb), mn.add(k * nb), ag, off);
-            tile[k] = out[0];
+            let (qk, sk, mk) = (q.add(k * cols), s.add(k * nb), mn.add(k * nb));
+            if three {
+                let out = rows_x_group::<1, 3, MIN, EXACT>(nb, cols, qk, sk, mk, [ag(g), ag(g + 1), ag(g + 2)], off);
+                for (t, o) in tiles.iter_mut().zip(out) {
+                    t[k] = o[0];
+                }
+            } else {
+                tiles[0][k] = rows_x_group::<1, 1, MIN, EXACT>(nb, cols, qk, sk, mk, [ag(g)], off)[0][0];
+            }
             k += 1;
         }
-        store_unit(&tile, n, lanes, y.add(g * LANES * w.rows + r0), w.rows);
+        for (i, tile) in tiles.iter().enumerate().take(if three { 3 } else { 1 }) {
+            let lanes = (m - (g + i) * LANES).min(LANES);
+            store_unit(tile, n, lanes, y.add((g + i) * LANES * w.rows + r0), w.rows);
+        }
+        g += if three { 3 } else { 1 };
     }
 }
 
