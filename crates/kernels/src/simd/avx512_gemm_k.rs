@@ -52,10 +52,16 @@ const UNIT_ROWS: usize = 16;
 /// Activation rows per group (the vector lanes).
 const LANES: usize = 16;
 /// Bytes of one super-block of one activation group: 64 × 64 quant bytes,
-/// 16 f32 `d` (offset [`D_AT`]), 8 × 64 bytes of `bsums` pairs ([`BSUM_AT`]).
-const GROUP_BLOCK: usize = 4096 + 64 + 512;
+/// 16 f32 `d` (offset [`D_AT`]), 8 × 64 bytes of `bsums` pairs ([`BSUM_AT`]),
+/// 4 × 64 bytes of 32-position sum pairs ([`SUM32_AT`]).
+const GROUP_BLOCK: usize = 4096 + 64 + 512 + 256;
 const D_AT: usize = 4096;
 const BSUM_AT: usize = 4160;
+/// Lane `l` of vector `u`: `(B₂ᵤ, B₂ᵤ₊₁)` of row `l`, two i16, where `Bᵢ` =
+/// `bsums[2i] + bsums[2i+1]`, the sum of 32-position sub-block `i` (at most
+/// 32 · 128: fits). The 32-wide sub-block types (Q4_K, Q5_K, IQ4_XS), whose
+/// `c` pairs repeat one value, meet them in 4 `vpdpwssd` instead of 8.
+const SUM32_AT: usize = 4672;
 /// Q8_K block bytes: `d` (f32), 256 × i8, 16 × i16 `bsums`.
 const Q8K_BYTES: usize = 292;
 
@@ -89,6 +95,13 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut
             for t in 0..8 {
                 let o = BSUM_AT + t * 64 + lane * 4;
                 dst[o..o + 4].copy_from_slice(&blk[260 + 4 * t..264 + 4 * t]);
+            }
+            let bsum = |i: usize| i16::from_le_bytes([blk[260 + 2 * i], blk[261 + 2 * i]]);
+            for u in 0..4 {
+                let o = SUM32_AT + u * 64 + lane * 4;
+                let (lo, hi) = (bsum(4 * u) + bsum(4 * u + 1), bsum(4 * u + 2) + bsum(4 * u + 3));
+                dst[o..o + 2].copy_from_slice(&lo.to_le_bytes());
+                dst[o + 2..o + 4].copy_from_slice(&hi.to_le_bytes());
             }
         }
     }
@@ -213,12 +226,26 @@ unsafe fn block_parts<const R: usize, const G: usize, const SUB: usize, const MI
         }
     }
     let mut msum = [[_mm512_setzero_si512(); R]; G];
-    for t in 0..8 {
-        let bs = blk.map(|a| _mm512_loadu_si512(a.add(BSUM_AT + t * 64) as *const _));
-        for r in 0..R {
-            let c = _mm512_set1_epi32((*s.add(r * nb + b)).c[t]);
-            for g in 0..G {
-                msum[g][r] = _mm512_dpwssd_epi32(msum[g][r], bs[g], c);
+    if SUB == 32 {
+        // `c[t]` = (x_t, x_t): pairs of 32-position sums meet (x_2u, x_2u+1).
+        for u in 0..4 {
+            let bs = blk.map(|a| _mm512_loadu_si512(a.add(SUM32_AT + u * 64) as *const _));
+            for r in 0..R {
+                let sc = &*s.add(r * nb + b);
+                let c = _mm512_set1_epi32(pair(sc.c[2 * u], sc.c[2 * u + 1]));
+                for g in 0..G {
+                    msum[g][r] = _mm512_dpwssd_epi32(msum[g][r], bs[g], c);
+                }
+            }
+        }
+    } else {
+        for t in 0..8 {
+            let bs = blk.map(|a| _mm512_loadu_si512(a.add(BSUM_AT + t * 64) as *const _));
+            for r in 0..R {
+                let c = _mm512_set1_epi32((*s.add(r * nb + b)).c[t]);
+                for g in 0..G {
+                    msum[g][r] = _mm512_dpwssd_epi32(msum[g][r], bs[g], c);
+                }
             }
         }
     }
