@@ -47,7 +47,11 @@ def main():
         "~/.cache/shardlm/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--lines", type=int, default=80)
     ap.add_argument("--json")
+    ap.add_argument("--httpx-client", action="store_true",
+                    help="read the decode streams with httpx and parse every chunk, as bench-serve-split.py does "
+                         "by default (on a 2-core machine that client takes CPU the planner does not model)")
     args = ap.parse_args()
+    args.light_client = not args.httpx_client
     args.shardlm = os.environ.get("SHARDLM", os.path.join(ROOT, "target", "release", "shardlm"))
     raw = tempfile.mkdtemp(prefix="plan-check-serve.")
     rows = {n: [] for n in PLAN}

@@ -94,7 +94,11 @@ fn main() {
         }
     };
     run();
-    let iters = if m == 1 {
+    // ITERS overrides the number of timed passes.
+    let iters = env("ITERS", 0);
+    let iters = if iters > 0 {
+        iters
+    } else if m == 1 {
         (3_000_000_000 / total_bytes.max(1)).max(3)
     } else {
         (100_000_000 / (total_bytes.max(1) * m)).max(3)
