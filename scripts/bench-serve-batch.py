@@ -125,7 +125,7 @@ def stream_chat(base, messages, max_tokens, ignore_eos=False):
     body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
     sent = time.perf_counter()
-    times, text, usage = [], [], None
+    times, text, usage, finished = [], [], None, None
     with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=1800) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{base}: HTTP {r.status_code}: {r.read()[:300]!r}")
@@ -138,6 +138,8 @@ def stream_chat(base, messages, max_tokens, ignore_eos=False):
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for c in chunk.get("choices") or []:
+                if c.get("finish_reason"):
+                    finished = time.perf_counter()
                 piece = (c.get("delta") or {}).get("content")
                 if piece:
                     times.append(time.perf_counter())
@@ -146,7 +148,10 @@ def stream_chat(base, messages, max_tokens, ignore_eos=False):
         raise RuntimeError(f"{base}: the stream produced no text")
     # A chunk can carry several tokens (UTF-8, stop-string hold-back): count from usage when given.
     tokens = usage["completion_tokens"] if usage else len(times)
-    return {"ttft": times[0] - sent, "first": times[0], "last": times[-1], "tokens": tokens, "text": "".join(text),
+    # The last token's time is when the finish chunk comes: tokens that carry
+    # no text (special tokens generated under ignore_eos) send no content chunk.
+    last = finished if finished is not None and usage else times[-1]
+    return {"ttft": times[0] - sent, "first": times[0], "last": last, "tokens": tokens, "text": "".join(text),
             "prompt_tokens": usage["prompt_tokens"] if usage else None,
             "cached_tokens": ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")}
 
@@ -177,8 +182,8 @@ def prefix_case(base, salt, lines, turn_tokens):
 def stream_chat_light(base, messages, max_tokens, ignore_eos=False):
     """As `stream_chat`, read with a bare socket and no JSON parsing: on a
     2-core machine httpx and a JSON parse per chunk in 8 client threads take
-    CPU from the server being measured. Times the chunks that carry text and
-    takes the token count from the final usage chunk."""
+    CPU from the server being measured. Times the first chunk with text and
+    the finish chunk, and takes the token count from the usage chunk."""
     import http.client
     host, port = base.split("//", 1)[1].rsplit(":", 1)
     body = json.dumps({"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
@@ -194,13 +199,16 @@ def stream_chat_light(base, messages, max_tokens, ignore_eos=False):
         b = r.read1(65536)
         if not b:
             break
-        if b'"delta":{"content":"' in b:
-            last = time.perf_counter()
-            first = first or last
+        now = time.perf_counter()
+        if first is None and b'"delta":{"content":"' in b:
+            first = now
+        # The finish chunk marks the last token (special tokens carry no text).
+        if b'"finish_reason":"' in b:
+            last = now
         tail = (tail + b)[-4096:]
     found = re.search(rb'"completion_tokens":(\d+)', tail)
-    if first is None or not found:
-        raise RuntimeError(f"{base}: the stream produced no text or no usage")
+    if first is None or last is None or not found:
+        raise RuntimeError(f"{base}: the stream produced no text, no finish or no usage")
     return {"first": first, "last": last, "tokens": int(found.group(1))}
 
 

@@ -136,8 +136,12 @@ fn free_running_greedy_matches_for_32_tokens() {
 }
 
 /// The packed weight layout (the default) and the file layout give bit-identical
-/// logits: the packed kernels keep the same per-block accumulation order. Checks
-/// prefill (tiles, all positions) and one decode step (four-row kernels).
+/// logits where the packed kernels keep the same per-block accumulation order.
+/// Checks prefill (tiles, all positions) and one decode step (four-row kernels).
+/// Where packed Q4_1 runs the sixteen-row kernel instead (AVX-512: its own
+/// order, the same at every batch size), the two layouts agree as two ISA
+/// levels do: the same greedy choices, logits within the int8 activation
+/// rounding's amplification of a last-bit change (docs/ARCHITECTURE.md).
 #[test]
 fn packed_layout_matches_file_layout_bit_for_bit() {
     let Some(path) = smollm2() else { return };
@@ -149,6 +153,17 @@ fn packed_layout_matches_file_layout_bit_for_bit() {
     let a = all_logits(&packed, &tokens);
     let b = all_logits(&file, &tokens);
     assert_eq!(a.len(), b.len());
+    let rows16 = kernels::dispatch::kernels(kernels::DType::Q4_1, kernels::isa::active(), true).rows16.is_some();
+    if rows16 {
+        let vocab = a.len() / tokens.len();
+        let rms = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt();
+        let argmax = |v: &[f32]| v.iter().enumerate().fold(0, |m, (i, &x)| if x > v[m] { i } else { m });
+        let same = a.chunks(vocab).zip(b.chunks(vocab)).filter(|(x, y)| argmax(x) == argmax(y)).count();
+        eprintln!("sixteen-row kernel: rms |Δ logits| {rms:.3} against the file layout, top-1 same {same}/37");
+        // Measured 2026-12-03: rms 0.21, 34 of 37 (random ids: flat distributions, near ties).
+        assert!(rms < 0.5 && same >= 32, "packed vs file layout: rms {rms}, top-1 same {same}/37");
+        return;
+    }
     let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
     assert_eq!(differ, 0, "{differ} of {} logits differ between packed and file layouts", a.len());
     let decode = |m: &Model| {

@@ -24,13 +24,14 @@
 
 use crate::isa::Isa;
 use crate::matmul::MatRef;
-use crate::quant::{scalar, Dot4Fn, DotFn, QuantizeActFn, TileFn, VecDotType};
+use crate::quant::{scalar, Dot4Fn, DotFn, QuantizeActFn, Rows16Fn, TileFn, VecDotType};
 use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp,
     avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_lowk, avx512_packed,
+    avx512_rows16,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -102,12 +103,15 @@ pub struct IsaKernels {
     pub tile: Choice<TileFn>,
     pub packed_dot4: Choice<Dot4Fn>,
     pub packed_tile: Choice<TileFn>,
+    /// Packed only: sixteen rows in the lanes, every batch size (it replaces
+    /// `packed_dot4`, `packed_tile` and the GEMM where present).
+    pub packed_rows16: Choice<Rows16Fn>,
     pub gemm: Choice<Gemm>,
 }
 
 /// No kernels (the scalar level, or a level a type has nothing for).
 pub const NONE: IsaKernels =
-    IsaKernels { dot: &[], dot4: &[], tile: &[], packed_dot4: &[], packed_tile: &[], gemm: &[] };
+    IsaKernels { dot: &[], dot4: &[], tile: &[], packed_dot4: &[], packed_tile: &[], packed_rows16: &[], gemm: &[] };
 
 /// The interleaved four-row layout a type uses (see [`crate::packed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,6 +223,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx2_tile::tile_q4_0)],
             packed_dot4: &[(Base, avx2_packed::dot4_q4_0)],
             packed_tile: &[(Base, avx2_packed::tile_q4_0)],
+            packed_rows16: &[],
             gemm: &[],
         },
         avx512: x86! {
@@ -227,6 +232,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx512::tile_q4_0)],
             packed_dot4: &[(Base, avx512_packed::dot4_q4_0)],
             packed_tile: &[(Base, avx512_packed::tile_q4_0)],
+            packed_rows16: &[],
             gemm: GEMM_Q8_0,
         },
     },
@@ -242,6 +248,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx2_tile::tile_q4_1)],
             packed_dot4: &[(Base, avx2_packed::dot4_q4_1)],
             packed_tile: &[(Base, avx2_packed::tile_q4_1)],
+            packed_rows16: &[],
             gemm: &[],
         },
         avx512: x86! {
@@ -250,11 +257,11 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx512::tile_q4_1)],
             packed_dot4: &[(Base, avx512_packed::dot4_q4_1)],
             packed_tile: &[(Base, avx512_packed::tile_q4_1)],
-            // The lane GEMM sums in another order than the tiles, so a prompt
-            // resumed from the prefix cache (its tail in a short chunk) would
-            // not match the cold run bit for bit; Q4_1 is the default model's
-            // type, whose exactness the serving tests hold, so it keeps the
-            // tiles until the GEMM sums in their order.
+            // Every batch size of a packed weight, prefill included: one
+            // arithmetic for all `m`, so a prompt resumed from the prefix cache
+            // in a short chunk matches the cold run bit for bit (the default
+            // model's exactness, which the serving tests hold). No lane GEMM.
+            packed_rows16: &[(Base, avx512_rows16::rows16_q4_1)],
             gemm: &[],
         },
     },
@@ -289,6 +296,7 @@ pub static TABLE: &[Row] = &[
             tile: &[],
             packed_dot4: &[(Base, avx2_packed::dot4_q8_0)],
             packed_tile: &[],
+            packed_rows16: &[],
             gemm: &[],
         },
         avx512: x86! {
@@ -297,6 +305,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx512::tile_q8_0)],
             packed_dot4: &[(Base, avx512_packed::dot4_q8_0)],
             packed_tile: &[(Base, avx512_packed::tile_q8_0)],
+            packed_rows16: &[],
             gemm: GEMM_Q8_0,
         },
     },
@@ -360,6 +369,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx2_fp::tile_mxfp4)],
             packed_dot4: &[],
             packed_tile: &[],
+            packed_rows16: &[],
             gemm: &[],
         },
         avx512: x86! {
@@ -369,6 +379,7 @@ pub static TABLE: &[Row] = &[
             // Without VBMI MXFP4 stays in the file layout.
             packed_dot4: &[(Vbmi, avx512_fp4_vbmi::dot4_mxfp4_packed)],
             packed_tile: &[(Vbmi, avx512_fp4_vbmi::tile_mxfp4_packed)],
+            packed_rows16: &[],
             gemm: GEMM_Q8_0,
         },
     },
@@ -384,6 +395,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx2_fp::tile_nvfp4)],
             packed_dot4: &[],
             packed_tile: &[],
+            packed_rows16: &[],
             gemm: &[],
         },
         avx512: x86! {
@@ -392,6 +404,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx512_fp4::tile_nvfp4)],
             packed_dot4: &[(Base, avx512_fp4::dot4_nvfp4_packed)],
             packed_tile: &[(Base, avx512_fp4::tile_nvfp4_packed)],
+            packed_rows16: &[],
             gemm: &[],
         },
     },
@@ -408,6 +421,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx2_fp::tile_fp8)],
             packed_dot4: &[],
             packed_tile: &[],
+            packed_rows16: &[],
             gemm: &[],
         },
         avx512: x86! {
@@ -417,6 +431,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Bf16, avx512_fp8_bf16::tile_fp8), (Base, avx2_fp::tile_fp8)],
             packed_dot4: &[],
             packed_tile: &[],
+            packed_rows16: &[],
             gemm: &[],
         },
     },
@@ -564,6 +579,8 @@ pub struct Kernels {
     pub dot: DotFn,
     pub dot4: Option<Dot4Fn>,
     pub tile: Option<TileFn>,
+    /// Packed weights with a sixteen-row kernel: it runs every batch size.
+    pub rows16: Option<Rows16Fn>,
     pub gemm: Option<Gemm>,
 }
 
@@ -577,10 +594,18 @@ pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
     let gemm = pick(k.gemm);
     if packed {
         let dot4 = pick(k.packed_dot4).or(row.scalar_packed_dot4);
-        Kernels { dot, dot4, tile: pick(k.packed_tile), gemm }
+        let rows16 = if rows16_enabled() { pick(k.packed_rows16) } else { None };
+        Kernels { dot, dot4, tile: pick(k.packed_tile), rows16, gemm }
     } else {
-        Kernels { dot, dot4: pick(k.dot4), tile: pick(k.tile), gemm }
+        Kernels { dot, dot4: pick(k.dot4), tile: pick(k.tile), rows16: None, gemm }
     }
+}
+
+/// `SHARDLM_ROWS16=0` turns the sixteen-row kernels off (the four-row kernels
+/// and tiles run packed weights again), for A/B measurements.
+fn rows16_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SHARDLM_ROWS16").map_or(true, |v| v != "0"))
 }
 
 /// The activation quantizer for `vdt` at `isa`. All levels produce

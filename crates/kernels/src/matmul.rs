@@ -461,6 +461,33 @@ unsafe fn rows_kernel(
             r += 1;
         }
     };
+    if let Some(rows16) = k.rows16 {
+        // Packed rows in sixteen-row runs (a packed range is four-aligned), a
+        // tile of activation rows at a time so they stay in cache while the
+        // range's rows stream past.
+        let mut i0 = 0;
+        while i0 < m {
+            let i1 = (i0 + ACT_TILE).min(m);
+            let mut r = r0;
+            while r < r1 {
+                let rows = (r1 - r).min(16);
+                rows16(
+                    n,
+                    wp.add(r * rb),
+                    rb,
+                    rows,
+                    a.as_ptr().add(i0 * a_stride),
+                    a_stride,
+                    i1 - i0,
+                    y.add(i0 * w.rows + r),
+                    w.rows,
+                );
+                r += rows;
+            }
+            i0 = i1;
+        }
+        return;
+    }
     if m == 1 {
         row_run(a.as_ptr(), y, r0, r1);
         return;

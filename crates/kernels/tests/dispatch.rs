@@ -17,7 +17,8 @@ enum Shape {
     Decode4,
     /// Small batches (`1 < m <` the GEMM threshold): a 4 × 2 tile.
     Tile,
-    /// Prefill: the lane GEMM (AVX-512); at AVX2 the tile is the prefill kernel.
+    /// Prefill: the lane GEMM or the sixteen-row kernel (AVX-512); at AVX2 the
+    /// tile is the prefill kernel.
     Prefill,
 }
 
@@ -25,7 +26,6 @@ enum Shape {
 const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::Q8_0, Isa::Avx2, Shape::Tile, "no AVX2 Q8_0 tile"),
     (DType::Q8_0, Isa::Avx2, Shape::Prefill, "no AVX2 Q8_0 tile"),
-    (DType::Q4_1, Isa::Avx512, Shape::Prefill, "tiles keep the default model bit-exact (dispatch.rs)"),
     (DType::Q5_0, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::Q5_0, Isa::Avx2, Shape::Tile, "one-row kernel only"),
     (DType::Q5_0, Isa::Avx2, Shape::Prefill, "one-row kernel only"),
@@ -117,12 +117,14 @@ fn expected(dtype: DType) -> &'static [Shape] {
 
 fn has(dtype: DType, isa: Isa, shape: Shape) -> bool {
     let k = dispatch::row(dtype).at(isa);
-    let tile = pick(k.tile).is_some() || pick(k.packed_tile).is_some();
+    // The sixteen-row kernel runs every batch size of a packed weight.
+    let rows16 = pick(k.packed_rows16).is_some();
+    let tile = pick(k.tile).is_some() || pick(k.packed_tile).is_some() || rows16;
     match shape {
         Shape::Dot => pick(k.dot).is_some(),
-        Shape::Decode4 => pick(k.dot4).is_some() || pick(k.packed_dot4).is_some(),
+        Shape::Decode4 => pick(k.dot4).is_some() || pick(k.packed_dot4).is_some() || rows16,
         Shape::Tile => tile,
-        Shape::Prefill if isa == Isa::Avx512 => pick(k.gemm).is_some(),
+        Shape::Prefill if isa == Isa::Avx512 => pick(k.gemm).is_some() || rows16,
         Shape::Prefill => pick(k.gemm).is_some() || tile,
     }
 }

@@ -191,7 +191,10 @@ fn packed_matches_row_major_every_isa() {
                     let mut file = vec![f32::NAN; m * rows];
                     matmul_isa(isa, pool, wm, &x, m, &mut file, &mut scratch);
                     let differ = got.iter().zip(&file).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-                    if packed::unit_blocks(dtype).is_none() || packed::worth_packing(dtype, isa) {
+                    // Packed Q4_1 at AVX-512 runs the sixteen-row kernel instead
+                    // (its own arithmetic, the same at every batch size: tests/rows16.rs).
+                    let rows16 = shardlm_kernels::dispatch::kernels(dtype, isa, true).rows16.is_some();
+                    if (packed::unit_blocks(dtype).is_none() || packed::worth_packing(dtype, isa)) && !rows16 {
                         assert_eq!(differ, 0, "{what}: {differ} outputs differ from the file layout at the same ISA");
                     }
                     // Mixed with a row-major weight of the same activation type.
@@ -413,9 +416,11 @@ fn prefill_gemm_matches_reference() {
                     let mut got = vec![f32::NAN; m * rows];
                     matmul_isa(Isa::Avx512, pool, *mat, &x, m, &mut got, &mut scratch);
                     check_close(&got, &want, &scale, 2e-5, &what);
+                    let mut file = vec![f32::NAN; m * rows];
+                    matmul_isa(Isa::Avx512, pool, wm, &x, m, &mut file, &mut scratch);
                     let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]);
                     matmul_many_isa(Isa::Avx512, pool, &[wm, *mat], &x, m, &mut [&mut a, &mut b], &mut scratch);
-                    assert_eq!(a, got, "{what}: first of two weights in one call");
+                    assert_eq!(a, file, "{what}: first of two weights in one call");
                     assert_eq!(b, got, "{what}: second of two weights in one call");
                 }
             }

@@ -158,6 +158,27 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
 pub type TileFn =
     unsafe fn(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, y_stride: usize);
 
+/// Up to sixteen packed weight rows (`rows`, a multiple of 4: that many
+/// consecutive four-row groups of `row_bytes` per row at `w`) against `m`
+/// activation rows `a_stride` bytes apart; writes `y[j·y_stride + r]` for
+/// `r < rows`, `j < m`. One kernel for every `m`, each row's result
+/// independent of `m` and of the other rows (batch invariance by
+/// construction: [`crate::simd::avx512_rows16`]).
+///
+/// # Safety
+/// As for [`DotFn`], for each (row, activation row); `y` valid for the writes.
+pub type Rows16Fn = unsafe fn(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+);
+
 /// The 4 × 2 tile kernel for `dtype` at `isa` (file layout), where one exists.
 pub fn tile_fn(dtype: DType, isa: Isa) -> Option<TileFn> {
     crate::dispatch::kernels(dtype, isa, false).tile

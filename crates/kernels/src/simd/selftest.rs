@@ -10,6 +10,7 @@
 use crate::isa::Isa;
 use crate::quant::{self, VecDotType};
 use crate::DType;
+use bytemuck::Zeroable;
 
 struct XorShift(u64);
 
@@ -143,6 +144,7 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
     }
     tiles(&mut rng, isa)?;
     packed(&mut rng, isa)?;
+    rows16(&mut rng, isa)?;
     gemms(&mut rng, isa)?;
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
         crate::attention::self_test_avx2(isa == Isa::Avx512, &mut || rng.unit())?;
@@ -252,6 +254,42 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
         }
         if file.map(f32::to_bits) != pack.map(f32::to_bits) {
             return Err(format!("{dtype} packed four-row dot at {isa}: {pack:?} vs file layout {file:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// The sixteen-row kernels (12 rows × 3 activation rows of a packed weight)
+/// against the sequential scalar dot, bit for bit.
+fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
+    use crate::quant::{q4_1, q8_1};
+    let dtype = DType::Q4_1;
+    let Some(kernel) = crate::dispatch::kernels(dtype, isa, true).rows16 else { return Ok(()) };
+    let (rows, n, m) = (12, 192, 3);
+    let nb = n / 32;
+    let w = weights(rng, dtype, rows, n);
+    let pw = crate::packed::pack(dtype, rows, n, &w);
+    let mut a = vec![q8_1::BlockQ8_1::zeroed(); m * nb];
+    for j in 0..m {
+        q8_1::quantize(&acts(rng, n), &mut a[j * nb..(j + 1) * nb]);
+    }
+    let mut out = vec![f32::NAN; m * rows];
+    // SAFETY: three packed groups of `rows` rows, `m` activation rows of
+    // `nb · 36` bytes, `m × rows` outputs; `isa` is supported.
+    unsafe {
+        let ap = a.as_ptr() as *const u8;
+        kernel(n, pw.as_ptr(), dtype.bytes_for(n).unwrap_or(0), rows, ap, nb * 36, m, out.as_mut_ptr(), rows);
+    }
+    let blocks: &[q4_1::BlockQ4_1] = bytemuck::cast_slice(&w);
+    for j in 0..m {
+        for r in 0..rows {
+            let want = q4_1::vec_dot_sequential(&blocks[r * nb..(r + 1) * nb], &a[j * nb..(j + 1) * nb]);
+            if want.to_bits() != out[j * rows + r].to_bits() {
+                return Err(format!(
+                    "{dtype} sixteen-row kernel at {isa}: row {r} act {j}: {} vs {want}",
+                    out[j * rows + r]
+                ));
+            }
         }
     }
     Ok(())

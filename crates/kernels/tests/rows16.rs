@@ -1,0 +1,93 @@
+//! The sixteen-row AVX-512 kernel of packed Q4_1 (`simd::avx512_rows16`):
+//! through `matmul` at every batch size it equals the sequential scalar dot
+//! (`quant::q4_1::vec_dot_sequential`) bit for bit, so a row's result never
+//! depends on how many activation rows share its call, which rows share its
+//! vector, or the thread count.
+
+mod common;
+
+use common::*;
+use shardlm_kernels::isa::{self, Isa};
+use shardlm_kernels::matmul::{matmul_isa, matmul_many_isa, MatmulScratch};
+use shardlm_kernels::packed;
+use shardlm_kernels::quant::q4_1::{vec_dot_sequential, BlockQ4_1};
+use shardlm_kernels::quant::q8_1::{self, BlockQ8_1};
+use shardlm_kernels::{dispatch, DType, MatRef, ThreadPool};
+
+/// `want[i · rows + r]`: row `r` of `w` against activation row `i` of `x`, as
+/// the sixteen-row kernel must sum it.
+fn sequential_reference(w: &[u8], rows: usize, cols: usize, x: &[f32], m: usize) -> Vec<f32> {
+    let blocks: &[BlockQ4_1] = bytemuck::cast_slice(w);
+    let nb = cols / 32;
+    let mut out = vec![0f32; m * rows];
+    for i in 0..m {
+        let mut a = vec![BlockQ8_1::zeroed(); nb];
+        q8_1::quantize(&x[i * cols..(i + 1) * cols], &mut a);
+        for r in 0..rows {
+            out[i * rows + r] = vec_dot_sequential(&blocks[r * nb..(r + 1) * nb], &a);
+        }
+    }
+    out
+}
+
+trait Zeroed {
+    fn zeroed() -> Self;
+}
+
+impl Zeroed for BlockQ8_1 {
+    fn zeroed() -> Self {
+        bytemuck::Zeroable::zeroed()
+    }
+}
+
+#[test]
+fn packed_q4_1_equals_the_sequential_dot_at_every_batch_size() {
+    if !isa::available().contains(&Isa::Avx512) {
+        eprintln!("no AVX-512 here: the sixteen-row kernel is not reachable");
+        return;
+    }
+    assert!(
+        dispatch::kernels(DType::Q4_1, Isa::Avx512, true).rows16.is_some(),
+        "packed Q4_1 at AVX-512 should run the sixteen-row kernel"
+    );
+    let mut rng = rng(16);
+    let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
+    // Row counts with 4-, 8- and 12-row tails; widths of one block pair up to a
+    // SmolLM2 projection.
+    for &(rows, cols) in &[(16usize, 64usize), (4, 128), (20, 192), (44, 576), (64, 256), (8, 1536)] {
+        assert!(packed::packable(DType::Q4_1, rows, cols));
+        let w = random_weight(&mut rng, DType::Q4_1, rows, cols);
+        let pw = packed::pack(DType::Q4_1, rows, cols, &w);
+        let wm = MatRef::new_packed(DType::Q4_1, rows, cols, &pw).unwrap();
+        for m in [1usize, 2, 3, 4, 5, 7, 9, 33, 70] {
+            let x = random_acts(&mut rng, m * cols);
+            let want = sequential_reference(&w, rows, cols, &x, m);
+            for pool in &pools {
+                let what = format!("Q4_1 {rows}x{cols} m={m} threads={}", pool.n_threads());
+                let mut scratch = MatmulScratch::default();
+                let mut got = vec![f32::NAN; m * rows];
+                matmul_isa(Isa::Avx512, pool, wm, &x, m, &mut got, &mut scratch);
+                let differ = got.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                assert_eq!(differ, 0, "{what}: {differ} outputs differ from the sequential dot");
+                // Next to another weight in one call, and as a four-aligned row shard.
+                let mut twice = [vec![f32::NAN; m * rows], vec![f32::NAN; m * rows]];
+                let [t0, t1] = &mut twice;
+                matmul_many_isa(Isa::Avx512, pool, &[wm, wm], &x, m, &mut [t0, t1], &mut scratch);
+                assert_eq!(twice[0], got, "{what}: two weights in one call");
+                assert_eq!(twice[1], got, "{what}: two weights in one call");
+                if rows > 4 {
+                    let shard = wm.rows_range(4, rows);
+                    let mut s = vec![f32::NAN; m * (rows - 4)];
+                    matmul_isa(Isa::Avx512, pool, shard, &x, m, &mut s, &mut scratch);
+                    for i in 0..m {
+                        assert_eq!(
+                            s[i * (rows - 4)..(i + 1) * (rows - 4)],
+                            got[i * rows + 4..(i + 1) * rows],
+                            "{what}: shard"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
