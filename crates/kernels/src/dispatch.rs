@@ -305,7 +305,9 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx512::tile_q8_0)],
             packed_dot4: &[(Base, avx512_packed::dot4_q8_0)],
             packed_tile: &[(Base, avx512_packed::tile_q8_0)],
-            packed_rows16: &[],
+            // Packed: every batch size, as Q4_1 (the lane GEMM keeps the
+            // file layout's large batches).
+            packed_rows16: &[(Base, avx512_rows16::rows16_q8_0)],
             gemm: GEMM_Q8_0,
         },
     },
@@ -595,6 +597,8 @@ pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
     if packed {
         let dot4 = pick(k.packed_dot4).or(row.scalar_packed_dot4);
         let rows16 = if rows16_enabled() { pick(k.packed_rows16) } else { None };
+        // The sixteen-row kernel takes every batch size: no GEMM beside it.
+        let gemm = if rows16.is_some() { None } else { gemm };
         Kernels { dot, dot4, tile: pick(k.packed_tile), rows16, gemm }
     } else {
         Kernels { dot, dot4: pick(k.dot4), tile: pick(k.tile), rows16: None, gemm }

@@ -240,6 +240,28 @@ pub fn matmul_many_isa(
         unsafe { (g.run)(pool, ws, a, a_stride, m, ys, &mut scratch.lanes) };
         return;
     }
+    let own_gemm = |w: &MatRef<'_>| crate::dispatch::kernels(w.dtype, isa, w.packed).gemm.filter(|g| m >= g.min_m);
+    if ws.iter().any(|w| own_gemm(w).is_some()) {
+        // Mixed: some weights take a GEMM at this batch and others do not (a
+        // packed weight with a sixteen-row kernel next to a file-layout one of
+        // its type). Each runs what it runs alone, so its result does not
+        // depend on the call it is in.
+        let (mut rest_w, mut rest_y) = (Vec::new(), Vec::new());
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            match own_gemm(w) {
+                // SAFETY: as above, for this one weight.
+                Some(g) => unsafe {
+                    (g.run)(pool, std::slice::from_ref(w), a, a_stride, m, &mut [&mut **y], &mut scratch.lanes)
+                },
+                None => {
+                    rest_w.push(*w);
+                    rest_y.push(&mut **y);
+                }
+            }
+        }
+        run_parts(pool, rest_w.iter().zip(rest_y).map(|(w, y)| Part::new(isa, *w, a, a_stride, y)), m);
+        return;
+    }
     run_parts(pool, ws.iter().zip(ys.iter_mut()).map(|(w, y)| Part::new(isa, *w, a, a_stride, y)), m);
 }
 

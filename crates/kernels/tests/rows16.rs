@@ -1,6 +1,7 @@
-//! The sixteen-row AVX-512 kernel of packed Q4_1 (`simd::avx512_rows16`):
-//! through `matmul` at every batch size it equals the sequential scalar dot
-//! (`quant::q4_1::vec_dot_sequential`) bit for bit, so a row's result never
+//! The sixteen-row AVX-512 kernels of packed Q4_1 and Q8_0
+//! (`simd::avx512_rows16`): through `matmul` at every batch size they equal
+//! the sequential scalar dots (`quant::q4_1::vec_dot_sequential`,
+//! `quant::q8_0::vec_dot_sequential`) bit for bit, so a row's result never
 //! depends on how many activation rows share its call, which rows share its
 //! vector, or the thread count.
 
@@ -11,59 +12,63 @@ use shardlm_kernels::isa::{self, Isa};
 use shardlm_kernels::matmul::{matmul_isa, matmul_many_isa, MatmulScratch};
 use shardlm_kernels::packed;
 use shardlm_kernels::quant::q4_1::{vec_dot_sequential, BlockQ4_1};
+use shardlm_kernels::quant::q8_0::{self, BlockQ8_0};
 use shardlm_kernels::quant::q8_1::{self, BlockQ8_1};
 use shardlm_kernels::{dispatch, DType, MatRef, ThreadPool};
 
 /// `want[i · rows + r]`: row `r` of `w` against activation row `i` of `x`, as
 /// the sixteen-row kernel must sum it.
-fn sequential_reference(w: &[u8], rows: usize, cols: usize, x: &[f32], m: usize) -> Vec<f32> {
-    let blocks: &[BlockQ4_1] = bytemuck::cast_slice(w);
+fn sequential_reference(dtype: DType, w: &[u8], rows: usize, cols: usize, x: &[f32], m: usize) -> Vec<f32> {
     let nb = cols / 32;
     let mut out = vec![0f32; m * rows];
     for i in 0..m {
-        let mut a = vec![BlockQ8_1::zeroed(); nb];
-        q8_1::quantize(&x[i * cols..(i + 1) * cols], &mut a);
+        let xi = &x[i * cols..(i + 1) * cols];
         for r in 0..rows {
-            out[i * rows + r] = vec_dot_sequential(&blocks[r * nb..(r + 1) * nb], &a);
+            out[i * rows + r] = if dtype == DType::Q4_1 {
+                let blocks: &[BlockQ4_1] = bytemuck::cast_slice(w);
+                let mut a = vec![<BlockQ8_1 as bytemuck::Zeroable>::zeroed(); nb];
+                q8_1::quantize(xi, &mut a);
+                vec_dot_sequential(&blocks[r * nb..(r + 1) * nb], &a)
+            } else {
+                let blocks: &[BlockQ8_0] = bytemuck::cast_slice(w);
+                let mut a = vec![<BlockQ8_0 as bytemuck::Zeroable>::zeroed(); nb];
+                q8_0::quantize_activations(xi, &mut a);
+                q8_0::vec_dot_sequential(&blocks[r * nb..(r + 1) * nb], &a)
+            };
         }
     }
     out
 }
 
-trait Zeroed {
-    fn zeroed() -> Self;
-}
-
-impl Zeroed for BlockQ8_1 {
-    fn zeroed() -> Self {
-        bytemuck::Zeroable::zeroed()
-    }
-}
-
 #[test]
-fn packed_q4_1_equals_the_sequential_dot_at_every_batch_size() {
+fn packed_q4_1_and_q8_0_equal_the_sequential_dot_at_every_batch_size() {
     if !isa::available().contains(&Isa::Avx512) {
         eprintln!("no AVX-512 here: the sixteen-row kernel is not reachable");
         return;
     }
-    assert!(
-        dispatch::kernels(DType::Q4_1, Isa::Avx512, true).rows16.is_some(),
-        "packed Q4_1 at AVX-512 should run the sixteen-row kernel"
-    );
+    for dtype in [DType::Q4_1, DType::Q8_0] {
+        assert!(
+            dispatch::kernels(dtype, Isa::Avx512, true).rows16.is_some(),
+            "packed {dtype} at AVX-512 should run the sixteen-row kernel"
+        );
+    }
     let mut rng = rng(16);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
     // Row counts with 4-, 8- and 12-row tails; widths of one block pair up to a
     // SmolLM2 projection.
-    for &(rows, cols) in &[(16usize, 64usize), (4, 128), (20, 192), (44, 576), (64, 256), (8, 1536)] {
-        assert!(packed::packable(DType::Q4_1, rows, cols));
-        let w = random_weight(&mut rng, DType::Q4_1, rows, cols);
-        let pw = packed::pack(DType::Q4_1, rows, cols, &w);
-        let wm = MatRef::new_packed(DType::Q4_1, rows, cols, &pw).unwrap();
+    let shapes = [(16usize, 64usize), (4, 128), (20, 192), (44, 576), (64, 256), (8, 1536)];
+    for (dtype, &(rows, cols)) in
+        [DType::Q4_1, DType::Q8_0].into_iter().flat_map(|d| shapes.iter().map(move |s| (d, s)))
+    {
+        assert!(packed::packable(dtype, rows, cols));
+        let w = random_weight(&mut rng, dtype, rows, cols);
+        let pw = packed::pack(dtype, rows, cols, &w);
+        let wm = MatRef::new_packed(dtype, rows, cols, &pw).unwrap();
         for m in [1usize, 2, 3, 4, 5, 7, 9, 33, 70] {
             let x = random_acts(&mut rng, m * cols);
-            let want = sequential_reference(&w, rows, cols, &x, m);
+            let want = sequential_reference(dtype, &w, rows, cols, &x, m);
             for pool in &pools {
-                let what = format!("Q4_1 {rows}x{cols} m={m} threads={}", pool.n_threads());
+                let what = format!("{dtype} {rows}x{cols} m={m} threads={}", pool.n_threads());
                 let mut scratch = MatmulScratch::default();
                 let mut got = vec![f32::NAN; m * rows];
                 matmul_isa(Isa::Avx512, pool, wm, &x, m, &mut got, &mut scratch);

@@ -66,3 +66,16 @@ pub fn vec_dot(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
     }
     sum
 }
+
+/// The same dot summed the way the sixteen-row AVX-512 kernel
+/// ([`crate::simd::avx512_rows16`]) sums it, block by block in order:
+/// `acc = fma(d_w·d_a, Σ w·y, acc)`. That kernel equals this bit for bit at
+/// every batch size.
+pub fn vec_dot_sequential(w: &[BlockQ8_0], a: &[BlockQ8_0]) -> f32 {
+    let mut acc = 0f32;
+    for (x, y) in w.iter().zip(a) {
+        let sumi: i32 = x.qs.iter().zip(&y.qs).map(|(&p, &q)| p as i32 * q as i32).sum();
+        acc = (x.d.to_f32() * y.d.to_f32()).mul_add(sumi as f32, acc);
+    }
+    acc
+}

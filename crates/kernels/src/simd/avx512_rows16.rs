@@ -1,5 +1,5 @@
 //! Sixteen weight rows in the sixteen vector lanes: one kernel for every
-//! batch size `m` of a packed Q4_1 weight at AVX-512.
+//! batch size `m` of a packed Q4_1 or Q8_0 weight at AVX-512.
 //!
 //! Why: the four-row kernels keep one row's 64 values across the lanes of a
 //! vector, so every block pair of every (row, activation row) ends in a lane
@@ -15,26 +15,29 @@
 //! lone decode step gives it.
 //!
 //! The arithmetic of one (row, activation row), block by block in order,
-//! equals [`crate::quant::q4_1::vec_dot_sequential`]:
-//! `acc = fma(d_w·d_a, Σ q·y, acc)`, `accm = fma(m_w, s_a, accm)`, result
-//! `acc + accm`.
+//! equals [`crate::quant::q4_1::vec_dot_sequential`] (`acc = fma(d_w·d_a,
+//! Σ q·y, acc)`, `accm = fma(m_w, s_a, accm)`, result `acc + accm`) and
+//! [`crate::quant::q8_0::vec_dot_sequential`] (`acc = fma(d_w·d_a, Σ w·y,
+//! acc)`). Q8_0's signed weights meet `vpdpbusd`'s unsigned operand as
+//! `w + 128` (one `xor`), and `128·Σy` comes back out of the integer sum.
 //!
 //! Layout read: the packed four-row groups of [`crate::packed`] (per block
-//! pair, eight 4-byte `[d, m]` headers then eight 16-byte quant runs, in the
-//! order `r0b0 r0b1 r1b0 r1b1 r2b0 r2b1 r3b0 r3b1`). Sixteen rows are four
-//! consecutive groups; each block's 16 × 16 quant bytes are transposed in
-//! registers (two lane shuffles per group, eight unpacks) so that vector `t`
-//! holds bytes `4t..4t+4` of every row: lane `4k + s` is row `k` of group `s`.
+//! pair, eight headers — `[d, m]` for Q4_1, `d` for Q8_0 — then eight quant
+//! runs, in the order `r0b0 r0b1 r1b0 r1b1 r2b0 r2b1 r3b0 r3b1`). Sixteen
+//! rows are four consecutive groups; each block's quant bytes are transposed
+//! in registers (lane shuffles per group, then 4 × 4 dword unpacks) so that
+//! vector `t` holds the codes of values `4t..4t+4` of every row (Q4_1: the
+//! low nibbles for `t < 4`, the high ones after): lane `4k + s` is row `k` of
+//! group `s`.
 
+use super::avx2::rd16;
 use super::avx2_rows::prefetch;
 use std::arch::x86_64::*;
 
-/// Bytes of one block pair of one four-row group (8 × 4 header + 8 × 16 quants).
-const PAIR_BYTES: usize = 160;
-
-/// A zero group for the missing groups of a 4-, 8- or 12-row call: zero
-/// scales, zero quants, so its lanes compute 0 and are not stored.
-static ZERO_PAIR: [u8; PAIR_BYTES] = [0; PAIR_BYTES];
+/// A zero group for the missing groups of a 4-, 8- or 12-row call (at least
+/// one block pair of either format): zero scales, zero quants, so its lanes
+/// compute 0 and are not stored.
+static ZERO_PAIR: [u8; 8 * 34] = [0; 8 * 34];
 
 /// How far ahead of the current block pair each group's stream is prefetched
 /// (4 KiB: at 2 KiB one-row decode ran 10% slower than the four-row kernel,
@@ -74,11 +77,50 @@ pub unsafe fn rows16_q4_1(
     y: *mut f32,
     y_stride: usize,
 ) {
+    rows16::<false>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+}
+
+/// Sixteen (or 4, 8, 12) packed Q8_0 rows × `m` Q8_0 activation rows, as
+/// [`rows16_q4_1`].
+///
+/// # Safety
+/// As for [`rows16_q4_1`], with Q8_0 weights and activations.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows16_q8_0(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    rows16::<true>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+}
+
+/// Both formats (`Q8`: Q8_0, else Q4_1).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows16<const Q8: bool>(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
     debug_assert!(rows.is_multiple_of(4) && rows <= 16 && n.is_multiple_of(64));
-    let src = Groups::new(w, row_bytes, rows);
+    let src = Groups::new::<Q8>(w, row_bytes, rows);
     if m <= ACTS {
-        let blocks = |i: usize| src.block(i);
-        run_tile(m, n / 32, &blocks, a, a_stride, y, y_stride, rows);
+        let blocks = |i: usize| src.block::<Q8>(i);
+        run_tile::<Q8>(m, n / 32, &blocks, a, a_stride, y, y_stride, rows);
         return;
     }
     SCRATCH.with(|cell| {
@@ -86,13 +128,13 @@ pub unsafe fn rows16_q4_1(
         let nb = n / 32;
         scratch.resize(nb, Block::zero());
         for (i, blk) in scratch.iter_mut().enumerate() {
-            *blk = src.block(i);
+            *blk = src.block::<Q8>(i);
         }
         let blocks = |i: usize| scratch[i];
         let mut j = 0;
         while j < m {
             let take = (m - j).min(ACTS);
-            run_tile(take, nb, &blocks, a.add(j * a_stride), a_stride, y.add(j * y_stride), y_stride, rows);
+            run_tile::<Q8>(take, nb, &blocks, a.add(j * a_stride), a_stride, y.add(j * y_stride), y_stride, rows);
             j += take;
         }
     });
@@ -106,11 +148,10 @@ thread_local! {
 /// One block of sixteen rows, decoded: lane `4k + s` is row `k` of group `s`.
 #[derive(Clone, Copy)]
 struct Block {
-    /// Low nibbles, bytes `4t..4t+4` (values `4t..4t+4` of the block).
-    wl: [__m512i; 4],
-    /// High nibbles (values `16+4t..16+4t+4`).
-    wh: [__m512i; 4],
-    /// The rows' scales `d` and offsets `m`.
+    /// `w[t]`: the codes of values `4t..4t+4` as unsigned bytes (Q4_1 nibbles;
+    /// Q8_0 codes + 128), to meet the activation bytes `4t..4t+4`.
+    w: [__m512i; 8],
+    /// The rows' scales `d` and (Q4_1) offsets `m`.
     dw: __m512,
     mw: __m512,
 }
@@ -130,11 +171,12 @@ struct Groups {
 }
 
 impl Groups {
-    fn new(w: *const u8, row_bytes: usize, rows: usize) -> Groups {
+    fn new<const Q8: bool>(w: *const u8, row_bytes: usize, rows: usize) -> Groups {
+        let pair_bytes = if Q8 { 8 * 34 } else { 8 * 20 };
         let groups = rows / 4;
         let base =
             std::array::from_fn(|g| if g < groups { w.wrapping_add(g * 4 * row_bytes) } else { ZERO_PAIR.as_ptr() });
-        let step = std::array::from_fn(|g| if g < groups { PAIR_BYTES } else { 0 });
+        let step = std::array::from_fn(|g| if g < groups { pair_bytes } else { 0 });
         Groups { base, step }
     }
 
@@ -142,52 +184,126 @@ impl Groups {
     /// ahead at even blocks).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn block(self, i: usize) -> Block {
+    unsafe fn block<const Q8: bool>(self, i: usize) -> Block {
         let (p, b) = (i / 2, i % 2);
         let x: [*const u8; 4] = std::array::from_fn(|g| self.base[g].add(p * self.step[g]));
         if b == 0 {
             for xg in x {
-                prefetch(xg.wrapping_add(PREFETCH_AHEAD));
-                prefetch(xg.wrapping_add(PREFETCH_AHEAD + 64));
-                prefetch(xg.wrapping_add(PREFETCH_AHEAD + 128));
+                for line in 0..if Q8 { 5 } else { 3 } {
+                    prefetch(xg.wrapping_add(PREFETCH_AHEAD + 64 * line));
+                }
             }
         }
-        // Quant halves of group g: [r0b0 r0b1 r1b0 r1b1] and [r2b0 r2b1 r3b0 r3b1]
-        // (16 bytes each); block b's four rows [r0 | r1 | r2 | r3].
-        let q = |g: usize, h: usize| _mm512_loadu_si512(x[g].add(32 + 64 * h) as *const __m512i);
-        let rows_of = |g: usize| {
-            if b == 0 {
-                _mm512_shuffle_i64x2::<0x88>(q(g, 0), q(g, 1))
-            } else {
-                _mm512_shuffle_i64x2::<0xDD>(q(g, 0), q(g, 1))
-            }
-        };
-        let (ga, gb, gc, gd) = (rows_of(0), rows_of(1), rows_of(2), rows_of(3));
-        let lo_ab = _mm512_unpacklo_epi32(ga, gb);
-        let hi_ab = _mm512_unpackhi_epi32(ga, gb);
-        let lo_cd = _mm512_unpacklo_epi32(gc, gd);
-        let hi_cd = _mm512_unpackhi_epi32(gc, gd);
-        // tv[t]: quant bytes 4t..4t+4 of every row (lane 4k + s: group s, row k).
-        let tv = [
-            _mm512_unpacklo_epi64(lo_ab, lo_cd),
-            _mm512_unpackhi_epi64(lo_ab, lo_cd),
-            _mm512_unpacklo_epi64(hi_ab, hi_cd),
-            _mm512_unpackhi_epi64(hi_ab, hi_cd),
-        ];
-        let low = _mm512_set1_epi8(0x0F);
-        // Header dword of lane 4k + s for block b: group s (8 dwords each), row k.
-        let idx = if b == 0 {
-            _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30)
+        if Q8 {
+            q8_0_block(x, b)
         } else {
-            _mm512_setr_epi32(1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31)
-        };
-        let dm = _mm512_permutex2var_epi32(join(x[0], x[1]), idx, join(x[2], x[3]));
-        Block {
-            wl: tv.map(|v| _mm512_and_si512(v, low)),
-            wh: tv.map(|v| _mm512_and_si512(_mm512_srli_epi16::<4>(v), low)),
-            dw: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)),
-            mw: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm))),
+            q4_1_block(x, b)
         }
+    }
+}
+
+/// 4 × 4 dword transpose of four groups' `[r0 | r1 | r2 | r3]` vectors:
+/// `out[t]` lane `4k + s` = dword `t` of row `k` of group `s`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn transpose(ga: __m512i, gb: __m512i, gc: __m512i, gd: __m512i) -> [__m512i; 4] {
+    let lo_ab = _mm512_unpacklo_epi32(ga, gb);
+    let hi_ab = _mm512_unpackhi_epi32(ga, gb);
+    let lo_cd = _mm512_unpacklo_epi32(gc, gd);
+    let hi_cd = _mm512_unpackhi_epi32(gc, gd);
+    [
+        _mm512_unpacklo_epi64(lo_ab, lo_cd),
+        _mm512_unpackhi_epi64(lo_ab, lo_cd),
+        _mm512_unpacklo_epi64(hi_ab, hi_cd),
+        _mm512_unpackhi_epi64(hi_ab, hi_cd),
+    ]
+}
+
+/// Q4_1 block `b` of the pair at `x` (160 bytes a group: eight `[d, m]`, eight
+/// 16-byte nibble runs).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_1_block(x: [*const u8; 4], b: usize) -> Block {
+    // Quant halves of group g: [r0b0 r0b1 r1b0 r1b1] and [r2b0 r2b1 r3b0 r3b1]
+    // (16 bytes each); block b's four rows [r0 | r1 | r2 | r3].
+    let q = |g: usize, h: usize| _mm512_loadu_si512(x[g].add(32 + 64 * h) as *const __m512i);
+    let rows_of = |g: usize| {
+        if b == 0 {
+            _mm512_shuffle_i64x2::<0x88>(q(g, 0), q(g, 1))
+        } else {
+            _mm512_shuffle_i64x2::<0xDD>(q(g, 0), q(g, 1))
+        }
+    };
+    let tv = transpose(rows_of(0), rows_of(1), rows_of(2), rows_of(3));
+    let low = _mm512_set1_epi8(0x0F);
+    // Header dword of lane 4k + s for block b: group s (8 dwords each), row k.
+    let idx = if b == 0 {
+        _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30)
+    } else {
+        _mm512_setr_epi32(1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31)
+    };
+    let dm = _mm512_permutex2var_epi32(join(x[0], x[1]), idx, join(x[2], x[3]));
+    let lo = tv.map(|v| _mm512_and_si512(v, low));
+    let hi = tv.map(|v| _mm512_and_si512(_mm512_srli_epi16::<4>(v), low));
+    Block {
+        w: [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]],
+        dw: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)),
+        mw: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm))),
+    }
+}
+
+/// Q8_0's header word of lane `4k + s` for block `b`: word `8s + 2k + b` of
+/// the four groups' headers (the upper 16 entries are unused).
+static HEAD_WORDS: [[u16; 32]; 2] = {
+    let mut t = [[0u16; 32]; 2];
+    let mut b = 0;
+    while b < 2 {
+        let mut lane = 0;
+        while lane < 16 {
+            t[b][lane] = (8 * (lane % 4) + 2 * (lane / 4) + b) as u16;
+            lane += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// Q8_0 block `b` of the pair at `x` (272 bytes a group: eight 2-byte `d`,
+/// then each row's two 32-byte runs).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_0_block(x: [*const u8; 4], b: usize) -> Block {
+    // Row r of group g, both blocks: [b0 0..16 | b0 16..32 | b1 0..16 | b1 16..32].
+    let q = |g: usize, r: usize| _mm512_loadu_si512(x[g].add(16 + 64 * r) as *const __m512i);
+    // Rows (r, r + 1) of block b: [r lo | r hi | r+1 lo | r+1 hi].
+    let pair = |g: usize, r: usize| {
+        if b == 0 {
+            _mm512_shuffle_i64x2::<0x44>(q(g, r), q(g, r + 1))
+        } else {
+            _mm512_shuffle_i64x2::<0xEE>(q(g, r), q(g, r + 1))
+        }
+    };
+    let halves = |g: usize| {
+        let (p01, p23) = (pair(g, 0), pair(g, 2));
+        (_mm512_shuffle_i64x2::<0x88>(p01, p23), _mm512_shuffle_i64x2::<0xDD>(p01, p23))
+    };
+    let (h0, h1, h2, h3) = (halves(0), halves(1), halves(2), halves(3));
+    let lo = transpose(h0.0, h1.0, h2.0, h3.0);
+    let hi = transpose(h0.1, h1.1, h2.1, h3.1);
+    let flip = _mm512_set1_epi8(-128);
+    let f = |v: __m512i| _mm512_xor_si512(v, flip);
+    // Header word of lane 4k + s for block b: group s (8 words each), row k.
+    let words = |g: usize| _mm_loadu_si128(x[g] as *const __m128i);
+    let heads = _mm512_inserti32x4::<3>(
+        _mm512_inserti32x4::<2>(_mm512_inserti32x4::<1>(_mm512_castsi128_si512(words(0)), words(1)), words(2)),
+        words(3),
+    );
+    let idx = _mm512_loadu_si512(HEAD_WORDS[b].as_ptr() as *const __m512i);
+    let d = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, heads));
+    Block {
+        w: [f(lo[0]), f(lo[1]), f(lo[2]), f(lo[3]), f(hi[0]), f(hi[1]), f(hi[2]), f(hi[3])],
+        dw: _mm512_cvtph_ps(d),
+        mw: _mm512_setzero_ps(),
     }
 }
 
@@ -196,7 +312,7 @@ impl Groups {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_tile(
+unsafe fn run_tile<const Q8: bool>(
     m: usize,
     nb: usize,
     blocks: &impl Fn(usize) -> Block,
@@ -207,16 +323,26 @@ unsafe fn run_tile(
     rows: usize,
 ) {
     match m {
-        1 => tile::<1>(nb, blocks, a, a_stride, y, y_stride, rows),
-        2 => tile::<2>(nb, blocks, a, a_stride, y, y_stride, rows),
-        3 => tile::<3>(nb, blocks, a, a_stride, y, y_stride, rows),
-        _ => tile::<ACTS>(nb, blocks, a, a_stride, y, y_stride, rows),
+        1 => tile::<Q8, 1>(nb, blocks, a, a_stride, y, y_stride, rows),
+        2 => tile::<Q8, 2>(nb, blocks, a, a_stride, y, y_stride, rows),
+        3 => tile::<Q8, 3>(nb, blocks, a, a_stride, y, y_stride, rows),
+        _ => tile::<Q8, ACTS>(nb, blocks, a, a_stride, y, y_stride, rows),
     }
+}
+
+/// `Σ y` of a Q8_0 block's 32 signed codes at `qs`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn code_sum(qs: *const u8) -> i32 {
+    let v = _mm256_xor_si256(_mm256_loadu_si256(qs as *const __m256i), _mm256_set1_epi8(-128));
+    let s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
+    let s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256::<1>(s4));
+    _mm_cvtsi128_si32(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2))) - 32 * 128
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn tile<const J: usize>(
+unsafe fn tile<const Q8: bool, const J: usize>(
     nb: usize,
     blocks: &impl Fn(usize) -> Block,
     a: *const u8,
@@ -225,32 +351,40 @@ unsafe fn tile<const J: usize>(
     y_stride: usize,
     rows: usize,
 ) {
+    // Activation blocks: Q8_1 is d, s (f16) then 32 codes; Q8_0 is d then 32.
+    let (act_bytes, qs) = if Q8 { (34, 2) } else { (36, 4) };
     let mut acc = [_mm512_setzero_ps(); J];
     let mut accm = [_mm512_setzero_ps(); J];
     for i in 0..nb {
         let blk = blocks(i);
         for jj in 0..J {
-            // Q8_1 block: d, s (f16), then 32 values.
-            let yb = a.add(jj * a_stride + i * 36);
-            let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(rd32(yb)));
+            let yb = a.add(jj * a_stride + i * act_bytes);
+            let yq = yb.add(qs);
             let mut sl = _mm512_setzero_si512();
             let mut sh = _mm512_setzero_si512();
             for t in 0..4 {
-                sl = _mm512_dpbusd_epi32(sl, blk.wl[t], _mm512_set1_epi32(rd32(yb.add(4 + 4 * t))));
-                sh = _mm512_dpbusd_epi32(sh, blk.wh[t], _mm512_set1_epi32(rd32(yb.add(20 + 4 * t))));
+                sl = _mm512_dpbusd_epi32(sl, blk.w[t], _mm512_set1_epi32(rd32(yq.add(4 * t))));
+                sh = _mm512_dpbusd_epi32(sh, blk.w[4 + t], _mm512_set1_epi32(rd32(yq.add(16 + 4 * t))));
             }
-            let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(sl, sh));
+            let mut isum = _mm512_add_epi32(sl, sh);
+            if Q8 {
+                // The codes went in as w + 128.
+                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * code_sum(yq)));
+            }
+            let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(if Q8 { rd16(yb) as i32 } else { rd32(yb) }));
             let scale = _mm512_mul_ps(blk.dw, _mm512_broadcastss_ps(ds));
-            acc[jj] = _mm512_fmadd_ps(scale, sum, acc[jj]);
-            accm[jj] = _mm512_fmadd_ps(blk.mw, _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), accm[jj]);
+            acc[jj] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[jj]);
+            if !Q8 {
+                accm[jj] = _mm512_fmadd_ps(blk.mw, _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), accm[jj]);
+            }
         }
     }
     // Lane 4k + s holds row 4s + k: back to row order, the first `rows` stored.
     let to_rows = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     let mask: __mmask16 = if rows >= 16 { 0xFFFF } else { (1u16 << rows) - 1 };
     for jj in 0..J {
-        let v = _mm512_permutexvar_ps(to_rows, _mm512_add_ps(acc[jj], accm[jj]));
-        _mm512_mask_storeu_ps(y.add(jj * y_stride), mask, v);
+        let sum = if Q8 { acc[jj] } else { _mm512_add_ps(acc[jj], accm[jj]) };
+        _mm512_mask_storeu_ps(y.add(jj * y_stride), mask, _mm512_permutexvar_ps(to_rows, sum));
     }
 }
 

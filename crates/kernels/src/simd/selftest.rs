@@ -260,35 +260,53 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
 }
 
 /// The sixteen-row kernels (12 rows × 3 activation rows of a packed weight)
-/// against the sequential scalar dot, bit for bit.
+/// against the sequential scalar dots, bit for bit.
 fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
-    use crate::quant::{q4_1, q8_1};
-    let dtype = DType::Q4_1;
-    let Some(kernel) = crate::dispatch::kernels(dtype, isa, true).rows16 else { return Ok(()) };
-    let (rows, n, m) = (12, 192, 3);
-    let nb = n / 32;
-    let w = weights(rng, dtype, rows, n);
-    let pw = crate::packed::pack(dtype, rows, n, &w);
-    let mut a = vec![q8_1::BlockQ8_1::zeroed(); m * nb];
-    for j in 0..m {
-        q8_1::quantize(&acts(rng, n), &mut a[j * nb..(j + 1) * nb]);
-    }
-    let mut out = vec![f32::NAN; m * rows];
-    // SAFETY: three packed groups of `rows` rows, `m` activation rows of
-    // `nb · 36` bytes, `m × rows` outputs; `isa` is supported.
-    unsafe {
-        let ap = a.as_ptr() as *const u8;
-        kernel(n, pw.as_ptr(), dtype.bytes_for(n).unwrap_or(0), rows, ap, nb * 36, m, out.as_mut_ptr(), rows);
-    }
-    let blocks: &[q4_1::BlockQ4_1] = bytemuck::cast_slice(&w);
-    for j in 0..m {
-        for r in 0..rows {
-            let want = q4_1::vec_dot_sequential(&blocks[r * nb..(r + 1) * nb], &a[j * nb..(j + 1) * nb]);
-            if want.to_bits() != out[j * rows + r].to_bits() {
-                return Err(format!(
-                    "{dtype} sixteen-row kernel at {isa}: row {r} act {j}: {} vs {want}",
-                    out[j * rows + r]
-                ));
+    use crate::quant::{q4_1, q8_0, q8_1};
+    for dtype in [DType::Q4_1, DType::Q8_0] {
+        let Some(kernel) = crate::dispatch::kernels(dtype, isa, true).rows16 else { continue };
+        let (rows, n, m) = (12, 192, 3);
+        let nb = n / 32;
+        let w = weights(rng, dtype, rows, n);
+        let pw = crate::packed::pack(dtype, rows, n, &w);
+        let xs: Vec<Vec<f32>> = (0..m).map(|_| acts(rng, n)).collect();
+        let q1: Vec<q8_1::BlockQ8_1> = xs
+            .iter()
+            .flat_map(|x| {
+                let mut a = vec![q8_1::BlockQ8_1::zeroed(); nb];
+                q8_1::quantize(x, &mut a);
+                a
+            })
+            .collect();
+        let q0: Vec<q8_0::BlockQ8_0> = xs
+            .iter()
+            .flat_map(|x| {
+                let mut a = vec![q8_0::BlockQ8_0::zeroed(); nb];
+                q8_0::quantize_activations(x, &mut a);
+                a
+            })
+            .collect();
+        let (ap, stride): (*const u8, usize) = if dtype == DType::Q4_1 {
+            (q1.as_ptr() as *const u8, nb * 36)
+        } else {
+            (q0.as_ptr() as *const u8, nb * 34)
+        };
+        let mut out = vec![f32::NAN; m * rows];
+        // SAFETY: three packed groups of `rows` rows, `m` activation rows of
+        // `stride` bytes, `m × rows` outputs; `isa` is supported.
+        unsafe { kernel(n, pw.as_ptr(), dtype.bytes_for(n).unwrap_or(0), rows, ap, stride, m, out.as_mut_ptr(), rows) };
+        for j in 0..m {
+            for r in 0..rows {
+                let (rs, js) = (r * nb..(r + 1) * nb, j * nb..(j + 1) * nb);
+                let want = if dtype == DType::Q4_1 {
+                    q4_1::vec_dot_sequential(&bytemuck::cast_slice::<u8, q4_1::BlockQ4_1>(&w)[rs], &q1[js])
+                } else {
+                    q8_0::vec_dot_sequential(&bytemuck::cast_slice::<u8, q8_0::BlockQ8_0>(&w)[rs], &q0[js])
+                };
+                if want.to_bits() != out[j * rows + r].to_bits() {
+                    let got = out[j * rows + r];
+                    return Err(format!("{dtype} sixteen-row kernel at {isa}: row {r} act {j}: {got} vs {want}"));
+                }
             }
         }
     }
