@@ -9,6 +9,9 @@
 //!   `1 < m <` the GEMM threshold (batch-invariant with `dot4`);
 //! * `packed_dot4` / `packed_tile`: the same over the interleaved four-row
 //!   layout of [`crate::packed`];
+//! * `packed_rows16`: sixteen packed rows in the vector lanes
+//!   ([`Rows16Fn`]), one kernel for every `m`; where present it replaces
+//!   the packed four-row kernel, the tiles and the GEMM;
 //! * `gemm`: the prefill GEMM with activation rows in the vector lanes
 //!   ([`Gemm`]), for `m ≥ gemm.min_m`.
 //!
