@@ -235,7 +235,8 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx512::tile_q4_0)],
             packed_dot4: &[(Base, avx512_packed::dot4_q4_0)],
             packed_tile: &[(Base, avx512_packed::tile_q4_0)],
-            packed_rows16: &[],
+            // Packed: every batch size, as Q4_1 and Q8_0.
+            packed_rows16: &[(Base, avx512_rows16::rows16_q4_0)],
             gemm: GEMM_Q8_0,
         },
     },

@@ -490,22 +490,8 @@ unsafe fn rows_kernel(
         let mut i0 = 0;
         while i0 < m {
             let i1 = (i0 + ACT_TILE).min(m);
-            let mut r = r0;
-            while r < r1 {
-                let rows = (r1 - r).min(16);
-                rows16(
-                    n,
-                    wp.add(r * rb),
-                    rb,
-                    rows,
-                    a.as_ptr().add(i0 * a_stride),
-                    a_stride,
-                    i1 - i0,
-                    y.add(i0 * w.rows + r),
-                    w.rows,
-                );
-                r += rows;
-            }
+            let (ap, yp) = (a.as_ptr().add(i0 * a_stride), y.add(i0 * w.rows + r0));
+            rows16(n, wp.add(r0 * rb), rb, r1 - r0, ap, a_stride, i1 - i0, yp, w.rows);
             i0 = i1;
         }
         return;

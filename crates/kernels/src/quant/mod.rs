@@ -158,10 +158,10 @@ pub fn dot4_fn(dtype: DType, isa: Isa) -> Option<Dot4Fn> {
 pub type TileFn =
     unsafe fn(n: usize, w: *const u8, stride: usize, a: *const u8, a_stride: usize, y: *mut f32, y_stride: usize);
 
-/// Up to sixteen packed weight rows (`rows`, a multiple of 4: that many
-/// consecutive four-row groups of `row_bytes` per row at `w`) against `m`
-/// activation rows `a_stride` bytes apart; writes `y[j·y_stride + r]` for
-/// `r < rows`, `j < m`. One kernel for every `m`, each row's result
+/// Packed weight rows (`rows`, a multiple of 4: that many consecutive
+/// four-row groups of `row_bytes` per row at `w`, taken sixteen at a time)
+/// against `m` activation rows `a_stride` bytes apart; writes
+/// `y[j·y_stride + r]` for `r < rows`, `j < m`. One kernel for every `m`, each row's result
 /// independent of `m` and of the other rows (batch invariance by
 /// construction: [`crate::simd::avx512_rows16`]).
 ///

@@ -1,5 +1,5 @@
 //! Sixteen weight rows in the sixteen vector lanes: one kernel for every
-//! batch size `m` of a packed Q4_1 or Q8_0 weight at AVX-512.
+//! batch size `m` of a packed Q4_1, Q4_0 or Q8_0 weight at AVX-512.
 //!
 //! Why: the four-row kernels keep one row's 64 values across the lanes of a
 //! vector, so every block pair of every (row, activation row) ends in a lane
@@ -47,6 +47,11 @@ const PREFETCH_AHEAD: usize = 4096;
 /// Activation rows per register tile.
 const ACTS: usize = 4;
 
+/// The formats (the `F` parameter below).
+const Q4_1: u8 = 0;
+const Q8_0: u8 = 1;
+const Q4_0: u8 = 2;
+
 #[inline(always)]
 unsafe fn rd32(p: *const u8) -> i32 {
     (p as *const i32).read_unaligned()
@@ -77,7 +82,7 @@ pub unsafe fn rows16_q4_1(
     y: *mut f32,
     y_stride: usize,
 ) {
-    rows16::<false>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+    rows16::<Q4_1>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
 }
 
 /// Sixteen (or 4, 8, 12) packed Q8_0 rows × `m` Q8_0 activation rows, as
@@ -98,14 +103,17 @@ pub unsafe fn rows16_q8_0(
     y: *mut f32,
     y_stride: usize,
 ) {
-    rows16::<true>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+    rows16::<Q8_0>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
 }
 
-/// Both formats (`Q8`: Q8_0, else Q4_1).
+/// Sixteen (or 4, 8, 12) packed Q4_0 rows × `m` Q8_0 activation rows, as
+/// [`rows16_q4_1`].
+///
+/// # Safety
+/// As for [`rows16_q4_1`], with Q4_0 weights and Q8_0 activations.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows16<const Q8: bool>(
+pub unsafe fn rows16_q4_0(
     n: usize,
     w: *const u8,
     row_bytes: usize,
@@ -116,31 +124,91 @@ unsafe fn rows16<const Q8: bool>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    debug_assert!(rows.is_multiple_of(4) && rows <= 16 && n.is_multiple_of(64));
-    let src = Groups::new::<Q8>(w, row_bytes, rows);
+    rows16::<Q4_0>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+}
+
+/// Every format (`F`: [`Q4_1`], [`Q8_0`], [`Q4_0`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows16<const F: u8>(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(rows.is_multiple_of(4) && n.is_multiple_of(64));
+    let nb = n / 32;
+    OFFSETS.with(|cell| {
+        // Q4_0 and Q8_0: each activation block's offset term, `c·Σy` (c = 8,
+        // 128), once per call for all its rows.
+        let mut offsets = cell.borrow_mut();
+        if F != Q4_1 {
+            let c = if F == Q8_0 { 128 } else { 8 };
+            offsets.clear();
+            for j in 0..m {
+                for i in 0..nb {
+                    offsets.push(c * code_sum(a.add(j * a_stride + i * 34 + 2)));
+                }
+            }
+        }
+        let mut r = 0;
+        while r < rows {
+            let take = (rows - r).min(16);
+            group::<F>(n, w.add(r * row_bytes), row_bytes, take, a, a_stride, m, y.add(r), y_stride, &offsets);
+            r += take;
+        }
+    });
+}
+
+/// Up to sixteen rows (one call of the lanes) × all `m` activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<const F: u8>(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+    offsets: &[i32],
+) {
+    let nb = n / 32;
+    let src = Groups::new::<F>(w, row_bytes, rows);
     if m <= ACTS {
-        let blocks = |i: usize| src.block::<Q8>(i);
-        run_tile::<Q8>(m, n / 32, &blocks, a, a_stride, y, y_stride, rows);
+        let blocks = |i: usize| src.block::<F>(i);
+        run_tile::<F>(m, nb, &blocks, a, a_stride, offsets, y, y_stride, rows);
         return;
     }
     SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
-        let nb = n / 32;
         scratch.resize(nb, Block::zero());
         for (i, blk) in scratch.iter_mut().enumerate() {
-            *blk = src.block::<Q8>(i);
+            *blk = src.block::<F>(i);
         }
         let blocks = |i: usize| scratch[i];
         let mut j = 0;
         while j < m {
             let take = (m - j).min(ACTS);
-            run_tile::<Q8>(take, nb, &blocks, a.add(j * a_stride), a_stride, y.add(j * y_stride), y_stride, rows);
+            let offs = offsets.get(j * nb..).unwrap_or(&[]);
+            run_tile::<F>(take, nb, &blocks, a.add(j * a_stride), a_stride, offs, y.add(j * y_stride), y_stride, rows);
             j += take;
         }
     });
 }
 
 thread_local! {
+    /// Q4_0/Q8_0: `c·Σy` of every activation block of the call (`m × nb`).
+    static OFFSETS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Decoded blocks of the current sixteen rows (batches above [`ACTS`]).
     static SCRATCH: std::cell::RefCell<Vec<Block>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -171,8 +239,12 @@ struct Groups {
 }
 
 impl Groups {
-    fn new<const Q8: bool>(w: *const u8, row_bytes: usize, rows: usize) -> Groups {
-        let pair_bytes = if Q8 { 8 * 34 } else { 8 * 20 };
+    fn new<const F: u8>(w: *const u8, row_bytes: usize, rows: usize) -> Groups {
+        let pair_bytes = match F {
+            Q8_0 => 8 * 34,
+            Q4_1 => 8 * 20,
+            _ => 8 * 18,
+        };
         let groups = rows / 4;
         let base =
             std::array::from_fn(|g| if g < groups { w.wrapping_add(g * 4 * row_bytes) } else { ZERO_PAIR.as_ptr() });
@@ -184,20 +256,20 @@ impl Groups {
     /// ahead at even blocks).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn block<const Q8: bool>(self, i: usize) -> Block {
+    unsafe fn block<const F: u8>(self, i: usize) -> Block {
         let (p, b) = (i / 2, i % 2);
         let x: [*const u8; 4] = std::array::from_fn(|g| self.base[g].add(p * self.step[g]));
         if b == 0 {
             for xg in x {
-                for line in 0..if Q8 { 5 } else { 3 } {
+                for line in 0..if F == Q8_0 { 5 } else { 3 } {
                     prefetch(xg.wrapping_add(PREFETCH_AHEAD + 64 * line));
                 }
             }
         }
-        if Q8 {
-            q8_0_block(x, b)
-        } else {
-            q4_1_block(x, b)
+        match F {
+            Q8_0 => q8_0_block(x, b),
+            Q4_1 => q4_1_block(x, b),
+            _ => q4_0_block(x, b),
         }
     }
 }
@@ -219,14 +291,15 @@ unsafe fn transpose(ga: __m512i, gb: __m512i, gc: __m512i, gd: __m512i) -> [__m5
     ]
 }
 
-/// Q4_1 block `b` of the pair at `x` (160 bytes a group: eight `[d, m]`, eight
-/// 16-byte nibble runs).
+/// The sixteen rows' nibbles of block `b`, the group's quant runs starting
+/// `quants` bytes into its pair (sixteen bytes a row and block, in the order
+/// `r0b0 r0b1 r1b0 …`): low nibbles then high ones, as [`Block::w`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_1_block(x: [*const u8; 4], b: usize) -> Block {
-    // Quant halves of group g: [r0b0 r0b1 r1b0 r1b1] and [r2b0 r2b1 r3b0 r3b1]
-    // (16 bytes each); block b's four rows [r0 | r1 | r2 | r3].
-    let q = |g: usize, h: usize| _mm512_loadu_si512(x[g].add(32 + 64 * h) as *const __m512i);
+unsafe fn nibbles(x: [*const u8; 4], quants: usize, b: usize) -> [__m512i; 8] {
+    // Quant halves of group g: [r0b0 r0b1 r1b0 r1b1] and [r2b0 r2b1 r3b0 r3b1];
+    // block b's four rows [r0 | r1 | r2 | r3].
+    let q = |g: usize, h: usize| _mm512_loadu_si512(x[g].add(quants + 64 * h) as *const __m512i);
     let rows_of = |g: usize| {
         if b == 0 {
             _mm512_shuffle_i64x2::<0x88>(q(g, 0), q(g, 1))
@@ -236,6 +309,16 @@ unsafe fn q4_1_block(x: [*const u8; 4], b: usize) -> Block {
     };
     let tv = transpose(rows_of(0), rows_of(1), rows_of(2), rows_of(3));
     let low = _mm512_set1_epi8(0x0F);
+    let lo = tv.map(|v| _mm512_and_si512(v, low));
+    let hi = tv.map(|v| _mm512_and_si512(_mm512_srli_epi16::<4>(v), low));
+    [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+}
+
+/// Q4_1 block `b` of the pair at `x` (160 bytes a group: eight `[d, m]`, eight
+/// 16-byte nibble runs).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_1_block(x: [*const u8; 4], b: usize) -> Block {
     // Header dword of lane 4k + s for block b: group s (8 dwords each), row k.
     let idx = if b == 0 {
         _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30)
@@ -243,16 +326,37 @@ unsafe fn q4_1_block(x: [*const u8; 4], b: usize) -> Block {
         _mm512_setr_epi32(1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31)
     };
     let dm = _mm512_permutex2var_epi32(join(x[0], x[1]), idx, join(x[2], x[3]));
-    let lo = tv.map(|v| _mm512_and_si512(v, low));
-    let hi = tv.map(|v| _mm512_and_si512(_mm512_srli_epi16::<4>(v), low));
     Block {
-        w: [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]],
+        w: nibbles(x, 32, b),
         dw: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)),
         mw: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm))),
     }
 }
 
-/// Q8_0's header word of lane `4k + s` for block `b`: word `8s + 2k + b` of
+/// Q4_0 block `b` of the pair at `x` (144 bytes a group: eight 2-byte `d`,
+/// eight 16-byte nibble runs); the codes stay unsigned, `8·Σy` comes out of
+/// the sum.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_0_block(x: [*const u8; 4], b: usize) -> Block {
+    Block { w: nibbles(x, 16, b), dw: word_scales(x, b), mw: _mm512_setzero_ps() }
+}
+
+/// The sixteen rows' f16 scales of block `b` from the groups' eight-word
+/// headers (Q4_0, Q8_0).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn word_scales(x: [*const u8; 4], b: usize) -> __m512 {
+    let words = |g: usize| _mm_loadu_si128(x[g] as *const __m128i);
+    let heads = _mm512_inserti32x4::<3>(
+        _mm512_inserti32x4::<2>(_mm512_inserti32x4::<1>(_mm512_castsi128_si512(words(0)), words(1)), words(2)),
+        words(3),
+    );
+    let idx = _mm512_loadu_si512(HEAD_WORDS[b].as_ptr() as *const __m512i);
+    _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, heads)))
+}
+
+/// The header word of lane `4k + s` for block `b` (Q4_0, Q8_0): word `8s + 2k + b` of
 /// the four groups' headers (the upper 16 entries are unused).
 static HEAD_WORDS: [[u16; 32]; 2] = {
     let mut t = [[0u16; 32]; 2];
@@ -292,17 +396,9 @@ unsafe fn q8_0_block(x: [*const u8; 4], b: usize) -> Block {
     let hi = transpose(h0.1, h1.1, h2.1, h3.1);
     let flip = _mm512_set1_epi8(-128);
     let f = |v: __m512i| _mm512_xor_si512(v, flip);
-    // Header word of lane 4k + s for block b: group s (8 words each), row k.
-    let words = |g: usize| _mm_loadu_si128(x[g] as *const __m128i);
-    let heads = _mm512_inserti32x4::<3>(
-        _mm512_inserti32x4::<2>(_mm512_inserti32x4::<1>(_mm512_castsi128_si512(words(0)), words(1)), words(2)),
-        words(3),
-    );
-    let idx = _mm512_loadu_si512(HEAD_WORDS[b].as_ptr() as *const __m512i);
-    let d = _mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, heads));
     Block {
         w: [f(lo[0]), f(lo[1]), f(lo[2]), f(lo[3]), f(hi[0]), f(hi[1]), f(hi[2]), f(hi[3])],
-        dw: _mm512_cvtph_ps(d),
+        dw: word_scales(x, b),
         mw: _mm512_setzero_ps(),
     }
 }
@@ -312,21 +408,22 @@ unsafe fn q8_0_block(x: [*const u8; 4], b: usize) -> Block {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_tile<const Q8: bool>(
+unsafe fn run_tile<const F: u8>(
     m: usize,
     nb: usize,
     blocks: &impl Fn(usize) -> Block,
     a: *const u8,
     a_stride: usize,
+    offsets: &[i32],
     y: *mut f32,
     y_stride: usize,
     rows: usize,
 ) {
     match m {
-        1 => tile::<Q8, 1>(nb, blocks, a, a_stride, y, y_stride, rows),
-        2 => tile::<Q8, 2>(nb, blocks, a, a_stride, y, y_stride, rows),
-        3 => tile::<Q8, 3>(nb, blocks, a, a_stride, y, y_stride, rows),
-        _ => tile::<Q8, ACTS>(nb, blocks, a, a_stride, y, y_stride, rows),
+        1 => tile::<F, 1>(nb, blocks, a, a_stride, offsets, y, y_stride, rows),
+        2 => tile::<F, 2>(nb, blocks, a, a_stride, offsets, y, y_stride, rows),
+        3 => tile::<F, 3>(nb, blocks, a, a_stride, offsets, y, y_stride, rows),
+        _ => tile::<F, ACTS>(nb, blocks, a, a_stride, offsets, y, y_stride, rows),
     }
 }
 
@@ -342,17 +439,21 @@ unsafe fn code_sum(qs: *const u8) -> i32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn tile<const Q8: bool, const J: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const F: u8, const J: usize>(
     nb: usize,
     blocks: &impl Fn(usize) -> Block,
     a: *const u8,
     a_stride: usize,
+    offsets: &[i32],
     y: *mut f32,
     y_stride: usize,
     rows: usize,
 ) {
     // Activation blocks: Q8_1 is d, s (f16) then 32 codes; Q8_0 is d then 32.
-    let (act_bytes, qs) = if Q8 { (34, 2) } else { (36, 4) };
+    // Q4_0 and Q8_0 meet Q8_0 activations.
+    let q8_act = F != Q4_1;
+    let (act_bytes, qs) = if q8_act { (34, 2) } else { (36, 4) };
     let mut acc = [_mm512_setzero_ps(); J];
     let mut accm = [_mm512_setzero_ps(); J];
     for i in 0..nb {
@@ -367,14 +468,14 @@ unsafe fn tile<const Q8: bool, const J: usize>(
                 sh = _mm512_dpbusd_epi32(sh, blk.w[4 + t], _mm512_set1_epi32(rd32(yq.add(16 + 4 * t))));
             }
             let mut isum = _mm512_add_epi32(sl, sh);
-            if Q8 {
-                // The codes went in as w + 128.
-                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * code_sum(yq)));
+            if q8_act {
+                // Q8_0's codes went in as w + 128; Q4_0's are q = w + 8.
+                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(*offsets.get_unchecked(jj * nb + i)));
             }
-            let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(if Q8 { rd16(yb) as i32 } else { rd32(yb) }));
+            let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(if q8_act { rd16(yb) as i32 } else { rd32(yb) }));
             let scale = _mm512_mul_ps(blk.dw, _mm512_broadcastss_ps(ds));
             acc[jj] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[jj]);
-            if !Q8 {
+            if F == Q4_1 {
                 accm[jj] = _mm512_fmadd_ps(blk.mw, _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), accm[jj]);
             }
         }
@@ -383,7 +484,7 @@ unsafe fn tile<const Q8: bool, const J: usize>(
     let to_rows = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     let mask: __mmask16 = if rows >= 16 { 0xFFFF } else { (1u16 << rows) - 1 };
     for jj in 0..J {
-        let sum = if Q8 { acc[jj] } else { _mm512_add_ps(acc[jj], accm[jj]) };
+        let sum = if F == Q4_1 { _mm512_add_ps(acc[jj], accm[jj]) } else { acc[jj] };
         _mm512_mask_storeu_ps(y.add(jj * y_stride), mask, _mm512_permutexvar_ps(to_rows, sum));
     }
 }
