@@ -84,13 +84,20 @@ def test_damaged_block_files_are_recomputed(spawn_server):
         srv = spawn_server("--kv-disk", d)
         again = turn(srv, messages)
         m = srv.metrics()
-        # Both are found in one pass (on whichever rank holds them).
-        assert m["shardlm_kv_disk_load_failures_total"] == 2, m
+        # Both are found in one pass (on whichever rank holds them), unless
+        # one of them is the block that holds turn 1's reply (re-warmed as
+        # prompt rows), which this turn, without the reply, never reads: the
+        # files neither loaded nor failed are those (about 1 in 30 runs hit
+        # one, the file names being hashes of a random conversation).
+        failures = m["shardlm_kv_disk_load_failures_total"]
+        unread = len(files) - m["shardlm_kv_disk_blocks_loaded_total"] - failures
+        assert failures == 2 or (failures == 1 and unread >= 1), m
         assert again.choices[0].message.content == first.choices[0].message.content
         assert again.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens
         stop_server(srv)
-        # Deleted, recomputed and written again whole.
-        assert os.path.getsize(files[20]) == os.path.getsize(files[0])
+        # Deleted, recomputed and written again whole (when it was read).
+        if failures == 2:
+            assert os.path.getsize(files[20]) == os.path.getsize(files[0])
 
 
 @SINGLE
