@@ -34,7 +34,7 @@ use super::avx2::rd16;
 use super::avx2_rows::prefetch;
 use std::arch::x86_64::*;
 
-/// A zero group for the missing groups of a 4-, 8- or 12-row call (at least
+/// A zero group for the missing groups of a 4-, 8- or 12-row tail (at least
 /// one block pair of either format): zero scales, zero quants, so its lanes
 /// compute 0 and are not stored.
 static ZERO_PAIR: [u8; 8 * 34] = [0; 8 * 34];
@@ -57,7 +57,7 @@ unsafe fn rd32(p: *const u8) -> i32 {
     (p as *const i32).read_unaligned()
 }
 
-/// Sixteen (or 4, 8, 12: `rows`) packed Q4_1 rows × `m` Q8_1 activation rows
+/// `rows` (a multiple of 4, taken sixteen at a time) packed Q4_1 rows × `m` Q8_1 activation rows
 /// (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] = row r · act j`.
 ///
 /// Up to [`ACTS`] activation rows decode each block's sixteen rows in
@@ -85,7 +85,7 @@ pub unsafe fn rows16_q4_1(
     rows16::<Q4_1>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
 }
 
-/// Sixteen (or 4, 8, 12) packed Q8_0 rows × `m` Q8_0 activation rows, as
+/// `rows` packed Q8_0 rows × `m` Q8_0 activation rows, as
 /// [`rows16_q4_1`].
 ///
 /// # Safety
@@ -106,7 +106,7 @@ pub unsafe fn rows16_q8_0(
     rows16::<Q8_0>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
 }
 
-/// Sixteen (or 4, 8, 12) packed Q4_0 rows × `m` Q8_0 activation rows, as
+/// `rows` packed Q4_0 rows × `m` Q8_0 activation rows, as
 /// [`rows16_q4_1`].
 ///
 /// # Safety
