@@ -43,6 +43,68 @@ pub(super) struct DiskTier {
     pub stats: DiskTierStats,
 }
 
+/// One sync's decisions: `cached` (pool block, key) in release order (a
+/// sequence's last block first, which is the index's LRU order: a prefix's
+/// first blocks serve the most continuations, so they go in last) and
+/// `snapshots` (state slot, state key) enter the index; returns the writes
+/// (first blocks first: a prefix is useful from its start) and the deletes.
+///
+/// What counts is the index after the pass against before it: a key is
+/// written when it is indexed now and was not before, and deleted when it
+/// was and is not. A key may come twice in one pass (a block released by its
+/// sequence and again by the re-warm that shared it), evicted in between by
+/// newer ones: it is judged by where it ends, never both written and deleted.
+fn plan_pass(
+    index: &mut DiskIndex,
+    cached: &[(u32, BlockHash)],
+    snapshots: &[(u32, BlockHash)],
+    state_weight: usize,
+) -> (Vec<DiskOp>, Vec<BlockHash>) {
+    // Every key this pass saw or evicted, with whether it was indexed before.
+    let mut before: std::collections::HashMap<BlockHash, bool> = std::collections::HashMap::new();
+    let mut order: Vec<BlockHash> = Vec::new();
+    let mut added: std::collections::HashMap<BlockHash, DiskOp> = std::collections::HashMap::new();
+    let mut note = |key: BlockHash, indexed: bool, order: &mut Vec<BlockHash>| {
+        before.entry(key).or_insert_with(|| {
+            order.push(key);
+            indexed
+        });
+    };
+    let blocks = cached.iter().map(|&(block, key)| (DiskOp::Save { block, key }, key, 1));
+    let states = snapshots.iter().map(|&(slot, key)| (DiskOp::SaveState { slot, key }, key, state_weight));
+    let mut adds: Vec<BlockHash> = Vec::new();
+    for (op, key, weight) in blocks.chain(states) {
+        note(key, index.contains(key), &mut order);
+        if index.contains(key) {
+            index.touch(key);
+            continue;
+        }
+        for victim in index.insert(key, weight) {
+            note(victim, true, &mut order);
+        }
+        adds.push(key);
+        added.insert(key, op);
+    }
+    let mut deletes = Vec::new();
+    for key in order {
+        if before[&key] && !index.contains(key) {
+            deletes.push(key);
+        }
+    }
+    // Blocks first blocks first (the reverse of release order), then states.
+    let mut saves: Vec<DiskOp> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let is_state = |k: &BlockHash| matches!(added.get(k), Some(DiskOp::SaveState { .. }));
+    let block_keys = adds.iter().filter(|k| !is_state(k)).rev();
+    let state_keys = adds.iter().filter(|k| is_state(k));
+    for key in block_keys.chain(state_keys) {
+        if index.contains(*key) && !before[key] && seen.insert(*key) {
+            saves.extend(added.get(key).cloned());
+        }
+    }
+    (saves, deletes)
+}
+
 /// What a load brought back: per block whether every rank loaded it, and
 /// whether the state snapshot (if one was asked for) loaded everywhere.
 pub(super) struct Loaded {
@@ -88,35 +150,12 @@ impl DiskTier {
     /// snapshot taken that is not on disk yet (evicting the least recently
     /// used beyond the bound), and sends what is queued.
     pub fn sync(&mut self, engine: &mut Engine, blocks: &mut BlockManager) -> Result<(), EngineError> {
-        // Blocks come in release order, a sequence's last block first, which
-        // is the index's LRU order (a prefix's first blocks serve the most
-        // continuations, so they go last). The writes go the other way, first
-        // blocks first: a prefix is useful from its start.
-        let mut saves: Vec<DiskOp> = Vec::new();
-        let mut deletes: Vec<BlockHash> = Vec::new();
-        for (block, key) in blocks.just_cached.as_mut().map(std::mem::take).unwrap_or_default() {
-            if self.index.contains(key) {
-                self.index.touch(key);
-                continue;
-            }
-            saves.push(DiskOp::Save { block, key });
-            deletes.extend(self.index.insert(key, 1));
-        }
-        saves.reverse();
-        for (slot, hash) in std::mem::take(&mut self.snapshots) {
-            let key = kv_disk::state_key(hash);
-            if !self.index.contains(key) {
-                saves.push(DiskOp::SaveState { slot, key });
-                deletes.extend(self.index.insert(key, self.state_weight));
-            }
-        }
-        // A key evicted in this same pass is not written at all.
-        let saved_key = |op: &DiskOp| match op {
-            DiskOp::Save { key, .. } | DiskOp::SaveState { key, .. } => *key,
-            _ => 0,
-        };
-        saves.retain(|op| !deletes.contains(&saved_key(op)));
-        deletes.retain(|k| !saves.iter().any(|op| saved_key(op) == *k));
+        let cached = blocks.just_cached.as_mut().map(std::mem::take).unwrap_or_default();
+        let snapshots: Vec<(u32, BlockHash)> = std::mem::take(&mut self.snapshots)
+            .into_iter()
+            .map(|(slot, hash)| (slot, kv_disk::state_key(hash)))
+            .collect();
+        let (saves, deletes) = plan_pass(&mut self.index, &cached, &snapshots, self.state_weight);
         self.stats.blocks_written += saves.len() as u64;
         self.pending.extend(saves);
         self.pending.extend(deletes.into_iter().map(DiskOp::Delete));
@@ -186,5 +225,62 @@ impl DiskTier {
         self.pending.clear();
         self.snapshots.clear();
         self.drain = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn saved(ops: &[DiskOp]) -> Vec<BlockHash> {
+        ops.iter()
+            .map(|op| match op {
+                DiskOp::Save { key, .. } | DiskOp::SaveState { key, .. } => *key,
+                _ => panic!("not a save: {op:?}"),
+            })
+            .collect()
+    }
+
+    /// Release order is last block first: keys 60 down to 1 for a
+    /// sequence of blocks 1..=60.
+    fn released(range: std::ops::RangeInclusive<u128>) -> Vec<(u32, BlockHash)> {
+        range.rev().map(|k| (k as u32, k)).collect()
+    }
+
+    #[test]
+    fn a_pass_writes_what_it_indexes_and_deletes_what_it_evicts() {
+        // Ten files from before; a new sequence of 45 blocks under a bound of 10.
+        let (mut ix, _) = DiskIndex::new(10, (1000..1010).map(|k| (k, 1)));
+        let (saves, deletes) = plan_pass(&mut ix, &released(1..=45), &[], 2);
+        assert_eq!(saved(&saves), (1..=10).collect::<Vec<_>>(), "first blocks first");
+        assert_eq!(deletes, (1000..1010).collect::<Vec<_>>());
+        assert_eq!(ix.len(), 10);
+    }
+
+    #[test]
+    fn a_key_evicted_and_indexed_again_in_one_pass_stays_on_disk() {
+        // Blocks 1..=10 went to disk in an earlier pass; now the same
+        // sequence's 60 blocks are released again (by a re-warm that shared
+        // them): 60..=11 push 1..=10 out, then 10..=1 come back.
+        let (mut ix, _) = DiskIndex::new(10, []);
+        let (first, _) = plan_pass(&mut ix, &released(1..=60), &[], 2);
+        assert_eq!(saved(&first), (1..=10).collect::<Vec<_>>());
+        let (saves, deletes) = plan_pass(&mut ix, &released(1..=60), &[], 2);
+        assert!(saves.is_empty(), "{saves:?}");
+        assert!(deletes.is_empty(), "{deletes:?}");
+        assert_eq!(ix.keys().collect::<std::collections::HashSet<_>>(), (1..=10).collect());
+        // The same key twice in one pass, new both times: written once.
+        let (mut ix, _) = DiskIndex::new(3, []);
+        let (saves, deletes) = plan_pass(&mut ix, &[(7, 7), (8, 8), (9, 9), (1, 1), (7, 7)], &[], 2);
+        assert_eq!(saved(&saves), vec![7, 1, 9]);
+        assert!(deletes.is_empty());
+    }
+
+    #[test]
+    fn a_state_snapshot_weighs_its_size() {
+        let (mut ix, _) = DiskIndex::new(4, (1..=4).map(|k| (k, 1)));
+        let (saves, deletes) = plan_pass(&mut ix, &[], &[(3, 99)], 2);
+        assert_eq!(saves, vec![DiskOp::SaveState { slot: 3, key: 99 }]);
+        assert_eq!(deletes, vec![1, 2]);
     }
 }
