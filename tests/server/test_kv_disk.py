@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from conftest import API_KEY, stop_server
-from test_serving import GREEDY, HEAVY, conversation, salt
+from test_serving import GREEDY, HEAVY, conversation, salt, wait_for
 
 # The tiny bound test restarts servers several times: once, on one process.
 SINGLE = pytest.mark.skipif(bool(os.environ.get("SHARDLM_SERVE_ARGS")), reason="one process only")
@@ -111,7 +111,13 @@ def test_a_tiny_bound_is_never_exceeded(spawn_server):
         bound = 10 * size + size // 2
         for _ in range(2):
             srv = spawn_server("--kv-disk", d, "--kv-disk-bytes", str(bound))
-            turn(srv, conversation(salt()), max_tokens=1)
+            # A reply of 40 tokens fills a block past the prompt, so the reply
+            # is re-warmed, which releases the prompt's blocks a second time
+            # (once this deleted every file).
+            r = turn(srv, conversation(salt()), max_tokens=40)
+            full = r.usage.prompt_tokens // int(srv.metrics()["shardlm_kv_block_size_tokens"])
+            if r.usage.completion_tokens == 40:
+                wait_for(lambda: srv.metrics()["shardlm_kv_blocks_cached"] > full, what="the re-warmed reply block")
             assert srv.metrics()["shardlm_kv_disk_capacity_blocks"] == 10
             stop_server(srv)
             assert 0 < len(block_files(d)) <= 10
