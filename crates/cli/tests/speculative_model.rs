@@ -7,7 +7,11 @@
 //! path, is refused in one line.
 
 mod common;
-use common::{copy_fixture, edit_config, fixture, shardlm, smollm2, stderr};
+use common::{copy_fixture, edit_config, fixture, shardlm, shardlm_env, smollm2, stderr};
+
+/// A draft model as large as its target never pays, and the scheduler would
+/// leave it unused: these tests are about its tokens, so drafting is free.
+const FREE_DRAFTS: &[(&str, &str)] = &[("SHARDLM_DRAFT_COST", "0")];
 use serde_json::Value;
 use std::path::Path;
 
@@ -15,7 +19,7 @@ fn run_json(model: &str, prompt: &[&str], extra: &[&str]) -> Value {
     let mut args = vec!["run", "--model", model, "--max-tokens", "40", "--ignore-eos", "--json"];
     args.extend_from_slice(prompt);
     args.extend_from_slice(extra);
-    let o = shardlm(&args);
+    let o = shardlm_env(&args, FREE_DRAFTS);
     assert!(o.status.success(), "run {extra:?}: {}", stderr(&o));
     serde_json::from_slice(&o.stdout).expect("one JSON object")
 }
@@ -81,7 +85,7 @@ fn bench_compares_a_draft_model_with_plain_runs() {
     let m = m.to_str().unwrap();
     let args =
         ["bench", "--model", m, "-p", "48", "-g", "24", "-n", "2", "--warmup", "0", "--draft-model", m, "--json"];
-    let o = shardlm(&args);
+    let o = shardlm_env(&args, FREE_DRAFTS);
     assert!(o.status.success(), "{}", stderr(&o));
     let j: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
     let s = &j["speculative"];

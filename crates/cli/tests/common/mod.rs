@@ -16,6 +16,16 @@ pub fn shardlm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_shardlm")).args(args).output().expect("spawn shardlm")
 }
 
+/// [`shardlm`] with extra environment variables.
+pub fn shardlm_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_shardlm"));
+    c.args(args);
+    env.iter().for_each(|(k, v)| {
+        c.env(k, v);
+    });
+    c.output().expect("spawn shardlm")
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }

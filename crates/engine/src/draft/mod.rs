@@ -5,7 +5,7 @@ pub mod model_drafter;
 pub mod ngram;
 
 pub use model_drafter::{vocab_mismatch, ModelDrafter};
-pub use ngram::{lookup, NgramPool};
+pub use ngram::{lookup, lookup_matched, NgramPool};
 
 /// A drafter in place of the n-gram lookup ([`crate::serving::Scheduler::set_drafter`]):
 /// tests drive verification with it (drafts that are all right, all wrong,

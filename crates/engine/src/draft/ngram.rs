@@ -26,6 +26,13 @@ const EMPTY: u32 = u32::MAX;
 /// before; empty when none does. The proposal may run into the suffix itself
 /// (a repeating pattern continues).
 pub fn lookup(history: &[u32], k: usize) -> Vec<u32> {
+    lookup_matched(history, k).0
+}
+
+/// [`lookup`], with the length of the suffix that matched (0 when none
+/// did): a longer match predicts better, which the scheduler learns per
+/// length.
+pub fn lookup_matched(history: &[u32], k: usize) -> (Vec<u32>, usize) {
     let len = history.len();
     for n in (N_MIN..=N_MAX.min(len.saturating_sub(1))).rev() {
         let key = &history[len - n..];
@@ -33,10 +40,10 @@ pub fn lookup(history: &[u32], k: usize) -> Vec<u32> {
         let found = (0..len - n).rev().find(|&s| &history[s..s + n] == key);
         if let Some(s) = found {
             let from = s + n;
-            return history[from..(from + k).min(len)].to_vec();
+            return (history[from..(from + k).min(len)].to_vec(), n);
         }
     }
-    Vec::new()
+    (Vec::new(), 0)
 }
 
 /// The shared n-gram pool: `hash(POOL_N tokens) → next token`.
@@ -107,6 +114,7 @@ mod tests {
         // The longer suffix wins over a later one-token match.
         let h = [1, 2, 7, 5, 2, 8, 1, 2];
         assert_eq!(lookup(&h, 1), vec![7]);
+        assert_eq!(lookup_matched(&h, 1), (vec![7], 2));
         assert!(lookup(&[1, 2, 3], 4).is_empty());
         assert!(lookup(&[], 4).is_empty());
     }

@@ -166,6 +166,9 @@ pub struct Scheduler {
     pub(super) ngram_pool: Option<NgramPool>,
     /// A drafter in place of the n-gram lookup ([`Scheduler::set_drafter`]).
     pub(super) drafter: Option<Box<dyn Drafter>>,
+    /// Whether a draft must be expected to pay to be sent ([`super::spec`]);
+    /// off: every draft goes (tests, measurements).
+    pub(super) draft_gate: bool,
     /// Steps sent and not yet collected, oldest first.
     in_flight: VecDeque<Flight>,
     /// The next [`Seq::id`].
@@ -212,6 +215,7 @@ impl Scheduler {
             draft: None,
             ngram_pool: None,
             drafter: None,
+            draft_gate: true,
             stats: SchedulerStats { block: cfg.block, pool_bytes, ..Default::default() },
             cfg,
         })

@@ -29,21 +29,27 @@
 //! needed stay with the sequence for the positions it reaches next.
 //!
 //! # When it pays
-//! A verify row is not free: on a CPU the matmuls of a few rows are compute
-//! bound, and each draft row costs about [`ROW_COST`] of a decode step
-//! (SmolLM2-135M, 2 threads: a 9-row verify item took 52 ms where a decode
-//! step took 14). A draft model's drafting costs too: `c` decode steps per
-//! token it decodes ([`Drafter::cost`]; the n-gram lookup's is 0), and it
-//! decodes `k` tokens after feeding about one. So the draft length follows
-//! the acceptance rate: with `α` the (decaying) rate at which checked draft
-//! tokens were accepted, a draft of `k` yields `(1 − α^(k+1)) / (1 − α)`
-//! tokens on average for a cost of `1 + ROW_COST·k + c·(k + 1)` steps
-//! ([`step_cost`]), and `k` is the best of `min..=max` for that.
-//! When the tokens per unit of cost (a moving average) fall below 1, plain
-//! decoding would have been faster: speculation pauses for a number of the
-//! sequence's decode steps that doubles each time (up to [`MAX_PAUSE`]), so
-//! text the drafter cannot predict costs little. A draft shorter than `min`
-//! is not sent.
+//! A verify row is not free: on a CPU the matmuls of a few rows cost more
+//! than one, and each draft row costs about [`ROW_COST`] of a decode step
+//! (SmolLM2-135M, 2 threads, sixteen-row kernels: a 9-row verify item took
+//! 22.5 ms where a one-row step took 11.8, 0.11 a row). A draft model's
+//! drafting costs too: `c` decode steps per token it decodes
+//! ([`Drafter::cost`]; the n-gram lookup's is 0), and it decodes `k` tokens
+//! after feeding about one. With `α` the rate at which checked draft tokens
+//! are accepted, a draft of `k` yields `(1 − α^(k+1)) / (1 − α)` tokens on
+//! average for a cost of `1 + ROW_COST·k + c·(k + 1)` steps ([`step_cost`]),
+//! and `k` is the best of `min..=max` for that.
+//!
+//! `α` depends on where a draft comes from: an 8-token suffix found again
+//! in a file being quoted is almost always followed by the same text, a
+//! 1-token match ("the", `.`) in prose almost never. So each sequence keeps
+//! a decaying acceptance rate per [`Source`] (match length 1, 2, 3–4, 5+,
+//! the shared pool, a draft model), and sends a draft only when its
+//! source's expected tokens per unit of cost reach [`GAIN_FLOOR`]. A source
+//! below it is tried again with the shortest draft every [`PROBE_EVERY`]
+//! drafts it would have made, so a text that turns to quoting is noticed.
+//! On prose, where short matches are all there is, speculation thereby
+//! turns itself off, and costs a probe now and then.
 //!
 //! Hybrid models (recurrent states would need a rollback snapshot per
 //! verify step) and sliding-window block groups (window blocks are sized
@@ -52,20 +58,70 @@
 
 use super::scheduler::Scheduler;
 use super::seq::{register_full_blocks, Seq};
-use crate::draft::{lookup, DraftChoice, DraftParams, Drafter, NgramPool};
+use crate::draft::{lookup_matched, DraftChoice, DraftParams, Drafter, NgramPool};
 use crate::generate::GenerateRequest;
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
 
-/// A draft row's cost, in decode steps (measured, see the module notes).
-pub const ROW_COST: f32 = 0.3;
-/// Tokens per unit of cost (moving average) below which a sequence pauses.
-pub const GAIN_FLOOR: f32 = 1.0;
+/// A draft row's cost, in decode steps (measured, see the module notes;
+/// rounded up: a pipeline stage of one thread pays more a row).
+pub const ROW_COST: f32 = 0.15;
+/// Tokens per unit of cost a source's drafts must be expected to yield
+/// (plain decoding yields 1).
+pub const GAIN_FLOOR: f32 = 1.05;
 /// Weight kept by the acceptance counts at each verify step.
 const DECAY: f32 = 0.9;
-/// First and longest pause, in the sequence's decode steps.
-const FIRST_PAUSE: usize = 16;
-pub const MAX_PAUSE: usize = 256;
+/// A source below the floor drafts (its shortest draft) once per this many
+/// drafts it skipped.
+pub const PROBE_EVERY: usize = 32;
+
+/// Where a draft came from; each source's acceptance rate is learned apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The n-gram lookup's suffix match of 1, 2, 3–4 or 5 and more tokens.
+    Match1,
+    Match2,
+    Match3To4,
+    Match5Plus,
+    /// The pool shared across requests.
+    Pool,
+    /// A draft model.
+    Model,
+}
+
+impl Source {
+    const COUNT: usize = 6;
+
+    pub fn of_match(n: usize) -> Source {
+        match n {
+            0 | 1 => Source::Match1,
+            2 => Source::Match2,
+            3 | 4 => Source::Match3To4,
+            _ => Source::Match5Plus,
+        }
+    }
+
+    /// The (accepted, checked) counts a sequence starts with: a one-token
+    /// match is a guess (0.2), a long one a quote (0.8).
+    fn prior(self) -> (f32, f32) {
+        match self {
+            Source::Match1 => (0.4, 2.0),
+            Source::Match2 => (1.0, 2.0),
+            Source::Match3To4 | Source::Pool => (2.0, 3.0),
+            Source::Match5Plus | Source::Model => (4.0, 5.0),
+        }
+    }
+}
+
+/// One source's decaying acceptance counts (a rejected token ends the
+/// check: the ones after it were not checked), and the drafts skipped since
+/// it last drafted.
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    hits: f32,
+    checked: f32,
+    skipped: usize,
+}
 
 /// A speculating sequence's drafter state.
 #[derive(Debug, Clone)]
@@ -73,63 +129,66 @@ pub(super) struct SpecState {
     pub params: DraftParams,
     /// The drafter's cost per drafted token, in decode steps ([`Drafter::cost`]).
     pub draft_cost: f32,
-    /// The next draft's length.
-    pub k: usize,
     /// The next (or in-flight) verify item's tokens: the last sampled token,
     /// then the draft; empty when none is prepared.
     pub tokens: Vec<u32>,
-    /// Moving average of the tokens each verify step yielded per unit of its cost.
-    pub gain: f32,
-    /// Decaying counts of draft tokens accepted and checked (a rejected
-    /// token ends the check: the ones after it were not).
-    pub hits: f32,
-    pub checked: f32,
-    /// Decode steps left without speculating, and the next pause's length.
-    pub pause: usize,
-    pub next_pause: usize,
+    /// Where the in-flight draft came from.
+    pub source: Source,
+    rates: [Rate; Source::COUNT],
+    /// Whether drafts that are not expected to pay are skipped.
+    pub gated: bool,
     pub drafted: usize,
     pub accepted: usize,
 }
 
 impl SpecState {
     fn new(params: DraftParams, draft_cost: f32) -> SpecState {
+        let all = [Source::Match1, Source::Match2, Source::Match3To4, Source::Match5Plus, Source::Pool, Source::Model];
         SpecState {
             params,
             draft_cost,
-            k: best_len(PRIOR.0 / PRIOR.1, params, draft_cost),
             tokens: Vec::new(),
-            gain: 1.5,
-            hits: PRIOR.0,
-            checked: PRIOR.1,
-            pause: 0,
-            next_pause: FIRST_PAUSE,
+            source: Source::Match1,
+            rates: all.map(|s| Rate { hits: s.prior().0, checked: s.prior().1, skipped: 0 }),
+            gated: true,
             drafted: 0,
             accepted: 0,
         }
+    }
+
+    /// How many of at most `offered` tokens from `source` to draft: the
+    /// best length for its acceptance rate when that pays, a probe of the
+    /// shortest now and then when not, else 0.
+    pub fn plan(&mut self, source: Source, offered: usize) -> usize {
+        let p = self.params;
+        if offered < p.min {
+            return 0;
+        }
+        let r = &mut self.rates[source as usize];
+        let alpha = r.hits / r.checked.max(1e-6);
+        let bounds = DraftParams { min: p.min, max: p.max.min(offered) };
+        let k = best_len(alpha, bounds, self.draft_cost);
+        if !self.gated || expected_yield(alpha, k, self.draft_cost) >= GAIN_FLOOR {
+            r.skipped = 0;
+            return k;
+        }
+        r.skipped += 1;
+        if r.skipped >= PROBE_EVERY {
+            r.skipped = 0;
+            return p.min;
+        }
+        0
     }
 
     /// After a verify step of `k` draft tokens of which `a` were accepted.
     fn adapt(&mut self, k: usize, a: usize) {
         self.drafted += k;
         self.accepted += a;
-        let p = self.params;
-        self.hits = DECAY * self.hits + a as f32;
-        self.checked = DECAY * self.checked + (a + usize::from(a < k)) as f32;
-        let yielded = (1 + a) as f32 / step_cost(k, self.draft_cost);
-        self.gain = 0.8 * self.gain + 0.2 * yielded;
-        if self.gain < GAIN_FLOOR {
-            self.pause = self.next_pause;
-            self.next_pause = (self.next_pause * 2).min(MAX_PAUSE);
-            (self.gain, self.hits, self.checked) = (1.5, PRIOR.0, PRIOR.1);
-        } else if yielded > 1.0 {
-            self.next_pause = FIRST_PAUSE;
-        }
-        self.k = best_len(self.hits / self.checked.max(1e-6), p, self.draft_cost);
+        let r = &mut self.rates[self.source as usize];
+        r.hits = DECAY * r.hits + a as f32;
+        r.checked = DECAY * r.checked + (a + usize::from(a < k)) as f32;
     }
 }
-
-/// The acceptance counts a sequence starts with (a rate of 0.8).
-const PRIOR: (f32, f32) = (4.0, 5.0);
 
 /// A verify step of `k` draft tokens, in decode steps, with a drafter that
 /// costs `draft_cost` per token it decodes (see the module notes).
@@ -138,11 +197,17 @@ pub fn step_cost(k: usize, draft_cost: f32) -> f32 {
     1.0 + ROW_COST * k as f32 + draft_cost
 }
 
+/// Expected tokens per decode step's cost of a draft of `k` whose tokens are
+/// each accepted with probability `alpha`.
+pub fn expected_yield(alpha: f32, k: usize, draft_cost: f32) -> f32 {
+    let alpha = alpha.clamp(0.0, 0.999);
+    (1.0 - alpha.powi(k as i32 + 1)) / (1.0 - alpha) / step_cost(k, draft_cost)
+}
+
 /// The draft length in `p.min..=p.max` that yields the most tokens per unit
 /// of cost when each draft token is accepted with probability `alpha`.
 pub fn best_len(alpha: f32, p: DraftParams, draft_cost: f32) -> usize {
-    let alpha = alpha.clamp(0.0, 0.999);
-    let rate = |k: usize| (1.0 - alpha.powi(k as i32 + 1)) / (1.0 - alpha) / step_cost(k, draft_cost);
+    let rate = |k: usize| expected_yield(alpha, k, draft_cost);
     (p.min..=p.max).max_by(|&a, &b| rate(a).total_cmp(&rate(b)).then(b.cmp(&a))).unwrap_or(p.min)
 }
 
@@ -168,6 +233,13 @@ impl Scheduler {
     /// back to them).
     pub fn set_drafter(&mut self, drafter: Option<Box<dyn Drafter>>) {
         self.drafter = drafter;
+    }
+
+    /// Sends every draft, paying or not (`false`), or only those expected to
+    /// pay (`true`, the default): for tests and measurements of the verify
+    /// path itself.
+    pub fn set_draft_gate(&mut self, gate: bool) {
+        self.draft_gate = gate;
     }
 
     /// Why this model does not speculate, if it does not.
@@ -196,7 +268,9 @@ impl Scheduler {
             return None;
         }
         self.ngram_pool.get_or_insert_with(NgramPool::new);
-        Some(SpecState::new(params, self.drafter.as_ref().map_or(0.0, |d| d.cost())))
+        let mut sp = SpecState::new(params, self.drafter.as_ref().map_or(0.0, |d| d.cost()));
+        sp.gated = self.draft_gate;
+        Some(sp)
     }
 
     /// Prepares a draft for every speculating sequence that is ready to
@@ -211,26 +285,32 @@ impl Scheduler {
             if !sp.tokens.is_empty() || !decoding {
                 continue;
             }
-            if sp.pause > 0 {
-                sp.pause -= 1;
-                continue;
-            }
             let left = s.req.max_tokens.saturating_sub(s.out_ids.len());
-            let k = sp.k.min(left.saturating_sub(1));
-            if k < sp.params.min {
+            let cap = sp.params.max.min(left.saturating_sub(1));
+            if cap < sp.params.min {
                 continue;
             }
-            let mut draft = match self.drafter.as_mut() {
-                Some(d) => d.propose(&s.history, k),
-                None => lookup(&s.history, k),
+            // A draft model's drafting costs: decide its length first. The
+            // lookup is free: look first, then decide by how long a suffix
+            // matched.
+            let (mut draft, source) = match self.drafter.as_mut() {
+                Some(d) => match sp.plan(Source::Model, cap) {
+                    0 => continue,
+                    k => (d.propose(&s.history, k), Source::Model),
+                },
+                None => match lookup_matched(&s.history, cap) {
+                    (d, n) if !d.is_empty() => (d, Source::of_match(n)),
+                    _ => match &self.ngram_pool {
+                        Some(pool) => (pool.lookup(&s.history, cap), Source::Pool),
+                        None => continue,
+                    },
+                },
             };
             // Never more than asked, never a token the model cannot embed.
-            let valid = draft.iter().take(k).take_while(|&&t| (t as usize) < self.vocab).count();
+            let valid = draft.iter().take(cap).take_while(|&&t| (t as usize) < self.vocab).count();
             draft.truncate(valid);
-            if draft.is_empty() && self.drafter.is_none() {
-                if let Some(pool) = &self.ngram_pool {
-                    draft = pool.lookup(&s.history, k);
-                }
+            if source != Source::Model {
+                draft.truncate(sp.plan(source, draft.len()));
             }
             // Positions `start ..= start + draft.len()` need blocks.
             let start = s.history.len() - 1;
@@ -241,6 +321,7 @@ impl Scheduler {
             if draft.len() < sp.params.min {
                 continue;
             }
+            sp.source = source;
             sp.tokens.reserve(draft.len() + 1);
             sp.tokens.push(s.history[start]);
             sp.tokens.extend(draft);
@@ -303,7 +384,7 @@ mod tests {
     fn the_draft_length_follows_the_acceptance_rate() {
         let p = DraftParams { max: 16, min: 1 };
         assert_eq!(best_len(0.3, p, 0.0), 1);
-        assert!(best_len(0.8, p, 0.0) <= 4);
+        assert!(best_len(0.8, p, 0.0) <= 6);
         assert!(best_len(0.97, p, 0.0) >= 8);
         assert_eq!(best_len(0.999, DraftParams { max: 6, min: 2 }, 0.0), 6);
         assert_eq!(best_len(0.0, DraftParams { max: 6, min: 2 }, 0.0), 2);
@@ -311,21 +392,52 @@ mod tests {
         assert!(best_len(0.97, p, 0.5) < best_len(0.97, p, 0.0));
     }
 
+    /// One verify step of a draft from `source`, `a` of its tokens accepted.
+    fn step(s: &mut SpecState, source: Source, offered: usize, accept: impl Fn(usize) -> usize) -> usize {
+        let k = s.plan(source, offered);
+        if k > 0 {
+            s.source = source;
+            s.adapt(k, accept(k));
+        }
+        k
+    }
+
     #[test]
-    fn rejected_drafts_pause_speculation_and_accepted_ones_lengthen_it() {
+    fn each_source_learns_its_own_rate() {
         let mut s = SpecState::new(DraftParams { max: 16, min: 1 }, 0.0);
+        // A long match that keeps being right drafts long.
         for _ in 0..20 {
-            let k = s.k;
-            s.adapt(k, k);
+            step(&mut s, Source::Match5Plus, 16, |k| k);
         }
-        assert!(s.k >= 8, "k {}", s.k);
-        let mut rounds = 0;
-        while s.pause == 0 {
-            let k = s.k;
-            s.adapt(k, 0);
-            rounds += 1;
+        assert!(s.plan(Source::Match5Plus, 16) >= 8);
+        // A one-token match starts as a guess: not worth a row.
+        assert_eq!(s.plan(Source::Match1, 8), 0);
+        // Two-token matches that keep failing stop drafting, and are probed
+        // with one token once per PROBE_EVERY offers; the long matches are
+        // untouched.
+        let mut drafted = Vec::new();
+        for _ in 0..(3 * PROBE_EVERY) {
+            drafted.push(step(&mut s, Source::Match2, 8, |_| 0));
         }
-        assert!(rounds <= 10, "{rounds} wasted verify steps before pausing");
-        assert_eq!(s.pause, FIRST_PAUSE);
+        let sent = drafted.iter().filter(|&&k| k > 0).count();
+        assert!(sent <= 3 + 3, "{drafted:?}");
+        assert!(drafted[drafted.len() - 2 * PROBE_EVERY..].iter().all(|&k| k <= 1), "{drafted:?}");
+        assert!(s.plan(Source::Match5Plus, 16) >= 8);
+        // Never more than offered, never fewer than the minimum.
+        let mut s = SpecState::new(DraftParams { max: 6, min: 2 }, 0.0);
+        assert_eq!(s.plan(Source::Match5Plus, 1), 0);
+        assert!(s.plan(Source::Match5Plus, 3) <= 3);
+    }
+
+    #[test]
+    fn a_costly_drafter_pays_only_at_high_acceptance() {
+        let mut s = SpecState::new(DraftParams { max: 8, min: 1 }, 0.5);
+        // At the prior (0.8) a drafter costing half a step per token loses.
+        assert!(expected_yield(0.8, best_len(0.8, s.params, 0.5), 0.5) < GAIN_FLOOR);
+        assert_eq!(s.plan(Source::Model, 8), 0);
+        let mut cheap = SpecState::new(DraftParams { max: 8, min: 1 }, 0.05);
+        assert!(cheap.plan(Source::Model, 8) >= 2);
+        s.draft_cost = 0.05;
+        assert!(s.plan(Source::Model, 8) >= 2);
     }
 }
