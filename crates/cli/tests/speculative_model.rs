@@ -25,9 +25,15 @@ fn run_json(model: &str, prompt: &[&str], extra: &[&str]) -> Value {
 }
 
 /// Greedy tokens with `draft` drafting for `model` equal those without, in
-/// one process and in a pipeline of 2; returns (drafted, accepted) of each split.
+/// one process, in a pipeline of 2 and under tensor parallelism of 2 (the
+/// draft model runs on rank 0 beside its shard); returns (drafted, accepted)
+/// of each split.
 fn same_tokens_with_draft_model(model: &str, draft: &str, prompt: &[&str]) -> Vec<(u64, u64)> {
-    let splits: [&[&str]; 2] = [&["--threads", "2"], &["--ranks", "2", "--strategy", "pipeline", "--threads", "1"]];
+    let splits: [&[&str]; 3] = [
+        &["--threads", "2"],
+        &["--ranks", "2", "--strategy", "pipeline", "--threads", "1"],
+        &["--ranks", "2", "--strategy", "tensor", "--threads", "1"],
+    ];
     let mut counts = Vec::new();
     for split in splits {
         let plain = run_json(model, prompt, split);
