@@ -389,9 +389,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let solo = engine::serving::solo::solo_config(&engine, p + g, crate::serve::KV_BLOCK, engine.prefill_chunk);
     let mut sched = Scheduler::new(&mut engine, solo).context("allocating the KV pool")?;
     let speculate = a.draft.params()?.is_some();
-    if let Some(why) = sched.set_draft(a.draft.params()?)? {
-        eprintln!("speculative decoding is off: {why}");
-    }
+    sched.set_draft(a.draft.params()?)?;
     sched.set_drafter(a.draft.drafter(&engine, threads, 1)?);
 
     if !a.json {

@@ -179,9 +179,7 @@ fn run_on(
         engine.prefill_chunk,
     );
     let mut sched = engine::serving::Scheduler::new(engine, solo).context("allocating the KV pool")?;
-    if let Some(why) = sched.set_draft(a.draft.params()?)? {
-        eprintln!("[speculative decoding is off: {why}]");
-    }
+    sched.set_draft(a.draft.params()?)?;
     sched.set_drafter(drafter);
     let hooks = RunHooks { stream: !a.json, text: String::new(), token_times: Vec::new() };
     let t0 = std::time::Instant::now();

@@ -19,6 +19,7 @@ use common::serving::{fixture_engine, request, Recorder, Seen};
 use shardlm_engine::draft::{DraftChoice, DraftParams, Drafter};
 use shardlm_engine::generate::{Engine, GenerateHooks, GenerateRequest};
 use shardlm_engine::sampler::SamplingParams;
+use shardlm_engine::serving::windows::window_blocks_for;
 use shardlm_engine::serving::{Scheduler, SchedulerConfig, SeqHooks, SeqOutcome, Submission};
 use shardlm_engine::EngineError;
 use std::sync::{Arc, Mutex};
@@ -91,8 +92,24 @@ fn repetitive_prompt(len: usize) -> Vec<u32> {
     (0..len).map(|i| if i % 50 < 30 { phrase[i % 23] } else { (i as u32 * 7919) % 1000 + 5 }).collect()
 }
 
+/// [`config`] with a sliding-window block group sized for the model's window.
+fn window_config(e: &Engine) -> SchedulerConfig {
+    let c = config();
+    let n_window_blocks =
+        window_blocks_for(e.model.max_window(), e.context_length(), c.block, c.max_batch, c.step_tokens, true);
+    assert!(n_window_blocks > 0, "the fixture's window saves nothing");
+    SchedulerConfig { n_window_blocks, ..c }
+}
+
 fn greedy_equality(name: &str) {
+    greedy_equality_with(name, |_| config());
+}
+
+fn greedy_equality_with(name: &str, config: impl Fn(&Engine) -> SchedulerConfig) {
     let mut e = fixture_engine(name, 64);
+    let cfg = config(&e);
+    let config = || cfg.clone();
+    let hybrid = e.model.spec.linear_attn.is_some();
     let vocab = e.model.config.vocab_size as u32;
     let prompt = repetitive_prompt(150);
     let n = 40;
@@ -132,7 +149,9 @@ fn greedy_equality(name: &str) {
         // both runs, and continues the same.
         let (a, b) = (got_after.outcome.clone().unwrap().unwrap(), want_after.outcome.clone().unwrap().unwrap());
         assert_eq!(a.cached_tokens, b.cached_tokens, "{name} {what}: cached different prefixes");
-        assert!(a.cached_tokens >= prompt.len() / 16 * 16, "{name} {what}: {} cached", a.cached_tokens);
+        // Whole blocks of 16; a hybrid resumes at its state snapshots (every 64).
+        let granule = if hybrid { 64 } else { 16 };
+        assert!(a.cached_tokens >= prompt.len() / granule * granule, "{name} {what}: {} cached", a.cached_tokens);
         assert!(got_after.logits == want_after.logits, "{name} {what}: KV after speculation differs");
         assert_eq!(st.blocks.used, 0, "{name} {what}: every block is released");
     }
@@ -144,6 +163,26 @@ fn greedy_speculation_equals_plain_decoding_tiny() {
     // norms; deepseek_v3 latent attention (MLA) and experts; qwen3_moe experts.
     for name in ["llama", "qwen3", "mistral", "gpt_oss", "deepseek_v3", "qwen3_moe"] {
         greedy_equality(name);
+    }
+}
+
+#[test]
+fn greedy_speculation_equals_plain_decoding_hybrid() {
+    // Linear-attention layers: a rejected draft's rows are taken back from
+    // each layer's recurrent and conv states (replayed from the state before
+    // the verify step), and the logits after it are those of plain decoding.
+    for name in ["qwen3_next", "qwen3_5", "qwen3_5_moe"] {
+        greedy_equality(name);
+    }
+}
+
+#[test]
+fn greedy_speculation_equals_plain_decoding_window_group() {
+    // Sliding-window layers on blocks of their own: a draft's positions get
+    // window blocks before the verify step, and trimming after it keeps the
+    // window of the accepted positions.
+    for name in ["gemma3", "gpt_oss"] {
+        greedy_equality_with(name, window_config);
     }
 }
 
@@ -269,16 +308,9 @@ fn speculative_sampling_keeps_the_distribution() {
 }
 
 #[test]
-fn hybrid_and_windowed_models_do_not_speculate() {
-    let mut e = fixture_engine("qwen3_next", 64);
-    let mut sched = Scheduler::new(&mut e, config()).unwrap();
-    let why = sched.set_draft(Some(DraftParams::default())).unwrap();
-    assert!(why.is_some_and(|w| w.contains("linear-attention")), "{why:?}");
-    let seen = submit(&mut sched, request(repetitive_prompt(120), 20));
-    drain(&mut sched, &mut e);
-    let out = seen.lock().unwrap().outcome.clone().unwrap().unwrap();
-    assert_eq!((out.drafted, out.output_ids.len()), (0, 20));
+fn draft_bounds_are_checked() {
     let mut e = fixture_engine("llama", 64);
     let mut sched = Scheduler::new(&mut e, config()).unwrap();
     assert!(sched.set_draft(Some(DraftParams { max: 40, min: 1 })).is_err(), "draft-max over 16");
+    assert!(sched.set_draft(Some(DraftParams::default())).is_ok());
 }

@@ -32,9 +32,9 @@
 
 use crate::kv_cache::{KvPool, SeqKv};
 use crate::linear::Linear;
-use crate::model::SeqStep;
+use crate::model::{AttendRows, SeqStep};
 use crate::plan::TpSlice;
-use crate::state_cache::{StatePool, StateShape};
+use crate::state_cache::{LayerUndo, StatePool, StateShape};
 use crate::workspace::grow;
 use crate::{slice, LoadOptions, ModelError};
 use formats::{ModelConfig, SourceFormat, TensorData, WeightTensor};
@@ -396,12 +396,29 @@ impl GatedDeltaNet {
         for sq in seqs.iter_mut() {
             let len = sq.tokens.len();
             let start = sq.cache.start();
+            let verify = sq.attend_rows() == AttendRows::Verify && len > 1;
             let states = seq_states(&mut sq.cache, paged.as_deref_mut())?;
-            let (conv_state, rec) = states.0.layer_slot(li, states.1).ok_or_else(|| {
+            let (conv_state, rec, undo) = states.0.layer_slot_undo(li, states.1).ok_or_else(|| {
                 ModelError::Unsupported(format!("owned layer {li} has no recurrent state in this cache"))
             })?;
-            self.conv_silu(&ws.qkv[row * c..(row + len) * c], conv_state, &mut ws.conv[row * c..(row + len) * c]);
-            ws.tasks.push(SeqTask { row, len, start, rec: rec.as_mut_ptr() as usize });
+            let x = &ws.qkv[row * c..(row + len) * c];
+            let replay = self.take_back_conv(conv_state, undo);
+            if verify {
+                self.keep_way_back(conv_state, x, start, undo);
+            } else {
+                undo.rows = 0;
+            }
+            self.conv_silu(x, conv_state, &mut ws.conv[row * c..(row + len) * c]);
+            ws.tasks.push(SeqTask {
+                row,
+                len,
+                start,
+                rec: rec.as_mut_ptr() as usize,
+                replay,
+                verify,
+                before: undo.before.as_mut_ptr().wrapping_add(s.conv_len()) as usize,
+                heads: undo.heads.as_mut_ptr() as usize,
+            });
             row += len;
         }
         self.heads(pool, ws);
@@ -438,13 +455,40 @@ impl GatedDeltaNet {
             }
             yr.iter_mut().for_each(|v| *v /= 1.0 + (-*v).exp());
         }
-        // The new state: the last K − 1 inputs.
-        if len >= hist {
-            state.copy_from_slice(&x[(len - hist) * c..len * c]);
-        } else if hist > 0 {
-            state.copy_within(len * c.., 0);
-            state[(hist - len) * c..].copy_from_slice(x);
+        advance_conv_state(state, x, c, hist);
+    }
+
+    /// Takes back the rejected rows of this layer's last verify step of the
+    /// slot, if [`StatePool::begin_step`] asked for it: the conv state here
+    /// (the saved state advanced over the accepted rows' inputs); returns how
+    /// many rows the heads replay into the recurrent state ([`Self::heads`]).
+    fn take_back_conv(&self, conv_state: &mut [f32], undo: &mut LayerUndo) -> usize {
+        let m = std::mem::take(&mut undo.replay);
+        if m == 0 {
+            return 0;
         }
+        let (c, hist) = (self.shape.conv_channels, self.shape.conv_kernel - 1);
+        conv_state.copy_from_slice(&undo.before[..conv_state.len()]);
+        advance_conv_state(conv_state, &undo.conv_in[..m * c], c, hist);
+        m
+    }
+
+    /// Before a verify step of `x` (`rows × C`) from `start`: sizes the
+    /// slot's way back and keeps the conv state and inputs (the heads keep
+    /// the recurrent state and their inputs, [`Self::heads`]). The heads'
+    /// buffer keeps the rows already in it: a replay still reads them.
+    fn keep_way_back(&self, conv_state: &[f32], x: &[f32], start: usize, undo: &mut LayerUndo) {
+        let s = self.shape;
+        let rows = x.len() / s.conv_channels.max(1);
+        undo.before.resize(s.len(), 0.0);
+        undo.before[..s.conv_len()].copy_from_slice(conv_state);
+        undo.conv_in.clear();
+        undo.conv_in.extend_from_slice(x);
+        let need = rows * s.v_heads * LayerUndo::stride(&s);
+        if undo.heads.len() < need {
+            undo.heads.resize(need, 0.0);
+        }
+        (undo.start, undo.rows) = (start, rows);
     }
 
     /// The delta rule of every (sequence, value head), split over the pool's
@@ -498,6 +542,31 @@ impl GatedDeltaNet {
                 // SAFETY: each (sequence, head) state is a disjoint dk × dv
                 // block of its slot, and each task is run by one thread.
                 let st = unsafe { std::slice::from_raw_parts_mut((sq.rec as *mut f32).add(h * dk * dv), dk * dv) };
+                // The slot's way back from its last verify step (this head's
+                // saved state; every row's inputs at `[row][head]`).
+                let stride = 2 * dk + dv + 2;
+                // SAFETY: as `st`, head h's dk × dv block of the saved state.
+                let before =
+                    || unsafe { std::slice::from_raw_parts_mut((sq.before as *mut f32).add(h * dk * dv), dk * dv) };
+                // SAFETY: row i's head-h inputs are written and read by this task only.
+                let saved = |i: usize| unsafe {
+                    std::slice::from_raw_parts_mut((sq.heads as *mut f32).add((i * nv + h) * stride), stride)
+                };
+                if sq.replay > 0 {
+                    st.copy_from_slice(before());
+                    replay_rows(st, sq.replay, &saved, dk, dv, &mut hs.replay, &mut hs.chunk);
+                }
+                if sq.verify {
+                    before().copy_from_slice(st);
+                    for i in 0..len {
+                        let row = saved(i);
+                        row[..dk].copy_from_slice(&hs.q[i * dk..(i + 1) * dk]);
+                        row[dk..2 * dk].copy_from_slice(&hs.k[i * dk..(i + 1) * dk]);
+                        row[2 * dk..2 * dk + dv].copy_from_slice(&hs.v[i * dv..(i + 1) * dv]);
+                        row[2 * dk + dv] = hs.g[i];
+                        row[2 * dk + dv + 1] = hs.beta[i];
+                    }
+                }
                 let x = HeadInputs {
                     q: &hs.q[..len * dk],
                     k: &hs.k[..len * dk],
@@ -505,7 +574,10 @@ impl GatedDeltaNet {
                     g: &hs.g[..len],
                     beta: &hs.beta[..len],
                 };
-                if len == 1 {
+                // A verify step's rows each run as the decode step of their
+                // position would (the token loop), so accepted rows match
+                // plain decoding bit for bit and a replay recomputes them.
+                if len == 1 || sq.verify {
                     delta_rule::recurrent(st, &x, dk, dv, &mut hs.o, &mut hs.chunk);
                 } else {
                     // The first piece up to the next multiple of CHUNK, then whole chunks.
@@ -532,6 +604,56 @@ impl GatedDeltaNet {
             }
         });
     }
+}
+
+/// The last `K − 1` inputs of `[state ‖ x]` (`x`: rows of `c` channels) into
+/// `state` (`hist = K − 1` rows, oldest first).
+fn advance_conv_state(state: &mut [f32], x: &[f32], c: usize, hist: usize) {
+    let len = x.len() / c.max(1);
+    if len >= hist {
+        state.copy_from_slice(&x[(len - hist) * c..len * c]);
+    } else if hist > 0 {
+        state.copy_within(len * c.., 0);
+        state[(hist - len) * c..].copy_from_slice(x);
+    }
+}
+
+/// Runs the first `m` saved rows of a verify step (`saved(i)`: row i's q, k,
+/// v, g, β of this head) through the recurrent kernel into `st`, which holds
+/// the state before that step.
+fn replay_rows<'a>(
+    st: &mut [f32],
+    m: usize,
+    saved: &impl Fn(usize) -> &'a mut [f32],
+    dk: usize,
+    dv: usize,
+    buf: &mut ReplayScratch,
+    chunk: &mut ChunkScratch,
+) {
+    for b in [&mut buf.q, &mut buf.k] {
+        grow(b, m * dk);
+    }
+    for b in [&mut buf.v, &mut buf.o] {
+        grow(b, m * dv);
+    }
+    grow(&mut buf.g, m);
+    grow(&mut buf.beta, m);
+    for i in 0..m {
+        let row = saved(i);
+        buf.q[i * dk..(i + 1) * dk].copy_from_slice(&row[..dk]);
+        buf.k[i * dk..(i + 1) * dk].copy_from_slice(&row[dk..2 * dk]);
+        buf.v[i * dv..(i + 1) * dv].copy_from_slice(&row[2 * dk..2 * dk + dv]);
+        buf.g[i] = row[2 * dk + dv];
+        buf.beta[i] = row[2 * dk + dv + 1];
+    }
+    let x = HeadInputs {
+        q: &buf.q[..m * dk],
+        k: &buf.k[..m * dk],
+        v: &buf.v[..m * dv],
+        g: &buf.g[..m],
+        beta: &buf.beta[..m],
+    };
+    delta_rule::recurrent(st, &x, dk, dv, &mut buf.o, chunk);
 }
 
 /// torch's `softplus` (threshold 20: linear above).
@@ -586,13 +708,20 @@ impl<T> Shared<T> {
 }
 
 /// One sequence's share of a step: its rows, first position, and its slot's
-/// recurrent state (as an address, to cross into the pool's threads).
+/// recurrent state (as an address, to cross into the pool's threads), with
+/// the slot's way back from verify steps ([`LayerUndo`]: rows to replay
+/// first, whether this step is one to keep a way back from, and the
+/// addresses of the saved recurrent state and rows' inputs).
 #[derive(Debug, Clone, Copy)]
 struct SeqTask {
     row: usize,
     len: usize,
     start: usize,
     rec: usize,
+    replay: usize,
+    verify: bool,
+    before: usize,
+    heads: usize,
 }
 
 /// A thread's gather buffers for one head.
@@ -605,6 +734,18 @@ struct HeadScratch {
     beta: Vec<f32>,
     o: Vec<f32>,
     chunk: ChunkScratch,
+    replay: ReplayScratch,
+}
+
+/// A thread's buffers for replaying a verify step's accepted rows.
+#[derive(Debug, Default)]
+struct ReplayScratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    o: Vec<f32>,
 }
 
 /// Buffers of linear-attention layers (and the gated attention's gate).

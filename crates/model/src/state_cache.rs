@@ -14,6 +14,23 @@
 //! not continue exactly where the state stopped is refused instead of
 //! silently computing garbage (a recurrent state cannot be rewound: prefix
 //! reuse restores a snapshot slot taken at that position, [`StatePool::copy`]).
+//!
+//! # Taking back a verify step (speculative decoding)
+//! A verify step runs `1 + k` rows (the last token and a draft of `k`) and
+//! only the first `1 + a` are accepted, so the state must go back to where
+//! row `a` left it. Each owned layer keeps a [`LayerUndo`] per slot: the
+//! state before the verify step and every row's conv input and delta-rule
+//! inputs (q, k, v, g, β per value head: `2·dk + dv + 2` floats, against the
+//! `dk × dv` state a row would need to keep). The next step of the slot
+//! starts at `start + 1 + a` instead of where the state stopped;
+//! [`StatePool::begin_step`] accepts that and marks each layer to replay the
+//! `1 + a` accepted rows from the saved state first, with the same recurrent
+//! kernel the verify step ran (bit for bit the state it had after row `a`).
+//! Replaying costs at most the verify step's own delta-rule work and no
+//! matmul; nothing crosses ranks, since every rank sees the next step's
+//! position. As vLLM's and SGLang's Mamba speculation does, the cost is
+//! memory: one extra state and the rows' inputs per speculating slot,
+//! allocated on a slot's first verify step.
 
 use crate::ModelError;
 
@@ -58,12 +75,44 @@ pub struct StatePool {
     data: Vec<Vec<f32>>,
     /// Per slot: positions the state has consumed (the next position).
     pos: Vec<usize>,
+    /// Per slot, per owned layer: the last verify step's way back (empty
+    /// until the slot's first verify step).
+    undo: Vec<Vec<LayerUndo>>,
+}
+
+/// One owned layer's way back from a slot's last verify step (see the module notes).
+#[derive(Debug, Clone, Default)]
+pub struct LayerUndo {
+    /// The verify step's first position and its rows (0 rows: nothing to undo).
+    pub start: usize,
+    pub rows: usize,
+    /// Accepted rows this layer replays from `before` at its next step (0: none).
+    pub replay: usize,
+    /// The slot's conv state then recurrent state before the verify step.
+    pub before: Vec<f32>,
+    /// The rows' conv inputs, `rows × conv_channels`.
+    pub conv_in: Vec<f32>,
+    /// The rows' delta-rule inputs, `rows × v_heads × `[`LayerUndo::stride`]:
+    /// per value head q, k (`dk` each), v (`dv`), g, β. Row-major over rows,
+    /// so growing for a longer step keeps the rows already saved in place.
+    pub heads: Vec<f32>,
+}
+
+impl LayerUndo {
+    /// Floats of one value head's inputs for one row.
+    pub fn stride(shape: &StateShape) -> usize {
+        2 * shape.dk + shape.dv + 2
+    }
+
+    fn forget(&mut self) {
+        (self.start, self.rows, self.replay) = (0, 0, 0);
+    }
 }
 
 impl StatePool {
     pub fn new(shapes: Vec<Option<StateShape>>, n_slots: usize) -> StatePool {
         let data = shapes.iter().map(|s| vec![0f32; s.map_or(0, |s| s.len()) * n_slots]).collect();
-        StatePool { shapes, n_slots, data, pos: vec![0; n_slots] }
+        StatePool { shapes, n_slots, data, pos: vec![0; n_slots], undo: vec![Vec::new(); n_slots] }
     }
 
     /// Bytes of one slot (one sequence's state in every owned layer).
@@ -90,20 +139,53 @@ impl StatePool {
 
     /// Prepares slot `slot` for a step of `len` tokens at positions
     /// `start..`: a step from position 0 clears it; any other must continue
-    /// exactly where the state stopped. Then records the new position.
+    /// exactly where the state stopped, or inside the slot's last verify
+    /// step (its rejected rows are then taken back: each layer replays the
+    /// accepted ones first). Then records the new position.
     pub fn begin_step(&mut self, slot: usize, start: usize, len: usize) -> Result<(), ModelError> {
         self.check(slot)?;
+        let pos = self.pos[slot];
         if start == 0 {
             self.clear(slot);
-        } else if self.pos[slot] != start {
-            return Err(ModelError::Unsupported(format!(
-                "the recurrent state of slot {slot} is at position {}, but the step starts at {start} \
-                 (linear-attention states cannot be rewound; restore a snapshot)",
-                self.pos[slot]
-            )));
+        } else if pos != start && self.shapes.iter().any(Option::is_some) {
+            // (A stage that owns no linear layer has nothing to take back.)
+            let undo = &mut self.undo[slot];
+            let back = |u: &LayerUndo| u.rows > 0 && u.start < start && u.start + u.rows == pos && start < pos;
+            let linear = self.shapes.iter().map(Option::is_some);
+            let ok = undo.len() == self.shapes.len() && linear.zip(undo.iter()).all(|(l, u)| !l || back(u));
+            if !ok {
+                return Err(ModelError::Unsupported(format!(
+                    "the recurrent state of slot {slot} is at position {pos}, but the step starts at {start} \
+                     (linear-attention states cannot be rewound; restore a snapshot)",
+                )));
+            }
+            for (shape, u) in self.shapes.iter().zip(undo.iter_mut()) {
+                if shape.is_some() {
+                    u.replay = start - u.start;
+                }
+            }
         }
         self.pos[slot] = start + len;
         Ok(())
+    }
+
+    /// Layer `layer`'s (conv state, recurrent state, way back from the last
+    /// verify step) of slot `slot`; `None` for an attention layer.
+    pub fn layer_slot_undo(&mut self, layer: usize, slot: usize) -> Option<(&mut [f32], &mut [f32], &mut LayerUndo)> {
+        let s = self.shapes.get(layer).copied().flatten()?;
+        let undo = &mut self.undo[slot];
+        if undo.is_empty() {
+            undo.resize(self.shapes.len(), LayerUndo::default());
+        }
+        let all = &mut self.data[layer][slot * s.len()..(slot + 1) * s.len()];
+        let (conv, rec) = all.split_at_mut(s.conv_len());
+        Some((conv, rec, &mut undo[layer]))
+    }
+
+    /// Bytes the slots' ways back from verify steps hold (beside [`StatePool::bytes`]).
+    pub fn undo_bytes(&self) -> usize {
+        let floats = |u: &LayerUndo| u.before.capacity() + u.conv_in.capacity() + u.heads.capacity();
+        self.undo.iter().flatten().map(floats).sum::<usize>() * 4
     }
 
     /// Zeroes slot `slot` (a new sequence).
@@ -114,6 +196,7 @@ impl StatePool {
             }
         }
         self.pos[slot] = 0;
+        self.undo[slot].iter_mut().for_each(LayerUndo::forget);
     }
 
     /// Copies slot `from` (state and position) into slot `to`: taking a
@@ -131,6 +214,7 @@ impl StatePool {
             }
         }
         self.pos[to] = self.pos[from];
+        self.undo[to].iter_mut().for_each(LayerUndo::forget);
         Ok(())
     }
 
@@ -173,6 +257,7 @@ impl StatePool {
             }
         }
         self.pos[slot] = pos;
+        self.undo[slot].iter_mut().for_each(LayerUndo::forget);
         Ok(())
     }
 }
@@ -199,5 +284,30 @@ mod tests {
         p.begin_step(0, 0, 2).unwrap();
         assert_eq!(p.layer_slot(2, 0).unwrap().1[0], 0.0, "position 0 starts from zero");
         assert!(p.begin_step(3, 0, 1).is_err());
+    }
+
+    #[test]
+    fn a_step_may_start_inside_the_last_verify_step_only() {
+        let shape = StateShape { conv_channels: 2, conv_kernel: 2, v_heads: 1, dk: 1, dv: 1 };
+        let mut p = StatePool::new(vec![None, Some(shape)], 2);
+        p.begin_step(0, 0, 5).unwrap();
+        assert!(p.layer_slot_undo(0, 0).is_none(), "an attention layer has no state");
+        // A verify step of 4 rows from 5 (what the layer records when it runs one).
+        p.begin_step(0, 5, 4).unwrap();
+        let (_, _, u) = p.layer_slot_undo(1, 0).unwrap();
+        (u.start, u.rows) = (5, 4);
+        assert!(p.begin_step(0, 5, 1).is_err(), "the verify step's first row is always kept");
+        assert!(p.begin_step(0, 4, 1).is_err(), "before the verify step");
+        p.begin_step(0, 7, 1).unwrap();
+        assert_eq!(p.layer_slot_undo(1, 0).unwrap().2.replay, 2, "rows 5 and 6 are replayed");
+        assert_eq!(p.pos(0), 8);
+        // Restoring a snapshot into the slot forgets its way back.
+        p.layer_slot_undo(1, 0).unwrap().2.rows = 4;
+        p.copy(1, 0).unwrap();
+        assert_eq!(p.layer_slot_undo(1, 0).unwrap().2.rows, 0);
+        // A stage without linear layers has nothing to take back.
+        let mut attn_only = StatePool::new(vec![None], 1);
+        attn_only.begin_step(0, 0, 9).unwrap();
+        attn_only.begin_step(0, 7, 1).unwrap();
     }
 }

@@ -166,13 +166,9 @@ pub fn run_worker(
     };
     // A finished reply's blocks are made again as prompt rows when idle.
     sched.set_rewarm(true);
-    match sched.set_draft(draft) {
-        Ok(Some(why)) => eprintln!("shardlm serve: speculative decoding is off: {why}"),
-        Ok(None) => {}
-        Err(e) => {
-            tracing::error!("the serving engine could not start: {e}");
-            return;
-        }
+    if let Err(e) = sched.set_draft(draft) {
+        tracing::error!("the serving engine could not start: {e}");
+        return;
     }
     // A draft model (`--draft-model`) in place of the n-gram lookup.
     sched.set_drafter(drafter);

@@ -215,7 +215,9 @@ impl Scheduler {
             draft: None,
             ngram_pool: None,
             drafter: None,
-            draft_gate: true,
+            // `SHARDLM_DRAFT_ALWAYS=1` sends every draft (tests of the verify
+            // path through the binaries, as `set_draft_gate(false)`).
+            draft_gate: std::env::var("SHARDLM_DRAFT_ALWAYS").map_or(true, |v| v != "1"),
             stats: SchedulerStats { block: cfg.block, pool_bytes, ..Default::default() },
             cfg,
         })

@@ -51,10 +51,13 @@
 //! On prose, where short matches are all there is, speculation thereby
 //! turns itself off, and costs a probe now and then.
 //!
-//! Hybrid models (recurrent states would need a rollback snapshot per
-//! verify step) and sliding-window block groups (window blocks are sized
-//! for one token past the computed KV) do not speculate: [`Scheduler::set_draft`]
-//! says so and leaves it off.
+//! Hybrid models roll back their recurrent states too: each linear layer
+//! keeps the state before a verify step and the rows' inputs, and replays
+//! the accepted rows at the sequence's next step (`model::state_cache`,
+//! "Taking back a verify step"). With a sliding-window block group, the
+//! draft's positions get window blocks before the step, as the full ones
+//! (a verify item is at most a step's tokens: inside the sequence's
+//! window reservation).
 
 use super::scheduler::Scheduler;
 use super::seq::{register_full_blocks, Seq};
@@ -213,20 +216,13 @@ pub fn best_len(alpha: f32, p: DraftParams, draft_cost: f32) -> usize {
 
 impl Scheduler {
     /// Turns speculative decoding on (or off) for requests that leave it to
-    /// the scheduler ([`DraftChoice::Default`]). Returns why it stays off
-    /// for this model, if it does (then no request speculates).
-    pub fn set_draft(&mut self, draft: Option<DraftParams>) -> Result<Option<&'static str>, EngineError> {
+    /// the scheduler ([`DraftChoice::Default`]).
+    pub fn set_draft(&mut self, draft: Option<DraftParams>) -> Result<(), EngineError> {
         if let Some(p) = &draft {
             p.validate().map_err(EngineError::BadArgument)?;
         }
         self.draft = draft;
-        Ok(match self.spec_unsupported() {
-            Some(why) if draft.is_some() => {
-                tracing::warn!("speculative decoding is off: {why}");
-                Some(why)
-            }
-            _ => None,
-        })
+        Ok(())
     }
 
     /// Drafts with `drafter` instead of the n-gram lookup and pool (`None`:
@@ -242,17 +238,6 @@ impl Scheduler {
         self.draft_gate = gate;
     }
 
-    /// Why this model does not speculate, if it does not.
-    fn spec_unsupported(&self) -> Option<&'static str> {
-        if self.states.is_some() {
-            Some("this model's linear-attention states cannot roll back a rejected draft yet")
-        } else if self.windows.is_some() {
-            Some("sliding-window block groups hold one step past the computed KV (give windowed layers full blocks)")
-        } else {
-            None
-        }
-    }
-
     /// Checks a request's own draft bounds.
     pub(super) fn validate_draft(req: &GenerateRequest) -> Result<(), EngineError> {
         match req.draft {
@@ -264,9 +249,6 @@ impl Scheduler {
     /// A new sequence's drafter state, if it speculates.
     pub(super) fn spec_for(&mut self, req: &GenerateRequest) -> Option<SpecState> {
         let params = req.draft.resolve(self.draft)?;
-        if self.spec_unsupported().is_some() {
-            return None;
-        }
         self.ngram_pool.get_or_insert_with(NgramPool::new);
         let mut sp = SpecState::new(params, self.drafter.as_ref().map_or(0.0, |d| d.cost()));
         sp.gated = self.draft_gate;
@@ -312,12 +294,19 @@ impl Scheduler {
             if source != Source::Model {
                 draft.truncate(sp.plan(source, draft.len()));
             }
-            // Positions `start ..= start + draft.len()` need blocks.
+            // Positions `start ..= start + draft.len()` need blocks, and
+            // window blocks too (a verify item is at most a step's tokens:
+            // within the sequence's reservation).
             let start = s.history.len() - 1;
             while s.blocks.len() * b < start + 1 + draft.len() && self.blocks.available() > 1 {
                 s.blocks.push(self.blocks.allocate().expect("counted available blocks"));
             }
             draft.truncate((s.blocks.len() * b).saturating_sub(start + 1));
+            if let Some(w) = self.windows.as_mut() {
+                draft.truncate(self.cfg.step_tokens.saturating_sub(1));
+                w.grow(&mut s.window, start + 1 + draft.len());
+                draft.truncate(s.window.covered(b).saturating_sub(start + 1));
+            }
             if draft.len() < sp.params.min {
                 continue;
             }

@@ -60,6 +60,11 @@ impl SeqWindow {
         model::WindowBlocks { first: self.first, blocks: &self.blocks }
     }
 
+    /// Positions `..n` the held blocks (of `block` positions) reach.
+    pub fn covered(&self, block: usize) -> usize {
+        (self.first + self.blocks.len()) * block
+    }
+
     /// The block holding logical block `k`, if held.
     fn get(&self, k: usize) -> Option<u32> {
         k.checked_sub(self.first).and_then(|i| self.blocks.get(i).copied())
