@@ -187,6 +187,60 @@ fn a_next_turn_reuses_only_prompt_rows_and_equals_the_cold_run() {
     }
 }
 
+/// A re-warm runs only while the server is idle: a request that arrives
+/// while one runs decodes alone (the re-warm gives its blocks back and waits
+/// at the front of its queue), and once idle again the re-warm finishes, so
+/// the next turn still finds the whole reply cached.
+#[test]
+fn a_rewarm_gives_way_to_a_request_and_finishes_when_idle() {
+    let Some(path) = smollm2() else { return };
+    let files = formats::open_model(&path).unwrap();
+    let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
+    let tok = shardlm_engine::Tokenizer::from_source(&files.tokenizer).unwrap().unwrap();
+    let text: String = (0..30).map(|i| format!("let v{i} = {} * x + {i};\n", i % 4 + 3)).collect();
+    let prompt = tok.encode(&format!("Explain:\n{text}"), true).unwrap();
+    let other = tok.encode("Write a haiku about the sea.", true).unwrap();
+    let mut engine = Engine::new(m, Some(tok), 2);
+    engine.prefill_chunk = 16;
+    // Steps of 16 tokens: re-warming a 70-token reply takes several steps.
+    let cfg = SchedulerConfig {
+        block: 16,
+        n_blocks: 128,
+        max_batch: 4,
+        step_tokens: 16,
+        prefix_cache: true,
+        n_window_blocks: 0,
+    };
+    let mut sched = Scheduler::new(&mut engine, cfg).unwrap();
+    sched.set_rewarm(true);
+    let first = submit(&mut sched, request(prompt.clone(), 70));
+    while first.lock().unwrap().outcome.is_none() {
+        sched.step(&mut engine).expect("step");
+    }
+    // The server is idle: the re-warm starts.
+    sched.step(&mut engine).expect("step");
+    assert_eq!(sched.stats().running, 1, "the re-warm runs");
+    let b = submit(&mut sched, request(other, 24));
+    while b.lock().unwrap().outcome.is_none() {
+        sched.step(&mut engine).expect("step");
+        assert!(sched.stats().running <= 1, "the re-warm runs beside the request");
+    }
+    assert_eq!(sched.stats().rewarm_yields, 1);
+    while sched.has_work() {
+        sched.step(&mut engine).expect("step");
+    }
+    let first = std::mem::take(&mut *first.lock().unwrap());
+    let mut turn2 = prompt.clone();
+    turn2.extend(&first.tokens);
+    turn2.extend(&prompt[1..40]);
+    let next = submit(&mut sched, request(turn2, 4));
+    while sched.has_work() {
+        sched.step(&mut engine).expect("step");
+    }
+    let cached = next.lock().unwrap().outcome.as_ref().unwrap().as_ref().unwrap().cached_tokens;
+    assert_eq!(cached, (prompt.len() + 70) / 16 * 16, "the re-warm finished after the request");
+}
+
 /// A prompt of `k·32 + 1` tokens served again from the prefix cache resumes
 /// with a piece of one row, and a chunk budget can leave a last chunk of one
 /// row. Both are prompt rows: attention runs them as a prefill chunk (not as

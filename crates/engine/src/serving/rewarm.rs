@@ -7,7 +7,9 @@
 //! reply, so without more it would prefill the reply again before its first
 //! token. Instead, when a sequence finishes with full blocks past its
 //! prompt, the scheduler keeps its history up to the last full block, and
-//! when no request is waiting it runs that as a prompt of its own, with
+//! when the server is idle (no request waits or runs; a request that comes
+//! meanwhile makes it give way, [`Scheduler::yield_rewarm`]) it runs that
+//! as a prompt of its own, with
 //! `max_tokens = 0` and nobody listening: the prompt's blocks come from the
 //! cache, the reply's are computed as prompt rows and registered (and, with
 //! the disk tier, written through), exactly what a cold run of the next turn
@@ -18,7 +20,7 @@
 
 use super::blocks::block_hashes;
 use super::scheduler::{Scheduler, SeqHooks, SeqOutcome, Submission};
-use super::seq::Seq;
+use super::seq::{release_seq, Seq};
 use crate::draft::DraftChoice;
 use crate::generate::{GenerateHooks, GenerateRequest};
 use crate::sampler::SamplingParams;
@@ -62,10 +64,11 @@ impl Scheduler {
         self.rewarm.push_back(s.history[..full].to_vec());
     }
 
-    /// Submits the oldest kept reply when no request waits and the batch has
-    /// room, unless its blocks are all cached already.
+    /// Submits the oldest kept reply when the server is idle (no request
+    /// waits or runs), unless its blocks are all cached already.
     pub(super) fn admit_rewarm(&mut self) {
-        while self.waiting.is_empty() && self.running.len() < self.cfg.max_batch {
+        let idle = |s: &Scheduler| s.waiting.is_empty() && s.running.iter().all(|r| r.rewarm);
+        while idle(self) && self.running.len() < self.cfg.max_batch {
             let Some(tokens) = self.rewarm.pop_front() else { return };
             if self.blocks.has_all(&block_hashes(&tokens, self.cfg.block)) {
                 continue;
@@ -94,6 +97,34 @@ impl Scheduler {
                 }
             }
             return;
+        }
+    }
+
+    /// A re-warm gives way to requests: while any request waits or runs, a
+    /// re-warm with no step in flight gives its blocks back (the full ones it
+    /// computed stay cached) and goes back to the front of the queue, to go
+    /// on from there when the server is idle again. Its prefill chunks would
+    /// otherwise ride in the requests' decode steps and slow every stream
+    /// for as long as it runs; a next turn that arrives meanwhile computes
+    /// the blocks it lacks in its own prefill, as it would without re-warming.
+    pub(super) fn yield_rewarm(&mut self) {
+        let busy = !self.waiting.is_empty() || self.running.iter().any(|s| !s.rewarm);
+        if !busy || !self.running.iter().any(|s| s.rewarm && !s.busy()) {
+            return;
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            if !(self.running[i].rewarm && !self.running[i].busy()) {
+                i += 1;
+                continue;
+            }
+            let mut s = self.running.remove(i);
+            release_seq(self.groups(), &mut s);
+            if self.rewarm.len() == MAX_QUEUED {
+                self.rewarm.pop_back();
+            }
+            self.rewarm.push_front(std::mem::take(&mut s.history));
+            self.stats.rewarm_yields += 1;
         }
     }
 }

@@ -129,6 +129,8 @@ pub struct SchedulerStats {
     pub prefix_hits: u64,
     pub prefix_cached_tokens: u64,
     pub preemptions: u64,
+    /// Re-warms that gave way to a request ([`super::rewarm`]).
+    pub rewarm_yields: u64,
     /// Sequences in the last step.
     pub batch_size: usize,
     /// The sliding-window group's blocks (all zero without one).
@@ -303,7 +305,7 @@ impl Scheduler {
         Ok(())
     }
 
-    fn groups(&mut self) -> Groups<'_> {
+    pub(super) fn groups(&mut self) -> Groups<'_> {
         Groups { blocks: &mut self.blocks, states: &mut self.states, windows: &mut self.windows }
     }
 
@@ -526,6 +528,7 @@ impl Scheduler {
         self.drop_cancelled();
         self.admit_rewarm();
         self.admit(engine)?;
+        self.yield_rewarm();
         self.reserve_decode_blocks();
         self.reserve_window_blocks();
         self.prepare_drafts();
