@@ -114,7 +114,7 @@ impl Scheduler {
         }
         let mut i = 0;
         while i < self.running.len() {
-            if !(self.running[i].rewarm && !self.running[i].busy()) {
+            if !self.running[i].rewarm || self.running[i].busy() {
                 i += 1;
                 continue;
             }
