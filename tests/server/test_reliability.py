@@ -396,3 +396,51 @@ def test_new_requests_get_503_with_retry_after_once_degraded_past_the_bound(monk
         except ProcessLookupError:
             pass
         stop_server(srv)
+
+
+def test_a_draft_rank_drafts_and_is_replaced():
+    """`serve --ranks 2 --draft-model M --draft-rank 1` (issue 28): rank 1 runs
+    the draft model for rank 0, the greedy text is the one without drafts, and
+    when rank 1 is killed the launcher restarts it with its draft model, the
+    cluster re-forms, and drafting goes on."""
+    # The default model drafting for itself, at every step (no cost pauses);
+    # the launcher passes the variable to the rank it restarts too.
+    os.environ["SHARDLM_DRAFT_COST"] = "0"
+    try:
+        srv = start_server("--ranks", "2", "--strategy", "pipeline", "--draft-model", "smollm2-135m",
+                           "--draft-rank", "1")
+    finally:
+        del os.environ["SHARDLM_DRAFT_COST"]
+    lines = "\n".join(f"def f{i}(x):\n    return x * {i % 4 + 2} + {i}" for i in range(6))
+    body = {"messages": [{"role": "user", "content": f"Repeat this code exactly:\n{lines}"}],
+            "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+
+    def complete(draft):
+        r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=120, json={**body, "draft": draft})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    def drafted_while(draft):
+        before = srv.metrics()
+        text = complete(draft)
+        after = srv.metrics()
+        count = lambda m, k: m.get(f"shardlm_spec_{k}_tokens_total", 0)
+        return text, count(after, "draft") - count(before, "draft"), count(after, "accepted") - count(before, "accepted")
+
+    try:
+        want = complete("none")
+        got, drafted, accepted = drafted_while("model")
+        assert got == want
+        assert drafted > 0 and accepted >= 0.8 * drafted, (drafted, accepted)
+        os.kill(rank_pid(srv, 1), 9)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            h = health(srv)[1]
+            if h["cluster_reforms"] >= 1 and h["status"] == "ready":
+                break
+            time.sleep(0.1)
+        assert h["cluster_reforms"] >= 1 and h["status"] == "ready", h
+        got, drafted, _ = drafted_while("model")
+        assert got == want and drafted > 0, (got, drafted)
+    finally:
+        stop_server(srv)

@@ -343,8 +343,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let progress = Duration::from_secs_f64(a.progress_secs);
     let (p, g, n) = (a.prompt_tokens as usize, a.generation_tokens as usize, a.num_trials as usize);
     let t_load = Instant::now();
-    let Some((mut engine, files, model_name)) =
-        crate::dist_args::load_engine_dist(a.model.as_deref(), threads, a.threads.is_some(), None, &a.dist)?
+    let Some((mut engine, files, model_name)) = crate::dist_args::load_engine_dist(
+        a.model.as_deref(),
+        threads,
+        a.threads.is_some(),
+        None,
+        (&a.dist, &a.draft),
+    )?
     else {
         return Ok(()); // a rank other than 0 served its part
     };
@@ -390,7 +395,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let mut sched = Scheduler::new(&mut engine, solo).context("allocating the KV pool")?;
     let speculate = a.draft.params()?.is_some();
     sched.set_draft(a.draft.params()?)?;
-    sched.set_drafter(a.draft.drafter(&engine, threads, 1)?);
+    sched.set_model_draft(a.draft.drafter(&mut engine, threads, 1)?);
 
     if !a.json {
         println!(

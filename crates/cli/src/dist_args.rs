@@ -91,15 +91,16 @@ pub fn relaunch_if_asked(d: &DistArgs) -> Result<()> {
 }
 
 /// Loads this rank's shard. Rank 0 (or a single process) gets its engine back;
-/// any other rank serves steps until rank 0 shuts the world down, then returns `None`.
+/// any other rank serves steps until rank 0 shuts the world down, then returns `None`
+/// (the rank `--draft-rank` names also runs the draft model for rank 0).
 pub fn load_engine_dist(
     model: Option<&str>,
     threads: usize,
     explicit_threads: bool,
     quantize: Option<kernels::DType>,
-    d: &DistArgs,
+    (d, draft): (&DistArgs, &crate::draft_args::DraftArgs),
 ) -> Result<Option<(Engine, formats::ModelFiles, String)>> {
-    load_engine_dist_with(model, threads, explicit_threads, quantize, d, &|_| Ok(()))
+    load_engine_dist_with(model, threads, explicit_threads, quantize, (d, draft), &|_| Ok(()))
 }
 
 /// `load_engine_dist` with the model's config adjusted before loading (`serve
@@ -109,7 +110,7 @@ pub fn load_engine_dist_with(
     threads: usize,
     explicit_threads: bool,
     quantize: Option<kernels::DType>,
-    d: &DistArgs,
+    (d, draft): (&DistArgs, &crate::draft_args::DraftArgs),
     adjust: &dyn Fn(&mut formats::ModelConfig) -> Result<()>,
 ) -> Result<Option<(Engine, formats::ModelFiles, String)>> {
     let strategy = Strategy::parse(&d.strategy, d.tp).map_err(|e| anyhow::anyhow!("bad flag value: {e}"))?;
@@ -158,6 +159,7 @@ pub fn load_engine_dist_with(
     if cluster.rank() != 0 {
         let pool = kernels::ThreadPool::new(threads);
         let mut ws = model::Workspace::default();
+        let mut drafter = draft.rank_drafter(cluster.rank(), &m, &files, threads);
         let mut runner = StageRunner {
             cluster: &cluster,
             model: &m,
@@ -166,6 +168,7 @@ pub fn load_engine_dist_with(
             paged: &mut None,
             batch_logits: &mut Vec::new(),
             disk: &mut engine::kv_disk::DiskSlot::for_model(&path),
+            draft: &mut drafter,
         };
         runner.serve()?;
         return Ok(None);

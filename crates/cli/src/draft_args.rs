@@ -1,8 +1,8 @@
 //! The speculative-decoding flags shared by `run`, `bench` and `serve`.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use engine::draft::{DraftChoice, DraftParams, Drafter, ModelDrafter};
+use engine::draft::{vocab_mismatch, DraftChoice, DraftParams, ModelDraft, ModelDrafter, RemoteDrafter};
 use engine::generate::Engine;
 use std::path::PathBuf;
 
@@ -25,7 +25,15 @@ pub struct DraftArgs {
     /// Fewest draft tokens worth a verify step.
     #[arg(long, default_value_t = DraftParams::default().min)]
     pub draft_min: usize,
+    /// Run `--draft-model` on rank R of the cluster instead of rank 0: a rank
+    /// that reads rank 0's commands directly (any rank under tensor
+    /// parallelism; in a pipeline a rank of the last stage, which embeds).
+    #[arg(long, value_name = "R", requires = "draft_model")]
+    pub draft_rank: Option<usize>,
 }
+
+/// Sequences' draft KV a draft rank keeps (allocated as they come).
+const RANK_SLOTS: usize = 16;
 
 impl DraftArgs {
     /// `--draft`, or what it defaults to.
@@ -59,17 +67,62 @@ impl DraftArgs {
         }
     }
 
-    /// The draft model's drafter for `target` (rank 0), keeping the KV of up
-    /// to `slots` sequences; `None` without `--draft-model`.
-    pub fn drafter(&self, target: &Engine, threads: usize, slots: usize) -> Result<Option<Box<dyn Drafter>>> {
+    /// The draft model's path, an alias (`smollm2-135m`) fetched like `--model`'s.
+    fn draft_path(&self) -> Result<Option<PathBuf>> {
         let Some(path) = &self.draft_model else { return Ok(None) };
-        // An alias (`smollm2-135m`) is fetched like `--model`'s.
-        let path = match path.to_str() {
+        Ok(Some(match path.to_str() {
             Some(name) => crate::model_source::resolve(Some(name))?,
             None => path.clone(),
-        };
-        let d = ModelDrafter::open(&path, target, threads, slots)?;
-        Ok(Some(Box::new(d)))
+        }))
+    }
+
+    /// Rank 0: the draft model's drafter for `target`, keeping the KV of up
+    /// to `slots` sequences, or (`--draft-rank R`) the link to rank R, which
+    /// loaded it (checked here: its vocabulary against the target's, and
+    /// that R can answer); `None` without `--draft-model`.
+    pub fn drafter(&self, target: &mut Engine, threads: usize, slots: usize) -> Result<Option<ModelDraft>> {
+        let Some(path) = self.draft_path()? else { return Ok(None) };
+        match self.draft_rank.filter(|&r| r != 0) {
+            None => Ok(Some(ModelDraft::Here(Box::new(ModelDrafter::open(&path, target, threads, slots)?)))),
+            Some(rank) => {
+                let files = formats::open_model(&path).with_context(|| format!("draft model {}", path.display()))?;
+                let tok = engine::Tokenizer::from_source(&files.tokenizer)?;
+                let target_vocab = target.model.config.vocab_size;
+                let tt = target.tokenizer.as_ref();
+                if let Some(why) = vocab_mismatch(target_vocab, tt, files.config.vocab_size, tok.as_ref()) {
+                    bail!("draft model {}: not the target's vocabulary: {why}", path.display());
+                }
+                Ok(Some(ModelDraft::Rank(RemoteDrafter::connect(target, rank)?)))
+            }
+        }
+    }
+
+    /// Rank `rank` of a cluster (not 0): the draft model it runs for rank 0
+    /// (`--draft-rank`), beside its shard `m`. A draft model that does not
+    /// load is reported here and leaves the rank without one (rank 0 then
+    /// refuses the run, naming this rank): the shard keeps serving.
+    pub fn rank_drafter(
+        &self,
+        rank: usize,
+        m: &model::Model,
+        files: &formats::ModelFiles,
+        threads: usize,
+    ) -> Option<ModelDrafter> {
+        if self.draft_rank != Some(rank) || rank == 0 {
+            return None;
+        }
+        let opened = self.draft_path().map_err(|e| e.to_string()).and_then(|p| {
+            let p = p.ok_or_else(|| "no --draft-model".to_string())?;
+            let tok = engine::Tokenizer::from_source(&files.tokenizer).map_err(|e| e.to_string())?;
+            ModelDrafter::open_for(&p, m, tok.as_ref(), threads, RANK_SLOTS).map_err(|e| e.to_string())
+        });
+        match opened {
+            Ok(d) => Some(d),
+            Err(e) => {
+                eprintln!("rank {rank}: --draft-rank: {e}");
+                None
+            }
+        }
     }
 
     /// A request's choice under these flags.
@@ -97,6 +150,7 @@ mod tests {
             draft_model: model.map(PathBuf::from),
             draft_max: DraftParams::default().max,
             draft_min: DraftParams::default().min,
+            draft_rank: None,
         }
     }
 

@@ -101,8 +101,13 @@ pub fn run(a: RunArgs) -> Result<()> {
     a.draft.params()?;
     let template = a.template.read()?;
     let threads = a.threads.map_or_else(default_threads, |t| t as usize);
-    let Some((mut engine, mut files, model_name)) =
-        crate::dist_args::load_engine_dist(a.model.as_deref(), threads, a.threads.is_some(), a.quantize, &a.dist)?
+    let Some((mut engine, mut files, model_name)) = crate::dist_args::load_engine_dist(
+        a.model.as_deref(),
+        threads,
+        a.threads.is_some(),
+        a.quantize,
+        (&a.dist, &a.draft),
+    )?
     else {
         return Ok(()); // a rank other than 0 served its part
     };
@@ -180,7 +185,7 @@ fn run_on(
     );
     let mut sched = engine::serving::Scheduler::new(engine, solo).context("allocating the KV pool")?;
     sched.set_draft(a.draft.params()?)?;
-    sched.set_drafter(drafter);
+    sched.set_model_draft(drafter);
     let hooks = RunHooks { stream: !a.json, text: String::new(), token_times: Vec::new() };
     let t0 = std::time::Instant::now();
     let (done, hooks) = engine::serving::solo::run_request(&mut sched, engine, req, hooks)?;

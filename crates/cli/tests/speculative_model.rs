@@ -63,6 +63,54 @@ fn a_draft_model_keeps_greedy_tokens_tiny() {
     same_tokens_with_draft_model(llama, mistral.to_str().unwrap(), &["--prompt-ids", &ids]);
 }
 
+/// `--draft-rank`: the draft model on a rank of its own (the one that
+/// embeds: rank 1 of a pipeline of 2 or under tensor parallelism of 2, rank
+/// 2 of a pipeline of 3) drafts what it would on rank 0, and the greedy
+/// tokens are those without speculation.
+#[test]
+fn a_draft_model_on_its_own_rank_keeps_greedy_tokens_tiny() {
+    let ids: Vec<String> = (0..60).map(|i| ((i * 37 + 11) % 1000 + 3).to_string()).collect();
+    let ids = ids.join(",");
+    let llama = fixture("llama");
+    let llama = llama.to_str().unwrap();
+    let prompt = ["--prompt-ids", ids.as_str()];
+    let splits: [(&[&str], &str); 3] = [
+        (&["--ranks", "2", "--strategy", "pipeline", "--threads", "1"], "1"),
+        (&["--ranks", "2", "--strategy", "tensor", "--threads", "1"], "1"),
+        (&["--ranks", "3", "--strategy", "pipeline", "--threads", "1"], "2"),
+    ];
+    for (split, rank) in splits {
+        let plain = run_json(llama, &prompt, split);
+        let draft = ["--draft-model", llama, "--draft-max", "6", "--draft-rank", rank];
+        let spec = run_json(llama, &prompt, &[split, &draft[..]].concat());
+        let drafted = spec["drafted_tokens"].as_u64().unwrap();
+        let accepted = spec["accepted_tokens"].as_u64().unwrap();
+        eprintln!("draft rank {rank} {split:?}: {accepted} of {drafted} draft tokens accepted");
+        assert!(accepted > 0 && accepted * 10 >= drafted * 9, "{split:?}: {accepted} of {drafted}");
+        assert_eq!(spec["output_ids"], plain["output_ids"], "{split:?}: the draft rank changed the tokens");
+    }
+}
+
+#[test]
+fn a_draft_rank_that_cannot_draft_is_refused() {
+    let llama = fixture("llama");
+    let llama = llama.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let args = ["run", "--model", llama, "--prompt-ids", "5,6,7", "--max-tokens", "2", "--draft-model", llama];
+        let o = shardlm(&[&args[..], extra].concat());
+        assert!(!o.status.success(), "{extra:?} was accepted");
+        stderr(&o)
+    };
+    // Not a rank of the cluster, a middle stage of a pipeline (it reads the
+    // stage before it, not rank 0), and no cluster at all.
+    let err = run(&["--ranks", "2", "--draft-rank", "5"]);
+    assert!(err.contains("--draft-rank 5") && err.contains("reads rank 0"), "{err}");
+    let err = run(&["--ranks", "3", "--threads", "1", "--draft-rank", "1"]);
+    assert!(err.contains("--draft-rank 1") && err.contains("here: 2"), "{err}");
+    let err = run(&["--draft-rank", "1"]);
+    assert!(err.contains("needs a cluster"), "{err}");
+}
+
 /// `shardlm quantize src out --to ty`.
 fn quantize(src: &Path, out: &Path, ty: &str) {
     let o = shardlm(&["quantize", src.to_str().unwrap(), out.to_str().unwrap(), "--to", ty]);

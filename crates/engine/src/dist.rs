@@ -185,6 +185,8 @@ pub(crate) const OP_BATCH: u32 = 4;
 const OP_PING: u32 = 5;
 /// Disk-tier operations of the prefix cache (`kv_disk`, see `dist_disk`).
 pub(crate) const OP_DISK: u32 = 6;
+/// A draft from the draft model on this rank (`--draft-rank`, see `draft::remote`).
+pub(crate) const OP_DRAFT: u32 = 7;
 const OP_SHUTDOWN: u32 = 9;
 const PING_ACK: [u8; 4] = *b"pong";
 
@@ -372,6 +374,8 @@ pub struct StageRunner<'a> {
     pub batch_logits: &'a mut Vec<Vec<f32>>,
     /// The prefix cache's disk tier on this rank (`OP_DISK`).
     pub disk: &'a mut crate::kv_disk::DiskSlot,
+    /// The draft model this rank runs for rank 0 (`--draft-rank`, `OP_DRAFT`).
+    pub draft: &'a mut Option<crate::draft::ModelDrafter>,
 }
 
 impl StageRunner<'_> {
@@ -400,6 +404,15 @@ impl StageRunner<'_> {
             // Rank 0 counts its batches in `submit_batch` and `collect_batch`.
             OP_BATCH => self.handle_batch(h, from)?,
             OP_DISK => self.handle_disk(h, from)?,
+            OP_DRAFT => {
+                // Only rank 0 asks, and only ranks that read it directly answer.
+                let mut history = vec![0u32; n];
+                if n > 0 {
+                    c.world.recv(from, bytemuck::cast_slice_mut(&mut history)).map_err(comm_err)?;
+                }
+                let reply = crate::draft::remote::answer(self.draft.as_mut(), &history, h.chunk as usize);
+                c.world.send(0, bytemuck::cast_slice(&reply)).map_err(comm_err)?;
+            }
             OP_PING => {
                 if let Some(to) = c.downstream().filter(|&to| to != 0) {
                     c.send_header(to, h)?;

@@ -264,6 +264,7 @@ impl Engine {
             paged: &mut self.paged,
             batch_logits: &mut self.batch_logits,
             disk: &mut self.disk,
+            draft: &mut None,
         };
         Some(f(&mut runner))
     }
@@ -311,6 +312,7 @@ impl Engine {
                 paged: &mut self.paged,
                 batch_logits: &mut self.batch_logits,
                 disk: &mut self.disk,
+                draft: &mut None,
             };
             return runner.shutdown();
         }

@@ -97,7 +97,7 @@ pub fn serve(
     engine: &mut Engine,
     files: &formats::ModelFiles,
     cfg: ServerConfig,
-    (sched, drafter): (engine::serving::SchedulerConfig, Option<Box<dyn engine::draft::Drafter>>),
+    (sched, drafter): (engine::serving::SchedulerConfig, Option<engine::draft::ModelDraft>),
     reform: Option<crate::worker::Reform<'_>>,
 ) -> Result<(), ServerError> {
     let mut tokenizer = Tokenizer::from_source(&files.tokenizer)?.ok_or(ServerError::NoTokenizer)?;

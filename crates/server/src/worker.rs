@@ -142,11 +142,7 @@ pub fn run_worker(
     engine: &mut Engine,
     queue: JobQueue,
     metrics: &Arc<Metrics>,
-    (cfg, draft, drafter): (
-        SchedulerConfig,
-        Option<engine::draft::DraftParams>,
-        Option<Box<dyn engine::draft::Drafter>>,
-    ),
+    (cfg, draft, drafter): (SchedulerConfig, Option<engine::draft::DraftParams>, Option<engine::draft::ModelDraft>),
     kv_disk: Option<engine::kv_disk::KvDiskConfig>,
     mut reform: Option<Reform<'_>>,
 ) {
@@ -171,7 +167,7 @@ pub fn run_worker(
         return;
     }
     // A draft model (`--draft-model`) in place of the n-gram lookup.
-    sched.set_drafter(drafter);
+    sched.set_model_draft(drafter);
     if let Some(d) = kv_disk {
         let dir = d.dir.display().to_string();
         if let Err(e) = sched.enable_disk(engine, d) {

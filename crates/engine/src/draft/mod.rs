@@ -3,9 +3,11 @@
 
 pub mod model_drafter;
 pub mod ngram;
+pub mod remote;
 
 pub use model_drafter::{vocab_mismatch, ModelDrafter};
 pub use ngram::{lookup, lookup_matched, NgramPool};
+pub use remote::RemoteDrafter;
 
 /// A drafter in place of the n-gram lookup ([`crate::serving::Scheduler::set_drafter`]):
 /// tests drive verification with it (drafts that are all right, all wrong,
@@ -21,6 +23,14 @@ pub trait Drafter: Send {
     fn cost(&self) -> f32 {
         0.0
     }
+}
+
+/// Where a draft model runs: in this process ([`ModelDrafter`], or any
+/// [`Drafter`]), or on another rank of the cluster ([`RemoteDrafter`],
+/// `--draft-rank`).
+pub enum ModelDraft {
+    Here(Box<dyn Drafter>),
+    Rank(RemoteDrafter),
 }
 
 /// How a sequence speculates: an n-gram (prompt lookup) drafter proposing

@@ -1,5 +1,6 @@
 //! Drafting with a small model (`--draft-model`): a model with the target's
-//! vocabulary, in this process, proposes the next `k` tokens by greedy
+//! vocabulary, in this process (rank 0, or the rank `--draft-rank` names,
+//! [`super::remote`]), proposes the next `k` tokens by greedy
 //! decoding; the scheduler's verify step checks them as it checks n-gram
 //! drafts ([`crate::serving`]'s `spec` module), so the output is the
 //! target's whatever the draft model says.
@@ -107,14 +108,24 @@ impl ModelDrafter {
     /// that does not load, whose vocabulary differs from the target's, or
     /// whose cache cannot roll back.
     pub fn open(path: &Path, target: &Engine, threads: usize, slots: usize) -> Result<ModelDrafter, EngineError> {
+        Self::open_for(path, &target.model, target.tokenizer.as_ref(), threads, slots)
+    }
+
+    /// [`ModelDrafter::open`] beside a target shard that has no engine of
+    /// its own (a cluster rank running the draft model, `--draft-rank`).
+    pub fn open_for(
+        path: &Path,
+        target_m: &model::Model,
+        target_tok: Option<&Tokenizer>,
+        threads: usize,
+        slots: usize,
+    ) -> Result<ModelDrafter, EngineError> {
         let refuse = |why: String| EngineError::DraftModel { path: path.to_path_buf(), why };
         let files = formats::open_model(path).map_err(|e| refuse(e.to_string()))?;
         let tok = Tokenizer::from_source(&files.tokenizer).map_err(|e| refuse(e.to_string()))?;
         // Before the weights load: a wrong file is refused at once.
-        let target_vocab = target.model.config.vocab_size;
-        if let Some(why) =
-            vocab_mismatch(target_vocab, target.tokenizer.as_ref(), files.config.vocab_size, tok.as_ref())
-        {
+        let target_vocab = target_m.config.vocab_size;
+        if let Some(why) = vocab_mismatch(target_vocab, target_tok, files.config.vocab_size, tok.as_ref()) {
             return Err(refuse(format!("not the target's vocabulary: {why}")));
         }
         let shard = model::ShardSpec::full(files.config.n_layers);
@@ -129,7 +140,6 @@ impl ModelDrafter {
         // Decoding reads every weight once per token: the weights read per
         // token, the draft's over the whole target's (rank 0 may hold a
         // pipeline stage's layers only), estimate the cost.
-        let target_m = &target.model;
         let local_layers = target_m.shard.layers.len().max(1) as f32;
         let target_bytes = target_m.weight_bytes_per_token() as f32 * target_m.config.n_layers as f32 / local_layers;
         let estimate = m.weight_bytes_per_token() as f32 / target_bytes.max(1.0);

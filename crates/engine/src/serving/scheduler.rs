@@ -168,11 +168,13 @@ pub struct Scheduler {
     pub(super) ngram_pool: Option<NgramPool>,
     /// A drafter in place of the n-gram lookup ([`Scheduler::set_drafter`]).
     pub(super) drafter: Option<Box<dyn Drafter>>,
+    /// The draft model on another rank ([`Scheduler::set_remote_drafter`]).
+    pub(super) remote_drafter: Option<crate::draft::RemoteDrafter>,
     /// Whether a draft must be expected to pay to be sent ([`super::spec`]);
     /// off: every draft goes (tests, measurements).
     pub(super) draft_gate: bool,
     /// Steps sent and not yet collected, oldest first.
-    in_flight: VecDeque<Flight>,
+    pub(super) in_flight: VecDeque<Flight>,
     /// The next [`Seq::id`].
     next_id: u64,
     /// The prefix cache's disk tier ([`Scheduler::enable_disk`]).
@@ -217,6 +219,7 @@ impl Scheduler {
             draft: None,
             ngram_pool: None,
             drafter: None,
+            remote_drafter: None,
             // `SHARDLM_DRAFT_ALWAYS=1` sends every draft (tests of the verify
             // path through the binaries, as `set_draft_gate(false)`).
             draft_gate: std::env::var("SHARDLM_DRAFT_ALWAYS").map_or(true, |v| v != "1"),
@@ -531,7 +534,7 @@ impl Scheduler {
         self.yield_rewarm();
         self.reserve_decode_blocks();
         self.reserve_window_blocks();
-        self.prepare_drafts();
+        self.prepare_drafts(engine);
         // Blocks that became cached go to disk before any step may reuse them.
         if let Some(d) = self.disk.as_mut() {
             d.sync(engine, &mut self.blocks)?;

@@ -61,7 +61,8 @@
 
 use super::scheduler::Scheduler;
 use super::seq::{register_full_blocks, Seq};
-use crate::draft::{lookup_matched, DraftChoice, DraftParams, Drafter, NgramPool};
+use crate::draft::{lookup_matched, DraftChoice, DraftParams, Drafter, ModelDraft, NgramPool};
+use crate::generate::Engine;
 use crate::generate::GenerateRequest;
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
@@ -231,6 +232,16 @@ impl Scheduler {
         self.drafter = drafter;
     }
 
+    /// Drafts with a draft model, here or on another rank (`--draft-rank`),
+    /// instead of the n-gram lookup and pool (`None`: back to them).
+    pub fn set_model_draft(&mut self, draft: Option<ModelDraft>) {
+        (self.drafter, self.remote_drafter) = match draft {
+            None => (None, None),
+            Some(ModelDraft::Here(d)) => (Some(d), None),
+            Some(ModelDraft::Rank(r)) => (None, Some(r)),
+        };
+    }
+
     /// Sends every draft, paying or not (`false`), or only those expected to
     /// pay (`true`, the default): for tests and measurements of the verify
     /// path itself.
@@ -250,7 +261,12 @@ impl Scheduler {
     pub(super) fn spec_for(&mut self, req: &GenerateRequest) -> Option<SpecState> {
         let params = req.draft.resolve(self.draft)?;
         self.ngram_pool.get_or_insert_with(NgramPool::new);
-        let mut sp = SpecState::new(params, self.drafter.as_ref().map_or(0.0, |d| d.cost()));
+        let cost = match (&self.drafter, &self.remote_drafter) {
+            (Some(d), _) => d.cost(),
+            (None, Some(r)) => r.cost(),
+            (None, None) => 0.0,
+        };
+        let mut sp = SpecState::new(params, cost);
         sp.gated = self.draft_gate;
         Some(sp)
     }
@@ -259,8 +275,10 @@ impl Scheduler {
     /// decode and has none: at most `k` tokens, at most one fewer than its
     /// tokens left, and as many as the blocks it has (or the free ones, one
     /// kept for the others' decode) can hold.
-    pub(super) fn prepare_drafts(&mut self) {
+    pub(super) fn prepare_drafts(&mut self, engine: &mut Engine) {
         let b = self.cfg.block;
+        // A draft rank is asked only with no step in flight (`draft::remote`).
+        let remote_ready = self.in_flight.is_empty();
         for s in self.running.iter_mut() {
             let decoding = s.ready() == 1 && !s.busy() && s.history.len() > s.req.prompt_ids.len();
             let Some(sp) = s.spec.as_mut() else { continue };
@@ -275,12 +293,16 @@ impl Scheduler {
             // A draft model's drafting costs: decide its length first. The
             // lookup is free: look first, then decide by how long a suffix
             // matched.
-            let (mut draft, source) = match self.drafter.as_mut() {
-                Some(d) => match sp.plan(Source::Model, cap) {
+            let (mut draft, source) = match (self.drafter.as_mut(), self.remote_drafter.as_mut()) {
+                (Some(d), _) => match sp.plan(Source::Model, cap) {
                     0 => continue,
                     k => (d.propose(&s.history, k), Source::Model),
                 },
-                None => match lookup_matched(&s.history, cap) {
+                (None, Some(r)) => match sp.plan(Source::Model, cap) {
+                    k if k == 0 || !remote_ready => continue,
+                    k => (r.propose(engine, &s.history, k), Source::Model),
+                },
+                (None, None) => match lookup_matched(&s.history, cap) {
                     (d, n) if !d.is_empty() => (d, Source::of_match(n)),
                     _ => match &self.ngram_pool {
                         Some(pool) => (pool.lookup(&s.history, cap), Source::Pool),
