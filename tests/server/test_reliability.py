@@ -78,6 +78,17 @@ def wait_ready(srv, limit=30):
     raise AssertionError(f"not ready {limit} s after the kill: {h}")
 
 
+def wait_reformed(srv, limit=30):
+    """Waits until the cluster was re-formed at least once and is ready."""
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        h = health(srv)[1]
+        if h["cluster_reforms"] >= 1 and h["status"] == "ready":
+            return h
+        time.sleep(0.1)
+    raise AssertionError(f"not re-formed {limit} s after the kill: {h}")
+
+
 @pytest.mark.parametrize("strategy", ["pipeline", "tensor"])
 def test_kill_rank_1_during_a_stream(strategy):
     srv = start_server("--ranks", "2", "--strategy", strategy)
@@ -122,13 +133,7 @@ def test_rank_lost_while_idle_is_replaced():
     try:
         old = rank_pid(srv, 1)
         os.kill(old, 9)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            h = health(srv)[1]
-            if h["cluster_reforms"] >= 1 and h["status"] == "ready":
-                break
-            time.sleep(0.1)
-        assert h["cluster_reforms"] >= 1 and h["status"] == "ready", h
+        wait_reformed(srv)
         assert rank_pid(srv, 1) != old
         r = httpx.post(srv.base + "/v1/chat/completions", headers=H, timeout=60,
                        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
@@ -433,13 +438,7 @@ def test_a_draft_rank_drafts_and_is_replaced():
         assert got == want
         assert drafted > 0 and accepted >= 0.8 * drafted, (drafted, accepted)
         os.kill(rank_pid(srv, 1), 9)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            h = health(srv)[1]
-            if h["cluster_reforms"] >= 1 and h["status"] == "ready":
-                break
-            time.sleep(0.1)
-        assert h["cluster_reforms"] >= 1 and h["status"] == "ready", h
+        wait_reformed(srv)
         got, drafted, _ = drafted_while("model")
         assert got == want and drafted > 0, (got, drafted)
     finally:

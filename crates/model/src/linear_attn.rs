@@ -519,26 +519,19 @@ impl GatedDeltaNet {
                 let (sq, h) = (&tasks[task / nv], task % nv);
                 // The value head's key head: grouped `h / r`, tiled `h mod nk`.
                 let (len, kh) = (sq.len, if tiled { h % nkl } else { h / r });
-                for b in [&mut hs.q, &mut hs.k] {
-                    grow(b, len * dk);
-                }
-                for b in [&mut hs.v, &mut hs.o] {
-                    grow(b, len * dv);
-                }
-                grow(&mut hs.g, len);
-                grow(&mut hs.beta, len);
+                hs.rows.size(len, dk, dv);
                 for i in 0..len {
                     let x = &conv[(sq.row + i) * c..(sq.row + i + 1) * c];
-                    hs.q[i * dk..(i + 1) * dk].copy_from_slice(&x[kh * dk..(kh + 1) * dk]);
-                    hs.k[i * dk..(i + 1) * dk].copy_from_slice(&x[kq + kh * dk..kq + (kh + 1) * dk]);
-                    hs.v[i * dv..(i + 1) * dv].copy_from_slice(&x[2 * kq + h * dv..2 * kq + (h + 1) * dv]);
+                    hs.rows.q[i * dk..(i + 1) * dk].copy_from_slice(&x[kh * dk..(kh + 1) * dk]);
+                    hs.rows.k[i * dk..(i + 1) * dk].copy_from_slice(&x[kq + kh * dk..kq + (kh + 1) * dk]);
+                    hs.rows.v[i * dv..(i + 1) * dv].copy_from_slice(&x[2 * kq + h * dv..2 * kq + (h + 1) * dv]);
                     let bar = &ba[(sq.row + i) * 2 * nv..(sq.row + i + 1) * 2 * nv];
-                    hs.beta[i] = 1.0 / (1.0 + (-bar[h]).exp());
-                    hs.g[i] = self.neg_a[h] * softplus(bar[nv + h] + self.dt_bias[h]);
+                    hs.rows.beta[i] = 1.0 / (1.0 + (-bar[h]).exp());
+                    hs.rows.g[i] = self.neg_a[h] * softplus(bar[nv + h] + self.dt_bias[h]);
                 }
-                delta_rule::l2norm_rows(&mut hs.q[..len * dk], dk, 1e-6);
-                delta_rule::l2norm_rows(&mut hs.k[..len * dk], dk, 1e-6);
-                hs.q[..len * dk].iter_mut().for_each(|v| *v *= scale);
+                delta_rule::l2norm_rows(&mut hs.rows.q[..len * dk], dk, 1e-6);
+                delta_rule::l2norm_rows(&mut hs.rows.k[..len * dk], dk, 1e-6);
+                hs.rows.q[..len * dk].iter_mut().for_each(|v| *v *= scale);
                 // SAFETY: each (sequence, head) state is a disjoint dk × dv
                 // block of its slot, and each task is run by one thread.
                 let st = unsafe { std::slice::from_raw_parts_mut((sq.rec as *mut f32).add(h * dk * dv), dk * dv) };
@@ -554,31 +547,18 @@ impl GatedDeltaNet {
                 };
                 if sq.replay > 0 {
                     st.copy_from_slice(before());
-                    replay_rows(st, sq.replay, &saved, dk, dv, &mut hs.replay, &mut hs.chunk);
+                    replay_rows(st, sq.replay, &saved, (dk, dv), &mut hs.replay, &mut hs.chunk);
                 }
                 if sq.verify {
                     before().copy_from_slice(st);
-                    for i in 0..len {
-                        let row = saved(i);
-                        row[..dk].copy_from_slice(&hs.q[i * dk..(i + 1) * dk]);
-                        row[dk..2 * dk].copy_from_slice(&hs.k[i * dk..(i + 1) * dk]);
-                        row[2 * dk..2 * dk + dv].copy_from_slice(&hs.v[i * dv..(i + 1) * dv]);
-                        row[2 * dk + dv] = hs.g[i];
-                        row[2 * dk + dv + 1] = hs.beta[i];
-                    }
+                    (0..len).for_each(|i| hs.rows.save_row(i, dk, dv, saved(i)));
                 }
-                let x = HeadInputs {
-                    q: &hs.q[..len * dk],
-                    k: &hs.k[..len * dk],
-                    v: &hs.v[..len * dv],
-                    g: &hs.g[..len],
-                    beta: &hs.beta[..len],
-                };
+                let (x, o) = hs.rows.split(len, dk, dv);
                 // A verify step's rows each run as the decode step of their
                 // position would (the token loop), so accepted rows match
                 // plain decoding bit for bit and a replay recomputes them.
                 if len == 1 || sq.verify {
-                    delta_rule::recurrent(st, &x, dk, dv, &mut hs.o, &mut hs.chunk);
+                    delta_rule::recurrent(st, &x, dk, dv, o, &mut hs.chunk);
                 } else {
                     // The first piece up to the next multiple of CHUNK, then whole chunks.
                     let first = ((CHUNK - sq.start % CHUNK) % CHUNK).min(len);
@@ -593,13 +573,13 @@ impl GatedDeltaNet {
                             g: &x.g[a..b],
                             beta: &x.beta[a..b],
                         };
-                        delta_rule::chunked(st, &part, dk, dv, &mut hs.o[a * dv..b * dv], &mut hs.chunk);
+                        delta_rule::chunked(st, &part, dk, dv, &mut o[a * dv..b * dv], &mut hs.chunk);
                     }
                 }
                 for i in 0..len {
                     // SAFETY: row sq.row + i, columns of head h: written by this task only.
                     let dst = unsafe { std::slice::from_raw_parts_mut(core.at((sq.row + i) * vw + h * dv), dv) };
-                    dst.copy_from_slice(&hs.o[i * dv..(i + 1) * dv]);
+                    dst.copy_from_slice(&hs.rows.o[i * dv..(i + 1) * dv]);
                 }
             }
         });
@@ -625,35 +605,14 @@ fn replay_rows<'a>(
     st: &mut [f32],
     m: usize,
     saved: &impl Fn(usize) -> &'a mut [f32],
-    dk: usize,
-    dv: usize,
-    buf: &mut ReplayScratch,
+    (dk, dv): (usize, usize),
+    buf: &mut HeadRows,
     chunk: &mut ChunkScratch,
 ) {
-    for b in [&mut buf.q, &mut buf.k] {
-        grow(b, m * dk);
-    }
-    for b in [&mut buf.v, &mut buf.o] {
-        grow(b, m * dv);
-    }
-    grow(&mut buf.g, m);
-    grow(&mut buf.beta, m);
-    for i in 0..m {
-        let row = saved(i);
-        buf.q[i * dk..(i + 1) * dk].copy_from_slice(&row[..dk]);
-        buf.k[i * dk..(i + 1) * dk].copy_from_slice(&row[dk..2 * dk]);
-        buf.v[i * dv..(i + 1) * dv].copy_from_slice(&row[2 * dk..2 * dk + dv]);
-        buf.g[i] = row[2 * dk + dv];
-        buf.beta[i] = row[2 * dk + dv + 1];
-    }
-    let x = HeadInputs {
-        q: &buf.q[..m * dk],
-        k: &buf.k[..m * dk],
-        v: &buf.v[..m * dv],
-        g: &buf.g[..m],
-        beta: &buf.beta[..m],
-    };
-    delta_rule::recurrent(st, &x, dk, dv, &mut buf.o, chunk);
+    buf.size(m, dk, dv);
+    (0..m).for_each(|i| buf.load_row(i, dk, dv, saved(i)));
+    let (x, o) = buf.split(m, dk, dv);
+    delta_rule::recurrent(st, &x, dk, dv, o, chunk);
 }
 
 /// torch's `softplus` (threshold 20: linear above).
@@ -727,25 +686,59 @@ struct SeqTask {
 /// A thread's gather buffers for one head.
 #[derive(Debug, Default)]
 struct HeadScratch {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    g: Vec<f32>,
-    beta: Vec<f32>,
-    o: Vec<f32>,
+    rows: HeadRows,
     chunk: ChunkScratch,
-    replay: ReplayScratch,
+    /// A verify step's accepted rows, replayed ([`replay_rows`]).
+    replay: HeadRows,
 }
 
-/// A thread's buffers for replaying a verify step's accepted rows.
+/// One head's delta-rule inputs for `len` rows (`q`, `k` `[len × dk]`, `v`
+/// `[len × dv]`, `g`, `β` `[len]`) and its output `o` `[len × dv]`.
 #[derive(Debug, Default)]
-struct ReplayScratch {
+struct HeadRows {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     g: Vec<f32>,
     beta: Vec<f32>,
     o: Vec<f32>,
+}
+
+impl HeadRows {
+    fn size(&mut self, len: usize, dk: usize, dv: usize) {
+        grow(&mut self.q, len * dk);
+        grow(&mut self.k, len * dk);
+        grow(&mut self.v, len * dv);
+        grow(&mut self.o, len * dv);
+        grow(&mut self.g, len);
+        grow(&mut self.beta, len);
+    }
+
+    /// The first `len` rows' inputs, and the output buffer.
+    fn split(&mut self, len: usize, dk: usize, dv: usize) -> (HeadInputs<'_>, &mut [f32]) {
+        let HeadRows { q, k, v, g, beta, o } = self;
+        let x =
+            HeadInputs { q: &q[..len * dk], k: &k[..len * dk], v: &v[..len * dv], g: &g[..len], beta: &beta[..len] };
+        (x, o)
+    }
+
+    /// Row `i` into a saved row of [`LayerUndo::heads`] (`q | k | v | g | β`).
+    fn save_row(&self, i: usize, dk: usize, dv: usize, row: &mut [f32]) {
+        row[..dk].copy_from_slice(&self.q[i * dk..(i + 1) * dk]);
+        row[dk..2 * dk].copy_from_slice(&self.k[i * dk..(i + 1) * dk]);
+        row[2 * dk..2 * dk + dv].copy_from_slice(&self.v[i * dv..(i + 1) * dv]);
+        row[2 * dk + dv] = self.g[i];
+        row[2 * dk + dv + 1] = self.beta[i];
+    }
+
+    /// [`HeadRows::save_row`] back.
+    fn load_row(&mut self, i: usize, dk: usize, dv: usize, row: &[f32]) {
+        self.q[i * dk..(i + 1) * dk].copy_from_slice(&row[..dk]);
+        self.k[i * dk..(i + 1) * dk].copy_from_slice(&row[dk..2 * dk]);
+        self.v[i * dv..(i + 1) * dv].copy_from_slice(&row[2 * dk..2 * dk + dv]);
+        self.g[i] = row[2 * dk + dv];
+        self.beta[i] = row[2 * dk + dv + 1];
+    }
 }
 
 /// Buffers of linear-attention layers (and the gated attention's gate).
