@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use engine::draft::remote::RankDrafter;
 use engine::draft::{vocab_mismatch, DraftChoice, DraftParams, ModelDraft, ModelDrafter, RemoteDrafter};
 use engine::generate::Engine;
 use std::path::PathBuf;
@@ -107,7 +108,7 @@ impl DraftArgs {
         m: &model::Model,
         files: &formats::ModelFiles,
         threads: usize,
-    ) -> Option<ModelDrafter> {
+    ) -> Option<RankDrafter> {
         if self.draft_rank != Some(rank) || rank == 0 {
             return None;
         }
@@ -117,7 +118,7 @@ impl DraftArgs {
             ModelDrafter::open_for(&p, m, tok.as_ref(), threads, RANK_SLOTS).map_err(|e| e.to_string())
         });
         match opened {
-            Ok(d) => Some(d),
+            Ok(d) => Some(RankDrafter::new(d)),
             Err(e) => {
                 eprintln!("rank {rank}: --draft-rank: {e}");
                 None

@@ -375,7 +375,7 @@ pub struct StageRunner<'a> {
     /// The prefix cache's disk tier on this rank (`OP_DISK`).
     pub disk: &'a mut crate::kv_disk::DiskSlot,
     /// The draft model this rank runs for rank 0 (`--draft-rank`, `OP_DRAFT`).
-    pub draft: &'a mut Option<crate::draft::ModelDrafter>,
+    pub draft: &'a mut Option<crate::draft::remote::RankDrafter>,
 }
 
 impl StageRunner<'_> {
@@ -410,7 +410,8 @@ impl StageRunner<'_> {
                 if n > 0 {
                     c.world.recv(from, bytemuck::cast_slice_mut(&mut history)).map_err(comm_err)?;
                 }
-                let reply = crate::draft::remote::answer(self.draft.as_mut(), &history, h.chunk as usize);
+                let keep = h.mode as usize;
+                let reply = crate::draft::remote::answer(self.draft.as_mut(), (keep, &history), h.chunk as usize);
                 c.world.send(0, bytemuck::cast_slice(&reply)).map_err(comm_err)?;
             }
             OP_PING => {
