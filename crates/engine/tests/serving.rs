@@ -38,12 +38,18 @@ fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0f32, f32::max)
 }
 
-#[test]
-fn scheduler_matches_cold_single_runs_with_prefix_cache_and_batching() {
-    let Some(path) = smollm2() else { return };
+/// SmolLM2 loaded whole, with its tokenizer (`None` when it is not cached).
+fn smollm2_model() -> Option<(Model, shardlm_engine::Tokenizer)> {
+    let path = smollm2()?;
     let files = formats::open_model(&path).unwrap();
     let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
     let tok = shardlm_engine::Tokenizer::from_source(&files.tokenizer).unwrap().unwrap();
+    Some((m, tok))
+}
+
+#[test]
+fn scheduler_matches_cold_single_runs_with_prefix_cache_and_batching() {
+    let Some((m, tok)) = smollm2_model() else { return };
     let text: String = (0..60).map(|i| format!("fn step_{i}(x: u32) -> u32 {{ x * {} + {i} }}\n", i % 7 + 2)).collect();
     let prompt = tok.encode(&format!("Explain this code:\n{text}"), true).unwrap();
     assert!(prompt.len() > 600, "prompt of {} tokens", prompt.len());
@@ -104,10 +110,7 @@ fn scheduler_matches_cold_single_runs_with_prefix_cache_and_batching() {
 
 #[test]
 fn scheduler_refuses_what_cannot_fit_and_survives_pressure() {
-    let Some(path) = smollm2() else { return };
-    let files = formats::open_model(&path).unwrap();
-    let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
-    let tok = shardlm_engine::Tokenizer::from_source(&files.tokenizer).unwrap().unwrap();
+    let Some((m, tok)) = smollm2_model() else { return };
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| tok.encode(&format!("Say {i} {i} {i}"), true).unwrap()).collect();
     let mut engine = Engine::new(m, Some(tok), 2);
     // 4 blocks of 16: 64 positions for everyone.
@@ -145,10 +148,7 @@ fn scheduler_refuses_what_cannot_fit_and_survives_pressure() {
 /// reply's blocks are made again as prompt rows while idle and then reused.
 #[test]
 fn a_next_turn_reuses_only_prompt_rows_and_equals_the_cold_run() {
-    let Some(path) = smollm2() else { return };
-    let files = formats::open_model(&path).unwrap();
-    let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
-    let tok = shardlm_engine::Tokenizer::from_source(&files.tokenizer).unwrap().unwrap();
+    let Some((m, tok)) = smollm2_model() else { return };
     let text: String = (0..30).map(|i| format!("let v{i} = {} * x + {i};\n", i % 4 + 3)).collect();
     let prompt = tok.encode(&format!("Explain:\n{text}"), true).unwrap();
     let mut engine = Engine::new(m, Some(tok), 2);
@@ -193,10 +193,7 @@ fn a_next_turn_reuses_only_prompt_rows_and_equals_the_cold_run() {
 /// the next turn still finds the whole reply cached.
 #[test]
 fn a_rewarm_gives_way_to_a_request_and_finishes_when_idle() {
-    let Some(path) = smollm2() else { return };
-    let files = formats::open_model(&path).unwrap();
-    let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
-    let tok = shardlm_engine::Tokenizer::from_source(&files.tokenizer).unwrap().unwrap();
+    let Some((m, tok)) = smollm2_model() else { return };
     let text: String = (0..30).map(|i| format!("let v{i} = {} * x + {i};\n", i % 4 + 3)).collect();
     let prompt = tok.encode(&format!("Explain:\n{text}"), true).unwrap();
     let other = tok.encode("Write a haiku about the sea.", true).unwrap();
@@ -248,10 +245,7 @@ fn a_rewarm_gives_way_to_a_request_and_finishes_when_idle() {
 /// for bit.
 #[test]
 fn a_one_row_prompt_piece_equals_the_cold_run() {
-    let Some(path) = smollm2() else { return };
-    let files = formats::open_model(&path).unwrap();
-    let m = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
-    let tok = shardlm_engine::Tokenizer::from_source(&files.tokenizer).unwrap().unwrap();
+    let Some((m, tok)) = smollm2_model() else { return };
     let text: String = (0..120).map(|i| format!("item {i}: weight {} kg\n", i * 3 % 11 + 1)).collect();
     let mut prompt = tok.encode(&format!("Sum the weights:\n{text}"), true).unwrap();
     assert!(prompt.len() > 321, "prompt of {} tokens", prompt.len());

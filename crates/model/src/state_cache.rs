@@ -182,12 +182,6 @@ impl StatePool {
         Some((conv, rec, &mut undo[layer]))
     }
 
-    /// Bytes the slots' ways back from verify steps hold (beside [`StatePool::bytes`]).
-    pub fn undo_bytes(&self) -> usize {
-        let floats = |u: &LayerUndo| u.before.capacity() + u.conv_in.capacity() + u.heads.capacity();
-        self.undo.iter().flatten().map(floats).sum::<usize>() * 4
-    }
-
     /// Zeroes slot `slot` (a new sequence).
     pub fn clear(&mut self, slot: usize) {
         for (shape, d) in self.shapes.iter().zip(&mut self.data) {

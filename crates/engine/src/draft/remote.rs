@@ -75,10 +75,6 @@ impl RemoteDrafter {
         Ok(RemoteDrafter { rank, cost, warned: false, sent: Vec::new() })
     }
 
-    pub fn rank(&self) -> usize {
-        self.rank
-    }
-
     /// A drafted token's cost, in target decode steps (rank R's estimate).
     pub fn cost(&self) -> f32 {
         self.cost
@@ -88,15 +84,17 @@ impl RemoteDrafter {
     /// flight (see the module notes). A failure (a lost rank) gives no
     /// draft; the next step then meets the failure and the cluster recovers.
     pub fn propose(&mut self, engine: &mut Engine, history: &[u32], k: usize) -> Vec<u32> {
-        let keep = self.sent.iter().zip(history).take_while(|(a, b)| a == b).count();
-        let asked = match ask(engine, self.rank, (keep, &history[keep..]), k) {
-            Ok(None) => ask(engine, self.rank, (0, history), k),
-            other => other,
-        };
-        self.sent.clear();
+        let mut keep = self.sent.iter().zip(history).take_while(|(a, b)| a == b).count();
+        let mut asked = ask(engine, self.rank, (keep, &history[keep..]), k);
+        if matches!(asked, Ok(None)) {
+            keep = 0;
+            asked = ask(engine, self.rank, (0, history), k);
+        }
+        // What rank R holds now: the history, or (after a failure) unknown.
+        self.sent.truncate(if asked.is_ok() { keep } else { 0 });
         match asked {
             Ok(got) => {
-                self.sent.extend_from_slice(history);
+                self.sent.extend_from_slice(&history[keep..]);
                 got.map_or_else(Vec::new, |(tokens, _)| tokens)
             }
             Err(e) => {
