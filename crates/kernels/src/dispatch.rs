@@ -34,7 +34,7 @@ use crate::{DType, ThreadPool};
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp,
     avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_lowk, avx512_packed,
-    avx512_rows16,
+    avx512_rows16, avx512_rows16_k,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -126,6 +126,9 @@ pub enum Packing {
     HeadQuants { head: usize },
     /// Whole blocks, interleaved by units of `blocks` blocks.
     Units { blocks: usize },
+    /// Sixteen rows transposed per super-block, lane = row
+    /// ([`crate::packed::lanes16`]); read only by sixteen-row kernels.
+    Lanes16,
 }
 
 /// One weight type: everything dispatch needs.
@@ -139,6 +142,8 @@ pub struct Row {
     pub scalar: DotFn,
     /// The scalar packed four-row dot (unpacks each row), for packed types.
     pub scalar_packed_dot4: Option<Dot4Fn>,
+    /// The scalar sixteen-row kernel (unpacks each row), for lanes16 types.
+    pub scalar_packed_rows16: Option<Rows16Fn>,
     pub avx2: IsaKernels,
     pub avx512: IsaKernels,
 }
@@ -193,6 +198,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_f32,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2::dot_f32)], ..NONE },
         avx512: x86! { dot: &[(Base, avx512::dot_f32)], ..NONE },
     },
@@ -202,6 +208,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_f16,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2::dot_f16)], ..NONE },
         avx512: x86! { dot: &[(Base, avx512::dot_f16)], ..NONE },
     },
@@ -211,6 +218,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_bf16,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2::dot_bf16)], ..NONE },
         avx512: x86! { dot: &[(Base, avx512::dot_bf16)], ..NONE },
     },
@@ -220,6 +228,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::HeadQuants { head: 2 },
         scalar: scalar::dot_q4_0,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_0),
+        scalar_packed_rows16: None,
         avx2: x86! {
             dot: &[(Base, avx2::dot_q4_0)],
             dot4: &[(Base, avx2_rows::dot4_q4_0)],
@@ -246,6 +255,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::HeadQuants { head: 4 },
         scalar: scalar::dot_q4_1,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_1),
+        scalar_packed_rows16: None,
         avx2: x86! {
             dot: &[(Base, avx2::dot_q4_1)],
             dot4: &[(Base, avx2_rows::dot4_q4_1)],
@@ -275,6 +285,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q5_0,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2::dot_q5_0)], ..NONE },
         // No 512-bit dot: the AVX2 one.
         avx512: x86! { dot: &[(Base, avx2::dot_q5_0)], gemm: GEMM_Q8_0, ..NONE },
@@ -285,6 +296,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_q5_1,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2::dot_q5_1)], ..NONE },
         avx512: x86! { dot: &[(Base, avx2::dot_q5_1)], gemm: GEMM_Q8_0, ..NONE },
     },
@@ -294,6 +306,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::HeadQuants { head: 2 },
         scalar: scalar::dot_q8_0,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q8_0),
+        scalar_packed_rows16: None,
         avx2: x86! {
             dot: &[(Base, avx2::dot_q8_0)],
             dot4: &[(Base, avx2_rows::dot4_q8_0)],
@@ -318,15 +331,16 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::Q4_K,
         act: VecDotType::Q8_K,
-        // Whole super-blocks of the four rows interleaved: one stream for decode.
-        packing: Packing::Units { blocks: 1 },
+        // Sixteen rows transposed: lane = row, one stream for every batch size.
+        packing: Packing::Lanes16,
         scalar: scalar::dot_q4_k,
-        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_k),
+        scalar_packed_dot4: None,
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q4_k),
         avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_k::dot_q4_k)],
             dot4: &[(Base, avx512_k::dot4_q4_k)],
-            packed_dot4: &[(Base, avx512_k::dot4_q4_k_packed)],
+            packed_rows16: &[(Base, avx512_rows16_k::rows16_q4_k)],
             gemm: GEMM_K,
             ..NONE
         },
@@ -338,6 +352,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_q5_k,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q5_k),
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_k::dot_q5_k)],
@@ -354,6 +369,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_q6_k,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q6_k),
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_k::dot_q6_k)],
@@ -369,6 +385,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::Units { blocks: 2 },
         scalar: scalar::dot_mxfp4,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_mxfp4),
+        scalar_packed_rows16: None,
         avx2: x86! {
             dot: &[(Base, avx2_fp::dot_mxfp4)],
             dot4: &[],
@@ -395,6 +412,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_nvfp4,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_nvfp4),
+        scalar_packed_rows16: None,
         avx2: x86! {
             dot: &[(Base, avx2_fp::dot_nvfp4)],
             dot4: &[],
@@ -421,6 +439,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_fp8,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! {
             dot: &[(Base, avx2_fp::dot_fp8)],
             dot4: &[],
@@ -447,6 +466,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_q2_k,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q2_k),
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_q2_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_q2_k)],
@@ -462,6 +482,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_q3_k,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q3_k),
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_q3_k)],
@@ -477,6 +498,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq2_xxs,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], ..NONE },
         // No 512-bit kernels yet: the AVX2 one.
         avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], ..NONE },
@@ -487,6 +509,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq2_xs,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], ..NONE },
         // No 512-bit kernels yet: the AVX2 one.
         avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], ..NONE },
@@ -497,6 +520,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq2_s,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], ..NONE },
         // No 512-bit kernels yet: the AVX2 one.
         avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], ..NONE },
@@ -507,6 +531,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq3_xxs,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], ..NONE },
         // No 512-bit kernels yet: the AVX2 one.
         avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], ..NONE },
@@ -517,6 +542,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq3_s,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], ..NONE },
         // No 512-bit kernels yet: the AVX2 one.
         avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], ..NONE },
@@ -527,6 +553,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq1_s,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_s)], ..NONE },
         // No 512-bit kernels yet: the AVX2 one.
         avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq1_s)], ..NONE },
@@ -537,6 +564,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq1_m,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_m)], ..NONE },
         // No 512-bit kernels yet: the AVX2 one.
         avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq1_m)], ..NONE },
@@ -547,6 +575,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::None,
         scalar: scalar::dot_iq4_nl,
         scalar_packed_dot4: None,
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], tile: &[(Base, avx2_iq4nl::tile_iq4_nl)], ..NONE },
         // No 512-bit dot or tile yet: the AVX2 ones; prefill takes the lane GEMM.
         avx512: x86! {
@@ -562,6 +591,7 @@ pub static TABLE: &[Row] = &[
         packing: Packing::Units { blocks: 1 },
         scalar: scalar::dot_iq4_xs,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq4_xs),
+        scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_iq4_xs)],
@@ -598,6 +628,13 @@ pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
     let k = row.at(isa);
     let dot = pick(k.dot).unwrap_or(row.scalar);
     let gemm = pick(k.gemm);
+    if packed && row.packing == Packing::Lanes16 {
+        // Only sixteen-row kernels read this layout (the scalar one unpacks
+        // rows); they equal the scalar reference bit for bit, as the GEMM
+        // does, so the GEMM keeps the large batches.
+        let rows16 = pick(k.packed_rows16).or(row.scalar_packed_rows16);
+        return Kernels { dot, dot4: None, tile: None, rows16, gemm };
+    }
     if packed {
         let dot4 = pick(k.packed_dot4).or(row.scalar_packed_dot4);
         let rows16 = if rows16_enabled() { pick(k.packed_rows16) } else { None };

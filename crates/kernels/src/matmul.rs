@@ -69,10 +69,38 @@ impl<'a> MatRef<'a> {
     /// The contiguous rows `start..end` (a tensor-parallel shard of output features).
     pub fn rows_range(&self, start: usize, end: usize) -> MatRef<'a> {
         assert!(start <= end && end <= self.rows, "rows_range {start}..{end} of {} rows", self.rows);
-        let g = if self.packed { crate::packed::PACK_ROWS } else { 1 };
+        let g = if self.packed { crate::packed::group_rows(self.dtype) } else { 1 };
         assert!(start.is_multiple_of(g) && end.is_multiple_of(g), "packed rows_range {start}..{end}");
         let rb = self.row_bytes();
         MatRef { rows: end - start, data: &self.data[start * rb..end * rb], ..*self }
+    }
+
+    /// Rows `r0..r1` in the file layout, row after row (unpacked into `buf`
+    /// for a packed weight; a whole sixteen-row group of the transposed
+    /// layout at a time where the range allows).
+    pub fn rows_file<'b>(&self, r0: usize, r1: usize, buf: &'b mut Vec<u8>) -> &'b [u8]
+    where
+        'a: 'b,
+    {
+        let rb = self.row_bytes();
+        if !self.packed {
+            return &self.data[r0 * rb..r1 * rb];
+        }
+        buf.resize((r1 - r0) * rb, 0);
+        let g = crate::packed::group_rows(self.dtype);
+        let mut r = r0;
+        let mut row = Vec::new();
+        while r < r1 {
+            let out = &mut buf[(r - r0) * rb..];
+            if crate::packed::is_lanes16(self.dtype) && r.is_multiple_of(g) && r + g <= r1 {
+                crate::packed::unpack_group(self.dtype, self.cols, &self.data[r * rb..(r + g) * rb], out);
+                r += g;
+                continue;
+            }
+            out[..rb].copy_from_slice(self.row(r, &mut row));
+            r += 1;
+        }
+        buf
     }
 
     /// Bytes of row `r` in the file layout (unpacked into `buf` for a packed weight).
@@ -84,7 +112,7 @@ impl<'a> MatRef<'a> {
         if !self.packed {
             return &self.data[r * rb..(r + 1) * rb];
         }
-        let g = crate::packed::PACK_ROWS;
+        let g = crate::packed::group_rows(self.dtype);
         buf.resize(rb, 0);
         crate::packed::unpack_row(self.dtype, self.cols, &self.data[r / g * g * rb..], r % g, buf);
         buf

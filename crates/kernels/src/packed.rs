@@ -43,12 +43,16 @@
 //! (docs/PERFORMANCE.md). On the dense 1.1B model (rows of 2048–5632 inputs)
 //! MXFP4 decode gains 10–13%, NVFP4 decode and both prefills stay within noise.
 
+pub mod lanes16;
+
 use crate::dispatch::Packing;
 use crate::quant::{self, Dot4Fn, TileFn};
 use crate::DType;
 
 /// Rows per interleaved group.
 pub const PACK_ROWS: usize = 4;
+/// Rows per group of the transposed layout.
+pub const LANES16_ROWS: usize = 16;
 
 /// Header bytes per block (scales) of the head/quants layout, or `None` if
 /// `dtype` does not use it (the dispatch table's `packing`).
@@ -69,10 +73,29 @@ pub fn unit_blocks(dtype: DType) -> Option<usize> {
     }
 }
 
+/// Whether `dtype` uses the sixteen-row transposed layout ([`crate::packed::lanes16`]).
+pub fn is_lanes16(dtype: DType) -> bool {
+    crate::dispatch::row(dtype).packing == Packing::Lanes16
+}
+
+/// Rows per packed group of `dtype`: [`LANES16_ROWS`] for the transposed
+/// layout, [`PACK_ROWS`] for the interleaved ones. A packed row range (a
+/// tensor-parallel slice, a thread's share) starts and ends on a multiple.
+pub fn group_rows(dtype: DType) -> usize {
+    if is_lanes16(dtype) {
+        LANES16_ROWS
+    } else {
+        PACK_ROWS
+    }
+}
+
 /// Blocks a packed row's length must be a multiple of, if `dtype` packs at all.
 fn step_blocks(dtype: DType) -> Option<usize> {
     if head_bytes(dtype).is_some() {
         return Some(2);
+    }
+    if is_lanes16(dtype) {
+        return Some(1);
     }
     unit_blocks(dtype)
 }
@@ -81,14 +104,15 @@ fn step_blocks(dtype: DType) -> Option<usize> {
 pub fn packable(dtype: DType, rows: usize, cols: usize) -> bool {
     step_blocks(dtype).is_some_and(|k| cols.is_multiple_of(k * dtype.block_elems()))
         && rows > 0
-        && rows.is_multiple_of(PACK_ROWS)
+        && rows.is_multiple_of(group_rows(dtype))
 }
 
 /// Whether packing a `dtype` weight pays at `isa`: the dispatch table lists
-/// a packed four-row kernel for it there (otherwise only the scalar kernel,
-/// which unpacks every row, could read it).
+/// a packed four- or sixteen-row kernel for it there (otherwise only the
+/// scalar kernel, which unpacks every row, could read it).
 pub fn worth_packing(dtype: DType, isa: crate::isa::Isa) -> bool {
-    crate::dispatch::pick(crate::dispatch::row(dtype).at(isa).packed_dot4).is_some()
+    let k = crate::dispatch::row(dtype).at(isa);
+    crate::dispatch::pick(k.packed_dot4).is_some() || crate::dispatch::pick(k.packed_rows16).is_some()
 }
 
 /// Byte offset, inside a packed group, of block `b` of group row `r`:
@@ -127,6 +151,13 @@ pub fn pack_into(dtype: DType, rows: usize, cols: usize, src: &[u8], out: &mut [
     let rb = nb * bb;
     assert_eq!(src.len(), rows * rb, "pack: weight bytes");
     assert_eq!(out.len(), src.len(), "pack: output bytes");
+    if is_lanes16(dtype) {
+        for g in 0..rows / LANES16_ROWS {
+            let span = g * LANES16_ROWS * rb..(g + 1) * LANES16_ROWS * rb;
+            lanes16::pack_group(bb, nb, &src[span.clone()], &mut out[span]);
+        }
+        return;
+    }
     for g in 0..rows / PACK_ROWS {
         let gsrc = &src[g * PACK_ROWS * rb..(g + 1) * PACK_ROWS * rb];
         let gdst = &mut out[g * PACK_ROWS * rb..(g + 1) * PACK_ROWS * rb];
@@ -147,10 +178,15 @@ pub fn pack_into(dtype: DType, rows: usize, cols: usize, src: &[u8], out: &mut [
     }
 }
 
-/// Rebuilds row `r` (0..4) of one packed group in the file layout into `dst`
-/// (`row_bytes` long). Inverse of [`pack`]; used by the scalar path and tests.
+/// Rebuilds row `r` (0..[`group_rows`]) of one packed group in the file
+/// layout into `dst` (`row_bytes` long). Inverse of [`pack`]; used by the
+/// scalar path and tests.
 pub fn unpack_row(dtype: DType, cols: usize, group: &[u8], r: usize, dst: &mut [u8]) {
     let bb = dtype.block_bytes();
+    if is_lanes16(dtype) {
+        lanes16::unpack_row(bb, cols / dtype.block_elems(), group, r, dst);
+        return;
+    }
     for b in 0..cols / dtype.block_elems() {
         if let Some(u) = unit_blocks(dtype) {
             let o = unit_offset(bb, u, b, r);
@@ -162,6 +198,13 @@ pub fn unpack_row(dtype: DType, cols: usize, group: &[u8], r: usize, dst: &mut [
         dst[b * bb..b * bb + h].copy_from_slice(&group[ho..ho + h]);
         dst[b * bb + h..(b + 1) * bb].copy_from_slice(&group[qo..qo + bb - h]);
     }
+}
+
+/// All rows of one sixteen-row group of the transposed layout back in the
+/// file layout (`dst`: sixteen rows).
+pub fn unpack_group(dtype: DType, cols: usize, group: &[u8], dst: &mut [u8]) {
+    assert!(is_lanes16(dtype), "{dtype} has no sixteen-row groups");
+    lanes16::unpack_group(dtype.block_bytes(), cols / dtype.block_elems(), group, dst);
 }
 
 thread_local! {
@@ -198,7 +241,6 @@ scalar_dot4!(scalar_dot4_q4_1, DType::Q4_1);
 scalar_dot4!(scalar_dot4_q8_0, DType::Q8_0);
 scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
-scalar_dot4!(scalar_dot4_q4_k, DType::Q4_K);
 scalar_dot4!(scalar_dot4_q5_k, DType::Q5_K);
 scalar_dot4!(scalar_dot4_q6_k, DType::Q6_K);
 scalar_dot4!(scalar_dot4_q2_k, DType::Q2_K);
@@ -227,21 +269,23 @@ mod tests {
         for dtype in
             [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4, DType::Q4_K, DType::Q6_K, DType::Q2_K]
         {
-            let (rows, cols) = (8, if dtype.block_elems() == 256 { 512 } else { 128 });
+            let (rows, cols) = (2 * group_rows(dtype), if dtype.block_elems() == 256 { 512 } else { 128 });
             let src: Vec<u8> = (0..rows * dtype.bytes_for(cols).unwrap()).map(|i| (i * 31 % 251) as u8).collect();
             let packed = pack(dtype, rows, cols, &src);
             assert_ne!(packed, src);
             let rb = dtype.bytes_for(cols).unwrap();
             let mut row = vec![0u8; rb];
+            let g = group_rows(dtype);
             for r in 0..rows {
-                unpack_row(dtype, cols, &packed[r / 4 * 4 * rb..], r % 4, &mut row);
+                unpack_row(dtype, cols, &packed[r / g * g * rb..], r % g, &mut row);
                 assert_eq!(row, src[r * rb..(r + 1) * rb], "{dtype} row {r}");
             }
         }
         assert!(!packable(DType::Q4_0, 6, 64));
         assert!(!packable(DType::Q4_0, 8, 96));
-        assert!(packable(DType::Q4_K, 8, 512));
-        assert!(!packable(DType::Q4_K, 6, 512));
+        // Q4_K: sixteen-row groups.
+        assert!(packable(DType::Q4_K, 32, 512));
+        assert!(!packable(DType::Q4_K, 8, 512));
         assert!(packable(DType::Q2_K, 8, 512));
         assert!(!packable(DType::IQ2_XXS, 8, 512));
         // MXFP4 packs by block pairs, NVFP4 by blocks; FP8 stays in the file layout.

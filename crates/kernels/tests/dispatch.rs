@@ -38,7 +38,6 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::Q5_1, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::Q4_K, Isa::Avx2, Shape::Decode4, "a four-row version measured 0.7x the one-row kernel"),
     (DType::Q4_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
-    (DType::Q4_K, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::Q5_K, Isa::Avx2, Shape::Decode4, "a four-row version measured 0.7x the one-row kernel"),
     (DType::Q5_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
     (DType::Q5_K, Isa::Avx512, Shape::Tile, "one-row kernel only"),
@@ -158,17 +157,23 @@ fn every_type_has_its_fast_kernels() {
     assert!(stale.is_empty(), "listed as a gap but now has a kernel (drop it from KNOWN_GAPS): {stale:?}");
 }
 
-/// A packed weight always gets a four-row kernel (the scalar one unpacks rows),
-/// and packing is only chosen where a fast packed kernel exists.
+/// A packed weight always gets a four-row kernel, or a sixteen-row one in the
+/// transposed layout (the scalar ones unpack rows), and packing is only
+/// chosen where a fast packed kernel exists.
 #[test]
 fn packed_types_resolve() {
     for dtype in DType::ALL {
         let row = dispatch::row(dtype);
+        let lanes16 = row.packing == dispatch::Packing::Lanes16;
         let packs = row.packing != dispatch::Packing::None;
-        assert_eq!(packs, row.scalar_packed_dot4.is_some(), "{dtype}: packing and its scalar kernel");
+        assert_eq!(packs && !lanes16, row.scalar_packed_dot4.is_some(), "{dtype}: packing and its scalar kernel");
+        assert_eq!(lanes16, row.scalar_packed_rows16.is_some(), "{dtype}: lanes16 and its scalar kernel");
         for isa in isa::available() {
-            if packs {
-                assert!(dispatch::kernels(dtype, isa, true).dot4.is_some(), "{dtype} packed at {isa}");
+            let k = dispatch::kernels(dtype, isa, true);
+            if lanes16 {
+                assert!(k.rows16.is_some() && k.dot4.is_none(), "{dtype} packed at {isa}");
+            } else if packs {
+                assert!(k.dot4.is_some(), "{dtype} packed at {isa}");
             } else {
                 assert!(!shardlm_kernels::packed::worth_packing(dtype, isa), "{dtype} packs at {isa} without a layout");
             }

@@ -156,8 +156,9 @@ fn packed_matches_row_major_every_isa() {
     let mut rng = rng(11);
     let pools: Vec<ThreadPool> = [1, 2, 3].into_iter().map(ThreadPool::new).collect();
     const SHAPES: &[(usize, usize, usize)] = &[(4, 64, 1), (36, 576, 1), (68, 128, 2), (20, 192, 3), (40, 64, 70)];
-    // The K-quants: whole super-blocks; m = 70 takes the prefill GEMM.
-    const K_SHAPES: &[(usize, usize, usize)] = &[(4, 256, 1), (36, 512, 1), (68, 256, 2), (20, 768, 3), (40, 256, 70)];
+    // The K-quants: whole super-blocks, rows in sixteens (Q4_K's groups);
+    // m = 70 takes the prefill GEMM.
+    const K_SHAPES: &[(usize, usize, usize)] = &[(16, 256, 1), (48, 512, 1), (64, 256, 2), (32, 768, 3), (48, 256, 70)];
     let types =
         [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4, DType::Q4_K, DType::Q5_K, DType::Q6_K];
     for dtype in types {
@@ -184,6 +185,12 @@ fn packed_matches_row_major_every_isa() {
                     let bf16 = dtype == DType::FP8 && shardlm_kernels::quant::fp8::bf16_activations(isa);
                     let tol = if bf16 { shardlm_kernels::quant::fp8::bf16_rel_bound(cols) } else { 2e-5 };
                     check_close(&got, &want, &scale, tol, &what);
+                    // The sixteen-row transposed layout's kernels are the
+                    // reference's arithmetic at every level and batch.
+                    if packed::is_lanes16(dtype) {
+                        let differ = got.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                        assert_eq!(differ, 0, "{what}: {differ} outputs differ from the scalar reference");
+                    }
                     // Like with like: at one ISA level the packed kernels run the
                     // file-layout kernels' arithmetic, so the bits agree (where
                     // the level has packed kernels for the type: MXFP4/NVFP4
@@ -205,12 +212,13 @@ fn packed_matches_row_major_every_isa() {
                     check_close(&a, &want, &scale, 2e-5, &format!("{what} (many, row-major)"));
                 }
             }
-            // A four-aligned row range of a packed weight is a packed shard.
-            let shard = pm.rows_range(4, rows);
-            let mut part = vec![0f32; m * (rows - 4)];
+            // A group-aligned row range of a packed weight is a packed shard.
+            let g = packed::group_rows(dtype);
+            let shard = pm.rows_range(g, rows);
+            let mut part = vec![0f32; m * (rows - g)];
             matmul_reference(shard, &x, m, &mut part);
             for i in 0..m {
-                assert_eq!(&part[i * (rows - 4)..(i + 1) * (rows - 4)], &want[i * rows + 4..(i + 1) * rows]);
+                assert_eq!(&part[i * (rows - g)..(i + 1) * (rows - g)], &want[i * rows + g..(i + 1) * rows]);
             }
         }
     }

@@ -123,7 +123,7 @@ pub fn pack_for_decode(w: WeightTensor) -> WeightTensor {
     // never holds two copies of a large tensor (an lm_head can be 1 GiB).
     let (rows, cols) = (w.shape[0], w.shape[1]);
     let rb = w.bytes().len() / rows;
-    let step = ((4 << 20) / rb.max(1)).max(1).next_multiple_of(kernels::packed::PACK_ROWS);
+    let step = ((4 << 20) / rb.max(1)).max(1).next_multiple_of(kernels::packed::group_rows(w.dtype));
     let mut packed = vec![0u8; w.bytes().len()];
     for r0 in (0..rows).step_by(step) {
         let r1 = (r0 + step).min(rows);

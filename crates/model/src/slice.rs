@@ -4,10 +4,14 @@
 //! block; if the range is not block-aligned the slice is widened to f32.
 
 use formats::{TensorData, WeightTensor};
-use kernels::packed::PACK_ROWS;
 use kernels::DType;
 use std::ops::Range;
 use std::sync::Arc;
+
+/// Rows per group of a packed weight (`kernels::packed::group_rows`).
+fn group(w: &WeightTensor) -> usize {
+    kernels::packed::group_rows(w.dtype)
+}
 
 /// Rows `r` of a 2-D (or 1-D, as one row per element) weight.
 pub fn rows(w: &WeightTensor, r: Range<usize>) -> WeightTensor {
@@ -21,7 +25,7 @@ pub fn rows(w: &WeightTensor, r: Range<usize>) -> WeightTensor {
             TensorData::Mapped { map: map.clone(), offset: offset + r.start * row_bytes, len: r.len() * row_bytes }
         }
         TensorData::Owned(v) => TensorData::Owned(Arc::new(v[r.start * row_bytes..r.end * row_bytes].to_vec())),
-        TensorData::Packed(v) if r.start.is_multiple_of(PACK_ROWS) && r.end.is_multiple_of(PACK_ROWS) => {
+        TensorData::Packed(v) if r.start.is_multiple_of(group(w)) && r.end.is_multiple_of(group(w)) => {
             TensorData::Packed(Arc::new(v[r.start * row_bytes..r.end * row_bytes].to_vec()))
         }
         TensorData::Packed(_) => {

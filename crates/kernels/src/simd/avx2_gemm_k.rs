@@ -48,7 +48,7 @@ struct Decoded {
     q: Vec<u8>,
     /// `UNIT_ROWS × cols / 256` decoded scales.
     s: Vec<Scales>,
-    /// One row of a packed weight, unpacked to the file layout.
+    /// The unit's rows of a packed weight, unpacked to the file layout.
     row: Vec<u8>,
 }
 
@@ -138,8 +138,9 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
 unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
     let (nb, bb) = (w.cols / 256, w.dtype.block_bytes());
     let mut buf = std::mem::take(&mut d.row);
-    for (k, r) in (r0..r1).enumerate() {
-        let row = w.row(r, &mut buf);
+    let rows = w.rows_file(r0, r1, &mut buf);
+    for k in 0..r1 - r0 {
+        let row = &rows[k * w.row_bytes()..];
         for b in 0..nb {
             let q = d.q.as_mut_ptr().add(k * w.cols + b * 256);
             d.s[k * nb + b] = decode_block(w.dtype, &row[b * bb..(b + 1) * bb], q);

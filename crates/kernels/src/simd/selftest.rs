@@ -145,6 +145,7 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
     tiles(&mut rng, isa)?;
     packed(&mut rng, isa)?;
     rows16(&mut rng, isa)?;
+    lanes16(&mut rng, isa)?;
     gemms(&mut rng, isa)?;
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
         crate::attention::self_test_avx2(isa == Isa::Avx512, &mut || rng.unit())?;
@@ -307,6 +308,47 @@ fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
                 };
                 if want.to_bits() != out[j * rows + r].to_bits() {
                     let got = out[j * rows + r];
+                    return Err(format!("{dtype} sixteen-row kernel at {isa}: row {r} act {j}: {got} vs {want}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The sixteen-row kernels of the transposed K-quant layout (32 rows × 5
+/// activation rows: a four-row tile and a one-row tile) against the scalar
+/// reference dot, bit for bit.
+fn lanes16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
+    for dtype in DType::ALL {
+        if !crate::packed::is_lanes16(dtype) {
+            continue;
+        }
+        let Some(kernel) = crate::dispatch::kernels(dtype, isa, true).rows16 else { continue };
+        let (rows, n, m) = (32, 512, 5);
+        let w = weights(rng, dtype, rows, n);
+        let pw = crate::packed::pack(dtype, rows, n, &w);
+        let rb = dtype.bytes_for(n).unwrap_or(0);
+        let vdt = VecDotType::of(dtype);
+        let len = vdt.row_bytes(n);
+        let stride = len.div_ceil(8) * 8;
+        let mut abuf = vec![0u64; m * stride / 8];
+        for j in 0..m {
+            let dst = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut abuf)[j * stride..j * stride + len];
+            quant::quantize_act_fn(vdt, Isa::Scalar)(&acts(rng, n), dst);
+        }
+        let a = bytemuck::cast_slice::<u64, u8>(&abuf).as_ptr();
+        let mut out = vec![f32::NAN; m * rows];
+        // SAFETY: `rows` packed rows of `rb` bytes, `m` activation rows of
+        // `stride` bytes, `m × rows` outputs; `isa` is supported.
+        unsafe { kernel(n, pw.as_ptr(), rb, rows, a, stride, m, out.as_mut_ptr(), rows) };
+        let dot = quant::scalar::dot_fn(dtype);
+        for j in 0..m {
+            for r in 0..rows {
+                // SAFETY: one row and one activation row of `n` values.
+                let want = unsafe { dot(n, w[r * rb..].as_ptr(), a.add(j * stride)) };
+                let got = out[j * rows + r];
+                if want.to_bits() != got.to_bits() {
                     return Err(format!("{dtype} sixteen-row kernel at {isa}: row {r} act {j}: {got} vs {want}"));
                 }
             }

@@ -1,0 +1,192 @@
+//! The sixteen-row transposed layout ("lanes16") of the K-quants' decode
+//! kernels: every super-block of sixteen rows stored so that one 64-byte
+//! vector holds the same four bytes of all sixteen rows.
+//!
+//! Why: at one activation row the K-quant kernels are compute bound on AMD
+//! Zen 4 (issue 23: Q4_K decode stopped near 20 GB/s, ~40 vector ops per
+//! 144-byte super-block and row, most of them per-row scale work and a
+//! horizontal reduction). With lane `ℓ` = row `ℓ`, a `vpdpbusd` multiplies
+//! four codes of each of sixteen rows by four activations broadcast from
+//! memory, each sub-block's scale multiplies sixteen rows at once, and the
+//! result needs no reduction: about a third of the instructions per byte,
+//! with the same bytes. Transposing at load instead of in registers is what
+//! makes it pay at `m = 1` (docs/ARCHITECTURE.md, "On AMD Zen 4 the one-row
+//! case loses").
+//!
+//! Layout of one group (16 rows of `nb` super-blocks of `bb` bytes; the
+//! group takes exactly its sixteen rows' bytes, so row `16g` still starts at
+//! `16g · row_bytes` and any sixteen-aligned row range is a valid matrix):
+//!
+//! ```text
+//! super-block b: [v0: bytes 0..4 of rows 0..16] [v1: bytes 4..8 of rows 0..16] …  (⌊bb/4⌋ × 64 bytes)
+//!                [tail: bytes 4⌊bb/4⌋..bb of rows 0..16]                          (16 · (bb mod 4) bytes)
+//! super-block b + 1: …
+//! ```
+//!
+//! The kernel of each type reads the fields at their file offsets: a field at
+//! byte `o` (a multiple of 4) of the block is vector `o / 4`. Q4_K: vector 0
+//! holds `(d, dmin)` per lane, vectors 1–3 the three scale words, vectors
+//! 4 + 8c … 11 + 8c chunk `c` of the codes.
+
+use crate::quant::{self, Rows16Fn};
+use crate::DType;
+
+use super::LANES16_ROWS as ROWS;
+
+/// Byte offset, inside a group's super-block of `bb`-byte blocks, of byte
+/// `k` of row `r`.
+#[inline]
+fn offset(bb: usize, r: usize, k: usize) -> usize {
+    let words = bb / 4;
+    if k < 4 * words {
+        k / 4 * 4 * ROWS + r * 4 + k % 4
+    } else {
+        words * 4 * ROWS + r * (bb % 4) + (k - 4 * words)
+    }
+}
+
+/// Packs one group: `src` is sixteen rows of `nb` blocks of `bb` bytes in
+/// the file layout, `dst` the same length.
+pub(super) fn pack_group(bb: usize, nb: usize, src: &[u8], dst: &mut [u8]) {
+    let rb = nb * bb;
+    for r in 0..ROWS {
+        for b in 0..nb {
+            let blk = &src[r * rb + b * bb..][..bb];
+            let out = &mut dst[b * ROWS * bb..][..ROWS * bb];
+            for (v, word) in blk.chunks(4).enumerate() {
+                let o = offset(bb, r, 4 * v);
+                out[o..o + word.len()].copy_from_slice(word);
+            }
+        }
+    }
+}
+
+/// Row `r` of one group back in the file layout (`dst`: `nb · bb` bytes).
+/// The prefill GEMM reads packed rows through this, once per row and call,
+/// so it copies words, not bytes.
+pub(super) fn unpack_row(bb: usize, nb: usize, group: &[u8], r: usize, dst: &mut [u8]) {
+    for b in 0..nb {
+        let blk = &group[b * ROWS * bb..][..ROWS * bb];
+        for (v, word) in dst[b * bb..(b + 1) * bb].chunks_mut(4).enumerate() {
+            let o = offset(bb, r, 4 * v);
+            word.copy_from_slice(&blk[o..o + word.len()]);
+        }
+    }
+}
+
+/// All sixteen rows of one group back in the file layout (`dst`: `16 · nb ·
+/// bb` bytes, row after row): the prefill GEMM's read of a packed unit, one
+/// word move per four bytes.
+pub(super) fn unpack_group(bb: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
+    let (rb, words) = (nb * bb, bb / 4);
+    assert!(group.len() >= ROWS * rb && dst.len() >= ROWS * rb);
+    for b in 0..nb {
+        let blk = &group[b * ROWS * bb..][..ROWS * bb];
+        for v in 0..words {
+            let src = &blk[v * 4 * ROWS..][..4 * ROWS];
+            for r in 0..ROWS {
+                let o = r * rb + b * bb + 4 * v;
+                dst[o..o + 4].copy_from_slice(&src[4 * r..4 * r + 4]);
+            }
+        }
+        let tail = bb % 4;
+        if tail > 0 {
+            let src = &blk[words * 4 * ROWS..][..tail * ROWS];
+            for r in 0..ROWS {
+                let o = r * rb + b * bb + 4 * words;
+                dst[o..o + tail].copy_from_slice(&src[tail * r..tail * (r + 1)]);
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// One unpacked row for the scalar kernel.
+    static ROW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The scalar sixteen-row kernel of a lanes16 type: unpacks each row and runs
+/// the scalar reference dot against each activation row (so its results are
+/// the reference's, as the SIMD kernels' are).
+///
+/// # Safety
+/// As for [`Rows16Fn`], `rows` a multiple of 16.
+#[allow(clippy::too_many_arguments)]
+unsafe fn scalar_rows16(
+    dtype: DType,
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let dot = quant::scalar::dot_fn(dtype);
+    ROW.with(|row| {
+        let mut row = row.borrow_mut();
+        row.resize(row_bytes, 0);
+        for g in 0..rows / ROWS {
+            let group = std::slice::from_raw_parts(w.add(g * ROWS * row_bytes), ROWS * row_bytes);
+            for r in 0..ROWS {
+                super::unpack_row(dtype, n, group, r, &mut row);
+                for j in 0..m {
+                    *y.add(j * y_stride + g * ROWS + r) = dot(n, row.as_ptr(), a.add(j * a_stride));
+                }
+            }
+        }
+    })
+}
+
+macro_rules! scalar_rows16_of {
+    ($name:ident, $dtype:expr) => {
+        /// The scalar sixteen-row kernel (see `scalar_rows16`).
+        ///
+        /// # Safety
+        /// As for [`Rows16Fn`].
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $name(
+            n: usize,
+            w: *const u8,
+            row_bytes: usize,
+            rows: usize,
+            a: *const u8,
+            a_stride: usize,
+            m: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            scalar_rows16($dtype, n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+        }
+    };
+}
+
+scalar_rows16_of!(scalar_rows16_q4_k, DType::Q4_K);
+scalar_rows16_of!(scalar_rows16_q2_k, DType::Q2_K);
+
+/// Checks the signatures against [`Rows16Fn`].
+const _: [Rows16Fn; 2] = [scalar_rows16_q4_k, scalar_rows16_q2_k];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_are_a_permutation() {
+        for bb in [84, 110, 136, 144, 176, 210] {
+            let mut seen = vec![false; ROWS * bb];
+            for r in 0..ROWS {
+                for k in 0..bb {
+                    let o = offset(bb, r, k);
+                    assert!(!seen[o], "bb {bb}: row {r} byte {k} lands on a taken byte");
+                    seen[o] = true;
+                }
+            }
+        }
+        // A field at byte 4v is vector v: lane r holds row r's four bytes.
+        assert_eq!(offset(144, 3, 16), 4 * 64 + 12);
+        assert_eq!(offset(210, 5, 209), 52 * 64 + 10 + 1);
+    }
+}

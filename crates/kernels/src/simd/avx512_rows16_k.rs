@@ -1,0 +1,207 @@
+//! AVX-512 VNNI sixteen-row kernels for the K-quants in the transposed
+//! layout of [`crate::packed::lanes16`]: lane `ℓ` of every vector is weight
+//! row `ℓ`, so one kernel serves every batch size with no horizontal sums.
+//!
+//! Per super-block of sixteen rows and activation row (Q4_K):
+//! * the codes: 32 vectors of four bytes per row; each gives its low nibbles
+//!   (`& 0x0F`) and its high nibbles in place (`& 0xF0`, i.e. 16× the code),
+//!   and two `vpdpbusd` against four activation bytes broadcast from memory;
+//! * the sub-block scales: the three scale words of each row decode as the
+//!   scalar code does, a word per lane (`quant::q4_k::scales_mins`); a
+//!   `vpshufb` picks sub-block `j`'s scale into each lane's low byte and one
+//!   `vpmulld` applies it to sixteen rows' sums (the low-nibble sums meet
+//!   `16·sc`, so the total is `16 · Σ sc·S` and comes back with one shift);
+//! * the mins: `(m_j, m_j)` word pairs meet Q8_K's `bsums` pairs in one
+//!   `vpdpwssd` per sub-block.
+//!
+//! Numerics: the integer sums are exact and the float steps are the scalar
+//! reference's (`quant::q4_k::vec_dot`: `(d_a·d)·Σsc·S − (d_a·dmin)·Σm·B`,
+//! no FMA, super-blocks added in order), so every row equals the reference
+//! bit for bit at every batch size, as the prefill GEMM does: a row's result
+//! never depends on its batch.
+
+use std::arch::x86_64::*;
+
+/// How far ahead of the current super-block the stream is prefetched, into
+/// L2 (`prefetcht1`, one line beside each line read). Without it this kernel
+/// reads memory slower than the four-row one it replaces (the hardware
+/// prefetchers fall behind a stream read this fast); `bench_matmul 2 1
+/// avx512` at the 1.1B shapes out of cache, medians of 5 (AMD EPYC VM):
+/// none 19.6 GB/s, `prefetcht0` 4 KiB 12.5 (1 thread), `prefetcht1` 8 KiB
+/// **25.8**, 16 KiB 23.0, `prefetcht2` 8 KiB 25.8; the four-row kernel 19.7.
+const PREFETCH_AHEAD: usize = 8192;
+
+#[inline(always)]
+fn prefetch_l2(p: *const u8) {
+    // SAFETY: a prefetch is only a hint and never faults; SSE is baseline on x86-64.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p as *const i8) }
+}
+
+/// Activation rows per register tile.
+const ACTS: usize = 4;
+/// Rows per group (the lanes).
+const ROWS: usize = 16;
+/// Q8_K row layout: `d` (f32) at 0, 256 codes at 4, 16 `bsums` (i16) at 260.
+const Q8K_QS: usize = 4;
+const Q8K_BSUMS: usize = 260;
+const Q8K_BYTES: usize = 292;
+
+#[inline(always)]
+unsafe fn ld(p: *const u8) -> __m512i {
+    _mm512_loadu_si512(p as *const _)
+}
+
+/// Four bytes at `p` in every lane.
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> __m512i {
+    _mm512_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// `vpshufb` controls: `pick[t]` moves byte `t` of each dword to its low
+/// byte (zeroing the rest); `pair[t]` makes it the word pair `(b_t, b_t)`.
+struct Picks {
+    pick: [__m512i; 4],
+    pair: [__m512i; 4],
+}
+
+#[inline(always)]
+unsafe fn picks() -> Picks {
+    let ctl = |t: i32, pair: bool| {
+        let mut v = [0i32; 4];
+        for (k, d) in v.iter_mut().enumerate() {
+            let b = 4 * k as i32 + t;
+            *d = if pair { b | (0x80 << 8) | (b << 16) | (0x80 << 24) } else { b | (0x8080_8000u32 as i32) };
+        }
+        _mm512_broadcast_i32x4(_mm_setr_epi32(v[0], v[1], v[2], v[3]))
+    };
+    Picks {
+        pick: [ctl(0, false), ctl(1, false), ctl(2, false), ctl(3, false)],
+        pair: [ctl(0, true), ctl(1, true), ctl(2, true), ctl(3, true)],
+    }
+}
+
+/// `rows` (a multiple of 16) Q4_K rows in the lanes16 layout × `m` Q8_K
+/// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
+/// row r · act j`, each equal to `quant::q4_k::vec_dot`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI CPU; `w` holds `rows / 16` lanes16 groups of
+/// `row_bytes` per row (`n` a multiple of 256); `a` holds `m` Q8_K rows of
+/// `n` values `a_stride` bytes apart; `y` valid for the writes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows16_q4_k(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
+    let nb = n / 256;
+    for g in 0..rows / ROWS {
+        let gw = w.add(g * ROWS * row_bytes);
+        let mut j = 0;
+        while j < m {
+            let take = (m - j).min(ACTS);
+            let (aj, yj) = (a.add(j * a_stride), y.add(j * y_stride + g * ROWS));
+            match take {
+                1 => tile_q4_k::<1, 4>(nb, gw, aj, a_stride, yj, y_stride),
+                2 => tile_q4_k::<2, 2>(nb, gw, aj, a_stride, yj, y_stride),
+                3 => tile_q4_k::<3, 1>(nb, gw, aj, a_stride, yj, y_stride),
+                _ => tile_q4_k::<4, 1>(nb, gw, aj, a_stride, yj, y_stride),
+            }
+            j += take;
+        }
+    }
+}
+
+/// One group of sixteen Q4_K rows × `J` activation rows, with `S` partial
+/// sums per row and nibble half.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_q4_k<const J: usize, const S: usize>(
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    const BLOCK: usize = ROWS * 144;
+    let low6 = _mm512_set1_epi8(0x3F);
+    let low4 = _mm512_set1_epi8(0x0F);
+    let high4 = _mm512_set1_epi8(0xF0u8 as i8);
+    let top2 = _mm512_set1_epi8(0x03);
+    let p = picks();
+    let mut sums = [_mm512_setzero_ps(); J];
+    for b in 0..nb {
+        let x = w.add(b * BLOCK);
+        let ahead = x.wrapping_add(PREFETCH_AHEAD);
+        for l in 0..4 {
+            prefetch_l2(ahead.wrapping_add(64 * l));
+        }
+        let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
+        // Vector 0: (d, dmin) per lane; vectors 1..3: the scale words a, b, c.
+        let v0 = ld(x);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v0));
+        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v0)));
+        let (sa, sb, sc) = (ld(x.add(64)), ld(x.add(128)), ld(x.add(192)));
+        let top = |v: __m512i| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(v), top2));
+        let sc_lo = _mm512_and_si512(sa, low6);
+        let sc_hi = _mm512_or_si512(_mm512_and_si512(sc, low4), top(sa));
+        let m_lo = _mm512_and_si512(sb, low6);
+        let m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(sc), low4), top(sb));
+        let mut sumi = [_mm512_setzero_si512(); J];
+        for c in 0..4 {
+            // `S` partial sums per activation row and half, so that at least
+            // eight `vpdpbusd` chains are in flight; the codes are read in
+            // address order (interleaving the chunks' streams defeated the
+            // hardware prefetcher).
+            let mut lo_acc = [[_mm512_setzero_si512(); J]; S];
+            let mut hi_acc = [[_mm512_setzero_si512(); J]; S];
+            for v in 0..8 {
+                prefetch_l2(ahead.wrapping_add(256 + 512 * c + 64 * v));
+                let q = ld(x.add(256 + 512 * c + 64 * v));
+                let (lo, hi) = (_mm512_and_si512(q, low4), _mm512_and_si512(q, high4));
+                for j in 0..J {
+                    let y0 = act[j].add(Q8K_QS + 64 * c + 4 * v);
+                    lo_acc[v % S][j] = _mm512_dpbusd_epi32(lo_acc[v % S][j], lo, bcast4(y0));
+                    hi_acc[v % S][j] = _mm512_dpbusd_epi32(hi_acc[v % S][j], hi, bcast4(y0.add(32)));
+                }
+            }
+            let src = if c < 2 { sc_lo } else { sc_hi };
+            let s_even = _mm512_slli_epi32::<4>(_mm512_shuffle_epi8(src, p.pick[(2 * c) % 4]));
+            let s_odd = _mm512_shuffle_epi8(src, p.pick[(2 * c + 1) % 4]);
+            for j in 0..J {
+                let (mut lo, mut hi) = (lo_acc[0][j], hi_acc[0][j]);
+                for k in 1..S {
+                    lo = _mm512_add_epi32(lo, lo_acc[k][j]);
+                    hi = _mm512_add_epi32(hi, hi_acc[k][j]);
+                }
+                let part = _mm512_add_epi32(_mm512_mullo_epi32(lo, s_even), _mm512_mullo_epi32(hi, s_odd));
+                sumi[j] = _mm512_add_epi32(sumi[j], part);
+            }
+        }
+        let mut summ = [_mm512_setzero_si512(); J];
+        for t in 0..8 {
+            let mp = _mm512_shuffle_epi8(if t < 4 { m_lo } else { m_hi }, p.pair[t % 4]);
+            for j in 0..J {
+                summ[j] = _mm512_dpwssd_epi32(summ[j], mp, bcast4(act[j].add(Q8K_BSUMS + 4 * t)));
+            }
+        }
+        for j in 0..J {
+            let yd = _mm512_set1_ps((act[j] as *const f32).read_unaligned());
+            let t1 = _mm512_mul_ps(_mm512_mul_ps(yd, d), _mm512_cvtepi32_ps(_mm512_srai_epi32::<4>(sumi[j])));
+            let t2 = _mm512_mul_ps(_mm512_mul_ps(yd, dmin), _mm512_cvtepi32_ps(summ[j]));
+            sums[j] = _mm512_add_ps(sums[j], _mm512_sub_ps(t1, t2));
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        _mm512_storeu_ps(y.add(j * y_stride), *s);
+    }
+}
