@@ -243,7 +243,6 @@ scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
 scalar_dot4!(scalar_dot4_q5_k, DType::Q5_K);
 scalar_dot4!(scalar_dot4_q6_k, DType::Q6_K);
-scalar_dot4!(scalar_dot4_q2_k, DType::Q2_K);
 scalar_dot4!(scalar_dot4_q3_k, DType::Q3_K);
 scalar_dot4!(scalar_dot4_iq4_xs, DType::IQ4_XS);
 
@@ -286,7 +285,8 @@ mod tests {
         // Q4_K: sixteen-row groups.
         assert!(packable(DType::Q4_K, 32, 512));
         assert!(!packable(DType::Q4_K, 8, 512));
-        assert!(packable(DType::Q2_K, 8, 512));
+        assert!(packable(DType::Q2_K, 16, 512));
+        assert!(!packable(DType::Q2_K, 8, 512));
         assert!(!packable(DType::IQ2_XXS, 8, 512));
         // MXFP4 packs by block pairs, NVFP4 by blocks; FP8 stays in the file layout.
         assert!(!packable(DType::MXFP4, 8, 96));

@@ -51,7 +51,6 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::FP8, Isa::Avx512, Shape::Prefill, "f32 activations: tiles, no lane GEMM"),
     (DType::Q2_K, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::Q2_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
-    (DType::Q2_K, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::Q3_K, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::Q3_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
     (DType::Q3_K, Isa::Avx512, Shape::Tile, "one-row kernel only"),

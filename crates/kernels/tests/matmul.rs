@@ -159,8 +159,17 @@ fn packed_matches_row_major_every_isa() {
     // The K-quants: whole super-blocks, rows in sixteens (Q4_K's groups);
     // m = 70 takes the prefill GEMM.
     const K_SHAPES: &[(usize, usize, usize)] = &[(16, 256, 1), (48, 512, 1), (64, 256, 2), (32, 768, 3), (48, 256, 70)];
-    let types =
-        [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+    let types = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::MXFP4,
+        DType::NVFP4,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q2_K,
+    ];
     for dtype in types {
         let shapes = if dtype.block_elems() == 256 { K_SHAPES } else { SHAPES };
         for &(rows, cols, m) in shapes {

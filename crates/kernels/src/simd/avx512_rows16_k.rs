@@ -80,43 +80,158 @@ unsafe fn picks() -> Picks {
     }
 }
 
-/// `rows` (a multiple of 16) Q4_K rows in the lanes16 layout × `m` Q8_K
-/// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
-/// row r · act j`, each equal to `quant::q4_k::vec_dot`.
+/// The sixteen-row kernel of one type: groups of sixteen rows, tiles of up
+/// to [`ACTS`] activation rows (`$tile::<J, S>`: `J` rows, `S` partial sums).
+macro_rules! rows16_kernel {
+    ($(#[$doc:meta])* $name:ident, $tile:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// AVX-512 F/BW/VL/VNNI CPU; `w` holds `rows / 16` lanes16 groups of
+        /// `row_bytes` per row (`n` a multiple of 256); `a` holds `m` Q8_K rows of
+        /// `n` values `a_stride` bytes apart; `y` valid for the writes.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(
+            n: usize,
+            w: *const u8,
+            row_bytes: usize,
+            rows: usize,
+            a: *const u8,
+            a_stride: usize,
+            m: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
+            let nb = n / 256;
+            for g in 0..rows / ROWS {
+                let gw = w.add(g * ROWS * row_bytes);
+                let mut j = 0;
+                while j < m {
+                    let take = (m - j).min(ACTS);
+                    let (aj, yj) = (a.add(j * a_stride), y.add(j * y_stride + g * ROWS));
+                    match take {
+                        1 => $tile::<1, 4>(nb, gw, aj, a_stride, yj, y_stride),
+                        2 => $tile::<2, 2>(nb, gw, aj, a_stride, yj, y_stride),
+                        3 => $tile::<3, 1>(nb, gw, aj, a_stride, yj, y_stride),
+                        _ => $tile::<4, 1>(nb, gw, aj, a_stride, yj, y_stride),
+                    }
+                    j += take;
+                }
+            }
+        }
+    };
+}
+
+rows16_kernel!(
+    /// `rows` (a multiple of 16) Q4_K rows in the lanes16 layout × `m` Q8_K
+    /// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
+    /// row r · act j`, each equal to `quant::q4_k::vec_dot`.
+    rows16_q4_k,
+    tile_q4_k
+);
+
+rows16_kernel!(
+    /// [`rows16_q4_k`] for Q2_K, each result equal to `quant::q2_k::vec_dot`.
+    rows16_q2_k,
+    tile_q2_k
+);
+
+/// `(d, dmin)` f16 pairs per lane (a lanes16 vector of a K-quant header) as
+/// two float vectors.
+#[inline(always)]
+unsafe fn d_dmin(v: __m512i) -> (__m512, __m512) {
+    (_mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v))))
+}
+
+/// `sum + ((d_a·d)·isum − (d_a·dmin)·summ)`, the scalar references' float
+/// steps (no FMA), `d_a` the f32 at `act`.
+#[inline(always)]
+unsafe fn combine(sum: __m512, act: *const u8, d: __m512, dmin: __m512, isum: __m512i, summ: __m512i) -> __m512 {
+    let yd = _mm512_set1_ps((act as *const f32).read_unaligned());
+    let t1 = _mm512_mul_ps(_mm512_mul_ps(yd, d), _mm512_cvtepi32_ps(isum));
+    let t2 = _mm512_mul_ps(_mm512_mul_ps(yd, dmin), _mm512_cvtepi32_ps(summ));
+    _mm512_add_ps(sum, _mm512_sub_ps(t1, t2))
+}
+
+/// One group of sixteen Q2_K rows × `J` activation rows (`S` unused: the
+/// sixteen 16-value groups give independent chains already).
 ///
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI CPU; `w` holds `rows / 16` lanes16 groups of
-/// `row_bytes` per row (`n` a multiple of 256); `a` holds `m` Q8_K rows of
-/// `n` values `a_stride` bytes apart; `y` valid for the writes.
+/// Lanes16 vectors of an 84-byte block: 0–3 the scale bytes (`sc | m << 4`
+/// of groups `4v..4v+4`), 4 + 8h + u the codes `qs[32h + 4u..+4]`, 20 `(d,
+/// dmin)`. Codes are masked in place (`q & 3 << 2jb`, i.e. `4^jb ·` code),
+/// and group `g`'s scale meets it as `sc · 4^(3 − jb)`, so the total is
+/// `64 · Σ sc·S` (one shift back; at most 64 · 16 · 15 · 3 · 127 · 16 < 2³¹).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn rows16_q4_k(
-    n: usize,
+#[inline]
+unsafe fn tile_q2_k<const J: usize, const S: usize>(
+    nb: usize,
     w: *const u8,
-    row_bytes: usize,
-    rows: usize,
     a: *const u8,
     a_stride: usize,
-    m: usize,
     y: *mut f32,
     y_stride: usize,
 ) {
-    debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
-    let nb = n / 256;
-    for g in 0..rows / ROWS {
-        let gw = w.add(g * ROWS * row_bytes);
-        let mut j = 0;
-        while j < m {
-            let take = (m - j).min(ACTS);
-            let (aj, yj) = (a.add(j * a_stride), y.add(j * y_stride + g * ROWS));
-            match take {
-                1 => tile_q4_k::<1, 4>(nb, gw, aj, a_stride, yj, y_stride),
-                2 => tile_q4_k::<2, 2>(nb, gw, aj, a_stride, yj, y_stride),
-                3 => tile_q4_k::<3, 1>(nb, gw, aj, a_stride, yj, y_stride),
-                _ => tile_q4_k::<4, 1>(nb, gw, aj, a_stride, yj, y_stride),
-            }
-            j += take;
+    const BLOCK: usize = ROWS * 84;
+    let low4 = _mm512_set1_epi8(0x0F);
+    let p = picks();
+    // Word pairs of bytes (0, 1) and (2, 3) of each dword: two groups' mins.
+    let pair01 = _mm512_broadcast_i32x4(_mm_set1_epi32(0x8001_8000u32 as i32));
+    let pair23 = _mm512_broadcast_i32x4(_mm_set1_epi32(0x8003_8002u32 as i32));
+    let within = _mm512_broadcast_i32x4(_mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C));
+    let (pair01, pair23) = (_mm512_add_epi8(pair01, within), _mm512_add_epi8(pair23, within));
+    let mut sums = [_mm512_setzero_ps(); J];
+    for b in 0..nb {
+        let x = w.add(b * BLOCK);
+        let ahead = x.wrapping_add(PREFETCH_AHEAD);
+        for l in 0..BLOCK / 64 {
+            prefetch_l2(ahead.wrapping_add(64 * l));
         }
+        let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
+        let (d, dmin) = d_dmin(ld(x.add(20 * 64)));
+        let sv: [__m512i; 4] = std::array::from_fn(|k| ld(x.add(64 * k)));
+        let scv: [__m512i; 4] = std::array::from_fn(|k| _mm512_and_si512(sv[k], low4));
+        let mut sumi = [_mm512_setzero_si512(); J];
+        for h in 0..2 {
+            let q: [__m512i; 8] = std::array::from_fn(|u| ld(x.add(256 + 512 * h + 64 * u)));
+            for jb in 0..4 {
+                let mask = _mm512_set1_epi8(3 << (2 * jb));
+                let mut acc = [[_mm512_setzero_si512(); J]; 2];
+                for (u, qu) in q.iter().enumerate() {
+                    let c = _mm512_and_si512(*qu, mask);
+                    for j in 0..J {
+                        let y0 = act[j].add(Q8K_QS + 128 * h + 32 * jb + 4 * u);
+                        acc[u / 4][j] = _mm512_dpbusd_epi32(acc[u / 4][j], c, bcast4(y0));
+                    }
+                }
+                let g0 = 8 * h + 2 * jb;
+                let scale = |g: usize| {
+                    let sc = _mm512_shuffle_epi8(scv[g / 4], p.pick[g % 4]);
+                    _mm512_sllv_epi32(sc, _mm512_set1_epi32(2 * (3 - jb as i32)))
+                };
+                let (s0, s1) = (scale(g0), scale(g0 + 1));
+                for j in 0..J {
+                    let part = _mm512_add_epi32(_mm512_mullo_epi32(acc[0][j], s0), _mm512_mullo_epi32(acc[1][j], s1));
+                    sumi[j] = _mm512_add_epi32(sumi[j], part);
+                }
+            }
+        }
+        // Mins: groups (2t, 2t + 1) are bytes 2(t mod 2), +1 of vector t / 2.
+        let mut summ = [_mm512_setzero_si512(); J];
+        for t in 0..8 {
+            let mv = _mm512_and_si512(_mm512_srli_epi16::<4>(sv[t / 2]), low4);
+            let mp = _mm512_shuffle_epi8(mv, if t % 2 == 0 { pair01 } else { pair23 });
+            for j in 0..J {
+                summ[j] = _mm512_dpwssd_epi32(summ[j], mp, bcast4(act[j].add(Q8K_BSUMS + 4 * t)));
+            }
+        }
+        for j in 0..J {
+            sums[j] = combine(sums[j], act[j], d, dmin, _mm512_srai_epi32::<6>(sumi[j]), summ[j]);
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        _mm512_storeu_ps(y.add(j * y_stride), *s);
     }
 }
 
@@ -147,9 +262,7 @@ unsafe fn tile_q4_k<const J: usize, const S: usize>(
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
         // Vector 0: (d, dmin) per lane; vectors 1..3: the scale words a, b, c.
-        let v0 = ld(x);
-        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v0));
-        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v0)));
+        let (d, dmin) = d_dmin(ld(x));
         let (sa, sb, sc) = (ld(x.add(64)), ld(x.add(128)), ld(x.add(192)));
         let top = |v: __m512i| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(v), top2));
         let sc_lo = _mm512_and_si512(sa, low6);
@@ -195,10 +308,7 @@ unsafe fn tile_q4_k<const J: usize, const S: usize>(
             }
         }
         for j in 0..J {
-            let yd = _mm512_set1_ps((act[j] as *const f32).read_unaligned());
-            let t1 = _mm512_mul_ps(_mm512_mul_ps(yd, d), _mm512_cvtepi32_ps(_mm512_srai_epi32::<4>(sumi[j])));
-            let t2 = _mm512_mul_ps(_mm512_mul_ps(yd, dmin), _mm512_cvtepi32_ps(summ[j]));
-            sums[j] = _mm512_add_ps(sums[j], _mm512_sub_ps(t1, t2));
+            sums[j] = combine(sums[j], act[j], d, dmin, _mm512_srai_epi32::<4>(sumi[j]), summ[j]);
         }
     }
     for (j, s) in sums.iter().enumerate() {
