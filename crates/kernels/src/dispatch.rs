@@ -348,16 +348,16 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::Q5_K,
         act: VecDotType::Q8_K,
-        // Whole super-blocks of the four rows interleaved: one stream for decode.
-        packing: Packing::Units { blocks: 1 },
+        // Sixteen rows transposed, as Q4_K.
+        packing: Packing::Lanes16,
         scalar: scalar::dot_q5_k,
-        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q5_k),
-        scalar_packed_rows16: None,
+        scalar_packed_dot4: None,
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q5_k),
         avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_k::dot_q5_k)],
             dot4: &[(Base, avx512_k::dot4_q5_k)],
-            packed_dot4: &[(Base, avx512_k::dot4_q5_k_packed)],
+            packed_rows16: &[(Base, avx512_rows16_k::rows16_q5_k)],
             gemm: GEMM_K,
             ..NONE
         },

@@ -40,7 +40,6 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::Q4_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
     (DType::Q5_K, Isa::Avx2, Shape::Decode4, "a four-row version measured 0.7x the one-row kernel"),
     (DType::Q5_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
-    (DType::Q5_K, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::Q6_K, Isa::Avx2, Shape::Decode4, "a four-row version measured 0.7x the one-row kernel"),
     (DType::Q6_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
     (DType::Q6_K, Isa::Avx512, Shape::Tile, "one-row kernel only"),

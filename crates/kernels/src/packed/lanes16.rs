@@ -164,10 +164,11 @@ macro_rules! scalar_rows16_of {
 }
 
 scalar_rows16_of!(scalar_rows16_q4_k, DType::Q4_K);
+scalar_rows16_of!(scalar_rows16_q5_k, DType::Q5_K);
 scalar_rows16_of!(scalar_rows16_q2_k, DType::Q2_K);
 
 /// Checks the signatures against [`Rows16Fn`].
-const _: [Rows16Fn; 2] = [scalar_rows16_q4_k, scalar_rows16_q2_k];
+const _: [Rows16Fn; 3] = [scalar_rows16_q4_k, scalar_rows16_q5_k, scalar_rows16_q2_k];
 
 #[cfg(test)]
 mod tests {

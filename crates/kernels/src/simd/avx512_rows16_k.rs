@@ -133,6 +133,12 @@ rows16_kernel!(
 );
 
 rows16_kernel!(
+    /// [`rows16_q4_k`] for Q5_K, each result equal to `quant::q5_k::vec_dot`.
+    rows16_q5_k,
+    tile_q5_k
+);
+
+rows16_kernel!(
     /// [`rows16_q4_k`] for Q2_K, each result equal to `quant::q2_k::vec_dot`.
     rows16_q2_k,
     tile_q2_k
@@ -155,8 +161,8 @@ unsafe fn combine(sum: __m512, act: *const u8, d: __m512, dmin: __m512, isum: __
     _mm512_add_ps(sum, _mm512_sub_ps(t1, t2))
 }
 
-/// One group of sixteen Q2_K rows × `J` activation rows (`S` unused: the
-/// sixteen 16-value groups give independent chains already).
+/// One group of sixteen Q2_K rows × `J` activation rows, with `S` partial
+/// sums per 16-value group and row.
 ///
 /// Lanes16 vectors of an 84-byte block: 0–3 the scale bytes (`sc | m << 4`
 /// of groups `4v..4v+4`), 4 + 8h + u the codes `qs[32h + 4u..+4]`, 20 `(d,
@@ -197,14 +203,19 @@ unsafe fn tile_q2_k<const J: usize, const S: usize>(
             let q: [__m512i; 8] = std::array::from_fn(|u| ld(x.add(256 + 512 * h + 64 * u)));
             for jb in 0..4 {
                 let mask = _mm512_set1_epi8(3 << (2 * jb));
-                let mut acc = [[_mm512_setzero_si512(); J]; 2];
+                // `S` partial sums per group and activation row (as in `tile_k45`).
+                let mut parts = [[[_mm512_setzero_si512(); J]; S]; 2];
                 for (u, qu) in q.iter().enumerate() {
                     let c = _mm512_and_si512(*qu, mask);
                     for j in 0..J {
                         let y0 = act[j].add(Q8K_QS + 128 * h + 32 * jb + 4 * u);
-                        acc[u / 4][j] = _mm512_dpbusd_epi32(acc[u / 4][j], c, bcast4(y0));
+                        let p = &mut parts[u / 4][u % S][j];
+                        *p = _mm512_dpbusd_epi32(*p, c, bcast4(y0));
                     }
                 }
+                let acc: [[__m512i; J]; 2] = std::array::from_fn(|g| {
+                    std::array::from_fn(|j| (1..S).fold(parts[g][0][j], |t, k| _mm512_add_epi32(t, parts[g][k][j])))
+                });
                 let g0 = 8 * h + 2 * jb;
                 let scale = |g: usize| {
                     let sc = _mm512_shuffle_epi8(scv[g / 4], p.pick[g % 4]);
@@ -219,9 +230,9 @@ unsafe fn tile_q2_k<const J: usize, const S: usize>(
         }
         // Mins: groups (2t, 2t + 1) are bytes 2(t mod 2), +1 of vector t / 2.
         let mut summ = [_mm512_setzero_si512(); J];
+        let mv: [__m512i; 4] = std::array::from_fn(|k| _mm512_and_si512(_mm512_srli_epi16::<4>(sv[k]), low4));
         for t in 0..8 {
-            let mv = _mm512_and_si512(_mm512_srli_epi16::<4>(sv[t / 2]), low4);
-            let mp = _mm512_shuffle_epi8(mv, if t % 2 == 0 { pair01 } else { pair23 });
+            let mp = _mm512_shuffle_epi8(mv[t / 2], if t % 2 == 0 { pair01 } else { pair23 });
             for j in 0..J {
                 summ[j] = _mm512_dpwssd_epi32(summ[j], mp, bcast4(act[j].add(Q8K_BSUMS + 4 * t)));
             }
@@ -235,8 +246,7 @@ unsafe fn tile_q2_k<const J: usize, const S: usize>(
     }
 }
 
-/// One group of sixteen Q4_K rows × `J` activation rows, with `S` partial
-/// sums per row and nibble half.
+/// One group of sixteen Q4_K rows × `J` activation rows (see [`tile_k45`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn tile_q4_k<const J: usize, const S: usize>(
@@ -247,7 +257,122 @@ unsafe fn tile_q4_k<const J: usize, const S: usize>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    const BLOCK: usize = ROWS * 144;
+    tile_k45::<J, S, false>(nb, w, a, a_stride, y, y_stride)
+}
+
+/// One group of sixteen Q5_K rows × `J` activation rows (see [`tile_k45`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_q5_k<const J: usize, const S: usize>(
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    tile_k45::<J, S, true>(nb, w, a, a_stride, y, y_stride)
+}
+
+/// Bit `from` of every byte of `h` moved to bit 4, all other bits cleared
+/// (16-bit shifts: after the mask each byte's bit 4 came from its own byte).
+#[inline(always)]
+unsafe fn bit4(h: __m512i, from: usize) -> __m512i {
+    let s = match from {
+        0 => _mm512_slli_epi16::<4>(h),
+        1 => _mm512_slli_epi16::<3>(h),
+        2 => _mm512_slli_epi16::<2>(h),
+        3 => _mm512_slli_epi16::<1>(h),
+        4 => h,
+        5 => _mm512_srli_epi16::<1>(h),
+        6 => _mm512_srli_epi16::<2>(h),
+        _ => _mm512_srli_epi16::<3>(h),
+    };
+    _mm512_and_si512(s, _mm512_set1_epi8(0x10))
+}
+
+/// What [`k45_chunk`] reads of one block.
+struct ChunkArgs<'a, const J: usize> {
+    x: *const u8,
+    ahead: *const u8,
+    /// Byte offset of the codes (vector 4 or 12).
+    codes: usize,
+    act: [*const u8; J],
+    /// The scale bytes of sub-blocks 0–3 and 4–7, a word per lane.
+    sc: [__m512i; 2],
+    p: &'a Picks,
+    low4: __m512i,
+    high4: __m512i,
+}
+
+/// Chunk `C` (values `64C..64C+64`: sub-blocks `2C`, `2C+1`) of a Q4_K/Q5_K
+/// block: `sumi[j] += 16·sc₂c·S₂c + sc₂c₊₁·(16·S₂c₊₁)` (Q4_K, high nibbles in
+/// place) or `sc₂c·S₂c + sc₂c₊₁·S₂c₊₁` (Q5_K). A const chunk, so the shifts
+/// and the scale picks are immediate (a loop over chunks compiled to jump
+/// tables and spills).
+#[inline(always)]
+unsafe fn k45_chunk<const J: usize, const S: usize, const Q5: bool, const C: usize>(
+    k: &ChunkArgs<'_, J>,
+    sumi: &mut [__m512i; J],
+) {
+    // `S` partial sums per activation row and half, so that at least eight
+    // `vpdpbusd` chains are in flight; the codes are read in address order
+    // (interleaving the chunks' streams defeated the hardware prefetcher).
+    let mut lo_acc = [[_mm512_setzero_si512(); J]; S];
+    let mut hi_acc = [[_mm512_setzero_si512(); J]; S];
+    for v in 0..8 {
+        prefetch_l2(k.ahead.wrapping_add(k.codes + 512 * C + 64 * v));
+        let q = ld(k.x.add(k.codes + 512 * C + 64 * v));
+        let (lo, hi) = if Q5 {
+            // Fifth bits: bit 2C (low half) and 2C + 1 (high half) of qh.
+            let h = ld(k.x.add(256 + 64 * v));
+            let lo = _mm512_or_si512(_mm512_and_si512(q, k.low4), bit4(h, 2 * C));
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), k.low4);
+            (lo, _mm512_or_si512(hi, bit4(h, 2 * C + 1)))
+        } else {
+            (_mm512_and_si512(q, k.low4), _mm512_and_si512(q, k.high4))
+        };
+        for j in 0..J {
+            let y0 = k.act[j].add(Q8K_QS + 64 * C + 4 * v);
+            lo_acc[v % S][j] = _mm512_dpbusd_epi32(lo_acc[v % S][j], lo, bcast4(y0));
+            hi_acc[v % S][j] = _mm512_dpbusd_epi32(hi_acc[v % S][j], hi, bcast4(y0.add(32)));
+        }
+    }
+    let src = k.sc[C / 2];
+    let s_even = _mm512_shuffle_epi8(src, k.p.pick[(2 * C) % 4]);
+    let s_even = if Q5 { s_even } else { _mm512_slli_epi32::<4>(s_even) };
+    let s_odd = _mm512_shuffle_epi8(src, k.p.pick[(2 * C + 1) % 4]);
+    for j in 0..J {
+        let (mut lo, mut hi) = (lo_acc[0][j], hi_acc[0][j]);
+        for t in 1..S {
+            lo = _mm512_add_epi32(lo, lo_acc[t][j]);
+            hi = _mm512_add_epi32(hi, hi_acc[t][j]);
+        }
+        let part = _mm512_add_epi32(_mm512_mullo_epi32(lo, s_even), _mm512_mullo_epi32(hi, s_odd));
+        sumi[j] = _mm512_add_epi32(sumi[j], part);
+    }
+}
+
+/// One group of sixteen Q4_K (`Q5 = false`) or Q5_K rows × `J` activation
+/// rows, with `S` partial sums per row and nibble half.
+///
+/// Lanes16 vectors of a block: 0 `(d, dmin)`, 1–3 the scale words; Q4_K's
+/// codes from vector 4 (chunk `c`: vectors `4 + 8c ..`), Q5_K's fifth bits
+/// `qh` in vectors 4–11 and its codes from vector 12. Q4_K's high nibbles
+/// stay in place (16× the code, meeting the low ones' `16·sc`, one shift
+/// back); Q5_K's codes are built whole (nibble | fifth bit << 4).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_k45<const J: usize, const S: usize, const Q5: bool>(
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let block = ROWS * if Q5 { 176 } else { 144 };
+    let codes = if Q5 { 768 } else { 256 };
     let low6 = _mm512_set1_epi8(0x3F);
     let low4 = _mm512_set1_epi8(0x0F);
     let high4 = _mm512_set1_epi8(0xF0u8 as i8);
@@ -255,9 +380,9 @@ unsafe fn tile_q4_k<const J: usize, const S: usize>(
     let p = picks();
     let mut sums = [_mm512_setzero_ps(); J];
     for b in 0..nb {
-        let x = w.add(b * BLOCK);
+        let x = w.add(b * block);
         let ahead = x.wrapping_add(PREFETCH_AHEAD);
-        for l in 0..4 {
+        for l in 0..if Q5 { 12 } else { 4 } {
             prefetch_l2(ahead.wrapping_add(64 * l));
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
@@ -270,36 +395,11 @@ unsafe fn tile_q4_k<const J: usize, const S: usize>(
         let m_lo = _mm512_and_si512(sb, low6);
         let m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(sc), low4), top(sb));
         let mut sumi = [_mm512_setzero_si512(); J];
-        for c in 0..4 {
-            // `S` partial sums per activation row and half, so that at least
-            // eight `vpdpbusd` chains are in flight; the codes are read in
-            // address order (interleaving the chunks' streams defeated the
-            // hardware prefetcher).
-            let mut lo_acc = [[_mm512_setzero_si512(); J]; S];
-            let mut hi_acc = [[_mm512_setzero_si512(); J]; S];
-            for v in 0..8 {
-                prefetch_l2(ahead.wrapping_add(256 + 512 * c + 64 * v));
-                let q = ld(x.add(256 + 512 * c + 64 * v));
-                let (lo, hi) = (_mm512_and_si512(q, low4), _mm512_and_si512(q, high4));
-                for j in 0..J {
-                    let y0 = act[j].add(Q8K_QS + 64 * c + 4 * v);
-                    lo_acc[v % S][j] = _mm512_dpbusd_epi32(lo_acc[v % S][j], lo, bcast4(y0));
-                    hi_acc[v % S][j] = _mm512_dpbusd_epi32(hi_acc[v % S][j], hi, bcast4(y0.add(32)));
-                }
-            }
-            let src = if c < 2 { sc_lo } else { sc_hi };
-            let s_even = _mm512_slli_epi32::<4>(_mm512_shuffle_epi8(src, p.pick[(2 * c) % 4]));
-            let s_odd = _mm512_shuffle_epi8(src, p.pick[(2 * c + 1) % 4]);
-            for j in 0..J {
-                let (mut lo, mut hi) = (lo_acc[0][j], hi_acc[0][j]);
-                for k in 1..S {
-                    lo = _mm512_add_epi32(lo, lo_acc[k][j]);
-                    hi = _mm512_add_epi32(hi, hi_acc[k][j]);
-                }
-                let part = _mm512_add_epi32(_mm512_mullo_epi32(lo, s_even), _mm512_mullo_epi32(hi, s_odd));
-                sumi[j] = _mm512_add_epi32(sumi[j], part);
-            }
-        }
+        let k = ChunkArgs { x, ahead, codes, act, sc: [sc_lo, sc_hi], p: &p, low4, high4 };
+        k45_chunk::<J, S, Q5, 0>(&k, &mut sumi);
+        k45_chunk::<J, S, Q5, 1>(&k, &mut sumi);
+        k45_chunk::<J, S, Q5, 2>(&k, &mut sumi);
+        k45_chunk::<J, S, Q5, 3>(&k, &mut sumi);
         let mut summ = [_mm512_setzero_si512(); J];
         for t in 0..8 {
             let mp = _mm512_shuffle_epi8(if t < 4 { m_lo } else { m_hi }, p.pair[t % 4]);
@@ -308,7 +408,8 @@ unsafe fn tile_q4_k<const J: usize, const S: usize>(
             }
         }
         for j in 0..J {
-            sums[j] = combine(sums[j], act[j], d, dmin, _mm512_srai_epi32::<4>(sumi[j]), summ[j]);
+            let isum = if Q5 { sumi[j] } else { _mm512_srai_epi32::<4>(sumi[j]) };
+            sums[j] = combine(sums[j], act[j], d, dmin, isum, summ[j]);
         }
     }
     for (j, s) in sums.iter().enumerate() {
