@@ -589,15 +589,16 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::IQ4_XS,
         act: VecDotType::Q8_K,
-        packing: Packing::Units { blocks: 1 },
+        // Sixteen rows transposed, as Q4_K.
+        packing: Packing::Lanes16,
         scalar: scalar::dot_iq4_xs,
-        scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq4_xs),
-        scalar_packed_rows16: None,
+        scalar_packed_dot4: None,
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_iq4_xs),
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_iq4_xs)],
             dot4: &[(Base, avx512_lowk::dot4_iq4_xs)],
-            packed_dot4: &[(Base, avx512_lowk::dot4_iq4_xs_packed)],
+            packed_rows16: &[(Base, avx512_rows16_k::rows16_iq4_xs)],
             gemm: GEMM_K,
             ..NONE
         },

@@ -243,7 +243,6 @@ scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
 scalar_dot4!(scalar_dot4_q6_k, DType::Q6_K);
 scalar_dot4!(scalar_dot4_q3_k, DType::Q3_K);
-scalar_dot4!(scalar_dot4_iq4_xs, DType::IQ4_XS);
 
 /// The four-row kernel over a packed group for `dtype` at `isa`. Always present
 /// for packable types (the scalar one unpacks rows), `None` otherwise.

@@ -169,6 +169,7 @@ fn packed_matches_row_major_every_isa() {
         DType::Q5_K,
         DType::Q6_K,
         DType::Q2_K,
+        DType::IQ4_XS,
     ];
     for dtype in types {
         let shapes = if dtype.block_elems() == 256 { K_SHAPES } else { SHAPES };

@@ -166,9 +166,10 @@ macro_rules! scalar_rows16_of {
 scalar_rows16_of!(scalar_rows16_q4_k, DType::Q4_K);
 scalar_rows16_of!(scalar_rows16_q5_k, DType::Q5_K);
 scalar_rows16_of!(scalar_rows16_q2_k, DType::Q2_K);
+scalar_rows16_of!(scalar_rows16_iq4_xs, DType::IQ4_XS);
 
 /// Checks the signatures against [`Rows16Fn`].
-const _: [Rows16Fn; 3] = [scalar_rows16_q4_k, scalar_rows16_q5_k, scalar_rows16_q2_k];
+const _: [Rows16Fn; 4] = [scalar_rows16_q4_k, scalar_rows16_q5_k, scalar_rows16_q2_k, scalar_rows16_iq4_xs];
 
 #[cfg(test)]
 mod tests {

@@ -416,3 +416,85 @@ unsafe fn tile_k45<const J: usize, const S: usize, const Q5: bool>(
         _mm512_storeu_ps(y.add(j * y_stride), *s);
     }
 }
+
+rows16_kernel!(
+    /// [`rows16_q4_k`] for IQ4_XS, each result equal to `quant::iq4_xs::vec_dot`.
+    rows16_iq4_xs,
+    tile_iq4_xs
+);
+
+/// One group of sixteen IQ4_XS rows × `J` activation rows, with `S` partial
+/// sums per sub-block and row.
+///
+/// Lanes16 vectors of a 136-byte block: 0 `(d, scales_h)`, 1 `scales_l`,
+/// 2 + 4·ib + u the codes `qs[16ib + 4u..+4]` (low nibbles: values `32ib +
+/// 4u..`, high: `32ib + 16 + 4u..`). Each nibble looks up `K[q] + 128` (one
+/// `vpshufb`, unsigned for `vpdpbusd`); the `128·Σa` that adds comes back out
+/// through Q8_K's `bsums`: `isum = Σ ls'·S − 128·Σ ls'·B`, `ls' = ls − 32`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_iq4_xs<const J: usize, const S: usize>(
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    const BLOCK: usize = ROWS * 136;
+    let low4 = _mm512_set1_epi8(0x0F);
+    let mut k128 = [0u8; 16];
+    for (k, v) in k128.iter_mut().zip(crate::quant::iq4_nl::KVALUES) {
+        *k = (v as i16 + 128) as u8;
+    }
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(k128.as_ptr() as *const __m128i));
+    let mut sums = [_mm512_setzero_ps(); J];
+    for b in 0..nb {
+        let x = w.add(b * BLOCK);
+        let ahead = x.wrapping_add(PREFETCH_AHEAD);
+        prefetch_l2(ahead);
+        prefetch_l2(ahead.wrapping_add(64));
+        let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
+        let v0 = ld(x);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v0));
+        let (sh, sl) = (_mm512_srli_epi32::<16>(v0), ld(x.add(64)));
+        let mut sumi = [_mm512_setzero_si512(); J];
+        let mut corr = [_mm512_setzero_si512(); J];
+        for ib in 0..8 {
+            let mut parts = [[_mm512_setzero_si512(); J]; S];
+            for u in 0..4 {
+                let off = 128 + 256 * ib + 64 * u;
+                prefetch_l2(ahead.wrapping_add(off));
+                let q = ld(x.add(off));
+                let lo = _mm512_shuffle_epi8(table, _mm512_and_si512(q, low4));
+                let hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16::<4>(q), low4));
+                for j in 0..J {
+                    let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
+                    let p = &mut parts[u % S][j];
+                    *p = _mm512_dpbusd_epi32(*p, lo, bcast4(y0));
+                    *p = _mm512_dpbusd_epi32(*p, hi, bcast4(y0.add(16)));
+                }
+            }
+            // ls − 32 per lane: low four bits from scales_l (byte ib / 2,
+            // nibble ib % 2), high two from scales_h (bits 2ib, 2ib + 1).
+            let lo4 = _mm512_and_si512(_mm512_srlv_epi32(sl, _mm512_set1_epi32(4 * ib as i32)), _mm512_set1_epi32(15));
+            let hi2 = _mm512_and_si512(_mm512_srlv_epi32(sh, _mm512_set1_epi32(2 * ib as i32)), _mm512_set1_epi32(3));
+            let ls = _mm512_sub_epi32(_mm512_or_si512(lo4, _mm512_slli_epi32::<4>(hi2)), _mm512_set1_epi32(32));
+            // (ls', ls') as i16 words, to meet Q8_K's bsums pair of this sub-block.
+            let ls_pair = _mm512_or_si512(_mm512_and_si512(ls, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32::<16>(ls));
+            for j in 0..J {
+                let acc = (1..S).fold(parts[0][j], |t, k| _mm512_add_epi32(t, parts[k][j]));
+                sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(acc, ls));
+                corr[j] = _mm512_dpwssd_epi32(corr[j], ls_pair, bcast4(act[j].add(Q8K_BSUMS + 4 * ib)));
+            }
+        }
+        for j in 0..J {
+            let isum = _mm512_sub_epi32(sumi[j], _mm512_slli_epi32::<7>(corr[j]));
+            let yd = _mm512_set1_ps((act[j] as *const f32).read_unaligned());
+            sums[j] = _mm512_add_ps(sums[j], _mm512_mul_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(isum)));
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        _mm512_storeu_ps(y.add(j * y_stride), *s);
+    }
+}
