@@ -365,16 +365,17 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::Q6_K,
         act: VecDotType::Q8_K,
-        // Whole super-blocks of the four rows interleaved: one stream for decode.
-        packing: Packing::Units { blocks: 1 },
+        // Sixteen rows transposed, as Q4_K (the 210-byte blocks end in a
+        // two-byte tail, which the layout places after the words).
+        packing: Packing::Lanes16,
         scalar: scalar::dot_q6_k,
-        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q6_k),
-        scalar_packed_rows16: None,
+        scalar_packed_dot4: None,
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q6_k),
         avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_k::dot_q6_k)],
             dot4: &[(Base, avx512_k::dot4_q6_k)],
-            packed_dot4: &[(Base, avx512_k::dot4_q6_k_packed)],
+            packed_rows16: &[(Base, avx512_rows16_k::rows16_q6_k)],
             gemm: GEMM_K,
             ..NONE
         },
@@ -480,15 +481,16 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::Q3_K,
         act: VecDotType::Q8_K,
-        packing: Packing::Units { blocks: 1 },
+        // Sixteen rows transposed, as Q4_K (a two-byte tail, as Q6_K).
+        packing: Packing::Lanes16,
         scalar: scalar::dot_q3_k,
-        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q3_k),
-        scalar_packed_rows16: None,
+        scalar_packed_dot4: None,
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q3_k),
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_q3_k)],
             dot4: &[(Base, avx512_lowk::dot4_q3_k)],
-            packed_dot4: &[(Base, avx512_lowk::dot4_q3_k_packed)],
+            packed_rows16: &[(Base, avx512_rows16_k::rows16_q3_k)],
             gemm: GEMM_K,
             ..NONE
         },

@@ -241,8 +241,6 @@ scalar_dot4!(scalar_dot4_q4_1, DType::Q4_1);
 scalar_dot4!(scalar_dot4_q8_0, DType::Q8_0);
 scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
-scalar_dot4!(scalar_dot4_q6_k, DType::Q6_K);
-scalar_dot4!(scalar_dot4_q3_k, DType::Q3_K);
 
 /// The four-row kernel over a packed group for `dtype` at `isa`. Always present
 /// for packable types (the scalar one unpacks rows), `None` otherwise.

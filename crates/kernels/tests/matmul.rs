@@ -170,6 +170,7 @@ fn packed_matches_row_major_every_isa() {
         DType::Q6_K,
         DType::Q2_K,
         DType::IQ4_XS,
+        DType::Q3_K,
     ];
     for dtype in types {
         let shapes = if dtype.block_elems() == 256 { K_SHAPES } else { SHAPES };

@@ -167,9 +167,18 @@ scalar_rows16_of!(scalar_rows16_q4_k, DType::Q4_K);
 scalar_rows16_of!(scalar_rows16_q5_k, DType::Q5_K);
 scalar_rows16_of!(scalar_rows16_q2_k, DType::Q2_K);
 scalar_rows16_of!(scalar_rows16_iq4_xs, DType::IQ4_XS);
+scalar_rows16_of!(scalar_rows16_q6_k, DType::Q6_K);
+scalar_rows16_of!(scalar_rows16_q3_k, DType::Q3_K);
 
 /// Checks the signatures against [`Rows16Fn`].
-const _: [Rows16Fn; 4] = [scalar_rows16_q4_k, scalar_rows16_q5_k, scalar_rows16_q2_k, scalar_rows16_iq4_xs];
+const _: [Rows16Fn; 6] = [
+    scalar_rows16_q4_k,
+    scalar_rows16_q5_k,
+    scalar_rows16_q2_k,
+    scalar_rows16_iq4_xs,
+    scalar_rows16_q6_k,
+    scalar_rows16_q3_k,
+];
 
 #[cfg(test)]
 mod tests {

@@ -318,14 +318,3 @@ unsafe fn dot4_k6(n: usize, w: *const u8, stride: usize, step: usize, a: *const 
     *out.add(2) = _mm512_reduce_add_ps(a2);
     *out.add(3) = _mm512_reduce_add_ps(a3);
 }
-
-/// Four Q6_K rows of the packed layout (super-blocks of the four rows
-/// interleaved: [`crate::packed`], units of one block) × one Q8_K row;
-/// each row's result equals [`dot_q6_k`]'s on the file layout.
-///
-/// # Safety
-/// As for [`dot4_q6_k`], `w` at a packed group (`stride` unused).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot4_q6_k_packed(n: usize, w: *const u8, _stride: usize, a: *const u8, out: *mut f32) {
-    dot4_k6(n, w, 210, 4 * 210, a, out)
-}

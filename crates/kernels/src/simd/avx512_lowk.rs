@@ -313,7 +313,7 @@ unsafe fn dot4<const K: u8>(n: usize, w: *const u8, stride: usize, step: usize, 
 }
 
 macro_rules! kernels {
-    ($k:expr, $bb:expr, $dot:ident, $dot4:ident, $dot4p:ident, $name:literal) => {
+    ($k:expr, $bb:expr, $dot:ident, $dot4:ident, $name:literal) => {
         #[doc = concat!($name, " × Q8_K (see [`crate::quant::DotFn`]); equals scalar bit for bit.")]
         ///
         /// # Safety
@@ -331,18 +331,9 @@ macro_rules! kernels {
         pub unsafe fn $dot4(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
             dot4::<$k>(n, w, stride, $bb, a, out)
         }
-
-        #[doc = concat!("Four ", $name, " rows of the packed layout (units of one super-block).")]
-        ///
-        /// # Safety
-        /// As for [`crate::quant::Dot4Fn`], `w` at a packed group (`stride` unused).
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,bmi2")]
-        pub unsafe fn $dot4p(n: usize, w: *const u8, _stride: usize, a: *const u8, out: *mut f32) {
-            dot4::<$k>(n, w, $bb, 4 * $bb, a, out)
-        }
     };
 }
 
-kernels!(0, 84, dot_q2_k, dot4_q2_k, dot4_q2_k_packed, "Q2_K");
-kernels!(1, 110, dot_q3_k, dot4_q3_k, dot4_q3_k_packed, "Q3_K");
-kernels!(2, 136, dot_iq4_xs, dot4_iq4_xs, dot4_iq4_xs_packed, "IQ4_XS");
+kernels!(0, 84, dot_q2_k, dot4_q2_k, "Q2_K");
+kernels!(1, 110, dot_q3_k, dot4_q3_k, "Q3_K");
+kernels!(2, 136, dot_iq4_xs, dot4_iq4_xs, "IQ4_XS");

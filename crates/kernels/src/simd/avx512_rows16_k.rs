@@ -498,3 +498,247 @@ unsafe fn tile_iq4_xs<const J: usize, const S: usize>(
         _mm512_storeu_ps(y.add(j * y_stride), *s);
     }
 }
+
+rows16_kernel!(
+    /// [`rows16_q4_k`] for Q6_K, each result equal to `quant::q6_k::vec_dot`.
+    rows16_q6_k,
+    tile_q6_k
+);
+
+/// `vpshufb` control: byte `t` of each dword to its top byte (the rest zero),
+/// so that an arithmetic shift right by 24 sign-extends it.
+#[inline(always)]
+unsafe fn top_byte(t: usize) -> __m512i {
+    let d = |k: i32| (((4 * k + t as i32) << 24) as u32 | 0x0080_8080) as i32;
+    _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
+}
+
+/// One group of sixteen Q6_K rows × `J` activation rows, with `S` partial
+/// sums per 16-value group and row.
+///
+/// Lanes16 vectors of a 210-byte block: 0–31 `ql` (`ql[4v..4v+4]`), 32–47
+/// `qh`, 48–51 the sixteen i8 scales, then the sixteen rows' `d` (f16) as a
+/// 32-byte tail. Half `h`, word `t` (`l = 4t..4t+4`): `A = ql[64h + l]`, `B =
+/// ql[64h + 32 + l]`, `H = qh[32h + l]` give the unsigned codes of values
+/// `128h + {0, 32, 64, 96} + l` (nibble | two bits of `H` << 4); a group's
+/// `Σ q·a` meets its scale, and `32·Σ sc·B` (the codes' offset) comes back
+/// out through Q8_K's `bsums` pairs.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_q6_k<const J: usize, const S: usize>(
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    const BLOCK: usize = ROWS * 210;
+    let low4 = _mm512_set1_epi8(0x0F);
+    let bits45 = _mm512_set1_epi8(0x30);
+    let tops = [top_byte(0), top_byte(1), top_byte(2), top_byte(3)];
+    // Word pairs (sc₂ₜ, sc₂ₜ₊₁) in the high bytes, for `vpsraw 8`.
+    let pair_hi = |b: i32| {
+        let d = |k: i32| ((4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16) as i32;
+        _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
+    };
+    let (pair01, pair23) = (pair_hi(0), pair_hi(2));
+    let mut sums = [_mm512_setzero_ps(); J];
+    for b in 0..nb {
+        let x = w.add(b * BLOCK);
+        let ahead = x.wrapping_add(PREFETCH_AHEAD);
+        for l in 48..BLOCK.div_ceil(64) {
+            prefetch_l2(ahead.wrapping_add(64 * l));
+        }
+        let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(52 * 64) as *const __m256i));
+        let sv: [__m512i; 4] = std::array::from_fn(|k| ld(x.add(64 * (48 + k))));
+        let mut sumi = [_mm512_setzero_si512(); J];
+        for h in 0..2 {
+            for quarter in 0..2 {
+                // Groups 8h + quarter + 2k (k = 0..4): words t = 4·quarter + tt.
+                let mut parts = [[[_mm512_setzero_si512(); J]; S]; 4];
+                for tt in 0..4 {
+                    let t = 4 * quarter + tt;
+                    for l in [16 * h + t, 16 * h + 8 + t, 32 + 8 * h + t] {
+                        prefetch_l2(ahead.wrapping_add(64 * l));
+                    }
+                    let va = ld(x.add(64 * (16 * h + t)));
+                    let vb = ld(x.add(64 * (16 * h + 8 + t)));
+                    let vh = ld(x.add(64 * (32 + 8 * h + t)));
+                    let q = [
+                        _mm512_or_si512(
+                            _mm512_and_si512(va, low4),
+                            _mm512_and_si512(_mm512_slli_epi16::<4>(vh), bits45),
+                        ),
+                        _mm512_or_si512(
+                            _mm512_and_si512(vb, low4),
+                            _mm512_and_si512(_mm512_slli_epi16::<2>(vh), bits45),
+                        ),
+                        _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(va), low4),
+                            _mm512_and_si512(vh, bits45),
+                        ),
+                        _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(vb), low4),
+                            _mm512_and_si512(_mm512_srli_epi16::<2>(vh), bits45),
+                        ),
+                    ];
+                    for (k, qk) in q.iter().enumerate() {
+                        for j in 0..J {
+                            let y0 = act[j].add(Q8K_QS + 128 * h + 32 * k + 4 * t);
+                            let p = &mut parts[k][tt % S][j];
+                            *p = _mm512_dpbusd_epi32(*p, *qk, bcast4(y0));
+                        }
+                    }
+                }
+                for (k, part) in parts.iter().enumerate() {
+                    let g = 8 * h + quarter + 2 * k;
+                    let sc = _mm512_srai_epi32::<24>(_mm512_shuffle_epi8(sv[g / 4], tops[g % 4]));
+                    for j in 0..J {
+                        let acc = (1..S).fold(part[0][j], |t, k| _mm512_add_epi32(t, part[k][j]));
+                        sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(acc, sc));
+                    }
+                }
+            }
+        }
+        // Σ sc·B over the 16 groups: pairs (2u, 2u + 1) are bytes 2(u mod 2), +1
+        // of scale vector u / 2, sign-extended to words.
+        let mut corr = [_mm512_setzero_si512(); J];
+        for u in 0..8 {
+            let sp = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(sv[u / 2], if u % 2 == 0 { pair01 } else { pair23 }));
+            for j in 0..J {
+                corr[j] = _mm512_dpwssd_epi32(corr[j], sp, bcast4(act[j].add(Q8K_BSUMS + 4 * u)));
+            }
+        }
+        for j in 0..J {
+            let isum = _mm512_sub_epi32(sumi[j], _mm512_slli_epi32::<5>(corr[j]));
+            let yd = _mm512_set1_ps((act[j] as *const f32).read_unaligned());
+            sums[j] = _mm512_add_ps(sums[j], _mm512_mul_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(isum)));
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        _mm512_storeu_ps(y.add(j * y_stride), *s);
+    }
+}
+
+rows16_kernel!(
+    /// [`rows16_q4_k`] for Q3_K, each result equal to `quant::q3_k::vec_dot`.
+    rows16_q3_k,
+    tile_q3_k
+);
+
+/// One group of sixteen Q3_K rows × `J` activation rows (`S` unused: each
+/// sub-step already has four independent chains per row).
+///
+/// Lanes16 vectors of a 110-byte block: 0–7 `hmask`, 8–23 `qs`, 24–26 the
+/// scale words, then the sixteen rows' `d` (f16) as a 32-byte tail. Value
+/// `128h + 32j + l` has the low bits `(qs[32h + l] >> 2j) & 3` and the high
+/// bit `hmask[l] >> (4h + j)`; its code is `lo + 4·hi − 4`. Both parts are
+/// masked in place (`4^j · lo`, `2^(4h+j) · hi`, each fits a byte) and meet
+/// the activations in their own `vpdpbusd`; shifting them to a common `64 ·
+/// Σ (lo + 4·hi)·a` before the scale, the offset `−4·B` through the `bsums`
+/// pairs and one shift back give the reference's integer sum exactly
+/// (at most 64 · 16 · 32 · 7 · 127 · 16 < 2³¹).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_q3_k<const J: usize, const S: usize>(
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    const BLOCK: usize = ROWS * 110;
+    let low4 = _mm512_set1_epi8(0x0F);
+    let three = _mm512_set1_epi8(3);
+    let tops = [top_byte(0), top_byte(1), top_byte(2), top_byte(3)];
+    let pair_hi = |b: i32| {
+        let d = |k: i32| ((4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16) as i32;
+        _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
+    };
+    let (pair01, pair23) = (pair_hi(0), pair_hi(2));
+    let mut sums = [_mm512_setzero_ps(); J];
+    for b in 0..nb {
+        let x = w.add(b * BLOCK);
+        let ahead = x.wrapping_add(PREFETCH_AHEAD);
+        for l in 0..8 {
+            prefetch_l2(ahead.wrapping_add(64 * l));
+        }
+        for l in 24..BLOCK.div_ceil(64) {
+            prefetch_l2(ahead.wrapping_add(64 * l));
+        }
+        let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(27 * 64) as *const __m256i));
+        // Scales − 32 as bytes: vector k, byte b = group 4k + b.
+        let (v24, v25, v26) = (ld(x.add(24 * 64)), ld(x.add(25 * 64)), ld(x.add(26 * 64)));
+        let lows = [
+            _mm512_and_si512(v24, low4),
+            _mm512_and_si512(v25, low4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v24), low4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v25), low4),
+        ];
+        let highs = [v26, _mm512_srli_epi16::<2>(v26), _mm512_srli_epi16::<4>(v26), _mm512_srli_epi16::<6>(v26)];
+        let sv: [__m512i; 4] = std::array::from_fn(|k| {
+            let hi = _mm512_slli_epi16::<4>(_mm512_and_si512(highs[k], three));
+            _mm512_sub_epi8(_mm512_or_si512(lows[k], hi), _mm512_set1_epi8(32))
+        });
+        let mut sumi = [_mm512_setzero_si512(); J];
+        for h in 0..2 {
+            if h == 0 {
+                for l in 8..24 {
+                    prefetch_l2(ahead.wrapping_add(64 * l));
+                }
+            }
+            for jb in 0..4 {
+                let lo_mask = _mm512_set1_epi8(3 << (2 * jb));
+                let hi_mask = _mm512_set1_epi8((1u8 << (4 * h + jb)) as i8);
+                // [half of t][row]: groups 8h + 2jb and 8h + 2jb + 1.
+                let mut lo_acc = [[_mm512_setzero_si512(); J]; 2];
+                let mut hi_acc = [[_mm512_setzero_si512(); J]; 2];
+                for t in 0..8 {
+                    let q = ld(x.add(64 * (8 + 8 * h + t)));
+                    let m = ld(x.add(64 * t));
+                    let (lo, hi) = (_mm512_and_si512(q, lo_mask), _mm512_and_si512(m, hi_mask));
+                    for j in 0..J {
+                        let ya = bcast4(act[j].add(Q8K_QS + 128 * h + 32 * jb + 4 * t));
+                        lo_acc[t / 4][j] = _mm512_dpbusd_epi32(lo_acc[t / 4][j], lo, ya);
+                        hi_acc[t / 4][j] = _mm512_dpbusd_epi32(hi_acc[t / 4][j], hi, ya);
+                    }
+                }
+                // To 64·Σ(lo + 4·hi)·a: lo was 4^jb·lo, hi 2^(4h+jb)·hi.
+                let lo_shift = _mm_cvtsi32_si128(6 - 2 * jb as i32);
+                let hi_shift = _mm_cvtsi32_si128(8 - 4 * h as i32 - jb as i32);
+                for half in 0..2 {
+                    let g = 8 * h + 2 * jb + half;
+                    let sc = _mm512_srai_epi32::<24>(_mm512_shuffle_epi8(sv[g / 4], tops[g % 4]));
+                    for j in 0..J {
+                        let comb = _mm512_add_epi32(
+                            _mm512_sll_epi32(lo_acc[half][j], lo_shift),
+                            _mm512_sll_epi32(hi_acc[half][j], hi_shift),
+                        );
+                        sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(comb, sc));
+                    }
+                }
+            }
+        }
+        // 64 · 4 · Σ sc·B, the codes' offset: pairs (2u, 2u + 1) are bytes
+        // 2(u mod 2), +1 of scale vector u / 2.
+        let mut corr = [_mm512_setzero_si512(); J];
+        for u in 0..8 {
+            let sp = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(sv[u / 2], if u % 2 == 0 { pair01 } else { pair23 }));
+            for j in 0..J {
+                corr[j] = _mm512_dpwssd_epi32(corr[j], sp, bcast4(act[j].add(Q8K_BSUMS + 4 * u)));
+            }
+        }
+        for j in 0..J {
+            let isum = _mm512_srai_epi32::<6>(_mm512_sub_epi32(sumi[j], _mm512_slli_epi32::<8>(corr[j])));
+            let yd = _mm512_set1_ps((act[j] as *const f32).read_unaligned());
+            sums[j] = _mm512_add_ps(sums[j], _mm512_mul_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(isum)));
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        _mm512_storeu_ps(y.add(j * y_stride), *s);
+    }
+}
