@@ -539,7 +539,7 @@ unsafe fn tile_q6_k<const J: usize, const S: usize>(
     let tops = [top_byte(0), top_byte(1), top_byte(2), top_byte(3)];
     // Word pairs (sc₂ₜ, sc₂ₜ₊₁) in the high bytes, for `vpsraw 8`.
     let pair_hi = |b: i32| {
-        let d = |k: i32| ((4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16) as i32;
+        let d = |k: i32| (4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16;
         _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
     };
     let (pair01, pair23) = (pair_hi(0), pair_hi(2));
@@ -655,7 +655,7 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
     let three = _mm512_set1_epi8(3);
     let tops = [top_byte(0), top_byte(1), top_byte(2), top_byte(3)];
     let pair_hi = |b: i32| {
-        let d = |k: i32| ((4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16) as i32;
+        let d = |k: i32| (4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16;
         _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
     };
     let (pair01, pair23) = (pair_hi(0), pair_hi(2));
