@@ -322,6 +322,9 @@ unsafe fn k45_chunk<const J: usize, const S: usize, const Q5: bool, const C: usi
     let mut hi_acc = [[_mm512_setzero_si512(); J]; S];
     for v in 0..8 {
         prefetch_l2(k.ahead.wrapping_add(k.codes + 512 * C + 64 * v));
+        if Q5 && C == 0 {
+            prefetch_l2(k.ahead.wrapping_add(256 + 64 * v));
+        }
         let q = ld(k.x.add(k.codes + 512 * C + 64 * v));
         let (lo, hi) = if Q5 {
             // Fifth bits: bit 2C (low half) and 2C + 1 (high half) of qh.
@@ -382,7 +385,7 @@ unsafe fn tile_k45<const J: usize, const S: usize, const Q5: bool>(
     for b in 0..nb {
         let x = w.add(b * block);
         let ahead = x.wrapping_add(PREFETCH_AHEAD);
-        for l in 0..if Q5 { 12 } else { 4 } {
+        for l in 0..4 {
             prefetch_l2(ahead.wrapping_add(64 * l));
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
