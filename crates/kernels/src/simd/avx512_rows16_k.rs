@@ -493,13 +493,51 @@ unsafe fn tile_iq4_xs<const J: usize, const S: usize>(
         }
         for j in 0..J {
             let isum = _mm512_sub_epi32(sumi[j], _mm512_slli_epi32::<7>(corr[j]));
-            let yd = _mm512_set1_ps((act[j] as *const f32).read_unaligned());
-            sums[j] = _mm512_add_ps(sums[j], _mm512_mul_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(isum)));
+            sums[j] = scaled_add(sums[j], d, act[j], isum);
         }
     }
     for (j, s) in sums.iter().enumerate() {
         _mm512_storeu_ps(y.add(j * y_stride), *s);
     }
+}
+
+/// `sum + (d·d_a)·isum`, the scalar references' float step for the types
+/// with one scale per block (Q6_K, Q3_K, IQ4_XS), `d_a` the f32 at `act`.
+#[inline(always)]
+unsafe fn scaled_add(sum: __m512, d: __m512, act: *const u8, isum: __m512i) -> __m512 {
+    let yd = _mm512_set1_ps((act as *const f32).read_unaligned());
+    _mm512_add_ps(sum, _mm512_mul_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(isum)))
+}
+
+/// `vpshufb` controls that put the signed scale bytes `(2t, 2t + 1)` of each
+/// dword (`t` = 0, 1) in the high bytes of its two words, for `vpsraw 8`.
+#[inline(always)]
+unsafe fn signed_pairs() -> [__m512i; 2] {
+    let pair_hi = |b: i32| {
+        let d = |k: i32| (4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16;
+        _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
+    };
+    [pair_hi(0), pair_hi(2)]
+}
+
+/// `Σ_g sc_g · B_g` over a block's sixteen 16-value groups per lane and
+/// activation row: `sv[k]` holds the signed scales of groups `4k..4k+4` as
+/// bytes, Q8_K's `bsums` pair `u` meets the scales of groups `(2u, 2u + 1)`
+/// (bytes `2(u mod 2)`, +1 of `sv[u / 2]`, sign-extended) in one `vpdpwssd`.
+#[inline(always)]
+unsafe fn group_scale_sums<const J: usize>(
+    sv: &[__m512i; 4],
+    pairs: &[__m512i; 2],
+    act: &[*const u8; J],
+) -> [__m512i; J] {
+    let mut corr = [_mm512_setzero_si512(); J];
+    for u in 0..8 {
+        let sp = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(sv[u / 2], pairs[u % 2]));
+        for j in 0..J {
+            corr[j] = _mm512_dpwssd_epi32(corr[j], sp, bcast4(act[j].add(Q8K_BSUMS + 4 * u)));
+        }
+    }
+    corr
 }
 
 rows16_kernel!(
@@ -540,12 +578,7 @@ unsafe fn tile_q6_k<const J: usize, const S: usize>(
     let low4 = _mm512_set1_epi8(0x0F);
     let bits45 = _mm512_set1_epi8(0x30);
     let tops = [top_byte(0), top_byte(1), top_byte(2), top_byte(3)];
-    // Word pairs (sc₂ₜ, sc₂ₜ₊₁) in the high bytes, for `vpsraw 8`.
-    let pair_hi = |b: i32| {
-        let d = |k: i32| (4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16;
-        _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
-    };
-    let (pair01, pair23) = (pair_hi(0), pair_hi(2));
+    let pairs = signed_pairs();
     let mut sums = [_mm512_setzero_ps(); J];
     for b in 0..nb {
         let x = w.add(b * BLOCK);
@@ -605,19 +638,10 @@ unsafe fn tile_q6_k<const J: usize, const S: usize>(
                 }
             }
         }
-        // Σ sc·B over the 16 groups: pairs (2u, 2u + 1) are bytes 2(u mod 2), +1
-        // of scale vector u / 2, sign-extended to words.
-        let mut corr = [_mm512_setzero_si512(); J];
-        for u in 0..8 {
-            let sp = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(sv[u / 2], if u % 2 == 0 { pair01 } else { pair23 }));
-            for j in 0..J {
-                corr[j] = _mm512_dpwssd_epi32(corr[j], sp, bcast4(act[j].add(Q8K_BSUMS + 4 * u)));
-            }
-        }
+        let corr = group_scale_sums(&sv, &pairs, &act);
         for j in 0..J {
             let isum = _mm512_sub_epi32(sumi[j], _mm512_slli_epi32::<5>(corr[j]));
-            let yd = _mm512_set1_ps((act[j] as *const f32).read_unaligned());
-            sums[j] = _mm512_add_ps(sums[j], _mm512_mul_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(isum)));
+            sums[j] = scaled_add(sums[j], d, act[j], isum);
         }
     }
     for (j, s) in sums.iter().enumerate() {
@@ -657,11 +681,7 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
     let low4 = _mm512_set1_epi8(0x0F);
     let three = _mm512_set1_epi8(3);
     let tops = [top_byte(0), top_byte(1), top_byte(2), top_byte(3)];
-    let pair_hi = |b: i32| {
-        let d = |k: i32| (4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16;
-        _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
-    };
-    let (pair01, pair23) = (pair_hi(0), pair_hi(2));
+    let pairs = signed_pairs();
     let mut sums = [_mm512_setzero_ps(); J];
     for b in 0..nb {
         let x = w.add(b * BLOCK);
@@ -726,19 +746,11 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
                 }
             }
         }
-        // 64 · 4 · Σ sc·B, the codes' offset: pairs (2u, 2u + 1) are bytes
-        // 2(u mod 2), +1 of scale vector u / 2.
-        let mut corr = [_mm512_setzero_si512(); J];
-        for u in 0..8 {
-            let sp = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(sv[u / 2], if u % 2 == 0 { pair01 } else { pair23 }));
-            for j in 0..J {
-                corr[j] = _mm512_dpwssd_epi32(corr[j], sp, bcast4(act[j].add(Q8K_BSUMS + 4 * u)));
-            }
-        }
+        // 64 · 4 · Σ sc·B, the codes' offset.
+        let corr = group_scale_sums(&sv, &pairs, &act);
         for j in 0..J {
             let isum = _mm512_srai_epi32::<6>(_mm512_sub_epi32(sumi[j], _mm512_slli_epi32::<8>(corr[j])));
-            let yd = _mm512_set1_ps((act[j] as *const f32).read_unaligned());
-            sums[j] = _mm512_add_ps(sums[j], _mm512_mul_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(isum)));
+            sums[j] = scaled_add(sums[j], d, act[j], isum);
         }
     }
     for (j, s) in sums.iter().enumerate() {
