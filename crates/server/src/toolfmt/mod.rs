@@ -502,8 +502,14 @@ impl Sectioned {
                     if string {
                         self.emit_args(&format!("{}\"", json_escape(&value)), out);
                     } else {
-                        let v = serde_json::from_str::<Value>(value.trim())
-                            .unwrap_or_else(|_| Value::String(value.clone()));
+                        let v = match serde_json::from_str::<Value>(value.trim()) {
+                            // A number as the model wrote it: serde_json reads
+                            // "-0" as the float -0.0, which would turn an
+                            // integer argument into "-0.0".
+                            Ok(Value::Number(_)) => value.trim().to_string(),
+                            Ok(v) => v.to_string(),
+                            Err(_) => Value::String(value.clone()).to_string(),
+                        };
                         self.emit_args(&format!("\"{}\": {v}", json_escape(&key)), out);
                     }
                     self.st = St::XmlBetween;

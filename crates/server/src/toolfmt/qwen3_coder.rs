@@ -55,6 +55,16 @@ mod tests {
     }
 
     #[test]
+    fn a_negative_zero_integer_stays_an_integer() {
+        // serde_json reads "-0" as the float -0.0; the argument keeps the text.
+        let out = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n-0\n</parameter>\n</function>\n</tool_call>";
+        let o = every_split(&make, out, MARKUP);
+        assert_eq!(o.calls.len(), 1);
+        assert!(o.calls[0].1.contains("\"days\": -0}"), "{}", o.calls[0].1);
+        assert!(!o.calls[0].1.contains("-0.0"), "{}", o.calls[0].1);
+    }
+
+    #[test]
     fn unknown_function_and_unclosed_markup_are_text() {
         let out = "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>";
         let o = every_split(&make, out, &[]);
