@@ -67,6 +67,8 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // A pool as wide as the process's CPUs pins its threads (kernels::affinity).
+    kernels::affinity::allow_pinning();
     let result = match cli.command {
         Command::Run(a) => run::run(*a),
         Command::Serve(a) => serve::serve(*a),

@@ -16,4 +16,6 @@ pub mod tokenizer;
 
 pub use chat_template::ChatTemplate;
 pub use error::EngineError;
+/// Thread pinning (the server unpins its HTTP threads with it).
+pub use kernels::affinity;
 pub use tokenizer::{StreamDecoder, Tokenizer};

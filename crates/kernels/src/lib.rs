@@ -50,6 +50,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
+pub mod affinity;
 pub mod attention;
 pub mod delta_rule;
 pub mod dispatch;

@@ -19,6 +19,12 @@
 //! taken), set by compare-and-swap, so each index runs exactly once per `run`
 //! and a worker that wakes late for an old epoch never touches a newer job.
 //!
+//! Pinning: where [`crate::affinity::plan`] says so (the binary allowed it and
+//! the pool fills the process's CPUs), worker `i` pins itself to the plan's
+//! CPU `i` when it starts, and a thread that calls [`ThreadPool::run`] pins
+//! itself to CPU 0 of the plan on its first call (a per-thread check after
+//! that).
+//!
 //! A `run` issued while another is in flight (from another thread, or nested
 //! inside a job) does not wait for the pool: it runs all `n` indices itself, in
 //! order, on the calling thread. That keeps the pool deadlock-free.
@@ -119,7 +125,10 @@ unsafe fn execute(shared: &Shared, t: usize) {
     }
 }
 
-fn worker(shared: Arc<Shared>, index: usize) {
+fn worker(shared: Arc<Shared>, index: usize, cpu: Option<usize>) {
+    if let Some(c) = cpu {
+        crate::affinity::pin_current_thread(c);
+    }
     let mut seen = 0usize;
     loop {
         if !spin_until(|| shared.epoch.load(SeqCst) != seen) {
@@ -147,6 +156,13 @@ pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     run_lock: Mutex<()>,
+    /// Where a calling thread pins itself (see the module docs).
+    caller_cpu: Option<usize>,
+}
+
+thread_local! {
+    /// The CPU this thread pinned itself to as a pool's caller, plus one (0: none).
+    static CALLER_PINNED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 impl ThreadPool {
@@ -168,16 +184,18 @@ impl ThreadPool {
             done_mx: Mutex::new(()),
             done_cv: Condvar::new(),
         });
+        let cpus = crate::affinity::plan(n);
         let workers = (1..n)
             .map(|i| {
                 let s = shared.clone();
+                let cpu = cpus.as_ref().map(|c| c[i]);
                 std::thread::Builder::new()
                     .name(format!("shardlm-worker-{i}"))
-                    .spawn(move || worker(s, i))
+                    .spawn(move || worker(s, i, cpu))
                     .expect("spawn pool worker")
             })
             .collect();
-        ThreadPool { shared, workers, run_lock: Mutex::new(()) }
+        ThreadPool { shared, workers, run_lock: Mutex::new(()), caller_cpu: cpus.map(|c| c[0]) }
     }
 
     /// A pool sized to the machine's available parallelism.
@@ -211,6 +229,13 @@ impl ThreadPool {
                 return;
             }
         };
+        if let Some(c) = self.caller_cpu {
+            if CALLER_PINNED.get() != c + 1 {
+                // Once per thread, whether or not the system allows it.
+                CALLER_PINNED.set(c + 1);
+                crate::affinity::pin_current_thread(c);
+            }
+        }
         let s = &*self.shared;
         let job: *const (dyn Fn(usize, usize) + Sync + '_) = &f;
         // SAFETY: only the lifetime is erased; we wait below until no worker can

@@ -182,6 +182,8 @@ pub fn serve(
 /// later, and decoding keeps its pace. A failure (not Linux, not allowed)
 /// leaves the default, as does `SHARDLM_HTTP_NORMAL_CLASS` (set: A/B runs).
 fn http_threads_yield_to_compute() {
+    // Spawned from the engine thread, which a pinned pool may have pinned.
+    engine::affinity::unpin_current_thread();
     #[cfg(target_os = "linux")]
     if std::env::var_os("SHARDLM_HTTP_NORMAL_CLASS").is_some() {
         return;

@@ -202,8 +202,10 @@ impl DiskStore {
             q.push((id, tx.clone()));
         }
         let d = dir.clone();
-        let writer =
-            std::thread::Builder::new().name("kv-disk-writer".into()).spawn(move || writer_loop(d, namespace, rx))?;
+        let writer = std::thread::Builder::new().name("kv-disk-writer".into()).spawn(move || {
+            kernels::affinity::unpin_current_thread();
+            writer_loop(d, namespace, rx)
+        })?;
         Ok(DiskStore { dir, namespace, payload, state_payload, id, jobs: Some(tx), writer: Some(writer) })
     }
 

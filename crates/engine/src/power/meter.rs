@@ -97,6 +97,7 @@ impl PowerMeter {
         let thread = std::thread::Builder::new()
             .name("power-meter".into())
             .spawn(move || {
+                kernels::affinity::unpin_current_thread();
                 let mut last = Instant::now();
                 TOUCHED.store(0, Relaxed);
                 while !sp.load(Relaxed) {
