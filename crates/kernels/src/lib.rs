@@ -55,6 +55,7 @@ pub mod attention;
 pub mod delta_rule;
 pub mod dispatch;
 pub mod dtype;
+pub mod hugepages;
 pub mod isa;
 pub mod kv_int_dot;
 pub mod kv_quant;
