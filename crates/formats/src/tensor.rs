@@ -14,16 +14,18 @@ pub enum TensorData {
     Mapped { map: Arc<Mmap>, offset: usize, len: usize },
     /// Bytes produced at load time (e.g. `--quantize`).
     Owned(Arc<Vec<u8>>),
-    /// Owned bytes in the interleaved four-row layout of `kernels::packed`
-    /// (repacked at load for the decode kernels); rows are not contiguous.
-    Packed(Arc<Vec<u8>>),
+    /// Bytes in a packed layout of `kernels::packed` (repacked at load for
+    /// the decode kernels; rows are not contiguous), carved from the
+    /// loader's huge-page arena (`kernels::hugepages`).
+    Packed(kernels::hugepages::Region),
 }
 
 impl TensorData {
     pub fn bytes(&self) -> &[u8] {
         match self {
             TensorData::Mapped { map, offset, len } => &map[*offset..*offset + *len],
-            TensorData::Owned(v) | TensorData::Packed(v) => v,
+            TensorData::Owned(v) => v,
+            TensorData::Packed(r) => r,
         }
     }
 

@@ -124,7 +124,7 @@ pub fn pack_for_decode(w: WeightTensor) -> WeightTensor {
     let (rows, cols) = (w.shape[0], w.shape[1]);
     let rb = w.bytes().len() / rows;
     let step = ((4 << 20) / rb.max(1)).max(1).next_multiple_of(kernels::packed::group_rows(w.dtype));
-    let mut packed = kernels::hugepages::zeroed(w.bytes().len());
+    let mut packed = kernels::hugepages::alloc(w.bytes().len());
     for r0 in (0..rows).step_by(step) {
         let r1 = (r0 + step).min(rows);
         let (a, b) = (r0 * rb, r1 * rb);
@@ -135,7 +135,7 @@ pub fn pack_for_decode(w: WeightTensor) -> WeightTensor {
         name: w.name,
         dtype: w.dtype,
         shape: w.shape,
-        data: TensorData::Packed(std::sync::Arc::new(packed)),
+        data: TensorData::Packed(packed.freeze()),
         out_scale: w.out_scale,
     }
 }

@@ -25,8 +25,12 @@ pub fn rows(w: &WeightTensor, r: Range<usize>) -> WeightTensor {
             TensorData::Mapped { map: map.clone(), offset: offset + r.start * row_bytes, len: r.len() * row_bytes }
         }
         TensorData::Owned(v) => TensorData::Owned(Arc::new(v[r.start * row_bytes..r.end * row_bytes].to_vec())),
+        // Whole groups: the same bytes (a packed group holds exactly its rows'),
+        // copied, so that the whole tensor's memory can go once it is sliced.
         TensorData::Packed(v) if r.start.is_multiple_of(group(w)) && r.end.is_multiple_of(group(w)) => {
-            TensorData::Packed(Arc::new(v[r.start * row_bytes..r.end * row_bytes].to_vec()))
+            let mut out = kernels::hugepages::alloc(r.len() * row_bytes);
+            out.copy_from_slice(&v[r.start * row_bytes..r.end * row_bytes]);
+            TensorData::Packed(out.freeze())
         }
         TensorData::Packed(_) => {
             TensorData::Owned(Arc::new(w.row_major()[r.start * row_bytes..r.end * row_bytes].to_vec()))
