@@ -18,6 +18,9 @@ pub enum TensorData {
     /// the decode kernels; rows are not contiguous), carved from the
     /// loader's huge-page arena (`kernels::hugepages`).
     Packed(kernels::hugepages::Region),
+    /// The file's bytes (row-major) copied at load into the loader's
+    /// huge-page arena, for weights the kernels read in the file's layout.
+    Resident(kernels::hugepages::Region),
 }
 
 impl TensorData {
@@ -25,7 +28,7 @@ impl TensorData {
         match self {
             TensorData::Mapped { map, offset, len } => &map[*offset..*offset + *len],
             TensorData::Owned(v) => v,
-            TensorData::Packed(r) => r,
+            TensorData::Packed(r) | TensorData::Resident(r) => r,
         }
     }
 
@@ -56,6 +59,7 @@ impl std::fmt::Debug for TensorData {
             TensorData::Mapped { offset, len, .. } => write!(f, "Mapped({offset}+{len})"),
             TensorData::Owned(v) => write!(f, "Owned({})", v.len()),
             TensorData::Packed(v) => write!(f, "Packed({})", v.len()),
+            TensorData::Resident(v) => write!(f, "Resident({})", v.len()),
         }
     }
 }

@@ -9,6 +9,18 @@
 //! before their first touch, from one arena ([`alloc`]) so that small
 //! tensors share huge pages. `SHARDLM_THP=0` turns the advice off (A/B runs).
 
+/// Whether weights go on huge pages: Linux with transparent huge pages
+/// available (not `never`), and `SHARDLM_THP` not `0`.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        cfg!(target_os = "linux")
+            && std::env::var("SHARDLM_THP").map_or(true, |v| v != "0")
+            && std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+                .is_ok_and(|s| !s.contains("[never]"))
+    })
+}
+
 /// Asks for huge pages under `buf` (whole 2 MiB-aligned spans only: the
 /// kernel maps those on first touch); a no-op below 2 MiB, off Linux, or with
 /// `SHARDLM_THP=0`.
@@ -16,7 +28,7 @@ pub fn advise(buf: &mut [u8]) {
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;
-        if buf.len() < HUGE || std::env::var("SHARDLM_THP").is_ok_and(|v| v == "0") {
+        if buf.len() < HUGE || !enabled() {
             return;
         }
         let start = (buf.as_mut_ptr() as usize).next_multiple_of(HUGE);
@@ -32,12 +44,16 @@ pub fn advise(buf: &mut [u8]) {
 
 /// Huge-page spans shared by many tensors: most per-layer weights are under
 /// 2 MiB (SmolLM2's are 0.2–0.6 MB), so a buffer of their own never holds a
-/// whole huge page. The loader carves them out of 32 MiB chunks instead
-/// ([`Arena::alloc`]); a tensor of 8 MiB or more gets a chunk of its own.
+/// whole huge page. The loader carves them out of 64 MiB chunks instead
+/// ([`Arena::alloc`]); a tensor of 16 MiB or more gets a chunk of its own.
 /// Each chunk is 2 MiB-aligned, so all of it can be huge pages; its unused
-/// tail is never touched (at most one huge page of it becomes resident).
+/// tail is never touched (at most one huge page of it becomes resident,
+/// ≤ 3% of a chunk). A chunk lives as long as a tensor in it: the arena
+/// keeps only a weak handle, and [`start_load`] makes the next tensor start
+/// a fresh chunk, so a model loaded again (a re-formed cluster) never keeps
+/// the old one's memory alive.
 pub struct Arena {
-    current: Option<(std::sync::Arc<Chunk>, usize)>,
+    current: Option<(std::sync::Weak<Chunk>, usize)>,
 }
 
 const CHUNK: usize = 64 << 20;
@@ -171,21 +187,31 @@ impl Arena {
             let chunk = std::sync::Arc::new(Chunk::new(len));
             return RegionMut(Region { chunk, offset: 0, len });
         }
-        let fits = self.current.as_ref().is_some_and(|(_, used)| used.next_multiple_of(REGION_ALIGN) + len <= CHUNK);
-        if !fits {
-            self.current = Some((std::sync::Arc::new(Chunk::new(CHUNK)), 0));
-        }
-        let (chunk, used) = self.current.as_mut().expect("a chunk with room");
-        let offset = used.next_multiple_of(REGION_ALIGN);
-        *used = offset + len;
-        RegionMut(Region { chunk: chunk.clone(), offset, len })
+        let room = self.current.as_ref().and_then(|(c, used)| {
+            let offset = used.next_multiple_of(REGION_ALIGN);
+            (offset + len <= CHUNK).then(|| c.upgrade()).flatten().map(|c| (c, offset))
+        });
+        let (chunk, offset) = room.unwrap_or_else(|| (std::sync::Arc::new(Chunk::new(CHUNK)), 0));
+        self.current = Some((std::sync::Arc::downgrade(&chunk), offset + len));
+        RegionMut(Region { chunk, offset, len })
     }
+
+    /// The next allocation starts a fresh chunk.
+    pub fn start_load(&mut self) {
+        self.current = None;
+    }
+}
+
+static ARENA: std::sync::Mutex<Arena> = std::sync::Mutex::new(Arena::new());
+
+/// Marks the start of a model load (see [`Arena`]).
+pub fn start_load() {
+    ARENA.lock().unwrap_or_else(|e| e.into_inner()).start_load();
 }
 
 /// The loader's arena (one per process: chunks are freed when their last
 /// tensor goes).
 pub fn alloc(len: usize) -> RegionMut {
-    static ARENA: std::sync::Mutex<Arena> = std::sync::Mutex::new(Arena::new());
     ARENA.lock().unwrap_or_else(|e| e.into_inner()).alloc(len)
 }
 
@@ -206,5 +232,14 @@ mod tests {
         for (i, r) in frozen.iter().enumerate() {
             assert!(r.iter().all(|&b| b == i as u8 + 1), "region {i} was overwritten");
         }
+        // Shared chunk: the small regions sit in one; a fresh load starts another.
+        assert!(std::sync::Arc::ptr_eq(&frozen[0].chunk, &frozen[1].chunk));
+        a.start_load();
+        let next = a.alloc(10).freeze();
+        assert!(!std::sync::Arc::ptr_eq(&next.chunk, &frozen[0].chunk));
+        // Once its tensors are gone, a chunk is freed, not reused.
+        let weak = std::sync::Arc::downgrade(&next.chunk);
+        drop(next);
+        assert!(weak.upgrade().is_none());
     }
 }

@@ -13,7 +13,7 @@
 //! `hkv = kv_heads·head_dim`, `ffn` = intermediate size.
 
 use crate::arch::{ArchSpec, AttnKind, FfnKind, NormPlacement};
-use crate::linear::{pack_for_decode, quantize_weight, Linear};
+use crate::linear::{make_resident, pack_for_decode, quantize_weight, Linear};
 use crate::linear_attn::{center_norm, gather_rows, GatedDeltaNet};
 use crate::mla::Mla;
 use crate::moe::{Mlp, Moe};
@@ -107,13 +107,15 @@ impl FeedForward {
 }
 
 /// The weight as the kernels will read it: quantized at load if asked, then
-/// packed for the decode kernels where the type has a packed layout.
+/// packed for the decode kernels where the type has a packed layout, or
+/// copied onto huge pages as it is.
 pub(crate) fn quantized(w: WeightTensor, opts: &LoadOptions) -> Result<WeightTensor, ModelError> {
     let w = match opts.quantize {
         Some(target) => quantize_weight(w, target)?,
         None => w,
     };
-    Ok(if opts.keep_file_layout { w } else { pack_for_decode(w) })
+    // Packed where the type has a packed layout, else copied onto huge pages.
+    Ok(if opts.keep_file_layout { w } else { make_resident(pack_for_decode(w)) })
 }
 
 fn vector(store: &TensorStore, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {

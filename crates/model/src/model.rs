@@ -173,6 +173,8 @@ impl Model {
     /// Builds the shard `shard` of the model in `files`. Only the weights the shard
     /// owns are referenced, so only their pages are ever read.
     pub fn load(files: &ModelFiles, shard: &ShardSpec, opts: &LoadOptions) -> Result<Model, ModelError> {
+        // Repacked weights go to fresh huge-page chunks (never an earlier load's).
+        kernels::hugepages::start_load();
         let mut cfg = files.config.clone();
         let arch = Arch::from_name(&cfg.arch).ok_or_else(|| ModelError::UnknownArchitecture {
             path: files.path.clone(),

@@ -32,6 +32,11 @@ pub fn rows(w: &WeightTensor, r: Range<usize>) -> WeightTensor {
             out.copy_from_slice(&v[r.start * row_bytes..r.end * row_bytes]);
             TensorData::Packed(out.freeze())
         }
+        TensorData::Resident(v) => {
+            let mut out = kernels::hugepages::alloc(r.len() * row_bytes);
+            out.copy_from_slice(&v[r.start * row_bytes..r.end * row_bytes]);
+            TensorData::Resident(out.freeze())
+        }
         TensorData::Packed(_) => {
             TensorData::Owned(Arc::new(w.row_major()[r.start * row_bytes..r.end * row_bytes].to_vec()))
         }
