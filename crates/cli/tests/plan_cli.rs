@@ -40,11 +40,10 @@ const DENSE: &[Case] = &[
 
 /// Predicted per-rank totals against bench's peak RSS: never more than 12%
 /// under (a plan that says "fits" must fit), at most 15% over. (10% until
-/// SmolLM2's tensor-2 rank 1 measured 100.6–100.9 MB against 90.5 predicted,
-/// −10.1 to −10.3%, on the AMD VM where it had passed an hour before: its
-/// mapped share of the embedding table follows the page cache, which the
-/// kernel's fault-around maps from; the plan's model of it is the open
-/// item.) Since bench
+/// SmolLM2's tensor-2 rank 1 measured 100.6–108.7 MB against 90.5 predicted:
+/// released file pages came back through the page cache's large folios, one
+/// fault mapping a whole folio, until the loader dropped the mapping's pages
+/// after each layer; docs/PLANNER.md.) Since bench
 /// runs the server's paged pool (reused across trials, where its own
 /// contiguous caches were reallocated per trial), SmolLM2's embedding stage
 /// at p = 512 measures 106 MB against 113 MB before and the 120.6 MB

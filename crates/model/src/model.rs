@@ -217,6 +217,7 @@ impl Model {
         opts.progress.report(0, steps);
         for l in shard.layers.clone() {
             layers.push(DecoderLayer::load(store, &cfg, &spec, l, shard.tp.as_ref(), opts)?);
+            store.release_file_pages();
             opts.progress.report(layers.len(), steps);
         }
         let (final_norm, lm_head) = if shard.has_head {
@@ -236,6 +237,7 @@ impl Model {
         } else {
             (None, None)
         };
+        store.release_file_pages();
         let embed = if shard.has_embed { embed_full } else { None };
         let style = spec.rope_style;
         let mut rope = Rope::new(cfg.rope_theta, cfg.rope_dim, &cfg.rope_scaling, cfg.max_position_embeddings, style);

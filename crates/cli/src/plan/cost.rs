@@ -94,12 +94,15 @@ pub struct Measured {
 /// binary, 7.5 MB before the I-quant grids, the web page and the power
 /// sampler), the tokenizer on rank 0
 /// (~250 bytes per vocabulary entry, measured on SmolLM2's 49152), and, for
-/// weights repacked at load (Q4_0, Q4_1, Q8_0: `kernels::packed`), ~20 MB the
-/// allocator keeps from the packing buffers (measured after load: 19.8–22.9 MB
-/// on the ~1B test model, single and pipeline rank 0; 20 MB on SmolLM2).
+/// weights repacked at load (Q4_0, Q4_1, Q8_0: `kernels::packed`), ~10 MB:
+/// the huge-page arena's part-filled pages and what the allocator keeps
+/// from load (SmolLM2 at p = 512: 4.5–15.3 MB over the other terms across
+/// single, pipeline 2 and tensor 2). It was 20 MB while the loader's
+/// released file pages came back through large folios (ext4 on Linux 6.16+
+/// maps a whole folio on one fault; `TensorStore::release_file_pages`).
 fn runtime_bytes(shape: &Shape, rank0: bool) -> f64 {
     let packed = matches!(shape.quant.as_str(), "q4_0" | "q4_1" | "q8_0");
-    10.0e6 + if rank0 { shape.vocab as f64 * 250.0 } else { 0.0 } + if packed { 20e6 } else { 0.0 }
+    10.0e6 + if rank0 { shape.vocab as f64 * 250.0 } else { 0.0 } + if packed { 10e6 } else { 0.0 }
 }
 
 /// Share of the attention weights and KV cache tensor rank `j` of `tp` holds:
@@ -137,14 +140,15 @@ fn work_bytes(shape: &Shape, chunk: usize, tp: usize) -> f64 {
 }
 
 /// Resident bytes of an untied embedding table read through the file map:
-/// each looked-up row faults in the 128 KiB around it (the kernel's mmap
-/// read-around, `read_ahead_kb`), so `n` random tokens touch
-/// `1 − exp(−n · 128 KiB / table)` of it.
+/// each looked-up row maps the 64 KiB around it (the kernel's fault-around,
+/// `fault_around_bytes`, when the page cache holds them), so `n` random
+/// tokens touch `1 − exp(−n · 64 KiB / table)` of it (SmolLM2's 30 MB table
+/// after 528 random tokens: 20.6 MB measured, 20.5 predicted).
 fn embed_resident(table: f64, tokens: usize) -> f64 {
     if table <= 0.0 {
         return 0.0;
     }
-    table * (1.0 - (-(tokens as f64) * 131072.0 / table).exp())
+    table * (1.0 - (-(tokens as f64) * 65536.0 / table).exp())
 }
 
 /// Layers per pipeline stage (stage 0 holds the head), as the engine splits
@@ -370,13 +374,8 @@ fn predict_split(
             // Tensor parallelism copies its slice of the matrices split by input
             // columns (o, down) into memory of its own (counted above) and
             // gives the file pages it read back (`model::slice::cols`). A tied
-            // embedding is read through the mmap: the head reads the rank's
-            // vocabulary rows (counted above with the head), and rank 0, which
-            // looks tokens up, keeps the whole table's pages.
-            // (shardlm on CPUs; a preset describes the machine, not this effect.)
-            if tp > 1 && ms[r].name.starts_with("local") && embed && shape.head_reads_embed && j == 0 {
-                wb += shape.embed_bytes * (1.0 - share);
-            }
+            // embedding is the head's copy of the rank's vocabulary rows, which
+            // the lookups read too (counted above with the head).
             p.weights_bytes[r] = wb;
             // Stage s holds layers from the sum of the later stages' on
             // (data-flow order: the last stage embeds, layers 0..).
