@@ -13,7 +13,8 @@
 
 use crate::EngineError;
 use comm::Group;
-use model::plan::{pipeline_layers_by_layer_bytes, tp_slice};
+use model::plan::tp_slice;
+use model::plan_split::pipeline_layers_balanced;
 use model::{LogitsMode, Model, ShardSpec, Workspace};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -272,12 +273,14 @@ impl Cluster {
     /// The shard this rank loads. `weights` (one per world rank) steer the split:
     /// stage weights are the sums over each stage's ranks.
     ///
-    /// Layers are split so each stage's share of the bytes it holds at a full
-    /// context follows its weight: every layer's weights plus what one
-    /// sequence caches there at the model's context length (`kv_type`, f16
-    /// when `None`; `model::layer_memory`: a ring for windowed layers, the
-    /// state for linear-attention ones), and the lm_head and tokenizer on the
-    /// head stage.
+    /// Layers are split so each stage's decode time (the weights it reads per
+    /// token) follows its weight, as long as no stage then holds more than
+    /// `model::plan_split::MEMORY_SLACK` × the fullest stage of the split by
+    /// held bytes: every layer's weights plus what one sequence caches there
+    /// at the model's context length (`kv_type`, f16 when `None`;
+    /// `model::layer_memory`: a ring for windowed layers, the state for
+    /// linear-attention ones), and the lm_head and tokenizer on the head
+    /// stage.
     ///
     /// Why the KV cache counts: it is memory the stage must hold, and it is
     /// what makes layers cost more than the head at depth. Weights alone gave
@@ -312,11 +315,13 @@ impl Cluster {
         let arch = model::Arch::from_name(&cfg.arch)
             .ok_or_else(|| model::ModelError::Unsupported(format!("unknown architecture '{}'", cfg.arch)))?;
         let cache = model::layer_memory::layer_cache_bytes(cfg, &arch.spec(cfg)?, kv_type, ctx);
-        layer_bytes.iter_mut().zip(cache).for_each(|(b, c)| *b += c);
+        let held: Vec<f64> = layer_bytes.iter().zip(cache).map(|(b, c)| b + c).collect();
         let head = files.tensors.get("lm_head.weight").or_else(|_| files.tensors.get("model.embed_tokens.weight"));
+        let head_read = head.map_or(0, |t| t.bytes().len()) as f64;
         // Rank 0 also holds the tokenizer (measured ~400 bytes per vocabulary entry).
-        let head_bytes = head.map_or(0, |t| t.bytes().len()) + cfg.vocab_size * 384;
-        let ranges = pipeline_layers_by_layer_bytes(&layer_bytes, head_bytes as f64, &flow_w)
+        let head_held = head_read + (cfg.vocab_size * 384) as f64;
+        // Decode time balanced within a memory bound (`model::plan_split`).
+        let ranges = pipeline_layers_balanced(&layer_bytes, head_read, &held, head_held, &flow_w)
             .map_err(model::ModelError::from)?;
         let layers = ranges[self.stages - 1 - self.stage].clone();
         let tp = if self.tp > 1 {

@@ -23,6 +23,11 @@ use crate::dist::{comm_err, count_bytes, count_step, mode_code, mode_of, Header,
 use crate::EngineError;
 use model::{AllReduce, LogitsMode, SeqKv, SeqStep, WindowBlocks};
 
+thread_local! {
+    /// When this rank's previous batch step ended (for the step log).
+    static LAST_STEP_END: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
 /// One sequence's share of a batched step.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchItem<'a> {
@@ -245,7 +250,21 @@ impl StageRunner<'_> {
             return Err(EngineError::BadArgument("batch descriptor disagrees with its token count".into()));
         }
         let decode_step = d.seqs.iter().all(|s| s.len == 1);
-        count_step(decode_step, n, || self.run_received(&d, n, from))
+        let start = std::time::Instant::now();
+        let out = count_step(decode_step, n, || self.run_received(&d, n, from));
+        // Where a pipeline's time goes, stage by stage: `idle` is the time
+        // since this rank's previous step ended (waiting for input, and on
+        // rank 0 sampling and scheduling), `ran` this step's receive and run.
+        let end = std::time::Instant::now();
+        let idle = LAST_STEP_END.replace(Some(end)).map_or(0.0, |t| start.duration_since(t).as_secs_f64());
+        tracing::debug!(
+            "stage {} step: {} seqs, {n} tokens, idle {:.2} ms, ran {:.2} ms",
+            c.stage,
+            d.seqs.len(),
+            idle * 1e3,
+            (end - start).as_secs_f64() * 1e3
+        );
+        out
     }
 
     /// [`Self::handle_batch`] once the descriptor is in: receives the step's

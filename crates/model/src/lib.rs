@@ -16,6 +16,7 @@ pub mod model;
 pub mod moe;
 mod moe_fused;
 pub mod plan;
+pub mod plan_split;
 pub mod registry;
 pub mod rope;
 pub mod shard;

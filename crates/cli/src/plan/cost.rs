@@ -152,8 +152,8 @@ fn embed_resident(table: f64, tokens: usize) -> f64 {
 }
 
 /// Layers per pipeline stage (stage 0 holds the head), as the engine splits
-/// them: balanced by bytes with the head and tokenizer counted on stage 0
-/// (`model::plan::pipeline_layers_by_layer_bytes`, the very function the engine uses).
+/// them: decode time balanced within a memory bound, the head and tokenizer on stage 0
+/// (`model::plan_split::pipeline_layers_balanced`, the very function the engine uses).
 /// The engine counts each layer's KV cache at the model's context length
 /// (`engine::dist::Cluster::shard_spec`); a model given by its parameters has
 /// no context of its own, so the plan's is used.
@@ -168,7 +168,8 @@ fn stage_layers(shape: &Shape, stages: usize, w: &Workload) -> Vec<usize> {
     let layers: Vec<f64> = (0..shape.layers)
         .map(|l| shape.layer_bytes() + row * shape.kv_positions(l..l + 1, ctx) + shape.state_bytes_per_layer)
         .collect();
-    match model::plan::pipeline_layers_by_layer_bytes(&layers, head, &flow) {
+    let read = vec![shape.layer_bytes(); shape.layers];
+    match model::plan_split::pipeline_layers_balanced(&read, shape.head_read_bytes(), &layers, head, &flow) {
         Ok(ranges) => (0..stages).map(|s| ranges[stages - 1 - s].len()).collect(),
         Err(_) => (0..stages).map(|i| shape.layers / stages + usize::from(i < shape.layers % stages)).collect(),
     }
