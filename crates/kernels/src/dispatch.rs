@@ -33,8 +33,8 @@ use crate::{DType, ThreadPool};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp,
-    avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_k, avx512_lowk, avx512_packed,
-    avx512_rows16, avx512_rows16_k,
+    avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_k, avx512_lowk,
+    avx512_packed, avx512_rows16, avx512_rows16_k,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -502,9 +502,13 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq2_xxs,
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], ..NONE },
+        // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], gemm: GEMM_K_AVX2, ..NONE },
+        avx512: x86! {
+            dot: &[(Vbmi, avx512_iq::dot_iq2_xxs), (Base, avx2_lowk::dot_iq2_xxs)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::IQ2_XS,
@@ -513,9 +517,9 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq2_xs,
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], ..NONE },
+        // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], gemm: GEMM_K_AVX2, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_iq::dot_iq2_xs)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::IQ2_S,
@@ -524,9 +528,11 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq2_s,
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], ..NONE },
+        // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], gemm: GEMM_K_AVX2, ..NONE },
+        // A 512-bit gather version measured 0.9x this one (its 10-bit indices
+        // are built in scalar code either way).
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::IQ3_XXS,
@@ -535,9 +541,11 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq3_xxs,
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], ..NONE },
+        // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], gemm: GEMM_K_AVX2, ..NONE },
+        // A 512-bit gather version measured level with it (the 16-entry gather
+        // costs what the scalar inserts do).
+        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::IQ3_S,
@@ -546,9 +554,9 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq3_s,
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], ..NONE },
+        // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], gemm: GEMM_K_AVX2, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_iq::dot_iq3_s)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::IQ1_S,

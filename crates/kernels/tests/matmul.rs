@@ -347,7 +347,8 @@ fn matmul_each_equals_separate_calls_every_isa() {
 }
 
 /// The K-quant prefill GEMMs (`avx512_gemm_k`, `avx2_gemm_k`: Q8_K
-/// activations in the lanes, at each level the CPU has; Q2_K..Q6_K and IQ4_XS)
+/// activations in the lanes, at each level the CPU has; Q2_K..Q6_K, IQ4_XS
+/// and the grid I-quants)
 /// equal the scalar reference bit for bit: batch sizes around the
 /// threshold and not a multiple of the 16 lanes, row counts that leave 8-, 4-
 /// and 1-row tails, one to three super-blocks, one and two threads, mixed
@@ -359,7 +360,19 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
     let isas: Vec<Isa> = isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)).collect();
     let mut rng = rng(15);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    let types = [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q2_K, DType::Q3_K, DType::IQ4_XS];
+    let types = [
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::IQ4_XS,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ2_S,
+        DType::IQ3_XXS,
+        DType::IQ3_S,
+    ];
     for (dtype, &(rows, cols)) in types
         .into_iter()
         .flat_map(|d| [(37usize, 256usize), (16, 512), (45, 768), (8, 256)].iter().map(move |s| (d, s)))

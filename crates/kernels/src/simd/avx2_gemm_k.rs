@@ -1,5 +1,5 @@
-//! AVX2 prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K and
-//! IQ4_XS through the decoders of [`super::gemm_lowk`]) with Q8_K
+//! AVX2 prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K, IQ4_XS
+//! and the grid I-quants through the decoders of [`super::gemm_lowk`]) with Q8_K
 //! activations: the 8-lane sibling of [`super::avx512_gemm_k`] (read its docs
 //! for the why and the layouts), for CPUs without AVX-512.
 //!
@@ -8,7 +8,7 @@
 //! pairs to i16; two position groups are added in i16 before `vpmaddwd` widens
 //! them: at most 2·2·63·127 = 32004 for Q6_K's 6-bit codes, 2·2·45·127 for
 //! Q2_K's scale-folded ones, so nothing saturates) and the `bsums` pairs meet the weights' `c` pairs in one
-//! `vpmaddwd` each. IQ4_XS's codes (−127..113) take the sign trick instead
+//! `vpmaddwd` each. IQ4_XS's codes (−127..113) and the grid I-quants' (±62) take the sign trick instead
 //! (see [`super::gemm_lowk`]).
 //!
 //! Numerics: as the AVX-512 one, every integer sum is exact and the float
@@ -108,6 +108,9 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
         DType::Q2_K => return gemm_lowk::decode_q2_k(x, q),
         DType::Q3_K => return gemm_lowk::decode_q3_k(x, q),
         DType::IQ4_XS => return gemm_lowk::decode_iq4_xs(x, q, true),
+        t if gemm_lowk::is_grid_iq(t) => {
+            return gemm_lowk::decode_iq(t, x, &mut *(q as *mut [u8; 256]), true);
+        }
         _ => {
             // Q6_K: [ql[128], qh[64], scales[16] (i8), d]
             for k in 0..16 {
@@ -284,12 +287,13 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
             DType::Q4_K | DType::Q5_K => unit_groups::<32, true, false>(w, r0, r1, &d, act, m, y),
             DType::Q2_K => unit_groups::<256, true, false>(w, r0, r1, &d, act, m, y),
             DType::IQ4_XS => unit_groups::<32, false, true>(w, r0, r1, &d, act, m, y),
+            t if gemm_lowk::is_grid_iq(t) => unit_groups::<16, false, true>(w, r0, r1, &d, act, m, y),
             _ => unit_groups::<16, false, false>(w, r0, r1, &d, act, m, y),
         }
     });
 }
 
-/// `ys[k] = x · ws[k]ᵀ` for K-quant weights (Q2_K..Q6_K, IQ4_XS, mixed freely;
+/// `ys[k] = x · ws[k]ᵀ` for K-quant weights (Q2_K..Q6_K, IQ4_XS, the grid I-quants, mixed freely;
 /// file layout), `a` the `m` Q8_K activation rows (`a_stride` bytes apart),
 /// `act` a reusable buffer.
 ///

@@ -1,5 +1,6 @@
-//! AVX-512 VNNI prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K
-//! and IQ4_XS through the decoders of [`super::gemm_lowk`]) with Q8_K
+//! AVX-512 VNNI prefill GEMM for the K-quants (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K,
+//! IQ4_XS and the grid I-quants IQ2_XXS/XS/S, IQ3_XXS/S through the decoders
+//! of [`super::gemm_lowk`]) with Q8_K
 //! activations: `y = x · Wᵀ` for `m ≥` [`MIN_M`] activation rows, with the
 //! activation rows in the 16 vector lanes (the K-quant sibling of
 //! [`super::avx512_gemm`]).
@@ -143,6 +144,9 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
         DType::Q2_K => return gemm_lowk::decode_q2_k(x, q),
         DType::Q3_K => return gemm_lowk::decode_q3_k(x, q),
         DType::IQ4_XS => return gemm_lowk::decode_iq4_xs(x, q, false),
+        t if gemm_lowk::is_grid_iq(t) => {
+            return gemm_lowk::decode_iq(t, x, &mut *(q as *mut [u8; 256]), false);
+        }
         _ => {
             // Q6_K: [ql[128], qh[64], scales[16] (i8), d]
             for k in 0..16 {
@@ -370,12 +374,13 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
             DType::Q4_K | DType::Q5_K => unit_groups::<32, true>(w, r0, r1, &d, act, m, y),
             DType::Q2_K => unit_groups::<256, true>(w, r0, r1, &d, act, m, y),
             DType::IQ4_XS => unit_groups::<32, false>(w, r0, r1, &d, act, m, y),
+            t if gemm_lowk::is_grid_iq(t) => unit_groups::<16, false>(w, r0, r1, &d, act, m, y),
             _ => unit_groups::<16, false>(w, r0, r1, &d, act, m, y),
         }
     });
 }
 
-/// `ys[k] = x · ws[k]ᵀ` for K-quant weights (Q2_K..Q6_K, IQ4_XS, mixed freely;
+/// `ys[k] = x · ws[k]ᵀ` for K-quant weights (Q2_K..Q6_K, IQ4_XS, the grid I-quants, mixed freely;
 /// file layout), `a` the `m` Q8_K activation rows (`a_stride` bytes apart),
 /// `act` a reusable buffer.
 ///

@@ -14,6 +14,8 @@
 //! | Q3_K   | 16        | `q + 4` (0..7)  | `(4·sc_2t, 4·sc_2t+1)`     | `(d·d_a)·(isum − msum)` |
 //! | IQ4_XS | 32        | `K[q] + 128` (1..241) | `(128·sc_t, 128·sc_t)` | `(d·d_a)·(isum − msum)` |
 //! | IQ4_XS, signed | 32 | `K[q]` (−127..113) | `0`                   | `(d·d_a)·isum` |
+//! | IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S | 16 | `±grid + 128` (66..190) | `(128·ls_2t, 128·ls_2t+1)` | `(d'·d_a)·(isum − msum)` |
+//! | the same, signed | 16 | `±grid` (−62..62) | `0`                | `(d'·d_a)·isum` |
 //!
 //! Q2_K's 4-bit scales are folded into its codes (`3·15 = 45` fits a byte),
 //! so its whole super-block is one "sub-block" of scale 1: no per-16-value
@@ -24,11 +26,21 @@
 //! AVX2, whose `vpmaddubsw` would saturate on 241·127 pairs: it uses the sign
 //! trick (`|w|·sign(a, w)`, exact since Q8_K codes are −127..127). The float
 //! steps are the scalar references' (`quant::q2_k::combine`,
-//! `quant::q3_k::vec_dot`, `quant::iq4_xs::vec_dot`), so the GEMMs match them
-//! bit for bit.
+//! `quant::q3_k::vec_dot`, `quant::iq4_xs::vec_dot`, the I-quants'
+//! `grouped_sum` form), so the GEMMs match them bit for bit.
+//!
+//! The grid I-quants (IQ2_*, IQ3_*) decode through their blocks' scalar
+//! `codes()` (signed grid points with the signs applied, and `ls = 2s + 1`
+//! per 16 values): once per weight row and call, which a prefill of `m ≥ 32`
+//! rows amortizes, where the one-row kernels looked the grid up again for
+//! every activation row. Their references end with a constant factor
+//! (`0.125·Σ` for IQ2_*, `0.25·Σ` for IQ3_XXS); `d' = c·d` folds it in, exact
+//! because `c` is a power of two (every product and partial sum scales
+//! exactly), so the bits stay the reference's.
 
 use crate::quant::iq4_nl::KVALUES;
-use crate::quant::q3_k;
+use crate::quant::{iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, q3_k};
+use crate::DType;
 use std::arch::x86_64::*;
 
 /// One decoded super-block of one weight row (all K-quant lane GEMM types).
@@ -154,4 +166,65 @@ pub(super) unsafe fn decode_iq4_xs(x: &[u8], q: *mut u8, signed: bool) -> Scales
         _mm256_storeu_si256(q.add(64 * k + 32) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x31));
     }
     s
+}
+
+/// The grid I-quants' super-block `x` → codes `±grid + 128` as u8 (with the
+/// `128·ls` pairs) or `±grid` as i8 (`signed`, `c = 0`), sub-blocks of 16 of
+/// scale `ls`, and `d` times the reference's closing constant.
+///
+/// # Panics
+/// If `dtype` is not IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS or IQ3_S, or `x` is
+/// shorter than its block.
+pub(super) fn decode_iq(dtype: DType, x: &[u8], q: &mut [u8; 256], signed: bool) -> Scales {
+    fn block<T: bytemuck::Pod>(x: &[u8]) -> &T {
+        bytemuck::from_bytes(&x[..std::mem::size_of::<T>()])
+    }
+    let (codes, ls, d, c) = match dtype {
+        DType::IQ2_XXS => {
+            let b: &iq2_xxs::BlockIq2Xxs = block(x);
+            let (q, ls) = b.codes();
+            (q, ls, b.d.to_f32(), 0.125)
+        }
+        DType::IQ2_XS => {
+            let b: &iq2_xs::BlockIq2Xs = block(x);
+            let (q, ls) = b.codes();
+            (q, ls, b.d.to_f32(), 0.125)
+        }
+        DType::IQ2_S => {
+            let b: &iq2_s::BlockIq2S = block(x);
+            let (q, ls) = b.codes();
+            (q, ls, b.d.to_f32(), 0.125)
+        }
+        DType::IQ3_XXS => {
+            let b: &iq3_xxs::BlockIq3Xxs = block(x);
+            let (q, ls) = b.codes();
+            (q, ls, b.d.to_f32(), 0.25)
+        }
+        DType::IQ3_S => {
+            let b: &iq3_s::BlockIq3S = block(x);
+            let (q, ls) = b.codes();
+            (q, ls, b.d.to_f32(), 1.0)
+        }
+        other => panic!("decode_iq: {other} is not a grid I-quant"),
+    };
+    let mut s = Scales::default();
+    for g in 0..16 {
+        s.sc[g] = ls[g] as i32;
+    }
+    if !signed {
+        for t in 0..8 {
+            s.c[t] = pair(128 * s.sc[2 * t], 128 * s.sc[2 * t + 1]);
+        }
+    }
+    s.d = c * d;
+    let flip = if signed { 0 } else { 0x80 };
+    for (o, &v) in q.iter_mut().zip(&codes) {
+        *o = (v as u8) ^ flip;
+    }
+    s
+}
+
+/// Whether [`decode_iq`] takes `dtype`.
+pub(super) fn is_grid_iq(dtype: DType) -> bool {
+    matches!(dtype, DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ3_XXS | DType::IQ3_S)
 }
