@@ -35,7 +35,7 @@
 //! | Q4_0, Q4_1, Q8_0 | ✓ | one-row and four-row kernels | one-row and four-row (VNNI), lane GEMM |
 //! | Q5_0, Q5_1 | ✓ | one-row | AVX2 one-row, lane GEMM |
 //! | Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS | ✓ | one-row, 8-lane GEMM | one-row (512-bit), sixteen-row groups in the vector lanes (`packed::lanes16`, `simd::avx512_rows16_k`), lane GEMM |
-//! | IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S | ✓ | one-row, 8-lane GEMM | AVX2 one-row, lane GEMM |
+//! | IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S | ✓ | one-row, 8-lane GEMM | one-row (512-bit gathers for IQ2_XXS with VBMI, IQ2_XS, IQ3_S; else AVX2), lane GEMM |
 //! | IQ1_S, IQ1_M | ✓ | one-row | AVX2 one-row |
 //! | F32, F16, BF16 | ✓ | one-row | one-row (masked tails) |
 //! | MXFP4, NVFP4 (× Q8_0), FP8 (× f32) | ✓ | one-row | one-row (VNNI / 512-bit); MXFP4 lane GEMM |

@@ -37,6 +37,7 @@
 //! bit. The one-row SIMD kernels below [`MIN_M`] sum in another order, so a
 //! row's result still depends on whether its batch reached the threshold.
 
+use super::avx512_fp4_vbmi::has_vbmi as vbmi;
 use super::avx512_gemm::store_unit;
 use super::gemm_lowk::{self, f16, pair, Scales};
 use crate::matmul::{MatRef, SyncPtr};
@@ -144,6 +145,11 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
         DType::Q2_K => return gemm_lowk::decode_q2_k(x, q),
         DType::Q3_K => return gemm_lowk::decode_q3_k(x, q),
         DType::IQ4_XS => return gemm_lowk::decode_iq4_xs(x, q, false),
+        // Gathered grids where written (equal to `decode_iq`, tested).
+        DType::IQ3_S => return super::avx512_iq::decode_iq3_s(x.as_ptr(), q),
+        DType::IQ2_XS => return super::avx512_iq::decode_iq2_xs(x.as_ptr(), q),
+        DType::IQ3_XXS if vbmi() => return super::avx512_iq::decode_iq3_xxs(x.as_ptr(), q),
+        DType::IQ2_XXS if vbmi() => return super::avx512_iq::decode_iq2_xxs(x.as_ptr(), q),
         t if gemm_lowk::is_grid_iq(t) => {
             return gemm_lowk::decode_iq(t, x, &mut *(q as *mut [u8; 256]), false);
         }

@@ -16,6 +16,11 @@
 //!   then one `vpmulld` with the sub-block scales `2s + 1` laid over the
 //!   lanes (a lane's four values always share a sub-block).
 //!
+//! The same gathers and sign masks decode whole super-blocks for the AVX-512
+//! lane GEMM ([`super::avx512_gemm_k`]: IQ3_S, IQ2_XS, and with VBMI IQ3_XXS
+//! and IQ2_XXS), each equal to the scalar `codes()` path of
+//! [`super::gemm_lowk::decode_iq`], which the others (and AVX2) keep.
+//!
 //! Measured against the AVX2 kernels (`bench_matmul 1 1`, 1.1B shapes, CPU
 //! time, AMD EPYC Zen 4): IQ2_XS 1.5×, IQ3_S 1.07×. IQ3_XXS with the gather
 //! and vector signs measured level with AVX2, and IQ2_S 0.9× (its 10-bit
@@ -26,8 +31,9 @@
 //! scalar `vec_dot`'s (`d·d_a·isum` added block by block, then the type's
 //! constant), so every kernel equals scalar bit for bit.
 
-use crate::quant::iq_grids::{IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID};
-use crate::quant::{iq2_xs, iq3_s, q8_k};
+use super::gemm_lowk::{pair, Scales};
+use crate::quant::iq_grids::{IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use crate::quant::{iq2_xs, iq3_s, iq3_xxs, q8_k};
 use std::arch::x86_64::*;
 
 const Q8K: usize = std::mem::size_of::<q8_k::BlockQ8K>();
@@ -125,8 +131,6 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
 /// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI and VBMI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")]
 pub unsafe fn dot_iq2_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
-    let fields = _mm256_set1_epi64x(i64::from_le_bytes([0, 7, 14, 21, 32, 39, 46, 53]));
-    let one = _mm256_set1_epi32(1);
     let mut sum = 0f32;
     for i in 0..n / 256 {
         // [d, then per sub-block of 32 a qword: four grid indices, then a u32
@@ -136,10 +140,7 @@ pub unsafe fn dot_iq2_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
         let y = q8k(a, i);
         let v = _mm512_loadu_si512(xp.add(2) as *const _);
         let idx: [u8; 32] = std::mem::transmute(_mm512_cvtepi64_epi32(v));
-        let aux = _mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(v));
-        let signs: [u64; 4] = std::mem::transmute(ksigns_vec(_mm256_multishift_epi64_epi8(fields, aux)));
-        let ls: [u32; 8] =
-            std::mem::transmute(_mm256_add_epi32(_mm256_slli_epi32::<1>(_mm256_srli_epi32::<28>(aux)), one));
+        let (signs, ls) = ksigns_and_scales(_mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(v)));
         let mut acc = _mm512_setzero_si512();
         for h in 0..4 {
             let iv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(idx.as_ptr().add(8 * h) as *const __m128i));
@@ -174,4 +175,115 @@ pub unsafe fn dot_iq2_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
         sum += x.d.to_f32() * y.d * _mm512_reduce_add_epi32(acc) as f32;
     }
     finish(sum, 0.125)
+}
+
+// ------------------------------------------------ prefill decoders
+
+/// The lane GEMM's record of one super-block ([`super::gemm_lowk::decode_iq`]'s,
+/// unsigned): scales `ls` per 16 values, the `128·ls` pairs, `c·d`.
+fn scales(ls: [u32; 16], d: f32, c: f32) -> Scales {
+    let mut s = Scales::default();
+    for g in 0..16 {
+        s.sc[g] = ls[g] as i32;
+    }
+    for t in 0..8 {
+        s.c[t] = pair(128 * s.sc[2 * t], 128 * s.sc[2 * t + 1]);
+    }
+    s.d = c * d;
+    s
+}
+
+/// Stores 64 codes `±mag + 128` (negated under `neg`) at `q`.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn store_codes(q: *mut u8, mag: __m512i, neg: u64) {
+    let v = _mm512_mask_sub_epi8(mag, neg, _mm512_setzero_si512(), mag);
+    _mm512_storeu_si512(q as *mut _, _mm512_xor_si512(v, _mm512_set1_epi8(0x80u8 as i8)));
+}
+
+/// IQ3_S super-block `x` (110 bytes) → 256 codes at `q` for the AVX-512 lane
+/// GEMM, equal to `decode_iq(IQ3_S, x, q, false)` (64 values a gather
+/// instead of the scalar `codes()`).
+///
+/// # Safety
+/// AVX-512 F/BW CPU; `x` holds 110 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) unsafe fn decode_iq3_s(x: *const u8, q: *mut u8) -> Scales {
+    let x: &iq3_s::BlockIq3S = blk(x);
+    let grid = IQ3S_GRID.as_ptr() as *const i32;
+    let high = _mm512_set1_epi32(256);
+    for h in 0..4 {
+        let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(x.qs.as_ptr().add(16 * h) as *const __m128i));
+        let hb = u16::from_le_bytes([x.qh[2 * h], x.qh[2 * h + 1]]);
+        let mag = _mm512_i32gather_epi32::<4>(_mm512_mask_or_epi32(idx, hb, idx, high), grid);
+        let neg = u64::from_le_bytes(x.signs[8 * h..8 * h + 8].try_into().expect("8 sign bytes"));
+        store_codes(q.add(64 * h), mag, neg);
+    }
+    scales(std::array::from_fn(|g| 2 * x.scale(g / 2) as u32 + 1), x.d.to_f32(), 1.0)
+}
+
+/// IQ2_XS super-block `x` (74 bytes) → as [`decode_iq3_s`].
+///
+/// # Safety
+/// AVX-512 F/BW CPU; `x` holds 74 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) unsafe fn decode_iq2_xs(x: *const u8, q: *mut u8) -> Scales {
+    let x: &iq2_xs::BlockIq2Xs = blk(x);
+    let words = _mm512_loadu_si512(x.qs.as_ptr() as *const _);
+    let signs: [u64; 4] = std::mem::transmute(ksigns_vec(_mm512_cvtepi16_epi8(_mm512_srli_epi16::<9>(words))));
+    let idx: [u16; 32] = std::mem::transmute(_mm512_and_si512(words, _mm512_set1_epi16(511)));
+    for h in 0..4 {
+        let iv = _mm256_cvtepu16_epi32(_mm_loadu_si128(idx.as_ptr().add(8 * h) as *const __m128i));
+        let mag = _mm512_i32gather_epi64::<8>(iv, IQ2XS_GRID.as_ptr() as *const i64);
+        store_codes(q.add(64 * h), mag, signs[h]);
+    }
+    scales(std::array::from_fn(|g| 2 * x.scale(g) as u32 + 1), x.d.to_f32(), 0.125)
+}
+
+/// The 32 sign bytes of a super-block whose four qwords (`aux`) each hold two
+/// sub-blocks' u32s of four 7-bit `KSIGNS` indices (and a scale in bits
+/// 28..32), and those eight sub-blocks' `2s + 1`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
+#[inline]
+unsafe fn ksigns_and_scales(aux: __m256i) -> ([u64; 4], [u32; 8]) {
+    // Byte t of each qword ← the 8 bits from bit 7t (t < 4) or 32 + 7(t − 4).
+    let fields = _mm256_set1_epi64x(i64::from_le_bytes([0, 7, 14, 21, 32, 39, 46, 53]));
+    let signs = std::mem::transmute(ksigns_vec(_mm256_multishift_epi64_epi8(fields, aux)));
+    let ls = _mm256_add_epi32(_mm256_slli_epi32::<1>(_mm256_srli_epi32::<28>(aux)), _mm256_set1_epi32(1));
+    (signs, std::mem::transmute(ls))
+}
+
+/// IQ3_XXS super-block `x` (98 bytes) → as [`decode_iq3_s`].
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI CPU; `x` holds 98 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,f16c")]
+pub(super) unsafe fn decode_iq3_xxs(x: *const u8, q: *mut u8) -> Scales {
+    let x: &iq3_xxs::BlockIq3Xxs = blk(x);
+    let grid = IQ3XXS_GRID.as_ptr() as *const i32;
+    let (signs, ls) = ksigns_and_scales(_mm256_loadu_si256(x.qs.as_ptr().add(64) as *const __m256i));
+    for h in 0..4 {
+        let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(x.qs.as_ptr().add(16 * h) as *const __m128i));
+        store_codes(q.add(64 * h), _mm512_i32gather_epi32::<4>(idx, grid), signs[h]);
+    }
+    scales(std::array::from_fn(|g| ls[g / 2]), x.d.to_f32(), 0.25)
+}
+
+/// IQ2_XXS super-block `x` (66 bytes) → as [`decode_iq3_s`].
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI CPU; `x` holds 66 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,f16c")]
+pub(super) unsafe fn decode_iq2_xxs(x: *const u8, q: *mut u8) -> Scales {
+    let d = half::f16::from_bits((x as *const u16).read_unaligned()).to_f32();
+    // Per sub-block a qword: four grid indices, then the signs-and-scale u32.
+    let v = _mm512_loadu_si512(x.add(2) as *const _);
+    let idx: [u8; 32] = std::mem::transmute(_mm512_cvtepi64_epi32(v));
+    let (signs, ls) = ksigns_and_scales(_mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(v)));
+    for h in 0..4 {
+        let iv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(idx.as_ptr().add(8 * h) as *const __m128i));
+        let mag = _mm512_i32gather_epi64::<8>(iv, IQ2XXS_GRID.as_ptr() as *const i64);
+        store_codes(q.add(64 * h), mag, signs[h]);
+    }
+    scales(std::array::from_fn(|g| ls[g / 2]), d, 0.125)
 }

@@ -33,7 +33,9 @@
 //! `codes()` (signed grid points with the signs applied, and `ls = 2s + 1`
 //! per 16 values): once per weight row and call, which a prefill of `m ≥ 32`
 //! rows amortizes, where the one-row kernels looked the grid up again for
-//! every activation row. Their references end with a constant factor
+//! every activation row (the AVX-512 GEMM decodes IQ3_S, IQ2_XS and, with
+//! VBMI, IQ3_XXS and IQ2_XXS with gathers instead: `avx512_iq`). Their
+//! references end with a constant factor
 //! (`0.125·Σ` for IQ2_*, `0.25·Σ` for IQ3_XXS); `d' = c·d` folds it in, exact
 //! because `c` is a power of two (every product and partial sum scales
 //! exactly), so the bits stay the reference's.
