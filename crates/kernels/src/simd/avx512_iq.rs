@@ -248,9 +248,9 @@ pub(super) unsafe fn decode_iq2_xs(x: *const u8, q: *mut u8) -> Scales {
 unsafe fn ksigns_and_scales(aux: __m256i) -> ([u64; 4], [u32; 8]) {
     // Byte t of each qword ← the 8 bits from bit 7t (t < 4) or 32 + 7(t − 4).
     let fields = _mm256_set1_epi64x(i64::from_le_bytes([0, 7, 14, 21, 32, 39, 46, 53]));
-    let signs = std::mem::transmute(ksigns_vec(_mm256_multishift_epi64_epi8(fields, aux)));
+    let signs = std::mem::transmute::<__m256i, [u64; 4]>(ksigns_vec(_mm256_multishift_epi64_epi8(fields, aux)));
     let ls = _mm256_add_epi32(_mm256_slli_epi32::<1>(_mm256_srli_epi32::<28>(aux)), _mm256_set1_epi32(1));
-    (signs, std::mem::transmute(ls))
+    (signs, std::mem::transmute::<__m256i, [u32; 8]>(ls))
 }
 
 /// IQ3_XXS super-block `x` (98 bytes) → as [`decode_iq3_s`].
