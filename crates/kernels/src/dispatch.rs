@@ -583,15 +583,18 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::IQ4_NL,
         act: VecDotType::Q8_0,
-        packing: Packing::None,
+        // Q4_0's layout, so Q4_0's packing (read by the sixteen-row kernel).
+        packing: Packing::HeadQuants { head: 2 },
         scalar: scalar::dot_iq4_nl,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq4_nl),
         scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], tile: &[(Base, avx2_iq4nl::tile_iq4_nl)], ..NONE },
-        // No 512-bit dot or tile yet: the AVX2 ones; prefill takes the lane GEMM.
+        // No 512-bit one-row dot: the AVX2 one. Packed (every batch size):
+        // the sixteen-row kernel, as Q4_0.
         avx512: x86! {
             dot: &[(Base, avx2_lowk::dot_iq4_nl)],
             tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
+            packed_rows16: &[(Base, avx512_rows16::rows16_iq4_nl)],
             gemm: GEMM_Q8_0,
             ..NONE
         },

@@ -1,5 +1,5 @@
 //! Sixteen weight rows in the sixteen vector lanes: one kernel for every
-//! batch size `m` of a packed Q4_1, Q4_0 or Q8_0 weight at AVX-512.
+//! batch size `m` of a packed Q4_1, Q4_0, IQ4_NL or Q8_0 weight at AVX-512.
 //!
 //! Why: the four-row kernels keep one row's 64 values across the lanes of a
 //! vector, so every block pair of every (row, activation row) ends in a lane
@@ -51,6 +51,9 @@ const ACTS: usize = 4;
 const Q4_1: u8 = 0;
 const Q8_0: u8 = 1;
 const Q4_0: u8 = 2;
+/// IQ4_NL: Q4_0's layout; each nibble picks `K[q] + 128` (one `vpshufb`),
+/// and `128·Σy` comes back out of the sum as for Q8_0.
+const IQ4_NL: u8 = 3;
 
 #[inline(always)]
 unsafe fn rd32(p: *const u8) -> i32 {
@@ -127,7 +130,28 @@ pub unsafe fn rows16_q4_0(
     rows16::<Q4_0>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
 }
 
-/// Every format (`F`: [`Q4_1`], [`Q8_0`], [`Q4_0`]).
+/// `rows` packed IQ4_NL rows × `m` Q8_0 activation rows, as
+/// [`rows16_q4_1`]; each row equals `quant::iq4_nl::vec_dot_sequential`.
+///
+/// # Safety
+/// As for [`rows16_q4_1`], with IQ4_NL weights and Q8_0 activations.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows16_iq4_nl(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    rows16::<IQ4_NL>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+}
+
+/// Every format (`F`: [`Q4_1`], [`Q8_0`], [`Q4_0`], [`IQ4_NL`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
@@ -145,11 +169,11 @@ unsafe fn rows16<const F: u8>(
     debug_assert!(rows.is_multiple_of(4) && n.is_multiple_of(64));
     let nb = n / 32;
     OFFSETS.with(|cell| {
-        // Q4_0 and Q8_0: each activation block's offset term, `c·Σy` (c = 8,
-        // 128), once per call for all its rows.
+        // Q4_0, IQ4_NL and Q8_0: each activation block's offset term, `c·Σy`
+        // (c = 8, 128, 128), once per call for all its rows.
         let mut offsets = cell.borrow_mut();
         if F != Q4_1 {
-            let c = if F == Q8_0 { 128 } else { 8 };
+            let c = if F == Q4_0 { 8 } else { 128 };
             offsets.clear();
             for j in 0..m {
                 for i in 0..nb {
@@ -269,6 +293,7 @@ impl Groups {
         match F {
             Q8_0 => q8_0_block(x, b),
             Q4_1 => q4_1_block(x, b),
+            IQ4_NL => iq4_nl_block(x, b),
             _ => q4_0_block(x, b),
         }
     }
@@ -340,6 +365,23 @@ unsafe fn q4_1_block(x: [*const u8; 4], b: usize) -> Block {
 #[inline]
 unsafe fn q4_0_block(x: [*const u8; 4], b: usize) -> Block {
     Block { w: nibbles(x, 16, b), dw: word_scales(x, b), mw: _mm512_setzero_ps() }
+}
+
+/// IQ4_NL block `b` of the pair at `x` (Q4_0's layout): each nibble looks up
+/// `K[q] + 128`, unsigned for `vpdpbusd`; `128·Σy` comes out of the sum.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn iq4_nl_block(x: [*const u8; 4], b: usize) -> Block {
+    let mut k128 = [0u8; 16];
+    for (k, v) in k128.iter_mut().zip(crate::quant::iq4_nl::KVALUES) {
+        *k = (v as u8) ^ 0x80;
+    }
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(k128.as_ptr() as *const __m128i));
+    Block {
+        w: nibbles(x, 16, b).map(|v| _mm512_shuffle_epi8(table, v)),
+        dw: word_scales(x, b),
+        mw: _mm512_setzero_ps(),
+    }
 }
 
 /// The sixteen rows' f16 scales of block `b` from the groups' eight-word
@@ -451,7 +493,7 @@ unsafe fn tile<const F: u8, const J: usize>(
     rows: usize,
 ) {
     // Activation blocks: Q8_1 is d, s (f16) then 32 codes; Q8_0 is d then 32.
-    // Q4_0 and Q8_0 meet Q8_0 activations.
+    // Q4_0, IQ4_NL and Q8_0 meet Q8_0 activations.
     let q8_act = F != Q4_1;
     let (act_bytes, qs) = if q8_act { (34, 2) } else { (36, 4) };
     let mut acc = [_mm512_setzero_ps(); J];
@@ -469,7 +511,8 @@ unsafe fn tile<const F: u8, const J: usize>(
             }
             let mut isum = _mm512_add_epi32(sl, sh);
             if q8_act {
-                // Q8_0's codes went in as w + 128; Q4_0's are q = w + 8.
+                // Q8_0's codes went in as w + 128, IQ4_NL's as K[q] + 128;
+                // Q4_0's are q = w + 8.
                 isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(*offsets.get_unchecked(jj * nb + i)));
             }
             let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(if q8_act { rd16(yb) as i32 } else { rd32(yb) }));
