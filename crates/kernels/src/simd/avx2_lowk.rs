@@ -46,7 +46,7 @@ unsafe fn ld(p: *const u8) -> __m256i {
 }
 
 #[inline(always)]
-unsafe fn blk<'a, T>(p: *const u8) -> &'a T {
+pub(super) unsafe fn blk<'a, T>(p: *const u8) -> &'a T {
     &*(p as *const T)
 }
 
@@ -68,7 +68,7 @@ unsafe fn dot32(mag: __m256i, signs: __m256i, q8: __m256i, scales: __m256i) -> _
 const Q8K: usize = std::mem::size_of::<q8_k::BlockQ8K>();
 
 #[inline(always)]
-unsafe fn q8k(a: *const u8, i: usize) -> &'static q8_k::BlockQ8K {
+pub(super) unsafe fn q8k(a: *const u8, i: usize) -> &'static q8_k::BlockQ8K {
     &*(a.add(i * Q8K) as *const q8_k::BlockQ8K)
 }
 
@@ -200,7 +200,7 @@ pub unsafe fn dot_iq4_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
 
 /// Shared tail of the IQ2/IQ3 kernels: `Σ_b (d·d_a)·isum`, times `post`.
 #[inline(always)]
-fn finish(sum: f32, post: f32) -> f32 {
+pub(super) fn finish(sum: f32, post: f32) -> f32 {
     if post == 1.0 {
         sum
     } else {

@@ -31,22 +31,11 @@
 //! scalar `vec_dot`'s (`d·d_a·isum` added block by block, then the type's
 //! constant), so every kernel equals scalar bit for bit.
 
+use super::avx2_lowk::{blk, finish, q8k};
 use super::gemm_lowk::{pair, Scales};
 use crate::quant::iq_grids::{IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
-use crate::quant::{iq2_xs, iq3_s, iq3_xxs, q8_k};
+use crate::quant::{iq2_xs, iq3_s, iq3_xxs};
 use std::arch::x86_64::*;
-
-const Q8K: usize = std::mem::size_of::<q8_k::BlockQ8K>();
-
-#[inline(always)]
-unsafe fn q8k<'a>(a: *const u8, i: usize) -> &'a q8_k::BlockQ8K {
-    &*(a.add(i * Q8K) as *const q8_k::BlockQ8K)
-}
-
-#[inline(always)]
-unsafe fn blk<'a, T>(p: *const u8) -> &'a T {
-    &*(p as *const T)
-}
 
 /// `Σ mag·(±q8)` per lane (four values each) with the signs of `neg` applied
 /// to the 64 activations at `q8`, times the lanes' scales `ls`.
@@ -72,16 +61,6 @@ unsafe fn ls16(s: [u32; 4]) -> __m512i {
     let lo = _mm256_set_m128i(_mm_set1_epi32(s[1] as i32), _mm_set1_epi32(s[0] as i32));
     let hi = _mm256_set_m128i(_mm_set1_epi32(s[3] as i32), _mm_set1_epi32(s[2] as i32));
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-}
-
-/// `post · Σ_b d·d_a·isum_b`, the scalar references' closing step.
-#[inline(always)]
-fn finish(sum: f32, post: f32) -> f32 {
-    if post == 1.0 {
-        sum
-    } else {
-        post * sum
-    }
 }
 
 /// Even-parity sign bytes of 7-bit indices (bit 7 of each byte ignored):
