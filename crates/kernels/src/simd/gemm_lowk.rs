@@ -34,7 +34,8 @@
 //! per 16 values): once per weight row and call, which a prefill of `m ≥ 32`
 //! rows amortizes, where the one-row kernels looked the grid up again for
 //! every activation row (the AVX-512 GEMM decodes IQ3_S, IQ2_XS and, with
-//! VBMI, IQ3_XXS and IQ2_XXS with gathers instead: `avx512_iq`). Their
+//! VBMI, IQ3_XXS and IQ2_XXS with gathers instead: `avx512_iq`; the AVX2 one
+//! IQ3_S: [`decode_iq3_s_avx2`]). Their
 //! references end with a constant factor
 //! (`0.125·Σ` for IQ2_*, `0.25·Σ` for IQ3_XXS); `d' = c·d` folds it in, exact
 //! because `c` is a power of two (every product and partial sum scales
@@ -229,4 +230,47 @@ pub(super) fn decode_iq(dtype: DType, x: &[u8], q: &mut [u8; 256], signed: bool)
 /// Whether [`decode_iq`] takes `dtype`.
 pub(super) fn is_grid_iq(dtype: DType) -> bool {
     matches!(dtype, DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ3_XXS | DType::IQ3_S)
+}
+
+/// 32 bytes, byte `j` = −1 where bit `j` of the four sign bytes `s` is set,
+/// else 0.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn sign_mask32(s: u32) -> __m256i {
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let bit = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
+    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(s as i32), spread);
+    _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit)
+}
+
+/// IQ3_S super-block `x` (110 bytes) → signed codes at `q`, equal to
+/// `decode_iq(IQ3_S, x, q, true)`: 32 values a gather (`vpgatherdd`) and a
+/// sign mask, instead of the scalar `codes()`. For the AVX2 lane GEMM.
+///
+/// # Safety
+/// AVX2 CPU; `x` holds 110 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn decode_iq3_s_avx2(x: &[u8], q: *mut u8) -> Scales {
+    let b: &iq3_s::BlockIq3S = bytemuck::from_bytes(&x[..std::mem::size_of::<iq3_s::BlockIq3S>()]);
+    let grid = crate::quant::iq_grids::IQ3S_GRID.as_ptr() as *const i32;
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let one = _mm256_set1_epi32(1);
+    for ib in 0..8 {
+        // Group k of sub-block ib: qs[8ib + k] | bit k of qh[ib] << 8.
+        let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.qs.as_ptr().add(8 * ib) as *const __m128i));
+        let hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b.qh[ib] as i32), lanes), one);
+        let mag = _mm256_i32gather_epi32::<4>(grid, _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi)));
+        let s = u32::from_le_bytes(b.signs[4 * ib..4 * ib + 4].try_into().expect("4 sign bytes"));
+        let neg = sign_mask32(s);
+        let v = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
+        _mm256_storeu_si256(q.add(32 * ib) as *mut __m256i, v);
+    }
+    let mut s = Scales::default();
+    for g in 0..16 {
+        s.sc[g] = 2 * b.scale(g / 2) as i32 + 1;
+    }
+    s.d = b.d.to_f32();
+    s
 }
