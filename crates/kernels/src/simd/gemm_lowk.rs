@@ -35,7 +35,7 @@
 //! rows amortizes, where the one-row kernels looked the grid up again for
 //! every activation row (the AVX-512 GEMM decodes IQ3_S, IQ2_XS and, with
 //! VBMI, IQ3_XXS and IQ2_XXS with gathers instead: `avx512_iq`; the AVX2 one
-//! IQ3_S: [`decode_iq3_s_avx2`]). Their
+//! IQ3_S, IQ3_XXS and IQ2_XS: [`decode_iq3_s_avx2`] and its siblings). Their
 //! references end with a constant factor
 //! (`0.125·Σ` for IQ2_*, `0.25·Σ` for IQ3_XXS); `d' = c·d` folds it in, exact
 //! because `c` is a power of two (every product and partial sum scales
@@ -272,5 +272,59 @@ pub(super) unsafe fn decode_iq3_s_avx2(x: &[u8], q: *mut u8) -> Scales {
         s.sc[g] = 2 * b.scale(g / 2) as i32 + 1;
     }
     s.d = b.d.to_f32();
+    s
+}
+
+/// The four sign bytes of 32 values from their 7-bit `KSIGNS` indices (the
+/// low 7 bits of each `idx`), as one u32 for [`sign_mask32`].
+#[inline(always)]
+fn ksigns4(idx: [u32; 4]) -> u32 {
+    let k = |l: usize| crate::quant::iq_grids::KSIGNS[(idx[l] & 127) as usize] as u32;
+    k(0) | k(1) << 8 | k(2) << 16 | k(3) << 24
+}
+
+/// IQ3_XXS super-block `x` (98 bytes) → as [`decode_iq3_s_avx2`].
+///
+/// # Safety
+/// AVX2 CPU; `x` holds 98 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn decode_iq3_xxs_avx2(x: &[u8], q: *mut u8) -> Scales {
+    let b: &iq3_xxs::BlockIq3Xxs = bytemuck::from_bytes(&x[..std::mem::size_of::<iq3_xxs::BlockIq3Xxs>()]);
+    let grid = crate::quant::iq_grids::IQ3XXS_GRID.as_ptr() as *const i32;
+    let mut s = Scales::default();
+    for ib in 0..8 {
+        let idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.qs.as_ptr().add(8 * ib) as *const __m128i));
+        let mag = _mm256_i32gather_epi32::<4>(grid, idx);
+        let aux = b.aux(ib);
+        let neg = sign_mask32(ksigns4(std::array::from_fn(|l| aux >> (7 * l))));
+        _mm256_storeu_si256(q.add(32 * ib) as *mut __m256i, _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg));
+        s.sc[2 * ib] = 2 * (aux >> 28) as i32 + 1;
+        s.sc[2 * ib + 1] = s.sc[2 * ib];
+    }
+    s.d = 0.25 * b.d.to_f32();
+    s
+}
+
+/// IQ2_XS super-block `x` (74 bytes) → as [`decode_iq3_s_avx2`].
+///
+/// # Safety
+/// AVX2 CPU; `x` holds 74 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn decode_iq2_xs_avx2(x: &[u8], q: *mut u8) -> Scales {
+    let b: &iq2_xs::BlockIq2Xs = bytemuck::from_bytes(&x[..std::mem::size_of::<iq2_xs::BlockIq2Xs>()]);
+    let grid = crate::quant::iq_grids::IQ2XS_GRID.as_ptr() as *const i64;
+    let mut s = Scales::default();
+    for ib in 0..8 {
+        // Word k: a 9-bit grid index (eight values) and a 7-bit KSIGNS index.
+        let w: [u32; 4] = std::array::from_fn(|l| b.word(4 * ib + l) as u32);
+        let idx = _mm_setr_epi32((w[0] & 511) as i32, (w[1] & 511) as i32, (w[2] & 511) as i32, (w[3] & 511) as i32);
+        let mag = _mm256_i32gather_epi64::<8>(grid, idx);
+        let neg = sign_mask32(ksigns4(w.map(|v| v >> 9)));
+        _mm256_storeu_si256(q.add(32 * ib) as *mut __m256i, _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg));
+    }
+    for g in 0..16 {
+        s.sc[g] = 2 * b.scale(g) as i32 + 1;
+    }
+    s.d = 0.125 * b.d.to_f32();
     s
 }
