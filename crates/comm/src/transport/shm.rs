@@ -312,6 +312,12 @@ impl ShmTransport {
         })
     }
 
+    /// Whether `peer` joined and has since exited or closed its group (its
+    /// lock is gone). Everything it wrote before that is visible.
+    fn peer_exited(&self, peer: usize) -> bool {
+        self.joined(peer).load(Ordering::Acquire) != 0 && !lock_byte(&self.file, peer, false)
+    }
+
     /// Fails if `peer` died (its lock is gone) or any rank published a failure.
     fn check_peer(&self, peer: usize, phase: Phase) -> Result<()> {
         if let Some(err) = self.aborted() {
@@ -493,6 +499,20 @@ impl ShmTransport {
                     (s.peer, ch.space_seq, ch.producer_sleeping)
                 }
             };
+            if self.peer_exited(peer) {
+                // A peer may write its last bytes and exit between our pass
+                // and this check (a barrier's final message, then process
+                // exit): drain what it left before calling it lost.
+                let (progress, pending) = self.pass(sends, recvs)?;
+                if !pending {
+                    return Ok(());
+                }
+                if progress {
+                    last_progress = Instant::now();
+                    spins = 0;
+                    continue;
+                }
+            }
             self.check_peer(peer, phase)?;
             if let (Some(limit), Phase::Running) = (self.op_timeout, phase) {
                 let idle = last_progress.elapsed();
