@@ -324,7 +324,7 @@ impl ShmTransport {
             return Err(err);
         }
         let joined = self.joined(peer).load(Ordering::Acquire) != 0;
-        if joined && !lock_byte(&self.file, peer, false) {
+        if self.peer_exited(peer) {
             let why = "its process exited or closed its group";
             self.raise(ABORT_DEAD, peer, why);
             return Err(self.aborted().unwrap_or_else(|| self.peer(peer).lost(why)));

@@ -367,16 +367,23 @@ unsafe fn q4_0_block(x: [*const u8; 4], b: usize) -> Block {
     Block { w: nibbles(x, 16, b), dw: word_scales(x, b), mw: _mm512_setzero_ps() }
 }
 
+/// `K[q] + 128` for each IQ4_NL nibble `q` (computed once, not per block).
+static IQ4_NL_K128: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut q = 0;
+    while q < 16 {
+        t[q] = (crate::quant::iq4_nl::KVALUES[q] as u8) ^ 0x80;
+        q += 1;
+    }
+    t
+};
+
 /// IQ4_NL block `b` of the pair at `x` (Q4_0's layout): each nibble looks up
 /// `K[q] + 128`, unsigned for `vpdpbusd`; `128·Σy` comes out of the sum.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn iq4_nl_block(x: [*const u8; 4], b: usize) -> Block {
-    let mut k128 = [0u8; 16];
-    for (k, v) in k128.iter_mut().zip(crate::quant::iq4_nl::KVALUES) {
-        *k = (v as u8) ^ 0x80;
-    }
-    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(k128.as_ptr() as *const __m128i));
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_NL_K128.as_ptr() as *const __m128i));
     Block {
         w: nibbles(x, 16, b).map(|v| _mm512_shuffle_epi8(table, v)),
         dw: word_scales(x, b),
