@@ -110,3 +110,34 @@ fn absent_rank_is_reported() {
     let msg = Group::connect_shm(&cfg).unwrap_err().to_string();
     assert!(msg.contains("peer 1") && msg.contains("never joined"), "{msg}");
 }
+
+/// A peer that sends its last message and closes its group at once (a
+/// rank's report at shutdown, then exit) is drained, never called lost: the
+/// receiver decides "gone" only on a liveness reading taken before its last
+/// look at the ring. The receiver parks at once (`spin` 0) so it checks
+/// liveness as often as it can; the sender's timing varies per round.
+#[test]
+fn a_last_message_before_close_is_received() {
+    for round in 0..200u64 {
+        let name = shm_name("last");
+        std::thread::scope(|s| {
+            for rank in 0..2 {
+                let name = &name;
+                s.spawn(move || {
+                    let mut cfg = config(name, rank, 2);
+                    cfg.spin = Duration::ZERO;
+                    let g = Group::connect_shm(&cfg).unwrap();
+                    if rank == 1 {
+                        std::thread::sleep(Duration::from_micros(round * 37 % 400));
+                        g.send(0, &bytes_of(1, 64)).unwrap();
+                        drop(g);
+                    } else {
+                        let mut got = vec![0u8; 64];
+                        g.recv(1, &mut got).unwrap_or_else(|e| panic!("round {round}: {e}"));
+                        assert_eq!(got, bytes_of(1, 64));
+                    }
+                });
+            }
+        });
+    }
+}

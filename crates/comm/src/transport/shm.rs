@@ -318,13 +318,16 @@ impl ShmTransport {
         self.joined(peer).load(Ordering::Acquire) != 0 && !lock_byte(&self.file, peer, false)
     }
 
-    /// Fails if `peer` died (its lock is gone) or any rank published a failure.
-    fn check_peer(&self, peer: usize, phase: Phase) -> Result<()> {
+    /// Fails if `peer` died or any rank published a failure. `exited` is the
+    /// caller's [`ShmTransport::peer_exited`] reading, taken *before* its last
+    /// drain of the rings: reading it again here could see a peer that wrote
+    /// its last message and exited after that drain, and call it lost.
+    fn check_peer(&self, peer: usize, phase: Phase, exited: bool) -> Result<()> {
         if let Some(err) = self.aborted() {
             return Err(err);
         }
         let joined = self.joined(peer).load(Ordering::Acquire) != 0;
-        if self.peer_exited(peer) {
+        if exited {
             let why = "its process exited or closed its group";
             self.raise(ABORT_DEAD, peer, why);
             return Err(self.aborted().unwrap_or_else(|| self.peer(peer).lost(why)));
@@ -499,10 +502,12 @@ impl ShmTransport {
                     (s.peer, ch.space_seq, ch.producer_sleeping)
                 }
             };
-            if self.peer_exited(peer) {
-                // A peer may write its last bytes and exit between our pass
-                // and this check (a barrier's final message, then process
-                // exit): drain what it left before calling it lost.
+            // A peer may write its last bytes and exit between our pass and
+            // this check (a barrier's final message, then process exit): read
+            // its liveness once, drain what it left, and only then call it
+            // lost, on that same reading.
+            let exited = self.peer_exited(peer);
+            if exited {
                 let (progress, pending) = self.pass(sends, recvs)?;
                 if !pending {
                     return Ok(());
@@ -513,7 +518,7 @@ impl ShmTransport {
                     continue;
                 }
             }
-            self.check_peer(peer, phase)?;
+            self.check_peer(peer, phase, exited)?;
             if let (Some(limit), Phase::Running) = (self.op_timeout, phase) {
                 let idle = last_progress.elapsed();
                 if idle >= limit {
