@@ -1,0 +1,272 @@
+//! The device: adapter choice, buffers, uploads and readbacks, and the
+//! compiled shaders.
+
+use crate::GpuError;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// What `--device gpu[:N]` opened, for logs, `inspect` and the warning about
+/// software adapters.
+#[derive(Debug, Clone)]
+pub struct AdapterReport {
+    pub name: String,
+    pub backend: String,
+    pub driver: String,
+    /// A CPU implementation (Mesa's llvmpipe, SwiftShader): correct, not fast.
+    pub software: bool,
+    /// The largest buffer one binding may span.
+    pub max_binding_bytes: u64,
+}
+
+impl std::fmt::Display for AdapterReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}, {})", self.name, self.backend, self.driver)?;
+        if self.software {
+            f.write_str(", software")?;
+        }
+        Ok(())
+    }
+}
+
+/// A device buffer of f32/u32 words, usable as storage and as a copy source
+/// and destination.
+#[derive(Debug)]
+pub struct DeviceBuf {
+    pub(crate) buf: wgpu::Buffer,
+    pub(crate) words: usize,
+}
+
+impl DeviceBuf {
+    /// Its size in 4-byte words.
+    pub fn words(&self) -> usize {
+        self.words
+    }
+}
+
+/// An open GPU: device, queue and the shaders compiled so far.
+pub struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub info: AdapterReport,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// Bound where a shader declares a buffer it does not read for this call.
+    pub(crate) dummy: wgpu::Buffer,
+    /// Per-dispatch parameters: fixed 256-byte slots, written with the queue.
+    pub(crate) params: wgpu::Buffer,
+    /// The first error the device reported (validation, out of memory, loss).
+    error: Arc<Mutex<Option<String>>>,
+}
+
+/// Parameter slots per submission ([`crate::Pass`] submits when they run out).
+pub(crate) const PARAM_SLOTS: u64 = 8192;
+pub(crate) const PARAM_SLOT: u64 = 256;
+
+fn backends() -> wgpu::Backends {
+    wgpu::Backends::VULKAN | wgpu::Backends::METAL
+}
+
+fn report(a: &wgpu::Adapter) -> AdapterReport {
+    let i = a.get_info();
+    AdapterReport {
+        name: i.name.clone(),
+        backend: format!("{:?}", i.backend),
+        driver: if i.driver.is_empty() { i.driver_info.clone() } else { i.driver.clone() },
+        software: i.device_type == wgpu::DeviceType::Cpu,
+        max_binding_bytes: a.limits().max_storage_buffer_binding_size,
+    }
+}
+
+impl Gpu {
+    /// The adapters this machine offers, in the order `gpu:N` counts them.
+    pub fn adapters() -> Vec<AdapterReport> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: backends(),
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        pollster::block_on(instance.enumerate_adapters(backends())).iter().map(report).collect()
+    }
+
+    /// Opens adapter `index`, or with `None` the first hardware adapter (a
+    /// software one only when there is nothing else: see
+    /// [`AdapterReport::software`]).
+    pub fn open(index: Option<usize>) -> Result<Gpu, GpuError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: backends(),
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let adapters = pollster::block_on(instance.enumerate_adapters(backends()));
+        if adapters.is_empty() {
+            return Err(GpuError::NoAdapter(
+                "no Vulkan or Metal device (on Linux, install the GPU's Vulkan driver; \
+                 Debian's mesa-vulkan-drivers has a software one)"
+                    .into(),
+            ));
+        }
+        let adapter = match index {
+            Some(i) => adapters.get(i).ok_or_else(|| GpuError::NoSuchAdapter {
+                index: i,
+                count: adapters.len(),
+                names: adapters.iter().map(|a| a.get_info().name).collect::<Vec<_>>().join(", "),
+            })?,
+            None => {
+                let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+                    wgpu::DeviceType::DiscreteGpu => 0,
+                    wgpu::DeviceType::IntegratedGpu => 1,
+                    wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => 2,
+                    wgpu::DeviceType::Cpu => 3,
+                };
+                adapters.iter().min_by_key(|a| rank(a)).expect("not empty")
+            }
+        };
+        let info = report(adapter);
+        let limits = adapter.limits();
+        if limits.max_compute_workgroup_size_x < 256 || limits.max_compute_invocations_per_workgroup < 256 {
+            return Err(GpuError::MissingFeature {
+                adapter: info.name.clone(),
+                feature: "256 invocations per workgroup".into(),
+            });
+        }
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("shardlm"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits,
+            ..Default::default()
+        }))
+        .map_err(|e| GpuError::Device { adapter: info.name.clone(), detail: e.to_string() })?;
+        let error = Arc::new(Mutex::new(None::<String>));
+        let sink = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut slot = sink.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                *slot = Some(e.to_string());
+            }
+        }));
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dummy"),
+            size: 16,
+            usage,
+            mapped_at_creation: false,
+        });
+        let params = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: PARAM_SLOTS * PARAM_SLOT,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(Gpu { device, queue, info, pipelines: Mutex::new(HashMap::new()), dummy, params, error })
+    }
+
+    /// The first error the device reported since it opened, if any.
+    pub fn check(&self) -> Result<(), GpuError> {
+        match self.error.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            Some(e) => Err(GpuError::Failed(e)),
+            None => Ok(()),
+        }
+    }
+
+    fn check_size(&self, what: &str, bytes: u64) -> Result<(), GpuError> {
+        if bytes > self.info.max_binding_bytes {
+            return Err(GpuError::TooLarge {
+                what: what.into(),
+                bytes,
+                limit: self.info.max_binding_bytes,
+                adapter: self.info.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A zeroed buffer of `words` 4-byte words (at least one).
+    pub fn buffer(&self, what: &str, words: usize) -> Result<DeviceBuf, GpuError> {
+        let size = (words.max(1) * 4) as u64;
+        self.check_size(what, size)?;
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(what),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Ok(DeviceBuf { buf, words: words.max(1) })
+    }
+
+    /// A buffer holding `data` (words; padded to one word at least).
+    pub fn buffer_with(&self, what: &str, data: &[u32]) -> Result<DeviceBuf, GpuError> {
+        let b = self.buffer(what, data.len())?;
+        if !data.is_empty() {
+            self.queue.write_buffer(&b.buf, 0, bytemuck::cast_slice(data));
+        }
+        Ok(b)
+    }
+
+    /// Writes `data` at word `offset` of `buf` (ordered before the next submission).
+    pub fn write_f32(&self, buf: &DeviceBuf, offset: usize, data: &[f32]) {
+        if !data.is_empty() {
+            debug_assert!(offset + data.len() <= buf.words);
+            self.queue.write_buffer(&buf.buf, (offset * 4) as u64, bytemuck::cast_slice(data));
+        }
+    }
+
+    /// [`Gpu::write_f32`] for words.
+    pub fn write_u32(&self, buf: &DeviceBuf, offset: usize, data: &[u32]) {
+        if !data.is_empty() {
+            debug_assert!(offset + data.len() <= buf.words);
+            self.queue.write_buffer(&buf.buf, (offset * 4) as u64, bytemuck::cast_slice(data));
+        }
+    }
+
+    /// Reads `len` f32 at word `offset` of `buf`, after everything submitted.
+    pub fn read_f32(&self, buf: &DeviceBuf, offset: usize, len: usize) -> Result<Vec<f32>, GpuError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let bytes = (len * 4) as u64;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&buf.buf, (offset * 4) as u64, &staging, 0, bytes);
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map_err(|e| GpuError::Failed(e.to_string()))?;
+        self.check()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(GpuError::Failed(format!("reading results back: {e}"))),
+            Err(_) => return Err(GpuError::Failed("reading results back: the map never finished".into())),
+        }
+        let out = bytemuck::cast_slice::<u8, f32>(&staging.get_mapped_range(..)).to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// The compute pipeline of `source` (compiled once per `key`).
+    pub(crate) fn pipeline(&self, key: &str, source: impl FnOnce() -> String) -> Arc<wgpu::ComputePipeline> {
+        let mut map = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = map.get(key) {
+            return p.clone();
+        }
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(key),
+            source: wgpu::ShaderSource::Wgsl(source().into()),
+        });
+        let p = Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(key),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        }));
+        map.insert(key.to_string(), p.clone());
+        p
+    }
+}

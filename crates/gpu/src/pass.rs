@@ -1,0 +1,275 @@
+//! One step's ops, recorded into one command encoder and submitted at once.
+//!
+//! Each op is a dispatch: its parameters go into a 256-byte slot of the
+//! device's parameter buffer (written through the queue, so they land
+//! before the submission that reads them), its buffers into a bind group.
+//! wgpu orders the dispatches' reads after earlier writes.
+
+use crate::device::{PARAM_SLOT, PARAM_SLOTS};
+use crate::{DeviceBuf, DeviceWeight, Gpu, GpuError};
+use kernels::DType;
+
+/// The gated activation of an MLP ([`Pass::act_mul`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    Silu,
+    GeluTanh,
+}
+
+/// The shape of one layer's attention ([`Pass::attention`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnArgs {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Positions per KV block.
+    pub block: usize,
+    pub scale: f32,
+    /// Sliding window: a token at position p sees `p + 1 − window ..= p`.
+    pub window: Option<usize>,
+}
+
+const MATMUL: &str = include_str!("shaders/matmul.wgsl");
+
+fn matmul_source(dtype: DType) -> String {
+    let dot = match dtype {
+        DType::F32 => include_str!("shaders/dot_f32.wgsl"),
+        DType::F16 => include_str!("shaders/dot_f16.wgsl"),
+        DType::BF16 => include_str!("shaders/dot_bf16.wgsl"),
+        DType::Q8_0 => include_str!("shaders/dot_q8_0.wgsl"),
+        DType::Q4_0 => include_str!("shaders/dot_q4_0.wgsl"),
+        DType::Q4_1 => include_str!("shaders/dot_q4_1.wgsl"),
+        other => unreachable!("DeviceWeight::upload refuses {other:?}"),
+    };
+    MATMUL.replace("//DOT", dot)
+}
+
+fn rms_norm_source(inplace: bool) -> String {
+    let bindings = if inplace {
+        "@group(0) @binding(2) var<storage, read_write> y: array<f32>;\nfn src(i: u32) -> f32 { return y[i]; }"
+    } else {
+        "@group(0) @binding(2) var<storage, read> x: array<f32>;\n\
+         @group(0) @binding(3) var<storage, read_write> y: array<f32>;\nfn src(i: u32) -> f32 { return x[i]; }"
+    };
+    include_str!("shaders/rms_norm.wgsl").replace("//BINDINGS", bindings)
+}
+
+/// Eight parameter words (32 bytes), as the shaders' `Params` structs.
+fn words8(w: [u32; 8]) -> [u32; 8] {
+    w
+}
+
+/// Workgroups for one per row, rows past 32768 in z: `(x, y = t, z)`.
+fn row_grid(rows: usize, t: usize) -> [u32; 3] {
+    [rows.min(32768) as u32, t as u32, rows.div_ceil(32768) as u32]
+}
+
+/// Workgroups of 256 for `n` elements, spilling into y past 65535.
+fn flat_grid(n: usize) -> [u32; 3] {
+    let g = n.div_ceil(256).max(1);
+    [g.min(65535) as u32, g.div_ceil(65535) as u32, 1]
+}
+
+/// Records ops on `gpu`; [`Pass::submit`] runs them.
+pub struct Pass<'g> {
+    gpu: &'g Gpu,
+    enc: wgpu::CommandEncoder,
+    slot: u64,
+}
+
+impl<'g> Pass<'g> {
+    pub fn new(gpu: &'g Gpu) -> Pass<'g> {
+        Pass { gpu, enc: gpu.device.create_command_encoder(&Default::default()), slot: 0 }
+    }
+
+    /// Submits what was recorded so far and starts a new encoder (when the
+    /// parameter slots run out: the next writes land after this submission).
+    fn flush(&mut self) {
+        let enc = std::mem::replace(&mut self.enc, self.gpu.device.create_command_encoder(&Default::default()));
+        self.gpu.queue.submit([enc.finish()]);
+        self.slot = 0;
+    }
+
+    fn dispatch(
+        &mut self,
+        key: &str,
+        source: impl FnOnce() -> String,
+        params: &[u32],
+        bufs: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) {
+        if groups.contains(&0) {
+            return;
+        }
+        if self.slot == PARAM_SLOTS {
+            self.flush();
+        }
+        let offset = self.slot * PARAM_SLOT;
+        self.slot += 1;
+        let gpu = self.gpu;
+        gpu.queue.write_buffer(&gpu.params, offset, bytemuck::cast_slice(params));
+        let pipeline = gpu.pipeline(key, source);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &gpu.params,
+                offset,
+                size: wgpu::BufferSize::new((params.len() * 4) as u64),
+            }),
+        }];
+        for (i, b) in bufs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+        }
+        let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(key),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut cp =
+            self.enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(key), timestamp_writes: None });
+        cp.set_pipeline(&pipeline);
+        cp.set_bind_group(0, &bind, &[]);
+        cp.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+
+    /// `y[y_off + t·n ..] = x[x_off + t·k ..] · Wᵀ (· out_scale) + bias` for `t` rows.
+    pub fn matmul(&mut self, w: &DeviceWeight, x: &DeviceBuf, x_off: usize, t: usize, y: &DeviceBuf, y_off: usize) {
+        debug_assert!(x_off + t * w.cols <= x.words && y_off + t * w.rows <= y.words);
+        let p = words8([
+            w.rows as u32,
+            w.cols as u32,
+            t as u32,
+            w.bias.is_some() as u32,
+            w.out_scale.to_bits(),
+            x_off as u32,
+            y_off as u32,
+            0,
+        ]);
+        let dummy = &self.gpu.dummy;
+        let w1 = w.w1.as_ref().map_or(dummy, |b| &b.buf);
+        let bias = w.bias.as_ref().map_or(dummy, |b| &b.buf);
+        let key = format!("matmul_{:?}", w.dtype);
+        self.dispatch(&key, || matmul_source(w.dtype), &p, &[&x.buf, &w.w0.buf, w1, bias, &y.buf], row_grid(w.rows, t));
+    }
+
+    /// RMSNorm of `rows` rows of `width` from `x` into `y`, weight `w` (`width` values).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &mut self,
+        x: &DeviceBuf,
+        x_off: usize,
+        w: &DeviceBuf,
+        (width, rows, eps): (usize, usize, f32),
+        y: &DeviceBuf,
+        y_off: usize,
+    ) {
+        let p = words8([width as u32, rows as u32, eps.to_bits(), x_off as u32, y_off as u32, 0, 0, 0]);
+        self.dispatch("rms_norm", || rms_norm_source(false), &p, &[&w.buf, &x.buf, &y.buf], row_grid(rows, 1));
+    }
+
+    /// RMSNorm in place (the per-head q/k norms: `width` = head_dim).
+    pub fn rms_norm_inplace(
+        &mut self,
+        y: &DeviceBuf,
+        y_off: usize,
+        w: &DeviceBuf,
+        (width, rows, eps): (usize, usize, f32),
+    ) {
+        let p = words8([width as u32, rows as u32, eps.to_bits(), y_off as u32, y_off as u32, 0, 0, 0]);
+        self.dispatch("rms_norm_inplace", || rms_norm_source(true), &p, &[&w.buf, &y.buf], row_grid(rows, 1));
+    }
+
+    /// Rotary embedding in place on `t × heads × head_dim` values of `x`,
+    /// tables `cos`/`sin` of `t × half`; `interleaved` rotates adjacent pairs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &mut self,
+        x: &DeviceBuf,
+        x_off: usize,
+        (t, heads, head_dim, half): (usize, usize, usize, usize),
+        cos: &DeviceBuf,
+        sin: &DeviceBuf,
+        interleaved: bool,
+    ) {
+        let p = words8([heads as u32, head_dim as u32, half as u32, interleaved as u32, x_off as u32, 0, 0, 0]);
+        let src = || include_str!("shaders/rope.wgsl").to_string();
+        self.dispatch("rope", src, &p, &[&cos.buf, &sin.buf, &x.buf], [heads as u32, t as u32, 1]);
+    }
+
+    /// `gate = act(gate) · up` over `n` values.
+    pub fn act_mul(&mut self, gate: &DeviceBuf, up: &DeviceBuf, n: usize, act: Act) {
+        let p = [n as u32, (act == Act::GeluTanh) as u32, 0, 0];
+        let src = || include_str!("shaders/act_mul.wgsl").to_string();
+        self.dispatch("act_mul", src, &p, &[&up.buf, &gate.buf], flat_grid(n));
+    }
+
+    /// `x += o` over `n` values.
+    pub fn add(&mut self, x: &DeviceBuf, o: &DeviceBuf, n: usize) {
+        let p = [n as u32, 0, 0, 0];
+        let src = || include_str!("shaders/add.wgsl").to_string();
+        self.dispatch("add", src, &p, &[&o.buf, &x.buf], flat_grid(n));
+    }
+
+    /// Stores `t` rows of `row` values of `src` (from `src_off`) at pool rows `slots`.
+    pub fn kv_store(
+        &mut self,
+        src: &DeviceBuf,
+        src_off: usize,
+        (t, row): (usize, usize),
+        slots: &DeviceBuf,
+        pool: &DeviceBuf,
+    ) {
+        let p = [row as u32, t as u32, src_off as u32, 0];
+        let s = || include_str!("shaders/kv_store.wgsl").to_string();
+        self.dispatch("kv_store", s, &p, &[&src.buf, &slots.buf, &pool.buf], flat_grid(t * row));
+    }
+
+    /// Causal attention of `t` query rows (`heads × head_dim` each, from
+    /// `q_off`) over the paged pools; `tok` holds (position, table offset)
+    /// per row and `tables` the block tables. Output rows into `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &mut self,
+        q: &DeviceBuf,
+        q_off: usize,
+        t: usize,
+        a: &AttnArgs,
+        (kpool, vpool): (&DeviceBuf, &DeviceBuf),
+        (tok, tables): (&DeviceBuf, &DeviceBuf),
+        out: &DeviceBuf,
+    ) {
+        assert!(a.head_dim <= 256 && a.heads.is_multiple_of(a.kv_heads), "checked when the model loads");
+        let p = words8([
+            a.heads as u32,
+            a.kv_heads as u32,
+            a.head_dim as u32,
+            a.block as u32,
+            a.scale.to_bits(),
+            a.window.unwrap_or(0) as u32,
+            q_off as u32,
+            0,
+        ]);
+        let s = || include_str!("shaders/attention.wgsl").to_string();
+        let bufs = [&q.buf, &kpool.buf, &vpool.buf, &tok.buf, &tables.buf, &out.buf];
+        self.dispatch("attention", s, &p, &bufs, [a.heads as u32, t as u32, 1]);
+    }
+
+    /// Copies `words` words from `src` to `dst`.
+    pub fn copy(&mut self, src: &DeviceBuf, src_off: usize, dst: &DeviceBuf, dst_off: usize, words: usize) {
+        if words > 0 {
+            self.enc.copy_buffer_to_buffer(
+                &src.buf,
+                (src_off * 4) as u64,
+                &dst.buf,
+                (dst_off * 4) as u64,
+                (words * 4) as u64,
+            );
+        }
+    }
+
+    /// Submits the recorded ops (results are read with [`Gpu::read_f32`]).
+    pub fn submit(self) -> Result<(), GpuError> {
+        self.gpu.queue.submit([self.enc.finish()]);
+        self.gpu.check()
+    }
+}

@@ -1,0 +1,30 @@
+// gate[i] = act(gate[i]) · up[i] for i < n: SiLU (act 0) or GELU's tanh
+// approximation (act 1), computed as g · σ(2·√(2/π)·(g + 0.044715·g³)).
+
+struct Params {
+    n: u32,
+    act: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> up: array<f32>;
+@group(0) @binding(2) var<storage, read_write> gate: array<f32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * 256u;
+    if (i >= p.n) {
+        return;
+    }
+    let g = gate[i];
+    var a: f32;
+    if (p.act == 0u) {
+        a = g / (1.0 + exp(-g));
+    } else {
+        let t = 0.7978846 * (g + 0.044715 * g * g * g);
+        a = g / (1.0 + exp(-2.0 * t));
+    }
+    gate[i] = a * up[i];
+}

@@ -1,0 +1,89 @@
+//! A weight matrix on the device in its stored format (see the crate docs:
+//! block formats are split into codes and scales, never widened).
+
+use crate::{DeviceBuf, Gpu, GpuError};
+use kernels::DType;
+
+/// `rows × cols` weights (`y = x · Wᵀ`), with an optional bias and the
+/// per-tensor output scale ([`formats::WeightTensor::out_scale`]).
+#[derive(Debug)]
+pub struct DeviceWeight {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Values (float types) or codes (block types), as 4-byte words.
+    pub(crate) w0: DeviceBuf,
+    /// Block scales (block types only).
+    pub(crate) w1: Option<DeviceBuf>,
+    pub(crate) bias: Option<DeviceBuf>,
+    pub out_scale: f32,
+}
+
+/// Copies bytes into little-endian words, zero-padding the last.
+fn words(bytes: &[u8]) -> Vec<u32> {
+    let mut w = vec![0u32; bytes.len().div_ceil(4)];
+    bytemuck::cast_slice_mut::<u32, u8>(&mut w)[..bytes.len()].copy_from_slice(bytes);
+    w
+}
+
+/// Splits blocks of `block_bytes` into their leading `head` scale bytes and
+/// the code bytes after them.
+fn split_blocks(bytes: &[u8], block_bytes: usize, head: usize) -> (Vec<u8>, Vec<u8>) {
+    let n = bytes.len() / block_bytes;
+    let (mut scales, mut codes) = (Vec::with_capacity(n * head), Vec::with_capacity(n * (block_bytes - head)));
+    for b in bytes.chunks_exact(block_bytes) {
+        scales.extend_from_slice(&b[..head]);
+        codes.extend_from_slice(&b[head..]);
+    }
+    (scales, codes)
+}
+
+impl DeviceWeight {
+    /// Uploads `bytes`, the row-major file layout of a `rows × cols` matrix of
+    /// `dtype`. `name` is for messages.
+    pub fn upload(
+        gpu: &Gpu,
+        name: &str,
+        dtype: DType,
+        (rows, cols): (usize, usize),
+        bytes: &[u8],
+        bias: Option<&[f32]>,
+        out_scale: f32,
+    ) -> Result<DeviceWeight, GpuError> {
+        let unsupported = || GpuError::UnsupportedType {
+            name: name.into(),
+            dtype: format!("{dtype:?}"),
+            supported: crate::WEIGHT_TYPES.iter().map(|t| format!("{t:?}")).collect::<Vec<_>>().join(", "),
+        };
+        let expect = dtype.bytes_for(rows * cols).ok_or_else(unsupported)?;
+        if bytes.len() != expect || (dtype.is_quantized() && cols % 32 != 0) {
+            return Err(GpuError::Failed(format!(
+                "tensor '{name}': {} bytes for {rows} × {cols} {dtype:?} (expected {expect})",
+                bytes.len()
+            )));
+        }
+        let (w0, w1) = match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => (gpu.buffer_with(name, &words(bytes))?, None),
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+                let (block, head) = match dtype {
+                    DType::Q8_0 => (34, 2),
+                    DType::Q4_0 => (18, 2),
+                    _ => (20, 4),
+                };
+                let (scales, codes) = split_blocks(bytes, block, head);
+                (gpu.buffer_with(name, &words(&codes))?, Some(gpu.buffer_with(name, &words(&scales))?))
+            }
+            _ => return Err(unsupported()),
+        };
+        let bias = match bias {
+            Some(b) => Some(gpu.buffer_with(name, bytemuck::cast_slice(b))?),
+            None => None,
+        };
+        Ok(DeviceWeight { dtype, rows, cols, w0, w1, bias, out_scale })
+    }
+
+    /// Device bytes this weight holds.
+    pub fn bytes(&self) -> usize {
+        4 * (self.w0.words + self.w1.as_ref().map_or(0, |b| b.words) + self.bias.as_ref().map_or(0, |b| b.words))
+    }
+}

@@ -1,0 +1,289 @@
+//! Every shader against its host reference (the `kernels` crate's scalar
+//! code or a plain loop), per weight type and shape, block tails included.
+//! Runs on whatever adapter the machine has; in CI that is Mesa's llvmpipe.
+//! Without any adapter the tests say so and pass, except under `CI=true`,
+//! where `.ci/run` installs one and a missing adapter is a failure.
+
+use kernels::{ops, DType};
+use rand::{Rng, SeedableRng};
+use shardlm_gpu::{Act, AttnArgs, DeviceWeight, Gpu, Pass};
+
+fn gpu() -> Option<Gpu> {
+    match Gpu::open(None) {
+        Ok(g) => Some(g),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI has no GPU adapter: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED: {e}");
+            None
+        }
+    }
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+}
+
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / w.abs().max(1.0);
+        assert!(err <= tol, "{what}: element {i}: got {g}, want {w} (relative error {err:e} > {tol:e})");
+    }
+}
+
+/// Encodes `w` (`rows × cols` f32) as `dtype` and returns the bytes and the
+/// values the encoding holds (what the shader must multiply by).
+fn encode(dtype: DType, w: &[f32], cols: usize) -> (Vec<u8>, Vec<f32>) {
+    let row_bytes = dtype.bytes_for(cols).unwrap();
+    let mut bytes = vec![0u8; row_bytes * (w.len() / cols)];
+    let mut held = vec![0f32; w.len()];
+    for ((src, dst), h) in w.chunks_exact(cols).zip(bytes.chunks_exact_mut(row_bytes)).zip(held.chunks_exact_mut(cols))
+    {
+        match dtype {
+            DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
+            DType::F16 => {
+                let v: Vec<half::f16> = src.iter().map(|&x| half::f16::from_f32(x)).collect();
+                dst.copy_from_slice(bytemuck::cast_slice(&v));
+            }
+            DType::BF16 => {
+                let v: Vec<half::bf16> = src.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                dst.copy_from_slice(bytemuck::cast_slice(&v));
+            }
+            DType::Q4_1 => q4_1_row(src, dst),
+            _ => kernels::quant::quantize_row(dtype, src, dst).unwrap(),
+        }
+        kernels::quant::dequantize_row(dtype, dst, h);
+    }
+    (bytes, held)
+}
+
+/// Q4_1 blocks (the kernels crate reads them but does not write them):
+/// f16 scale d = (max − min)/15, f16 min m, 16 bytes of nibbles (value i low,
+/// value i + 16 high); value = d · q + m.
+fn q4_1_row(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(20)) {
+        let (lo, hi) = x.iter().fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        let d = half::f16::from_f32((hi - lo) / 15.0);
+        let m = half::f16::from_f32(lo);
+        b[..2].copy_from_slice(&d.to_le_bytes());
+        b[2..4].copy_from_slice(&m.to_le_bytes());
+        let (df, mf) = (d.to_f32(), m.to_f32());
+        let q = |v: f32| if df == 0.0 { 0 } else { ((v - mf) / df).round().clamp(0.0, 15.0) as u8 };
+        for i in 0..16 {
+            b[4 + i] = q(x[i]) | (q(x[i + 16]) << 4);
+        }
+    }
+}
+
+#[test]
+fn matmul_every_type_and_tail() {
+    let Some(gpu) = gpu() else { return };
+    // Widths: a multiple of the workgroup, one that is not (floats), and
+    // block multiples that leave the last round of 64 blocks partial.
+    for dtype in shardlm_gpu::WEIGHT_TYPES {
+        for &(rows, cols, t) in &[(37usize, 96usize, 3usize), (5, 288, 1), (130, 64 * 33, 2), (3, 70, 4)] {
+            if dtype.is_quantized() && cols % 32 != 0 {
+                continue;
+            }
+            let w = random(rows * cols, rows as u64 * 7 + cols as u64);
+            let x = random(t * cols, 99 + t as u64);
+            let bias = random(rows, 5);
+            let (bytes, held) = encode(dtype, &w, cols);
+            for with_bias in [false, true] {
+                let dw =
+                    DeviceWeight::upload(&gpu, "w", dtype, (rows, cols), &bytes, with_bias.then_some(&bias[..]), 0.5)
+                        .unwrap();
+                // Offsets into both buffers, as a step's rows are.
+                let xb = gpu.buffer("x", 7 + t * cols).unwrap();
+                gpu.write_f32(&xb, 7, &x);
+                let yb = gpu.buffer("y", 3 + t * rows).unwrap();
+                let mut pass = Pass::new(&gpu);
+                pass.matmul(&dw, &xb, 7, t, &yb, 3);
+                pass.submit().unwrap();
+                let got = gpu.read_f32(&yb, 3, t * rows).unwrap();
+                let mut want = vec![0f32; t * rows];
+                for r in 0..t {
+                    for n in 0..rows {
+                        let dot: f64 = (0..cols).map(|k| held[n * cols + k] as f64 * x[r * cols + k] as f64).sum();
+                        want[r * rows + n] = (dot * 0.5) as f32 + if with_bias { bias[n] } else { 0.0 };
+                    }
+                }
+                assert_close(&got, &want, 2e-5, &format!("{dtype:?} {rows}×{cols} t={t} bias={with_bias}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn rms_norm_out_of_place_and_per_head() {
+    let Some(gpu) = gpu() else { return };
+    for &(width, rows) in &[(64usize, 3usize), (576, 5), (100, 40_000)] {
+        let x = random(width * rows, width as u64);
+        let w = random(width, 3);
+        let mut want = vec![0f32; x.len()];
+        ops::rms_norm(&x, &w, 1e-6, width, &mut want);
+        let (xb, wb, yb) =
+            (gpu.buffer("x", x.len() + 2).unwrap(), gpu.buffer("w", width).unwrap(), gpu.buffer("y", x.len()).unwrap());
+        gpu.write_f32(&xb, 2, &x);
+        gpu.write_f32(&wb, 0, &w);
+        let mut pass = Pass::new(&gpu);
+        pass.rms_norm(&xb, 2, &wb, (width, rows, 1e-6), &yb, 0);
+        // And in place on a copy.
+        pass.copy(&xb, 2, &xb, 0, 0);
+        pass.submit().unwrap();
+        assert_close(&gpu.read_f32(&yb, 0, x.len()).unwrap(), &want, 1e-5, &format!("rms_norm {width}×{rows}"));
+        let mut pass = Pass::new(&gpu);
+        pass.rms_norm_inplace(&xb, 2, &wb, (width, rows, 1e-6));
+        pass.submit().unwrap();
+        assert_close(&gpu.read_f32(&xb, 2, x.len()).unwrap(), &want, 1e-5, &format!("in place {width}×{rows}"));
+    }
+}
+
+#[test]
+fn rope_both_styles_and_partial_rotation() {
+    let Some(gpu) = gpu() else { return };
+    for style in [ops::RopeStyle::Neox, ops::RopeStyle::Interleaved] {
+        for &(t, heads, hd, half) in &[(3usize, 4usize, 64usize, 32usize), (2, 2, 128, 16), (5, 3, 256, 128)] {
+            let x = random(t * heads * hd, hd as u64);
+            let cos = random(t * half, 1);
+            let sin = random(t * half, 2);
+            let mut want = x.clone();
+            for r in 0..t {
+                let c = &cos[r * half..(r + 1) * half];
+                let s = &sin[r * half..(r + 1) * half];
+                ops::rope(&mut want[r * heads * hd..(r + 1) * heads * hd], hd, c, s, style);
+            }
+            let xb = gpu.buffer("x", x.len() + 1).unwrap();
+            gpu.write_f32(&xb, 1, &x);
+            let (cb, sb) = (gpu.buffer("cos", cos.len()).unwrap(), gpu.buffer("sin", sin.len()).unwrap());
+            gpu.write_f32(&cb, 0, &cos);
+            gpu.write_f32(&sb, 0, &sin);
+            let mut pass = Pass::new(&gpu);
+            pass.rope(&xb, 1, (t, heads, hd, half), &cb, &sb, style == ops::RopeStyle::Interleaved);
+            pass.submit().unwrap();
+            let got = gpu.read_f32(&xb, 1, x.len()).unwrap();
+            assert_close(&got, &want, 1e-6, &format!("rope {style:?} t={t} heads={heads} hd={hd} half={half}"));
+        }
+    }
+}
+
+#[test]
+fn activations_and_residual_add() {
+    let Some(gpu) = gpu() else { return };
+    // Past 65535 workgroups of 256: the grid spills into y.
+    for &n in &[1usize, 1000, 256 * 65535 + 300] {
+        let g = random(n, 1).iter().map(|v| v * 6.0).collect::<Vec<_>>();
+        let u = random(n, 2);
+        for act in [Act::Silu, Act::GeluTanh] {
+            let mut want = g.clone();
+            match act {
+                Act::Silu => want.iter_mut().zip(&u).for_each(|(a, &b)| *a = *a / (1.0 + (-*a).exp()) * b),
+                Act::GeluTanh => ops::gelu_tanh_mul_scalar(&mut want, &u),
+            }
+            let (gb, ub) = (gpu.buffer("g", n).unwrap(), gpu.buffer("u", n).unwrap());
+            gpu.write_f32(&gb, 0, &g);
+            gpu.write_f32(&ub, 0, &u);
+            let mut pass = Pass::new(&gpu);
+            pass.act_mul(&gb, &ub, n, act);
+            pass.add(&gb, &ub, n);
+            pass.submit().unwrap();
+            want.iter_mut().zip(&u).for_each(|(a, b)| *a += b);
+            assert_close(&gpu.read_f32(&gb, 0, n).unwrap(), &want, 1e-5, &format!("{act:?} then add, n={n}"));
+        }
+    }
+}
+
+/// Two sequences in one step over a shuffled block table: the first decodes
+/// one token at position 70, the second runs a 5-token chunk from position
+/// 9; keys and values go through `kv_store` first, as in a layer.
+#[test]
+fn paged_attention_gqa_with_windows() {
+    let Some(gpu) = gpu() else { return };
+    let (heads, kv_heads, block) = (4usize, 2usize, 16usize);
+    for &hd in &[64usize, 80, 256] {
+        for window in [None, Some(7usize)] {
+            let row = kv_heads * hd;
+            let n_blocks = 12;
+            let tables: Vec<u32> = vec![5, 2, 9, 0, 11, 3, /* seq 2: */ 7, 1];
+            let seqs = [(70usize, 1usize, 0usize), (9, 5, 6)]; // (start, len, table offset)
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(hd as u64);
+            let mut kp = vec![0f32; n_blocks * block * row];
+            let mut vp = vec![0f32; n_blocks * block * row];
+            kp.iter_mut().chain(vp.iter_mut()).for_each(|v| *v = rng.gen_range(-1.0..1.0));
+            let t: usize = seqs.iter().map(|s| s.1).sum();
+            let q = random(t * heads * hd, 11);
+            let (knew, vnew) = (random(t * row, 12), random(t * row, 13));
+            let (mut tok, mut slots) = (vec![], vec![]);
+            for &(start, len, ts) in &seqs {
+                for i in 0..len {
+                    let pos = start + i;
+                    tok.extend([pos as u32, ts as u32]);
+                    slots.push(tables[ts + pos / block] * block as u32 + (pos % block) as u32);
+                }
+            }
+            // Host reference: store, then attend.
+            let (mut kr, mut vr) = (kp.clone(), vp.clone());
+            for (j, &s) in slots.iter().enumerate() {
+                kr[s as usize * row..][..row].copy_from_slice(&knew[j * row..(j + 1) * row]);
+                vr[s as usize * row..][..row].copy_from_slice(&vnew[j * row..(j + 1) * row]);
+            }
+            let scale = 1.0 / (hd as f32).sqrt();
+            let mut want = vec![0f32; t * heads * hd];
+            for j in 0..t {
+                let (pos, ts) = (tok[2 * j] as usize, tok[2 * j + 1] as usize);
+                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                for h in 0..heads {
+                    let kvh = h / (heads / kv_heads);
+                    let qr = &q[(j * heads + h) * hd..][..hd];
+                    let at = |p: usize| (tables[ts + p / block] as usize * block + p % block) * row + kvh * hd;
+                    let s: Vec<f64> = (first..=pos)
+                        .map(|p| (0..hd).map(|d| qr[d] as f64 * kr[at(p) + d] as f64).sum::<f64>() * scale as f64)
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    for d in 0..hd {
+                        let v: f64 = (first..=pos).zip(&e).map(|(p, w)| w * vr[at(p) + d] as f64).sum();
+                        want[(j * heads + h) * hd + d] = (v / sum) as f32;
+                    }
+                }
+            }
+            let up = |name: &str, v: &[f32]| {
+                let b = gpu.buffer(name, v.len()).unwrap();
+                gpu.write_f32(&b, 0, v);
+                b
+            };
+            let (kb, vb, qb) = (up("k", &kp), up("v", &vp), up("q", &q));
+            let (knb, vnb) = (up("knew", &knew), up("vnew", &vnew));
+            let (tokb, tabb, slotb) = (
+                gpu.buffer_with("tok", &tok).unwrap(),
+                gpu.buffer_with("tables", &tables).unwrap(),
+                gpu.buffer_with("slots", &slots).unwrap(),
+            );
+            let out = gpu.buffer("out", t * heads * hd).unwrap();
+            let args = AttnArgs { heads, kv_heads, head_dim: hd, block, scale, window };
+            let mut pass = Pass::new(&gpu);
+            pass.kv_store(&knb, 0, (t, row), &slotb, &kb);
+            pass.kv_store(&vnb, 0, (t, row), &slotb, &vb);
+            pass.attention(&qb, 0, t, &args, (&kb, &vb), (&tokb, &tabb), &out);
+            pass.submit().unwrap();
+            let got = gpu.read_f32(&out, 0, want.len()).unwrap();
+            assert_close(&got, &want, 1e-5, &format!("attention hd={hd} window={window:?}"));
+        }
+    }
+}
+
+#[test]
+fn unsupported_types_and_wrong_sizes_are_refused_in_one_line() {
+    let Some(gpu) = gpu() else { return };
+    let e =
+        DeviceWeight::upload(&gpu, "blk.0.ffn_down.weight", DType::Q6_K, (2, 256), &[0; 420], None, 1.0).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("tensor 'blk.0.ffn_down.weight' has type Q6_K, which the GPU backend cannot read yet"),
+        "{e}"
+    );
+    let e = DeviceWeight::upload(&gpu, "w", DType::Q8_0, (2, 32), &[0; 40], None, 1.0).unwrap_err();
+    assert!(e.to_string().contains("40 bytes for 2 × 32 Q8_0 (expected 68)"), "{e}");
+}
