@@ -56,6 +56,29 @@ pub struct DistArgs {
     /// f16 otherwise (or SHARDLM_KV_TYPE).
     #[arg(long, value_parser = parse_kv_type)]
     pub kv_type: Option<model::KvType>,
+    /// Where the layers compute: cpu, gpu (the first hardware GPU; a software
+    /// one only if it is the only one) or gpu:N (adapter N). One value for
+    /// every rank, or one per rank (`--device gpu,cpu`: rank 0 on the GPU,
+    /// rank 1 on the CPU).
+    #[arg(long, value_delimiter = ',', default_value = "cpu", value_parser = model::Device::parse)]
+    pub device: Vec<model::Device>,
+}
+
+impl DistArgs {
+    /// The device of `rank` (rank 0 in one process).
+    pub fn device_of(&self, rank: Option<usize>) -> Result<model::Device> {
+        let r = rank.unwrap_or(0);
+        match self.device.as_slice() {
+            [] => Ok(model::Device::Cpu),
+            [one] => Ok(*one),
+            many => many.get(r).copied().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "bad flag value: --device names {} devices, one per rank, but this is rank {r}",
+                    many.len()
+                )
+            }),
+        }
+    }
 }
 
 fn parse_kv_type(s: &str) -> Result<model::KvType, String> {
@@ -63,9 +86,24 @@ fn parse_kv_type(s: &str) -> Result<model::KvType, String> {
 }
 
 /// Load options from the environment, with `--kv-type` over `SHARDLM_KV_TYPE`.
-fn load_options(d: &DistArgs, quantize: Option<kernels::DType>, rank: Option<usize>) -> model::LoadOptions {
+fn load_options(d: &DistArgs, quantize: Option<kernels::DType>, rank: Option<usize>) -> Result<model::LoadOptions> {
     let env = model::LoadOptions::from_env(quantize);
-    model::LoadOptions { progress: load_progress(rank), kv_type: d.kv_type.or(env.kv_type), ..env }
+    let device = d.device_of(rank)?;
+    Ok(model::LoadOptions { progress: load_progress(rank), kv_type: d.kv_type.or(env.kv_type), device, ..env })
+}
+
+/// Says which GPU a shard landed on, and warns when it is a software one.
+fn report_device(m: &model::Model, rank: Option<usize>) {
+    let Some(g) = &m.gpu else { return };
+    let who = rank.map_or(String::new(), |r| format!("rank {r}: "));
+    let a = g.adapter();
+    eprintln!("{who}layers on the GPU {a} ({:.1} GB of weights)", g.weight_bytes() as f64 / 1e9);
+    if a.software {
+        eprintln!(
+            "{who}warning: {} is a software GPU (it runs on the CPU): correct, but slower than --device cpu",
+            a.name
+        );
+    }
 }
 
 fn parse_wire(s: &str) -> Result<comm::Wire, String> {
@@ -127,10 +165,18 @@ pub fn load_engine_dist_with(
             eprintln!("rank {}: {line}", world.rank());
         }
     }
+    if d.device.len() > 1 && d.device.len() != world.size() {
+        anyhow::bail!(
+            "bad flag value: --device names {} devices, one per rank, for {} ranks",
+            d.device.len(),
+            world.size()
+        );
+    }
     if world.size() == 1 {
         let tokenizer = Tokenizer::from_source(&files.tokenizer)?;
-        let opts = load_options(d, quantize, None);
+        let opts = load_options(d, quantize, None)?;
         let m = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &opts)?;
+        report_device(&m, None);
         return Ok(Some((Engine::new(m, tokenizer, threads), files, name)));
     }
     let weights = rank_weights(d, world.size(), std::env::var(crate::reform::ENV_SURVIVORS).ok().as_deref())?;
@@ -139,7 +185,7 @@ pub fn load_engine_dist_with(
     let mut cluster = Cluster::new(world.with_wire(d.wire), strategy, !d.no_prefill_overlap)?;
     cluster.exact_tp = d.tp_exact;
     let block = mlp_block(&files, quantize);
-    let opts = load_options(d, quantize, Some(cluster.rank()));
+    let opts = load_options(d, quantize, Some(cluster.rank()))?;
     // The KV type the model will use (model::Model::load's rule: float
     // checkpoints keep an f32 cache), so the split counts its bytes.
     let float_ckpt = quantize.is_none()
@@ -150,6 +196,7 @@ pub fn load_engine_dist_with(
     let kv_type = opts.kv_type.or(float_ckpt.then_some(model::KvType::F32));
     let spec = cluster.shard_spec(&files, &weights, block, kv_type)?;
     let m = model::Model::load(&files, &spec, &opts)?;
+    report_device(&m, Some(cluster.rank()));
     // Every rank tells rank 0 where it runs and what it holds (`GET /cluster`),
     // and starts sampling its power (`bench` reports it at shutdown).
     let _ = engine::power::global();
@@ -212,7 +259,7 @@ pub fn rejoin_cluster(
     let weights = rank_weights(d, world.size(), world_var(world_env, crate::reform::ENV_SURVIVORS).as_deref())?;
     let mut cluster = Cluster::new(world.with_wire(d.wire), strategy, !d.no_prefill_overlap)?;
     cluster.exact_tp = d.tp_exact;
-    let opts = load_options(d, quantize, Some(cluster.rank()));
+    let opts = load_options(d, quantize, Some(cluster.rank()))?;
     let kv_type = Some(engine.model.kv_type);
     let spec = cluster.shard_spec(&files, &weights, mlp_block(&files, quantize), kv_type)?;
     if spec != engine.model.shard {
@@ -382,7 +429,7 @@ pub fn replan_alone(
         );
     }
     engine.cluster = None;
-    let opts = load_options(d, quantize, None);
+    let opts = load_options(d, quantize, None)?;
     engine.model = model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &opts)?;
     engine::rank_info::remember(vec![engine::rank_info::RankInfo::here(&engine.model, None)]);
     crate::launch_restart::retire(&(1..world).collect::<Vec<_>>());

@@ -25,6 +25,7 @@ pub mod state_cache;
 pub mod workspace;
 
 pub use kv_cache::{KvCache, KvLayers, KvPool, KvType, SeqKv, WindowBlocks};
+pub use model::gpu_shard::Device;
 pub use model::{ring_positions, window_blocks_per_seq, LoadOptions, LoadProgress, LogitsMode, Model, SeqStep};
 pub use registry::Arch;
 pub use shard::{AllReduce, NoComm, ShardSpec};
@@ -53,4 +54,6 @@ pub enum ModelError {
     Unsupported(String),
     #[error("communication failed: {0}")]
     Comm(String),
+    #[error("{0}")]
+    Gpu(String),
 }

@@ -23,6 +23,9 @@ mod memory;
 // tensor-parallel ranks the vocab-parallel argmax and gather.
 #[path = "model_vocab.rs"]
 mod vocab;
+// The layers on a GPU (`--device gpu`).
+#[path = "gpu_shard.rs"]
+pub mod gpu_shard;
 pub use memory::{ring_positions, window_blocks_per_seq};
 
 #[derive(Debug, Clone, Default)]
@@ -40,6 +43,8 @@ pub struct LoadOptions {
     /// Latent attention: absorbed projections (default) or the expanded
     /// reference (`SHARDLM_MLA=expanded`).
     pub mla: MlaMode,
+    /// Where the layers compute (`--device`); a GPU keeps the file layout.
+    pub device: gpu_shard::Device,
 }
 
 /// A callback told `(steps done, steps in all)` while a shard loads; a step is
@@ -78,6 +83,7 @@ impl LoadOptions {
                 Ok(v) if v == "expanded" => MlaMode::Expanded,
                 _ => MlaMode::Absorbed,
             },
+            device: gpu_shard::Device::Cpu,
         }
     }
 }
@@ -156,6 +162,8 @@ pub struct Model {
     local: LocalDims,
     /// Element type of the caches [`Model::new_cache`] makes.
     pub kv_type: KvType,
+    /// The layers and head on a GPU (`--device gpu`); `None` on the CPU.
+    pub gpu: Option<gpu_shard::GpuShard>,
 }
 
 /// The widths this shard computes (equal to the config's in a single process).
@@ -173,6 +181,14 @@ impl Model {
     /// Builds the shard `shard` of the model in `files`. Only the weights the shard
     /// owns are referenced, so only their pages are ever read.
     pub fn load(files: &ModelFiles, shard: &ShardSpec, opts: &LoadOptions) -> Result<Model, ModelError> {
+        if let gpu_shard::Device::Gpu(index) = opts.device {
+            // The device reads the file's layout; the CPU copy is not repacked.
+            let cpu = LoadOptions { device: gpu_shard::Device::Cpu, keep_file_layout: true, ..opts.clone() };
+            let gpu = shardlm_gpu::Gpu::open(index)?;
+            let mut m = Model::load(files, shard, &cpu)?;
+            m.gpu = Some(gpu_shard::GpuShard::upload(&m, gpu)?);
+            return Ok(m);
+        }
         // Repacked weights go to fresh huge-page chunks (never an earlier load's).
         kernels::hugepages::start_load();
         let mut cfg = files.config.clone();
@@ -271,6 +287,7 @@ impl Model {
             rope_local,
             local,
             kv_type,
+            gpu: None,
         })
     }
 
@@ -420,6 +437,9 @@ impl Model {
                     t += 1;
                 }
             }
+        }
+        if let Some(g) = &self.gpu {
+            return g.run_layers(self, ws, seqs, paged.as_deref(), comm);
         }
         let eps = cfg.rms_norm_eps;
         let n = t_total;

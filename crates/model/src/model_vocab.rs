@@ -42,12 +42,16 @@ impl Model {
             seqs.iter_mut().for_each(|s| s.logits.clear());
             return Ok(());
         }
-        grow(&mut ws.xn, rows * h);
-        ops::rms_norm(&ws.head_in[..rows * h], norm, self.config.rms_norm_eps, h, &mut ws.xn[..rows * h]);
         grow(&mut ws.logits, rows * vocab);
+        if self.gpu.is_none() {
+            grow(&mut ws.xn, rows * h);
+            ops::rms_norm(&ws.head_in[..rows * h], norm, self.config.rms_norm_eps, h, &mut ws.xn[..rows * h]);
+        }
         let only_argmax = seqs.iter().all(|s| matches!(s.mode, LogitsMode::Argmax | LogitsMode::None));
         if self.local.vocab_all.is_empty() {
-            lm_head.forward(pool, &ws.xn, rows, &mut ws.logits, &mut ws.scratch);
+            let mut logits = std::mem::take(&mut ws.logits);
+            self.lm_head_rows(pool, ws, rows, lm_head, &mut logits)?;
+            ws.logits = logits;
         } else if only_argmax {
             self.argmax_vocab_parallel(pool, ws, rows, lm_head, comm)?;
         } else {
@@ -67,6 +71,26 @@ impl Model {
         Ok(())
     }
 
+    /// This rank's lm_head rows over the `rows` head rows: from `ws.xn`
+    /// (normalized above) on the CPU; on a GPU the device normalizes
+    /// `ws.head_in` itself.
+    fn lm_head_rows(
+        &self,
+        pool: &ThreadPool,
+        ws: &mut Workspace,
+        rows: usize,
+        lm_head: &Linear,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        match &self.gpu {
+            Some(g) => g.head(self, &ws.head_in, rows, out),
+            None => {
+                lm_head.forward(pool, &ws.xn, rows, out, &mut ws.scratch);
+                Ok(())
+            }
+        }
+    }
+
     /// Distributed argmax: each rank finds the best of its vocabulary rows and the
     /// ranks exchange one (value, index) pair per row — 8 bytes instead of the row.
     /// Ties go to the lowest index, as in a single process.
@@ -83,7 +107,7 @@ impl Model {
         let n = self.local.vocab_all.len();
         grow(&mut ws.local_logits, rows * mine);
         let mut local = std::mem::take(&mut ws.local_logits);
-        lm_head.forward(pool, &ws.xn, rows, &mut local, &mut ws.scratch);
+        self.lm_head_rows(pool, ws, rows, lm_head, &mut local)?;
         let mut pairs = vec![0f32; rows * 2];
         for i in 0..rows {
             let row = &local[i * mine..(i + 1) * mine];
@@ -126,7 +150,7 @@ impl Model {
         grow(&mut ws.local_logits, rows * width);
         grow(&mut ws.gather, all.len() * rows * width);
         let mut local = std::mem::take(&mut ws.local_logits);
-        lm_head.forward(pool, &ws.xn, rows, &mut local, &mut ws.scratch);
+        self.lm_head_rows(pool, ws, rows, lm_head, &mut local)?;
         // Re-space rows from `mine` to `width` (back to front, in place).
         for i in (0..rows).rev() {
             local.copy_within(i * mine..(i + 1) * mine, i * width);

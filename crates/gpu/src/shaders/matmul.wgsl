@@ -1,10 +1,11 @@
 // y[t, n] = out_scale · Σ_k x[t, k] · W[n, k] + bias[n]
 //
-// One workgroup of 64 invocations per (output row n, token t): each sums its
-// share of the row (`partial_dot`, from the weight type's dot_*.wgsl,
-// which dequantizes the stored blocks in registers), then a tree reduction
-// in workgroup memory. Rows past 32768 go in the z dimension (a dimension
-// holds at most 65535 workgroups).
+// A workgroup of 64 invocations covers 8 output rows of one token t, 8
+// invocations per row: each sums its share of the row (`partial_dot`, from
+// the weight type's dot_*.wgsl, which dequantizes the stored blocks in
+// registers; the 8 read neighbouring values or blocks), then a 3-step tree
+// reduction in workgroup memory. Row groups past 32768 go in the z
+// dimension (a dimension holds at most 65535 workgroups).
 //
 // Bindings: x is `t × k` f32 from `x_off`; w0 the type's codes (or values),
 // w1 its block scales (a one-word dummy for float types); y is `t × n` from
@@ -28,7 +29,9 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
-const WG: u32 = 64u;
+// Invocations per row: the stride of partial_dot's loops.
+const WG: u32 = 8u;
+const ROWS: u32 = 8u;
 var<workgroup> red: array<f32, 64>;
 
 // The f16 at index `i` of an array of packed f16 pairs (low half first).
@@ -41,22 +44,23 @@ fn f16_at(i: u32, word: u32) -> f32 {
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let row = wg.x + wg.z * 32768u;
+    let lane = li % WG;
+    let row = (wg.x + wg.z * 32768u) * ROWS + li / WG;
     let t = wg.y;
     var acc = 0.0;
     if (row < p.n) {
-        acc = partial_dot(row, p.x_off + t * p.k, li);
+        acc = partial_dot(row, p.x_off + t * p.k, lane);
     }
     red[li] = acc;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (li < s) {
+        if (lane < s) {
             red[li] = red[li] + red[li + s];
         }
         workgroupBarrier();
     }
-    if (li == 0u && row < p.n) {
-        var v = red[0] * p.out_scale;
+    if (lane == 0u && row < p.n) {
+        var v = red[li] * p.out_scale;
         if (p.has_bias != 0u) {
             v = v + bias[row];
         }

@@ -1,0 +1,369 @@
+//! A shard's layers on a GPU (`--device gpu`): the weights in device buffers
+//! in their stored format, the paged KV pool on the device, and one
+//! submission per step (see `shardlm_gpu`).
+//!
+//! The seam is at [`crate::Model::run_layers`] and [`crate::Model::head`]:
+//! the host computes what a step's inputs need (token embeddings, rope
+//! tables, each row's position and block table) and uploads them; the layers
+//! run on the device; the residual stream comes back once per step (it is
+//! what a pipeline stage sends on) and the logits once per step. The host
+//! [`KvPool`] keeps the block bookkeeping (the scheduler's tables index the
+//! device pool the same way); its rows are not written.
+//!
+//! Runs what dense GQA decoders need: GQA with q/k norms, biases and
+//! windows, the dense gated MLP (SiLU or GELU), RMSNorm pre-norms, F32/F16/
+//! BF16/Q8_0/Q4_0/Q4_1 weights. Anything else is refused at load, by name.
+
+use crate::decoder::{Attention, DecoderLayer, FeedForward};
+use crate::kv_cache::{KvPool, SeqKv};
+use crate::linear::Linear;
+use crate::moe::ExpertAct;
+use crate::{AllReduce, Model, ModelError, SeqStep, Workspace};
+use shardlm_gpu::{Act, AttnArgs, DeviceBuf, DeviceWeight, Gpu, Pass};
+use std::sync::{Arc, Mutex};
+
+/// Where a shard computes (`--device cpu|gpu[:N]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Device {
+    #[default]
+    Cpu,
+    /// Adapter N, or the first hardware adapter.
+    Gpu(Option<usize>),
+}
+
+impl Device {
+    pub fn parse(s: &str) -> Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "gpu" => Ok(Device::Gpu(None)),
+            _ => match s.strip_prefix("gpu:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Gpu(Some(n))),
+                _ => Err(format!("'{s}' is not a device (cpu, gpu or gpu:N)")),
+            },
+        }
+    }
+}
+
+impl From<shardlm_gpu::GpuError> for ModelError {
+    fn from(e: shardlm_gpu::GpuError) -> ModelError {
+        ModelError::Gpu(e.to_string())
+    }
+}
+
+struct GpuLayer {
+    attn_norm: DeviceBuf,
+    q: DeviceWeight,
+    k: DeviceWeight,
+    v: DeviceWeight,
+    o: DeviceWeight,
+    qk_norm: Option<(DeviceBuf, DeviceBuf)>,
+    window: Option<usize>,
+    mlp_norm: DeviceBuf,
+    gate: DeviceWeight,
+    up: DeviceWeight,
+    down: DeviceWeight,
+    act: Act,
+}
+
+/// Step buffers, sized for `rows` tokens.
+struct Bufs {
+    rows: usize,
+    x: DeviceBuf,
+    xn: DeviceBuf,
+    q: DeviceBuf,
+    k: DeviceBuf,
+    v: DeviceBuf,
+    attn: DeviceBuf,
+    o: DeviceBuf,
+    gate: DeviceBuf,
+    up: DeviceBuf,
+    cos: DeviceBuf,
+    sin: DeviceBuf,
+    tok: DeviceBuf,
+    slots: DeviceBuf,
+}
+
+/// The device KV pool, one K and one V buffer per layer, shaped as the host
+/// pool it mirrors.
+struct Kv {
+    n_blocks: usize,
+    block: usize,
+    k: Vec<DeviceBuf>,
+    v: Vec<DeviceBuf>,
+}
+
+#[derive(Default)]
+struct State {
+    bufs: Option<Bufs>,
+    kv: Option<Kv>,
+    tables: Option<DeviceBuf>,
+    head: Option<(usize, DeviceBuf, DeviceBuf)>,
+}
+
+pub struct GpuShard {
+    gpu: Arc<Gpu>,
+    layers: Vec<GpuLayer>,
+    head: Option<(DeviceBuf, DeviceWeight)>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for GpuShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuShard({}, {} layers)", self.gpu.info, self.layers.len())
+    }
+}
+
+fn weight(gpu: &Gpu, l: &Linear) -> Result<DeviceWeight, ModelError> {
+    let w = &l.weight;
+    if matches!(w.data, formats::TensorData::Packed(_)) {
+        return Err(ModelError::Unsupported(format!("tensor '{}' was repacked for the CPU kernels", w.name)));
+    }
+    let (rows, cols) = (l.out_features(), l.in_features());
+    Ok(DeviceWeight::upload(gpu, &w.name, w.dtype, (rows, cols), w.bytes(), l.bias.as_deref(), w.out_scale)?)
+}
+
+fn floats(gpu: &Gpu, what: &str, v: &[f32]) -> Result<DeviceBuf, ModelError> {
+    Ok(gpu.buffer_with(what, bytemuck::cast_slice(v))?)
+}
+
+impl GpuShard {
+    /// Checks that every layer of `model` is one the GPU backend runs, then
+    /// uploads the weights. `model` was loaded in the file layout.
+    pub fn upload(model: &Model, gpu: Gpu) -> Result<GpuShard, ModelError> {
+        let refuse = |what: String| {
+            ModelError::Unsupported(format!(
+                "--device gpu: {what}, which the GPU backend does not run yet (use --device cpu)"
+            ))
+        };
+        if model.shard.tp.as_ref().is_some_and(|t| t.exact) {
+            return Err(refuse("--tp-exact (its column gathers)".into()));
+        }
+        if model.rope_local.is_some() {
+            return Err(refuse(format!("{} uses a second rope for its windowed layers", model.config.arch)));
+        }
+        let gpu = Arc::new(gpu);
+        let mut layers = Vec::with_capacity(model.layers.len());
+        for (i, l) in model.layers.iter().enumerate() {
+            let li = model.shard.layers.start + i;
+            layers.push(Self::layer(&gpu, l, model.config.head_dim).map_err(|e| match e {
+                ModelError::Unsupported(what) => refuse(format!("layer {li}: {what}")),
+                e => e,
+            })?);
+        }
+        let head = match (&model.final_norm, &model.lm_head) {
+            (Some(n), Some(h)) => Some((floats(&gpu, "model.norm.weight", n)?, weight(&gpu, h)?)),
+            _ => None,
+        };
+        gpu.check()?;
+        Ok(GpuShard { gpu, layers, head, state: Mutex::new(State::default()) })
+    }
+
+    fn layer(gpu: &Gpu, l: &DecoderLayer, head_dim: usize) -> Result<GpuLayer, ModelError> {
+        let g = match &l.attn {
+            Attention::Gqa(g) => g,
+            Attention::Mla(_) => return Err(ModelError::Unsupported("latent attention (MLA)".into())),
+            Attention::Linear(_) => return Err(ModelError::Unsupported("linear attention (Gated DeltaNet)".into())),
+        };
+        if g.sinks.is_some() || g.gate.is_some() || g.qk_norm_whole {
+            return Err(ModelError::Unsupported(
+                "attention sinks, an output gate or whole-projection q/k norms".into(),
+            ));
+        }
+        if l.post_attn_norm.is_some() || l.post_ffn_norm.is_some() {
+            return Err(ModelError::Unsupported("sandwich norms".into()));
+        }
+        if head_dim > 256 {
+            return Err(ModelError::Unsupported(format!("head_dim {head_dim} (at most 256)")));
+        }
+        let FeedForward::Dense(mlp) = &l.ffn else {
+            return Err(ModelError::Unsupported("a mixture of experts".into()));
+        };
+        let act = match mlp.act {
+            ExpertAct::Silu => Act::Silu,
+            ExpertAct::GeluTanh => Act::GeluTanh,
+            ExpertAct::ClampedSwiglu { .. } => return Err(ModelError::Unsupported("the clamped SwiGLU".into())),
+        };
+        let qk_norm = match (&g.q_norm, &g.k_norm) {
+            (Some(q), Some(k)) => Some((floats(gpu, "q_norm", q)?, floats(gpu, "k_norm", k)?)),
+            _ => None,
+        };
+        Ok(GpuLayer {
+            attn_norm: floats(gpu, "attn_norm", &l.attn_norm)?,
+            q: weight(gpu, &g.q)?,
+            k: weight(gpu, &g.k)?,
+            v: weight(gpu, &g.v)?,
+            o: weight(gpu, &g.o)?,
+            qk_norm,
+            window: g.window,
+            mlp_norm: floats(gpu, "mlp_norm", &l.mlp_norm)?,
+            gate: weight(gpu, &mlp.gate)?,
+            up: weight(gpu, &mlp.up)?,
+            down: weight(gpu, &mlp.down)?,
+            act,
+        })
+    }
+
+    /// The adapter, for logs.
+    pub fn adapter(&self) -> &shardlm_gpu::AdapterReport {
+        &self.gpu.info
+    }
+
+    /// Device bytes of the weights.
+    pub fn weight_bytes(&self) -> usize {
+        let l: usize = self
+            .layers
+            .iter()
+            .map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|w| w.bytes()).sum::<usize>())
+            .sum();
+        l + self.head.as_ref().map_or(0, |(_, h)| h.bytes())
+    }
+
+    fn bufs(&self, m: &Model, rows: usize) -> Result<Bufs, ModelError> {
+        let (cfg, g) = (&m.config, &*self.gpu);
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (hq, hkv, ffn) = (m.local.n_heads * hd, m.local.n_kv_heads * hd, m.local.ffn);
+        let half = cfg.rope_dim / 2;
+        Ok(Bufs {
+            rows,
+            x: g.buffer("x", rows * h)?,
+            xn: g.buffer("xn", rows * h)?,
+            q: g.buffer("q", rows * hq)?,
+            k: g.buffer("k", rows * hkv)?,
+            v: g.buffer("v", rows * hkv)?,
+            attn: g.buffer("attn", rows * hq)?,
+            o: g.buffer("o", rows * h)?,
+            gate: g.buffer("gate", rows * ffn)?,
+            up: g.buffer("up", rows * ffn)?,
+            cos: g.buffer("cos", rows * half)?,
+            sin: g.buffer("sin", rows * half)?,
+            tok: g.buffer("tok", rows * 2)?,
+            slots: g.buffer("slots", rows)?,
+        })
+    }
+
+    /// The owned layers over the `n` rows of `ws.x` (rope tables already in
+    /// `ws.cos`/`ws.sin`), reading and writing the device KV pool that mirrors
+    /// `paged`. `ws.x` holds the result.
+    pub(crate) fn run_layers(
+        &self,
+        m: &Model,
+        ws: &mut Workspace,
+        seqs: &[SeqStep<'_>],
+        paged: Option<&KvPool>,
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
+        let Some(pool) = paged else {
+            return Err(ModelError::Unsupported("--device gpu runs paged sequences (the scheduler's) only".into()));
+        };
+        let cfg = &m.config;
+        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+        let (nh, nkv) = (m.local.n_heads, m.local.n_kv_heads);
+        let (hkv, ffn, half) = (nkv * hd, m.local.ffn, cfg.rope_dim / 2);
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let gpu = &*self.gpu;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.bufs.as_ref().is_none_or(|b| b.rows < n) {
+            st.bufs = Some(self.bufs(m, n.next_power_of_two())?);
+        }
+        if st.kv.as_ref().is_none_or(|k| k.n_blocks != pool.n_blocks || k.block != pool.block) {
+            st.kv = None;
+            let words = pool.n_blocks * pool.block * hkv;
+            let mk = |what| (0..self.layers.len()).map(|_| gpu.buffer(what, words)).collect::<Result<Vec<_>, _>>();
+            st.kv = Some(Kv { n_blocks: pool.n_blocks, block: pool.block, k: mk("kv.k")?, v: mk("kv.v")? });
+        }
+        // Each row's (position, table offset) and pool row; the tables end to end.
+        let (mut tok, mut slots, mut tables) = (Vec::with_capacity(2 * n), Vec::with_capacity(n), Vec::new());
+        for s in seqs {
+            let SeqKv::Paged { table, start, .. } = &s.cache else {
+                return Err(ModelError::Unsupported("--device gpu runs paged sequences (the scheduler's) only".into()));
+            };
+            let off = tables.len() as u32;
+            tables.extend_from_slice(table);
+            for i in 0..s.tokens.len() {
+                let p = start + i;
+                tok.extend([p as u32, off]);
+                slots.push(table[p / pool.block] * pool.block as u32 + (p % pool.block) as u32);
+            }
+        }
+        if st.tables.as_ref().is_none_or(|t| t.words() < tables.len()) {
+            st.tables = Some(gpu.buffer("tables", tables.len().next_power_of_two())?);
+        }
+        let State { bufs, kv, tables: tb, .. } = &mut *st;
+        let (b, kv, tb) =
+            (bufs.as_ref().expect("made above"), kv.as_ref().expect("made above"), tb.as_ref().expect("made above"));
+        gpu.write_f32(&b.x, 0, &ws.x[..n * h]);
+        gpu.write_f32(&b.cos, 0, &ws.cos[..n * half]);
+        gpu.write_f32(&b.sin, 0, &ws.sin[..n * half]);
+        gpu.write_u32(&b.tok, 0, &tok);
+        gpu.write_u32(&b.slots, 0, &slots);
+        gpu.write_u32(tb, 0, &tables);
+        let interleaved = m.rope.style == kernels::ops::RopeStyle::Interleaved;
+        let scale = m.spec.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
+        // Tensor parallelism: the attention and MLP outputs are partial sums,
+        // completed by an all-reduce on the host between submissions.
+        let tp = m.shard.tp.is_some();
+        let reduce = |pass: Pass<'_>, buf: &DeviceBuf| -> Result<(), ModelError> {
+            pass.submit()?;
+            let mut v = gpu.read_f32(buf, 0, n * h)?;
+            comm.all_reduce_sum(&mut v)?;
+            gpu.write_f32(buf, 0, &v);
+            Ok(())
+        };
+        let mut pass = Pass::new(gpu);
+        for (li, l) in self.layers.iter().enumerate() {
+            pass.rms_norm(&b.x, 0, &l.attn_norm, (h, n, eps), &b.xn, 0);
+            pass.matmul(&l.q, &b.xn, 0, n, &b.q, 0);
+            pass.matmul(&l.k, &b.xn, 0, n, &b.k, 0);
+            pass.matmul(&l.v, &b.xn, 0, n, &b.v, 0);
+            if let Some((qn, kn)) = &l.qk_norm {
+                pass.rms_norm_inplace(&b.q, 0, qn, (hd, n * nh, eps));
+                pass.rms_norm_inplace(&b.k, 0, kn, (hd, n * nkv, eps));
+            }
+            pass.rope(&b.q, 0, (n, nh, hd, half), &b.cos, &b.sin, interleaved);
+            pass.rope(&b.k, 0, (n, nkv, hd, half), &b.cos, &b.sin, interleaved);
+            pass.kv_store(&b.k, 0, (n, hkv), &b.slots, &kv.k[li]);
+            pass.kv_store(&b.v, 0, (n, hkv), &b.slots, &kv.v[li]);
+            let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block: pool.block, scale, window: l.window };
+            pass.attention(&b.q, 0, n, &args, (&kv.k[li], &kv.v[li]), (&b.tok, tb), &b.attn);
+            pass.matmul(&l.o, &b.attn, 0, n, &b.o, 0);
+            if tp {
+                reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
+            }
+            pass.add(&b.x, &b.o, n * h);
+            pass.rms_norm(&b.x, 0, &l.mlp_norm, (h, n, eps), &b.xn, 0);
+            pass.matmul(&l.gate, &b.xn, 0, n, &b.gate, 0);
+            pass.matmul(&l.up, &b.xn, 0, n, &b.up, 0);
+            pass.act_mul(&b.gate, &b.up, n * ffn, l.act);
+            pass.matmul(&l.down, &b.gate, 0, n, &b.o, 0);
+            if tp {
+                reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
+            }
+            pass.add(&b.x, &b.o, n * h);
+        }
+        pass.submit()?;
+        let x = gpu.read_f32(&b.x, 0, n * h)?;
+        ws.x[..n * h].copy_from_slice(&x);
+        Ok(())
+    }
+
+    /// Final norm and lm_head over the `rows` rows of `input` into `logits`
+    /// (`rows × this rank's vocab rows`).
+    pub(crate) fn head(&self, m: &Model, input: &[f32], rows: usize, logits: &mut [f32]) -> Result<(), ModelError> {
+        let Some((norm, lm_head)) = &self.head else { return Ok(()) };
+        let (h, vocab, eps) = (m.config.hidden_size, lm_head.rows, m.config.rms_norm_eps);
+        let gpu = &*self.gpu;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.head.as_ref().is_none_or(|(r, _, _)| *r < rows) {
+            let r = rows.next_power_of_two();
+            st.head = Some((r, gpu.buffer("head_in", r * h)?, gpu.buffer("logits", r * vocab)?));
+        }
+        let (_, inp, out) = st.head.as_ref().expect("made above");
+        gpu.write_f32(inp, 0, &input[..rows * h]);
+        let mut pass = Pass::new(gpu);
+        pass.rms_norm_inplace(inp, 0, norm, (h, rows, eps));
+        pass.matmul(lm_head, inp, 0, rows, out, 0);
+        pass.submit()?;
+        logits[..rows * vocab].copy_from_slice(&gpu.read_f32(out, 0, rows * vocab)?);
+        Ok(())
+    }
+}
