@@ -14,8 +14,11 @@
 //! - **Weights are never widened.** Float weights upload as they are stored
 //!   (f32, f16 pairs, bf16 pairs). Block formats are split at upload into
 //!   their code bytes and their scales (Q8_0: 32 int8 per block and an f16
-//!   scale; Q4_0/Q4_1: 16 bytes of nibbles and f16 scale/min): the same bytes,
-//!   aligned to the 4-byte words shaders read, dequantized in registers.
+//!   scale; Q4_0/Q4_1: 16 bytes of nibbles and f16 scale/min; Q5_0/Q5_1: the
+//!   same plus a word of fifth bits; Q4_K: 128 code
+//!   bytes and d, dmin, 12 scale bytes per 256; Q6_K: 192 code bytes and 16
+//!   int8 scales, d): the same bytes, aligned to the 4-byte words shaders
+//!   read, dequantized in registers.
 //! - **Activations stay f32 on the device**; only the step's inputs (token
 //!   embeddings, rope tables, KV slots) go up and only the logits come back.
 //! - Every shader has a host reference in `tests/` (the `kernels` crate's
@@ -37,13 +40,17 @@ pub use pass::{Act, AttnArgs, Pass};
 pub use weights::DeviceWeight;
 
 /// The weight types the matmul shader reads.
-pub const WEIGHT_TYPES: [kernels::DType; 6] = [
+pub const WEIGHT_TYPES: [kernels::DType; 10] = [
     kernels::DType::F32,
     kernels::DType::F16,
     kernels::DType::BF16,
     kernels::DType::Q8_0,
     kernels::DType::Q4_0,
     kernels::DType::Q4_1,
+    kernels::DType::Q5_0,
+    kernels::DType::Q5_1,
+    kernels::DType::Q4_K,
+    kernels::DType::Q6_K,
 ];
 
 /// Whether the matmul shader reads `dtype`.

@@ -39,6 +39,10 @@ fn matmul_source(dtype: DType) -> String {
         DType::Q8_0 => include_str!("shaders/dot_q8_0.wgsl"),
         DType::Q4_0 => include_str!("shaders/dot_q4_0.wgsl"),
         DType::Q4_1 => include_str!("shaders/dot_q4_1.wgsl"),
+        DType::Q5_0 => return MATMUL.replace("//DOT", &include_str!("shaders/dot_q5.wgsl").replace("MIN_WORD", "0u")),
+        DType::Q5_1 => return MATMUL.replace("//DOT", &include_str!("shaders/dot_q5.wgsl").replace("MIN_WORD", "1u")),
+        DType::Q4_K => include_str!("shaders/dot_q4_k.wgsl"),
+        DType::Q6_K => include_str!("shaders/dot_q6_k.wgsl"),
         other => unreachable!("DeviceWeight::upload refuses {other:?}"),
     };
     MATMUL.replace("//DOT", dot)

@@ -26,16 +26,19 @@ fn words(bytes: &[u8]) -> Vec<u32> {
     w
 }
 
-/// Splits blocks of `block_bytes` into their leading `head` scale bytes and
-/// the code bytes after them.
-fn split_blocks(bytes: &[u8], block_bytes: usize, head: usize) -> (Vec<u8>, Vec<u8>) {
+/// Splits blocks of `block_bytes` into their scale bytes (the range
+/// `scales`, zero-padded to `stride` bytes a block) and their code bytes
+/// (the rest, in order).
+fn split_blocks(bytes: &[u8], block_bytes: usize, scales: std::ops::Range<usize>, stride: usize) -> (Vec<u8>, Vec<u8>) {
     let n = bytes.len() / block_bytes;
-    let (mut scales, mut codes) = (Vec::with_capacity(n * head), Vec::with_capacity(n * (block_bytes - head)));
+    let (mut sc, mut codes) = (Vec::with_capacity(n * stride), Vec::with_capacity(n * (block_bytes - scales.len())));
     for b in bytes.chunks_exact(block_bytes) {
-        scales.extend_from_slice(&b[..head]);
-        codes.extend_from_slice(&b[head..]);
+        sc.extend_from_slice(&b[scales.clone()]);
+        sc.resize(sc.len() + stride - scales.len(), 0);
+        codes.extend_from_slice(&b[..scales.start]);
+        codes.extend_from_slice(&b[scales.end..]);
     }
-    (scales, codes)
+    (sc, codes)
 }
 
 impl DeviceWeight {
@@ -56,7 +59,8 @@ impl DeviceWeight {
             supported: crate::WEIGHT_TYPES.iter().map(|t| format!("{t:?}")).collect::<Vec<_>>().join(", "),
         };
         let expect = dtype.bytes_for(rows * cols).ok_or_else(unsupported)?;
-        if bytes.len() != expect || (dtype.is_quantized() && cols % 32 != 0) {
+        let block = if matches!(dtype, DType::Q4_K | DType::Q6_K) { 256 } else { 32 };
+        if bytes.len() != expect || (dtype.is_quantized() && cols % block != 0) {
             return Err(GpuError::Failed(format!(
                 "tensor '{name}': {} bytes for {rows} × {cols} {dtype:?} (expected {expect})",
                 bytes.len()
@@ -64,13 +68,21 @@ impl DeviceWeight {
         }
         let (w0, w1) = match dtype {
             DType::F32 | DType::F16 | DType::BF16 => (gpu.buffer_with(name, &words(bytes))?, None),
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
-                let (block, head) = match dtype {
-                    DType::Q8_0 => (34, 2),
-                    DType::Q4_0 => (18, 2),
-                    _ => (20, 4),
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q6_K => {
+                // (block bytes, scale bytes, their stride in w1)
+                let (block, scales, stride) = match dtype {
+                    DType::Q8_0 => (34, 0..2, 2),
+                    DType::Q4_0 => (18, 0..2, 2),
+                    DType::Q4_1 => (20, 0..4, 4),
+                    // d | 4 bytes of high bits, 16 nibble bytes
+                    DType::Q5_0 => (22, 0..2, 2),
+                    DType::Q5_1 => (24, 0..4, 4),
+                    // d, dmin, 12 scale bytes | 128 code bytes
+                    DType::Q4_K => (144, 0..16, 16),
+                    // 128 ql + 64 qh | 16 scales, d
+                    _ => (210, 192..210, 20),
                 };
-                let (scales, codes) = split_blocks(bytes, block, head);
+                let (scales, codes) = split_blocks(bytes, block, scales, stride);
                 (gpu.buffer_with(name, &words(&codes))?, Some(gpu.buffer_with(name, &words(&scales))?))
             }
             _ => return Err(unsupported()),

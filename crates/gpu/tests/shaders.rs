@@ -51,6 +51,7 @@ fn encode(dtype: DType, w: &[f32], cols: usize) -> (Vec<u8>, Vec<f32>) {
                 dst.copy_from_slice(bytemuck::cast_slice(&v));
             }
             DType::Q4_1 => q4_1_row(src, dst),
+            DType::Q5_1 => q5_1_row(src, dst),
             _ => kernels::quant::quantize_row(dtype, src, dst).unwrap(),
         }
         kernels::quant::dequantize_row(dtype, dst, h);
@@ -76,14 +77,37 @@ fn q4_1_row(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// Q5_1 blocks (read, not written, by the kernels crate): f16 d = (max −
+/// min)/31, f16 min, 32 high bits, 16 bytes of nibbles.
+fn q5_1_row(src: &[f32], dst: &mut [u8]) {
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(24)) {
+        let (lo, hi) = x.iter().fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        let d = half::f16::from_f32((hi - lo) / 31.0);
+        let m = half::f16::from_f32(lo);
+        b[..2].copy_from_slice(&d.to_le_bytes());
+        b[2..4].copy_from_slice(&m.to_le_bytes());
+        let (df, mf) = (d.to_f32(), m.to_f32());
+        let q: Vec<u32> =
+            x.iter().map(|&v| if df == 0.0 { 0 } else { ((v - mf) / df).round().clamp(0.0, 31.0) as u32 }).collect();
+        let qh = (0..32).fold(0u32, |h, i| h | ((q[i] >> 4) << i));
+        b[4..8].copy_from_slice(&qh.to_le_bytes());
+        for i in 0..16 {
+            b[8 + i] = (q[i] & 15) as u8 | (((q[i + 16] & 15) as u8) << 4);
+        }
+    }
+}
+
 #[test]
 fn matmul_every_type_and_tail() {
     let Some(gpu) = gpu() else { return };
     // Widths: a multiple of the workgroup, one that is not (floats), and
     // block multiples that leave the last round of 64 blocks partial.
     for dtype in shardlm_gpu::WEIGHT_TYPES {
-        for &(rows, cols, t) in &[(37usize, 96usize, 3usize), (5, 288, 1), (130, 64 * 33, 2), (3, 70, 4)] {
-            if dtype.is_quantized() && cols % 32 != 0 {
+        for &(rows, cols, t) in
+            &[(37usize, 96usize, 3usize), (5, 288, 1), (130, 64 * 33, 2), (3, 70, 4), (9, 256 * 9, 2)]
+        {
+            let block = if matches!(dtype, DType::Q4_K | DType::Q6_K) { 256 } else { 32 };
+            if dtype.is_quantized() && cols % block != 0 {
                 continue;
             }
             let w = random(rows * cols, rows as u64 * 7 + cols as u64);
@@ -278,10 +302,10 @@ fn paged_attention_gqa_with_windows() {
 fn unsupported_types_and_wrong_sizes_are_refused_in_one_line() {
     let Some(gpu) = gpu() else { return };
     let e =
-        DeviceWeight::upload(&gpu, "blk.0.ffn_down.weight", DType::Q6_K, (2, 256), &[0; 420], None, 1.0).unwrap_err();
+        DeviceWeight::upload(&gpu, "blk.0.ffn_down.weight", DType::IQ4_XS, (2, 256), &[0; 272], None, 1.0).unwrap_err();
     assert!(
         e.to_string()
-            .starts_with("tensor 'blk.0.ffn_down.weight' has type Q6_K, which the GPU backend cannot read yet"),
+            .starts_with("tensor 'blk.0.ffn_down.weight' has type IQ4_XS, which the GPU backend cannot read yet"),
         "{e}"
     );
     let e = DeviceWeight::upload(&gpu, "w", DType::Q8_0, (2, 32), &[0; 40], None, 1.0).unwrap_err();
