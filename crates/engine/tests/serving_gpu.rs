@@ -115,3 +115,38 @@ fn pressure_on_the_device_pool() {
         assert_eq!(&s.lock().unwrap().outcome.as_ref().unwrap().as_ref().unwrap().output_ids, o, "request {i}");
     }
 }
+
+/// Gemma 3 on the device with the sliding-window block group (its
+/// windowed layers keep a few blocks of their own, through each
+/// sequence's window table): two turns of a prompt several windows long
+/// equal, bit for bit, the same turns through a pool whose windowed layers
+/// keep every position, and the second resumes from the prefix cache.
+#[test]
+fn window_group_on_the_device_equals_every_position() {
+    use shardlm_engine::serving::windows::window_blocks_for;
+    let Some(mut windowed) = engine("gemma3", Device::Gpu(None)) else { return };
+    let mut unbounded = engine("gemma3", Device::Gpu(None)).unwrap();
+    let (block, step) = (16, 48);
+    let ctx = windowed.context_length().min(2048);
+    let n_window_blocks = window_blocks_for(windowed.model.max_window(), ctx, block, 2, step, true);
+    assert!(n_window_blocks > 0);
+    let cfg = SchedulerConfig { n_window_blocks, ..config(96) };
+    let mut a = Scheduler::new(&mut windowed, cfg.clone()).unwrap();
+    let mut b = Scheduler::new(&mut unbounded, SchedulerConfig { n_window_blocks: 0, ..cfg }).unwrap();
+    let mut history: Vec<u32> = (0..120u32).map(|i| 1 + (i.wrapping_mul(2_654_435_761) >> 9) % 900).collect();
+    for turn in 0..2 {
+        let got = serve(&mut a, &mut windowed, &history, 0);
+        let want = serve(&mut b, &mut unbounded, &history, 0);
+        assert_eq!(max_diff(&got.logits, &want.logits), 0.0, "turn {turn}: the window group changes no logit");
+        let cached = got.outcome.as_ref().unwrap().as_ref().unwrap().cached_tokens;
+        let cached_full = want.outcome.as_ref().unwrap().as_ref().unwrap().cached_tokens;
+        assert_eq!(cached, cached_full, "turn {turn}: the prefix cache resumes as deep");
+        if turn > 0 {
+            // The first turn's prompt rows, in whole blocks (its reply's rows
+            // came from decode steps and are not reused).
+            assert!(cached >= 112, "turn {turn}: {cached} of {} cached", history.len());
+        }
+        history.extend_from_slice(&got.tokens);
+        history.extend((0..30u32).map(|i| 5 + i * 7 % 800));
+    }
+}

@@ -10,9 +10,11 @@
 //! [`KvPool`] keeps the block bookkeeping (the scheduler's tables index the
 //! device pool the same way); its rows are not written.
 //!
-//! Runs what dense GQA decoders need: GQA with q/k norms, biases and
-//! windows, the dense gated MLP (SiLU or GELU), RMSNorm pre-norms, F32/F16/
-//! BF16/Q8_0/Q4_0/Q4_1 weights. Anything else is refused at load, by name.
+//! Runs what dense GQA decoders need: GQA with q/k norms, biases, sliding
+//! windows (with their own rope and their own block group, as Gemma 3's),
+//! the dense gated MLP (SiLU or GELU), pre- and sandwich RMSNorms, and the
+//! weight types of `shardlm_gpu::WEIGHT_TYPES`. Anything else (MoE, latent
+//! or linear attention, sinks, output gates) is refused at load, by name.
 
 use crate::decoder::{Attention, DecoderLayer, FeedForward};
 use crate::kv_cache::{KvPool, SeqKv};
@@ -58,6 +60,8 @@ struct GpuLayer {
     o: DeviceWeight,
     qk_norm: Option<(DeviceBuf, DeviceBuf)>,
     window: Option<usize>,
+    /// Sandwich norms on the attention and MLP outputs (Gemma 3).
+    post_norms: Option<(DeviceBuf, DeviceBuf)>,
     mlp_norm: DeviceBuf,
     gate: DeviceWeight,
     up: DeviceWeight,
@@ -79,14 +83,20 @@ struct Bufs {
     up: DeviceBuf,
     cos: DeviceBuf,
     sin: DeviceBuf,
-    tok: DeviceBuf,
-    slots: DeviceBuf,
+    /// The windowed layers' rope tables ([`crate::arch::LocalRope`]).
+    cos_local: DeviceBuf,
+    sin_local: DeviceBuf,
+    /// Per row (position, table offset) and pool row: the full block group
+    /// and the sliding-window group.
+    tok: [DeviceBuf; 2],
+    slots: [DeviceBuf; 2],
 }
 
 /// The device KV pool, one K and one V buffer per layer, shaped as the host
 /// pool it mirrors.
 struct Kv {
     n_blocks: usize,
+    n_window_blocks: usize,
     block: usize,
     k: Vec<DeviceBuf>,
     v: Vec<DeviceBuf>,
@@ -96,7 +106,8 @@ struct Kv {
 struct State {
     bufs: Option<Bufs>,
     kv: Option<Kv>,
-    tables: Option<DeviceBuf>,
+    /// The block tables of the step's sequences, end to end: full group, window group.
+    tables: [Option<DeviceBuf>; 2],
     head: Option<(usize, DeviceBuf, DeviceBuf)>,
 }
 
@@ -138,9 +149,6 @@ impl GpuShard {
         if model.shard.tp.as_ref().is_some_and(|t| t.exact) {
             return Err(refuse("--tp-exact (its column gathers)".into()));
         }
-        if model.rope_local.is_some() {
-            return Err(refuse(format!("{} uses a second rope for its windowed layers", model.config.arch)));
-        }
         let gpu = Arc::new(gpu);
         let mut layers = Vec::with_capacity(model.layers.len());
         for (i, l) in model.layers.iter().enumerate() {
@@ -169,9 +177,11 @@ impl GpuShard {
                 "attention sinks, an output gate or whole-projection q/k norms".into(),
             ));
         }
-        if l.post_attn_norm.is_some() || l.post_ffn_norm.is_some() {
-            return Err(ModelError::Unsupported("sandwich norms".into()));
-        }
+        let post_norms = match (&l.post_attn_norm, &l.post_ffn_norm) {
+            (Some(a), Some(f)) => Some((floats(gpu, "post_attn_norm", a)?, floats(gpu, "post_ffn_norm", f)?)),
+            (None, None) => None,
+            _ => return Err(ModelError::Unsupported("a sandwich norm on one block only".into())),
+        };
         if head_dim > 256 {
             return Err(ModelError::Unsupported(format!("head_dim {head_dim} (at most 256)")));
         }
@@ -195,6 +205,7 @@ impl GpuShard {
             o: weight(gpu, &g.o)?,
             qk_norm,
             window: g.window,
+            post_norms,
             mlp_norm: floats(gpu, "mlp_norm", &l.mlp_norm)?,
             gate: weight(gpu, &mlp.gate)?,
             up: weight(gpu, &mlp.up)?,
@@ -236,8 +247,10 @@ impl GpuShard {
             up: g.buffer("up", rows * ffn)?,
             cos: g.buffer("cos", rows * half)?,
             sin: g.buffer("sin", rows * half)?,
-            tok: g.buffer("tok", rows * 2)?,
-            slots: g.buffer("slots", rows)?,
+            cos_local: g.buffer("cos_local", rows * half)?,
+            sin_local: g.buffer("sin_local", rows * half)?,
+            tok: [g.buffer("tok", rows * 2)?, g.buffer("tok_window", rows * 2)?],
+            slots: [g.buffer("slots", rows)?, g.buffer("slots_window", rows)?],
         })
     }
 
@@ -265,38 +278,62 @@ impl GpuShard {
         if st.bufs.as_ref().is_none_or(|b| b.rows < n) {
             st.bufs = Some(self.bufs(m, n.next_power_of_two())?);
         }
-        if st.kv.as_ref().is_none_or(|k| k.n_blocks != pool.n_blocks || k.block != pool.block) {
+        let window_group = |li: usize| pool.n_window_blocks > 0 && pool.is_window_layer(li);
+        let geometry = (pool.n_blocks, pool.n_window_blocks, pool.block);
+        if st.kv.as_ref().is_none_or(|k| (k.n_blocks, k.n_window_blocks, k.block) != geometry) {
             st.kv = None;
-            let words = pool.n_blocks * pool.block * hkv;
-            let mk = |what| (0..self.layers.len()).map(|_| gpu.buffer(what, words)).collect::<Result<Vec<_>, _>>();
-            st.kv = Some(Kv { n_blocks: pool.n_blocks, block: pool.block, k: mk("kv.k")?, v: mk("kv.v")? });
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            for li in 0..self.layers.len() {
+                let blocks = if window_group(li) { pool.n_window_blocks } else { pool.n_blocks };
+                k.push(gpu.buffer("kv.k", blocks * pool.block * hkv)?);
+                v.push(gpu.buffer("kv.v", blocks * pool.block * hkv)?);
+            }
+            st.kv =
+                Some(Kv { n_blocks: pool.n_blocks, n_window_blocks: pool.n_window_blocks, block: pool.block, k, v });
         }
-        // Each row's (position, table offset) and pool row; the tables end to end.
-        let (mut tok, mut slots, mut tables) = (Vec::with_capacity(2 * n), Vec::with_capacity(n), Vec::new());
+        // Per group: each row's (position, table offset) and pool row, and the
+        // tables end to end (the window group's are its logical tables).
+        let mut rows: [(Vec<u32>, Vec<u32>, Vec<u32>); 2] = Default::default();
+        let mut logical = Vec::new();
         for s in seqs {
-            let SeqKv::Paged { table, start, .. } = &s.cache else {
+            let SeqKv::Paged { table, start, window, .. } = &s.cache else {
                 return Err(ModelError::Unsupported("--device gpu runs paged sequences (the scheduler's) only".into()));
             };
-            let off = tables.len() as u32;
-            tables.extend_from_slice(table);
-            for i in 0..s.tokens.len() {
-                let p = start + i;
-                tok.extend([p as u32, off]);
-                slots.push(table[p / pool.block] * pool.block as u32 + (p % pool.block) as u32);
+            let len = s.tokens.len();
+            window.logical_table(start + len, pool.block, &mut logical);
+            for (g, table) in [&table[..], &logical[..]].into_iter().enumerate() {
+                if g == 1 && pool.n_window_blocks == 0 {
+                    continue;
+                }
+                let (tok, slots, tables) = &mut rows[g];
+                let off = tables.len() as u32;
+                tables.extend_from_slice(table);
+                for p in *start..start + len {
+                    tok.extend([p as u32, off]);
+                    slots.push(table[p / pool.block] * pool.block as u32 + (p % pool.block) as u32);
+                }
             }
         }
-        if st.tables.as_ref().is_none_or(|t| t.words() < tables.len()) {
-            st.tables = Some(gpu.buffer("tables", tables.len().next_power_of_two())?);
+        for (g, (_, _, tables)) in rows.iter().enumerate() {
+            if st.tables[g].as_ref().is_none_or(|t| t.words() < tables.len()) {
+                st.tables[g] = Some(gpu.buffer("tables", tables.len().next_power_of_two())?);
+            }
         }
         let State { bufs, kv, tables: tb, .. } = &mut *st;
-        let (b, kv, tb) =
-            (bufs.as_ref().expect("made above"), kv.as_ref().expect("made above"), tb.as_ref().expect("made above"));
+        let (b, kv) = (bufs.as_ref().expect("made above"), kv.as_ref().expect("made above"));
+        let tb = [tb[0].as_ref().expect("made above"), tb[1].as_ref().expect("made above")];
         gpu.write_f32(&b.x, 0, &ws.x[..n * h]);
         gpu.write_f32(&b.cos, 0, &ws.cos[..n * half]);
         gpu.write_f32(&b.sin, 0, &ws.sin[..n * half]);
-        gpu.write_u32(&b.tok, 0, &tok);
-        gpu.write_u32(&b.slots, 0, &slots);
-        gpu.write_u32(tb, 0, &tables);
+        if m.rope_local.is_some() {
+            gpu.write_f32(&b.cos_local, 0, &ws.cos_local[..n * half]);
+            gpu.write_f32(&b.sin_local, 0, &ws.sin_local[..n * half]);
+        }
+        for (g, (tok, slots, tables)) in rows.iter().enumerate() {
+            gpu.write_u32(&b.tok[g], 0, tok);
+            gpu.write_u32(&b.slots[g], 0, slots);
+            gpu.write_u32(tb[g], 0, tables);
+        }
         let interleaved = m.rope.style == kernels::ops::RopeStyle::Interleaved;
         let scale = m.spec.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
         // Tensor parallelism: the attention and MLP outputs are partial sums,
@@ -319,15 +356,23 @@ impl GpuShard {
                 pass.rms_norm_inplace(&b.q, 0, qn, (hd, n * nh, eps));
                 pass.rms_norm_inplace(&b.k, 0, kn, (hd, n * nkv, eps));
             }
-            pass.rope(&b.q, 0, (n, nh, hd, half), &b.cos, &b.sin, interleaved);
-            pass.rope(&b.k, 0, (n, nkv, hd, half), &b.cos, &b.sin, interleaved);
-            pass.kv_store(&b.k, 0, (n, hkv), &b.slots, &kv.k[li]);
-            pass.kv_store(&b.v, 0, (n, hkv), &b.slots, &kv.v[li]);
+            let (cos, sin) = match l.window.is_some() && m.rope_local.is_some() {
+                true => (&b.cos_local, &b.sin_local),
+                false => (&b.cos, &b.sin),
+            };
+            pass.rope(&b.q, 0, (n, nh, hd, half), cos, sin, interleaved);
+            pass.rope(&b.k, 0, (n, nkv, hd, half), cos, sin, interleaved);
+            let g = usize::from(window_group(li));
+            pass.kv_store(&b.k, 0, (n, hkv), &b.slots[g], &kv.k[li]);
+            pass.kv_store(&b.v, 0, (n, hkv), &b.slots[g], &kv.v[li]);
             let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block: pool.block, scale, window: l.window };
-            pass.attention(&b.q, 0, n, &args, (&kv.k[li], &kv.v[li]), (&b.tok, tb), &b.attn);
+            pass.attention(&b.q, 0, n, &args, (&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]), &b.attn);
             pass.matmul(&l.o, &b.attn, 0, n, &b.o, 0);
             if tp {
                 reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
+            }
+            if let Some((post_attn, _)) = &l.post_norms {
+                pass.rms_norm_inplace(&b.o, 0, post_attn, (h, n, eps));
             }
             pass.add(&b.x, &b.o, n * h);
             pass.rms_norm(&b.x, 0, &l.mlp_norm, (h, n, eps), &b.xn, 0);
@@ -337,6 +382,9 @@ impl GpuShard {
             pass.matmul(&l.down, &b.gate, 0, n, &b.o, 0);
             if tp {
                 reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
+            }
+            if let Some((_, post_ffn)) = &l.post_norms {
+                pass.rms_norm_inplace(&b.o, 0, post_ffn, (h, n, eps));
             }
             pass.add(&b.x, &b.o, n * h);
         }

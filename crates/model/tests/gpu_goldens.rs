@@ -134,3 +134,10 @@ fn unsupported_layers_are_refused_by_name() {
         assert!(err.contains(what) && err.ends_with("(use --device cpu)"), "{name}: {err}");
     }
 }
+
+/// Gemma 3: sliding-window layers with their own rope, sandwich norms,
+/// GELU, q/k norms and scaled embeddings.
+#[test]
+fn gemma3_on_the_gpu_matches_transformers() {
+    check("gemma3");
+}
