@@ -139,21 +139,25 @@ impl<'g> Pass<'g> {
     /// `y[y_off + t·n ..] = x[x_off + t·k ..] · Wᵀ (· out_scale) + bias` for `t` rows.
     pub fn matmul(&mut self, w: &DeviceWeight, x: &DeviceBuf, x_off: usize, t: usize, y: &DeviceBuf, y_off: usize) {
         debug_assert!(x_off + t * w.cols <= x.words && y_off + t * w.rows <= y.words);
-        let p = words8([
-            w.rows as u32,
-            w.cols as u32,
-            t as u32,
-            w.bias.is_some() as u32,
-            w.out_scale.to_bits(),
-            x_off as u32,
-            y_off as u32,
-            0,
-        ]);
-        let dummy = &self.gpu.dummy;
-        let w1 = w.w1.as_ref().map_or(dummy, |b| &b.buf);
-        let bias = w.bias.as_ref().map_or(dummy, |b| &b.buf);
         let key = format!("matmul_{:?}", w.dtype);
-        self.dispatch(&key, || matmul_source(w.dtype), &p, &[&x.buf, &w.w0.buf, w1, bias, &y.buf], row_grid(w.rows, t));
+        for part in &w.parts {
+            let p = words8([
+                part.rows as u32,
+                w.cols as u32,
+                t as u32,
+                part.bias.is_some() as u32,
+                w.out_scale.to_bits(),
+                x_off as u32,
+                (y_off + part.row0) as u32,
+                w.rows as u32,
+            ]);
+            let dummy = &self.gpu.dummy;
+            let w1 = part.w1.as_ref().map_or(dummy, |b| &b.buf);
+            let bias = part.bias.as_ref().map_or(dummy, |b| &b.buf);
+            let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf];
+            // Eight rows a workgroup (matmul.wgsl).
+            self.dispatch(&key, || matmul_source(w.dtype), &p, &bufs, row_grid(part.rows.div_ceil(8), t));
+        }
     }
 
     /// RMSNorm of `rows` rows of `width` from `x` into `y`, weight `w` (`width` values).

@@ -5,18 +5,28 @@ use crate::{DeviceBuf, Gpu, GpuError};
 use kernels::DType;
 
 /// `rows × cols` weights (`y = x · Wᵀ`), with an optional bias and the
-/// per-tensor output scale ([`formats::WeightTensor::out_scale`]).
+/// per-tensor output scale ([`formats::WeightTensor::out_scale`]). A matrix
+/// larger than one binding allows (a 262k-row embedding) is held in parts
+/// of whole rows.
 #[derive(Debug)]
 pub struct DeviceWeight {
     pub dtype: DType,
     pub rows: usize,
     pub cols: usize,
+    pub(crate) parts: Vec<Part>,
+    pub out_scale: f32,
+}
+
+/// Rows `row0 .. row0 + rows` of a [`DeviceWeight`].
+#[derive(Debug)]
+pub(crate) struct Part {
+    pub(crate) row0: usize,
+    pub(crate) rows: usize,
     /// Values (float types) or codes (block types), as 4-byte words.
     pub(crate) w0: DeviceBuf,
     /// Block scales (block types only).
     pub(crate) w1: Option<DeviceBuf>,
     pub(crate) bias: Option<DeviceBuf>,
-    pub out_scale: f32,
 }
 
 /// Copies bytes into little-endian words, zero-padding the last.
@@ -66,36 +76,47 @@ impl DeviceWeight {
                 bytes.len()
             )));
         }
-        let (w0, w1) = match dtype {
-            DType::F32 | DType::F16 | DType::BF16 => (gpu.buffer_with(name, &words(bytes))?, None),
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q6_K => {
-                // (block bytes, scale bytes, their stride in w1)
-                let (block, scales, stride) = match dtype {
-                    DType::Q8_0 => (34, 0..2, 2),
-                    DType::Q4_0 => (18, 0..2, 2),
-                    DType::Q4_1 => (20, 0..4, 4),
-                    // d | 4 bytes of high bits, 16 nibble bytes
-                    DType::Q5_0 => (22, 0..2, 2),
-                    DType::Q5_1 => (24, 0..4, 4),
-                    // d, dmin, 12 scale bytes | 128 code bytes
-                    DType::Q4_K => (144, 0..16, 16),
-                    // 128 ql + 64 qh | 16 scales, d
-                    _ => (210, 192..210, 20),
-                };
-                let (scales, codes) = split_blocks(bytes, block, scales, stride);
-                (gpu.buffer_with(name, &words(&codes))?, Some(gpu.buffer_with(name, &words(&scales))?))
-            }
-            _ => return Err(unsupported()),
-        };
-        let bias = match bias {
-            Some(b) => Some(gpu.buffer_with(name, bytemuck::cast_slice(b))?),
-            None => None,
-        };
-        Ok(DeviceWeight { dtype, rows, cols, w0, w1, bias, out_scale })
+        let row_bytes = expect / rows.max(1);
+        // Rows per part: as many as one binding holds (codes are at most the row's bytes).
+        let per_part = ((gpu.info.max_binding_bytes as usize / row_bytes.max(1)).max(1)).min(rows.max(1));
+        let mut parts = Vec::new();
+        for row0 in (0..rows.max(1)).step_by(per_part) {
+            let n = per_part.min(rows - row0);
+            let bytes = &bytes[row0 * row_bytes..(row0 + n) * row_bytes];
+            let (w0, w1) = match dtype {
+                DType::F32 | DType::F16 | DType::BF16 => (gpu.buffer_with(name, &words(bytes))?, None),
+                DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q6_K => {
+                    // (block bytes, scale bytes, their stride in w1)
+                    let (block, scales, stride) = match dtype {
+                        DType::Q8_0 => (34, 0..2, 2),
+                        DType::Q4_0 => (18, 0..2, 2),
+                        DType::Q4_1 => (20, 0..4, 4),
+                        // d | 4 bytes of high bits, 16 nibble bytes
+                        DType::Q5_0 => (22, 0..2, 2),
+                        DType::Q5_1 => (24, 0..4, 4),
+                        // d, dmin, 12 scale bytes | 128 code bytes
+                        DType::Q4_K => (144, 0..16, 16),
+                        // 128 ql + 64 qh | 16 scales, d
+                        _ => (210, 192..210, 20),
+                    };
+                    let (scales, codes) = split_blocks(bytes, block, scales, stride);
+                    (gpu.buffer_with(name, &words(&codes))?, Some(gpu.buffer_with(name, &words(&scales))?))
+                }
+                _ => return Err(unsupported()),
+            };
+            let bias = match bias {
+                Some(b) => Some(gpu.buffer_with(name, bytemuck::cast_slice(&b[row0..row0 + n]))?),
+                None => None,
+            };
+            parts.push(Part { row0, rows: n, w0, w1, bias });
+        }
+        Ok(DeviceWeight { dtype, rows, cols, parts, out_scale })
     }
 
     /// Device bytes this weight holds.
     pub fn bytes(&self) -> usize {
-        4 * (self.w0.words + self.w1.as_ref().map_or(0, |b| b.words) + self.bias.as_ref().map_or(0, |b| b.words))
+        let words =
+            |p: &Part| p.w0.words + p.w1.as_ref().map_or(0, |b| b.words) + p.bias.as_ref().map_or(0, |b| b.words);
+        4 * self.parts.iter().map(words).sum::<usize>()
     }
 }

@@ -311,3 +311,37 @@ fn unsupported_types_and_wrong_sizes_are_refused_in_one_line() {
     let e = DeviceWeight::upload(&gpu, "w", DType::Q8_0, (2, 32), &[0; 40], None, 1.0).unwrap_err();
     assert!(e.to_string().contains("40 bytes for 2 × 32 Q8_0 (expected 68)"), "{e}");
 }
+
+/// A matrix larger than one binding is held in parts of whole rows, each
+/// writing its columns of y (a 262k-row embedding on a 128 MiB binding
+/// limit; here the limit is lowered to 4 KiB).
+#[test]
+fn a_matrix_past_the_binding_limit_goes_in_parts() {
+    let Some(mut gpu) = gpu() else { return };
+    let limit = gpu.info.max_binding_bytes;
+    for dtype in [DType::F32, DType::Q8_0, DType::Q4_K] {
+        gpu.info.max_binding_bytes = 4096;
+        let (rows, cols, t) = (37usize, 512usize, 3usize);
+        let w = random(rows * cols, 17);
+        let x = random(t * cols, 18);
+        let bias = random(rows, 19);
+        let (bytes, held) = encode(dtype, &w, cols);
+        let dw = DeviceWeight::upload(&gpu, "w", dtype, (rows, cols), &bytes, Some(&bias), 1.0).unwrap();
+        gpu.info.max_binding_bytes = limit;
+        let xb = gpu.buffer("x", t * cols).unwrap();
+        gpu.write_f32(&xb, 0, &x);
+        let yb = gpu.buffer("y", t * rows).unwrap();
+        let mut pass = Pass::new(&gpu);
+        pass.matmul(&dw, &xb, 0, t, &yb, 0);
+        pass.submit().unwrap();
+        let got = gpu.read_f32(&yb, 0, t * rows).unwrap();
+        let want: Vec<f32> = (0..t * rows)
+            .map(|i| {
+                let (r, n) = (i / rows, i % rows);
+                let dot: f64 = (0..cols).map(|k| held[n * cols + k] as f64 * x[r * cols + k] as f64).sum();
+                dot as f32 + bias[n]
+            })
+            .collect();
+        assert_close(&got, &want, 2e-5, &format!("{dtype:?} in parts"));
+    }
+}

@@ -8,8 +8,8 @@
 // dimension (a dimension holds at most 65535 workgroups).
 //
 // Bindings: x is `t × k` f32 from `x_off`; w0 the type's codes (or values),
-// w1 its block scales (a one-word dummy for float types); y is `t × n` from
-// `y_off`.
+// w1 its block scales (a one-word dummy for float types); y is `t × y_stride`
+// from `y_off` (a weight held in parts of rows writes its columns of y).
 
 struct Params {
     n: u32,
@@ -19,7 +19,8 @@ struct Params {
     out_scale: f32,
     x_off: u32,
     y_off: u32,
-    _pad: u32,
+    // Values per row of y (the whole matrix's rows; `n` is this part's).
+    y_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -64,6 +65,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if (p.has_bias != 0u) {
             v = v + bias[row];
         }
-        y[p.y_off + t * p.n + row] = v;
+        y[p.y_off + t * p.y_stride + row] = v;
     }
 }
