@@ -59,8 +59,9 @@ pub struct DistArgs {
     /// Where the layers compute: cpu, gpu (the first hardware GPU; a software
     /// one only if it is the only one) or gpu:N (adapter N). One value for
     /// every rank, or one per rank (`--device gpu,cpu`: rank 0 on the GPU,
-    /// rank 1 on the CPU).
-    #[arg(long, value_delimiter = ',', default_value = "cpu", value_parser = model::Device::parse)]
+    /// rank 1 on the CPU). A hostfile's `"device"` reaches its rank as
+    /// SHARDLM_DEVICE, which this flag overrides.
+    #[arg(long, env = "SHARDLM_DEVICE", value_delimiter = ',', default_value = "cpu", value_parser = model::Device::parse)]
     pub device: Vec<model::Device>,
 }
 

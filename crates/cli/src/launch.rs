@@ -49,6 +49,9 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 /// Port of the first rank when some host is remote and `--port` is not given.
 const DEFAULT_REMOTE_PORT: u16 = 47310;
 /// Variables passed on to remote ranks when set here.
+/// A rank's device from its hostfile entry (`--device` overrides it).
+pub const ENV_DEVICE: &str = "SHARDLM_DEVICE";
+
 const FORWARDED_VARS: [&str; 3] = ["SHARDLM_LOG", "SHARDLM_OP_TIMEOUT_MS", "RUST_BACKTRACE"];
 
 /// How the ranks talk to each other.
@@ -322,12 +325,17 @@ fn plan_hostfile(a: &LaunchArgs, path: &Path, secret: &str, exe: &Path) -> Resul
     let remote_exe = a.remote_exe.clone().unwrap_or_else(|| exe.display().to_string());
     let mut plan = Vec::with_capacity(n);
     for (rank, host) in hf.hosts.iter().enumerate() {
+        // The host's device (`"device"` in the hostfile) reaches its rank as SHARDLM_DEVICE.
+        let device = host.device.iter().map(|d| (ENV_DEVICE.to_string(), d.clone()));
         if here[rank] && !a.ssh_local {
-            let cmd = local_command(exe, &a.command, &world.env(rank, true));
+            let mut env = world.env(rank, true);
+            env.extend(device);
+            let cmd = local_command(exe, &a.command, &env);
             plan.push(Planned { rank, cmd, remote: None, script: None });
             continue;
         }
         let mut env = world.env(rank, false);
+        env.extend(device);
         env.extend(FORWARDED_VARS.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))));
         let script = RemoteScript {
             host: host.name.clone(),

@@ -171,3 +171,50 @@ fn k_quant_gguf_files_on_the_gpu_track_the_cpu() {
         assert_eq!(gpu_ids, cpu_ids, "{to}: greedy tokens");
     }
 }
+
+/// A hostfile says each host's device (`"device": "gpu"`); `launch` hands it
+/// to that rank, and a `--device` on the command line would override it.
+#[test]
+fn a_hostfile_sets_each_ranks_device() {
+    if !have_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts.json");
+    std::fs::write(
+        &hosts,
+        r#"{"hosts": [{"name": "a", "addr": "127.0.0.1", "device": "gpu"},
+                      {"name": "b", "addr": "127.0.0.1", "device": "cpu"}]}"#,
+    )
+    .unwrap();
+    let (ids, greedy, _) = golden("llama");
+    let m = fixture("llama");
+    let n = greedy.len().to_string();
+    let o = shardlm(&[
+        "launch",
+        "--hostfile",
+        hosts.to_str().unwrap(),
+        "--",
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--max-tokens",
+        &n,
+        "--ignore-eos",
+        "--json",
+        "--verbose",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(common::output_ids(&o.stdout), greedy);
+    let e = stderr(&o);
+    assert!(e.contains("rank 0: layers on the GPU") && !e.contains("rank 1: layers on the GPU"), "{e}");
+    std::fs::write(&hosts, r#"{"hosts": [{"name": "a", "addr": "127.0.0.1", "device": "npu"}]}"#).unwrap();
+    let o = shardlm(&["launch", "--hostfile", hosts.to_str().unwrap(), "--", "run", "--model", m.to_str().unwrap()]);
+    assert!(
+        stderr(&o).contains(r#"host 0 ("a") has device "npu", expected "cpu", "gpu" or "gpu:N""#),
+        "{}",
+        stderr(&o)
+    );
+}

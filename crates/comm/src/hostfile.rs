@@ -8,8 +8,12 @@
 //!
 //! ```json
 //! {"hosts": [{"name": "mac1", "addr": "192.168.1.2", "usable_memory_gb": 48,
-//!             "cores": 12, "links": [{"addrs": ["169.254.0.1"]}]}]}
+//!             "cores": 12, "links": [{"addrs": ["169.254.0.1"]}], "device": "gpu"}]}
 //! ```
+//!
+//! `device` (cpu, gpu or gpu:N) is where that host's rank computes; the
+//! launcher passes it as `SHARDLM_DEVICE`, which a `--device` on the
+//! command line overrides.
 //!
 //! `links` are the host's cables, one entry per network path (`addrs[0]` is
 //! dialed; further entries are alternatives, e.g. an IPv6 address): connection
@@ -45,6 +49,9 @@ pub struct Host {
     /// Extra network paths (e.g. Thunderbolt cables), each with its addresses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<Link>,
+    /// Where this host's rank computes: "cpu", "gpu" or "gpu:N".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
 }
 
 /// One network path to a host.
@@ -92,6 +99,7 @@ impl Hostfile {
                             name: h.ssh,
                             usable_memory_gb: None,
                             cores: None,
+                            device: None,
                         })
                         .collect(),
                 }
@@ -125,6 +133,12 @@ impl Hostfile {
             }
             if h.cores == Some(0) {
                 return Err(format!("{what} has 0 cores"));
+            }
+            if let Some(d) = &h.device {
+                let gpu_n = d.strip_prefix("gpu:").is_some_and(|n| n.parse::<usize>().is_ok());
+                if d != "cpu" && d != "gpu" && !gpu_n {
+                    return Err(format!("{what} has device {d:?}, expected \"cpu\", \"gpu\" or \"gpu:N\""));
+                }
             }
             for (k, link) in h.links.iter().enumerate() {
                 if link.addrs.is_empty() || link.addrs.iter().any(|a| a.trim().is_empty()) {
