@@ -49,6 +49,9 @@ pub struct Gpu {
     pub(crate) queue: wgpu::Queue,
     pub info: AdapterReport,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// Bind groups by (shader, parameter slot, buffers): a step of the same
+    /// shape as an earlier one binds the same buffers at the same slots.
+    binds: Mutex<HashMap<BindKey, Arc<wgpu::BindGroup>>>,
     /// Bound where a shader declares a buffer it does not read for this call.
     pub(crate) dummy: wgpu::Buffer,
     /// Per-dispatch parameters: fixed 256-byte slots, written with the queue.
@@ -56,6 +59,12 @@ pub struct Gpu {
     /// The first error the device reported (validation, out of memory, loss).
     error: Arc<Mutex<Option<String>>>,
 }
+
+type BindKey = (String, u64, Vec<wgpu::Buffer>);
+
+/// Bind groups kept at most (beyond it the cache starts over: a buffer that
+/// was replaced is not held forever).
+const BIND_CACHE: usize = 16384;
 
 /// Parameter slots per submission ([`crate::Pass`] submits when they run out).
 pub(crate) const PARAM_SLOTS: u64 = 8192;
@@ -154,7 +163,8 @@ impl Gpu {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Ok(Gpu { device, queue, info, pipelines: Mutex::new(HashMap::new()), dummy, params, error })
+        let (pipelines, binds) = (Mutex::new(HashMap::new()), Mutex::new(HashMap::new()));
+        Ok(Gpu { device, queue, info, pipelines, binds, dummy, params, error })
     }
 
     /// The first error the device reported since it opened, if any.
@@ -246,6 +256,44 @@ impl Gpu {
         let out = bytemuck::cast_slice::<u8, f32>(&staging.get_mapped_range(..)).to_vec();
         staging.unmap();
         Ok(out)
+    }
+
+    /// The bind group of `pipeline` (shader `key`) over the parameter slot at
+    /// `offset` (`size` bytes) and `bufs` as bindings 1.. in order.
+    pub(crate) fn bind_group(
+        &self,
+        key: &str,
+        pipeline: &wgpu::ComputePipeline,
+        offset: u64,
+        size: u64,
+        bufs: &[&wgpu::Buffer],
+    ) -> Arc<wgpu::BindGroup> {
+        let id: BindKey = (key.to_string(), offset, bufs.iter().map(|b| (*b).clone()).collect());
+        let mut map = self.binds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = map.get(&id) {
+            return b.clone();
+        }
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.params,
+                offset,
+                size: wgpu::BufferSize::new(size),
+            }),
+        }];
+        for (i, b) in bufs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+        }
+        let bind = Arc::new(self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(key),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        }));
+        if map.len() >= BIND_CACHE {
+            map.clear();
+        }
+        map.insert(id, bind.clone());
+        bind
     }
 
     /// The compute pipeline of `source` (compiled once per `key`).

@@ -109,6 +109,9 @@ struct State {
     /// The block tables of the step's sequences, end to end: full group, window group.
     tables: [Option<DeviceBuf>; 2],
     head: Option<(usize, DeviceBuf, DeviceBuf)>,
+    /// Rows of the residual stream left on the device by the last
+    /// `run_layers` on a shard with the head (0: read it from the host).
+    x_rows: usize,
 }
 
 pub struct GpuShard {
@@ -389,14 +392,28 @@ impl GpuShard {
             pass.add(&b.x, &b.o, n * h);
         }
         pass.submit()?;
-        let x = gpu.read_f32(&b.x, 0, n * h)?;
-        ws.x[..n * h].copy_from_slice(&x);
+        if m.shard.has_head {
+            // The head reads its rows on the device; nothing sends `ws.x` on.
+            st.x_rows = n;
+        } else {
+            let x = gpu.read_f32(&b.x, 0, n * h)?;
+            ws.x[..n * h].copy_from_slice(&x);
+            st.x_rows = 0;
+        }
         Ok(())
     }
 
-    /// Final norm and lm_head over the `rows` rows of `input` into `logits`
-    /// (`rows × this rank's vocab rows`).
-    pub(crate) fn head(&self, m: &Model, input: &[f32], rows: usize, logits: &mut [f32]) -> Result<(), ModelError> {
+    /// Final norm and lm_head over the step's rows `picked` into `logits`
+    /// (`rows × this rank's vocab rows`): from the residual stream the last
+    /// `run_layers` left on the device, else from `input` (those rows, on the host).
+    pub(crate) fn head(
+        &self,
+        m: &Model,
+        picked: &[usize],
+        input: &[f32],
+        logits: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let rows = picked.len();
         let Some((norm, lm_head)) = &self.head else { return Ok(()) };
         let (h, vocab, eps) = (m.config.hidden_size, lm_head.rows, m.config.rms_norm_eps);
         let gpu = &*self.gpu;
@@ -405,9 +422,17 @@ impl GpuShard {
             let r = rows.next_power_of_two();
             st.head = Some((r, gpu.buffer("head_in", r * h)?, gpu.buffer("logits", r * vocab)?));
         }
+        let on_device = std::mem::take(&mut st.x_rows);
         let (_, inp, out) = st.head.as_ref().expect("made above");
-        gpu.write_f32(inp, 0, &input[..rows * h]);
         let mut pass = Pass::new(gpu);
+        match (&st.bufs, on_device) {
+            (Some(b), n) if n > 0 && picked.iter().all(|&r| r < n) => {
+                for (i, &r) in picked.iter().enumerate() {
+                    pass.copy(&b.x, r * h, inp, i * h, h);
+                }
+            }
+            _ => gpu.write_f32(inp, 0, &input[..rows * h]),
+        }
         pass.rms_norm_inplace(inp, 0, norm, (h, rows, eps));
         pass.matmul(lm_head, inp, 0, rows, out, 0);
         pass.submit()?;

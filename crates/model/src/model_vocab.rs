@@ -24,6 +24,8 @@ impl Model {
         let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
         let mut rows = 0;
         let mut t = 0;
+        // The step's rows the head runs on (the device reads them where they are).
+        let mut picked = Vec::new();
         for s in seqs.iter() {
             let len = s.tokens.len();
             let range = match s.mode {
@@ -34,6 +36,7 @@ impl Model {
             grow(&mut ws.head_in, (rows + range.len()) * h);
             for r in range {
                 ws.head_in[rows * h..(rows + 1) * h].copy_from_slice(&ws.x[(t + r) * h..(t + r + 1) * h]);
+                picked.push(t + r);
                 rows += 1;
             }
             t += len;
@@ -50,12 +53,12 @@ impl Model {
         let only_argmax = seqs.iter().all(|s| matches!(s.mode, LogitsMode::Argmax | LogitsMode::None));
         if self.local.vocab_all.is_empty() {
             let mut logits = std::mem::take(&mut ws.logits);
-            self.lm_head_rows(pool, ws, rows, lm_head, &mut logits)?;
+            self.lm_head_rows(pool, ws, &picked, lm_head, &mut logits)?;
             ws.logits = logits;
         } else if only_argmax {
-            self.argmax_vocab_parallel(pool, ws, rows, lm_head, comm)?;
+            self.argmax_vocab_parallel(pool, ws, &picked, lm_head, comm)?;
         } else {
-            self.gather_vocab_parallel(pool, ws, rows, lm_head, comm)?;
+            self.gather_vocab_parallel(pool, ws, &picked, lm_head, comm)?;
         }
         let mut r = 0;
         for s in seqs.iter_mut() {
@@ -78,12 +81,13 @@ impl Model {
         &self,
         pool: &ThreadPool,
         ws: &mut Workspace,
-        rows: usize,
+        picked: &[usize],
         lm_head: &Linear,
         out: &mut [f32],
     ) -> Result<(), ModelError> {
+        let rows = picked.len();
         match &self.gpu {
-            Some(g) => g.head(self, &ws.head_in, rows, out),
+            Some(g) => g.head(self, picked, &ws.head_in, out),
             None => {
                 lm_head.forward(pool, &ws.xn, rows, out, &mut ws.scratch);
                 Ok(())
@@ -98,16 +102,17 @@ impl Model {
         &self,
         pool: &ThreadPool,
         ws: &mut Workspace,
-        rows: usize,
+        picked: &[usize],
         lm_head: &Linear,
         comm: &dyn AllReduce,
     ) -> Result<(), ModelError> {
+        let rows = picked.len();
         let vocab = self.config.vocab_size;
         let mine = self.local.vocab.len();
         let n = self.local.vocab_all.len();
         grow(&mut ws.local_logits, rows * mine);
         let mut local = std::mem::take(&mut ws.local_logits);
-        self.lm_head_rows(pool, ws, rows, lm_head, &mut local)?;
+        self.lm_head_rows(pool, ws, picked, lm_head, &mut local)?;
         let mut pairs = vec![0f32; rows * 2];
         for i in 0..rows {
             let row = &local[i * mine..(i + 1) * mine];
@@ -139,10 +144,11 @@ impl Model {
         &self,
         pool: &ThreadPool,
         ws: &mut Workspace,
-        rows: usize,
+        picked: &[usize],
         lm_head: &Linear,
         comm: &dyn AllReduce,
     ) -> Result<(), ModelError> {
+        let rows = picked.len();
         let vocab = self.config.vocab_size;
         let all = &self.local.vocab_all;
         let width = all.iter().map(|r| r.len()).max().unwrap_or(0);
@@ -150,7 +156,7 @@ impl Model {
         grow(&mut ws.local_logits, rows * width);
         grow(&mut ws.gather, all.len() * rows * width);
         let mut local = std::mem::take(&mut ws.local_logits);
-        self.lm_head_rows(pool, ws, rows, lm_head, &mut local)?;
+        self.lm_head_rows(pool, ws, picked, lm_head, &mut local)?;
         // Re-space rows from `mine` to `width` (back to front, in place).
         for i in (0..rows).rev() {
             local.copy_within(i * mine..(i + 1) * mine, i * width);

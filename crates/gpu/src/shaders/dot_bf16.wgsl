@@ -1,13 +1,22 @@
 // BF16 weights: two values per word; a bf16 is the high half of an f32.
+// Each invocation takes whole words (two values): a row may start or end
+// inside a word when k is odd.
 fn partial_dot(row: u32, xb: u32, li: u32) -> f32 {
     _ = w1[0];
     let base = row * p.k;
+    let end = base + p.k;
+    let last = (end + 1u) >> 1u;
     var s = 0.0;
-    for (var i = li; i < p.k; i = i + WG) {
-        let e = base + i;
-        let word = w0[e >> 1u];
-        let bits = select(word << 16u, word & 0xffff0000u, (e & 1u) == 1u);
-        s = s + bitcast<f32>(bits) * x[xb + i];
+    for (var w = (base >> 1u) + li; w < last; w = w + WG) {
+        let word = w0[w];
+        let v = vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+        let e = 2u * w;
+        if (e >= base) {
+            s = s + v.x * x[xb + e - base];
+        }
+        if (e + 1u < end) {
+            s = s + v.y * x[xb + e + 1u - base];
+        }
     }
     return s;
 }
