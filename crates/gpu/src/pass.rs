@@ -144,6 +144,25 @@ impl<'g> Pass<'g> {
 
     /// `y[y_off + t·n ..] = x[x_off + t·k ..] · Wᵀ (· out_scale) + bias` for `t` rows.
     pub fn matmul(&mut self, w: &DeviceWeight, x: &DeviceBuf, x_off: usize, t: usize, y: &DeviceBuf, y_off: usize) {
+        self.matmul_into(w, x, x_off, t, y, y_off, false);
+    }
+
+    /// [`Pass::matmul`] adding to `y` instead of overwriting it (a residual add in one dispatch).
+    pub fn matmul_add(&mut self, w: &DeviceWeight, x: &DeviceBuf, x_off: usize, t: usize, y: &DeviceBuf, y_off: usize) {
+        self.matmul_into(w, x, x_off, t, y, y_off, true);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_into(
+        &mut self,
+        w: &DeviceWeight,
+        x: &DeviceBuf,
+        x_off: usize,
+        t: usize,
+        y: &DeviceBuf,
+        y_off: usize,
+        accumulate: bool,
+    ) {
         debug_assert!(x_off + t * w.cols <= x.words && y_off + t * w.rows <= y.words);
         let key = format!("matmul_{:?}", w.dtype);
         for part in &w.parts {
@@ -151,7 +170,7 @@ impl<'g> Pass<'g> {
                 part.rows as u32,
                 w.cols as u32,
                 t as u32,
-                part.bias.is_some() as u32,
+                part.bias.is_some() as u32 | (accumulate as u32) << 1,
                 w.out_scale.to_bits(),
                 x_off as u32,
                 (y_off + part.row0) as u32,
@@ -266,6 +285,12 @@ impl<'g> Pass<'g> {
         let s = || include_str!("shaders/attention.wgsl").to_string();
         let bufs = [&q.buf, &kpool.buf, &vpool.buf, &tok.buf, &tables.buf, &out.buf];
         self.dispatch("attention", s, &p, &bufs, [a.heads as u32, t as u32, 1]);
+    }
+
+    /// Submits what was recorded so far and goes on recording: the device
+    /// starts on it while the host records the rest (a step's layers).
+    pub fn flush(&mut self) {
+        self.submit_now();
     }
 
     /// Copies `words` words from `src` to `dst`.

@@ -126,6 +126,13 @@ fn matmul_every_type_and_tail() {
                 pass.matmul(&dw, &xb, 7, t, &yb, 3);
                 pass.submit().unwrap();
                 let got = gpu.read_f32(&yb, 3, t * rows).unwrap();
+                // Accumulating adds the same again.
+                let mut pass = Pass::new(&gpu);
+                pass.matmul_add(&dw, &xb, 7, t, &yb, 3);
+                pass.submit().unwrap();
+                let twice = gpu.read_f32(&yb, 3, t * rows).unwrap();
+                let doubled: Vec<f32> = got.iter().map(|v| 2.0 * v).collect();
+                assert_close(&twice, &doubled, 1e-6, &format!("{dtype:?} {rows}×{cols} accumulated"));
                 let mut want = vec![0f32; t * rows];
                 for r in 0..t {
                     for n in 0..rows {

@@ -370,26 +370,39 @@ impl GpuShard {
             pass.kv_store(&b.v, 0, (n, hkv), &b.slots[g], &kv.v[li]);
             let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block: pool.block, scale, window: l.window };
             pass.attention(&b.q, 0, n, &args, (&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]), &b.attn);
-            pass.matmul(&l.o, &b.attn, 0, n, &b.o, 0);
-            if tp {
-                reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
+            // Without a sandwich norm or a tensor split, the residual add
+            // happens in the matmul.
+            let fused = !tp && l.post_norms.is_none();
+            if fused {
+                pass.matmul_add(&l.o, &b.attn, 0, n, &b.x, 0);
+            } else {
+                pass.matmul(&l.o, &b.attn, 0, n, &b.o, 0);
+                if tp {
+                    reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
+                }
+                if let Some((post_attn, _)) = &l.post_norms {
+                    pass.rms_norm_inplace(&b.o, 0, post_attn, (h, n, eps));
+                }
+                pass.add(&b.x, &b.o, n * h);
             }
-            if let Some((post_attn, _)) = &l.post_norms {
-                pass.rms_norm_inplace(&b.o, 0, post_attn, (h, n, eps));
-            }
-            pass.add(&b.x, &b.o, n * h);
             pass.rms_norm(&b.x, 0, &l.mlp_norm, (h, n, eps), &b.xn, 0);
             pass.matmul(&l.gate, &b.xn, 0, n, &b.gate, 0);
             pass.matmul(&l.up, &b.xn, 0, n, &b.up, 0);
             pass.act_mul(&b.gate, &b.up, n * ffn, l.act);
-            pass.matmul(&l.down, &b.gate, 0, n, &b.o, 0);
-            if tp {
-                reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
+            if fused {
+                pass.matmul_add(&l.down, &b.gate, 0, n, &b.x, 0);
+            } else {
+                pass.matmul(&l.down, &b.gate, 0, n, &b.o, 0);
+                if tp {
+                    reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
+                }
+                if let Some((_, post_ffn)) = &l.post_norms {
+                    pass.rms_norm_inplace(&b.o, 0, post_ffn, (h, n, eps));
+                }
+                pass.add(&b.x, &b.o, n * h);
             }
-            if let Some((_, post_ffn)) = &l.post_norms {
-                pass.rms_norm_inplace(&b.o, 0, post_ffn, (h, n, eps));
-            }
-            pass.add(&b.x, &b.o, n * h);
+            // The device starts on this layer while the host records the next.
+            pass.flush();
         }
         pass.submit()?;
         if m.shard.has_head {

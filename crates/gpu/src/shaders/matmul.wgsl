@@ -1,4 +1,5 @@
-// y[t, n] = out_scale · Σ_k x[t, k] · W[n, k] + bias[n]
+// y[t, n] = out_scale · Σ_k x[t, k] · W[n, k] + bias[n]   (flags bit 0: bias)
+// or y[t, n] += … (flags bit 1: accumulate, the residual add fused in)
 //
 // A workgroup of 64 invocations covers 8 output rows of one token t, 8
 // invocations per row: each sums its share of the row (`partial_dot`, from
@@ -15,7 +16,7 @@ struct Params {
     n: u32,
     k: u32,
     t: u32,
-    has_bias: u32,
+    flags: u32,
     out_scale: f32,
     x_off: u32,
     y_off: u32,
@@ -62,9 +63,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     if (lane == 0u && row < p.n) {
         var v = red[li] * p.out_scale;
-        if (p.has_bias != 0u) {
+        if ((p.flags & 1u) != 0u) {
             v = v + bias[row];
         }
-        y[p.y_off + t * p.y_stride + row] = v;
+        let at = p.y_off + t * p.y_stride + row;
+        if ((p.flags & 2u) != 0u) {
+            v = v + y[at];
+        }
+        y[at] = v;
     }
 }
