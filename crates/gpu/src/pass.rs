@@ -144,26 +144,39 @@ impl<'g> Pass<'g> {
 
     /// `y[y_off + t·n ..] = x[x_off + t·k ..] · Wᵀ (· out_scale) + bias` for `t` rows.
     pub fn matmul(&mut self, w: &DeviceWeight, x: &DeviceBuf, x_off: usize, t: usize, y: &DeviceBuf, y_off: usize) {
-        self.matmul_into(w, x, x_off, t, y, y_off, false);
+        self.matmul_into(w, x, x_off, t, (y, y_off, w.rows), false);
     }
 
-    /// [`Pass::matmul`] adding to `y` instead of overwriting it (a residual add in one dispatch).
-    pub fn matmul_add(&mut self, w: &DeviceWeight, x: &DeviceBuf, x_off: usize, t: usize, y: &DeviceBuf, y_off: usize) {
-        self.matmul_into(w, x, x_off, t, y, y_off, true);
-    }
-
+    /// [`Pass::matmul`] into columns `y_off ..` of token rows of `y_stride`
+    /// values (one projection of a fused q‖k‖v or gate‖up row).
     #[allow(clippy::too_many_arguments)]
-    fn matmul_into(
+    pub fn matmul_cols(
         &mut self,
         w: &DeviceWeight,
         x: &DeviceBuf,
         x_off: usize,
         t: usize,
         y: &DeviceBuf,
-        y_off: usize,
+        (y_off, y_stride): (usize, usize),
+    ) {
+        self.matmul_into(w, x, x_off, t, (y, y_off, y_stride), false);
+    }
+
+    /// [`Pass::matmul`] adding to `y` instead of overwriting it (a residual add in one dispatch).
+    pub fn matmul_add(&mut self, w: &DeviceWeight, x: &DeviceBuf, x_off: usize, t: usize, y: &DeviceBuf, y_off: usize) {
+        self.matmul_into(w, x, x_off, t, (y, y_off, w.rows), true);
+    }
+
+    fn matmul_into(
+        &mut self,
+        w: &DeviceWeight,
+        x: &DeviceBuf,
+        x_off: usize,
+        t: usize,
+        (y, y_off, y_stride): (&DeviceBuf, usize, usize),
         accumulate: bool,
     ) {
-        debug_assert!(x_off + t * w.cols <= x.words && y_off + t * w.rows <= y.words);
+        debug_assert!(x_off + t * w.cols <= x.words && y_off + (t.max(1) - 1) * y_stride + w.rows <= y.words);
         let key = format!("matmul_{:?}", w.dtype);
         for part in &w.parts {
             let p = words8([
@@ -174,7 +187,7 @@ impl<'g> Pass<'g> {
                 w.out_scale.to_bits(),
                 x_off as u32,
                 (y_off + part.row0) as u32,
-                w.rows as u32,
+                y_stride as u32,
             ]);
             let dummy = &self.gpu.dummy;
             let w1 = part.w1.as_ref().map_or(dummy, |b| &b.buf);
@@ -196,11 +209,11 @@ impl<'g> Pass<'g> {
         y: &DeviceBuf,
         y_off: usize,
     ) {
-        let p = words8([width as u32, rows as u32, eps.to_bits(), x_off as u32, y_off as u32, 0, 0, 0]);
+        let p = words8([width as u32, rows as u32, eps.to_bits(), x_off as u32, y_off as u32, 1, width as u32, 0]);
         self.dispatch("rms_norm", || rms_norm_source(false), &p, &[&w.buf, &x.buf, &y.buf], row_grid(rows, 1));
     }
 
-    /// RMSNorm in place (the per-head q/k norms: `width` = head_dim).
+    /// RMSNorm in place of `rows` contiguous rows of `width`.
     pub fn rms_norm_inplace(
         &mut self,
         y: &DeviceBuf,
@@ -208,7 +221,30 @@ impl<'g> Pass<'g> {
         w: &DeviceBuf,
         (width, rows, eps): (usize, usize, f32),
     ) {
-        let p = words8([width as u32, rows as u32, eps.to_bits(), y_off as u32, y_off as u32, 0, 0, 0]);
+        self.rms_norm_heads(y, y_off, w, (width, 1, rows, eps), width);
+    }
+
+    /// Per-head RMSNorm in place (q/k norms): `heads` rows of `width` =
+    /// head_dim at the start of each of `t` token rows of `stride` values.
+    pub fn rms_norm_heads(
+        &mut self,
+        y: &DeviceBuf,
+        y_off: usize,
+        w: &DeviceBuf,
+        (width, heads, t, eps): (usize, usize, usize, f32),
+        stride: usize,
+    ) {
+        let rows = heads * t;
+        let p = words8([
+            width as u32,
+            rows as u32,
+            eps.to_bits(),
+            y_off as u32,
+            y_off as u32,
+            heads as u32,
+            stride as u32,
+            0,
+        ]);
         self.dispatch("rms_norm_inplace", || rms_norm_source(true), &p, &[&w.buf, &y.buf], row_grid(rows, 1));
     }
 
@@ -224,16 +260,34 @@ impl<'g> Pass<'g> {
         sin: &DeviceBuf,
         interleaved: bool,
     ) {
-        let p = words8([heads as u32, head_dim as u32, half as u32, interleaved as u32, x_off as u32, 0, 0, 0]);
+        self.rope_rows(x, (x_off, heads * head_dim), (t, heads, head_dim, half), cos, sin, interleaved);
+    }
+
+    /// [`Pass::rope`] on the first `heads` heads of each token row of
+    /// `stride` values from `x_off` (q and k side by side in a q‖k‖v row).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_rows(
+        &mut self,
+        x: &DeviceBuf,
+        (x_off, stride): (usize, usize),
+        (t, heads, head_dim, half): (usize, usize, usize, usize),
+        cos: &DeviceBuf,
+        sin: &DeviceBuf,
+        interleaved: bool,
+    ) {
+        let p =
+            words8([heads as u32, head_dim as u32, half as u32, interleaved as u32, x_off as u32, stride as u32, 0, 0]);
         let src = || include_str!("shaders/rope.wgsl").to_string();
         self.dispatch("rope", src, &p, &[&cos.buf, &sin.buf, &x.buf], [heads as u32, t as u32, 1]);
     }
 
-    /// `gate = act(gate) · up` over `n` values.
-    pub fn act_mul(&mut self, gate: &DeviceBuf, up: &DeviceBuf, n: usize, act: Act) {
-        let p = [n as u32, (act == Act::GeluTanh) as u32, 0, 0];
+    /// `out = act(gate) · up` for `t` token rows of `gu`, each the gate's
+    /// `width` values then the up projection's; `out` is `t × width`.
+    pub fn act_mul(&mut self, gu: &DeviceBuf, out: &DeviceBuf, (t, width): (usize, usize), act: Act) {
+        let n = t * width;
+        let p = [n as u32, (act == Act::GeluTanh) as u32, width as u32, 0];
         let src = || include_str!("shaders/act_mul.wgsl").to_string();
-        self.dispatch("act_mul", src, &p, &[&up.buf, &gate.buf], flat_grid(n));
+        self.dispatch("act_mul", src, &p, &[&gu.buf, &out.buf], flat_grid(n));
     }
 
     /// `x += o` over `n` values.
@@ -243,28 +297,30 @@ impl<'g> Pass<'g> {
         self.dispatch("add", src, &p, &[&o.buf, &x.buf], flat_grid(n));
     }
 
-    /// Stores `t` rows of `row` values of `src` (from `src_off`) at pool rows `slots`.
+    /// Stores `row` values of each of `t` token rows of `src` (rows of
+    /// `stride` values from `src_off`) at pool rows `slots`.
     pub fn kv_store(
         &mut self,
         src: &DeviceBuf,
         src_off: usize,
-        (t, row): (usize, usize),
+        (t, row, stride): (usize, usize, usize),
         slots: &DeviceBuf,
         pool: &DeviceBuf,
     ) {
-        let p = [row as u32, t as u32, src_off as u32, 0];
+        let p = [row as u32, t as u32, src_off as u32, stride as u32];
         let s = || include_str!("shaders/kv_store.wgsl").to_string();
         self.dispatch("kv_store", s, &p, &[&src.buf, &slots.buf, &pool.buf], flat_grid(t * row));
     }
 
-    /// Causal attention of `t` query rows (`heads × head_dim` each, from
-    /// `q_off`) over the paged pools; `tok` holds (position, table offset)
-    /// per row and `tables` the block tables. Output rows into `out`.
+    /// Causal attention of `t` query rows (`heads × head_dim` each, at
+    /// `q_off` of token rows of `q_stride` values) over the paged pools;
+    /// `tok` holds (position, table offset) per row and `tables` the block
+    /// tables. Output rows (`heads × head_dim`) into `out`.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &mut self,
         q: &DeviceBuf,
-        q_off: usize,
+        (q_off, q_stride): (usize, usize),
         t: usize,
         a: &AttnArgs,
         (kpool, vpool): (&DeviceBuf, &DeviceBuf),
@@ -280,7 +336,7 @@ impl<'g> Pass<'g> {
             a.scale.to_bits(),
             a.window.unwrap_or(0) as u32,
             q_off as u32,
-            0,
+            q_stride as u32,
         ]);
         let s = || include_str!("shaders/attention.wgsl").to_string();
         let bufs = [&q.buf, &kpool.buf, &vpool.buf, &tok.buf, &tables.buf, &out.buf];

@@ -113,6 +113,28 @@ impl DeviceWeight {
         Ok(DeviceWeight { dtype, rows, cols, parts, out_scale })
     }
 
+    /// Uploads several projections of the same input as one matrix, their
+    /// rows one after another (q‖k‖v, gate‖up): one dispatch instead of
+    /// several. `None` when they cannot share one (types, widths, output
+    /// scales or biases differ); upload them one by one then.
+    pub fn upload_stacked(
+        gpu: &Gpu,
+        name: &str,
+        parts: &[(DType, (usize, usize), &[u8], Option<&[f32]>, f32)],
+    ) -> Result<Option<DeviceWeight>, GpuError> {
+        let (dtype, (_, cols), _, bias0, scale) = parts[0];
+        let same = parts
+            .iter()
+            .all(|&(d, (_, c), _, b, s)| d == dtype && c == cols && s == scale && b.is_some() == bias0.is_some());
+        if !same {
+            return Ok(None);
+        }
+        let rows: usize = parts.iter().map(|p| p.1 .0).sum();
+        let bytes: Vec<u8> = parts.iter().flat_map(|p| p.2.iter().copied()).collect();
+        let bias: Option<Vec<f32>> = bias0.map(|_| parts.iter().flat_map(|p| p.3.unwrap().iter().copied()).collect());
+        Ok(Some(DeviceWeight::upload(gpu, name, dtype, (rows, cols), &bytes, bias.as_deref(), scale)?))
+    }
+
     /// Device bytes this weight holds.
     pub fn bytes(&self) -> usize {
         let words =

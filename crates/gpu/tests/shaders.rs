@@ -202,25 +202,31 @@ fn rope_both_styles_and_partial_rotation() {
 #[test]
 fn activations_and_residual_add() {
     let Some(gpu) = gpu() else { return };
-    // Past 65535 workgroups of 256: the grid spills into y.
-    for &n in &[1usize, 1000, 256 * 65535 + 300] {
-        let g = random(n, 1).iter().map(|v| v * 6.0).collect::<Vec<_>>();
-        let u = random(n, 2);
+    // Token rows of gate‖up; 2^24 outputs go past 65535 workgroups of 256
+    // (the grid spills into y) while 2^25 inputs still fit one binding.
+    for &(t, width) in &[(1usize, 1usize), (3, 1000), (65536, 256)] {
+        let n = t * width;
+        let gu = random(2 * n, 1).iter().map(|v| v * 6.0).collect::<Vec<_>>();
+        let (g, u): (Vec<f32>, Vec<f32>) = (
+            (0..n).map(|i| gu[(i / width) * 2 * width + i % width]).collect(),
+            (0..n).map(|i| gu[(i / width) * 2 * width + width + i % width]).collect(),
+        );
         for act in [Act::Silu, Act::GeluTanh] {
             let mut want = g.clone();
             match act {
                 Act::Silu => want.iter_mut().zip(&u).for_each(|(a, &b)| *a = *a / (1.0 + (-*a).exp()) * b),
                 Act::GeluTanh => ops::gelu_tanh_mul_scalar(&mut want, &u),
             }
-            let (gb, ub) = (gpu.buffer("g", n).unwrap(), gpu.buffer("u", n).unwrap());
-            gpu.write_f32(&gb, 0, &g);
+            let (gub, ob, ub) =
+                (gpu.buffer("gu", 2 * n).unwrap(), gpu.buffer("out", n).unwrap(), gpu.buffer("u", n).unwrap());
+            gpu.write_f32(&gub, 0, &gu);
             gpu.write_f32(&ub, 0, &u);
             let mut pass = Pass::new(&gpu);
-            pass.act_mul(&gb, &ub, n, act);
-            pass.add(&gb, &ub, n);
+            pass.act_mul(&gub, &ob, (t, width), act);
+            pass.add(&ob, &ub, n);
             pass.submit().unwrap();
             want.iter_mut().zip(&u).for_each(|(a, b)| *a += b);
-            assert_close(&gpu.read_f32(&gb, 0, n).unwrap(), &want, 1e-5, &format!("{act:?} then add, n={n}"));
+            assert_close(&gpu.read_f32(&ob, 0, n).unwrap(), &want, 1e-5, &format!("{act:?} then add, {t}×{width}"));
         }
     }
 }
@@ -295,9 +301,9 @@ fn paged_attention_gqa_with_windows() {
             let out = gpu.buffer("out", t * heads * hd).unwrap();
             let args = AttnArgs { heads, kv_heads, head_dim: hd, block, scale, window };
             let mut pass = Pass::new(&gpu);
-            pass.kv_store(&knb, 0, (t, row), &slotb, &kb);
-            pass.kv_store(&vnb, 0, (t, row), &slotb, &vb);
-            pass.attention(&qb, 0, t, &args, (&kb, &vb), (&tokb, &tabb), &out);
+            pass.kv_store(&knb, 0, (t, row, row), &slotb, &kb);
+            pass.kv_store(&vnb, 0, (t, row, row), &slotb, &vb);
+            pass.attention(&qb, (0, heads * hd), t, &args, (&kb, &vb), (&tokb, &tabb), &out);
             pass.submit().unwrap();
             let got = gpu.read_f32(&out, 0, want.len()).unwrap();
             assert_close(&got, &want, 1e-5, &format!("attention hd={hd} window={window:?}"));
@@ -351,4 +357,56 @@ fn a_matrix_past_the_binding_limit_goes_in_parts() {
             .collect();
         assert_close(&got, &want, 2e-5, &format!("{dtype:?} in parts"));
     }
+}
+
+/// The fused layout a layer uses: q‖k‖v side by side in each token row.
+/// Per-head norms, one rope over q's and k's heads, the KV store and the
+/// attention's queries all read that row in place, and equal the same ops
+/// on separate contiguous q and k.
+#[test]
+fn strided_rows_equal_contiguous_ones() {
+    let Some(gpu) = gpu() else { return };
+    let (t, nh, nkv, hd, half) = (3usize, 4usize, 2usize, 64usize, 32usize);
+    let (hq, hkv) = (nh * hd, nkv * hd);
+    let w = hq + 2 * hkv;
+    let qkv = random(t * w, 5);
+    let norm_q = random(hd, 6);
+    let norm_k = random(hd, 7);
+    let (cos, sin) = (random(t * half, 8), random(t * half, 9));
+    // Contiguous reference on the host.
+    let mut q: Vec<f32> = (0..t).flat_map(|r| qkv[r * w..r * w + hq].to_vec()).collect();
+    let mut k: Vec<f32> = (0..t).flat_map(|r| qkv[r * w + hq..r * w + hq + hkv].to_vec()).collect();
+    let (mut qn, mut kn) = (vec![0f32; q.len()], vec![0f32; k.len()]);
+    ops::rms_norm(&q, &norm_q, 1e-6, hd, &mut qn);
+    ops::rms_norm(&k, &norm_k, 1e-6, hd, &mut kn);
+    (q, k) = (qn, kn);
+    for r in 0..t {
+        let (c, s) = (&cos[r * half..(r + 1) * half], &sin[r * half..(r + 1) * half]);
+        ops::rope(&mut q[r * hq..(r + 1) * hq], hd, c, s, ops::RopeStyle::Neox);
+        ops::rope(&mut k[r * hkv..(r + 1) * hkv], hd, c, s, ops::RopeStyle::Neox);
+    }
+    let up = |name: &str, v: &[f32]| {
+        let b = gpu.buffer(name, v.len()).unwrap();
+        gpu.write_f32(&b, 0, v);
+        b
+    };
+    let (xb, qnb, knb, cb, sb) =
+        (up("qkv", &qkv), up("qn", &norm_q), up("kn", &norm_k), up("cos", &cos), up("sin", &sin));
+    let kpool = gpu.buffer("kpool", t * hkv).unwrap();
+    let slots = gpu.buffer_with("slots", &(0..t as u32).collect::<Vec<_>>()).unwrap();
+    let mut pass = Pass::new(&gpu);
+    pass.rms_norm_heads(&xb, 0, &qnb, (hd, nh, t, 1e-6), w);
+    pass.rms_norm_heads(&xb, hq, &knb, (hd, nkv, t, 1e-6), w);
+    pass.rope_rows(&xb, (0, w), (t, nh + nkv, hd, half), &cb, &sb, false);
+    pass.kv_store(&xb, hq, (t, hkv, w), &slots, &kpool);
+    pass.submit().unwrap();
+    let got = gpu.read_f32(&xb, 0, t * w).unwrap();
+    let got_q: Vec<f32> = (0..t).flat_map(|r| got[r * w..r * w + hq].to_vec()).collect();
+    let got_k: Vec<f32> = (0..t).flat_map(|r| got[r * w + hq..r * w + hq + hkv].to_vec()).collect();
+    assert_close(&got_q, &q, 1e-5, "q norm + rope in a q‖k‖v row");
+    assert_close(&got_k, &k, 1e-5, "k norm + rope in a q‖k‖v row");
+    assert_close(&gpu.read_f32(&kpool, 0, t * hkv).unwrap(), &k, 1e-5, "k stored from a q‖k‖v row");
+    let got_v: Vec<f32> = (0..t).flat_map(|r| got[r * w + hq + hkv..(r + 1) * w].to_vec()).collect();
+    let want_v: Vec<f32> = (0..t).flat_map(|r| qkv[r * w + hq + hkv..(r + 1) * w].to_vec()).collect();
+    assert_eq!(got_v, want_v, "v untouched");
 }

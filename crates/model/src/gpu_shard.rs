@@ -52,19 +52,64 @@ impl From<shardlm_gpu::GpuError> for ModelError {
     }
 }
 
+/// Projections of one input written side by side in each token row
+/// (q‖k‖v, gate‖up): one stacked matrix when their types allow, else each
+/// into its columns.
+enum Proj {
+    Stacked(DeviceWeight),
+    Each(Vec<DeviceWeight>),
+}
+
+impl Proj {
+    fn upload(gpu: &Gpu, name: &str, ls: &[&Linear]) -> Result<Proj, ModelError> {
+        let mut parts = Vec::with_capacity(ls.len());
+        for l in ls {
+            let w = &l.weight;
+            if matches!(w.data, formats::TensorData::Packed(_)) {
+                return Err(ModelError::Unsupported(format!("tensor '{}' was repacked for the CPU kernels", w.name)));
+            }
+            parts.push((w.dtype, (l.out_features(), l.in_features()), w.bytes(), l.bias.as_deref(), w.out_scale));
+        }
+        Ok(match DeviceWeight::upload_stacked(gpu, name, &parts)? {
+            Some(w) => Proj::Stacked(w),
+            None => Proj::Each(ls.iter().map(|l| weight(gpu, l)).collect::<Result<_, _>>()?),
+        })
+    }
+
+    /// Records `y[t, ..] = x[t, ..] · Wᵀ` for `n` rows (rows of `y`: all the
+    /// projections' outputs side by side).
+    fn record(&self, pass: &mut Pass<'_>, x: &DeviceBuf, n: usize, y: &DeviceBuf) {
+        match self {
+            Proj::Stacked(w) => pass.matmul(w, x, 0, n, y, 0),
+            Proj::Each(ws) => {
+                let stride = ws.iter().map(|w| w.rows).sum();
+                let mut off = 0;
+                for w in ws {
+                    pass.matmul_cols(w, x, 0, n, y, (off, stride));
+                    off += w.rows;
+                }
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Proj::Stacked(w) => w.bytes(),
+            Proj::Each(ws) => ws.iter().map(|w| w.bytes()).sum(),
+        }
+    }
+}
+
 struct GpuLayer {
     attn_norm: DeviceBuf,
-    q: DeviceWeight,
-    k: DeviceWeight,
-    v: DeviceWeight,
+    qkv: Proj,
     o: DeviceWeight,
     qk_norm: Option<(DeviceBuf, DeviceBuf)>,
     window: Option<usize>,
     /// Sandwich norms on the attention and MLP outputs (Gemma 3).
     post_norms: Option<(DeviceBuf, DeviceBuf)>,
     mlp_norm: DeviceBuf,
-    gate: DeviceWeight,
-    up: DeviceWeight,
+    gate_up: Proj,
     down: DeviceWeight,
     act: Act,
 }
@@ -74,13 +119,13 @@ struct Bufs {
     rows: usize,
     x: DeviceBuf,
     xn: DeviceBuf,
-    q: DeviceBuf,
-    k: DeviceBuf,
-    v: DeviceBuf,
+    /// Each token's q‖k‖v row (`hq + 2·hkv`).
+    qkv: DeviceBuf,
     attn: DeviceBuf,
     o: DeviceBuf,
+    /// Each token's gate‖up row (`2·ffn`), and the gated activation (`ffn`).
+    gu: DeviceBuf,
     gate: DeviceBuf,
-    up: DeviceBuf,
     cos: DeviceBuf,
     sin: DeviceBuf,
     /// The windowed layers' rope tables ([`crate::arch::LocalRope`]).
@@ -202,16 +247,13 @@ impl GpuShard {
         };
         Ok(GpuLayer {
             attn_norm: floats(gpu, "attn_norm", &l.attn_norm)?,
-            q: weight(gpu, &g.q)?,
-            k: weight(gpu, &g.k)?,
-            v: weight(gpu, &g.v)?,
+            qkv: Proj::upload(gpu, &g.q.weight.name, &[&g.q, &g.k, &g.v])?,
             o: weight(gpu, &g.o)?,
             qk_norm,
             window: g.window,
             post_norms,
             mlp_norm: floats(gpu, "mlp_norm", &l.mlp_norm)?,
-            gate: weight(gpu, &mlp.gate)?,
-            up: weight(gpu, &mlp.up)?,
+            gate_up: Proj::upload(gpu, &mlp.gate.weight.name, &[&mlp.gate, &mlp.up])?,
             down: weight(gpu, &mlp.down)?,
             act,
         })
@@ -224,11 +266,8 @@ impl GpuShard {
 
     /// Device bytes of the weights.
     pub fn weight_bytes(&self) -> usize {
-        let l: usize = self
-            .layers
-            .iter()
-            .map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down].iter().map(|w| w.bytes()).sum::<usize>())
-            .sum();
+        let l: usize =
+            self.layers.iter().map(|l| l.qkv.bytes() + l.gate_up.bytes() + l.o.bytes() + l.down.bytes()).sum();
         l + self.head.as_ref().map_or(0, |(_, h)| h.bytes())
     }
 
@@ -241,13 +280,11 @@ impl GpuShard {
             rows,
             x: g.buffer("x", rows * h)?,
             xn: g.buffer("xn", rows * h)?,
-            q: g.buffer("q", rows * hq)?,
-            k: g.buffer("k", rows * hkv)?,
-            v: g.buffer("v", rows * hkv)?,
+            qkv: g.buffer("qkv", rows * (hq + 2 * hkv))?,
             attn: g.buffer("attn", rows * hq)?,
             o: g.buffer("o", rows * h)?,
+            gu: g.buffer("gate_up", rows * 2 * ffn)?,
             gate: g.buffer("gate", rows * ffn)?,
-            up: g.buffer("up", rows * ffn)?,
             cos: g.buffer("cos", rows * half)?,
             sin: g.buffer("sin", rows * half)?,
             cos_local: g.buffer("cos_local", rows * half)?,
@@ -274,7 +311,7 @@ impl GpuShard {
         let cfg = &m.config;
         let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
         let (nh, nkv) = (m.local.n_heads, m.local.n_kv_heads);
-        let (hkv, ffn, half) = (nkv * hd, m.local.ffn, cfg.rope_dim / 2);
+        let (hq, hkv, ffn, half) = (nh * hd, nkv * hd, m.local.ffn, cfg.rope_dim / 2);
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let gpu = &*self.gpu;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -352,24 +389,24 @@ impl GpuShard {
         let mut pass = Pass::new(gpu);
         for (li, l) in self.layers.iter().enumerate() {
             pass.rms_norm(&b.x, 0, &l.attn_norm, (h, n, eps), &b.xn, 0);
-            pass.matmul(&l.q, &b.xn, 0, n, &b.q, 0);
-            pass.matmul(&l.k, &b.xn, 0, n, &b.k, 0);
-            pass.matmul(&l.v, &b.xn, 0, n, &b.v, 0);
+            // Each token's row: q (hq) ‖ k (hkv) ‖ v (hkv).
+            let w = hq + 2 * hkv;
+            l.qkv.record(&mut pass, &b.xn, n, &b.qkv);
             if let Some((qn, kn)) = &l.qk_norm {
-                pass.rms_norm_inplace(&b.q, 0, qn, (hd, n * nh, eps));
-                pass.rms_norm_inplace(&b.k, 0, kn, (hd, n * nkv, eps));
+                pass.rms_norm_heads(&b.qkv, 0, qn, (hd, nh, n, eps), w);
+                pass.rms_norm_heads(&b.qkv, hq, kn, (hd, nkv, n, eps), w);
             }
             let (cos, sin) = match l.window.is_some() && m.rope_local.is_some() {
                 true => (&b.cos_local, &b.sin_local),
                 false => (&b.cos, &b.sin),
             };
-            pass.rope(&b.q, 0, (n, nh, hd, half), cos, sin, interleaved);
-            pass.rope(&b.k, 0, (n, nkv, hd, half), cos, sin, interleaved);
+            // q's and k's heads sit side by side: one rope for both.
+            pass.rope_rows(&b.qkv, (0, w), (n, nh + nkv, hd, half), cos, sin, interleaved);
             let g = usize::from(window_group(li));
-            pass.kv_store(&b.k, 0, (n, hkv), &b.slots[g], &kv.k[li]);
-            pass.kv_store(&b.v, 0, (n, hkv), &b.slots[g], &kv.v[li]);
+            pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li]);
+            pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li]);
             let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block: pool.block, scale, window: l.window };
-            pass.attention(&b.q, 0, n, &args, (&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]), &b.attn);
+            pass.attention(&b.qkv, (0, w), n, &args, (&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]), &b.attn);
             // Without a sandwich norm or a tensor split, the residual add
             // happens in the matmul.
             let fused = !tp && l.post_norms.is_none();
@@ -386,9 +423,8 @@ impl GpuShard {
                 pass.add(&b.x, &b.o, n * h);
             }
             pass.rms_norm(&b.x, 0, &l.mlp_norm, (h, n, eps), &b.xn, 0);
-            pass.matmul(&l.gate, &b.xn, 0, n, &b.gate, 0);
-            pass.matmul(&l.up, &b.xn, 0, n, &b.up, 0);
-            pass.act_mul(&b.gate, &b.up, n * ffn, l.act);
+            l.gate_up.record(&mut pass, &b.xn, n, &b.gu);
+            pass.act_mul(&b.gu, &b.gate, (n, ffn), l.act);
             if fused {
                 pass.matmul_add(&l.down, &b.gate, 0, n, &b.x, 0);
             } else {

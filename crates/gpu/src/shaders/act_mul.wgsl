@@ -1,16 +1,18 @@
-// gate[i] = act(gate[i]) · up[i] for i < n: SiLU (act 0) or GELU's tanh
+// out[i] = act(g) · u for i < n, where token row i / width of `gu` holds
+// the gate's `width` values then the up projection's (g at column
+// i % width, u at width + i % width): SiLU (act 0) or GELU's tanh
 // approximation (act 1), computed as g · σ(2·√(2/π)·(g + 0.044715·g³)).
 
 struct Params {
     n: u32,
     act: u32,
-    _p0: u32,
+    width: u32,
     _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> up: array<f32>;
-@group(0) @binding(2) var<storage, read_write> gate: array<f32>;
+@group(0) @binding(1) var<storage, read> gu: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -18,7 +20,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= p.n) {
         return;
     }
-    let g = gate[i];
+    let at = (i / p.width) * 2u * p.width + i % p.width;
+    let g = gu[at];
     var a: f32;
     if (p.act == 0u) {
         a = g / (1.0 + exp(-g));
@@ -26,5 +29,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let t = 0.7978846 * (g + 0.044715 * g * g * g);
         a = g / (1.0 + exp(-2.0 * t));
     }
-    gate[i] = a * up[i];
+    out[i] = a * gu[at + p.width];
 }

@@ -18,7 +18,8 @@ struct Params {
     scale: f32,
     window: u32,
     q_off: u32,
-    _p0: u32,
+    // Values per token row of q (heads × head_dim, or a whole q‖k‖v row).
+    q_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -54,7 +55,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let kvh = head / (p.heads / p.kv_heads);
     let hd = p.head_dim;
     let row_len = p.kv_heads * hd;
-    let qb = p.q_off + (t * p.heads + head) * hd;
+    let qb = p.q_off + t * p.q_stride + head * hd;
     for (var d = li; d < hd; d = d + 64u) {
         qs[d] = q[qb + d];
     }

@@ -1,4 +1,5 @@
-// Writes the new tokens' rows (`t × row` of src from src_off) into a paged
+// Writes the new tokens' rows (`row` values of each token row of `src_stride`
+// in src, from src_off: the k or v part of a q‖k‖v row) into a paged
 // pool: token j's row goes to pool row slots[j] (block · block_size +
 // offset, which the host computes from the block table).
 
@@ -6,7 +7,7 @@ struct Params {
     row: u32,
     t: u32,
     src_off: u32,
-    _p0: u32,
+    src_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -22,5 +23,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let j = i / p.row;
     let e = i % p.row;
-    pool[slots[j] * p.row + e] = src[p.src_off + i];
+    pool[slots[j] * p.row + e] = src[p.src_off + j * p.src_stride + e];
 }

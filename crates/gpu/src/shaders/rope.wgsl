@@ -1,4 +1,5 @@
-// Rotary embedding in place on `x` (`t × heads × head_dim` from x_off) with
+// Rotary embedding in place on `x` (`heads × head_dim` of each token row of
+// `stride` values, from x_off: q and k heads side by side in a q‖k‖v row) with
 // per-token tables cos/sin (`t × half`): the first 2·half dims of each head
 // rotate, as halves (neox, style 0) or as adjacent pairs (style 1).
 // One workgroup per (head, token).
@@ -9,7 +10,7 @@ struct Params {
     half: u32,
     style: u32,
     x_off: u32,
-    _p0: u32,
+    stride: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -23,7 +24,7 @@ struct Params {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let head = wg.x;
     let t = wg.y;
-    let base = p.x_off + (t * p.heads + head) * p.head_dim;
+    let base = p.x_off + t * p.stride + head * p.head_dim;
     for (var i = li; i < p.half; i = i + 64u) {
         let c = cs[t * p.half + i];
         let s = sn[t * p.half + i];
