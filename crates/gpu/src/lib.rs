@@ -37,7 +37,7 @@ mod weights;
 pub use device::{AdapterReport, DeviceBuf, Gpu};
 pub use error::GpuError;
 pub use pass::{Act, AttnArgs, Pass};
-pub use weights::DeviceWeight;
+pub use weights::{DeviceWeight, StackPart};
 
 /// The weight types the matmul shader reads.
 pub const WEIGHT_TYPES: [kernels::DType; 10] = [

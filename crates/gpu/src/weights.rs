@@ -29,6 +29,10 @@ pub(crate) struct Part {
     pub(crate) bias: Option<DeviceBuf>,
 }
 
+/// One projection for [`DeviceWeight::upload_stacked`]: its type, `(rows,
+/// cols)`, file-layout bytes, bias and output scale.
+pub type StackPart<'a> = (DType, (usize, usize), &'a [u8], Option<&'a [f32]>, f32);
+
 /// Copies bytes into little-endian words, zero-padding the last.
 fn words(bytes: &[u8]) -> Vec<u32> {
     let mut w = vec![0u32; bytes.len().div_ceil(4)];
@@ -117,11 +121,7 @@ impl DeviceWeight {
     /// rows one after another (q‖k‖v, gate‖up): one dispatch instead of
     /// several. `None` when they cannot share one (types, widths, output
     /// scales or biases differ); upload them one by one then.
-    pub fn upload_stacked(
-        gpu: &Gpu,
-        name: &str,
-        parts: &[(DType, (usize, usize), &[u8], Option<&[f32]>, f32)],
-    ) -> Result<Option<DeviceWeight>, GpuError> {
+    pub fn upload_stacked(gpu: &Gpu, name: &str, parts: &[StackPart<'_>]) -> Result<Option<DeviceWeight>, GpuError> {
         let (dtype, (_, cols), _, bias0, scale) = parts[0];
         let same = parts
             .iter()
