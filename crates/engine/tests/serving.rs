@@ -18,25 +18,14 @@
 //! ~20 (top-1 unchanged here).
 
 mod common;
-use common::serving::{request, Recorder, Seen};
+use common::serving::{max_diff, request, submit, Recorder, Seen};
 use common::smollm2;
 use model::{LoadOptions, Model, ShardSpec};
-use shardlm_engine::generate::{Engine, GenerateRequest};
-use shardlm_engine::serving::{Scheduler, SchedulerConfig, Submission};
+use shardlm_engine::generate::Engine;
+use shardlm_engine::serving::{Scheduler, SchedulerConfig};
 use std::sync::{Arc, Mutex};
 
 const LOGIT_BOUND: f32 = 1.5;
-
-fn submit(s: &mut Scheduler, req: GenerateRequest) -> Arc<Mutex<Seen>> {
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    s.submit(Submission { request: req, hooks: Box::new(Recorder(seen.clone())) });
-    seen
-}
-
-fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0f32, f32::max)
-}
 
 /// SmolLM2 loaded whole, with its tokenizer (`None` when it is not cached).
 fn smollm2_model() -> Option<(Model, shardlm_engine::Tokenizer)> {

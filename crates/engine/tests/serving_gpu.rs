@@ -11,12 +11,11 @@
 //! `CI=true`.
 
 mod common;
-use common::serving::{request, Recorder, Seen};
+use common::serving::{max_diff, request, submit, Seen};
 use model::{Device, LoadOptions, Model, ShardSpec};
-use shardlm_engine::generate::{Engine, GenerateRequest};
-use shardlm_engine::serving::{Scheduler, SchedulerConfig, Submission};
+use shardlm_engine::generate::Engine;
+use shardlm_engine::serving::{Scheduler, SchedulerConfig};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 fn engine(name: &str, device: Device) -> Option<Engine> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
@@ -34,17 +33,6 @@ fn engine(name: &str, device: Device) -> Option<Engine> {
         }
         Err(e) => panic!("{name}: {e}"),
     }
-}
-
-fn submit(s: &mut Scheduler, req: GenerateRequest) -> Arc<Mutex<Seen>> {
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    s.submit(Submission { request: req, hooks: Box::new(Recorder(seen.clone())) });
-    seen
-}
-
-fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0f32, f32::max)
 }
 
 /// Runs `prompt` (and `others` side requests) to the end; the main request's record.

@@ -30,12 +30,16 @@ pub struct AttnArgs {
 }
 
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
+const HALF: &str = include_str!("shaders/dot_half.wgsl");
 
 fn matmul_source(dtype: DType) -> String {
     let dot = match dtype {
         DType::F32 => include_str!("shaders/dot_f32.wgsl"),
-        DType::F16 => include_str!("shaders/dot_f16.wgsl"),
-        DType::BF16 => include_str!("shaders/dot_bf16.wgsl"),
+        DType::F16 => return MATMUL.replace("//DOT", &HALF.replace("HALVES", "unpack2x16float(word)")),
+        DType::BF16 => {
+            let bf16 = "vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u))";
+            return MATMUL.replace("//DOT", &HALF.replace("HALVES", bf16));
+        }
         DType::Q8_0 => include_str!("shaders/dot_q8_0.wgsl"),
         DType::Q4_0 => include_str!("shaders/dot_q4_0.wgsl"),
         DType::Q4_1 => include_str!("shaders/dot_q4_1.wgsl"),

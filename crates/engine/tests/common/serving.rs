@@ -5,7 +5,7 @@
 
 use model::{LoadOptions, Model, ShardSpec};
 use shardlm_engine::generate::{Engine, GenerateHooks, GenerateRequest};
-use shardlm_engine::serving::{SeqHooks, SeqOutcome};
+use shardlm_engine::serving::{Scheduler, SeqHooks, SeqOutcome, Submission};
 use shardlm_engine::EngineError;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -61,4 +61,17 @@ pub fn fixture_engine(name: &str, prefill_chunk: usize) -> Engine {
     let mut e = Engine::new(m, None, 2);
     e.prefill_chunk = prefill_chunk;
     e
+}
+
+/// Submits `req` with a recorder; the record fills as the scheduler steps.
+pub fn submit(s: &mut Scheduler, req: GenerateRequest) -> Arc<Mutex<Seen>> {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    s.submit(Submission { request: req, hooks: Box::new(Recorder(seen.clone())) });
+    seen
+}
+
+/// The largest |Δ| between two runs' logits, step by step.
+pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs())).fold(0f32, f32::max)
 }

@@ -1,6 +1,7 @@
-// BF16 weights: two values per word; a bf16 is the high half of an f32.
-// Each invocation takes whole words (two values): a row may start or end
-// inside a word when k is odd.
+// 16-bit float weights, two values per word, the lower index in the low
+// half: F16 or BF16 (HALVES turns a word into its two values). Each
+// invocation takes whole words; a row may start or end inside a word when
+// k is odd.
 fn partial_dot(row: u32, xb: u32, li: u32) -> f32 {
     _ = w1[0];
     let base = row * p.k;
@@ -9,7 +10,7 @@ fn partial_dot(row: u32, xb: u32, li: u32) -> f32 {
     var s = 0.0;
     for (var w = (base >> 1u) + li; w < last; w = w + WG) {
         let word = w0[w];
-        let v = vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+        let v = HALVES;
         let e = 2u * w;
         if (e >= base) {
             s = s + v.x * x[xb + e - base];
