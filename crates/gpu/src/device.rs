@@ -58,6 +58,29 @@ pub struct Gpu {
     pub(crate) params: wgpu::Buffer,
     /// The first error the device reported (validation, out of memory, loss).
     error: Arc<Mutex<Option<String>>>,
+    /// `SHARDLM_GPU_PROFILE=1`: each dispatch runs alone (submit, wait) and
+    /// its wall time adds up here by label; printed when the device closes.
+    pub(crate) profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let Some(p) = &self.profile else { return };
+        let p = p.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rows: Vec<_> = p.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        let total: f64 = rows.iter().map(|r| r.1 .1).sum();
+        eprintln!("GPU profile ({}): each dispatch alone, submit to wait, wall time", self.info.name);
+        for (label, (n, secs)) in rows {
+            eprintln!(
+                "  {:>8.1} ms {:>5.1}%  {:>7} × {:>7.1} µs  {label}",
+                secs * 1e3,
+                100.0 * secs / total.max(1e-12),
+                n,
+                secs * 1e6 / *n as f64
+            );
+        }
+    }
 }
 
 type BindKey = (String, u64, Vec<wgpu::Buffer>);
@@ -164,7 +187,13 @@ impl Gpu {
             mapped_at_creation: false,
         });
         let (pipelines, binds) = (Mutex::new(HashMap::new()), Mutex::new(HashMap::new()));
-        Ok(Gpu { device, queue, info, pipelines, binds, dummy, params, error })
+        let profile = std::env::var("SHARDLM_GPU_PROFILE").is_ok_and(|v| v == "1").then(|| Mutex::new(HashMap::new()));
+        Ok(Gpu { device, queue, info, pipelines, binds, dummy, params, error, profile })
+    }
+
+    /// Waits for everything submitted.
+    pub(crate) fn wait(&self) {
+        let _ = self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None });
     }
 
     /// The first error the device reported since it opened, if any.

@@ -30,26 +30,44 @@ pub struct AttnArgs {
 }
 
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
+/// (invocations per row, rows per workgroup) of the matmul for `dtype`:
+/// 64 invocations a workgroup either way (matmul.wgsl).
+fn matmul_shape(dtype: DType) -> (usize, usize) {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => (32, 2),
+        _ => (8, 8),
+    }
+}
 const HALF: &str = include_str!("shaders/dot_half.wgsl");
 
 fn matmul_source(dtype: DType) -> String {
     let dot = match dtype {
         DType::F32 => include_str!("shaders/dot_f32.wgsl"),
-        DType::F16 => return MATMUL.replace("//DOT", &HALF.replace("HALVES", "unpack2x16float(word)")),
+        DType::F16 => {
+            return with_shape(MATMUL.replace("//DOT", &HALF.replace("HALVES", "unpack2x16float(word)")), dtype)
+        }
         DType::BF16 => {
             let bf16 = "vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u))";
-            return MATMUL.replace("//DOT", &HALF.replace("HALVES", bf16));
+            return with_shape(MATMUL.replace("//DOT", &HALF.replace("HALVES", bf16)), dtype);
         }
         DType::Q8_0 => include_str!("shaders/dot_q8_0.wgsl"),
         DType::Q4_0 => include_str!("shaders/dot_q4_0.wgsl"),
         DType::Q4_1 => include_str!("shaders/dot_q4_1.wgsl"),
-        DType::Q5_0 => return MATMUL.replace("//DOT", &include_str!("shaders/dot_q5.wgsl").replace("MIN_WORD", "0u")),
-        DType::Q5_1 => return MATMUL.replace("//DOT", &include_str!("shaders/dot_q5.wgsl").replace("MIN_WORD", "1u")),
+        DType::Q5_0 | DType::Q5_1 => {
+            let min_word = if dtype == DType::Q5_1 { "1u" } else { "0u" };
+            let dot = include_str!("shaders/dot_q5.wgsl").replace("MIN_WORD", min_word);
+            return with_shape(MATMUL.replace("//DOT", &dot), dtype);
+        }
         DType::Q4_K => include_str!("shaders/dot_q4_k.wgsl"),
         DType::Q6_K => include_str!("shaders/dot_q6_k.wgsl"),
         other => unreachable!("DeviceWeight::upload refuses {other:?}"),
     };
-    MATMUL.replace("//DOT", dot)
+    with_shape(MATMUL.replace("//DOT", dot), dtype)
+}
+
+fn with_shape(src: String, dtype: DType) -> String {
+    let (lanes, rows) = matmul_shape(dtype);
+    src.replace("LANESu", &format!("{lanes}u")).replace("ROWSu", &format!("{rows}u"))
 }
 
 fn rms_norm_source(inplace: bool) -> String {
@@ -144,6 +162,17 @@ impl<'g> Pass<'g> {
         cp.set_pipeline(&pipeline);
         cp.set_bind_group(0, &*bind, &[]);
         cp.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if let Some(profile) = &gpu.profile {
+            let t0 = std::time::Instant::now();
+            self.submit_now();
+            gpu.wait();
+            let dt = t0.elapsed().as_secs_f64();
+            let label = format!("{key} {groups:?}");
+            let mut p = profile.lock().unwrap_or_else(|e| e.into_inner());
+            let e = p.entry(label).or_insert((0, 0.0));
+            e.0 += 1;
+            e.1 += dt;
+        }
     }
 
     /// `y[y_off + t·n ..] = x[x_off + t·k ..] · Wᵀ (· out_scale) + bias` for `t` rows.
@@ -197,8 +226,9 @@ impl<'g> Pass<'g> {
             let w1 = part.w1.as_ref().map_or(dummy, |b| &b.buf);
             let bias = part.bias.as_ref().map_or(dummy, |b| &b.buf);
             let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf];
-            // Eight rows a workgroup (matmul.wgsl).
-            self.dispatch(&key, || matmul_source(w.dtype), &p, &bufs, row_grid(part.rows.div_ceil(8), t));
+            // ROWS rows a workgroup (matmul.wgsl).
+            let rows = matmul_shape(w.dtype).1;
+            self.dispatch(&key, || matmul_source(w.dtype), &p, &bufs, row_grid(part.rows.div_ceil(rows), t));
         }
     }
 

@@ -1,11 +1,15 @@
 // y[t, n] = out_scale · Σ_k x[t, k] · W[n, k] + bias[n]   (flags bit 0: bias)
 // or y[t, n] += … (flags bit 1: accumulate, the residual add fused in)
 //
-// A workgroup of 64 invocations covers 8 output rows of one token t, 8
-// invocations per row: each sums its share of the row (`partial_dot`, from
-// the weight type's dot_*.wgsl, which dequantizes the stored blocks in
-// registers; the 8 read neighbouring values or blocks), then a 3-step tree
-// reduction in workgroup memory. Row groups past 32768 go in the z
+// A workgroup of 64 invocations covers ROWS output rows of one token t, WG
+// = 64 / ROWS invocations per row: each sums its share of the row
+// (`partial_dot`, from the weight type's dot_*.wgsl, which dequantizes the
+// stored blocks in registers; neighbouring invocations read neighbouring
+// values or blocks), then a tree reduction in workgroup memory. Decode is
+// latency-bound on a big GPU (a 2048-row matrix is only 2048 rows of work):
+// float rows get 32 invocations (more loads in flight, shorter loops); block
+// types keep 8, each taking whole blocks (on an H200, 32 made Q4_0/Q8_0
+// decode 19% slower and their prefill 3× slower, bf16 decode 47% faster). Row groups past 32768 go in the z
 // dimension (a dimension holds at most 65535 workgroups).
 //
 // Bindings: x is `t × k` f32 from `x_off`; w0 the type's codes (or values),
@@ -31,9 +35,10 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
-// Invocations per row: the stride of partial_dot's loops.
-const WG: u32 = 8u;
-const ROWS: u32 = 8u;
+// Invocations per row (the stride of partial_dot's loops) and rows per
+// workgroup, set per weight type by the host (pass.rs, `matmul_shape`).
+const WG: u32 = LANESu;
+const ROWS: u32 = ROWSu;
 var<workgroup> red: array<f32, 64>;
 
 // The f16 at index `i` of an array of packed f16 pairs (low half first).
