@@ -37,15 +37,7 @@ fn golden(name: &str) -> (String, Vec<u64>, Vec<f32>) {
     let j: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     let ids = j["input_ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect::<Vec<_>>().join(",");
     let greedy = j["greedy_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-    let bytes = std::fs::read(dir.join("golden.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let logits = st
-        .tensor("logits")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let logits = common::dumped_logits(&dir.join("golden.safetensors"));
     (ids, greedy, logits)
 }
 

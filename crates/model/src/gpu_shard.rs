@@ -62,14 +62,7 @@ enum Proj {
 
 impl Proj {
     fn upload(gpu: &Gpu, name: &str, ls: &[&Linear]) -> Result<Proj, ModelError> {
-        let mut parts = Vec::with_capacity(ls.len());
-        for l in ls {
-            let w = &l.weight;
-            if matches!(w.data, formats::TensorData::Packed(_)) {
-                return Err(ModelError::Unsupported(format!("tensor '{}' was repacked for the CPU kernels", w.name)));
-            }
-            parts.push((w.dtype, (l.out_features(), l.in_features()), w.bytes(), l.bias.as_deref(), w.out_scale));
-        }
+        let parts = ls.iter().map(|l| stored(l)).collect::<Result<Vec<_>, _>>()?;
         Ok(match DeviceWeight::upload_stacked(gpu, name, &parts)? {
             Some(w) => Proj::Stacked(w),
             None => Proj::Each(ls.iter().map(|l| weight(gpu, l)).collect::<Result<_, _>>()?),
@@ -172,13 +165,18 @@ impl std::fmt::Debug for GpuShard {
     }
 }
 
-fn weight(gpu: &Gpu, l: &Linear) -> Result<DeviceWeight, ModelError> {
+/// `l` as the device uploads it: type, shape, file-layout bytes, bias, scale.
+fn stored(l: &Linear) -> Result<shardlm_gpu::StackPart<'_>, ModelError> {
     let w = &l.weight;
     if matches!(w.data, formats::TensorData::Packed(_)) {
         return Err(ModelError::Unsupported(format!("tensor '{}' was repacked for the CPU kernels", w.name)));
     }
-    let (rows, cols) = (l.out_features(), l.in_features());
-    Ok(DeviceWeight::upload(gpu, &w.name, w.dtype, (rows, cols), w.bytes(), l.bias.as_deref(), w.out_scale)?)
+    Ok((w.dtype, (l.out_features(), l.in_features()), w.bytes(), l.bias.as_deref(), w.out_scale))
+}
+
+fn weight(gpu: &Gpu, l: &Linear) -> Result<DeviceWeight, ModelError> {
+    let (dtype, shape, bytes, bias, scale) = stored(l)?;
+    Ok(DeviceWeight::upload(gpu, &l.weight.name, dtype, shape, bytes, bias, scale)?)
 }
 
 fn floats(gpu: &Gpu, what: &str, v: &[f32]) -> Result<DeviceBuf, ModelError> {
@@ -340,7 +338,9 @@ impl GpuShard {
                 return Err(ModelError::Unsupported("--device gpu runs paged sequences (the scheduler's) only".into()));
             };
             let len = s.tokens.len();
-            window.logical_table(start + len, pool.block, &mut logical);
+            if pool.n_window_blocks > 0 {
+                window.logical_table(start + len, pool.block, &mut logical);
+            }
             for (g, table) in [&table[..], &logical[..]].into_iter().enumerate() {
                 if g == 1 && pool.n_window_blocks == 0 {
                     continue;
