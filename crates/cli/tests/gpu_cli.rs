@@ -51,7 +51,7 @@ fn run_on_the_gpu_matches_the_goldens() {
     if !have_gpu() {
         return;
     }
-    for name in ["llama", "qwen2", "qwen3", "mistral"] {
+    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "glm4_moe", "gpt_oss"] {
         let (ids, greedy, want) = golden(name);
         let model = fixture(name);
         let (out, logits) = run_with_logits(
@@ -67,21 +67,23 @@ fn run_on_the_gpu_matches_the_goldens() {
 }
 
 /// Rank 0 on the GPU and rank 1 on the CPU (and the reverse), pipeline and
-/// tensor, against one CPU process: the same greedy tokens, and prompt
-/// logits within 1e-3 (the GPU sums in another order than the CPU).
+/// tensor (and expert, for a MoE model: rank 0's experts on the GPU),
+/// against one CPU process: the same greedy tokens, and prompt logits
+/// within 1e-3 (the GPU sums in another order than the CPU).
 #[test]
 fn mixed_clusters_match_one_process() {
     if !have_gpu() {
         return;
     }
-    for name in ["llama", "qwen3"] {
+    for name in ["llama", "qwen3", "qwen2_moe"] {
         let (ids, _, _) = golden(name);
         let model = fixture(name);
         let m = model.to_str().unwrap();
         let prompt = ["--prompt-ids", ids.as_str()];
         let (want_ids, want_logits) = run_with_logits(m, "8", &prompt, &[]);
         for devices in ["gpu,cpu", "cpu,gpu"] {
-            for strategy in ["pipeline", "tensor"] {
+            let moe = name.contains("moe");
+            for strategy in ["pipeline", "tensor", "expert"].into_iter().filter(|s| moe || *s != "expert") {
                 let extra = ["--ranks", "2", "--strategy", strategy, "--device", devices];
                 let (out, logits) = run_with_logits(m, "8", &prompt, &extra);
                 assert_eq!(out, want_ids, "{name} {strategy} {devices}: greedy tokens");

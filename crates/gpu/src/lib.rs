@@ -32,11 +32,13 @@
 mod device;
 mod error;
 mod pass;
+mod pass_moe;
 mod weights;
 
 pub use device::{AdapterReport, DeviceBuf, Gpu};
 pub use error::GpuError;
-pub use pass::{Act, AttnArgs, Pass};
+pub use pass::{Act, AttnArgs, Pass, Sinks};
+pub use pass_moe::{Pairs, RouteMode};
 pub use weights::{DeviceWeight, StackPart};
 
 /// The weight types the matmul shader reads.

@@ -10,10 +10,15 @@ use crate::{DeviceBuf, DeviceWeight, Gpu, GpuError};
 use kernels::DType;
 
 /// The gated activation of an MLP ([`Pass::act_mul`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Act {
     Silu,
     GeluTanh,
+    /// gpt-oss: `(clamp(up, ±limit) + 1) · g · sigmoid(alpha · g)`, `g = min(gate, limit)`.
+    ClampedSwiglu {
+        alpha: f32,
+        limit: f32,
+    },
 }
 
 /// The shape of one layer's attention ([`Pass::attention`]).
@@ -29,45 +34,47 @@ pub struct AttnArgs {
     pub window: Option<usize>,
 }
 
+/// A learned sink logit per query head (gpt-oss), `heads` values.
+pub type Sinks<'a> = Option<&'a DeviceBuf>;
+
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 /// (invocations per row, rows per workgroup) of the matmul for `dtype`:
 /// 64 invocations a workgroup either way (matmul.wgsl).
-fn matmul_shape(dtype: DType) -> (usize, usize) {
+pub(crate) fn matmul_shape(dtype: DType) -> (usize, usize) {
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => (32, 2),
         _ => (8, 8),
     }
 }
+pub(crate) const MATMUL_ID: &str = include_str!("shaders/matmul_id.wgsl");
 const HALF: &str = include_str!("shaders/dot_half.wgsl");
 
-fn matmul_source(dtype: DType) -> String {
-    let dot = match dtype {
-        DType::F32 => include_str!("shaders/dot_f32.wgsl"),
-        DType::F16 => {
-            return with_shape(MATMUL.replace("//DOT", &HALF.replace("HALVES", "unpack2x16float(word)")), dtype)
-        }
-        DType::BF16 => {
-            let bf16 = "vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u))";
-            return with_shape(MATMUL.replace("//DOT", &HALF.replace("HALVES", bf16)), dtype);
-        }
-        DType::Q8_0 => include_str!("shaders/dot_q8_0.wgsl"),
-        DType::Q4_0 => include_str!("shaders/dot_q4_0.wgsl"),
-        DType::Q4_1 => include_str!("shaders/dot_q4_1.wgsl"),
+/// The weight type's `partial_dot` (dequantizing its stored blocks).
+fn dot_source(dtype: DType) -> String {
+    match dtype {
+        DType::F32 => include_str!("shaders/dot_f32.wgsl").into(),
+        DType::F16 => HALF.replace("HALVES", "unpack2x16float(word)"),
+        DType::BF16 => HALF.replace("HALVES", "vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u))"),
+        DType::Q8_0 => include_str!("shaders/dot_q8_0.wgsl").into(),
+        DType::Q4_0 => include_str!("shaders/dot_q4_0.wgsl").into(),
+        DType::Q4_1 => include_str!("shaders/dot_q4_1.wgsl").into(),
         DType::Q5_0 | DType::Q5_1 => {
             let min_word = if dtype == DType::Q5_1 { "1u" } else { "0u" };
-            let dot = include_str!("shaders/dot_q5.wgsl").replace("MIN_WORD", min_word);
-            return with_shape(MATMUL.replace("//DOT", &dot), dtype);
+            include_str!("shaders/dot_q5.wgsl").replace("MIN_WORD", min_word)
         }
-        DType::Q4_K => include_str!("shaders/dot_q4_k.wgsl"),
-        DType::Q6_K => include_str!("shaders/dot_q6_k.wgsl"),
+        DType::Q4_K => include_str!("shaders/dot_q4_k.wgsl").into(),
+        DType::Q6_K => include_str!("shaders/dot_q6_k.wgsl").into(),
         other => unreachable!("DeviceWeight::upload refuses {other:?}"),
-    };
-    with_shape(MATMUL.replace("//DOT", dot), dtype)
+    }
 }
 
-fn with_shape(src: String, dtype: DType) -> String {
+/// A matmul shader (`main`: matmul.wgsl or matmul_id.wgsl) for `dtype`.
+pub(crate) fn matmul_source(main: &str, dtype: DType) -> String {
     let (lanes, rows) = matmul_shape(dtype);
-    src.replace("LANESu", &format!("{lanes}u")).replace("ROWSu", &format!("{rows}u"))
+    main.replace("//COMMON", include_str!("shaders/matmul_common.wgsl"))
+        .replace("//DOT", &dot_source(dtype))
+        .replace("LANESu", &format!("{lanes}u"))
+        .replace("ROWSu", &format!("{rows}u"))
 }
 
 fn rms_norm_source(inplace: bool) -> String {
@@ -86,12 +93,12 @@ fn words8(w: [u32; 8]) -> [u32; 8] {
 }
 
 /// Workgroups for one per row, rows past 32768 in z: `(x, y = t, z)`.
-fn row_grid(rows: usize, t: usize) -> [u32; 3] {
+pub(crate) fn row_grid(rows: usize, t: usize) -> [u32; 3] {
     [rows.min(32768) as u32, t as u32, rows.div_ceil(32768) as u32]
 }
 
 /// Workgroups of 256 for `n` elements, spilling into y past 65535.
-fn flat_grid(n: usize) -> [u32; 3] {
+pub(crate) fn flat_grid(n: usize) -> [u32; 3] {
     let g = n.div_ceil(256).max(1);
     [g.min(65535) as u32, g.div_ceil(65535) as u32, 1]
 }
@@ -105,7 +112,7 @@ fn flat_grid(n: usize) -> [u32; 3] {
 /// up in one write, and bind groups are reused across steps (a step of the
 /// same shape binds the same buffers at the same parameter slots).
 pub struct Pass<'g> {
-    gpu: &'g Gpu,
+    pub(crate) gpu: &'g Gpu,
     enc: wgpu::CommandEncoder,
     cpass: Option<wgpu::ComputePass<'static>>,
     /// This submission's parameter slots, written at submit (or flush).
@@ -133,7 +140,7 @@ impl<'g> Pass<'g> {
         self.gpu.queue.submit([enc.finish()]);
     }
 
-    fn dispatch(
+    pub(crate) fn dispatch(
         &mut self,
         key: &str,
         source: impl FnOnce() -> String,
@@ -228,7 +235,7 @@ impl<'g> Pass<'g> {
             let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf];
             // ROWS rows a workgroup (matmul.wgsl).
             let rows = matmul_shape(w.dtype).1;
-            self.dispatch(&key, || matmul_source(w.dtype), &p, &bufs, row_grid(part.rows.div_ceil(rows), t));
+            self.dispatch(&key, || matmul_source(MATMUL, w.dtype), &p, &bufs, row_grid(part.rows.div_ceil(rows), t));
         }
     }
 
@@ -319,7 +326,12 @@ impl<'g> Pass<'g> {
     /// `width` values then the up projection's; `out` is `t × width`.
     pub fn act_mul(&mut self, gu: &DeviceBuf, out: &DeviceBuf, (t, width): (usize, usize), act: Act) {
         let n = t * width;
-        let p = [n as u32, (act == Act::GeluTanh) as u32, width as u32, 0];
+        let (code, alpha, limit) = match act {
+            Act::Silu => (0, 0.0f32, 0.0f32),
+            Act::GeluTanh => (1, 0.0, 0.0),
+            Act::ClampedSwiglu { alpha, limit } => (2, alpha, limit),
+        };
+        let p = words8([n as u32, code, width as u32, alpha.to_bits(), limit.to_bits(), 0, 0, 0]);
         let src = || include_str!("shaders/act_mul.wgsl").to_string();
         self.dispatch("act_mul", src, &p, &[&gu.buf, &out.buf], flat_grid(n));
     }
@@ -349,7 +361,7 @@ impl<'g> Pass<'g> {
     /// Causal attention of `t` query rows (`heads × head_dim` each, at
     /// `q_off` of token rows of `q_stride` values) over the paged pools;
     /// `tok` holds (position, table offset) per row and `tables` the block
-    /// tables. Output rows (`heads × head_dim`) into `out`.
+    /// tables; `sinks` a sink logit per head. Output rows (`heads × head_dim`) into `out`.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &mut self,
@@ -359,10 +371,11 @@ impl<'g> Pass<'g> {
         a: &AttnArgs,
         (kpool, vpool): (&DeviceBuf, &DeviceBuf),
         (tok, tables): (&DeviceBuf, &DeviceBuf),
+        sinks: Sinks<'_>,
         out: &DeviceBuf,
     ) {
         assert!(a.head_dim <= 256 && a.heads.is_multiple_of(a.kv_heads), "checked when the model loads");
-        let p = words8([
+        let p = [
             a.heads as u32,
             a.kv_heads as u32,
             a.head_dim as u32,
@@ -371,9 +384,14 @@ impl<'g> Pass<'g> {
             a.window.unwrap_or(0) as u32,
             q_off as u32,
             q_stride as u32,
-        ]);
+            sinks.is_some() as u32,
+            0,
+            0,
+            0,
+        ];
         let s = || include_str!("shaders/attention.wgsl").to_string();
-        let bufs = [&q.buf, &kpool.buf, &vpool.buf, &tok.buf, &tables.buf, &out.buf];
+        let sinks = sinks.map_or(&self.gpu.dummy, |b| &b.buf);
+        let bufs = [&q.buf, &kpool.buf, &vpool.buf, &tok.buf, &tables.buf, &out.buf, sinks];
         self.dispatch("attention", s, &p, &bufs, [a.heads as u32, t as u32, 1]);
     }
 

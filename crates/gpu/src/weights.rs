@@ -15,6 +15,9 @@ pub struct DeviceWeight {
     pub cols: usize,
     pub(crate) parts: Vec<Part>,
     pub out_scale: f32,
+    /// Rows of one expert when the matrix stacks a MoE layer's experts
+    /// ([`DeviceWeight::upload_experts`]; parts then hold whole experts), else 0.
+    pub expert_rows: usize,
 }
 
 /// Rows `row0 .. row0 + rows` of a [`DeviceWeight`].
@@ -67,6 +70,21 @@ impl DeviceWeight {
         bias: Option<&[f32]>,
         out_scale: f32,
     ) -> Result<DeviceWeight, GpuError> {
+        Self::upload_aligned(gpu, name, dtype, (rows, cols), bytes, bias, out_scale, 1)
+    }
+
+    /// [`DeviceWeight::upload`] with parts of a multiple of `align` rows.
+    #[allow(clippy::too_many_arguments)]
+    fn upload_aligned(
+        gpu: &Gpu,
+        name: &str,
+        dtype: DType,
+        (rows, cols): (usize, usize),
+        bytes: &[u8],
+        bias: Option<&[f32]>,
+        out_scale: f32,
+        align: usize,
+    ) -> Result<DeviceWeight, GpuError> {
         let unsupported = || GpuError::UnsupportedType {
             name: name.into(),
             dtype: format!("{dtype:?}"),
@@ -83,6 +101,17 @@ impl DeviceWeight {
         let row_bytes = expect / rows.max(1);
         // Rows per part: as many as one binding holds (codes are at most the row's bytes).
         let per_part = ((gpu.info.max_binding_bytes as usize / row_bytes.max(1)).max(1)).min(rows.max(1));
+        let per_part = if align > 1 {
+            if per_part < align {
+                return Err(GpuError::Failed(format!(
+                    "tensor '{name}': one expert ({align} rows of {row_bytes} bytes) is larger than a binding ({} bytes)",
+                    gpu.info.max_binding_bytes
+                )));
+            }
+            per_part / align * align
+        } else {
+            per_part
+        };
         let mut parts = Vec::new();
         for row0 in (0..rows.max(1)).step_by(per_part) {
             let n = per_part.min(rows - row0);
@@ -114,7 +143,36 @@ impl DeviceWeight {
             };
             parts.push(Part { row0, rows: n, w0, w1, bias });
         }
-        Ok(DeviceWeight { dtype, rows, cols, parts, out_scale })
+        Ok(DeviceWeight { dtype, rows, cols, parts, out_scale, expert_rows: 0 })
+    }
+
+    /// Uploads a MoE layer's experts as one matrix for [`crate::Pass::matmul_id`]:
+    /// expert `e`'s rows are `experts[e]`'s projections one after another
+    /// (gate‖up, or down alone). `None` when the projections do not share a
+    /// type, a width, an output scale and biases (upload them one by one).
+    pub fn upload_experts(
+        gpu: &Gpu,
+        name: &str,
+        experts: &[Vec<StackPart<'_>>],
+    ) -> Result<Option<DeviceWeight>, GpuError> {
+        let Some(first) = experts.first().and_then(|e| e.first()) else {
+            return Ok(None);
+        };
+        let (dtype, (_, cols), _, bias0, scale) = *first;
+        let per_expert: usize = experts[0].iter().map(|p| p.1 .0).sum();
+        let all = || experts.iter().flatten();
+        let same = all()
+            .all(|&(d, (_, c), _, b, s)| d == dtype && c == cols && s == scale && b.is_some() == bias0.is_some())
+            && experts.iter().all(|e| e.iter().map(|p| p.1 .0).sum::<usize>() == per_expert);
+        if !same {
+            return Ok(None);
+        }
+        let rows = per_expert * experts.len();
+        let bytes: Vec<u8> = all().flat_map(|p| p.2.iter().copied()).collect();
+        let bias: Option<Vec<f32>> = bias0.map(|_| all().flat_map(|p| p.3.unwrap().iter().copied()).collect());
+        let mut w = Self::upload_aligned(gpu, name, dtype, (rows, cols), &bytes, bias.as_deref(), scale, per_expert)?;
+        w.expert_rows = per_expert;
+        Ok(Some(w))
     }
 
     /// Uploads several projections of the same input as one matrix, their

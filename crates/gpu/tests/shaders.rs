@@ -6,96 +6,10 @@
 
 use kernels::{ops, DType};
 use rand::{Rng, SeedableRng};
-use shardlm_gpu::{Act, AttnArgs, DeviceWeight, Gpu, Pass};
 
-fn gpu() -> Option<Gpu> {
-    match Gpu::open(None) {
-        Ok(g) => Some(g),
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI has no GPU adapter: {e}"),
-        Err(e) => {
-            eprintln!("SKIPPED: {e}");
-            None
-        }
-    }
-}
-
-fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
-}
-
-fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (g - w).abs() / w.abs().max(1.0);
-        assert!(err <= tol, "{what}: element {i}: got {g}, want {w} (relative error {err:e} > {tol:e})");
-    }
-}
-
-/// Encodes `w` (`rows × cols` f32) as `dtype` and returns the bytes and the
-/// values the encoding holds (what the shader must multiply by).
-fn encode(dtype: DType, w: &[f32], cols: usize) -> (Vec<u8>, Vec<f32>) {
-    let row_bytes = dtype.bytes_for(cols).unwrap();
-    let mut bytes = vec![0u8; row_bytes * (w.len() / cols)];
-    let mut held = vec![0f32; w.len()];
-    for ((src, dst), h) in w.chunks_exact(cols).zip(bytes.chunks_exact_mut(row_bytes)).zip(held.chunks_exact_mut(cols))
-    {
-        match dtype {
-            DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
-            DType::F16 => {
-                let v: Vec<half::f16> = src.iter().map(|&x| half::f16::from_f32(x)).collect();
-                dst.copy_from_slice(bytemuck::cast_slice(&v));
-            }
-            DType::BF16 => {
-                let v: Vec<half::bf16> = src.iter().map(|&x| half::bf16::from_f32(x)).collect();
-                dst.copy_from_slice(bytemuck::cast_slice(&v));
-            }
-            DType::Q4_1 => q4_1_row(src, dst),
-            DType::Q5_1 => q5_1_row(src, dst),
-            _ => kernels::quant::quantize_row(dtype, src, dst).unwrap(),
-        }
-        kernels::quant::dequantize_row(dtype, dst, h);
-    }
-    (bytes, held)
-}
-
-/// Q4_1 blocks (the kernels crate reads them but does not write them):
-/// f16 scale d = (max − min)/15, f16 min m, 16 bytes of nibbles (value i low,
-/// value i + 16 high); value = d · q + m.
-fn q4_1_row(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(20)) {
-        let (lo, hi) = x.iter().fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-        let d = half::f16::from_f32((hi - lo) / 15.0);
-        let m = half::f16::from_f32(lo);
-        b[..2].copy_from_slice(&d.to_le_bytes());
-        b[2..4].copy_from_slice(&m.to_le_bytes());
-        let (df, mf) = (d.to_f32(), m.to_f32());
-        let q = |v: f32| if df == 0.0 { 0 } else { ((v - mf) / df).round().clamp(0.0, 15.0) as u8 };
-        for i in 0..16 {
-            b[4 + i] = q(x[i]) | (q(x[i + 16]) << 4);
-        }
-    }
-}
-
-/// Q5_1 blocks (read, not written, by the kernels crate): f16 d = (max −
-/// min)/31, f16 min, 32 high bits, 16 bytes of nibbles.
-fn q5_1_row(src: &[f32], dst: &mut [u8]) {
-    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(24)) {
-        let (lo, hi) = x.iter().fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-        let d = half::f16::from_f32((hi - lo) / 31.0);
-        let m = half::f16::from_f32(lo);
-        b[..2].copy_from_slice(&d.to_le_bytes());
-        b[2..4].copy_from_slice(&m.to_le_bytes());
-        let (df, mf) = (d.to_f32(), m.to_f32());
-        let q: Vec<u32> =
-            x.iter().map(|&v| if df == 0.0 { 0 } else { ((v - mf) / df).round().clamp(0.0, 31.0) as u32 }).collect();
-        let qh = (0..32).fold(0u32, |h, i| h | ((q[i] >> 4) << i));
-        b[4..8].copy_from_slice(&qh.to_le_bytes());
-        for i in 0..16 {
-            b[8 + i] = (q[i] & 15) as u8 | (((q[i + 16] & 15) as u8) << 4);
-        }
-    }
-}
+mod common;
+use common::{assert_close, encode, gpu, random};
+use shardlm_gpu::{Act, AttnArgs, DeviceWeight, Pass};
 
 #[test]
 fn matmul_every_type_and_tail() {
@@ -211,11 +125,12 @@ fn activations_and_residual_add() {
             (0..n).map(|i| gu[(i / width) * 2 * width + i % width]).collect(),
             (0..n).map(|i| gu[(i / width) * 2 * width + width + i % width]).collect(),
         );
-        for act in [Act::Silu, Act::GeluTanh] {
+        for act in [Act::Silu, Act::GeluTanh, Act::ClampedSwiglu { alpha: 1.702, limit: 2.5 }] {
             let mut want = g.clone();
             match act {
                 Act::Silu => want.iter_mut().zip(&u).for_each(|(a, &b)| *a = *a / (1.0 + (-*a).exp()) * b),
                 Act::GeluTanh => ops::gelu_tanh_mul_scalar(&mut want, &u),
+                Act::ClampedSwiglu { alpha, limit } => ops::swiglu_clamped(&mut want, &u, alpha, limit),
             }
             let (gub, ob, ub) =
                 (gpu.buffer("gu", 2 * n).unwrap(), gpu.buffer("out", n).unwrap(), gpu.buffer("u", n).unwrap());
@@ -231,7 +146,8 @@ fn activations_and_residual_add() {
     }
 }
 
-/// Two sequences in one step over a shuffled block table: the first decodes
+/// Two sequences in one step over a shuffled block table (plain, windowed,
+/// with a sink per head): the first decodes
 /// one token at position 70, the second runs a 5-token chunk from position
 /// 9; keys and values go through `kv_store` first, as in a layer.
 #[test]
@@ -239,7 +155,7 @@ fn paged_attention_gqa_with_windows() {
     let Some(gpu) = gpu() else { return };
     let (heads, kv_heads, block) = (4usize, 2usize, 16usize);
     for &hd in &[64usize, 80, 256] {
-        for window in [None, Some(7usize)] {
+        for (window, sinks) in [(None, None), (Some(7usize), None), (None, Some([0.5f32, -1.0, 3.0, 0.0]))] {
             let row = kv_heads * hd;
             let n_blocks = 12;
             let tables: Vec<u32> = vec![5, 2, 9, 0, 11, 3, /* seq 2: */ 7, 1];
@@ -277,9 +193,10 @@ fn paged_attention_gqa_with_windows() {
                     let s: Vec<f64> = (first..=pos)
                         .map(|p| (0..hd).map(|d| qr[d] as f64 * kr[at(p) + d] as f64).sum::<f64>() * scale as f64)
                         .collect();
-                    let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                    let sink = sinks.map(|s| s[h] as f64);
+                    let m = s.iter().cloned().chain(sink).fold(f64::MIN, f64::max);
                     let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
-                    let sum: f64 = e.iter().sum();
+                    let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
                     for d in 0..hd {
                         let v: f64 = (first..=pos).zip(&e).map(|(p, w)| w * vr[at(p) + d] as f64).sum();
                         want[(j * heads + h) * hd + d] = (v / sum) as f32;
@@ -303,10 +220,11 @@ fn paged_attention_gqa_with_windows() {
             let mut pass = Pass::new(&gpu);
             pass.kv_store(&knb, 0, (t, row, row), &slotb, &kb);
             pass.kv_store(&vnb, 0, (t, row, row), &slotb, &vb);
-            pass.attention(&qb, (0, heads * hd), t, &args, (&kb, &vb), (&tokb, &tabb), &out);
+            let sinkb = sinks.map(|s| up("sinks", &s));
+            pass.attention(&qb, (0, heads * hd), t, &args, (&kb, &vb), (&tokb, &tabb), sinkb.as_ref(), &out);
             pass.submit().unwrap();
             let got = gpu.read_f32(&out, 0, want.len()).unwrap();
-            assert_close(&got, &want, 1e-5, &format!("attention hd={hd} window={window:?}"));
+            assert_close(&got, &want, 1e-5, &format!("attention hd={hd} window={window:?} sinks={sinks:?}"));
         }
     }
 }

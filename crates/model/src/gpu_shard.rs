@@ -10,12 +10,15 @@
 //! [`KvPool`] keeps the block bookkeeping (the scheduler's tables index the
 //! device pool the same way); its rows are not written.
 //!
-//! Runs what dense GQA decoders need: GQA with q/k norms, biases, sliding
+//! Runs what GQA decoders need: GQA with q/k norms, biases, sliding
 //! windows (with their own rope and their own block group, as Gemma 3's),
-//! the dense gated MLP (SiLU or GELU), pre- and sandwich RMSNorms, and the
-//! weight types of `shardlm_gpu::WEIGHT_TYPES`. Anything else (MoE, latent
-//! or linear attention, sinks, output gates) is refused at load, by name.
+//! sinks (gpt-oss), the dense gated MLP (SiLU, GELU, clamped SwiGLU) or a
+//! mixture of experts (`gpu_moe`: softmax or grouped-sigmoid routing,
+//! shared experts, expert parallelism), pre- and sandwich RMSNorms, and the
+//! weight types of `shardlm_gpu::WEIGHT_TYPES`. Anything else (latent or
+//! linear attention, output gates) is refused at load, by name.
 
+use super::gpu_moe::{GpuMoe, MoeBufs};
 use crate::decoder::{Attention, DecoderLayer, FeedForward};
 use crate::kv_cache::{KvPool, SeqKv};
 use crate::linear::Linear;
@@ -55,13 +58,13 @@ impl From<shardlm_gpu::GpuError> for ModelError {
 /// Projections of one input written side by side in each token row
 /// (q‖k‖v, gate‖up): one stacked matrix when their types allow, else each
 /// into its columns.
-enum Proj {
+pub(crate) enum Proj {
     Stacked(DeviceWeight),
     Each(Vec<DeviceWeight>),
 }
 
 impl Proj {
-    fn upload(gpu: &Gpu, name: &str, ls: &[&Linear]) -> Result<Proj, ModelError> {
+    pub(crate) fn upload(gpu: &Gpu, name: &str, ls: &[&Linear]) -> Result<Proj, ModelError> {
         let parts = ls.iter().map(|l| stored(l)).collect::<Result<Vec<_>, _>>()?;
         Ok(match DeviceWeight::upload_stacked(gpu, name, &parts)? {
             Some(w) => Proj::Stacked(w),
@@ -71,7 +74,7 @@ impl Proj {
 
     /// Records `y[t, ..] = x[t, ..] · Wᵀ` for `n` rows (rows of `y`: all the
     /// projections' outputs side by side).
-    fn record(&self, pass: &mut Pass<'_>, x: &DeviceBuf, n: usize, y: &DeviceBuf) {
+    pub(crate) fn record(&self, pass: &mut Pass<'_>, x: &DeviceBuf, n: usize, y: &DeviceBuf) {
         match self {
             Proj::Stacked(w) => pass.matmul(w, x, 0, n, y, 0),
             Proj::Each(ws) => {
@@ -85,7 +88,7 @@ impl Proj {
         }
     }
 
-    fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         match self {
             Proj::Stacked(w) => w.bytes(),
             Proj::Each(ws) => ws.iter().map(|w| w.bytes()).sum(),
@@ -99,12 +102,26 @@ struct GpuLayer {
     o: DeviceWeight,
     qk_norm: Option<(DeviceBuf, DeviceBuf)>,
     window: Option<usize>,
+    /// A sink logit per query head (gpt-oss).
+    sinks: Option<DeviceBuf>,
     /// Sandwich norms on the attention and MLP outputs (Gemma 3).
     post_norms: Option<(DeviceBuf, DeviceBuf)>,
     mlp_norm: DeviceBuf,
-    gate_up: Proj,
-    down: DeviceWeight,
-    act: Act,
+    ffn: Ffn,
+}
+
+enum Ffn {
+    Dense { gate_up: Proj, down: DeviceWeight, act: Act },
+    Moe(Box<GpuMoe>),
+}
+
+impl Ffn {
+    fn bytes(&self) -> usize {
+        match self {
+            Ffn::Dense { gate_up, down, .. } => gate_up.bytes() + down.bytes(),
+            Ffn::Moe(m) => m.bytes(),
+        }
+    }
 }
 
 /// Step buffers, sized for `rows` tokens.
@@ -128,6 +145,7 @@ struct Bufs {
     /// and the sliding-window group.
     tok: [DeviceBuf; 2],
     slots: [DeviceBuf; 2],
+    moe: Option<MoeBufs>,
 }
 
 /// The device KV pool, one K and one V buffer per layer, shaped as the host
@@ -166,7 +184,7 @@ impl std::fmt::Debug for GpuShard {
 }
 
 /// `l` as the device uploads it: type, shape, file-layout bytes, bias, scale.
-fn stored(l: &Linear) -> Result<shardlm_gpu::StackPart<'_>, ModelError> {
+pub(crate) fn stored(l: &Linear) -> Result<shardlm_gpu::StackPart<'_>, ModelError> {
     let w = &l.weight;
     if matches!(w.data, formats::TensorData::Packed(_)) {
         return Err(ModelError::Unsupported(format!("tensor '{}' was repacked for the CPU kernels", w.name)));
@@ -174,9 +192,18 @@ fn stored(l: &Linear) -> Result<shardlm_gpu::StackPart<'_>, ModelError> {
     Ok((w.dtype, (l.out_features(), l.in_features()), w.bytes(), l.bias.as_deref(), w.out_scale))
 }
 
-fn weight(gpu: &Gpu, l: &Linear) -> Result<DeviceWeight, ModelError> {
+pub(crate) fn weight(gpu: &Gpu, l: &Linear) -> Result<DeviceWeight, ModelError> {
     let (dtype, shape, bytes, bias, scale) = stored(l)?;
     Ok(DeviceWeight::upload(gpu, &l.weight.name, dtype, shape, bytes, bias, scale)?)
+}
+
+/// The device's form of an MLP's activation.
+pub(crate) fn expert_act(a: ExpertAct) -> Result<Act, ModelError> {
+    Ok(match a {
+        ExpertAct::Silu => Act::Silu,
+        ExpertAct::GeluTanh => Act::GeluTanh,
+        ExpertAct::ClampedSwiglu { alpha, limit } => Act::ClampedSwiglu { alpha, limit },
+    })
 }
 
 fn floats(gpu: &Gpu, what: &str, v: &[f32]) -> Result<DeviceBuf, ModelError> {
@@ -218,10 +245,8 @@ impl GpuShard {
             Attention::Mla(_) => return Err(ModelError::Unsupported("latent attention (MLA)".into())),
             Attention::Linear(_) => return Err(ModelError::Unsupported("linear attention (Gated DeltaNet)".into())),
         };
-        if g.sinks.is_some() || g.gate.is_some() || g.qk_norm_whole {
-            return Err(ModelError::Unsupported(
-                "attention sinks, an output gate or whole-projection q/k norms".into(),
-            ));
+        if g.gate.is_some() || g.qk_norm_whole {
+            return Err(ModelError::Unsupported("an attention output gate or whole-projection q/k norms".into()));
         }
         let post_norms = match (&l.post_attn_norm, &l.post_ffn_norm) {
             (Some(a), Some(f)) => Some((floats(gpu, "post_attn_norm", a)?, floats(gpu, "post_ffn_norm", f)?)),
@@ -231,13 +256,13 @@ impl GpuShard {
         if head_dim > 256 {
             return Err(ModelError::Unsupported(format!("head_dim {head_dim} (at most 256)")));
         }
-        let FeedForward::Dense(mlp) = &l.ffn else {
-            return Err(ModelError::Unsupported("a mixture of experts".into()));
-        };
-        let act = match mlp.act {
-            ExpertAct::Silu => Act::Silu,
-            ExpertAct::GeluTanh => Act::GeluTanh,
-            ExpertAct::ClampedSwiglu { .. } => return Err(ModelError::Unsupported("the clamped SwiGLU".into())),
+        let ffn = match &l.ffn {
+            FeedForward::Dense(mlp) => Ffn::Dense {
+                gate_up: Proj::upload(gpu, &mlp.gate.weight.name, &[&mlp.gate, &mlp.up])?,
+                down: weight(gpu, &mlp.down)?,
+                act: expert_act(mlp.act)?,
+            },
+            FeedForward::Moe(moe) => Ffn::Moe(Box::new(GpuMoe::upload(gpu, moe)?)),
         };
         let qk_norm = match (&g.q_norm, &g.k_norm) {
             (Some(q), Some(k)) => Some((floats(gpu, "q_norm", q)?, floats(gpu, "k_norm", k)?)),
@@ -249,11 +274,10 @@ impl GpuShard {
             o: weight(gpu, &g.o)?,
             qk_norm,
             window: g.window,
+            sinks: g.sinks.as_deref().map(|s| floats(gpu, "sinks", s)).transpose()?,
             post_norms,
             mlp_norm: floats(gpu, "mlp_norm", &l.mlp_norm)?,
-            gate_up: Proj::upload(gpu, &mlp.gate.weight.name, &[&mlp.gate, &mlp.up])?,
-            down: weight(gpu, &mlp.down)?,
-            act,
+            ffn,
         })
     }
 
@@ -264,8 +288,7 @@ impl GpuShard {
 
     /// Device bytes of the weights.
     pub fn weight_bytes(&self) -> usize {
-        let l: usize =
-            self.layers.iter().map(|l| l.qkv.bytes() + l.gate_up.bytes() + l.o.bytes() + l.down.bytes()).sum();
+        let l: usize = self.layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.ffn.bytes()).sum();
         l + self.head.as_ref().map_or(0, |(_, h)| h.bytes())
     }
 
@@ -289,6 +312,14 @@ impl GpuShard {
             sin_local: g.buffer("sin_local", rows * half)?,
             tok: [g.buffer("tok", rows * 2)?, g.buffer("tok_window", rows * 2)?],
             slots: [g.buffer("slots", rows)?, g.buffer("slots_window", rows)?],
+            moe: GpuMoe::bufs(g, self.moe_layers(), rows, h)?,
+        })
+    }
+
+    fn moe_layers(&self) -> impl Iterator<Item = &GpuMoe> + Clone {
+        self.layers.iter().filter_map(|l| match &l.ffn {
+            Ffn::Moe(m) => Some(&**m),
+            Ffn::Dense { .. } => None,
         })
     }
 
@@ -406,7 +437,16 @@ impl GpuShard {
             pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li]);
             pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li]);
             let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block: pool.block, scale, window: l.window };
-            pass.attention(&b.qkv, (0, w), n, &args, (&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]), &b.attn);
+            pass.attention(
+                &b.qkv,
+                (0, w),
+                n,
+                &args,
+                (&kv.k[li], &kv.v[li]),
+                (&b.tok[g], tb[g]),
+                l.sinks.as_ref(),
+                &b.attn,
+            );
             // Without a sandwich norm or a tensor split, the residual add
             // happens in the matmul.
             let fused = !tp && l.post_norms.is_none();
@@ -423,12 +463,23 @@ impl GpuShard {
                 pass.add(&b.x, &b.o, n * h);
             }
             pass.rms_norm(&b.x, 0, &l.mlp_norm, (h, n, eps), &b.xn, 0);
-            l.gate_up.record(&mut pass, &b.xn, n, &b.gu);
-            pass.act_mul(&b.gu, &b.gate, (n, ffn), l.act);
-            if fused {
-                pass.matmul_add(&l.down, &b.gate, 0, n, &b.x, 0);
-            } else {
-                pass.matmul(&l.down, &b.gate, 0, n, &b.o, 0);
+            // The block's output: added to x (fused), else into o.
+            let dst = if fused { &b.x } else { &b.o };
+            match &l.ffn {
+                Ffn::Dense { gate_up, down, act } => {
+                    gate_up.record(&mut pass, &b.xn, n, &b.gu);
+                    pass.act_mul(&b.gu, &b.gate, (n, ffn), *act);
+                    match fused {
+                        true => pass.matmul_add(down, &b.gate, 0, n, &b.x, 0),
+                        false => pass.matmul(down, &b.gate, 0, n, &b.o, 0),
+                    }
+                }
+                Ffn::Moe(moe) => {
+                    let mb = b.moe.as_ref().expect("made with the MoE layers");
+                    moe.record(&mut pass, mb, (&b.xn, n, h), (dst, fused));
+                }
+            }
+            if !fused {
                 if tp {
                     reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
                 }

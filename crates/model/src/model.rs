@@ -30,6 +30,9 @@ use tp::{gather_columns, Dest};
 // The layers on a GPU (`--device gpu`).
 #[path = "gpu_shard.rs"]
 pub mod gpu_shard;
+// A mixture-of-experts block on a GPU.
+#[path = "gpu_moe.rs"]
+mod gpu_moe;
 pub use memory::{ring_positions, window_blocks_per_seq};
 
 #[derive(Debug, Clone, Default)]

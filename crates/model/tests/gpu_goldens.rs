@@ -122,7 +122,11 @@ fn mistral_on_the_gpu_matches_transformers() {
 /// Layers the backend does not run yet are refused at load, by layer and kind.
 #[test]
 fn unsupported_layers_are_refused_by_name() {
-    for (name, what) in [("qwen3_moe", "a mixture of experts"), ("deepseek_v3", "latent attention (MLA)")] {
+    for (name, what) in [
+        ("qwen3_next", "linear attention (Gated DeltaNet)"),
+        ("deepseek_v3", "latent attention (MLA)"),
+        ("minimax_m2", "whole-projection q/k norms"),
+    ] {
         let files = formats::open_model(&fixture(name)).unwrap();
         let opts = LoadOptions { device: Device::Gpu(None), ..Default::default() };
         let err = Model::load(&files, &ShardSpec::full(files.config.n_layers), &opts).unwrap_err().to_string();
@@ -140,4 +144,36 @@ fn unsupported_layers_are_refused_by_name() {
 #[test]
 fn gemma3_on_the_gpu_matches_transformers() {
     check("gemma3");
+}
+
+/// Mixtral: softmax routing over 8 experts, 2 per token.
+#[test]
+fn mixtral_on_the_gpu_matches_transformers() {
+    check("mixtral");
+}
+
+/// Qwen2-MoE: 4 of 8 experts unnormalized, plus a sigmoid-gated shared expert.
+#[test]
+fn qwen2_moe_on_the_gpu_matches_transformers() {
+    check("qwen2_moe");
+}
+
+/// Qwen3-MoE: renormalized top-2 of 8, q/k norms.
+#[test]
+fn qwen3_moe_on_the_gpu_matches_transformers() {
+    check("qwen3_moe");
+}
+
+/// GLM-4.5: a dense first layer, then grouped-sigmoid routing with a
+/// correction bias, an ungated shared expert, partial rotary, q/k norms.
+#[test]
+fn glm4_moe_on_the_gpu_matches_transformers() {
+    check("glm4_moe");
+}
+
+/// gpt-oss: attention sinks, alternating sliding windows, biases on every
+/// projection and expert, the clamped SwiGLU.
+#[test]
+fn gpt_oss_on_the_gpu_matches_transformers() {
+    check("gpt_oss");
 }

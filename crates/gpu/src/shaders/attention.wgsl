@@ -8,7 +8,8 @@
 // Positions go in tiles of 64: each invocation scores one position (its
 // own dot over head_dim), the tile's max and sum come from a reduction,
 // then each invocation accumulates its head_dim / 64 output dims over the
-// tile with the online-softmax rescale. head_dim ≤ 256.
+// tile with the online-softmax rescale. head_dim ≤ 256. A sink (gpt-oss)
+// starts the running max and sum at (sink, 1).
 
 struct Params {
     heads: u32,
@@ -20,6 +21,11 @@ struct Params {
     q_off: u32,
     // Values per token row of q (heads × head_dim, or a whole q‖k‖v row).
     q_stride: u32,
+    // 1: a learned sink logit per head (sinks[head]) joins each softmax.
+    has_sinks: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -29,6 +35,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> tok: array<u32>;
 @group(0) @binding(5) var<storage, read> tables: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
+@group(0) @binding(7) var<storage, read> sinks: array<f32>;
 
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> w: array<f32, 64>;
@@ -66,6 +73,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     workgroupBarrier();
     var m = NEG;
     var l = 0.0;
+    if (p.has_sinks != 0u) {
+        // The sink is one more logit in the denominator, with no value.
+        m = sinks[head];
+        l = 1.0;
+    }
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
     for (var base = first; base <= pos; base = base + 64u) {
         let at = base + li;
