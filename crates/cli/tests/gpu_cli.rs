@@ -138,31 +138,51 @@ fn device_refusals_are_one_line() {
     assert_eq!(ours, 1, "{e}");
 }
 
-/// GGUF K-quant mixes on the GPU: `quantize --to q4_k_m` of the qwen3
-/// fixture holds Q4_K, Q6_K, Q5_0 and Q8_0 tensors (llama-quantize's recipe
-/// for 128-wide rows), `--to q6_k` Q6_K and F16. The GPU multiplies f32
-/// activations by the dequantized weights; the CPU quantizes activations to
-/// Q8_K/Q8_0 first, as llama.cpp does, so the two differ by that rounding:
-/// measured 2.2% (q4_k_m) and 1.6% (q6_k) of the largest |logit|; bound 5%.
+/// GGUF K-quant mixes and the publisher formats on the GPU: `quantize --to
+/// q4_k_m` of the qwen3 fixture holds Q4_K, Q6_K, Q5_0 and Q8_0 tensors
+/// (llama-quantize's recipe for 128-wide rows), `--to q6_k` Q6_K and F16;
+/// MXFP4, NVFP4 and FP8 checkpoints (gpt-oss with MXFP4 experts). The GPU
+/// multiplies f32 activations by the dequantized weights; the CPU quantizes
+/// activations to Q8_K/Q8_0 first (not for FP8), as llama.cpp does, so the
+/// two differ by that rounding: measured 2.2% (q4_k_m), 1.6% (q6_k), 1.7%
+/// (mxfp4), 2.2% (nvfp4), 0.04% (fp8) of the largest |logit|; bound 5%.
 #[test]
-fn k_quant_gguf_files_on_the_gpu_track_the_cpu() {
+fn quantized_files_on_the_gpu_track_the_cpu() {
     if !have_gpu() {
         return;
     }
-    let (ids, _, _) = golden("qwen3");
     let tmp = tempfile::tempdir().unwrap();
-    for to in ["q4_k_m", "q6_k"] {
-        let q = tmp.path().join(format!("qwen3-{to}.gguf"));
-        let o = shardlm(&["quantize", fixture("qwen3").to_str().unwrap(), q.to_str().unwrap(), "--to", to]);
+    // (fixture, target, output): GGUF K-quant mixes, and the publisher
+    // formats as checkpoint directories (gpt-oss with MXFP4 experts).
+    let cases = [
+        ("qwen3", "q4_k_m", "q.gguf"),
+        ("qwen3", "q6_k", "q.gguf"),
+        ("qwen3", "mxfp4", "q"),
+        ("qwen3", "nvfp4", "q"),
+        ("qwen3", "fp8", "q"),
+        ("gpt_oss", "mxfp4", "q"),
+    ];
+    for (name, to, out) in cases {
+        let (ids, _, _) = golden(name);
+        let q = tmp.path().join(format!("{name}-{to}-{out}"));
+        let o = shardlm(&["quantize", fixture(name).to_str().unwrap(), q.to_str().unwrap(), "--to", to]);
         assert!(o.status.success(), "{to}: {}", stderr(&o));
         let m = q.to_str().unwrap();
         let (cpu_ids, cpu) = run_with_logits(m, "8", &["--prompt-ids", &ids], &[]);
         let (gpu_ids, gpu) = run_with_logits(m, "8", &["--prompt-ids", &ids], &["--device", "gpu"]);
         let top = cpu.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = max_abs_diff(&cpu, &gpu);
-        eprintln!("qwen3 {to}: GPU against CPU, max |Δ logits| {d:.4} = {:.4} of max |logit| {top:.3}", d / top);
-        assert!(d <= 0.05 * top, "{to}: max |Δ logits| {d} of {top}");
-        assert_eq!(gpu_ids, cpu_ids, "{to}: greedy tokens");
+        // Per prompt position: a MoE model's routing can flip at a position
+        // where two experts score within the CPU's activation rounding
+        // (gpt-oss: one position of 24 at 15%, the others at 1–4%).
+        let n = ids.split(',').count();
+        let per_pos: Vec<f32> =
+            cpu.chunks(cpu.len() / n).zip(gpu.chunks(gpu.len() / n)).map(|(a, b)| max_abs_diff(a, b)).collect();
+        let within = per_pos.iter().filter(|&&d| d <= 0.05 * top).count();
+        let d = per_pos.iter().fold(0f32, |a, &b| a.max(b));
+        eprintln!("{name} {to}: GPU against CPU, max |Δ logits| {d:.4} = {:.4} of max |logit| {top:.3}; {within} of {n} positions within 5%", d / top);
+        let need = if name == "gpt_oss" { n - n / 10 } else { n };
+        assert!(within >= need, "{name} {to}: {within} of {n} positions within 5% of {top} (max {d})");
+        assert_eq!(gpu_ids, cpu_ids, "{name} {to}: greedy tokens");
     }
 }
 

@@ -17,8 +17,10 @@
 //!   scale; Q4_0/Q4_1: 16 bytes of nibbles and f16 scale/min; Q5_0/Q5_1: the
 //!   same plus a word of fifth bits; Q4_K: 128 code
 //!   bytes and d, dmin, 12 scale bytes per 256; Q6_K: 192 code bytes and 16
-//!   int8 scales, d): the same bytes, aligned to the 4-byte words shaders
-//!   read, dequantized in registers.
+//!   int8 scales, d; MXFP4: 16 nibble bytes and an E8M0 exponent per 32,
+//!   exponents packed four a word; NVFP4: 32 nibble bytes and four UE4M3
+//!   scales per 64; FP8: 64 E4M3 bytes and an f32 scale per 64): the same
+//!   bytes, aligned to the 4-byte words shaders read, dequantized in registers.
 //! - **Activations stay f32 on the device**; only the step's inputs (token
 //!   embeddings, rope tables, KV slots) go up and only the logits come back.
 //! - Every shader has a host reference in `tests/` (the `kernels` crate's
@@ -42,7 +44,7 @@ pub use pass_moe::{Pairs, RouteMode};
 pub use weights::{DeviceWeight, StackPart};
 
 /// The weight types the matmul shader reads.
-pub const WEIGHT_TYPES: [kernels::DType; 10] = [
+pub const WEIGHT_TYPES: [kernels::DType; 13] = [
     kernels::DType::F32,
     kernels::DType::F16,
     kernels::DType::BF16,
@@ -53,6 +55,9 @@ pub const WEIGHT_TYPES: [kernels::DType; 10] = [
     kernels::DType::Q5_1,
     kernels::DType::Q4_K,
     kernels::DType::Q6_K,
+    kernels::DType::MXFP4,
+    kernels::DType::NVFP4,
+    kernels::DType::FP8,
 ];
 
 /// Whether the matmul shader reads `dtype`.

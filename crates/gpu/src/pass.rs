@@ -64,6 +64,14 @@ fn dot_source(dtype: DType) -> String {
         }
         DType::Q4_K => include_str!("shaders/dot_q4_k.wgsl").into(),
         DType::Q6_K => include_str!("shaders/dot_q6_k.wgsl").into(),
+        DType::MXFP4 | DType::NVFP4 | DType::FP8 => {
+            let dot = match dtype {
+                DType::MXFP4 => include_str!("shaders/dot_mxfp4.wgsl"),
+                DType::NVFP4 => include_str!("shaders/dot_nvfp4.wgsl"),
+                _ => include_str!("shaders/dot_fp8.wgsl"),
+            };
+            dot.replace("//MINIFLOAT", include_str!("shaders/minifloat.wgsl"))
+        }
         other => unreachable!("DeviceWeight::upload refuses {other:?}"),
     }
 }

@@ -91,8 +91,7 @@ impl DeviceWeight {
             supported: crate::WEIGHT_TYPES.iter().map(|t| format!("{t:?}")).collect::<Vec<_>>().join(", "),
         };
         let expect = dtype.bytes_for(rows * cols).ok_or_else(unsupported)?;
-        let block = if matches!(dtype, DType::Q4_K | DType::Q6_K) { 256 } else { 32 };
-        if bytes.len() != expect || (dtype.is_quantized() && cols % block != 0) {
+        if bytes.len() != expect || (dtype.is_quantized() && cols % dtype.block_elems() != 0) {
             return Err(GpuError::Failed(format!(
                 "tensor '{name}': {} bytes for {rows} × {cols} {dtype:?} (expected {expect})",
                 bytes.len()
@@ -118,7 +117,16 @@ impl DeviceWeight {
             let bytes = &bytes[row0 * row_bytes..(row0 + n) * row_bytes];
             let (w0, w1) = match dtype {
                 DType::F32 | DType::F16 | DType::BF16 => (gpu.buffer_with(name, &words(bytes))?, None),
-                DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q6_K => {
+                DType::Q8_0
+                | DType::Q4_0
+                | DType::Q4_1
+                | DType::Q5_0
+                | DType::Q5_1
+                | DType::Q4_K
+                | DType::Q6_K
+                | DType::MXFP4
+                | DType::NVFP4
+                | DType::FP8 => {
                     // (block bytes, scale bytes, their stride in w1)
                     let (block, scales, stride) = match dtype {
                         DType::Q8_0 => (34, 0..2, 2),
@@ -130,7 +138,13 @@ impl DeviceWeight {
                         // d, dmin, 12 scale bytes | 128 code bytes
                         DType::Q4_K => (144, 0..16, 16),
                         // 128 ql + 64 qh | 16 scales, d
-                        _ => (210, 192..210, 20),
+                        DType::Q6_K => (210, 192..210, 20),
+                        // E8M0 exponent | 16 nibble bytes: exponents packed four a word
+                        DType::MXFP4 => (17, 0..1, 1),
+                        // four UE4M3 sub-block scales | 32 nibble bytes
+                        DType::NVFP4 => (36, 0..4, 4),
+                        // f32 scale | 64 E4M3 bytes
+                        _ => (68, 0..4, 4),
                     };
                     let (scales, codes) = split_blocks(bytes, block, scales, stride);
                     (gpu.buffer_with(name, &words(&codes))?, Some(gpu.buffer_with(name, &words(&scales))?))

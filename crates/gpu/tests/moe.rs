@@ -92,7 +92,15 @@ fn experts_matmul_and_combine_match_the_host() {
     let (t, k, ne, f) = (3usize, 2usize, 6usize, 40usize);
     let (first, held) = (2usize, 3usize);
     let limit = gpu.info.max_binding_bytes;
-    for (dtype, h) in [(DType::F32, 64usize), (DType::BF16, 64), (DType::Q8_0, 64), (DType::Q4_K, 256)] {
+    for (dtype, h) in [
+        (DType::F32, 64usize),
+        (DType::BF16, 64),
+        (DType::Q8_0, 64),
+        (DType::Q4_K, 256),
+        (DType::MXFP4, 64),
+        (DType::NVFP4, 128),
+        (DType::FP8, 64),
+    ] {
         // Expert e's rows: gate (f) then up (f), `h` wide; down: `h` rows, `f` wide (f32).
         let gu_w = random(held * 2 * f * h, 5);
         let (gu_bytes, gu_held) = encode(dtype, &gu_w, h);

@@ -20,8 +20,7 @@ fn matmul_every_type_and_tail() {
         for &(rows, cols, t) in
             &[(37usize, 96usize, 3usize), (5, 288, 1), (130, 64 * 33, 2), (3, 70, 4), (9, 256 * 9, 2)]
         {
-            let block = if matches!(dtype, DType::Q4_K | DType::Q6_K) { 256 } else { 32 };
-            if dtype.is_quantized() && cols % block != 0 {
+            if dtype.is_quantized() && cols % dtype.block_elems() != 0 {
                 continue;
             }
             let w = random(rows * cols, rows as u64 * 7 + cols as u64);
