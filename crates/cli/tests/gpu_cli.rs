@@ -51,7 +51,7 @@ fn run_on_the_gpu_matches_the_goldens() {
     if !have_gpu() {
         return;
     }
-    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "glm4_moe", "gpt_oss"] {
+    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "glm4_moe", "gpt_oss", "deepseek_v3"] {
         let (ids, greedy, want) = golden(name);
         let model = fixture(name);
         let (out, logits) = run_with_logits(
@@ -67,7 +67,8 @@ fn run_on_the_gpu_matches_the_goldens() {
 }
 
 /// Rank 0 on the GPU and rank 1 on the CPU (and the reverse), pipeline and
-/// tensor (and expert, for a MoE model: rank 0's experts on the GPU),
+/// tensor (and expert, for MoE models: rank 0's experts on the GPU; with
+/// DeepSeek's latent attention, tensor splits its heads),
 /// against one CPU process: the same greedy tokens, and prompt logits
 /// within 1e-3 (the GPU sums in another order than the CPU).
 #[test]
@@ -75,14 +76,14 @@ fn mixed_clusters_match_one_process() {
     if !have_gpu() {
         return;
     }
-    for name in ["llama", "qwen3", "qwen2_moe"] {
+    for name in ["llama", "qwen3", "qwen2_moe", "deepseek_v3"] {
         let (ids, _, _) = golden(name);
         let model = fixture(name);
         let m = model.to_str().unwrap();
         let prompt = ["--prompt-ids", ids.as_str()];
         let (want_ids, want_logits) = run_with_logits(m, "8", &prompt, &[]);
         for devices in ["gpu,cpu", "cpu,gpu"] {
-            let moe = name.contains("moe");
+            let moe = name.contains("moe") || name == "deepseek_v3";
             for strategy in ["pipeline", "tensor", "expert"].into_iter().filter(|s| moe || *s != "expert") {
                 let extra = ["--ranks", "2", "--strategy", strategy, "--device", devices];
                 let (out, logits) = run_with_logits(m, "8", &prompt, &extra);
@@ -131,8 +132,11 @@ fn device_refusals_are_one_line() {
     }
     let e = run(m.to_str().unwrap(), "gpu:99", &[]);
     assert!(e.contains("GPU 99 does not exist: this machine has"), "{e}");
-    let e = run(fixture("deepseek_v3").to_str().unwrap(), "gpu", &[]);
-    assert!(e.contains("--device gpu: layer 0: latent attention (MLA), which the GPU backend does not run yet"), "{e}");
+    let e = run(fixture("qwen3_next").to_str().unwrap(), "gpu", &[]);
+    assert!(
+        e.contains("--device gpu: layer 0: linear attention (Gated DeltaNet), which the GPU backend does not run yet"),
+        "{e}"
+    );
     // (Mesa's loader prints its own "error: XDG_RUNTIME_DIR …" on headless machines.)
     let ours = e.lines().filter(|l| l.starts_with("error") && !l.contains("XDG_RUNTIME_DIR")).count();
     assert_eq!(ours, 1, "{e}");

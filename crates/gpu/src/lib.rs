@@ -39,7 +39,7 @@ mod weights;
 
 pub use device::{AdapterReport, DeviceBuf, Gpu};
 pub use error::GpuError;
-pub use pass::{Act, AttnArgs, Pass, Sinks};
+pub use pass::{Act, AttnArgs, Pass, Sinks, MAX_HEAD_DIM};
 pub use pass_moe::{Pairs, RouteMode};
 pub use weights::{DeviceWeight, StackPart};
 

@@ -21,6 +21,10 @@ pub enum Act {
     },
 }
 
+/// The widest attention head [`Pass::attention`] takes (latent attention's
+/// rows are `kv_lora_rank + rope`, 576 in DeepSeek V3).
+pub const MAX_HEAD_DIM: usize = 1024;
+
 /// The shape of one layer's attention ([`Pass::attention`]).
 #[derive(Debug, Clone, Copy)]
 pub struct AttnArgs {
@@ -324,10 +328,55 @@ impl<'g> Pass<'g> {
         sin: &DeviceBuf,
         interleaved: bool,
     ) {
-        let p =
-            words8([heads as u32, head_dim as u32, half as u32, interleaved as u32, x_off as u32, stride as u32, 0, 0]);
+        self.rope_heads(x, (x_off, stride, head_dim), (t, heads, half), (cos, sin), interleaved);
+    }
+
+    /// [`Pass::rope`] on `heads` heads `head_stride` apart from `x_off` in
+    /// each token row of `stride` values, rotating each head's first
+    /// `2·half` values (latent attention: the rope tail of each q head at
+    /// `x_off = nope`, `head_stride = nope + rope`).
+    pub fn rope_heads(
+        &mut self,
+        x: &DeviceBuf,
+        (x_off, stride, head_stride): (usize, usize, usize),
+        (t, heads, half): (usize, usize, usize),
+        (cos, sin): (&DeviceBuf, &DeviceBuf),
+        interleaved: bool,
+    ) {
+        let p = words8([
+            heads as u32,
+            head_stride as u32,
+            half as u32,
+            interleaved as u32,
+            x_off as u32,
+            stride as u32,
+            0,
+            0,
+        ]);
         let src = || include_str!("shaders/rope.wgsl").to_string();
         self.dispatch("rope", src, &p, &[&cos.buf, &sin.buf, &x.buf], [heads as u32, t as u32, 1]);
+    }
+
+    /// Copies `len` values of each of `rows` rows: from `src` rows of
+    /// `src_stride` at `src_off` to `dst` rows of `dst_stride` at `dst_off`.
+    pub fn copy_rows(
+        &mut self,
+        (src, src_off, src_stride): (&DeviceBuf, usize, usize),
+        (dst, dst_off, dst_stride): (&DeviceBuf, usize, usize),
+        (rows, len): (usize, usize),
+    ) {
+        let p = words8([
+            rows as u32,
+            len as u32,
+            src_off as u32,
+            src_stride as u32,
+            dst_off as u32,
+            dst_stride as u32,
+            0,
+            0,
+        ]);
+        let s = || include_str!("shaders/copy_rows.wgsl").to_string();
+        self.dispatch("copy_rows", s, &p, &[&src.buf, &dst.buf], flat_grid(rows * len));
     }
 
     /// `out = act(gate) · up` for `t` token rows of `gu`, each the gate's
@@ -382,7 +431,9 @@ impl<'g> Pass<'g> {
         sinks: Sinks<'_>,
         out: &DeviceBuf,
     ) {
-        assert!(a.head_dim <= 256 && a.heads.is_multiple_of(a.kv_heads), "checked when the model loads");
+        assert!(a.head_dim <= MAX_HEAD_DIM && a.heads.is_multiple_of(a.kv_heads), "checked when the model loads");
+        // Output dims per invocation: 4 (head_dim ≤ 256) or more.
+        let tiles = a.head_dim.div_ceil(64).max(4);
         let p = [
             a.heads as u32,
             a.kv_heads as u32,
@@ -397,10 +448,10 @@ impl<'g> Pass<'g> {
             0,
             0,
         ];
-        let s = || include_str!("shaders/attention.wgsl").to_string();
+        let s = || include_str!("shaders/attention.wgsl").replace("TILESu", &format!("{tiles}u"));
         let sinks = sinks.map_or(&self.gpu.dummy, |b| &b.buf);
         let bufs = [&q.buf, &kpool.buf, &vpool.buf, &tok.buf, &tables.buf, &out.buf, sinks];
-        self.dispatch("attention", s, &p, &bufs, [a.heads as u32, t as u32, 1]);
+        self.dispatch(&format!("attention_{tiles}"), s, &p, &bufs, [a.heads as u32, t as u32, 1]);
     }
 
     /// Submits what was recorded so far and goes on recording: the device

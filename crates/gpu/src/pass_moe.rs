@@ -23,12 +23,13 @@ pub enum RouteMode {
 }
 
 /// The pairs of a [`Pass::matmul_id`]: `t` tokens × `top_k` slots, their
-/// expert ids in `ids`, and this rank's experts `first ..`.
+/// expert ids in `ids` (none: pair p uses matrix p % top_k, a per-head
+/// product), and this rank's experts `first ..`.
 #[derive(Debug, Clone, Copy)]
 pub struct Pairs<'a> {
     pub t: usize,
     pub top_k: usize,
-    pub ids: &'a DeviceBuf,
+    pub ids: Option<&'a DeviceBuf>,
     /// The global id of the weight's expert 0 (expert parallelism).
     pub first: usize,
 }
@@ -61,14 +62,14 @@ impl Pass<'_> {
     }
 
     /// The experts' product for every pair: `y[pair · y_stride + y_off ..]
-    /// = x[row] · W_eᵀ (+ bias_e)` for the experts `w` stacks
+    /// = x[row · x_stride ..] · W_eᵀ (+ bias_e)` for the experts `w` stacks
     /// ([`DeviceWeight::upload_experts`]), `row` the pair's token
     /// (`x_per_pair` false) or the pair itself. Pairs routed to experts `w`
     /// does not hold are skipped.
     pub fn matmul_id(
         &mut self,
         w: &DeviceWeight,
-        (x, x_per_pair): (&DeviceBuf, bool),
+        (x, x_per_pair, x_stride): (&DeviceBuf, bool, usize),
         pairs: Pairs<'_>,
         y: &DeviceBuf,
         (y_off, y_stride): (usize, usize),
@@ -91,15 +92,16 @@ impl Pass<'_> {
                 x_per_pair as u32,
                 (pairs.first + part.row0 / n) as u32,
                 (part.rows / n) as u32,
-                0,
-                0,
+                x_stride as u32,
+                pairs.ids.is_none() as u32,
                 0,
                 0,
             ];
             let dummy = &self.gpu.dummy;
             let w1 = part.w1.as_ref().map_or(dummy, |b| &b.buf);
             let bias = part.bias.as_ref().map_or(dummy, |b| &b.buf);
-            let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf, &pairs.ids.buf];
+            let ids = pairs.ids.map_or(dummy, |b| &b.buf);
+            let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf, ids];
             let rows = matmul_shape(w.dtype).1;
             self.dispatch(&key, || matmul_source(MATMUL_ID, w.dtype), &p, &bufs, row_grid(n.div_ceil(rows), count));
         }

@@ -170,11 +170,11 @@ fn experts_matmul_and_combine_match_the_host() {
             gpu.buffer("act", t * k * f).unwrap(),
             gpu.buffer("down", t * k * h).unwrap(),
         );
-        let pairs = Pairs { t, top_k: k, ids: &idb, first };
+        let pairs = Pairs { t, top_k: k, ids: Some(&idb), first };
         let mut pass = Pass::new(&gpu);
-        pass.matmul_id(&gu, (&xb, false), pairs, &gub, (0, 2 * f));
+        pass.matmul_id(&gu, (&xb, false, h), pairs, &gub, (0, 2 * f));
         pass.act_mul(&gub, &ab, (t * k, f), Act::Silu);
-        pass.matmul_id(&down, (&ab, true), pairs, &db, (0, h));
+        pass.matmul_id(&down, (&ab, true, f), pairs, &db, (0, h));
         pass.moe_combine(&db, (&idb, &wb), (t, h, k), (first, held), Some((&sb, Some(&sgb))), (&yb, 0, true));
         pass.submit().unwrap();
         // Sums of up to 256 f32 products in two orders, then a second product.

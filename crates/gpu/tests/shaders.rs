@@ -153,7 +153,7 @@ fn activations_and_residual_add() {
 fn paged_attention_gqa_with_windows() {
     let Some(gpu) = gpu() else { return };
     let (heads, kv_heads, block) = (4usize, 2usize, 16usize);
-    for &hd in &[64usize, 80, 256] {
+    for &hd in &[64usize, 80, 256, 576] {
         for (window, sinks) in [(None, None), (Some(7usize), None), (None, Some([0.5f32, -1.0, 3.0, 0.0]))] {
             let row = kv_heads * hd;
             let n_blocks = 12;

@@ -174,16 +174,16 @@ impl GpuMoe {
         pass.matmul(&self.router, xn, 0, n, &b.logits, 0);
         let shape = (n, self.n_experts, k, self.norm_topk);
         pass.moe_route(&b.logits, &b.sel, self.score_bias.as_ref(), shape, self.mode, &b.ids, &b.wts);
-        let pairs = Pairs { t: n, top_k: k, ids: &b.ids, first: self.first };
+        let pairs = Pairs { t: n, top_k: k, ids: Some(&b.ids), first: self.first };
         match &self.gate_up {
-            ExpertsGateUp::Stacked(w) => pass.matmul_id(w, (xn, false), pairs, &b.gu, (0, 2 * f)),
+            ExpertsGateUp::Stacked(w) => pass.matmul_id(w, (xn, false, h), pairs, &b.gu, (0, 2 * f)),
             ExpertsGateUp::Split(g, u) => {
-                pass.matmul_id(g, (xn, false), pairs, &b.gu, (0, 2 * f));
-                pass.matmul_id(u, (xn, false), pairs, &b.gu, (f, 2 * f));
+                pass.matmul_id(g, (xn, false, h), pairs, &b.gu, (0, 2 * f));
+                pass.matmul_id(u, (xn, false, h), pairs, &b.gu, (f, 2 * f));
             }
         }
         pass.act_mul(&b.gu, &b.act, (n * k, f), self.act);
-        pass.matmul_id(&self.down, (&b.act, true), pairs, &b.down, (0, h));
+        pass.matmul_id(&self.down, (&b.act, true, f), pairs, &b.down, (0, h));
         let shared = self.shared.as_ref().map(|s| {
             s.gate_up.record(pass, xn, n, &b.shared_gu);
             pass.act_mul(&b.shared_gu, &b.shared_act, (n, s.ffn), self.act);

@@ -10,14 +10,16 @@
 //! [`KvPool`] keeps the block bookkeeping (the scheduler's tables index the
 //! device pool the same way); its rows are not written.
 //!
-//! Runs what GQA decoders need: GQA with q/k norms, biases, sliding
-//! windows (with their own rope and their own block group, as Gemma 3's),
-//! sinks (gpt-oss), the dense gated MLP (SiLU, GELU, clamped SwiGLU) or a
-//! mixture of experts (`gpu_moe`: softmax or grouped-sigmoid routing,
-//! shared experts, expert parallelism), pre- and sandwich RMSNorms, and the
-//! weight types of `shardlm_gpu::WEIGHT_TYPES`. Anything else (latent or
-//! linear attention, output gates) is refused at load, by name.
+//! Runs GQA with q/k norms, biases, sliding windows (with their own rope
+//! and their own block group, as Gemma 3's) and sinks (gpt-oss); latent
+//! attention (`gpu_mla`, DeepSeek); the dense gated MLP (SiLU, GELU,
+//! clamped SwiGLU) or a mixture of experts (`gpu_moe`: softmax or
+//! grouped-sigmoid routing, shared experts, expert parallelism); pre- and
+//! sandwich RMSNorms; the weight types of `shardlm_gpu::WEIGHT_TYPES`.
+//! Anything else (linear attention, output gates, whole-projection q/k
+//! norms) is refused at load, by name.
 
+use super::gpu_mla::{GpuMla, MlaBufs, StepRows};
 use super::gpu_moe::{GpuMoe, MoeBufs};
 use crate::decoder::{Attention, DecoderLayer, FeedForward};
 use crate::kv_cache::{KvPool, SeqKv};
@@ -98,16 +100,34 @@ impl Proj {
 
 struct GpuLayer {
     attn_norm: DeviceBuf,
+    attn: Attn,
+    /// Sandwich norms on the attention and MLP outputs (Gemma 3).
+    post_norms: Option<(DeviceBuf, DeviceBuf)>,
+    mlp_norm: DeviceBuf,
+    ffn: Ffn,
+}
+
+struct GpuGqa {
     qkv: Proj,
     o: DeviceWeight,
     qk_norm: Option<(DeviceBuf, DeviceBuf)>,
     window: Option<usize>,
     /// A sink logit per query head (gpt-oss).
     sinks: Option<DeviceBuf>,
-    /// Sandwich norms on the attention and MLP outputs (Gemma 3).
-    post_norms: Option<(DeviceBuf, DeviceBuf)>,
-    mlp_norm: DeviceBuf,
-    ffn: Ffn,
+}
+
+enum Attn {
+    Gqa(GpuGqa),
+    Mla(Box<GpuMla>),
+}
+
+impl Attn {
+    fn bytes(&self) -> usize {
+        match self {
+            Attn::Gqa(g) => g.qkv.bytes() + g.o.bytes(),
+            Attn::Mla(m) => m.bytes(),
+        }
+    }
 }
 
 enum Ffn {
@@ -146,6 +166,7 @@ struct Bufs {
     tok: [DeviceBuf; 2],
     slots: [DeviceBuf; 2],
     moe: Option<MoeBufs>,
+    mla: Option<MlaBufs>,
 }
 
 /// The device KV pool, one K and one V buffer per layer, shaped as the host
@@ -240,22 +261,16 @@ impl GpuShard {
     }
 
     fn layer(gpu: &Gpu, l: &DecoderLayer, head_dim: usize) -> Result<GpuLayer, ModelError> {
-        let g = match &l.attn {
-            Attention::Gqa(g) => g,
-            Attention::Mla(_) => return Err(ModelError::Unsupported("latent attention (MLA)".into())),
+        let attn = match &l.attn {
+            Attention::Gqa(g) => Attn::Gqa(Self::gqa(gpu, g, head_dim)?),
+            Attention::Mla(m) => Attn::Mla(Box::new(GpuMla::upload(gpu, m)?)),
             Attention::Linear(_) => return Err(ModelError::Unsupported("linear attention (Gated DeltaNet)".into())),
         };
-        if g.gate.is_some() || g.qk_norm_whole {
-            return Err(ModelError::Unsupported("an attention output gate or whole-projection q/k norms".into()));
-        }
         let post_norms = match (&l.post_attn_norm, &l.post_ffn_norm) {
             (Some(a), Some(f)) => Some((floats(gpu, "post_attn_norm", a)?, floats(gpu, "post_ffn_norm", f)?)),
             (None, None) => None,
             _ => return Err(ModelError::Unsupported("a sandwich norm on one block only".into())),
         };
-        if head_dim > 256 {
-            return Err(ModelError::Unsupported(format!("head_dim {head_dim} (at most 256)")));
-        }
         let ffn = match &l.ffn {
             FeedForward::Dense(mlp) => Ffn::Dense {
                 gate_up: Proj::upload(gpu, &mlp.gate.weight.name, &[&mlp.gate, &mlp.up])?,
@@ -264,20 +279,35 @@ impl GpuShard {
             },
             FeedForward::Moe(moe) => Ffn::Moe(Box::new(GpuMoe::upload(gpu, moe)?)),
         };
+        Ok(GpuLayer {
+            attn_norm: floats(gpu, "attn_norm", &l.attn_norm)?,
+            attn,
+            post_norms,
+            mlp_norm: floats(gpu, "mlp_norm", &l.mlp_norm)?,
+            ffn,
+        })
+    }
+
+    fn gqa(gpu: &Gpu, g: &crate::decoder::Gqa, head_dim: usize) -> Result<GpuGqa, ModelError> {
+        if g.gate.is_some() || g.qk_norm_whole {
+            return Err(ModelError::Unsupported("an attention output gate or whole-projection q/k norms".into()));
+        }
+        if head_dim > shardlm_gpu::MAX_HEAD_DIM {
+            return Err(ModelError::Unsupported(format!(
+                "head_dim {head_dim} (at most {})",
+                shardlm_gpu::MAX_HEAD_DIM
+            )));
+        }
         let qk_norm = match (&g.q_norm, &g.k_norm) {
             (Some(q), Some(k)) => Some((floats(gpu, "q_norm", q)?, floats(gpu, "k_norm", k)?)),
             _ => None,
         };
-        Ok(GpuLayer {
-            attn_norm: floats(gpu, "attn_norm", &l.attn_norm)?,
+        Ok(GpuGqa {
             qkv: Proj::upload(gpu, &g.q.weight.name, &[&g.q, &g.k, &g.v])?,
             o: weight(gpu, &g.o)?,
             qk_norm,
             window: g.window,
             sinks: g.sinks.as_deref().map(|s| floats(gpu, "sinks", s)).transpose()?,
-            post_norms,
-            mlp_norm: floats(gpu, "mlp_norm", &l.mlp_norm)?,
-            ffn,
         })
     }
 
@@ -288,7 +318,7 @@ impl GpuShard {
 
     /// Device bytes of the weights.
     pub fn weight_bytes(&self) -> usize {
-        let l: usize = self.layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.ffn.bytes()).sum();
+        let l: usize = self.layers.iter().map(|l| l.attn.bytes() + l.ffn.bytes()).sum();
         l + self.head.as_ref().map_or(0, |(_, h)| h.bytes())
     }
 
@@ -313,6 +343,14 @@ impl GpuShard {
             tok: [g.buffer("tok", rows * 2)?, g.buffer("tok_window", rows * 2)?],
             slots: [g.buffer("slots", rows)?, g.buffer("slots_window", rows)?],
             moe: GpuMoe::bufs(g, self.moe_layers(), rows, h)?,
+            mla: GpuMla::bufs(g, self.mla_layers(), rows)?,
+        })
+    }
+
+    fn mla_layers(&self) -> impl Iterator<Item = &GpuMla> + Clone {
+        self.layers.iter().filter_map(|l| match &l.attn {
+            Attn::Mla(m) => Some(&**m),
+            Attn::Gqa(_) => None,
         })
     }
 
@@ -352,10 +390,15 @@ impl GpuShard {
         if st.kv.as_ref().is_none_or(|k| (k.n_blocks, k.n_window_blocks, k.block) != geometry) {
             st.kv = None;
             let (mut k, mut v) = (Vec::new(), Vec::new());
-            for li in 0..self.layers.len() {
+            for (li, l) in self.layers.iter().enumerate() {
                 let blocks = if window_group(li) { pool.n_window_blocks } else { pool.n_blocks };
-                k.push(gpu.buffer("kv.k", blocks * pool.block * hkv)?);
-                v.push(gpu.buffer("kv.v", blocks * pool.block * hkv)?);
+                // A latent layer keeps one row (its key and value) a position.
+                let (kw, vw) = match &l.attn {
+                    Attn::Gqa(_) => (hkv, hkv),
+                    Attn::Mla(m) => (m.width(), 0),
+                };
+                k.push(gpu.buffer("kv.k", blocks * pool.block * kw)?);
+                v.push(gpu.buffer("kv.v", (blocks * pool.block * vw).max(1))?);
             }
             st.kv =
                 Some(Kv { n_blocks: pool.n_blocks, n_window_blocks: pool.n_window_blocks, block: pool.block, k, v });
@@ -420,40 +463,52 @@ impl GpuShard {
         let mut pass = Pass::new(gpu);
         for (li, l) in self.layers.iter().enumerate() {
             pass.rms_norm(&b.x, 0, &l.attn_norm, (h, n, eps), &b.xn, 0);
-            // Each token's row: q (hq) ‖ k (hkv) ‖ v (hkv).
-            let w = hq + 2 * hkv;
-            l.qkv.record(&mut pass, &b.xn, n, &b.qkv);
-            if let Some((qn, kn)) = &l.qk_norm {
-                pass.rms_norm_heads(&b.qkv, 0, qn, (hd, nh, n, eps), w);
-                pass.rms_norm_heads(&b.qkv, hq, kn, (hd, nkv, n, eps), w);
-            }
-            let (cos, sin) = match l.window.is_some() && m.rope_local.is_some() {
-                true => (&b.cos_local, &b.sin_local),
-                false => (&b.cos, &b.sin),
-            };
-            // q's and k's heads sit side by side: one rope for both.
-            pass.rope_rows(&b.qkv, (0, w), (n, nh + nkv, hd, half), cos, sin, interleaved);
-            let g = usize::from(window_group(li));
-            pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li]);
-            pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li]);
-            let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block: pool.block, scale, window: l.window };
-            pass.attention(
-                &b.qkv,
-                (0, w),
-                n,
-                &args,
-                (&kv.k[li], &kv.v[li]),
-                (&b.tok[g], tb[g]),
-                l.sinks.as_ref(),
-                &b.attn,
-            );
             // Without a sandwich norm or a tensor split, the residual add
-            // happens in the matmul.
+            // happens in the block's last matmul; else its output goes to o.
             let fused = !tp && l.post_norms.is_none();
-            if fused {
-                pass.matmul_add(&l.o, &b.attn, 0, n, &b.x, 0);
-            } else {
-                pass.matmul(&l.o, &b.attn, 0, n, &b.o, 0);
+            let dst = if fused { &b.x } else { &b.o };
+            let g = usize::from(window_group(li));
+            match &l.attn {
+                Attn::Gqa(a) => {
+                    // Each token's row: q (hq) ‖ k (hkv) ‖ v (hkv).
+                    let w = hq + 2 * hkv;
+                    a.qkv.record(&mut pass, &b.xn, n, &b.qkv);
+                    if let Some((qn, kn)) = &a.qk_norm {
+                        pass.rms_norm_heads(&b.qkv, 0, qn, (hd, nh, n, eps), w);
+                        pass.rms_norm_heads(&b.qkv, hq, kn, (hd, nkv, n, eps), w);
+                    }
+                    let (cos, sin) = match a.window.is_some() && m.rope_local.is_some() {
+                        true => (&b.cos_local, &b.sin_local),
+                        false => (&b.cos, &b.sin),
+                    };
+                    // q's and k's heads sit side by side: one rope for both.
+                    pass.rope_rows(&b.qkv, (0, w), (n, nh + nkv, hd, half), cos, sin, interleaved);
+                    pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li]);
+                    pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li]);
+                    let args =
+                        AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block: pool.block, scale, window: a.window };
+                    let (pools, rows) = ((&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]));
+                    pass.attention(&b.qkv, (0, w), n, &args, pools, rows, a.sinks.as_ref(), &b.attn);
+                    match fused {
+                        true => pass.matmul_add(&a.o, &b.attn, 0, n, &b.x, 0),
+                        false => pass.matmul(&a.o, &b.attn, 0, n, &b.o, 0),
+                    }
+                }
+                Attn::Mla(a) => {
+                    let mb = b.mla.as_ref().expect("made with the MLA layers");
+                    let rows = StepRows {
+                        cos: &b.cos,
+                        sin: &b.sin,
+                        interleaved,
+                        slots: &b.slots[g],
+                        tok: &b.tok[g],
+                        tables: tb[g],
+                        block: pool.block,
+                    };
+                    a.record(&mut pass, mb, (&b.xn, n), &rows, &kv.k[li], (dst, fused));
+                }
+            }
+            if !fused {
                 if tp {
                     reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
                 }
@@ -463,8 +518,6 @@ impl GpuShard {
                 pass.add(&b.x, &b.o, n * h);
             }
             pass.rms_norm(&b.x, 0, &l.mlp_norm, (h, n, eps), &b.xn, 0);
-            // The block's output: added to x (fused), else into o.
-            let dst = if fused { &b.x } else { &b.o };
             match &l.ffn {
                 Ffn::Dense { gate_up, down, act } => {
                     gate_up.record(&mut pass, &b.xn, n, &b.gu);

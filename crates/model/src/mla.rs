@@ -151,19 +151,19 @@ pub struct Mla {
     /// Local heads.
     pub n_heads: usize,
     /// `q_a_proj` (`[q_lora, hidden]`, replicated) and `q_a_layernorm`.
-    q_a: Option<(Linear, Vec<f32>)>,
+    pub(crate) q_a: Option<(Linear, Vec<f32>)>,
     /// `q_b_proj` (`[heads·qk, q_lora]`) or `q_proj` (`[heads·qk, hidden]`), local heads' rows.
-    q_b: Linear,
+    pub(crate) q_b: Linear,
     /// `kv_a_proj_with_mqa`, `[r + rope, hidden]`, replicated.
-    kv_a: Linear,
-    kv_a_norm: Vec<f32>,
+    pub(crate) kv_a: Linear,
+    pub(crate) kv_a_norm: Vec<f32>,
     /// `W_UK` of each local head: `heads × nope × r`.
-    w_uk: Vec<f32>,
+    pub(crate) w_uk: Vec<f32>,
     /// `W_UVᵀ` of each local head: `heads × r × v`.
-    w_uv_t: Vec<f32>,
+    pub(crate) w_uv_t: Vec<f32>,
     /// `o_proj`, `[hidden, heads·v]`, local heads' columns.
     pub o: Linear,
-    eps: f32,
+    pub(crate) eps: f32,
     pub mode: MlaMode,
 }
 

@@ -33,6 +33,9 @@ pub mod gpu_shard;
 // A mixture-of-experts block on a GPU.
 #[path = "gpu_moe.rs"]
 mod gpu_moe;
+// Latent attention on a GPU.
+#[path = "gpu_mla.rs"]
+mod gpu_mla;
 pub use memory::{ring_positions, window_blocks_per_seq};
 
 #[derive(Debug, Clone, Default)]

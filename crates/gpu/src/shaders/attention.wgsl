@@ -8,7 +8,8 @@
 // Positions go in tiles of 64: each invocation scores one position (its
 // own dot over head_dim), the tile's max and sum come from a reduction,
 // then each invocation accumulates its head_dim / 64 output dims over the
-// tile with the online-softmax rescale. head_dim ≤ 256. A sink (gpt-oss)
+// tile with the online-softmax rescale. head_dim ≤ 64 · TILES (set by the
+// host: 4, or more for latent attention's 576-wide rows). A sink (gpt-oss)
 // starts the running max and sum at (sink, 1).
 
 struct Params {
@@ -37,7 +38,8 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 @group(0) @binding(7) var<storage, read> sinks: array<f32>;
 
-var<workgroup> qs: array<f32, 256>;
+const TILES: u32 = TILESu;
+var<workgroup> qs: array<f32, TILES * 64u>;
 var<workgroup> w: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
 var<workgroup> where_: vec2<u32>;
@@ -78,7 +80,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         m = sinks[head];
         l = 1.0;
     }
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    var acc: array<f32, TILES>;
     for (var base = first; base <= pos; base = base + 64u) {
         let at = base + li;
         var s = NEG;
@@ -116,7 +118,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let corr = exp(m - new_m);
         l = l * corr + red[0];
         let n = min(64u, pos + 1u - base);
-        for (var i = 0u; i < 4u; i = i + 1u) {
+        for (var i = 0u; i < TILES; i = i + 1u) {
             let d = li + 64u * i;
             if (d < hd) {
                 var a = acc[i] * corr;
@@ -130,7 +132,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
     }
     let ob = (t * p.heads + head) * hd;
-    for (var i = 0u; i < 4u; i = i + 1u) {
+    for (var i = 0u; i < TILES; i = i + 1u) {
         let d = li + 64u * i;
         if (d < hd) {
             out[ob + d] = acc[i] / l;

@@ -3,7 +3,10 @@
 // e = ids[pair], where W stacks the experts' matrices (`n` rows each) and
 // this part of it holds experts `first .. first + experts`. Pairs routed to
 // another expert are left alone (the combine skips them by the same test).
-// x's row is the token's (pair / top_k) or the pair's own (x_per_pair).
+// x's row is the token's (pair / top_k) or the pair's own (x_per_pair),
+// rows `x_stride` apart. With `heads` set there is no ids buffer: pair p
+// uses matrix p % top_k (latent attention's per-head folds, a "pair" being
+// a (token, head)).
 //
 // Workgroups as matmul.wgsl: ROWS rows of one expert for one pair, WG
 // invocations per row, the weight type's partial_dot.
@@ -21,8 +24,8 @@ struct Params {
     x_per_pair: u32,
     first: u32,
     experts: u32,
-    _p0: u32,
-    _p1: u32,
+    x_stride: u32,
+    heads: u32,
     _p2: u32,
     _p3: u32,
 }
@@ -45,12 +48,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let row = (wg.x + wg.z * 32768u) * ROWS + li / WG;
     let pair = wg.y;
     // Expert of this pair within this part (wraps past `experts` when below `first`).
-    let local = ids[pair] - p.first;
+    var id = pair % p.top_k;
+    if (p.heads == 0u) {
+        id = ids[pair];
+    }
+    let local = id - p.first;
     let ours = local < p.experts && row < p.n;
     let xrow = select(pair / p.top_k, pair, p.x_per_pair != 0u);
     var acc = 0.0;
     if (ours) {
-        acc = partial_dot(local * p.n + row, p.x_off + xrow * p.k, lane);
+        acc = partial_dot(local * p.n + row, p.x_off + xrow * p.x_stride, lane);
     }
     red[li] = acc;
     workgroupBarrier();

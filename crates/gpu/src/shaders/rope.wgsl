@@ -1,5 +1,6 @@
 // Rotary embedding in place on `x` (`heads × head_dim` of each token row of
-// `stride` values, from x_off: q and k heads side by side in a q‖k‖v row) with
+// `stride` values, from x_off, heads `head_dim` apart: q and k heads side
+// by side in a q‖k‖v row; latent attention's rope tails, `nope + rope` apart) with
 // per-token tables cos/sin (`t × half`): the first 2·half dims of each head
 // rotate, as halves (neox, style 0) or as adjacent pairs (style 1).
 // One workgroup per (head, token).
