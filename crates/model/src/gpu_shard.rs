@@ -117,7 +117,7 @@ struct GpuGqa {
 }
 
 enum Attn {
-    Gqa(GpuGqa),
+    Gqa(Box<GpuGqa>),
     Mla(Box<GpuMla>),
 }
 
@@ -262,7 +262,7 @@ impl GpuShard {
 
     fn layer(gpu: &Gpu, l: &DecoderLayer, head_dim: usize) -> Result<GpuLayer, ModelError> {
         let attn = match &l.attn {
-            Attention::Gqa(g) => Attn::Gqa(Self::gqa(gpu, g, head_dim)?),
+            Attention::Gqa(g) => Attn::Gqa(Box::new(Self::gqa(gpu, g, head_dim)?)),
             Attention::Mla(m) => Attn::Mla(Box::new(GpuMla::upload(gpu, m)?)),
             Attention::Linear(_) => return Err(ModelError::Unsupported("linear attention (Gated DeltaNet)".into())),
         };
