@@ -51,7 +51,19 @@ fn run_on_the_gpu_matches_the_goldens() {
     if !have_gpu() {
         return;
     }
-    for name in ["llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "glm4_moe", "gpt_oss", "deepseek_v3"] {
+    let names = [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "mistral",
+        "mixtral",
+        "qwen2_moe",
+        "glm4_moe",
+        "gpt_oss",
+        "deepseek_v3",
+        "minimax_m2",
+    ];
+    for name in names {
         let (ids, greedy, want) = golden(name);
         let model = fixture(name);
         let (out, logits) = run_with_logits(
@@ -140,6 +152,9 @@ fn device_refusals_are_one_line() {
     // (Mesa's loader prints its own "error: XDG_RUNTIME_DIR …" on headless machines.)
     let ours = e.lines().filter(|l| l.starts_with("error") && !l.contains("XDG_RUNTIME_DIR")).count();
     assert_eq!(ours, 1, "{e}");
+    // A rank's refusal, then the launcher's line naming the rank.
+    let e = run(fixture("minimax_m2").to_str().unwrap(), "gpu,cpu", &["--ranks", "2", "--strategy", "tensor"]);
+    assert!(e.contains("layer 0: whole-projection q/k norms under tensor parallelism"), "{e}");
 }
 
 /// GGUF K-quant mixes and the publisher formats on the GPU: `quantize --to

@@ -17,7 +17,7 @@
 //! grouped-sigmoid routing, shared experts, expert parallelism); pre- and
 //! sandwich RMSNorms; the weight types of `shardlm_gpu::WEIGHT_TYPES`.
 //! Anything else (linear attention, output gates, whole-projection q/k
-//! norms) is refused at load, by name.
+//! norms under tensor parallelism) is refused at load, by name.
 
 use super::gpu_mla::{GpuMla, MlaBufs, StepRows};
 use super::gpu_moe::{GpuMoe, MoeBufs};
@@ -111,6 +111,8 @@ struct GpuGqa {
     qkv: Proj,
     o: DeviceWeight,
     qk_norm: Option<(DeviceBuf, DeviceBuf)>,
+    /// The q/k norms span the whole projection (MiniMax-M2), not one head.
+    qk_norm_whole: bool,
     window: Option<usize>,
     /// A sink logit per query head (gpt-oss).
     sinks: Option<DeviceBuf>,
@@ -247,10 +249,12 @@ impl GpuShard {
         let mut layers = Vec::with_capacity(model.layers.len());
         for (i, l) in model.layers.iter().enumerate() {
             let li = model.shard.layers.start + i;
-            layers.push(Self::layer(&gpu, l, model.config.head_dim).map_err(|e| match e {
-                ModelError::Unsupported(what) => refuse(format!("layer {li}: {what}")),
-                e => e,
-            })?);
+            layers.push(Self::layer(&gpu, l, model.config.head_dim, model.shard.tp.is_some()).map_err(
+                |e| match e {
+                    ModelError::Unsupported(what) => refuse(format!("layer {li}: {what}")),
+                    e => e,
+                },
+            )?);
         }
         let head = match (&model.final_norm, &model.lm_head) {
             (Some(n), Some(h)) => Some((floats(&gpu, "model.norm.weight", n)?, weight(&gpu, h)?)),
@@ -260,9 +264,9 @@ impl GpuShard {
         Ok(GpuShard { gpu, layers, head, state: Mutex::new(State::default()) })
     }
 
-    fn layer(gpu: &Gpu, l: &DecoderLayer, head_dim: usize) -> Result<GpuLayer, ModelError> {
+    fn layer(gpu: &Gpu, l: &DecoderLayer, head_dim: usize, tp: bool) -> Result<GpuLayer, ModelError> {
         let attn = match &l.attn {
-            Attention::Gqa(g) => Attn::Gqa(Box::new(Self::gqa(gpu, g, head_dim)?)),
+            Attention::Gqa(g) => Attn::Gqa(Box::new(Self::gqa(gpu, g, head_dim, tp)?)),
             Attention::Mla(m) => Attn::Mla(Box::new(GpuMla::upload(gpu, m)?)),
             Attention::Linear(_) => return Err(ModelError::Unsupported("linear attention (Gated DeltaNet)".into())),
         };
@@ -288,9 +292,13 @@ impl GpuShard {
         })
     }
 
-    fn gqa(gpu: &Gpu, g: &crate::decoder::Gqa, head_dim: usize) -> Result<GpuGqa, ModelError> {
-        if g.gate.is_some() || g.qk_norm_whole {
-            return Err(ModelError::Unsupported("an attention output gate or whole-projection q/k norms".into()));
+    fn gqa(gpu: &Gpu, g: &crate::decoder::Gqa, head_dim: usize, tp: bool) -> Result<GpuGqa, ModelError> {
+        if g.gate.is_some() {
+            return Err(ModelError::Unsupported("an attention output gate".into()));
+        }
+        if g.qk_norm_whole && tp {
+            // Each rank holds some heads: the mean square needs an all-reduce mid-layer.
+            return Err(ModelError::Unsupported("whole-projection q/k norms under tensor parallelism".into()));
         }
         if head_dim > shardlm_gpu::MAX_HEAD_DIM {
             return Err(ModelError::Unsupported(format!(
@@ -306,6 +314,7 @@ impl GpuShard {
             qkv: Proj::upload(gpu, &g.q.weight.name, &[&g.q, &g.k, &g.v])?,
             o: weight(gpu, &g.o)?,
             qk_norm,
+            qk_norm_whole: g.qk_norm_whole,
             window: g.window,
             sinks: g.sinks.as_deref().map(|s| floats(gpu, "sinks", s)).transpose()?,
         })
@@ -473,9 +482,17 @@ impl GpuShard {
                     // Each token's row: q (hq) ‖ k (hkv) ‖ v (hkv).
                     let w = hq + 2 * hkv;
                     a.qkv.record(&mut pass, &b.xn, n, &b.qkv);
-                    if let Some((qn, kn)) = &a.qk_norm {
-                        pass.rms_norm_heads(&b.qkv, 0, qn, (hd, nh, n, eps), w);
-                        pass.rms_norm_heads(&b.qkv, hq, kn, (hd, nkv, n, eps), w);
+                    match (&a.qk_norm, a.qk_norm_whole) {
+                        (Some((qn, kn)), false) => {
+                            pass.rms_norm_heads(&b.qkv, 0, qn, (hd, nh, n, eps), w);
+                            pass.rms_norm_heads(&b.qkv, hq, kn, (hd, nkv, n, eps), w);
+                        }
+                        // One norm over all of q, one over all of k.
+                        (Some((qn, kn)), true) => {
+                            pass.rms_norm_heads(&b.qkv, 0, qn, (hq, 1, n, eps), w);
+                            pass.rms_norm_heads(&b.qkv, hq, kn, (hkv, 1, n, eps), w);
+                        }
+                        (None, _) => {}
                     }
                     let (cos, sin) = match a.window.is_some() && m.rope_local.is_some() {
                         true => (&b.cos_local, &b.sin_local),

@@ -123,7 +123,7 @@ fn mistral_on_the_gpu_matches_transformers() {
 #[test]
 fn unsupported_layers_are_refused_by_name() {
     for (name, what) in
-        [("qwen3_next", "linear attention (Gated DeltaNet)"), ("minimax_m2", "whole-projection q/k norms")]
+        [("qwen3_next", "linear attention (Gated DeltaNet)"), ("qwen3_5", "linear attention (Gated DeltaNet)")]
     {
         let files = formats::open_model(&fixture(name)).unwrap();
         let opts = LoadOptions { device: Device::Gpu(None), ..Default::default() };
@@ -182,4 +182,11 @@ fn gpt_oss_on_the_gpu_matches_transformers() {
 #[test]
 fn deepseek_v3_on_the_gpu_matches_transformers() {
     check("deepseek_v3");
+}
+
+/// MiniMax-M2: q/k RMSNorms over the whole projection, grouped-sigmoid
+/// routing with the block's own correction bias, partial rotary.
+#[test]
+fn minimax_m2_on_the_gpu_matches_transformers() {
+    check("minimax_m2");
 }
