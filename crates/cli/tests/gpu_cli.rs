@@ -6,7 +6,7 @@
 //! except under `CI=true`.
 
 mod common;
-use common::{fixture, run_with_logits, shardlm, stderr};
+use common::{fixture, run_with_logits, shardlm, shardlm_env, stderr};
 use serde_json::Value;
 
 /// Whether a GPU adapter exists (`CI=true` requires one).
@@ -247,6 +247,44 @@ fn a_hostfile_sets_each_ranks_device() {
     let o = shardlm(&["launch", "--hostfile", hosts.to_str().unwrap(), "--", "run", "--model", m.to_str().unwrap()]);
     assert!(
         stderr(&o).contains(r#"host 0 ("a") has device "npu", expected "cpu", "gpu" or "gpu:N""#),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A shard whose weights, or whose KV pool, do not fit the device's memory
+/// is refused with the numbers before anything is uploaded
+/// (`SHARDLM_GPU_MEMORY` caps the memory the device reports).
+#[test]
+fn a_model_larger_than_the_device_is_refused_with_the_numbers() {
+    if !have_gpu() {
+        return;
+    }
+    let m = fixture("llama");
+    let args = ["run", "--model", m.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-tokens", "2", "--device", "gpu"];
+    // 256 MiB are kept for step buffers and the KV pool: nothing is left for weights.
+    let o = shardlm_env(&args, &[("SHARDLM_GPU_MEMORY", "256M")]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("error: layers 0..3's weights need 1.3 MiB of GPU memory; the GPU '"), "{e}");
+    assert!(e.contains("' has 0.0 MiB for them (use --device cpu, or split the model over more ranks)"), "{e}");
+    // Enough for the weights, not for the KV pool serve is asked for (the
+    // server needs a tokenizer: SmolLM2's GGUF).
+    match common::smollm2() {
+        Some(smol) => {
+            let serve = ["serve", "--model", smol.to_str().unwrap(), "--device", "gpu", "--port", "0"];
+            let serve = [&serve[..], &["--kv-cache-bytes", "1000000000"]].concat();
+            let o = shardlm_env(&serve, &[("SHARDLM_GPU_MEMORY", "512M")]);
+            assert!(!o.status.success());
+            let e = stderr(&o);
+            assert!(e.contains("the KV pool (") && e.contains("and the weights need"), "{e}");
+        }
+        None => eprintln!("SKIPPED the KV pool refusal: no SmolLM2"),
+    }
+    // The memory shows in the adapter's line.
+    let o = shardlm_env(&args, &[("SHARDLM_GPU_MEMORY", "3G")]);
+    assert!(
+        o.status.success() && stderr(&o).contains(", 2.00 GiB") || stderr(&o).contains(", 3.00 GiB"),
         "{}",
         stderr(&o)
     );

@@ -404,6 +404,7 @@ impl StageRunner<'_> {
                     c.send_header(to, h)?;
                 }
                 let mut pool = self.model.new_pool_windowed(h.chunk.max(1) as usize, n, h.new_capacity as usize);
+                self.model.check_device_pool(&pool)?;
                 pool.states = self.model.state_pool(h.mode as usize);
                 *self.paged = Some(pool);
             }

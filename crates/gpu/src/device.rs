@@ -16,11 +16,18 @@ pub struct AdapterReport {
     pub software: bool,
     /// The largest buffer one binding may span.
     pub max_binding_bytes: u64,
+    /// Device-local memory (the largest such heap: a discrete GPU's VRAM,
+    /// a unified-memory machine's shared heap); `None` where the backend
+    /// does not say (Metal is not read yet).
+    pub memory_bytes: Option<u64>,
 }
 
 impl std::fmt::Display for AdapterReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({}, {})", self.name, self.backend, self.driver)?;
+        if let Some(m) = self.memory_bytes {
+            write!(f, ", {}", crate::error::size(m))?;
+        }
         if self.software {
             f.write_str(", software")?;
         }
@@ -105,7 +112,40 @@ fn report(a: &wgpu::Adapter) -> AdapterReport {
         driver: if i.driver.is_empty() { i.driver_info.clone() } else { i.driver.clone() },
         software: i.device_type == wgpu::DeviceType::Cpu,
         max_binding_bytes: a.limits().max_storage_buffer_binding_size,
+        memory_bytes: memory_cap(device_memory(a)),
     }
+}
+
+/// `SHARDLM_GPU_MEMORY` (bytes, or with a K/M/G suffix) caps the device
+/// memory shardlm plans with: to leave room for other programs on the GPU,
+/// or to test the refusals.
+fn memory_cap(found: Option<u64>) -> Option<u64> {
+    let cap = std::env::var("SHARDLM_GPU_MEMORY").ok().and_then(|v| {
+        let v = v.trim().to_ascii_uppercase();
+        let (num, mul) = match v.chars().last() {
+            Some('K') => (&v[..v.len() - 1], 1u64 << 10),
+            Some('M') => (&v[..v.len() - 1], 1 << 20),
+            Some('G') => (&v[..v.len() - 1], 1 << 30),
+            _ => (&v[..], 1),
+        };
+        num.parse::<f64>().ok().map(|n| (n * mul as f64) as u64)
+    });
+    match (found, cap) {
+        (Some(f), Some(c)) => Some(f.min(c)),
+        (f, c) => f.or(c),
+    }
+}
+
+/// The largest device-local memory heap of a Vulkan adapter.
+fn device_memory(a: &wgpu::Adapter) -> Option<u64> {
+    // SAFETY: only reads the physical device's memory properties through the
+    // instance wgpu-hal loaded; the guard keeps the adapter alive meanwhile.
+    let hal = unsafe { a.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let instance = hal.shared_instance().raw_instance();
+    // SAFETY: a valid physical device of that instance.
+    let props = unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+    let heaps = &props.memory_heaps[..(props.memory_heap_count as usize).min(props.memory_heaps.len())];
+    heaps.iter().filter(|h| h.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL)).map(|h| h.size).max()
 }
 
 impl Gpu {
@@ -194,6 +234,21 @@ impl Gpu {
     /// Waits for everything submitted.
     pub(crate) fn wait(&self) {
         let _ = self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None });
+    }
+
+    /// Refuses `bytes` of device buffers for `what` when the device's memory
+    /// (less `reserve_bytes` kept free) cannot hold them; says nothing where
+    /// the memory is not known.
+    pub fn check_fits(&self, what: &str, bytes: u64, reserve_bytes: u64) -> Result<(), GpuError> {
+        match self.info.memory_bytes {
+            Some(mem) if bytes.saturating_add(reserve_bytes) > mem => Err(GpuError::OutOfMemory {
+                what: what.into(),
+                need: bytes,
+                have: mem.saturating_sub(reserve_bytes),
+                adapter: self.info.name.clone(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The first error the device reported since it opened, if any.

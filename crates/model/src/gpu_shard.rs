@@ -193,6 +193,10 @@ struct State {
     x_rows: usize,
 }
 
+/// Device memory kept free beside the weights when they are checked: step
+/// buffers and at least a small KV pool.
+const STEP_RESERVE: u64 = 256 << 20;
+
 pub struct GpuShard {
     gpu: Arc<Gpu>,
     layers: Vec<GpuLayer>,
@@ -245,6 +249,10 @@ impl GpuShard {
         if model.shard.tp.as_ref().is_some_and(|t| t.exact) {
             return Err(refuse("--tp-exact (its column gathers)".into()));
         }
+        // Refuse before uploading anything: the weights alone must fit, with
+        // room for a modest KV pool and the step buffers.
+        let need = Self::weight_bytes_of(model) as u64;
+        gpu.check_fits(&format!("layers {:?}'s weights", model.shard.layers), need, STEP_RESERVE)?;
         let gpu = Arc::new(gpu);
         let mut layers = Vec::with_capacity(model.layers.len());
         for (i, l) in model.layers.iter().enumerate() {
@@ -318,6 +326,44 @@ impl GpuShard {
             window: g.window,
             sinks: g.sinks.as_deref().map(|s| floats(gpu, "sinks", s)).transpose()?,
         })
+    }
+
+    /// Refuses a KV pool that, beside the weights, does not fit the device
+    /// (`hkv`: a GQA layer's K (and V) row width on this rank).
+    pub(crate) fn check_pool(&self, pool: &KvPool, hkv: usize) -> Result<(), ModelError> {
+        let bytes: usize = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(li, l)| {
+                let window = pool.n_window_blocks > 0 && pool.is_window_layer(li);
+                let blocks = if window { pool.n_window_blocks } else { pool.n_blocks };
+                let row = match &l.attn {
+                    Attn::Gqa(_) => 2 * hkv,
+                    Attn::Mla(m) => m.width(),
+                };
+                4 * blocks * pool.block * row
+            })
+            .sum();
+        let what = format!("the KV pool ({} blocks of {} positions, f32) and the weights", pool.n_blocks, pool.block);
+        Ok(self.gpu.check_fits(&what, (bytes + self.weight_bytes()) as u64, 0)?)
+    }
+
+    /// Device bytes the shard's weights will take (every expert held; the
+    /// latent folds in f32): what the upload is checked against.
+    fn weight_bytes_of(model: &Model) -> usize {
+        let layers: usize = model
+            .layers
+            .iter()
+            .map(|l| {
+                let ffn = match &l.ffn {
+                    FeedForward::Dense(m) => m.bytes(),
+                    FeedForward::Moe(m) => m.weight_bytes_total(),
+                };
+                l.attn.weight_bytes() + ffn
+            })
+            .sum();
+        layers + model.lm_head.as_ref().map_or(0, Linear::weight_bytes)
     }
 
     /// The adapter, for logs.
@@ -398,6 +444,7 @@ impl GpuShard {
         let geometry = (pool.n_blocks, pool.n_window_blocks, pool.block);
         if st.kv.as_ref().is_none_or(|k| (k.n_blocks, k.n_window_blocks, k.block) != geometry) {
             st.kv = None;
+            self.check_pool(pool, hkv)?;
             let (mut k, mut v) = (Vec::new(), Vec::new());
             for (li, l) in self.layers.iter().enumerate() {
                 let blocks = if window_group(li) { pool.n_window_blocks } else { pool.n_blocks };

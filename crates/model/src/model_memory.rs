@@ -14,6 +14,16 @@ impl Model {
         layers + self.lm_head.as_ref().map_or(0, |l| l.weight_bytes())
     }
 
+    /// On a GPU shard: refuses `pool` when its device mirror and the weights
+    /// do not fit the device's memory, with the numbers (before any step
+    /// allocates it). Nothing to check on the CPU.
+    pub fn check_device_pool(&self, pool: &KvPool) -> Result<(), crate::ModelError> {
+        match &self.gpu {
+            Some(g) => g.check_pool(pool, self.local.n_kv_heads * self.config.head_dim),
+            None => Ok(()),
+        }
+    }
+
     /// A pool of `n_blocks` KV blocks of `block` positions for this shard's
     /// layers. A hybrid model's pool keeps K/V only for its attention layers;
     /// give it state slots with [`Model::state_pool`] (`pool.states`).

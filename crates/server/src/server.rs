@@ -25,6 +25,8 @@ pub enum ServerError {
     NoTokenizer,
     #[error(transparent)]
     Engine(#[from] engine::EngineError),
+    #[error("the serving engine could not start: {0}")]
+    EngineStart(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -164,7 +166,12 @@ pub fn serve(
     // The router (and with it the queue's sender) drops when the server ends,
     // which ends the worker loop.
     let kv_disk = state_kv_disk;
-    run_worker(engine, queue, &metrics, (sched, draft, drafter), kv_disk, reform);
+    if let Err(e) = run_worker(engine, queue, &metrics, (sched, draft, drafter), kv_disk, reform) {
+        // Nothing could ever answer: stop listening and say why.
+        server.abort();
+        rt.shutdown_timeout(std::time::Duration::from_secs(1));
+        return Err(ServerError::EngineStart(e));
+    }
     let result = rt.block_on(server);
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -145,7 +145,7 @@ pub fn run_worker(
     (cfg, draft, drafter): (SchedulerConfig, Option<engine::draft::DraftParams>, Option<engine::draft::ModelDraft>),
     kv_disk: Option<engine::kv_disk::KvDiskConfig>,
     mut reform: Option<Reform<'_>>,
-) {
+) -> Result<(), String> {
     struct Stopped<'a>(&'a Metrics);
     impl Drop for Stopped<'_> {
         fn drop(&mut self) {
@@ -153,27 +153,15 @@ pub fn run_worker(
         }
     }
     let _stopped = Stopped(metrics);
-    let mut sched = match Scheduler::new(engine, cfg) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!("the serving engine could not start: {e}");
-            return;
-        }
-    };
+    let mut sched = Scheduler::new(engine, cfg).map_err(|e| e.to_string())?;
     // A finished reply's blocks are made again as prompt rows when idle.
     sched.set_rewarm(true);
-    if let Err(e) = sched.set_draft(draft) {
-        tracing::error!("the serving engine could not start: {e}");
-        return;
-    }
+    sched.set_draft(draft).map_err(|e| e.to_string())?;
     // A draft model (`--draft-model`) in place of the n-gram lookup.
     sched.set_model_draft(drafter);
     if let Some(d) = kv_disk {
         let dir = d.dir.display().to_string();
-        if let Err(e) = sched.enable_disk(engine, d) {
-            tracing::error!("the serving engine could not start: kv disk tier {dir}: {e}");
-            return;
-        }
+        sched.enable_disk(engine, d).map_err(|e| format!("kv disk tier {dir}: {e}"))?;
     }
     publish(metrics, &sched.stats());
     tracing::info!("KV pool: {} bytes on this rank", sched.stats().pool_bytes);
@@ -195,13 +183,13 @@ pub fn run_worker(
                     if distributed {
                         if let Err(e) = engine.ping_cluster() {
                             if !recover(engine, &mut sched, &queue, metrics, &mut reform, &e) {
-                                return;
+                                return Ok(());
                             }
                         }
                     }
                     continue;
                 }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
             }
         }
         while open {
@@ -215,7 +203,7 @@ pub fn run_worker(
             }
         }
         if !open && !sched.has_work() {
-            return;
+            return Ok(());
         }
         // A panic in a step must not take the server down: its sequences fail.
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sched.step(engine)));
@@ -226,7 +214,7 @@ pub fn run_worker(
             }
             Ok(Err(e)) => {
                 if !recover(engine, &mut sched, &queue, metrics, &mut reform, &e) {
-                    return;
+                    return Ok(());
                 }
             }
             Ok(Ok(())) => {
@@ -237,7 +225,7 @@ pub fn run_worker(
                     last_ping = Instant::now();
                     if let Err(e) = engine.ping_cluster() {
                         if !recover(engine, &mut sched, &queue, metrics, &mut reform, &e) {
-                            return;
+                            return Ok(());
                         }
                     }
                 }
