@@ -289,3 +289,28 @@ fn a_model_larger_than_the_device_is_refused_with_the_numbers() {
         stderr(&o)
     );
 }
+
+/// The planner measures this machine's GPU (`--machines gpu`): its memory
+/// as the adapter reports it (capped here to 1 GiB), the decode streaming
+/// rate and prefill rate of the real matmul; the command it recommends puts
+/// the ranks on the GPU.
+#[test]
+fn the_planner_measures_the_gpu() {
+    if !have_gpu() {
+        return;
+    }
+    let m = fixture("llama");
+    let o = shardlm_env(
+        &["plan", "--model", m.to_str().unwrap(), "--machines", "gpu", "--json"],
+        &[("SHARDLM_GPU_MEMORY", "1G")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let machine = &j["machines"][0];
+    assert!(machine["name"].as_str().unwrap().starts_with("gpu ("), "{machine}");
+    let mem = machine["mem_bytes"].as_f64().unwrap();
+    assert!((mem - 0.92 * (1u64 << 30) as f64).abs() < 1e6, "{machine}");
+    assert!(machine["decode_bytes_per_s"].as_f64().unwrap() > 0.0 && machine["prefill_flops"].as_f64().unwrap() > 0.0);
+    let cmd = j["recommendation"]["command"].as_str().unwrap();
+    assert!(cmd.contains("--device gpu"), "{cmd}");
+}

@@ -138,14 +138,20 @@ pub fn parse_machines(spec: &str, threads: usize, quant: &str) -> Result<(Vec<Ma
             }
             _ => (1, part),
         };
+        let gpu_index = match name {
+            "gpu" => Some(None),
+            _ => name.strip_prefix("gpu:").map(|n| n.parse::<usize>().map(Some)).transpose()?,
+        };
         let m = if name == "local" {
             match &local {
                 Some(m) => m.clone(),
                 None => local.insert(super::measure::local_machine_for(threads, quant)?).clone(),
             }
+        } else if let Some(index) = gpu_index {
+            super::measure_gpu::gpu_machine(index, quant)?
         } else {
             machine_preset(name).ok_or_else(|| {
-                anyhow!("unknown machine '{name}' (presets: m3-ultra-512, m4-max-128, x86-2s, h100, h200; or local, or a profile .json)")
+                anyhow!("unknown machine '{name}' (presets: m3-ultra-512, m4-max-128, x86-2s, h100, h200; or local, gpu, gpu:N, or a profile .json)")
             })?
         };
         out.extend(std::iter::repeat_n(m, count));

@@ -174,7 +174,13 @@ pub fn probe(a: ProbeArgs) -> Result<()> {
     // The transports spin as the engine's ranks would (`dist_args::rank_spin`).
     let spin = crate::dist_args::rank_spin(threads, a.threads.is_some());
     let group = comm::Group::from_env_spinning(0x91a7, spin).context("joining the world")?;
-    let me = if a.links_only { None } else { Some(local_machine_for(threads, &a.quant)?) };
+    // A host whose ranks run on a GPU (the hostfile's "device") is measured there.
+    let device = std::env::var("SHARDLM_DEVICE").ok().and_then(|d| model::Device::parse(d.trim()).ok());
+    let me = match (a.links_only, device) {
+        (true, _) => None,
+        (false, Some(model::Device::Gpu(index))) => Some(super::measure_gpu::gpu_machine(index, &a.quant)?),
+        (false, _) => Some(local_machine_for(threads, &a.quant)?),
+    };
     // Gather every rank's machine as fixed-size JSON records.
     const REC: usize = 1024;
     let mut rec = vec![b' '; REC];

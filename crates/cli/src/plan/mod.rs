@@ -7,6 +7,7 @@ mod calibrate;
 mod cost;
 mod hardware;
 pub mod measure;
+mod measure_gpu;
 mod serve;
 mod shape;
 mod svg;
@@ -21,7 +22,8 @@ pub struct PlanArgs {
     /// GGUF file, HF directory, HF config.json, an alias, or `params:total=…,active=…,layers=…,hidden=…,heads=…`.
     #[arg(long, default_value = crate::model_source::DEFAULT_MODEL)]
     model: String,
-    /// The machines: `local` (measured here), presets such as `2xm3-ultra-512`,
+    /// The machines: `local` (this CPU, measured here), `gpu` or `gpu:N` (this
+    /// machine's GPU, measured here), presets such as `2xm3-ultra-512`,
     /// `4xh100`, `x86-2s`, `m4-max-128` (comma-separated for mixed sets), or a
     /// profile written by --calibrate.
     #[arg(long, default_value = "local")]
@@ -89,9 +91,10 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         (Some(l), _) => hardware::parse_link(l)?,
         (None, Some(l)) => l,
         (None, None)
-            if a.machines
-                .split(',')
-                .all(|m| m.trim().trim_start_matches(|c: char| c.is_ascii_digit() || c == 'x') == "local") =>
+            if a.machines.split(',').all(|m| {
+                let m = m.trim().trim_start_matches(|c: char| c.is_ascii_digit() || c == 'x');
+                m == "local" || m == "gpu" || m.starts_with("gpu:")
+            }) =>
         {
             hardware::parse_link("local-shm")?
         }
@@ -104,7 +107,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     if let Some(path) = &a.plot {
         std::fs::write(path, svg::chart(&shape.name, &preds)).with_context(|| format!("writing {}", path.display()))?;
     }
-    let command = best.map(|p| command_line(&a.model, p, machines.len()));
+    let command = best.map(|p| command_line(&a.model, p, &machines));
     if a.json {
         let v = serde_json::json!({
             "model": {
@@ -223,9 +226,15 @@ fn name(p: &Prediction) -> String {
 }
 
 /// The command that runs the recommendation.
-fn command_line(model: &str, p: &Prediction, machines: usize) -> String {
+fn command_line(model: &str, p: &Prediction, machines: &[hardware::Machine]) -> String {
     let model = if model.contains(' ') { format!("'{model}'") } else { model.to_string() };
     let mut run = format!("run --model {model}");
+    // Measured GPUs (`--machines gpu`) run their ranks with --device gpu
+    // (a hostfile says it per host with "device").
+    let gpus = machines.iter().take(p.ranks).filter(|m| m.name.starts_with("gpu ")).count();
+    if gpus > 0 && machines.len() == 1 {
+        run.push_str(" --device gpu");
+    }
     if p.ranks == 1 {
         return format!("shardlm {run} PROMPT");
     }
@@ -234,8 +243,9 @@ fn command_line(model: &str, p: &Prediction, machines: usize) -> String {
         s => format!("{s:?}").to_lowercase(),
     };
     run.push_str(&format!(" --strategy {strategy} PROMPT"));
-    if machines > 1 && p.ranks > 1 {
-        format!("shardlm launch --hostfile hosts.json -- {run}   # hosts.json: the first {} machines", p.ranks)
+    if machines.len() > 1 && p.ranks > 1 {
+        let devices = if gpus > 0 { "; \"device\": \"gpu\" for the GPU hosts" } else { "" };
+        format!("shardlm launch --hostfile hosts.json -- {run}   # hosts.json: the first {} machines{devices}", p.ranks)
     } else {
         format!("shardlm {run} --ranks {}", p.ranks)
     }
