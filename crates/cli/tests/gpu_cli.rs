@@ -144,6 +144,8 @@ fn device_refusals_are_one_line() {
     }
     let e = run(m.to_str().unwrap(), "gpu:99", &[]);
     assert!(e.contains("GPU 99 does not exist: this machine has"), "{e}");
+    let e = run(fixture("qwen3").to_str().unwrap(), "gpu", &["--kv-type", "q8_0"]);
+    assert!(e.contains("--device gpu: a Q8_0 KV cache (the device holds f16 or f32: --kv-type f16)"), "{e}");
     let e = run(fixture("qwen3_next").to_str().unwrap(), "gpu", &[]);
     assert!(
         e.contains("--device gpu: layer 0: linear attention (Gated DeltaNet), which the GPU backend does not run yet"),

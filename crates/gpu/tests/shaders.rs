@@ -146,7 +146,7 @@ fn activations_and_residual_add() {
 }
 
 /// Two sequences in one step over a shuffled block table (plain, windowed,
-/// with a sink per head): the first decodes
+/// with a sink per head, an f16 pool): the first decodes
 /// one token at position 70, the second runs a 5-token chunk from position
 /// 9; keys and values go through `kv_store` first, as in a layer.
 #[test]
@@ -154,7 +154,11 @@ fn paged_attention_gqa_with_windows() {
     let Some(gpu) = gpu() else { return };
     let (heads, kv_heads, block) = (4usize, 2usize, 16usize);
     for &hd in &[64usize, 80, 256, 576] {
-        for (window, sinks) in [(None, None), (Some(7usize), None), (None, Some([0.5f32, -1.0, 3.0, 0.0]))] {
+        let sink = Some([0.5f32, -1.0, 3.0, 0.0]);
+        // (window, sinks, f16 pool)
+        for (window, sinks, f16) in
+            [(None, None, false), (Some(7usize), None, false), (None, sink, false), (Some(7), sink, true)]
+        {
             let row = kv_heads * hd;
             let n_blocks = 12;
             let tables: Vec<u32> = vec![5, 2, 9, 0, 11, 3, /* seq 2: */ 7, 1];
@@ -165,7 +169,12 @@ fn paged_attention_gqa_with_windows() {
             kp.iter_mut().chain(vp.iter_mut()).for_each(|v| *v = rng.gen_range(-1.0..1.0));
             let t: usize = seqs.iter().map(|s| s.1).sum();
             let q = random(t * heads * hd, 11);
-            let (knew, vnew) = (random(t * row, 12), random(t * row, 13));
+            let (mut knew, mut vnew) = (random(t * row, 12), random(t * row, 13));
+            // An f16 pool holds the values rounded to f16: so does the reference.
+            if f16 {
+                let round = |v: &mut f32| *v = half::f16::from_f32(*v).to_f32();
+                kp.iter_mut().chain(vp.iter_mut()).chain(knew.iter_mut()).chain(vnew.iter_mut()).for_each(round);
+            }
             let (mut tok, mut slots) = (vec![], vec![]);
             for &(start, len, ts) in &seqs {
                 for i in 0..len {
@@ -207,7 +216,14 @@ fn paged_attention_gqa_with_windows() {
                 gpu.write_f32(&b, 0, v);
                 b
             };
-            let (kb, vb, qb) = (up("k", &kp), up("v", &vp), up("q", &q));
+            let pool = |name: &str, v: &[f32]| match f16 {
+                false => up(name, v),
+                true => {
+                    let halves: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+                    gpu.buffer_with(name, bytemuck::cast_slice(&halves)).unwrap()
+                }
+            };
+            let (kb, vb, qb) = (pool("k", &kp), pool("v", &vp), up("q", &q));
             let (knb, vnb) = (up("knew", &knew), up("vnew", &vnew));
             let (tokb, tabb, slotb) = (
                 gpu.buffer_with("tok", &tok).unwrap(),
@@ -215,15 +231,15 @@ fn paged_attention_gqa_with_windows() {
                 gpu.buffer_with("slots", &slots).unwrap(),
             );
             let out = gpu.buffer("out", t * heads * hd).unwrap();
-            let args = AttnArgs { heads, kv_heads, head_dim: hd, block, scale, window };
+            let args = AttnArgs { heads, kv_heads, head_dim: hd, block, scale, window, kv_f16: f16 };
             let mut pass = Pass::new(&gpu);
-            pass.kv_store(&knb, 0, (t, row, row), &slotb, &kb);
-            pass.kv_store(&vnb, 0, (t, row, row), &slotb, &vb);
+            pass.kv_store(&knb, 0, (t, row, row), &slotb, &kb, f16);
+            pass.kv_store(&vnb, 0, (t, row, row), &slotb, &vb, f16);
             let sinkb = sinks.map(|s| up("sinks", &s));
             pass.attention(&qb, (0, heads * hd), t, &args, (&kb, &vb), (&tokb, &tabb), sinkb.as_ref(), &out);
             pass.submit().unwrap();
             let got = gpu.read_f32(&out, 0, want.len()).unwrap();
-            assert_close(&got, &want, 1e-5, &format!("attention hd={hd} window={window:?} sinks={sinks:?}"));
+            assert_close(&got, &want, 1e-5, &format!("attention hd={hd} window={window:?} sinks={sinks:?} f16={f16}"));
         }
     }
 }
@@ -315,7 +331,7 @@ fn strided_rows_equal_contiguous_ones() {
     pass.rms_norm_heads(&xb, 0, &qnb, (hd, nh, t, 1e-6), w);
     pass.rms_norm_heads(&xb, hq, &knb, (hd, nkv, t, 1e-6), w);
     pass.rope_rows(&xb, (0, w), (t, nh + nkv, hd, half), &cb, &sb, false);
-    pass.kv_store(&xb, hq, (t, hkv, w), &slots, &kpool);
+    pass.kv_store(&xb, hq, (t, hkv, w), &slots, &kpool, false);
     pass.submit().unwrap();
     let got = gpu.read_f32(&xb, 0, t * w).unwrap();
     let got_q: Vec<f32> = (0..t).flat_map(|r| got[r * w..r * w + hq].to_vec()).collect();

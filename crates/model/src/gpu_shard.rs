@@ -199,6 +199,8 @@ const STEP_RESERVE: u64 = 256 << 20;
 
 pub struct GpuShard {
     gpu: Arc<Gpu>,
+    /// The device pool holds f16 (`--kv-type f16`), else f32.
+    kv_f16: bool,
     layers: Vec<GpuLayer>,
     head: Option<(DeviceBuf, DeviceWeight)>,
     state: Mutex<State>,
@@ -253,6 +255,11 @@ impl GpuShard {
         // room for a modest KV pool and the step buffers.
         let need = Self::weight_bytes_of(model) as u64;
         gpu.check_fits(&format!("layers {:?}'s weights", model.shard.layers), need, STEP_RESERVE)?;
+        let kv_f16 = match model.kv_type {
+            crate::KvType::F32 => false,
+            crate::KvType::F16 => true,
+            other => return Err(refuse(format!("a {other:?} KV cache (the device holds f16 or f32: --kv-type f16)"))),
+        };
         let gpu = Arc::new(gpu);
         let mut layers = Vec::with_capacity(model.layers.len());
         for (i, l) in model.layers.iter().enumerate() {
@@ -269,7 +276,14 @@ impl GpuShard {
             _ => None,
         };
         gpu.check()?;
-        Ok(GpuShard { gpu, layers, head, state: Mutex::new(State::default()) })
+        let odd = layers.iter().any(|l| match &l.attn {
+            Attn::Gqa(_) => (model.local.n_kv_heads * model.config.head_dim) % 2 == 1,
+            Attn::Mla(m) => m.width() % 2 == 1,
+        });
+        if kv_f16 && odd {
+            return Err(refuse("an f16 KV cache with rows of odd width (use --kv-type f32)".into()));
+        }
+        Ok(GpuShard { gpu, kv_f16, layers, head, state: Mutex::new(State::default()) })
     }
 
     fn layer(gpu: &Gpu, l: &DecoderLayer, head_dim: usize, tp: bool) -> Result<GpuLayer, ModelError> {
@@ -342,10 +356,12 @@ impl GpuShard {
                     Attn::Gqa(_) => 2 * hkv,
                     Attn::Mla(m) => m.width(),
                 };
-                4 * blocks * pool.block * row
+                let elem = if self.kv_f16 { 2 } else { 4 };
+                elem * blocks * pool.block * row
             })
             .sum();
-        let what = format!("the KV pool ({} blocks of {} positions, f32) and the weights", pool.n_blocks, pool.block);
+        let ty = if self.kv_f16 { "f16" } else { "f32" };
+        let what = format!("the KV pool ({} blocks of {} positions, {ty}) and the weights", pool.n_blocks, pool.block);
         Ok(self.gpu.check_fits(&what, (bytes + self.weight_bytes()) as u64, 0)?)
     }
 
@@ -453,8 +469,10 @@ impl GpuShard {
                     Attn::Gqa(_) => (hkv, hkv),
                     Attn::Mla(m) => (m.width(), 0),
                 };
-                k.push(gpu.buffer("kv.k", blocks * pool.block * kw)?);
-                v.push(gpu.buffer("kv.v", (blocks * pool.block * vw).max(1))?);
+                // f16: two values a word (rows are even, checked at load).
+                let per_word = if self.kv_f16 { 2 } else { 1 };
+                k.push(gpu.buffer("kv.k", blocks * pool.block * kw / per_word)?);
+                v.push(gpu.buffer("kv.v", (blocks * pool.block * vw / per_word).max(1))?);
             }
             st.kv =
                 Some(Kv { n_blocks: pool.n_blocks, n_window_blocks: pool.n_window_blocks, block: pool.block, k, v });
@@ -547,10 +565,11 @@ impl GpuShard {
                     };
                     // q's and k's heads sit side by side: one rope for both.
                     pass.rope_rows(&b.qkv, (0, w), (n, nh + nkv, hd, half), cos, sin, interleaved);
-                    pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li]);
-                    pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li]);
-                    let args =
-                        AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block: pool.block, scale, window: a.window };
+                    let f16 = self.kv_f16;
+                    pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li], f16);
+                    pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li], f16);
+                    let (block, window) = (pool.block, a.window);
+                    let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block, scale, window, kv_f16: f16 };
                     let (pools, rows) = ((&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]));
                     pass.attention(&b.qkv, (0, w), n, &args, pools, rows, a.sinks.as_ref(), &b.attn);
                     match fused {
@@ -568,6 +587,7 @@ impl GpuShard {
                         tok: &b.tok[g],
                         tables: tb[g],
                         block: pool.block,
+                        kv_f16: self.kv_f16,
                     };
                     a.record(&mut pass, mb, (&b.xn, n), &rows, &kv.k[li], (dst, fused));
                 }

@@ -1,4 +1,4 @@
-// Causal GQA attention over a paged KV pool, one workgroup of 64 per
+// Causal GQA attention over a paged KV pool (f32, or f16 two a word), one workgroup of 64 per
 // (query head, token). Token t sits at position tok[2t] and its sequence's
 // block table starts at tables[tok[2t + 1]]; it attends to positions
 // 0..=pos (those inside its window when `window` > 0). Keys and values of
@@ -31,8 +31,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> kpool: array<f32>;
-@group(0) @binding(3) var<storage, read> vpool: array<f32>;
+//POOLS
 @group(0) @binding(4) var<storage, read> tok: array<u32>;
 @group(0) @binding(5) var<storage, read> tables: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
@@ -88,7 +87,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let kb = pool_row(ts, at) * row_len + kvh * hd;
             var dot = 0.0;
             for (var d = 0u; d < hd; d = d + 1u) {
-                dot = dot + qs[d] * kpool[kb + d];
+                dot = dot + qs[d] * kload(kb + d);
             }
             s = dot * p.scale;
         }
@@ -123,7 +122,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             if (d < hd) {
                 var a = acc[i] * corr;
                 for (var j = 0u; j < n; j = j + 1u) {
-                    a = a + w[j] * vpool[pool_row(ts, base + j) * row_len + kvh * hd + d];
+                    a = a + w[j] * vload(pool_row(ts, base + j) * row_len + kvh * hd + d);
                 }
                 acc[i] = a;
             }
