@@ -358,9 +358,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         draft,
     };
     if a.kv_disk.is_some() {
-        if a.dist.device.iter().any(|d| *d != model::Device::Cpu) {
-            bail!("bad flag value: --kv-disk works with --device cpu only (the GPU's KV blocks are not saved yet)");
-        }
         if a.prefix_cache == OnOff::Off {
             bail!("bad flag value: --kv-disk needs --prefix-cache on");
         }

@@ -14,13 +14,42 @@ impl Model {
         layers + self.lm_head.as_ref().map_or(0, |l| l.weight_bytes())
     }
 
-    /// On a GPU shard: refuses `pool` when its device mirror and the weights
-    /// do not fit the device's memory, with the numbers (before any step
-    /// allocates it). Nothing to check on the CPU.
+    /// On a GPU shard, for a new `pool`: refuses it when its device mirror
+    /// and the weights do not fit the device's memory, with the numbers, and
+    /// otherwise drops the old device pool (the new one starts empty, as the
+    /// host's does). Nothing to do on the CPU.
     pub fn check_device_pool(&self, pool: &KvPool) -> Result<(), crate::ModelError> {
         match &self.gpu {
-            Some(g) => g.check_pool(pool, self.local.n_kv_heads * self.config.head_dim),
+            Some(g) => g.new_pool(pool, self.local.n_kv_heads * self.config.head_dim),
             None => Ok(()),
+        }
+    }
+
+    /// Appends block `b` of `pool` as bytes ([`KvPool::copy_block_out`]),
+    /// from the device on a GPU shard (where the rows live).
+    pub fn copy_block_out(&self, pool: &KvPool, b: usize, out: &mut Vec<u8>) -> Result<(), crate::ModelError> {
+        match &self.gpu {
+            Some(g) => g.block_io(pool, self.local.n_kv_heads * self.config.head_dim, b, out, false),
+            None => {
+                pool.copy_block_out(b, out);
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes `data` into block `b` ([`KvPool::copy_block_in`]), on the
+    /// device on a GPU shard. False, with nothing written, when `data` is not
+    /// one block's bytes or `b` is out of range.
+    pub fn copy_block_in(&self, pool: &mut KvPool, b: usize, data: &[u8]) -> Result<bool, crate::ModelError> {
+        match &self.gpu {
+            Some(g) => {
+                if b >= pool.n_blocks || data.len() != pool.block_bytes() {
+                    return Ok(false);
+                }
+                g.block_io(pool, self.local.n_kv_heads * self.config.head_dim, b, &mut data.to_vec(), true)?;
+                Ok(true)
+            }
+            None => Ok(pool.copy_block_in(b, data)),
         }
     }
 

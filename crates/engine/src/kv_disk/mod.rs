@@ -343,7 +343,7 @@ pub fn apply(
             DiskOp::Save { block, key } => {
                 let store = slot.store.as_ref().ok_or("disk op before Init")?;
                 let mut buf = Vec::with_capacity(store.payload);
-                pool.copy_block_out(*block as usize, &mut buf);
+                model.copy_block_out(pool, *block as usize, &mut buf).map_err(|e| e.to_string())?;
                 store.write(*key, Kind::Block, buf);
             }
             DiskOp::SaveState { slot: s, key } => {
@@ -369,7 +369,10 @@ pub fn apply(
             DiskOp::Load { block, .. } => {
                 slot.store.as_ref().ok_or("disk op before Init")?;
                 let data = read.next().unwrap_or(Err(store::LoadError::Missing));
-                let ok = data.is_ok_and(|data| pool.copy_block_in(*block as usize, &data));
+                let ok = match data {
+                    Ok(data) => model.copy_block_in(pool, *block as usize, &data).map_err(|e| e.to_string())?,
+                    Err(_) => false,
+                };
                 loads.push(u32::from(ok));
             }
             DiskOp::Report => {
