@@ -436,6 +436,20 @@ impl<'g> Pass<'g> {
         self.dispatch("act_mul", src, &p, &[&gu.buf, &out.buf], flat_grid(n));
     }
 
+    /// `y[r, i] *= sigmoid(g[g_off + r · g_stride + i])` for `rows` rows of
+    /// `width` contiguous values of `y`.
+    pub fn sigmoid_mul(
+        &mut self,
+        y: &DeviceBuf,
+        (rows, width): (usize, usize),
+        g: &DeviceBuf,
+        (g_off, g_stride): (usize, usize),
+    ) {
+        let p = words8([rows as u32, width as u32, 0, g_off as u32, g_stride as u32, 0, 0, 0]);
+        let s = || include_str!("shaders/sigmoid_mul.wgsl").to_string();
+        self.dispatch("sigmoid_mul", s, &p, &[&g.buf, &y.buf], flat_grid(rows * width));
+    }
+
     /// `x += o` over `n` values.
     pub fn add(&mut self, x: &DeviceBuf, o: &DeviceBuf, n: usize) {
         let p = [n as u32, 0, 0, 0];

@@ -16,8 +16,12 @@
 //! clamped SwiGLU) or a mixture of experts (`gpu_moe`: softmax or
 //! grouped-sigmoid routing, shared experts, expert parallelism); pre- and
 //! sandwich RMSNorms; the weight types of `shardlm_gpu::WEIGHT_TYPES`.
-//! Anything else (linear attention, output gates, whole-projection q/k
-//! norms under tensor parallelism) is refused at load, by name.
+//! Gated attention's output gate (Qwen3-Next, Qwen3.5) rides in the fused
+//! projection row. Linear attention (Gated DeltaNet) runs on the host
+//! between submissions, its weights and recurrent states in host memory (the
+//! normalized rows go down to it, its output comes back up): a hybrid model
+//! runs on the GPU with those layers on the CPU. Whole-projection q/k norms
+//! under tensor parallelism and q8_0/q4_0 KV pools are refused at load.
 
 use super::gpu_mla::{GpuMla, MlaBufs, StepRows};
 use super::gpu_moe::{GpuMoe, MoeBufs};
@@ -113,6 +117,8 @@ struct GpuGqa {
     qk_norm: Option<(DeviceBuf, DeviceBuf)>,
     /// The q/k norms span the whole projection (MiniMax-M2), not one head.
     qk_norm_whole: bool,
+    /// A per-head output gate rides in the projection row after v (Qwen3-Next, Qwen3.5).
+    gated: bool,
     window: Option<usize>,
     /// A sink logit per query head (gpt-oss).
     sinks: Option<DeviceBuf>,
@@ -121,6 +127,9 @@ struct GpuGqa {
 enum Attn {
     Gqa(Box<GpuGqa>),
     Mla(Box<GpuMla>),
+    /// Linear attention (Gated DeltaNet): run on the host between
+    /// submissions, its weights and recurrent states in host memory.
+    Host,
 }
 
 impl Attn {
@@ -128,6 +137,7 @@ impl Attn {
         match self {
             Attn::Gqa(g) => g.qkv.bytes() + g.o.bytes(),
             Attn::Mla(m) => m.bytes(),
+            Attn::Host => 0,
         }
     }
 }
@@ -279,6 +289,7 @@ impl GpuShard {
         let odd = layers.iter().any(|l| match &l.attn {
             Attn::Gqa(_) => (model.local.n_kv_heads * model.config.head_dim) % 2 == 1,
             Attn::Mla(m) => m.width() % 2 == 1,
+            Attn::Host => false,
         });
         if kv_f16 && odd {
             return Err(refuse("an f16 KV cache with rows of odd width (use --kv-type f32)".into()));
@@ -290,7 +301,7 @@ impl GpuShard {
         let attn = match &l.attn {
             Attention::Gqa(g) => Attn::Gqa(Box::new(Self::gqa(gpu, g, head_dim, tp)?)),
             Attention::Mla(m) => Attn::Mla(Box::new(GpuMla::upload(gpu, m)?)),
-            Attention::Linear(_) => return Err(ModelError::Unsupported("linear attention (Gated DeltaNet)".into())),
+            Attention::Linear(_) => Attn::Host,
         };
         let post_norms = match (&l.post_attn_norm, &l.post_ffn_norm) {
             (Some(a), Some(f)) => Some((floats(gpu, "post_attn_norm", a)?, floats(gpu, "post_ffn_norm", f)?)),
@@ -315,9 +326,6 @@ impl GpuShard {
     }
 
     fn gqa(gpu: &Gpu, g: &crate::decoder::Gqa, head_dim: usize, tp: bool) -> Result<GpuGqa, ModelError> {
-        if g.gate.is_some() {
-            return Err(ModelError::Unsupported("an attention output gate".into()));
-        }
         if g.qk_norm_whole && tp {
             // Each rank holds some heads: the mean square needs an all-reduce mid-layer.
             return Err(ModelError::Unsupported("whole-projection q/k norms under tensor parallelism".into()));
@@ -333,7 +341,11 @@ impl GpuShard {
             _ => None,
         };
         Ok(GpuGqa {
-            qkv: Proj::upload(gpu, &g.q.weight.name, &[&g.q, &g.k, &g.v])?,
+            qkv: match &g.gate {
+                Some(gate) => Proj::upload(gpu, &g.q.weight.name, &[&g.q, &g.k, &g.v, gate])?,
+                None => Proj::upload(gpu, &g.q.weight.name, &[&g.q, &g.k, &g.v])?,
+            },
+            gated: g.gate.is_some(),
             o: weight(gpu, &g.o)?,
             qk_norm,
             qk_norm_whole: g.qk_norm_whole,
@@ -378,6 +390,7 @@ impl GpuShard {
         match &l.attn {
             Attn::Gqa(_) => (hkv, hkv),
             Attn::Mla(m) => (m.width(), 0),
+            Attn::Host => (0, 0),
         }
     }
 
@@ -433,10 +446,8 @@ impl GpuShard {
             .map(|(li, l)| {
                 let window = pool.n_window_blocks > 0 && pool.is_window_layer(li);
                 let blocks = if window { pool.n_window_blocks } else { pool.n_blocks };
-                let row = match &l.attn {
-                    Attn::Gqa(_) => 2 * hkv,
-                    Attn::Mla(m) => m.width(),
-                };
+                let (kw, vw) = Self::kv_widths(l, hkv);
+                let row = kw + vw;
                 let elem = if self.kv_f16 { 2 } else { 4 };
                 elem * blocks * pool.block * row
             })
@@ -457,7 +468,9 @@ impl GpuShard {
                     FeedForward::Dense(m) => m.bytes(),
                     FeedForward::Moe(m) => m.weight_bytes_total(),
                 };
-                l.attn.weight_bytes() + ffn
+                // Linear attention stays in host memory.
+                let attn = if matches!(l.attn, Attention::Linear(_)) { 0 } else { l.attn.weight_bytes() };
+                attn + ffn
             })
             .sum();
         layers + model.lm_head.as_ref().map_or(0, Linear::weight_bytes)
@@ -479,11 +492,12 @@ impl GpuShard {
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (hq, hkv, ffn) = (m.local.n_heads * hd, m.local.n_kv_heads * hd, m.local.ffn);
         let half = cfg.rope_dim / 2;
+        let gated = self.layers.iter().any(|l| matches!(&l.attn, Attn::Gqa(a) if a.gated));
         Ok(Bufs {
             rows,
             x: g.buffer("x", rows * h)?,
             xn: g.buffer("xn", rows * h)?,
-            qkv: g.buffer("qkv", rows * (hq + 2 * hkv))?,
+            qkv: g.buffer("qkv", rows * (hq + 2 * hkv + if gated { hq } else { 0 }))?,
             attn: g.buffer("attn", rows * hq)?,
             o: g.buffer("o", rows * h)?,
             gu: g.buffer("gate_up", rows * 2 * ffn)?,
@@ -502,7 +516,7 @@ impl GpuShard {
     fn mla_layers(&self) -> impl Iterator<Item = &GpuMla> + Clone {
         self.layers.iter().filter_map(|l| match &l.attn {
             Attn::Mla(m) => Some(&**m),
-            Attn::Gqa(_) => None,
+            Attn::Gqa(_) | Attn::Host => None,
         })
     }
 
@@ -519,12 +533,16 @@ impl GpuShard {
     pub(crate) fn run_layers(
         &self,
         m: &Model,
+        threads: &kernels::ThreadPool,
         ws: &mut Workspace,
-        seqs: &[SeqStep<'_>],
-        paged: Option<&KvPool>,
+        seqs: &mut [SeqStep<'_>],
+        mut paged: Option<&mut KvPool>,
         comm: &dyn AllReduce,
     ) -> Result<(), ModelError> {
-        let Some(pool) = paged else {
+        if m.spec.linear_attn.is_some() {
+            crate::linear_attn::begin_states(seqs, paged.as_deref_mut())?;
+        }
+        let Some(pool) = paged.as_deref() else {
             return Err(ModelError::Unsupported("--device gpu runs paged sequences (the scheduler's) only".into()));
         };
         let cfg = &m.config;
@@ -537,13 +555,16 @@ impl GpuShard {
         if st.bufs.as_ref().is_none_or(|b| b.rows < n) {
             st.bufs = Some(self.bufs(m, n.next_power_of_two())?);
         }
-        let window_group = |li: usize| pool.n_window_blocks > 0 && pool.is_window_layer(li);
+        // What the layers need of the pool, so that a host layer may borrow it.
+        let win: Vec<bool> =
+            (0..self.layers.len()).map(|li| pool.n_window_blocks > 0 && pool.is_window_layer(li)).collect();
+        let block = pool.block;
         self.ensure_kv(&mut st, pool, hkv)?;
         // Per group: each row's (position, table offset) and pool row, and the
         // tables end to end (the window group's are its logical tables).
         let mut rows: [(Vec<u32>, Vec<u32>, Vec<u32>); 2] = Default::default();
         let mut logical = Vec::new();
-        for s in seqs {
+        for s in seqs.iter() {
             let SeqKv::Paged { table, start, window, .. } = &s.cache else {
                 return Err(ModelError::Unsupported("--device gpu runs paged sequences (the scheduler's) only".into()));
             };
@@ -601,13 +622,14 @@ impl GpuShard {
             pass.rms_norm(&b.x, 0, &l.attn_norm, (h, n, eps), &b.xn, 0);
             // Without a sandwich norm or a tensor split, the residual add
             // happens in the block's last matmul; else its output goes to o.
+            let host = matches!(l.attn, Attn::Host);
             let fused = !tp && l.post_norms.is_none();
             let dst = if fused { &b.x } else { &b.o };
-            let g = usize::from(window_group(li));
+            let g = usize::from(win[li]);
             match &l.attn {
                 Attn::Gqa(a) => {
-                    // Each token's row: q (hq) ‖ k (hkv) ‖ v (hkv).
-                    let w = hq + 2 * hkv;
+                    // Each token's row: q (hq) ‖ k (hkv) ‖ v (hkv) (‖ gate (hq)).
+                    let w = hq + 2 * hkv + if a.gated { hq } else { 0 };
                     a.qkv.record(&mut pass, &b.xn, n, &b.qkv);
                     match (&a.qk_norm, a.qk_norm_whole) {
                         (Some((qn, kn)), false) => {
@@ -630,10 +652,13 @@ impl GpuShard {
                     let f16 = self.kv_f16;
                     pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li], f16);
                     pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li], f16);
-                    let (block, window) = (pool.block, a.window);
+                    let window = a.window;
                     let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block, scale, window, kv_f16: f16 };
                     let (pools, rows) = ((&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]));
                     pass.attention(&b.qkv, (0, w), n, &args, pools, rows, a.sinks.as_ref(), &b.attn);
+                    if a.gated {
+                        pass.sigmoid_mul(&b.attn, (n, hq), &b.qkv, (hq + 2 * hkv, w));
+                    }
                     match fused {
                         true => pass.matmul_add(&a.o, &b.attn, 0, n, &b.x, 0),
                         false => pass.matmul(&a.o, &b.attn, 0, n, &b.o, 0),
@@ -648,14 +673,28 @@ impl GpuShard {
                         slots: &b.slots[g],
                         tok: &b.tok[g],
                         tables: tb[g],
-                        block: pool.block,
+                        block,
                         kv_f16: self.kv_f16,
                     };
                     a.record(&mut pass, mb, (&b.xn, n), &rows, &kv.k[li], (dst, fused));
                 }
+                // Recorded below, after this submission.
+                Attn::Host => {}
             }
-            if !fused {
-                if tp {
+            if let Attn::Host = l.attn {
+                // Linear attention runs on the host, over its recurrent
+                // states in the host pool: the normalized rows go down, the
+                // block's output (all-reduced under a tensor split) comes up.
+                let Attention::Linear(dn) = &m.layers[li].attn else { unreachable!("uploaded as host layers") };
+                std::mem::replace(&mut pass, Pass::new(gpu)).submit()?;
+                let xn = gpu.read_f32(&b.xn, 0, n * h)?;
+                let mut o = vec![0f32; n * h];
+                dn.forward(threads, &xn, n, seqs, paged.as_deref_mut(), li, &mut o, &mut ws.linear, &mut ws.scratch)?;
+                comm.all_reduce_sum(&mut o)?;
+                gpu.write_f32(&b.o, 0, &o);
+            }
+            if !fused || host {
+                if tp && !host {
                     reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
                 }
                 if let Some((post_attn, _)) = &l.post_norms {

@@ -449,7 +449,7 @@ impl Model {
             }
         }
         if let Some(g) = &self.gpu {
-            return g.run_layers(self, ws, seqs, paged.as_deref(), comm);
+            return g.run_layers(self, pool, ws, seqs, paged, comm);
         }
         let eps = cfg.rms_norm_eps;
         let n = t_total;

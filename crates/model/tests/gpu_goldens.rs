@@ -57,6 +57,9 @@ fn check_with(name: &str, kv: KvType, tol: f32) {
     let block = 16;
     let per_seq = (ids.len() + greedy.len()).div_ceil(block);
     let mut pool = m.new_pool(block, 2 * per_seq + 3);
+    // A hybrid's recurrent states: slot t for sequence t.
+    pool.states = m.state_pool(2);
+    let state = |t: usize| m.spec.linear_attn.as_ref().map(|_| t as u32);
     // Sequence 0 takes blocks from the end, sequence 1 from the start: the
     // device pool is addressed through the tables, not by position.
     let tables: [Vec<u32>; 2] =
@@ -69,7 +72,7 @@ fn check_with(name: &str, kv: KvType, tol: f32) {
     for (start, part) in [(0, &ids[..split]), (split, &ids[split..])] {
         let seq = |t: usize, logits| SeqStep {
             tokens: part,
-            cache: SeqKv::Paged { table: &tables[t], start, state: None, window: Default::default() },
+            cache: SeqKv::Paged { table: &tables[t], start, state: state(t), window: Default::default() },
             mode: LogitsMode::All,
             prompt: true,
             logits,
@@ -92,7 +95,7 @@ fn check_with(name: &str, kv: KvType, tol: f32) {
         let start = ids.len() + out.len() - 1;
         let mut steps = [SeqStep {
             tokens: &tok,
-            cache: SeqKv::Paged { table: &tables[0], start, state: None, window: Default::default() },
+            cache: SeqKv::Paged { table: &tables[0], start, state: state(0), window: Default::default() },
             mode: LogitsMode::Last,
             prompt: false,
             logits: &mut l0,
@@ -124,22 +127,19 @@ fn mistral_on_the_gpu_matches_transformers() {
     check("mistral");
 }
 
-/// Layers the backend does not run yet are refused at load, by layer and kind.
+/// What the device cannot hold is refused at load in one line: a q8_0 KV
+/// pool (it holds f32 or f16).
 #[test]
-fn unsupported_layers_are_refused_by_name() {
-    for (name, what) in
-        [("qwen3_next", "linear attention (Gated DeltaNet)"), ("qwen3_5", "linear attention (Gated DeltaNet)")]
-    {
-        let files = formats::open_model(&fixture(name)).unwrap();
-        let opts = LoadOptions { device: Device::Gpu(None), ..Default::default() };
-        let err = Model::load(&files, &ShardSpec::full(files.config.n_layers), &opts).unwrap_err().to_string();
-        if err.starts_with("no GPU adapter") && std::env::var("CI").as_deref() != Ok("true") {
-            eprintln!("SKIPPED: {err}");
-            return;
-        }
-        assert!(err.starts_with("unsupported: --device gpu: layer "), "{name}: {err}");
-        assert!(err.contains(what) && err.ends_with("(use --device cpu)"), "{name}: {err}");
+fn unsupported_kv_types_are_refused_by_name() {
+    let files = formats::open_model(&fixture("qwen3")).unwrap();
+    let opts = LoadOptions { device: Device::Gpu(None), kv_type: Some(KvType::Q8_0), ..Default::default() };
+    let err = Model::load(&files, &ShardSpec::full(files.config.n_layers), &opts).unwrap_err().to_string();
+    if err.starts_with("no GPU adapter") && std::env::var("CI").as_deref() != Ok("true") {
+        eprintln!("SKIPPED: {err}");
+        return;
     }
+    assert!(err.starts_with("unsupported: --device gpu: a Q8_0 KV cache"), "{err}");
+    assert!(err.ends_with("(use --device cpu)"), "{err}");
 }
 
 /// Gemma 3: sliding-window layers with their own rope, sandwich norms,
@@ -205,4 +205,22 @@ fn f16_kv_on_the_gpu_tracks_the_goldens() {
     for (name, tol) in [("llama", 3e-3), ("gemma3", 2e-2), ("deepseek_v3", 3e-3), ("qwen3_moe", 3e-3)] {
         check_with(name, KvType::F16, tol);
     }
+}
+
+/// The hybrids: Gated DeltaNet layers on the host between submissions,
+/// gated full attention (output gate in the fused row, partial rotary,
+/// zero-centered norms) on the device; Qwen3.5-MoE's experts on the device.
+#[test]
+fn qwen3_next_on_the_gpu_matches_transformers() {
+    check("qwen3_next");
+}
+
+#[test]
+fn qwen3_5_on_the_gpu_matches_transformers() {
+    check("qwen3_5");
+}
+
+#[test]
+fn qwen3_5_moe_on_the_gpu_matches_transformers() {
+    check("qwen3_5_moe");
 }
