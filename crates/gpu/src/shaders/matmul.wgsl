@@ -47,16 +47,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (row < p.n) {
         acc = partial_dot(row, p.x_off + t * p.k, lane);
     }
-    red[li] = acc;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lane < s) {
-            red[li] = red[li] + red[li + s];
-        }
-        workgroupBarrier();
-    }
+    let total = reduce_row(li, lane, acc);
     if (lane == 0u && row < p.n) {
-        var v = red[li] * p.out_scale;
+        var v = total * p.out_scale;
         if ((p.flags & 1u) != 0u) {
             v = v + bias[row];
         }

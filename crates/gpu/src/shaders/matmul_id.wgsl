@@ -59,16 +59,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (ours) {
         acc = partial_dot(local * p.n + row, p.x_off + xrow * p.x_stride, lane);
     }
-    red[li] = acc;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lane < s) {
-            red[li] = red[li] + red[li + s];
-        }
-        workgroupBarrier();
-    }
+    let total = reduce_row(li, lane, acc);
     if (lane == 0u && ours) {
-        var v = red[li] * p.out_scale;
+        var v = total * p.out_scale;
         if ((p.flags & 1u) != 0u) {
             v = v + bias[local * p.n + row];
         }
