@@ -6,7 +6,10 @@
 //! request's logits are bit for bit the same cold, from the prefix cache
 //! and batched with others; against the CPU scheduler they agree within
 //! 1e-3 and the greedy tokens are identical. Under memory pressure
-//! (preemption, refusals) every request still finishes. On Mesa's llvmpipe
+//! (preemption, refusals) every request still finishes. The disk tier saves
+//! and restores device blocks; a hybrid's conversation (DeltaNet layers on
+//! the host, their state snapshots in the prefix cache) equals cold runs.
+//! On Mesa's llvmpipe
 //! in CI; without any adapter the tests say so and pass, except under
 //! `CI=true`.
 
@@ -184,5 +187,59 @@ fn the_disk_tier_saves_and_restores_device_blocks() {
         assert_eq!(warm.tokens, cold.tokens, "{name}: tokens after a restart");
         assert_eq!(max_diff(&warm.logits, &cold.logits), 0.0, "{name}: logits after a restart");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A hybrid (Qwen3.5: Gated DeltaNet layers on the host between device
+/// submissions) in a growing conversation with the prefix cache, KV blocks
+/// on the device and recurrent-state snapshots on the host: each turn's
+/// logits equal a cold, alone run on the device bit for bit, the greedy
+/// tokens equal the CPU's, and later turns reuse the cached prefix.
+#[test]
+fn hybrid_conversation_with_state_snapshots_on_the_device() {
+    let Some(mut served) = engine("qwen3_5", Device::Gpu(None)) else { return };
+    let mut cold = engine("qwen3_5", Device::Gpu(None)).unwrap();
+    let mut cpu = engine("qwen3_5", Device::Cpu).unwrap();
+    for e in [&mut served, &mut cold, &mut cpu] {
+        // Prefill pieces end on the delta rule's chunk, so every chunk is computed alike.
+        e.prefill_chunk = 64;
+    }
+    let cfg = |prefix_cache| SchedulerConfig {
+        block: 32,
+        n_blocks: 48,
+        max_batch: 4,
+        step_tokens: 100,
+        prefix_cache,
+        n_window_blocks: 0,
+    };
+    let mut sched = Scheduler::new(&mut served, cfg(true)).unwrap();
+    let mut history: Vec<u32> = (0..150).map(|i| (i * 7919 % 1000) as u32 + 3).collect();
+    for turn in 0..3 {
+        let alone = |e: &mut Engine| {
+            let mut s = Scheduler::new(e, cfg(false)).unwrap();
+            let seen = submit(&mut s, request(history.clone(), 6));
+            while s.has_work() {
+                s.step(e).expect("step");
+            }
+            let seen = std::mem::take(&mut *seen.lock().unwrap());
+            seen
+        };
+        let (reference, on_cpu) = (alone(&mut cold), alone(&mut cpu));
+        let main = submit(&mut sched, request(history.clone(), 6));
+        let side = submit(&mut sched, request(vec![5 + turn as u32; 40 + turn * 7], 4));
+        while sched.has_work() {
+            sched.step(&mut served).expect("step");
+        }
+        assert!(matches!(side.lock().unwrap().outcome, Some(Ok(_))), "turn {turn}: the side request failed");
+        let seen = std::mem::take(&mut *main.lock().unwrap());
+        let cached = seen.outcome.as_ref().unwrap().as_ref().unwrap().cached_tokens;
+        assert_eq!(seen.tokens, reference.tokens, "turn {turn}: tokens against the cold device run");
+        assert_eq!(max_diff(&seen.logits, &reference.logits), 0.0, "turn {turn}: logits against the cold device run");
+        assert_eq!(seen.tokens, on_cpu.tokens, "turn {turn}: tokens against the CPU");
+        let d = max_diff(&seen.logits, &on_cpu.logits);
+        assert!(d <= 1e-3, "turn {turn}: max |Δ logits| against the CPU {d}");
+        assert!(turn == 0 || cached > 0, "turn {turn}: nothing reused from the prefix cache");
+        history.extend_from_slice(&seen.tokens);
+        history.extend((0..90).map(|i| (i * 104729 % 1000) as u32 + 3));
     }
 }
