@@ -1,0 +1,112 @@
+//! The device KV pool of a [`GpuShard`]: made to mirror the host pool's
+//! geometry, checked against the device's memory, and read or written one
+//! block at a time for the prefix cache's disk tier.
+
+use super::{Attn, GpuLayer, GpuShard, Kv, State};
+use crate::kv_cache::KvPool;
+use crate::ModelError;
+
+impl GpuShard {
+    /// A new host pool: checks its device mirror fits, and drops the old one
+    /// (the next step or block load makes a fresh, zeroed one).
+    pub(crate) fn new_pool(&self, pool: &KvPool, hkv: usize) -> Result<(), ModelError> {
+        self.check_pool(pool, hkv)?;
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).kv = None;
+        Ok(())
+    }
+
+    /// Makes the device pool that mirrors `pool` (once per geometry).
+    pub(super) fn ensure_kv(&self, st: &mut State, pool: &KvPool, hkv: usize) -> Result<(), ModelError> {
+        let geometry = (pool.n_blocks, pool.n_window_blocks, pool.block);
+        if st.kv.as_ref().is_some_and(|k| (k.n_blocks, k.n_window_blocks, k.block) == geometry) {
+            return Ok(());
+        }
+        st.kv = None;
+        self.check_pool(pool, hkv)?;
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for (li, l) in self.layers.iter().enumerate() {
+            let window = pool.n_window_blocks > 0 && pool.is_window_layer(li);
+            let blocks = if window { pool.n_window_blocks } else { pool.n_blocks };
+            let (kw, vw) = Self::kv_widths(l, hkv);
+            // f16: two values a word (rows are even, checked at load).
+            let per_word = if self.kv_f16 { 2 } else { 1 };
+            k.push(self.gpu.buffer("kv.k", blocks * pool.block * kw / per_word)?);
+            v.push(self.gpu.buffer("kv.v", (blocks * pool.block * vw / per_word).max(1))?);
+        }
+        st.kv = Some(Kv { n_blocks: pool.n_blocks, n_window_blocks: pool.n_window_blocks, block: pool.block, k, v });
+        Ok(())
+    }
+
+    /// A layer's K and V row widths in the pool: a latent layer keeps one
+    /// row (its key and value) a position.
+    pub(super) fn kv_widths(l: &GpuLayer, hkv: usize) -> (usize, usize) {
+        match &l.attn {
+            Attn::Gqa(_) => (hkv, hkv),
+            Attn::Mla(m) => (m.width(), 0),
+            Attn::Host => (0, 0),
+        }
+    }
+
+    /// Block `b`'s rows on the device, for the disk tier: each full-group
+    /// layer's K rows, then its V rows, in the pool's element type, exactly
+    /// as [`KvPool::copy_block_out`] lays out the host's. `write`: `data`
+    /// goes in (it is one block's bytes); else the bytes are appended to it.
+    pub(crate) fn block_io(
+        &self,
+        pool: &KvPool,
+        hkv: usize,
+        b: usize,
+        data: &mut Vec<u8>,
+        write: bool,
+    ) -> Result<(), ModelError> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.ensure_kv(&mut st, pool, hkv)?;
+        let kv = st.kv.as_ref().expect("made above");
+        let elem = if self.kv_f16 { 2 } else { 4 };
+        let mut at = 0;
+        for (li, l) in self.layers.iter().enumerate() {
+            if pool.window_layers.get(li).copied().unwrap_or(false) {
+                continue;
+            }
+            let (kw, vw) = Self::kv_widths(l, hkv);
+            for (buf, w) in [(&kv.k[li], kw), (&kv.v[li], vw)] {
+                let words = pool.block * w * elem / 4;
+                if words == 0 {
+                    continue;
+                }
+                if write {
+                    let src = &data[at..at + 4 * words];
+                    let v: Vec<u32> =
+                        src.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                    self.gpu.write_u32(buf, b * words, &v);
+                    at += 4 * words;
+                } else {
+                    let v = self.gpu.read_f32(buf, b * words, words)?;
+                    data.extend_from_slice(bytemuck::cast_slice(&v));
+                }
+            }
+        }
+        Ok(self.gpu.check()?)
+    }
+
+    /// Refuses a KV pool that, beside the weights, does not fit the device
+    /// (`hkv`: a GQA layer's K (and V) row width on this rank).
+    pub(crate) fn check_pool(&self, pool: &KvPool, hkv: usize) -> Result<(), ModelError> {
+        let bytes: usize = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(li, l)| {
+                let window = pool.n_window_blocks > 0 && pool.is_window_layer(li);
+                let blocks = if window { pool.n_window_blocks } else { pool.n_blocks };
+                let (kw, vw) = Self::kv_widths(l, hkv);
+                let row = kw + vw;
+                let elem = if self.kv_f16 { 2 } else { 4 };
+                elem * blocks * pool.block * row
+            })
+            .sum();
+        let ty = if self.kv_f16 { "f16" } else { "f32" };
+        let what = format!("the KV pool ({} blocks of {} positions, {ty}) and the weights", pool.n_blocks, pool.block);
+        Ok(self.gpu.check_fits(&what, (bytes + self.weight_bytes()) as u64, 0)?)
+    }
+}
