@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_power;
+mod devices;
 mod dist_args;
 mod draft_args;
 mod fetch;
@@ -46,6 +47,8 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Measure prompt and generation throughput (like mlx_lm.benchmark).
     Bench(Box<bench::BenchArgs>),
+    /// List the GPUs --device gpu:N names (backend, memory, software or not).
+    Devices(devices::DevicesArgs),
     /// Measure memory read bandwidth (1 and N threads).
     #[command(hide = true)]
     Membw(membw::MembwArgs),
@@ -74,6 +77,7 @@ fn main() {
         Command::Serve(a) => serve::serve(*a),
         Command::Inspect(a) => inspect::inspect(a),
         Command::Bench(a) => bench::bench(*a),
+        Command::Devices(a) => devices::devices(a),
         Command::Quantize(a) => quantize::quantize(a),
         Command::Membw(a) => membw::membw(a),
         Command::Launch(a) => launch::launch(*a),

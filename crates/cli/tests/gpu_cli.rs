@@ -314,3 +314,19 @@ fn the_planner_measures_the_gpu() {
     let cmd = j["recommendation"]["command"].as_str().unwrap();
     assert!(cmd.contains("--device gpu"), "{cmd}");
 }
+
+/// `shardlm devices` lists what `--device gpu:N` names, with its memory.
+#[test]
+fn devices_lists_the_gpus() {
+    if !have_gpu() {
+        return;
+    }
+    let o = shardlm(&["devices", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    let g = &j["gpus"][0];
+    assert_eq!(g["device"], "gpu:0", "{j}");
+    assert!(g["memory_bytes"].as_u64().is_some_and(|m| m > 0) && g["name"].is_string(), "{j}");
+    let o = shardlm(&["devices"]);
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("gpu:0  "), "{}", String::from_utf8_lossy(&o.stdout));
+}

@@ -65,6 +65,9 @@ pub struct Gpu {
     pub(crate) params: wgpu::Buffer,
     /// The first error the device reported (validation, out of memory, loss).
     error: Arc<Mutex<Option<String>>>,
+    /// The readback buffer, kept between reads (a step reads its logits
+    /// back every time: no allocation per step).
+    staging: Mutex<Option<wgpu::Buffer>>,
     /// `SHARDLM_GPU_PROFILE=1`: each dispatch runs alone (submit, wait) and
     /// its wall time adds up here by label; printed when the device closes.
     pub(crate) profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
@@ -228,7 +231,8 @@ impl Gpu {
         });
         let (pipelines, binds) = (Mutex::new(HashMap::new()), Mutex::new(HashMap::new()));
         let profile = std::env::var("SHARDLM_GPU_PROFILE").is_ok_and(|v| v == "1").then(|| Mutex::new(HashMap::new()));
-        Ok(Gpu { device, queue, info, pipelines, binds, dummy, params, error, profile })
+        let staging = Mutex::new(None);
+        Ok(Gpu { device, queue, info, pipelines, binds, dummy, params, error, staging, profile })
     }
 
     /// Waits for everything submitted.
@@ -315,17 +319,21 @@ impl Gpu {
             return Ok(Vec::new());
         }
         let bytes = (len * 4) as u64;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let mut kept = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let staging = match kept.take() {
+            Some(b) if b.size() >= bytes => b,
+            _ => self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: bytes.next_power_of_two(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        };
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(&buf.buf, (offset * 4) as u64, &staging, 0, bytes);
         self.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        staging.map_async(wgpu::MapMode::Read, ..bytes, move |r| {
             let _ = tx.send(r);
         });
         self.device
@@ -337,8 +345,9 @@ impl Gpu {
             Ok(Err(e)) => return Err(GpuError::Failed(format!("reading results back: {e}"))),
             Err(_) => return Err(GpuError::Failed("reading results back: the map never finished".into())),
         }
-        let out = bytemuck::cast_slice::<u8, f32>(&staging.get_mapped_range(..)).to_vec();
+        let out = bytemuck::cast_slice::<u8, f32>(&staging.get_mapped_range(..bytes)).to_vec();
         staging.unmap();
+        *kept = Some(staging);
         Ok(out)
     }
 

@@ -4,7 +4,7 @@
 pub enum GpuError {
     #[error("no GPU adapter: {0}")]
     NoAdapter(String),
-    #[error("GPU {index} does not exist: this machine has {count} ({names})")]
+    #[error("GPU {index} does not exist: this machine has {count} ({names}; `shardlm devices` lists them)")]
     NoSuchAdapter { index: usize, count: usize, names: String },
     #[error("the GPU '{adapter}' lacks {feature}, which shardlm needs")]
     MissingFeature { adapter: String, feature: String },
