@@ -6,6 +6,14 @@ use super::{Attn, GpuLayer, GpuShard, Kv, State};
 use crate::kv_cache::KvPool;
 use crate::ModelError;
 
+/// Which way [`GpuShard::block_io`] moves a block.
+pub(crate) enum BlockData<'a> {
+    /// Append the block's bytes here.
+    Out(&'a mut Vec<u8>),
+    /// Write these bytes (one block's) into it.
+    In(&'a [u8]),
+}
+
 impl GpuShard {
     /// A new host pool: checks its device mirror fits, and drops the old one
     /// (the next step or block load makes a fresh, zeroed one).
@@ -49,15 +57,15 @@ impl GpuShard {
 
     /// Block `b`'s rows on the device, for the disk tier: each full-group
     /// layer's K rows, then its V rows, in the pool's element type, exactly
-    /// as [`KvPool::copy_block_out`] lays out the host's. `write`: `data`
-    /// goes in (it is one block's bytes); else the bytes are appended to it.
+    /// as [`KvPool::copy_block_out`] lays out the host's: appended to an
+    /// [`BlockData::Out`] buffer, or written from [`BlockData::In`] (one
+    /// block's bytes).
     pub(crate) fn block_io(
         &self,
         pool: &KvPool,
         hkv: usize,
         b: usize,
-        data: &mut Vec<u8>,
-        write: bool,
+        mut data: BlockData<'_>,
     ) -> Result<(), ModelError> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.ensure_kv(&mut st, pool, hkv)?;
@@ -74,15 +82,18 @@ impl GpuShard {
                 if words == 0 {
                     continue;
                 }
-                if write {
-                    let src = &data[at..at + 4 * words];
-                    let v: Vec<u32> =
-                        src.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                    self.gpu.write_u32(buf, b * words, &v);
-                    at += 4 * words;
-                } else {
-                    let v = self.gpu.read_f32(buf, b * words, words)?;
-                    data.extend_from_slice(bytemuck::cast_slice(&v));
+                match &mut data {
+                    BlockData::In(src) => {
+                        let src = &src[at..at + 4 * words];
+                        let v: Vec<u32> =
+                            src.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                        self.gpu.write_u32(buf, b * words, &v);
+                        at += 4 * words;
+                    }
+                    BlockData::Out(out) => {
+                        let v = self.gpu.read_f32(buf, b * words, words)?;
+                        out.extend_from_slice(bytemuck::cast_slice(&v));
+                    }
                 }
             }
         }

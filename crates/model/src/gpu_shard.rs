@@ -33,6 +33,7 @@ use crate::kv_cache::{KvPool, SeqKv};
 use crate::linear::Linear;
 use crate::moe::ExpertAct;
 use crate::{AllReduce, Model, ModelError, SeqStep, Workspace};
+pub(crate) use pool::BlockData;
 use shardlm_gpu::{Act, AttnArgs, DeviceBuf, DeviceWeight, Gpu, Pass};
 use std::sync::{Arc, Mutex};
 
@@ -588,10 +589,10 @@ impl GpuShard {
                 let Attention::Linear(dn) = &m.layers[li].attn else { unreachable!("uploaded as host layers") };
                 std::mem::replace(&mut pass, Pass::new(gpu)).submit()?;
                 let xn = gpu.read_f32(&b.xn, 0, n * h)?;
-                let mut o = vec![0f32; n * h];
-                dn.forward(threads, &xn, n, seqs, paged.as_deref_mut(), li, &mut o, &mut ws.linear, &mut ws.scratch)?;
-                comm.all_reduce_sum(&mut o)?;
-                gpu.write_f32(&b.o, 0, &o);
+                let o = &mut ws.o[..n * h];
+                dn.forward(threads, &xn, n, seqs, paged.as_deref_mut(), li, o, &mut ws.linear, &mut ws.scratch)?;
+                comm.all_reduce_sum(o)?;
+                gpu.write_f32(&b.o, 0, o);
             }
             if !fused || host {
                 if tp && !host {

@@ -3,6 +3,7 @@
 //! [`ring_positions`]), the linear-attention state slots of hybrid models, and
 //! the bytes both take, for the planner and the serving pool.
 
+use super::gpu_shard::BlockData;
 use super::Model;
 use crate::decoder::{Attention, DecoderLayer};
 use crate::kv_cache::{KvCache, KvPool};
@@ -29,7 +30,7 @@ impl Model {
     /// from the device on a GPU shard (where the rows live).
     pub fn copy_block_out(&self, pool: &KvPool, b: usize, out: &mut Vec<u8>) -> Result<(), crate::ModelError> {
         match &self.gpu {
-            Some(g) => g.block_io(pool, self.local.n_kv_heads * self.config.head_dim, b, out, false),
+            Some(g) => g.block_io(pool, self.local.n_kv_heads * self.config.head_dim, b, BlockData::Out(out)),
             None => {
                 pool.copy_block_out(b, out);
                 Ok(())
@@ -46,7 +47,7 @@ impl Model {
                 if b >= pool.n_blocks || data.len() != pool.block_bytes() {
                     return Ok(false);
                 }
-                g.block_io(pool, self.local.n_kv_heads * self.config.head_dim, b, &mut data.to_vec(), true)?;
+                g.block_io(pool, self.local.n_kv_heads * self.config.head_dim, b, BlockData::In(data))?;
                 Ok(true)
             }
             None => Ok(pool.copy_block_in(b, data)),
