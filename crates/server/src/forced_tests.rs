@@ -88,6 +88,47 @@ fn forced_calls_parse_back_in_every_family() {
     }
 }
 
+/// A model that keeps offering its family's end markers inside an argument
+/// (a small model at temperature 1 copies the markup around it): the guide
+/// keeps them out of every string, so the call still parses back whole.
+#[test]
+fn end_markers_never_cut_a_forced_call() {
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for name in ToolFormat::NAMES.split('|') {
+        let format = ToolFormat::from_name(name).expect("known");
+        let base = vocab();
+        let mut bytes = base.bytes.clone();
+        let markers = bytes.len();
+        bytes.extend(format.string_stops().iter().map(|s| s.as_bytes().to_vec()));
+        let vocab = Arc::new(Vocab { special: vec![false; bytes.len()], bytes });
+        let tools = &tools()[..1];
+        let mut g = JsonGuide::new(Arc::new(forced_call_grammar(format, tools).expect("grammar")), vocab.clone());
+        let mut out = Vec::new();
+        for step in 0..200 {
+            let mut logits = random_logits(&mut rng, vocab.bytes.len());
+            for l in &mut logits[markers..] {
+                *l += 50.0;
+            }
+            g.mask(&mut logits, 200 - step);
+            let id = crate::guide::guide_tests_argmax(&logits);
+            out.extend_from_slice(&vocab.bytes[id as usize]);
+            if !g.accept(id) {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let form = format.forced(&tools[0].name);
+        let prime = format!("{}{}", form.prefix, form.head);
+        let mut s =
+            ToolSplitter::new(format, Tools::new(tools.iter().map(|t| (t.name.as_str(), &t.parameters))), &prime);
+        let mut pieces = Vec::new();
+        s.push(&text, &mut pieces);
+        s.finish(&mut pieces);
+        let o = collect(pieces);
+        assert!(o.calls.len() == 1 && o.calls[0].2, "{name}: {prime}{text}");
+    }
+}
+
 /// Calls the model opens on its own: once the output shows a trigger, the lazy
 /// guide holds random logits to a call that the family's parser reads back as
 /// one valid call, then lets go.
@@ -178,7 +219,7 @@ fn random_logits(rng: &mut u64, n: usize) -> Vec<f32> {
 }
 
 fn grammar_clone(s: &Schema) -> Schema {
-    Schema { nodes: s.nodes.clone(), root: s.root }
+    Schema { nodes: s.nodes.clone(), root: s.root, stops: s.stops.clone() }
 }
 
 /// The test templates (tests/fixtures/templates): each is detected as its

@@ -98,6 +98,9 @@ enum Frame {
         esc: u8,
         cont: u8,
         next: (u8, u8),
+        /// `(k, len)`: the string ends with the first `len` bytes of the
+        /// schema's stop `k` (the longest such match; `len` 0: none).
+        stop: (u8, u8),
     },
     Num {
         integer: bool,
@@ -141,6 +144,25 @@ pub struct JsonGuide {
     schema: Arc<Schema>,
     vocab: Arc<Vocab>,
     stacks: Vec<Stack>,
+}
+
+/// The stop match of a string after byte `b` (see `Frame::Str::stop`), or
+/// `None` when the string would then end with a whole stop.
+fn advance_stop(stops: &[Vec<u8>], (k, len): (u8, u8), b: u8) -> Option<(u8, u8)> {
+    let Some(prev) = stops.get(k as usize).map(|s| &s[..len as usize]) else { return Some((0, 0)) };
+    // Whether `prev` followed by `b` ends with `p`.
+    let ends_with = |p: &[u8]| p.split_last().is_some_and(|(&last, head)| last == b && prev.ends_with(head));
+    let mut best = (0u8, 0u8);
+    for (i, s) in stops.iter().enumerate() {
+        let longest = s.len().min(len as usize + 1);
+        if let Some(l) = (best.1 as usize + 1..=longest).rev().find(|&l| ends_with(&s[..l])) {
+            if l == s.len() {
+                return None;
+            }
+            best = (i as u8, l as u8);
+        }
+    }
+    Some(best)
 }
 
 fn is_ws(b: u8) -> bool {
@@ -360,7 +382,7 @@ impl JsonGuide {
                 }
                 out.push(st);
             }
-            Frame::Str { node, opened, chars, esc, cont, next } => {
+            Frame::Str { node, opened, chars, esc, cont, next, stop } => {
                 let (min, max) = match sch.nodes.get(*node) {
                     Some(Node::String { min, max }) => (*min, *max),
                     _ => (0, None),
@@ -371,6 +393,12 @@ impl JsonGuide {
                         out.push(st);
                     }
                     return;
+                }
+                if *esc != 0 || *cont != 0 || b != b'"' {
+                    match advance_stop(&sch.stops, *stop, b) {
+                        Some(s) => *stop = s,
+                        None => return,
+                    }
                 }
                 match *esc {
                     1 => {
@@ -491,6 +519,7 @@ impl JsonGuide {
                                 esc: 0,
                                 cont: 0,
                                 next: (0x80, 0xBF),
+                                stop: (0, 0),
                             });
                             out.push(st);
                         }
@@ -553,9 +582,15 @@ impl JsonGuide {
         match &self.schema.nodes[node] {
             Node::Object { .. } => out.push(Frame::Obj { node, state: Obj::Open, seen: 0, current: 0 }),
             Node::Array { .. } => out.push(Frame::Arr { node, state: Arr::Open, count: 0 }),
-            Node::String { .. } => {
-                out.push(Frame::Str { node, opened: false, chars: 0, esc: 0, cont: 0, next: (0x80, 0xBF) })
-            }
+            Node::String { .. } => out.push(Frame::Str {
+                node,
+                opened: false,
+                chars: 0,
+                esc: 0,
+                cont: 0,
+                next: (0x80, 0xBF),
+                stop: (0, 0),
+            }),
             Node::Number { integer } => out.push(Frame::Num { integer: *integer, state: Num::Start, len: 0 }),
             Node::Literals(alts) => {
                 out.extend(alts.iter().map(|t| Frame::Lit { text: t.clone(), pos: 0, key: None }));

@@ -65,7 +65,7 @@ impl JsonGuide {
         match frame {
             Frame::Value(node) => out.extend(sch.min_text(*node, 0)),
             Frame::Lit { text, pos, .. } => out.extend_from_slice(&text[*pos..]),
-            Frame::Str { node, opened, chars, esc, cont, next } => {
+            Frame::Str { node, opened, chars, esc, cont, next, .. } => {
                 if !opened {
                     out.extend(sch.min_text(*node, 0));
                     return;

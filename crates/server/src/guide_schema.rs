@@ -87,6 +87,10 @@ pub const MAX_MIN_TEXT: usize = 1 << 20;
 pub struct Schema {
     pub nodes: Vec<Node>,
     pub root: NodeId,
+    /// Texts no JSON string may contain: the tool format's end markers, which
+    /// its parser would read as the end of the call (`ToolFormat::string_stops`).
+    /// JSON can still say them (`\u003c|call|>`), so no value is lost.
+    pub stops: Vec<Vec<u8>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,7 +102,7 @@ impl Schema {
     pub fn compile(schema: &Value) -> Result<Schema, SchemaError> {
         let mut c = Compiler { root: schema, nodes: Vec::new(), refs: HashMap::new(), any: None, depth: 0 };
         let root = c.node(schema)?;
-        Schema { nodes: c.nodes, root }.bounded()
+        Schema { nodes: c.nodes, root, stops: Vec::new() }.bounded()
     }
 
     /// `self`, unless the shortest valid text of one of its nodes (what
@@ -199,7 +203,14 @@ impl Schema {
             ids.push(c.push(Node::Seq(items)));
         }
         let root = if ids.len() == 1 { ids[0] } else { c.push(Node::AnyOf(ids)) };
-        Schema { nodes: c.nodes, root }.bounded()
+        Schema { nodes: c.nodes, root, stops: Vec::new() }.bounded()
+    }
+
+    /// `self`, with strings kept from containing any of `stops` (each at most
+    /// 255 bytes; see [`Schema::stops`]).
+    pub fn with_stops(mut self, stops: &[&str]) -> Schema {
+        self.stops = stops.iter().filter(|s| !s.is_empty() && s.len() < 256).map(|s| s.as_bytes().to_vec()).collect();
+        self
     }
 
     /// Whether a value of `node` may have whitespace before it (JSON does, markup not).

@@ -212,3 +212,23 @@ fn schemas_with_huge_minimal_texts_are_refused() {
         assert_eq!(l, s.min_text(n, 0).len(), "node {n}");
     }
 }
+
+#[test]
+fn strings_never_hold_a_stop() {
+    let schema = Schema::compile(&json!({"type": "object", "properties": {"s": {"type": "string"}}})).unwrap();
+    let g = JsonGuide::new(
+        Arc::new(schema.with_stops(&["<|call|>", "aab"])),
+        Arc::new(Vocab { bytes: vec![], special: vec![] }),
+    );
+    let ok = |t: &str| g.feed(&g.stacks, t.as_bytes()).iter().any(|s| g.stack_complete(s));
+    assert!(!ok(r#"{"s": "x<|call|>"}"#));
+    assert!(!ok(r#"{"<|call|>": "x"}"#), "keys are strings too");
+    // Overlapping starts: "aaab" ends with "aab" though "aaa" broke the first match.
+    assert!(!ok(r#"{"s": "aaab"}"#));
+    assert!(ok(r#"{"s": "aaa<|call|"}"#));
+    assert!(ok(r#"{"s": "<|cal|>aba"}"#));
+    // The marker can still be said, escaped.
+    assert!(ok(r#"{"s": "\u003c|call|>"}"#));
+    // Without stops the same texts are fine.
+    assert!(accepts(json!({"type": "object"}), r#"{"s": "x<|call|>aab"}"#));
+}

@@ -266,12 +266,14 @@ fn render(state: &AppState, req: &ChatRequest) -> Result<Rendered, ApiError> {
 fn forced_call_grammar(format: ToolFormat, tools: &[ToolDef]) -> Result<Schema, crate::SchemaError> {
     let one = tools.len() == 1;
     call_grammar(tools, |name| vec![format.forced(name)], |form| if one { String::new() } else { form.head.clone() })
+        .map(|s| s.with_stops(format.string_stops()))
 }
 
 /// The lazy guide's grammar: one call of any tool, whole, in any of the
 /// family's shapes ([`ToolFormat::lazy_forms`]).
 fn lazy_call_grammar(format: ToolFormat, tools: &[ToolDef]) -> Result<Schema, crate::SchemaError> {
     call_grammar(tools, |name| format.lazy_forms(name), |form| form.head.clone())
+        .map(|s| s.with_stops(format.string_stops()))
 }
 
 fn call_grammar(
@@ -362,7 +364,11 @@ pub fn prepare_chat(state: &AppState, req: &ChatRequest) -> Result<Prepared, Api
                 .map_err(|e| ApiError::bad_request(Some("tools"), e.to_string()))?,
         ),
         (None, Some(s)) => {
-            Some(Schema::compile(s).map_err(|e| ApiError::bad_request(Some("response_format"), e.to_string()))?)
+            let compiled =
+                Schema::compile(s).map_err(|e| ApiError::bad_request(Some("response_format"), e.to_string()))?;
+            // Harmony's parser reads even a plain answer, and ends it at its markers.
+            let stops = if state.tool_format.structured_output() { state.tool_format.string_stops() } else { &[] };
+            Some(compiled.with_stops(stops))
         }
         (None, None) => None,
     };

@@ -113,6 +113,25 @@ impl ToolFormat {
         self == ToolFormat::Harmony
     }
 
+    /// Texts the family's parser reads as the end of a call (or of a Harmony
+    /// message), so that a JSON string the guide writes must not contain them:
+    /// a sampled argument holding `<|call|>` would otherwise cut the call short
+    /// and turn it into text. Llama 3 and Mistral calls end by their braces.
+    pub fn string_stops(self) -> &'static [&'static str] {
+        use toolfmt::deepseek::{CALLS_END, CALL_END};
+        match self {
+            ToolFormat::Hermes | ToolFormat::Injected => &["</tool_call>"],
+            ToolFormat::Llama3 | ToolFormat::Mistral => &[],
+            ToolFormat::Harmony => &["<|end|>", "<|call|>", "<|return|>", "<|start|>"],
+            ToolFormat::Kimi => &["<|tool_call_end|>", "<|tool_calls_section_end|>"],
+            ToolFormat::DeepSeek => &[CALL_END, CALLS_END],
+            ToolFormat::DeepSeekV3 => &[CALL_END, CALLS_END, "```"],
+            ToolFormat::Qwen3Coder => &["</parameter>", "</function>", "</tool_call>"],
+            ToolFormat::Glm => &["</arg_value>", "</tool_call>"],
+            ToolFormat::MiniMax => &["</parameter>", "</invoke>"],
+        }
+    }
+
     /// Markup that may be control tokens in the family's vocabulary, and must
     /// reach the parser as text (end-of-turn tokens that stop generation excluded).
     pub fn printed_markers(self) -> &'static [&'static str] {
