@@ -34,7 +34,7 @@ use crate::{DType, ThreadPool};
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp,
     avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_k, avx512_lowk,
-    avx512_packed, avx512_rows16, avx512_rows16_k,
+    avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -128,7 +128,10 @@ pub enum Packing {
     Units { blocks: usize },
     /// Sixteen rows transposed per super-block, lane = row
     /// ([`crate::packed::lanes16`]); read only by sixteen-row kernels.
-    Lanes16,
+    /// `head_last`: bytes at the start of each block (its scale) stored
+    /// after the rest, so that codes behind a 2-byte scale (IQ4_NL) start on
+    /// a word; 0 for the K-quants, whose fields are word-aligned already.
+    Lanes16 { head_last: usize },
 }
 
 /// One weight type: everything dispatch needs.
@@ -332,7 +335,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q4_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed: lane = row, one stream for every batch size.
-        packing: Packing::Lanes16,
+        packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_q4_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q4_k),
@@ -349,7 +352,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q5_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K.
-        packing: Packing::Lanes16,
+        packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_q5_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q5_k),
@@ -367,7 +370,7 @@ pub static TABLE: &[Row] = &[
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K (the 210-byte blocks end in a
         // two-byte tail, which the layout places after the words).
-        packing: Packing::Lanes16,
+        packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_q6_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q6_k),
@@ -465,7 +468,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q2_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K.
-        packing: Packing::Lanes16,
+        packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_q2_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q2_k),
@@ -482,7 +485,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q3_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K (a two-byte tail, as Q6_K).
-        packing: Packing::Lanes16,
+        packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_q3_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q3_k),
@@ -583,18 +586,19 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::IQ4_NL,
         act: VecDotType::Q8_0,
-        // Q4_0's layout, so Q4_0's packing (read by the sixteen-row kernel).
-        packing: Packing::HeadQuants { head: 2 },
+        // Sixteen rows transposed, each block's codes first and its d last
+        // (so the codes start on a word).
+        packing: Packing::Lanes16 { head_last: 2 },
         scalar: scalar::dot_iq4_nl,
-        scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq4_nl),
-        scalar_packed_rows16: None,
+        scalar_packed_dot4: None,
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_iq4_nl),
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_nl)], tile: &[(Base, avx2_iq4nl::tile_iq4_nl)], ..NONE },
         // No 512-bit one-row dot: the AVX2 one. Packed (every batch size):
-        // the sixteen-row kernel, as Q4_0.
+        // the sixteen-row kernel.
         avx512: x86! {
             dot: &[(Base, avx2_lowk::dot_iq4_nl)],
             tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
-            packed_rows16: &[(Base, avx512_rows16::rows16_iq4_nl)],
+            packed_rows16: &[(Base, avx512_rows16_nl::rows16_iq4_nl)],
             gemm: GEMM_Q8_0,
             ..NONE
         },
@@ -603,7 +607,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::IQ4_XS,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K.
-        packing: Packing::Lanes16,
+        packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_iq4_xs,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_iq4_xs),
@@ -643,11 +647,14 @@ pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
     let k = row.at(isa);
     let dot = pick(k.dot).unwrap_or(row.scalar);
     let gemm = pick(k.gemm);
-    if packed && row.packing == Packing::Lanes16 {
+    if packed && matches!(row.packing, Packing::Lanes16 { .. }) {
         // Only sixteen-row kernels read this layout (the scalar one unpacks
-        // rows); they equal the scalar reference bit for bit, as the GEMM
-        // does, so the GEMM keeps the large batches.
+        // rows); they equal the scalar reference bit for bit, as the K-quant
+        // GEMMs do, so those keep the large batches. The Q8_0 lane GEMM sums
+        // in another order: under IQ4_NL the sixteen-row kernel takes every
+        // batch size, so a row's result never depends on its batch.
         let rows16 = pick(k.packed_rows16).or(row.scalar_packed_rows16);
+        let gemm = gemm.filter(|_| row.act == VecDotType::Q8_K);
         return Kernels { dot, dot4: None, tile: None, rows16, gemm };
     }
     if packed {

@@ -75,7 +75,15 @@ pub fn unit_blocks(dtype: DType) -> Option<usize> {
 
 /// Whether `dtype` uses the sixteen-row transposed layout ([`crate::packed::lanes16`]).
 pub fn is_lanes16(dtype: DType) -> bool {
-    crate::dispatch::row(dtype).packing == Packing::Lanes16
+    matches!(crate::dispatch::row(dtype).packing, Packing::Lanes16 { .. })
+}
+
+/// The lanes16 layout's `head_last` of `dtype` (see [`Packing::Lanes16`]).
+fn head_last(dtype: DType) -> usize {
+    match crate::dispatch::row(dtype).packing {
+        Packing::Lanes16 { head_last } => head_last,
+        _ => 0,
+    }
 }
 
 /// Rows per packed group of `dtype`: [`LANES16_ROWS`] for the transposed
@@ -154,7 +162,7 @@ pub fn pack_into(dtype: DType, rows: usize, cols: usize, src: &[u8], out: &mut [
     if is_lanes16(dtype) {
         for g in 0..rows / LANES16_ROWS {
             let span = g * LANES16_ROWS * rb..(g + 1) * LANES16_ROWS * rb;
-            lanes16::pack_group(bb, nb, &src[span.clone()], &mut out[span]);
+            lanes16::pack_group(bb, head_last(dtype), nb, &src[span.clone()], &mut out[span]);
         }
         return;
     }
@@ -184,7 +192,7 @@ pub fn pack_into(dtype: DType, rows: usize, cols: usize, src: &[u8], out: &mut [
 pub fn unpack_row(dtype: DType, cols: usize, group: &[u8], r: usize, dst: &mut [u8]) {
     let bb = dtype.block_bytes();
     if is_lanes16(dtype) {
-        lanes16::unpack_row(bb, cols / dtype.block_elems(), group, r, dst);
+        lanes16::unpack_row(bb, head_last(dtype), cols / dtype.block_elems(), group, r, dst);
         return;
     }
     for b in 0..cols / dtype.block_elems() {
@@ -204,7 +212,7 @@ pub fn unpack_row(dtype: DType, cols: usize, group: &[u8], r: usize, dst: &mut [
 /// file layout (`dst`: sixteen rows).
 pub fn unpack_group(dtype: DType, cols: usize, group: &[u8], dst: &mut [u8]) {
     assert!(is_lanes16(dtype), "{dtype} has no sixteen-row groups");
-    lanes16::unpack_group(dtype.block_bytes(), cols / dtype.block_elems(), group, dst);
+    lanes16::unpack_group(dtype.block_bytes(), head_last(dtype), cols / dtype.block_elems(), group, dst);
 }
 
 thread_local! {
@@ -237,7 +245,6 @@ macro_rules! scalar_dot4 {
 }
 
 scalar_dot4!(scalar_dot4_q4_0, DType::Q4_0);
-scalar_dot4!(scalar_dot4_iq4_nl, DType::IQ4_NL);
 scalar_dot4!(scalar_dot4_q4_1, DType::Q4_1);
 scalar_dot4!(scalar_dot4_q8_0, DType::Q8_0);
 scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);

@@ -148,7 +148,7 @@ fn every_type_has_its_fast_kernels() {
 fn packed_types_resolve() {
     for dtype in DType::ALL {
         let row = dispatch::row(dtype);
-        let lanes16 = row.packing == dispatch::Packing::Lanes16;
+        let lanes16 = matches!(row.packing, dispatch::Packing::Lanes16 { .. });
         let packs = row.packing != dispatch::Packing::None;
         assert_eq!(packs && !lanes16, row.scalar_packed_dot4.is_some(), "{dtype}: packing and its scalar kernel");
         assert_eq!(lanes16, row.scalar_packed_rows16.is_some(), "{dtype}: lanes16 and its scalar kernel");

@@ -1,7 +1,7 @@
-//! The sixteen-row AVX-512 kernels of packed Q4_1, Q8_0, Q4_0 and IQ4_NL
+//! The sixteen-row AVX-512 kernels of packed Q4_1, Q8_0 and Q4_0
 //! (`simd::avx512_rows16`): through `matmul` at every batch size they equal
 //! the sequential scalar dots (`quant::q4_1::vec_dot_sequential` and the
-//! same in `q8_0`, `q4_0`, `iq4_nl`) bit for bit, so a row's result never
+//! same in `q8_0`, `q4_0`) bit for bit, so a row's result never
 //! depends on how many activation rows share its call, which rows share its
 //! vector, or the thread count.
 
@@ -11,10 +11,10 @@ use common::*;
 use shardlm_kernels::isa::{self, Isa};
 use shardlm_kernels::matmul::{matmul_isa, matmul_many_isa, MatmulScratch};
 use shardlm_kernels::packed;
+use shardlm_kernels::quant::q4_0;
 use shardlm_kernels::quant::q4_1::{vec_dot_sequential, BlockQ4_1};
 use shardlm_kernels::quant::q8_0::{self, BlockQ8_0};
 use shardlm_kernels::quant::q8_1::{self, BlockQ8_1};
-use shardlm_kernels::quant::{iq4_nl, q4_0};
 use shardlm_kernels::{dispatch, DType, MatRef, ThreadPool};
 
 /// `want[i · rows + r]`: row `r` of `w` against activation row `i` of `x`, as
@@ -30,11 +30,6 @@ fn sequential_reference(dtype: DType, w: &[u8], rows: usize, cols: usize, x: &[f
                 let mut a = vec![<BlockQ8_1 as bytemuck::Zeroable>::zeroed(); nb];
                 q8_1::quantize(xi, &mut a);
                 vec_dot_sequential(&blocks[r * nb..(r + 1) * nb], &a)
-            } else if dtype == DType::IQ4_NL {
-                let blocks: &[iq4_nl::BlockIq4Nl] = bytemuck::cast_slice(w);
-                let mut a = vec![<BlockQ8_0 as bytemuck::Zeroable>::zeroed(); nb];
-                q8_0::quantize_activations(xi, &mut a);
-                iq4_nl::vec_dot_sequential(&blocks[r * nb..(r + 1) * nb], &a)
             } else if dtype == DType::Q4_0 {
                 let blocks: &[q4_0::BlockQ4_0] = bytemuck::cast_slice(w);
                 let mut a = vec![<BlockQ8_0 as bytemuck::Zeroable>::zeroed(); nb];
@@ -57,7 +52,7 @@ fn packed_q4_1_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
         eprintln!("no AVX-512 here: the sixteen-row kernel is not reachable");
         return;
     }
-    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::IQ4_NL] {
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0] {
         assert!(
             dispatch::kernels(dtype, Isa::Avx512, true).rows16.is_some(),
             "packed {dtype} at AVX-512 should run the sixteen-row kernel"
@@ -68,9 +63,8 @@ fn packed_q4_1_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
     // Row counts with 4-, 8- and 12-row tails; widths of one block pair up to a
     // SmolLM2 projection.
     let shapes = [(16usize, 64usize), (4, 128), (20, 192), (44, 576), (64, 256), (8, 1536)];
-    for (dtype, &(rows, cols)) in [DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::IQ4_NL]
-        .into_iter()
-        .flat_map(|d| shapes.iter().map(move |s| (d, s)))
+    for (dtype, &(rows, cols)) in
+        [DType::Q4_1, DType::Q8_0, DType::Q4_0].into_iter().flat_map(|d| shapes.iter().map(move |s| (d, s)))
     {
         assert!(packed::packable(dtype, rows, cols));
         let w = random_weight(&mut rng, dtype, rows, cols);

@@ -27,6 +27,12 @@
 //! byte `o` (a multiple of 4) of the block is vector `o / 4`. Q4_K: vector 0
 //! holds `(d, dmin)` per lane, vectors 1–3 the three scale words, vectors
 //! 4 + 8c … 11 + 8c chunk `c` of the codes.
+//!
+//! IQ4_NL (18-byte blocks: an f16 `d`, then 16 code bytes) stores each block
+//! as its codes then its `d` (`head_last` = 2 in the dispatch table): vectors
+//! 0–3 hold codes `4v..4v+4` of the sixteen rows and the 32-byte tail the
+//! sixteen `d`, one f16 vector. Kept in file order the codes would straddle
+//! the words, and every vector would need masking.
 
 use crate::quant::{self, Rows16Fn};
 use crate::DType;
@@ -45,15 +51,24 @@ fn offset(bb: usize, r: usize, k: usize) -> usize {
     }
 }
 
+/// The largest block the layout takes (Q6_K: 210 bytes).
+const MAX_BLOCK: usize = 256;
+
 /// Packs one group: `src` is sixteen rows of `nb` blocks of `bb` bytes in
-/// the file layout, `dst` the same length.
-pub(super) fn pack_group(bb: usize, nb: usize, src: &[u8], dst: &mut [u8]) {
+/// the file layout, `dst` the same length. Each block is stored as its bytes
+/// `head..bb` then `0..head` (`head`: [`crate::dispatch::Packing::Lanes16`]'s
+/// `head_last`).
+pub(super) fn pack_group(bb: usize, head: usize, nb: usize, src: &[u8], dst: &mut [u8]) {
+    assert!(bb <= MAX_BLOCK && head < bb);
     let rb = nb * bb;
+    let mut turned = [0u8; MAX_BLOCK];
     for r in 0..ROWS {
         for b in 0..nb {
             let blk = &src[r * rb + b * bb..][..bb];
+            turned[..bb - head].copy_from_slice(&blk[head..]);
+            turned[bb - head..bb].copy_from_slice(&blk[..head]);
             let out = &mut dst[b * ROWS * bb..][..ROWS * bb];
-            for (v, word) in blk.chunks(4).enumerate() {
+            for (v, word) in turned[..bb].chunks(4).enumerate() {
                 let o = offset(bb, r, 4 * v);
                 out[o..o + word.len()].copy_from_slice(word);
             }
@@ -64,12 +79,19 @@ pub(super) fn pack_group(bb: usize, nb: usize, src: &[u8], dst: &mut [u8]) {
 /// Row `r` of one group back in the file layout (`dst`: `nb · bb` bytes).
 /// The prefill GEMM reads packed rows through this, once per row and call,
 /// so it copies words, not bytes.
-pub(super) fn unpack_row(bb: usize, nb: usize, group: &[u8], r: usize, dst: &mut [u8]) {
+pub(super) fn unpack_row(bb: usize, head: usize, nb: usize, group: &[u8], r: usize, dst: &mut [u8]) {
+    let mut turned = [0u8; MAX_BLOCK];
     for b in 0..nb {
         let blk = &group[b * ROWS * bb..][..ROWS * bb];
-        for (v, word) in dst[b * bb..(b + 1) * bb].chunks_mut(4).enumerate() {
+        let out = &mut dst[b * bb..(b + 1) * bb];
+        let stored = if head == 0 { &mut *out } else { &mut turned[..bb] };
+        for (v, word) in stored.chunks_mut(4).enumerate() {
             let o = offset(bb, r, 4 * v);
             word.copy_from_slice(&blk[o..o + word.len()]);
+        }
+        if head > 0 {
+            out[head..].copy_from_slice(&turned[..bb - head]);
+            out[..head].copy_from_slice(&turned[bb - head..bb]);
         }
     }
 }
@@ -77,9 +99,15 @@ pub(super) fn unpack_row(bb: usize, nb: usize, group: &[u8], r: usize, dst: &mut
 /// All sixteen rows of one group back in the file layout (`dst`: `16 · nb ·
 /// bb` bytes, row after row): the prefill GEMM's read of a packed unit, one
 /// word move per four bytes.
-pub(super) fn unpack_group(bb: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
+pub(super) fn unpack_group(bb: usize, head: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
     let (rb, words) = (nb * bb, bb / 4);
     assert!(group.len() >= ROWS * rb && dst.len() >= ROWS * rb);
+    if head > 0 {
+        for (r, row) in dst.chunks_exact_mut(rb).take(ROWS).enumerate() {
+            unpack_row(bb, head, nb, group, r, row);
+        }
+        return;
+    }
     for b in 0..nb {
         let blk = &group[b * ROWS * bb..][..ROWS * bb];
         for v in 0..words {
@@ -169,15 +197,17 @@ scalar_rows16_of!(scalar_rows16_q2_k, DType::Q2_K);
 scalar_rows16_of!(scalar_rows16_iq4_xs, DType::IQ4_XS);
 scalar_rows16_of!(scalar_rows16_q6_k, DType::Q6_K);
 scalar_rows16_of!(scalar_rows16_q3_k, DType::Q3_K);
+scalar_rows16_of!(scalar_rows16_iq4_nl, DType::IQ4_NL);
 
 /// Checks the signatures against [`Rows16Fn`].
-const _: [Rows16Fn; 6] = [
+const _: [Rows16Fn; 7] = [
     scalar_rows16_q4_k,
     scalar_rows16_q5_k,
     scalar_rows16_q2_k,
     scalar_rows16_iq4_xs,
     scalar_rows16_q6_k,
     scalar_rows16_q3_k,
+    scalar_rows16_iq4_nl,
 ];
 
 #[cfg(test)]
@@ -199,5 +229,30 @@ mod tests {
         // A field at byte 4v is vector v: lane r holds row r's four bytes.
         assert_eq!(offset(144, 3, 16), 4 * 64 + 12);
         assert_eq!(offset(210, 5, 209), 52 * 64 + 10 + 1);
+    }
+
+    #[test]
+    fn blocks_with_their_head_last_come_back_whole() {
+        for (bb, head, nb) in [(18, 2, 3), (144, 0, 2), (18, 0, 1), (34, 2, 2)] {
+            let src: Vec<u8> = (0..ROWS * nb * bb).map(|i| (i * 7 + i / 251) as u8).collect();
+            let mut packed = vec![0u8; src.len()];
+            pack_group(bb, head, nb, &src, &mut packed);
+            let mut rows = vec![0u8; src.len()];
+            unpack_group(bb, head, nb, &packed, &mut rows);
+            assert_eq!(rows, src, "bb {bb} head {head}: group");
+            for r in 0..ROWS {
+                let mut row = vec![0u8; nb * bb];
+                unpack_row(bb, head, nb, &packed, r, &mut row);
+                assert_eq!(row, src[r * nb * bb..(r + 1) * nb * bb], "bb {bb} head {head}: row {r}");
+            }
+            if bb == 18 && head == 2 {
+                // Codes 4v..4v+4 of row r are vector v's lane r; the d's the tail.
+                let (b, r) = (1, 5);
+                let blk = &src[r * nb * bb + b * bb..][..bb];
+                let g = &packed[b * ROWS * bb..];
+                assert_eq!(g[64 + 4 * r..64 + 4 * r + 4], blk[6..10]);
+                assert_eq!(g[256 + 2 * r..256 + 2 * r + 2], blk[0..2]);
+            }
+        }
     }
 }

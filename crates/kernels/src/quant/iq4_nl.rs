@@ -53,19 +53,6 @@ pub fn vec_dot(w: &[BlockIq4Nl], a: &[BlockQ8_0]) -> f32 {
     sum
 }
 
-/// The same dot summed the way the sixteen-row AVX-512 kernel
-/// ([`crate::simd::avx512_rows16`]) sums it, block by block in order:
-/// `acc = fma(d_w·d_a, Σ K[q]·q8, acc)` (as `q4_0::vec_dot_sequential`).
-pub fn vec_dot_sequential(w: &[BlockIq4Nl], a: &[BlockQ8_0]) -> f32 {
-    let mut acc = 0f32;
-    for (x, y) in w.iter().zip(a) {
-        let v = values32(&x.qs);
-        let sumi: i32 = v.iter().zip(&y.qs).map(|(&p, &q)| p as i32 * q as i32).sum();
-        acc = (x.d.to_f32() * y.d.to_f32()).mul_add(sumi as f32, acc);
-    }
-    acc
-}
-
 /// llama.cpp's `best_index_int8`: the index of the table value nearest `x`
 /// (ties to the lower one).
 #[inline]

@@ -1,5 +1,6 @@
 //! Sixteen weight rows in the sixteen vector lanes: one kernel for every
-//! batch size `m` of a packed Q4_1, Q4_0, IQ4_NL or Q8_0 weight at AVX-512.
+//! batch size `m` of a packed Q4_1, Q4_0 or Q8_0 weight at AVX-512 (IQ4_NL:
+//! [`super::avx512_rows16_nl`], transposed at load).
 //!
 //! Why: the four-row kernels keep one row's 64 values across the lanes of a
 //! vector, so every block pair of every (row, activation row) ends in a lane
@@ -51,9 +52,6 @@ const ACTS: usize = 4;
 const Q4_1: u8 = 0;
 const Q8_0: u8 = 1;
 const Q4_0: u8 = 2;
-/// IQ4_NL: Q4_0's layout; each nibble picks `K[q] + 128` (one `vpshufb`),
-/// and `128·Σy` comes back out of the sum as for Q8_0.
-const IQ4_NL: u8 = 3;
 
 #[inline(always)]
 unsafe fn rd32(p: *const u8) -> i32 {
@@ -130,28 +128,7 @@ pub unsafe fn rows16_q4_0(
     rows16::<Q4_0>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
 }
 
-/// `rows` packed IQ4_NL rows × `m` Q8_0 activation rows, as
-/// [`rows16_q4_1`]; each row equals `quant::iq4_nl::vec_dot_sequential`.
-///
-/// # Safety
-/// As for [`rows16_q4_1`], with IQ4_NL weights and Q8_0 activations.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn rows16_iq4_nl(
-    n: usize,
-    w: *const u8,
-    row_bytes: usize,
-    rows: usize,
-    a: *const u8,
-    a_stride: usize,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    rows16::<IQ4_NL>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
-}
-
-/// Every format (`F`: [`Q4_1`], [`Q8_0`], [`Q4_0`], [`IQ4_NL`]).
+/// Every format (`F`: [`Q4_1`], [`Q8_0`], [`Q4_0`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
@@ -169,7 +146,7 @@ unsafe fn rows16<const F: u8>(
     debug_assert!(rows.is_multiple_of(4) && n.is_multiple_of(64));
     let nb = n / 32;
     OFFSETS.with(|cell| {
-        // Q4_0, IQ4_NL and Q8_0: each activation block's offset term, `c·Σy`
+        // Q4_0 and Q8_0: each activation block's offset term, `c·Σy`
         // (c = 8, 128, 128), once per call for all its rows.
         let mut offsets = cell.borrow_mut();
         if F != Q4_1 {
@@ -293,7 +270,6 @@ impl Groups {
         match F {
             Q8_0 => q8_0_block(x, b),
             Q4_1 => q4_1_block(x, b),
-            IQ4_NL => iq4_nl_block(x, b),
             _ => q4_0_block(x, b),
         }
     }
@@ -365,30 +341,6 @@ unsafe fn q4_1_block(x: [*const u8; 4], b: usize) -> Block {
 #[inline]
 unsafe fn q4_0_block(x: [*const u8; 4], b: usize) -> Block {
     Block { w: nibbles(x, 16, b), dw: word_scales(x, b), mw: _mm512_setzero_ps() }
-}
-
-/// `K[q] + 128` for each IQ4_NL nibble `q` (computed once, not per block).
-static IQ4_NL_K128: [u8; 16] = {
-    let mut t = [0u8; 16];
-    let mut q = 0;
-    while q < 16 {
-        t[q] = (crate::quant::iq4_nl::KVALUES[q] as u8) ^ 0x80;
-        q += 1;
-    }
-    t
-};
-
-/// IQ4_NL block `b` of the pair at `x` (Q4_0's layout): each nibble looks up
-/// `K[q] + 128`, unsigned for `vpdpbusd`; `128·Σy` comes out of the sum.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn iq4_nl_block(x: [*const u8; 4], b: usize) -> Block {
-    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_NL_K128.as_ptr() as *const __m128i));
-    Block {
-        w: nibbles(x, 16, b).map(|v| _mm512_shuffle_epi8(table, v)),
-        dw: word_scales(x, b),
-        mw: _mm512_setzero_ps(),
-    }
 }
 
 /// The sixteen rows' f16 scales of block `b` from the groups' eight-word
@@ -479,7 +431,7 @@ unsafe fn run_tile<const F: u8>(
 /// `Σ y` of a Q8_0 block's 32 signed codes at `qs`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn code_sum(qs: *const u8) -> i32 {
+pub(super) unsafe fn code_sum(qs: *const u8) -> i32 {
     let v = _mm256_xor_si256(_mm256_loadu_si256(qs as *const __m256i), _mm256_set1_epi8(-128));
     let s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
     let s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256::<1>(s4));
@@ -500,7 +452,7 @@ unsafe fn tile<const F: u8, const J: usize>(
     rows: usize,
 ) {
     // Activation blocks: Q8_1 is d, s (f16) then 32 codes; Q8_0 is d then 32.
-    // Q4_0, IQ4_NL and Q8_0 meet Q8_0 activations.
+    // Q4_0 and Q8_0 meet Q8_0 activations.
     let q8_act = F != Q4_1;
     let (act_bytes, qs) = if q8_act { (34, 2) } else { (36, 4) };
     let mut acc = [_mm512_setzero_ps(); J];
@@ -518,7 +470,7 @@ unsafe fn tile<const F: u8, const J: usize>(
             }
             let mut isum = _mm512_add_epi32(sl, sh);
             if q8_act {
-                // Q8_0's codes went in as w + 128, IQ4_NL's as K[q] + 128;
+                // Q8_0's codes went in as w + 128;
                 // Q4_0's are q = w + 8.
                 isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(*offsets.get_unchecked(jj * nb + i)));
             }

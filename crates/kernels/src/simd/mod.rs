@@ -54,6 +54,7 @@ pub mod avx512_lowk;
 pub mod avx512_packed;
 pub mod avx512_rows16;
 pub mod avx512_rows16_k;
+pub mod avx512_rows16_nl;
 mod gemm_lowk;
 pub mod kvq;
 pub mod kvq_dot;

@@ -263,8 +263,8 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
 /// The sixteen-row kernels (12 rows × 3 activation rows of a packed weight)
 /// against the sequential scalar dots, bit for bit.
 fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
-    use crate::quant::{iq4_nl, q4_0, q4_1, q8_0, q8_1};
-    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::IQ4_NL] {
+    use crate::quant::{q4_0, q4_1, q8_0, q8_1};
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0] {
         let Some(kernel) = crate::dispatch::kernels(dtype, isa, true).rows16 else { continue };
         let (rows, n, m) = (12, 192, 3);
         let nb = n / 32;
@@ -303,8 +303,6 @@ fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
                     q4_1::vec_dot_sequential(&bytemuck::cast_slice::<u8, q4_1::BlockQ4_1>(&w)[rs], &q1[js])
                 } else if dtype == DType::Q4_0 {
                     q4_0::vec_dot_sequential(&bytemuck::cast_slice::<u8, q4_0::BlockQ4_0>(&w)[rs], &q0[js])
-                } else if dtype == DType::IQ4_NL {
-                    iq4_nl::vec_dot_sequential(&bytemuck::cast_slice::<u8, iq4_nl::BlockIq4Nl>(&w)[rs], &q0[js])
                 } else {
                     q8_0::vec_dot_sequential(&bytemuck::cast_slice::<u8, q8_0::BlockQ8_0>(&w)[rs], &q0[js])
                 };
