@@ -188,7 +188,8 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
         let row = &rows[k * w.row_bytes()..];
         for b in 0..nb {
             let q = d.q.as_mut_ptr().add(k * w.cols + b * 256);
-            d.s[k * nb + b] = decode_block(w.dtype, &row[b * bb..(b + 1) * bb], q);
+            let s = decode_block(w.dtype, &row[b * bb..(b + 1) * bb], q);
+            d.s[k * nb + b] = if gemm_lowk::scale_per_32(w.dtype) { gemm_lowk::fold_to_32(s) } else { s };
         }
     }
     d.row = buf;
@@ -380,6 +381,7 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
             DType::Q4_K | DType::Q5_K => unit_groups::<32, true>(w, r0, r1, &d, act, m, y),
             DType::Q2_K => unit_groups::<256, true>(w, r0, r1, &d, act, m, y),
             DType::IQ4_XS => unit_groups::<32, false>(w, r0, r1, &d, act, m, y),
+            t if gemm_lowk::scale_per_32(t) => unit_groups::<32, false>(w, r0, r1, &d, act, m, y),
             t if gemm_lowk::is_grid_iq(t) => unit_groups::<16, false>(w, r0, r1, &d, act, m, y),
             _ => unit_groups::<16, false>(w, r0, r1, &d, act, m, y),
         }

@@ -227,6 +227,28 @@ pub(super) fn decode_iq(dtype: DType, x: &[u8], q: &mut [u8; 256], signed: bool)
     s
 }
 
+/// The grid I-quants whose scale covers 32 values (IQ3_S, IQ3_XXS, IQ2_XXS):
+/// the lane GEMMs run them with 32-value sub-blocks, as IQ4_XS, from their
+/// record folded by [`fold_to_32`]. Half the scale multiplies of the 16-value
+/// path (at AVX-512, 12 `vpmulld` per 48 `vpdpbusd` there), the same integer sums.
+pub(super) fn scale_per_32(dtype: DType) -> bool {
+    matches!(dtype, DType::IQ3_S | DType::IQ3_XXS | DType::IQ2_XXS)
+}
+
+/// A grid I-quant's record (one `ls` per 16 values, equal in pairs, and the
+/// `128·ls` pairs) as one per 32 with the `(128·ls, 128·ls)` pairs that meet
+/// the 32-position sums: `Σ_j ls_j·S_j` and `Σ_t 128·ls_t·B_t` are the same
+/// integers, so the result's bits are unchanged.
+pub(super) fn fold_to_32(s: Scales) -> Scales {
+    let mut out = Scales { d: s.d, dmin: s.dmin, ..Scales::default() };
+    for j in 0..8 {
+        debug_assert_eq!(s.sc[2 * j], s.sc[2 * j + 1], "a 32-value scale");
+        out.sc[j] = s.sc[2 * j];
+        out.c[j] = pair(128 * out.sc[j], 128 * out.sc[j]);
+    }
+    out
+}
+
 /// Whether [`decode_iq`] takes `dtype`.
 pub(super) fn is_grid_iq(dtype: DType) -> bool {
     matches!(dtype, DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ3_XXS | DType::IQ3_S)
