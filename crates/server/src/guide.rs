@@ -131,6 +131,13 @@ enum Frame {
     },
 }
 
+impl Frame {
+    /// A string of `node` (`usize::MAX`: a free key), at its opening quote or past it.
+    fn string(node: NodeId, opened: bool) -> Frame {
+        Frame::Str { node, opened, chars: 0, esc: 0, cont: 0, next: (0x80, 0xBF), stop: (0, 0) }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Stack {
     frames: Vec<Frame>,
@@ -512,15 +519,7 @@ impl JsonGuide {
                             }
                         }
                         if additional.is_some() {
-                            st.frames.push(Frame::Str {
-                                node: usize::MAX,
-                                opened: true,
-                                chars: 0,
-                                esc: 0,
-                                cont: 0,
-                                next: (0x80, 0xBF),
-                                stop: (0, 0),
-                            });
+                            st.frames.push(Frame::string(usize::MAX, true));
                             out.push(st);
                         }
                         return;
@@ -582,15 +581,7 @@ impl JsonGuide {
         match &self.schema.nodes[node] {
             Node::Object { .. } => out.push(Frame::Obj { node, state: Obj::Open, seen: 0, current: 0 }),
             Node::Array { .. } => out.push(Frame::Arr { node, state: Arr::Open, count: 0 }),
-            Node::String { .. } => out.push(Frame::Str {
-                node,
-                opened: false,
-                chars: 0,
-                esc: 0,
-                cont: 0,
-                next: (0x80, 0xBF),
-                stop: (0, 0),
-            }),
+            Node::String { .. } => out.push(Frame::string(node, false)),
             Node::Number { integer } => out.push(Frame::Num { integer: *integer, state: Num::Start, len: 0 }),
             Node::Literals(alts) => {
                 out.extend(alts.iter().map(|t| Frame::Lit { text: t.clone(), pos: 0, key: None }));
