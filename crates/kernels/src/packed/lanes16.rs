@@ -65,10 +65,15 @@ pub(super) fn pack_group(bb: usize, head: usize, nb: usize, src: &[u8], dst: &mu
     for r in 0..ROWS {
         for b in 0..nb {
             let blk = &src[r * rb + b * bb..][..bb];
-            turned[..bb - head].copy_from_slice(&blk[head..]);
-            turned[bb - head..bb].copy_from_slice(&blk[..head]);
+            let stored = if head == 0 {
+                blk
+            } else {
+                turned[..bb - head].copy_from_slice(&blk[head..]);
+                turned[bb - head..bb].copy_from_slice(&blk[..head]);
+                &turned[..bb]
+            };
             let out = &mut dst[b * ROWS * bb..][..ROWS * bb];
-            for (v, word) in turned[..bb].chunks(4).enumerate() {
+            for (v, word) in stored.chunks(4).enumerate() {
                 let o = offset(bb, r, 4 * v);
                 out[o..o + word.len()].copy_from_slice(word);
             }
