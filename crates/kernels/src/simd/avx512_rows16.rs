@@ -145,23 +145,17 @@ unsafe fn rows16<const F: u8>(
 ) {
     debug_assert!(rows.is_multiple_of(4) && n.is_multiple_of(64));
     let nb = n / 32;
-    OFFSETS.with(|cell| {
-        // Q4_0 and Q8_0: each activation block's offset term, `c·Σy`
-        // (c = 8, 128, 128), once per call for all its rows.
-        let mut offsets = cell.borrow_mut();
-        if F != Q4_1 {
-            let c = if F == Q4_0 { 8 } else { 128 };
-            offsets.clear();
-            for j in 0..m {
-                for i in 0..nb {
-                    offsets.push(c * code_sum(a.add(j * a_stride + i * 34 + 2)));
-                }
-            }
-        }
+    // Q4_0 and Q8_0: each activation block's offset term, `c·Σy` (c = 8, 128).
+    let c = match F {
+        Q4_1 => 0,
+        Q4_0 => 8,
+        _ => 128,
+    };
+    with_block_offsets(a, a_stride, m, nb, c, |offsets| {
         let mut r = 0;
         while r < rows {
             let take = (rows - r).min(16);
-            group::<F>(n, w.add(r * row_bytes), row_bytes, take, a, a_stride, m, y.add(r), y_stride, &offsets);
+            group::<F>(n, w.add(r * row_bytes), row_bytes, take, a, a_stride, m, y.add(r), y_stride, offsets);
             r += take;
         }
     });
@@ -207,8 +201,38 @@ unsafe fn group<const F: u8>(
     });
 }
 
+/// Runs `f` on `c·Σy` of every Q8_0 activation block of a call (`m` rows of
+/// `nb` blocks, `a_stride` bytes apart; index `j·nb + i`), computed once for
+/// all its weight rows: what codes stored as `w + c` add to an integer sum.
+/// `c = 0` (no offset) passes an empty slice.
+///
+/// # Safety
+/// AVX-512 F/BW/VL CPU; `a` holds the `m` activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn with_block_offsets<R>(
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    nb: usize,
+    c: i32,
+    f: impl FnOnce(&[i32]) -> R,
+) -> R {
+    OFFSETS.with(|cell| {
+        let mut offsets = cell.borrow_mut();
+        offsets.clear();
+        if c != 0 {
+            for j in 0..m {
+                for i in 0..nb {
+                    offsets.push(c * code_sum(a.add(j * a_stride + i * 34 + 2)));
+                }
+            }
+        }
+        f(&offsets)
+    })
+}
+
 thread_local! {
-    /// Q4_0/Q8_0: `c·Σy` of every activation block of the call (`m × nb`).
+    /// `c·Σy` of every activation block of the call (`m × nb`; [`with_block_offsets`]).
     static OFFSETS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Decoded blocks of the current sixteen rows (batches above [`ACTS`]).
     static SCRATCH: std::cell::RefCell<Vec<Block>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -431,7 +455,7 @@ unsafe fn run_tile<const F: u8>(
 /// `Σ y` of a Q8_0 block's 32 signed codes at `qs`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn code_sum(qs: *const u8) -> i32 {
+unsafe fn code_sum(qs: *const u8) -> i32 {
     let v = _mm256_xor_si256(_mm256_loadu_si256(qs as *const __m256i), _mm256_set1_epi8(-128));
     let s4 = _mm256_sad_epu8(v, _mm256_setzero_si256());
     let s2 = _mm_add_epi64(_mm256_castsi256_si128(s4), _mm256_extracti128_si256::<1>(s4));

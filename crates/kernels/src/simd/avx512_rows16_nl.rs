@@ -22,7 +22,7 @@
 //!   `sum + (d_a·d)·isum`, no FMA, blocks in order), so every row equals the
 //!   reference bit for bit at every batch size.
 
-use super::avx512_rows16::code_sum;
+use super::avx512_rows16::with_block_offsets;
 use std::arch::x86_64::*;
 
 /// Rows per group (the lanes).
@@ -49,8 +49,6 @@ static K128: [u8; 16] = {
 };
 
 thread_local! {
-    /// `128·Σy` of every activation block of the call (`m × nb`).
-    static OFFSETS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The current group's blocks, decoded once (batches above [`ACTS`]).
     static SCRATCH: std::cell::RefCell<Vec<Block>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -116,20 +114,13 @@ pub unsafe fn rows16_iq4_nl(
 ) {
     debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(32));
     let nb = n / 32;
-    OFFSETS.with(|cell| {
-        let mut offsets = cell.borrow_mut();
-        offsets.clear();
-        for j in 0..m {
-            for i in 0..nb {
-                offsets.push(128 * code_sum(a.add(j * a_stride + i * ACT_BYTES + 2)));
-            }
-        }
+    with_block_offsets(a, a_stride, m, nb, 128, |offsets| {
         for g in 0..rows / ROWS {
             let gw = w.add(g * ROWS * row_bytes);
             let yg = y.add(g * ROWS);
             if m <= ACTS {
                 let blocks = |b: usize| decode(gw, b);
-                run_tile(m, nb, &blocks, a, a_stride, &offsets, yg, y_stride);
+                run_tile(m, nb, &blocks, a, a_stride, offsets, yg, y_stride);
                 continue;
             }
             SCRATCH.with(|cell| {
