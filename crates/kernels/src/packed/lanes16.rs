@@ -105,6 +105,17 @@ pub(super) fn unpack_row(bb: usize, head: usize, nb: usize, group: &[u8], r: usi
 /// bb` bytes, row after row): the prefill GEMM's read of a packed unit, one
 /// word move per four bytes.
 pub(super) fn unpack_group(bb: usize, head: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if head == 0 && crate::isa::active() == crate::isa::Isa::Avx512 {
+        // SAFETY: the active level is only AVX-512 on a CPU that has it.
+        unsafe { crate::simd::avx512_unpack16::unpack_group(bb, nb, group, dst) };
+        return;
+    }
+    unpack_group_scalar(bb, head, nb, group, dst);
+}
+
+/// [`unpack_group`] one word move at a time: the reference of the SIMD ones.
+pub(crate) fn unpack_group_scalar(bb: usize, head: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
     let (rb, words) = (nb * bb, bb / 4);
     assert!(group.len() >= ROWS * rb && dst.len() >= ROWS * rb);
     if head > 0 {
@@ -234,6 +245,28 @@ mod tests {
         // A field at byte 4v is vector v: lane r holds row r's four bytes.
         assert_eq!(offset(144, 3, 16), 4 * 64 + 12);
         assert_eq!(offset(210, 5, 209), 52 * 64 + 10 + 1);
+    }
+
+    /// The AVX-512 group read equals the scalar one at every block size of
+    /// the lanes16 types (whole sixteen-word runs, short runs, 2-byte tails).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_unpack_equals_scalar() {
+        if !crate::isa::Isa::Avx512.is_supported() {
+            eprintln!("no AVX-512 here: the SIMD unpack is not reachable");
+            return;
+        }
+        for (bb, nb) in [(84, 3), (110, 2), (136, 2), (144, 4), (176, 1), (210, 3), (18, 5)] {
+            let src: Vec<u8> = (0..ROWS * nb * bb).map(|i| (i * 13 + i / 97) as u8).collect();
+            let mut packed = vec![0u8; src.len()];
+            pack_group(bb, 0, nb, &src, &mut packed);
+            let (mut want, mut got) = (vec![0u8; src.len()], vec![0xAAu8; src.len()]);
+            unpack_group_scalar(bb, 0, nb, &packed, &mut want);
+            // SAFETY: AVX-512 F checked above.
+            unsafe { crate::simd::avx512_unpack16::unpack_group(bb, nb, &packed, &mut got) };
+            assert_eq!(want, src, "bb {bb}: scalar");
+            assert_eq!(got, src, "bb {bb}: AVX-512");
+        }
     }
 
     #[test]
