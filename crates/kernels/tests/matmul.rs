@@ -356,6 +356,7 @@ fn matmul_each_equals_separate_calls_every_isa() {
 #[test]
 fn kquant_prefill_gemm_matches_reference_exactly() {
     use shardlm_kernels::matmul::matmul_many_isa;
+    use shardlm_kernels::packed;
     use shardlm_kernels::simd::avx512_gemm_k;
     let isas: Vec<Isa> = isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)).collect();
     let mut rng = rng(15);
@@ -379,6 +380,11 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
     {
         let w = random_weight(&mut rng, dtype, rows, cols);
         let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
+        // The lanes16 types packed as at load: the GEMM reads them back
+        // through the group unpack (AVX-512 transposes).
+        let pw = (packed::packable(dtype, rows, cols) && packed::worth_packing(dtype, Isa::Avx512))
+            .then(|| packed::pack(dtype, rows, cols, &w));
+        let pm = pw.as_ref().map(|pw| MatRef::new_packed(dtype, rows, cols, pw).unwrap());
         let other = if dtype == DType::Q6_K { DType::Q4_K } else { DType::Q6_K };
         let w2 = random_weight(&mut rng, other, 20, cols);
         let wm2 = MatRef::new(other, 20, cols, &w2).unwrap();
@@ -405,6 +411,12 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
                 assert_eq!(differ, 0, "{what}: {differ} outputs differ from the scalar reference");
                 let differ = b.iter().zip(&want2).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
                 assert_eq!(differ, 0, "{what}: second weight ({other}) in one call");
+                if let (Some(pm), Isa::Avx512) = (pm, isa) {
+                    let mut p = vec![f32::NAN; m * rows];
+                    matmul_isa(isa, pool, pm, &x, m, &mut p, &mut scratch);
+                    let differ = p.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                    assert_eq!(differ, 0, "{what}: packed weight");
+                }
             }
         }
     }

@@ -105,9 +105,12 @@ pub(super) fn unpack_row(bb: usize, head: usize, nb: usize, group: &[u8], r: usi
 /// bb` bytes, row after row): the prefill GEMM's read of a packed unit, one
 /// word move per four bytes.
 pub(super) fn unpack_group(bb: usize, head: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
+    // The CPU's features, not `isa::active()`: the level's self-check runs
+    // the GEMM that calls this (a lanes16 weight exists only where AVX-512
+    // kernels read it, and both reads give the same bytes, tested).
     #[cfg(target_arch = "x86_64")]
-    if head == 0 && crate::isa::active() == crate::isa::Isa::Avx512 {
-        // SAFETY: the active level is only AVX-512 on a CPU that has it.
+    if head == 0 && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F checked just above.
         unsafe { crate::simd::avx512_unpack16::unpack_group(bb, nb, group, dst) };
         return;
     }

@@ -349,11 +349,18 @@ unsafe fn unit_groups<const SUB: usize, const MINS: bool>(
         acc.fill(_mm512_setzero_ps());
         for b in 0..nb {
             let ag = |g: usize| act.as_ptr().add(g * nb * GROUP_BLOCK);
+            // Threes, then twos (16 groups: 3+3+3+3+2+2), then a one: a lone
+            // group reloads every code broadcast for 4 `vpdpbusd` (load bound).
             let mut gi = 0;
-            while gi + 3 <= gn {
+            while gn - gi >= 3 && gn - gi != 4 {
                 let g = g0 + gi;
                 add_groups::<3, SUB, MINS>((nb, cols, n), q, s, [ag(g), ag(g + 1), ag(g + 2)], b, gi, &mut acc);
                 gi += 3;
+            }
+            while gn - gi >= 2 {
+                let g = g0 + gi;
+                add_groups::<2, SUB, MINS>((nb, cols, n), q, s, [ag(g), ag(g + 1)], b, gi, &mut acc);
+                gi += 2;
             }
             while gi < gn {
                 add_groups::<1, SUB, MINS>((nb, cols, n), q, s, [ag(g0 + gi)], b, gi, &mut acc);

@@ -63,10 +63,12 @@ pub unsafe fn unpack_group(bb: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
         let mut v0 = 0;
         while v0 < words {
             let n = (words - v0).min(ROWS);
-            let mut v = [_mm512_setzero_si512(); ROWS];
-            for (i, x) in v.iter_mut().enumerate().take(n) {
-                *x = _mm512_loadu_si512(blk.add((v0 + i) * 4 * ROWS) as *const _);
-            }
+            // Masked loads (vectors past `n` read as zero and touch no memory):
+            // a loop of `n` plain loads compiles to a memcpy into the stack.
+            let mut v: [__m512i; ROWS] = std::array::from_fn(|i| {
+                let k: __mmask16 = if i < n { !0 } else { 0 };
+                _mm512_maskz_loadu_epi32(k, blk.wrapping_add((v0 + i) * 4 * ROWS) as *const i32)
+            });
             transpose16(&mut v);
             // Row r's words v0..v0+n: n dwords of one store.
             let mask: __mmask16 = if n == ROWS { !0 } else { (1u16 << n) - 1 };
