@@ -34,7 +34,7 @@ use crate::{DType, ThreadPool};
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp,
     avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_k, avx512_lowk,
-    avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl,
+    avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -46,6 +46,8 @@ pub enum Feature {
     Vbmi,
     /// The BF16 FP8 kernels (`SHARDLM_BF16=1` and AVX-512 BF16).
     Bf16,
+    /// GFNI (`vgf2p8affineqb`); `SHARDLM_GFNI=0` turns it off.
+    Gfni,
 }
 
 impl Feature {
@@ -57,6 +59,8 @@ impl Feature {
             Feature::Vbmi => avx512_fp4_vbmi::has_vbmi(),
             #[cfg(target_arch = "x86_64")]
             Feature::Bf16 => avx512_fp8_bf16::has_bf16(),
+            #[cfg(target_arch = "x86_64")]
+            Feature::Gfni => avx512_rows16_q3k::has_gfni(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -176,7 +180,7 @@ macro_rules! x86 {
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use Feature::{Base, Bf16, Vbmi};
+use Feature::{Base, Bf16, Gfni, Vbmi};
 
 /// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
 #[cfg(target_arch = "x86_64")]
@@ -493,7 +497,7 @@ pub static TABLE: &[Row] = &[
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_q3_k)],
             dot4: &[(Base, avx512_lowk::dot4_q3_k)],
-            packed_rows16: &[(Base, avx512_rows16_k::rows16_q3_k)],
+            packed_rows16: &[(Gfni, avx512_rows16_q3k::rows16_q3_k_gfni), (Base, avx512_rows16_k::rows16_q3_k)],
             gemm: GEMM_K,
             ..NONE
         },

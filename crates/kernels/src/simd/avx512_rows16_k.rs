@@ -29,31 +29,31 @@ use std::arch::x86_64::*;
 /// avx512` at the 1.1B shapes out of cache, medians of 5 (AMD EPYC VM):
 /// none 19.6 GB/s, `prefetcht0` 4 KiB 12.5 (1 thread), `prefetcht1` 8 KiB
 /// **25.8**, 16 KiB 23.0, `prefetcht2` 8 KiB 25.8; the four-row kernel 19.7.
-const PREFETCH_AHEAD: usize = 8192;
+pub(super) const PREFETCH_AHEAD: usize = 8192;
 
 #[inline(always)]
-fn prefetch_l2(p: *const u8) {
+pub(super) fn prefetch_l2(p: *const u8) {
     // SAFETY: a prefetch is only a hint and never faults; SSE is baseline on x86-64.
     unsafe { _mm_prefetch::<_MM_HINT_T1>(p as *const i8) }
 }
 
 /// Activation rows per register tile.
-const ACTS: usize = 4;
+pub(super) const ACTS: usize = 4;
 /// Rows per group (the lanes).
-const ROWS: usize = 16;
+pub(super) const ROWS: usize = 16;
 /// Q8_K row layout: `d` (f32) at 0, 256 codes at 4, 16 `bsums` (i16) at 260.
-const Q8K_QS: usize = 4;
-const Q8K_BSUMS: usize = 260;
-const Q8K_BYTES: usize = 292;
+pub(super) const Q8K_QS: usize = 4;
+pub(super) const Q8K_BSUMS: usize = 260;
+pub(super) const Q8K_BYTES: usize = 292;
 
 #[inline(always)]
-unsafe fn ld(p: *const u8) -> __m512i {
+pub(super) unsafe fn ld(p: *const u8) -> __m512i {
     _mm512_loadu_si512(p as *const _)
 }
 
 /// Four bytes at `p` in every lane.
 #[inline(always)]
-unsafe fn bcast4(p: *const u8) -> __m512i {
+pub(super) unsafe fn bcast4(p: *const u8) -> __m512i {
     _mm512_set1_epi32((p as *const i32).read_unaligned())
 }
 
@@ -84,13 +84,17 @@ unsafe fn picks() -> Picks {
 /// to [`ACTS`] activation rows (`$tile::<J, S>`: `J` rows, `S` partial sums).
 macro_rules! rows16_kernel {
     ($(#[$doc:meta])* $name:ident, $tile:ident) => {
+        rows16_kernel!($(#[$doc])* $name, $tile, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c");
+    };
+    ($(#[$doc:meta])* $name:ident, $tile:ident, $features:literal) => {
         $(#[$doc])*
         ///
         /// # Safety
-        /// AVX-512 F/BW/VL/VNNI CPU; `w` holds `rows / 16` lanes16 groups of
+        /// A CPU with the target features below (AVX-512 F/BW/VL/VNNI at
+        /// least); `w` holds `rows / 16` lanes16 groups of
         /// `row_bytes` per row (`n` a multiple of 256); `a` holds `m` Q8_K rows of
         /// `n` values `a_stride` bytes apart; `y` valid for the writes.
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name(
             n: usize,
@@ -123,6 +127,8 @@ macro_rules! rows16_kernel {
         }
     };
 }
+
+pub(super) use rows16_kernel;
 
 rows16_kernel!(
     /// `rows` (a multiple of 16) Q4_K rows in the lanes16 layout × `m` Q8_K
@@ -504,7 +510,7 @@ unsafe fn tile_iq4_xs<const J: usize, const S: usize>(
 /// `sum + (d·d_a)·isum`, the scalar references' float step for the types
 /// with one scale per block (Q6_K, Q3_K, IQ4_XS), `d_a` the f32 at `act`.
 #[inline(always)]
-unsafe fn scaled_add(sum: __m512, d: __m512, act: *const u8, isum: __m512i) -> __m512 {
+pub(super) unsafe fn scaled_add(sum: __m512, d: __m512, act: *const u8, isum: __m512i) -> __m512 {
     let yd = _mm512_set1_ps((act as *const f32).read_unaligned());
     _mm512_add_ps(sum, _mm512_mul_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(isum)))
 }
@@ -512,7 +518,7 @@ unsafe fn scaled_add(sum: __m512, d: __m512, act: *const u8, isum: __m512i) -> _
 /// `vpshufb` controls that put the signed scale bytes `(2t, 2t + 1)` of each
 /// dword (`t` = 0, 1) in the high bytes of its two words, for `vpsraw 8`.
 #[inline(always)]
-unsafe fn signed_pairs() -> [__m512i; 2] {
+pub(super) unsafe fn signed_pairs() -> [__m512i; 2] {
     let pair_hi = |b: i32| {
         let d = |k: i32| (4 * k + b) << 8 | 0x80 | (4 * k + b + 1) << 24 | 0x80 << 16;
         _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
@@ -525,7 +531,7 @@ unsafe fn signed_pairs() -> [__m512i; 2] {
 /// bytes, Q8_K's `bsums` pair `u` meets the scales of groups `(2u, 2u + 1)`
 /// (bytes `2(u mod 2)`, +1 of `sv[u / 2]`, sign-extended) in one `vpdpwssd`.
 #[inline(always)]
-unsafe fn group_scale_sums<const J: usize>(
+pub(super) unsafe fn group_scale_sums<const J: usize>(
     sv: &[__m512i; 4],
     pairs: &[__m512i; 2],
     act: &[*const u8; J],
@@ -549,7 +555,7 @@ rows16_kernel!(
 /// `vpshufb` control: byte `t` of each dword to its top byte (the rest zero),
 /// so that an arithmetic shift right by 24 sign-extends it.
 #[inline(always)]
-unsafe fn top_byte(t: usize) -> __m512i {
+pub(super) unsafe fn top_byte(t: usize) -> __m512i {
     let d = |k: i32| (((4 * k + t as i32) << 24) as u32 | 0x0080_8080) as i32;
     _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
 }

@@ -55,6 +55,7 @@ pub mod avx512_packed;
 pub mod avx512_rows16;
 pub mod avx512_rows16_k;
 pub mod avx512_rows16_nl;
+pub mod avx512_rows16_q3k;
 pub mod avx512_unpack16;
 mod gemm_lowk;
 pub mod kvq;
