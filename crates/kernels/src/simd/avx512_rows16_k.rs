@@ -655,6 +655,29 @@ unsafe fn tile_q6_k<const J: usize, const S: usize>(
     }
 }
 
+/// A Q3_K lanes16 block's sixteen `d` (f16 tail at vector 27) and its
+/// sixteen 6-bit scales − 32 as bytes (vector `k`, byte `b`: group `4k + b`
+/// of the lane's row), decoded from the three scale words as
+/// `quant::q3_k` does.
+#[inline(always)]
+pub(super) unsafe fn q3_k_scales(x: *const u8) -> (__m512, [__m512i; 4]) {
+    let (low4, three) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+    let d = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(27 * 64) as *const __m256i));
+    let (v24, v25, v26) = (ld(x.add(24 * 64)), ld(x.add(25 * 64)), ld(x.add(26 * 64)));
+    let lows = [
+        _mm512_and_si512(v24, low4),
+        _mm512_and_si512(v25, low4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(v24), low4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(v25), low4),
+    ];
+    let highs = [v26, _mm512_srli_epi16::<2>(v26), _mm512_srli_epi16::<4>(v26), _mm512_srli_epi16::<6>(v26)];
+    let sv = std::array::from_fn(|k| {
+        let hi = _mm512_slli_epi16::<4>(_mm512_and_si512(highs[k], three));
+        _mm512_sub_epi8(_mm512_or_si512(lows[k], hi), _mm512_set1_epi8(32))
+    });
+    (d, sv)
+}
+
 rows16_kernel!(
     /// [`rows16_q4_k`] for Q3_K, each result equal to `quant::q3_k::vec_dot`.
     rows16_q3_k,
@@ -684,8 +707,6 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
     y_stride: usize,
 ) {
     const BLOCK: usize = ROWS * 110;
-    let low4 = _mm512_set1_epi8(0x0F);
-    let three = _mm512_set1_epi8(3);
     let tops = [top_byte(0), top_byte(1), top_byte(2), top_byte(3)];
     let pairs = signed_pairs();
     let mut sums = [_mm512_setzero_ps(); J];
@@ -699,20 +720,7 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
             prefetch_l2(ahead.wrapping_add(64 * l));
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(27 * 64) as *const __m256i));
-        // Scales − 32 as bytes: vector k, byte b = group 4k + b.
-        let (v24, v25, v26) = (ld(x.add(24 * 64)), ld(x.add(25 * 64)), ld(x.add(26 * 64)));
-        let lows = [
-            _mm512_and_si512(v24, low4),
-            _mm512_and_si512(v25, low4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(v24), low4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(v25), low4),
-        ];
-        let highs = [v26, _mm512_srli_epi16::<2>(v26), _mm512_srli_epi16::<4>(v26), _mm512_srli_epi16::<6>(v26)];
-        let sv: [__m512i; 4] = std::array::from_fn(|k| {
-            let hi = _mm512_slli_epi16::<4>(_mm512_and_si512(highs[k], three));
-            _mm512_sub_epi8(_mm512_or_si512(lows[k], hi), _mm512_set1_epi8(32))
-        });
+        let (d, sv) = q3_k_scales(x);
         let mut sumi = [_mm512_setzero_si512(); J];
         for h in 0..2 {
             if h == 0 {

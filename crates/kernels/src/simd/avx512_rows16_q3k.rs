@@ -19,8 +19,8 @@
 //! compare the two directly and both against the reference).
 
 use super::avx512_rows16_k::{
-    bcast4, group_scale_sums, ld, prefetch_l2, rows16_kernel, scaled_add, signed_pairs, top_byte, ACTS, PREFETCH_AHEAD,
-    Q8K_BYTES, Q8K_QS, ROWS,
+    bcast4, group_scale_sums, ld, prefetch_l2, q3_k_scales, rows16_kernel, scaled_add, signed_pairs, top_byte, ACTS,
+    PREFETCH_AHEAD, Q8K_BYTES, Q8K_QS, ROWS,
 };
 use std::arch::x86_64::*;
 
@@ -70,8 +70,6 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
     y_stride: usize,
 ) {
     const BLOCK: usize = ROWS * 110;
-    let low4 = _mm512_set1_epi8(0x0F);
-    let three = _mm512_set1_epi8(3);
     let tops = [top_byte(0), top_byte(1), top_byte(2), top_byte(3)];
     let pairs = signed_pairs();
     // lo_pick[jb]: bits 2jb, 2jb + 1 → 0, 1; hi_pick[4h + jb]: bit 4h + jb → 2.
@@ -90,20 +88,7 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
             prefetch_l2(ahead.wrapping_add(64 * l));
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
-        let d = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(27 * 64) as *const __m256i));
-        // Scales − 32 as bytes: vector k, byte b = group 4k + b.
-        let (v24, v25, v26) = (ld(x.add(24 * 64)), ld(x.add(25 * 64)), ld(x.add(26 * 64)));
-        let lows = [
-            _mm512_and_si512(v24, low4),
-            _mm512_and_si512(v25, low4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(v24), low4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(v25), low4),
-        ];
-        let highs = [v26, _mm512_srli_epi16::<2>(v26), _mm512_srli_epi16::<4>(v26), _mm512_srli_epi16::<6>(v26)];
-        let sv: [__m512i; 4] = std::array::from_fn(|k| {
-            let hi = _mm512_slli_epi16::<4>(_mm512_and_si512(highs[k], three));
-            _mm512_sub_epi8(_mm512_or_si512(lows[k], hi), _mm512_set1_epi8(32))
-        });
+        let (d, sv) = q3_k_scales(x);
         let mut sumi = [_mm512_setzero_si512(); J];
         for h in 0..2 {
             for jb in 0..4 {
