@@ -102,8 +102,8 @@ pub(super) fn unpack_row(bb: usize, head: usize, nb: usize, group: &[u8], r: usi
 }
 
 /// All sixteen rows of one group back in the file layout (`dst`: `16 · nb ·
-/// bb` bytes, row after row): the prefill GEMM's read of a packed unit, one
-/// word move per four bytes.
+/// bb` bytes, row after row): the prefill GEMM's read of a packed unit, by
+/// register transposes on AVX-512 ([`crate::simd::avx512_unpack16`]).
 pub(super) fn unpack_group(bb: usize, head: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
     // The CPU's features, not `isa::active()`: the level's self-check runs
     // the GEMM that calls this (a lanes16 weight exists only where AVX-512
