@@ -555,7 +555,7 @@ rows16_kernel!(
 /// `vpshufb` control: byte `t` of each dword to its top byte (the rest zero),
 /// so that an arithmetic shift right by 24 sign-extends it.
 #[inline(always)]
-pub(super) unsafe fn top_byte(t: usize) -> __m512i {
+unsafe fn top_byte(t: usize) -> __m512i {
     let d = |k: i32| (((4 * k + t as i32) << 24) as u32 | 0x0080_8080) as i32;
     _mm512_broadcast_i32x4(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
 }

@@ -163,7 +163,9 @@ mod tests {
         }
         let pw = crate::packed::pack(crate::DType::Q3_K, rows, n, &w);
         let m = 5;
-        // Q8_K rows: d, 256 codes, 16 bsums per block.
+        // Q8_K rows (d, 256 codes, 16 bsums per block) built here rather than
+        // by `quant::q8_k::quantize`, whose codes stop at −127: −128 is the
+        // edge of the i16 bound on a group's sum that the kernel relies on.
         let mut act = vec![0u8; m * (n / 256) * Q8K_BYTES];
         for blk in act.chunks_exact_mut(Q8K_BYTES) {
             blk[..4].copy_from_slice(&0.02f32.to_le_bytes());
