@@ -33,8 +33,8 @@ use crate::{DType, ThreadPool};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp,
-    avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_k, avx512_lowk,
-    avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
+    avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq3_vbmi, avx512_k,
+    avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -48,6 +48,8 @@ pub enum Feature {
     Bf16,
     /// GFNI (`vgf2p8affineqb`); `SHARDLM_GFNI=0` turns it off.
     Gfni,
+    /// Both VBMI and GFNI (either switch turns it off).
+    VbmiGfni,
 }
 
 impl Feature {
@@ -61,6 +63,8 @@ impl Feature {
             Feature::Bf16 => avx512_fp8_bf16::has_bf16(),
             #[cfg(target_arch = "x86_64")]
             Feature::Gfni => avx512_rows16_q3k::has_gfni(),
+            #[cfg(target_arch = "x86_64")]
+            Feature::VbmiGfni => avx512_fp4_vbmi::has_vbmi() && avx512_rows16_q3k::has_gfni(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -180,7 +184,7 @@ macro_rules! x86 {
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use Feature::{Base, Bf16, Gfni, Vbmi};
+use Feature::{Base, Bf16, Gfni, Vbmi, VbmiGfni};
 
 /// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
 #[cfg(target_arch = "x86_64")]
@@ -550,9 +554,14 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], gemm: GEMM_K_AVX2, ..NONE },
-        // A 512-bit gather version measured level with it (the 16-entry gather
+        // With VBMI and GFNI the grid is looked up in registers; a 512-bit gather
+        // version measured level with the AVX2 kernel (the 16-entry gather
         // costs what the scalar inserts do).
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], gemm: GEMM_K, ..NONE },
+        avx512: x86! {
+            dot: &[(VbmiGfni, avx512_iq3_vbmi::dot_iq3_xxs), (Base, avx2_lowk::dot_iq3_xxs)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::IQ3_S,
@@ -563,6 +572,8 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], gemm: GEMM_K_AVX2, ..NONE },
+        // A VBMI register-lookup version (as IQ3_XXS has) measured level with
+        // the gathers here.
         avx512: x86! { dot: &[(Base, avx512_iq::dot_iq3_s)], gemm: GEMM_K, ..NONE },
     },
     Row {

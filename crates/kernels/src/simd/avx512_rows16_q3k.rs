@@ -36,7 +36,7 @@ pub fn has_gfni() -> bool {
 /// The `vgf2p8affineqb` matrix that moves input bit `from[d]` of every byte
 /// to output bit `d` (`None`: output bit `d` is zero). Output bit `d` is the
 /// parity of the input ANDed with the matrix's byte `7 − d`.
-fn bit_moves(from: [Option<u32>; 8]) -> i64 {
+pub(super) fn bit_moves(from: [Option<u32>; 8]) -> i64 {
     let mut m = 0u64;
     for (d, f) in from.iter().enumerate() {
         if let Some(s) = f {
