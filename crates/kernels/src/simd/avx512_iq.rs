@@ -12,8 +12,8 @@
 //!   parity bit from a nibble table; IQ2_XXS's fields pulled out of its
 //!   words with `vpmultishiftqb`, so it needs VBMI). The mask negates the
 //!   activations (Q8_K codes are −127..127, so a negation never wraps);
-//! * one `vpdpbusd` of the unsigned magnitudes (≤ 62) with those activations,
-//!   then one `vpmulld` with the sub-block scales `2s + 1` laid over the
+//! * one `vpdpbusd` of the unsigned magnitudes (≤ 43) with those activations,
+//!   then one `vpdpwssd` with the sub-block scales `2s + 1` laid over the
 //!   lanes (a lane's four values always share a sub-block).
 //!
 //! The same gathers and sign masks decode whole super-blocks for the AVX-512
@@ -38,14 +38,17 @@ use crate::quant::iq_grids::{IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::quant::{iq2_xs, iq3_s, iq3_xxs};
 use std::arch::x86_64::*;
 
-/// `Σ mag·(±q8)` per lane (four values each) with the signs of `neg` applied
-/// to the 64 activations at `q8`, times the lanes' scales `ls`.
+/// `acc + Σ mag·(±q8)` per lane (four values each) with the signs of `neg`
+/// applied to the 64 activations at `q8`, times the lanes' scales `ls`:
+/// `vpdpwssd` against `(ls, 0)` word pairs, exact because a lane's sum of
+/// four products is under 2¹⁵ in magnitude (magnitudes ≤ 43 here), so its low
+/// word is the whole signed sum (one µop where `vpmulld` + `vpaddd` took three).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn chunk(mag: __m512i, neg: u64, q8: *const i8, ls: __m512i) -> __m512i {
+unsafe fn chunk(acc: __m512i, mag: __m512i, neg: u64, q8: *const i8, ls: __m512i) -> __m512i {
     let y = _mm512_loadu_si512(q8 as *const _);
     let ys = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
-    _mm512_mullo_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), mag, ys), ls)
+    _mm512_dpwssd_epi32(acc, _mm512_dpbusd_epi32(_mm512_setzero_si512(), mag, ys), ls)
 }
 
 /// Scales for 64 values in sub-blocks of 32: `a` on lanes 0–7, `b` on 8–15.
@@ -100,7 +103,7 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
             let mag = _mm512_i32gather_epi32::<4>(idx, grid);
             let neg = u64::from_le_bytes(x.signs[8 * h..8 * h + 8].try_into().expect("8 sign bytes"));
             let ls = ls32(2 * x.scale(2 * h) as u32 + 1, 2 * x.scale(2 * h + 1) as u32 + 1);
-            acc = _mm512_add_epi32(acc, chunk(mag, neg, y.qs.as_ptr().add(64 * h), ls));
+            acc = chunk(acc, mag, neg, y.qs.as_ptr().add(64 * h), ls);
         }
         sum += x.d.to_f32() * y.d * _mm512_reduce_add_epi32(acc) as f32;
     }
@@ -125,8 +128,7 @@ pub unsafe fn dot_iq2_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
         for h in 0..4 {
             let iv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(idx.as_ptr().add(8 * h) as *const __m128i));
             let mag = _mm512_i32gather_epi64::<8>(iv, IQ2XXS_GRID.as_ptr() as *const i64);
-            acc =
-                _mm512_add_epi32(acc, chunk(mag, signs[h], y.qs.as_ptr().add(64 * h), ls32(ls[2 * h], ls[2 * h + 1])));
+            acc = chunk(acc, mag, signs[h], y.qs.as_ptr().add(64 * h), ls32(ls[2 * h], ls[2 * h + 1]));
         }
         sum += d * y.d * _mm512_reduce_add_epi32(acc) as f32;
     }
@@ -150,7 +152,7 @@ pub unsafe fn dot_iq2_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
             let iv = _mm256_cvtepu16_epi32(_mm_loadu_si128(idx.as_ptr().add(8 * h) as *const __m128i));
             let mag = _mm512_i32gather_epi64::<8>(iv, IQ2XS_GRID.as_ptr() as *const i64);
             let ls = ls16(std::array::from_fn(|g| 2 * x.scale(4 * h + g) as u32 + 1));
-            acc = _mm512_add_epi32(acc, chunk(mag, signs[h], y.qs.as_ptr().add(64 * h), ls));
+            acc = chunk(acc, mag, signs[h], y.qs.as_ptr().add(64 * h), ls);
         }
         sum += x.d.to_f32() * y.d * _mm512_reduce_add_epi32(acc) as f32;
     }
