@@ -41,11 +41,11 @@ use std::arch::x86_64::*;
 /// `acc + Σ mag·(±q8)` per lane (four values each) with the signs of `neg`
 /// applied to the 64 activations at `q8`, times the lanes' scales `ls`:
 /// `vpdpwssd` against `(ls, 0)` word pairs, exact because a lane's sum of
-/// four products is under 2¹⁵ in magnitude (magnitudes ≤ 43 here), so its low
+/// four products is under 2¹⁵ in magnitude (magnitudes ≤ 62 in every caller), so its low
 /// word is the whole signed sum (one µop where `vpmulld` + `vpaddd` took three).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-unsafe fn chunk(acc: __m512i, mag: __m512i, neg: u64, q8: *const i8, ls: __m512i) -> __m512i {
+pub(super) unsafe fn chunk(acc: __m512i, mag: __m512i, neg: u64, q8: *const i8, ls: __m512i) -> __m512i {
     let y = _mm512_loadu_si512(q8 as *const _);
     let ys = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
     _mm512_dpwssd_epi32(acc, _mm512_dpbusd_epi32(_mm512_setzero_si512(), mag, ys), ls)
@@ -71,7 +71,7 @@ unsafe fn ls16(s: [u32; 4]) -> __m512i {
 /// `KSIGNS[i] = i | parity(i) << 7`, 32 at once.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn ksigns_vec(idx: __m256i) -> __m256i {
+pub(super) unsafe fn ksigns_vec(idx: __m256i) -> __m256i {
     let low7 = _mm256_and_si256(idx, _mm256_set1_epi8(0x7F));
     // Parity of a nibble, looked up; a byte's is its nibbles' xor.
     let tab = _mm256_setr_epi8(

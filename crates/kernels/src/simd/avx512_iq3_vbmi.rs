@@ -37,6 +37,7 @@
 //! scalar `vec_dot`'s, so the kernel equals scalar bit for bit.
 
 use super::avx2_lowk::{blk, finish, q8k};
+use super::avx512_iq::{chunk, ksigns_vec};
 use super::avx512_rows16_q3k::bit_moves;
 use crate::quant::iq3_xxs;
 use crate::quant::iq_grids::IQ3XXS_GRID;
@@ -123,16 +124,6 @@ unsafe fn spread(a: __m512i, b: __m512i, ctl: &[__m512i; 2]) -> [(__m512i, __m51
     out
 }
 
-/// `acc += Σ_lanes (2s+1)·Σ mag·(±q8)`: `neg` negates the activations at `q8`,
-/// `ls` holds `(2s + 1, 0)` word pairs per lane.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-#[inline]
-unsafe fn add_chunk(acc: __m512i, mag: __m512i, neg: u64, q8: *const i8, ls: __m512i) -> __m512i {
-    let y = ld(q8 as *const u8);
-    let ys = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
-    _mm512_dpwssd_epi32(acc, _mm512_dpbusd_epi32(_mm512_setzero_si512(), mag, ys), ls)
-}
-
 /// The scale word pairs of chunk `h` (64 values): `(ls[2h], 0)` on lanes
 /// 0–7, `(ls[2h + 1], 0)` on lanes 8–15, from the block's eight `2s + 1`.
 #[target_feature(enable = "avx512f")]
@@ -182,15 +173,7 @@ unsafe fn xxs_signs(aux: *const u8) -> [u64; 4] {
         _mm256_set1_epi64x(i64::from_le_bytes([0, 7, 14, 21, 32, 39, 46, 53])),
         _mm256_loadu_si256(aux as *const __m256i),
     );
-    let low7 = _mm256_and_si256(fields, _mm256_set1_epi8(0x7F));
-    // KSIGNS[i] = i | parity(i) << 7: the parity of each nibble looked up.
-    let par = _mm256_setr_epi8(
-        0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1, 0,
-    );
-    let nib = _mm256_set1_epi8(0x0F);
-    let lo = _mm256_shuffle_epi8(par, _mm256_and_si256(low7, nib));
-    let hi = _mm256_shuffle_epi8(par, _mm256_and_si256(_mm256_srli_epi16::<4>(low7), nib));
-    let signs = _mm256_or_si256(low7, _mm256_slli_epi16::<7>(_mm256_xor_si256(lo, hi)));
+    let signs = ksigns_vec(fields);
     std::mem::transmute::<__m256i, [u64; 4]>(signs)
 }
 
@@ -219,7 +202,7 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
         let mut acc = _mm512_setzero_si512();
         for (h, (w, w4)) in mags.into_iter().enumerate() {
             let mag = _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_or_si512(w, w4), rank_to_mag);
-            acc = add_chunk(acc, mag, neg[h], y.qs.as_ptr().add(64 * h), scale_pairs(ls, h));
+            acc = chunk(acc, mag, neg[h], y.qs.as_ptr().add(64 * h), scale_pairs(ls, h));
         }
         sum += f16_to_f32(x.d.0) * y.d * _mm512_reduce_add_epi32(acc) as f32;
     }
