@@ -8,7 +8,8 @@
 #   smol-T   SmolLM2-135M re-encoded from its Q4_1 GGUF the same way (its width
 #            576 is no multiple of 256, so llama-quantize falls back to Q5_0/Q8_0
 #            for most tensors: a "Q4_K_M" SmolLM2 is mostly Q5_0)
-# with T in --types (default q4_k_m,q5_k_m,q6_k,q3_k_m,q2_k,iq4_xs). A file
+# with T in --types (default q4_k_m,q5_k_m,q6_k,q3_k_m,q2_k,iq4_xs; IQ3_XXS, IQ2_*
+# and IQ1_* get a uniform importance matrix, scripts/uniform_imatrix.py). A file
 # this shardlm cannot run yet (a type it does not read) is skipped with the
 # error it gives.
 #
@@ -102,7 +103,15 @@ for m in "${models[@]}"; do
         f="$(model_file "$m" "$t")"
         if [ ! -f "$f" ]; then
             echo "llama-quantize $m -> ${t^^} ..." >&2
-            "$LLAMA_QUANTIZE" --allow-requantize "$src" "$f.part" "${t^^}" "$(nproc)" >"$f.log" 2>&1 \
+            imx=()
+            case "${t^^}" in
+                IQ3_XXS | IQ2_* | IQ1_*)
+                    # llama-quantize refuses these without an importance matrix:
+                    # a uniform one (speed does not depend on it).
+                    [ -s "$src.uniform.imatrix" ] || python3 "$REPO/scripts/uniform_imatrix.py" "$src" "$src.uniform.imatrix"
+                    imx=(--imatrix "$src.uniform.imatrix") ;;
+            esac
+            "$LLAMA_QUANTIZE" --allow-requantize "${imx[@]}" "$src" "$f.part" "${t^^}" "$(nproc)" >"$f.log" 2>&1 \
                 || { tail -3 "$f.log" >&2; die "llama-quantize failed for $m ${t^^} (log: $f.log)"; }
             mv "$f.part" "$f"
         fi

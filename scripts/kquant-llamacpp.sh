@@ -4,9 +4,9 @@
 # For each type, re-encodes SOURCE (default: SmolLM2-135M Q4_1 from
 # ~/.cache/shardlm; pass the 1.1B test model's GGUF for the 256-wide types)
 # with `llama-quantize --allow-requantize`. No importance matrix is used, except
-# for the types llama-quantize refuses without one (IQ2_*, IQ1_*): those get a
-# uniform one (all ones, written here in the legacy .dat format), which is
-# what "no importance" means to the quantizer. Then it compares
+# for the types llama-quantize refuses without one (IQ3_XXS, IQ2_*, IQ1_*):
+# those get a uniform one (scripts/uniform_imatrix.py: all ones, in the legacy
+# .dat format), which is what "no importance" means to the quantizer. Then it compares
 # N greedy tokens after a fixed prompt (tokenized by llama-server, the same
 # ids fed to both): llama-server b11434 `/completion` (top_k 1, -fa off)
 # against `shardlm run --prompt-ids`. Prints the tensor types of each file.
@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARDLM="${SHARDLM:-target/release/shardlm}"
-LLAMA_BIN="${LLAMA_BIN:-/root/.cache/shardlm/llama.cpp-b11434/build-487dbe8a/bin}"
+LLAMA_BIN="${LLAMA_BIN:-$(dirname "$(ls "$HOME"/.cache/shardlm/llama.cpp-b11434/build-*/bin/llama-server 2>/dev/null | head -1)")}"
 SRC="${1:-$HOME/.cache/shardlm/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}"
 shift || true
 TYPES="${*:-Q2_K Q3_K_M IQ4_XS IQ4_NL IQ3_XXS IQ3_S IQ2_XXS IQ2_XS IQ2_S IQ1_S IQ1_M}"
@@ -40,16 +40,8 @@ mkdir -p "$OUT"
 PROMPT="The capital of France is Paris. The largest planet in the solar system is"
 status=0
 base=$(basename "$SRC" .gguf)
-# A uniform legacy imatrix: per 2-D weight, ne0 (input width) ones, ncall 1.
-python3 - "$SRC" "$OUT/uniform.imatrix" <<'PY'
-import struct, sys
-from gguf import GGUFReader
-ents = [(t.name, int(t.shape[0])) for t in GGUFReader(sys.argv[1]).tensors if len(t.shape) >= 2]
-with open(sys.argv[2], "wb") as f:
-    f.write(struct.pack("<i", len(ents)))
-    for name, n in ents:
-        f.write(struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 1, n) + struct.pack(f"<{n}f", *([1.0] * n)))
-PY
+# A uniform legacy imatrix (scripts/uniform_imatrix.py).
+python3 scripts/uniform_imatrix.py "$SRC" "$OUT/uniform.imatrix"
 for t in $TYPES; do
   f="$OUT/$base.$t.$QUANTIZER.gguf"
   if [ "$QUANTIZER" = shardlm ]; then
@@ -61,7 +53,7 @@ for t in $TYPES; do
     [ -f "$OUT/part.gguf" ] && mv "$OUT/part.gguf" "$f"
   fi
   imx=()
-  case "$t" in IQ2_* | IQ1_*) imx=(--imatrix "$OUT/uniform.imatrix") ;; esac
+  case "$t" in IQ3_XXS | IQ2_* | IQ1_*) imx=(--imatrix "$OUT/uniform.imatrix") ;; esac
   if [ "$QUANTIZER" = llama ] && [ ! -s "$f" ] && ! "$LLAMA_BIN/llama-quantize" --allow-requantize "${imx[@]}" "$SRC" "$f.part" "$t" "$THREADS" >"$OUT/$t.quantize.log" 2>&1; then
     echo "$t: llama-quantize refused: $(grep -iE 'error|imatrix|importance' "$OUT/$t.quantize.log" | head -1)"
     rm -f "$f.part"
