@@ -646,6 +646,9 @@ fn num_next(s: Num, b: u8, integer: bool) -> Option<Num> {
     let digit = b.is_ascii_digit();
     match (s, b) {
         (Num::Start, b'-') => Some(Num::Minus),
+        // No "-0" integer: serde_json (and so the Anthropic `input` object)
+        // reads it as the float -0.0, which a client's integer check refuses.
+        (Num::Minus, b'0') if integer => None,
         (Num::Start | Num::Minus, b'0') => Some(Num::Zero),
         (Num::Start | Num::Minus, _) if digit => Some(Num::Int),
         (Num::Int, _) if digit => Some(Num::Int),

@@ -25,6 +25,8 @@ fn valid_documents_complete_and_invalid_ones_do_not() {
     assert!(accepts(s.clone(), r#"{"days":-12,"unit":"f","city":"a\"b\u00e9"}"#));
     assert!(!accepts(s.clone(), r#"{"city": "Paris"}"#), "missing required");
     assert!(!accepts(s.clone(), r#"{"city": "Paris", "days": 3.5}"#), "integer");
+    assert!(!accepts(s.clone(), r#"{"city": "Paris", "days": -0}"#), "integer -0 (serde reads -0.0)");
+    assert!(accepts(s.clone(), r#"{"city": "Paris", "days": 0}"#));
     assert!(!accepts(s.clone(), r#"{"city": "Paris", "days": 3, "x": 1}"#), "closed object");
     assert!(!accepts(s.clone(), r#"{"city": "Paris", "days": 3, "unit": "k"}"#), "enum");
     assert!(!accepts(s, r#"{"city": "Paris",, "days": 3}"#));
