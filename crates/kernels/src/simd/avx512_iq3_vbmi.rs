@@ -109,9 +109,9 @@ unsafe fn halves(a: __m512i, b: __m512i) -> [__m512i; 2] {
 /// One super-block's four 64-value vectors from its lookups `a`, `b`, each
 /// as a pair `(w, w << 4)` of 16-bit words `w = A` or `B` byte: in `w | w << 4`
 /// byte `2k`'s low nibble is the byte's low nibble and byte `2k + 1`'s the
-/// high one, so its low nibbles are the magnitudes (or ranks) in element
-/// order. A shift and a `vpternlogd` instead of `vpmultishiftqb` keep the
-/// second step off port 5, which the permutes already fill.
+/// high one, so its low nibbles are the ranks in element order. A shift and
+/// an `or` instead of `vpmultishiftqb` keep this step off port 5, which the
+/// permutes already fill.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
 unsafe fn spread(a: __m512i, b: __m512i, ctl: &[__m512i; 2]) -> [(__m512i, __m512i); 4] {
