@@ -12,7 +12,7 @@
 //!   parity bit from a nibble table; IQ2_XXS's fields pulled out of its
 //!   words with `vpmultishiftqb`, so it needs VBMI). The mask negates the
 //!   activations (Q8_K codes are −127..127, so a negation never wraps);
-//! * one `vpdpbusd` of the unsigned magnitudes (≤ 43) with those activations,
+//! * one `vpdpbusd` of the unsigned magnitudes (≤ 62) with those activations,
 //!   then one `vpdpwssd` with the sub-block scales `2s + 1` laid over the
 //!   lanes (a lane's four values always share a sub-block).
 //!
@@ -41,8 +41,9 @@ use std::arch::x86_64::*;
 /// `acc + Σ mag·(±q8)` per lane (four values each) with the signs of `neg`
 /// applied to the 64 activations at `q8`, times the lanes' scales `ls`:
 /// `vpdpwssd` against `(ls, 0)` word pairs, exact because a lane's sum of
-/// four products is under 2¹⁵ in magnitude (magnitudes ≤ 62 in every caller), so its low
-/// word is the whole signed sum (one µop where `vpmulld` + `vpaddd` took three).
+/// four products is under 2¹⁵ in magnitude (magnitudes ≤ 62 in every
+/// caller), so its low word is the whole signed sum (one µop where
+/// `vpmulld` + `vpaddd` took three).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
 pub(super) unsafe fn chunk(acc: __m512i, mag: __m512i, neg: u64, q8: *const i8, ls: __m512i) -> __m512i {

@@ -154,13 +154,6 @@ unsafe fn look256(tab: &[__m512i; 4], idx: __m512i, k7: u64) -> __m512i {
     _mm512_mask_blend_epi8(k7, p0, p1)
 }
 
-/// An f16's value (F16C; the `half` crate checks the CPU at every call).
-#[target_feature(enable = "f16c")]
-#[inline]
-unsafe fn f16_to_f32(bits: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(bits) as i32)))
-}
-
 /// The 256 sign bits of an IQ3_XXS block in element order, from its eight
 /// `aux` words (four 7-bit [`crate::quant::iq_grids::KSIGNS`] indices each,
 /// bits 0..28).
@@ -204,7 +197,7 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
             let mag = _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_or_si512(w, w4), rank_to_mag);
             acc = chunk(acc, mag, neg[h], y.qs.as_ptr().add(64 * h), scale_pairs(ls, h));
         }
-        sum += f16_to_f32(x.d.0) * y.d * _mm512_reduce_add_epi32(acc) as f32;
+        sum += x.d.to_f32() * y.d * _mm512_reduce_add_epi32(acc) as f32;
     }
     finish(sum, 0.25)
 }
