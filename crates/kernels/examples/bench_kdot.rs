@@ -1,10 +1,11 @@
 //! In-cache speed of the four-row decode kernels (compute, not memory):
 //! `cargo run --release -p shardlm-kernels --example bench_kdot -- [rows] [cols]`
-//! Runs every type's `dot4` at the active ISA over a weight small enough for
-//! L2 and prints ns per super-block-row and GB/s of weights.
+//! Runs every type's `dot4` (and its one-row `dot`) at the active ISA over a
+//! weight small enough for L2 and prints ns per super-block-row and GB/s of
+//! weights.
 
 use shardlm_kernels::isa;
-use shardlm_kernels::quant::{dot4_fn, quantize_act_fn, VecDotType};
+use shardlm_kernels::quant::{dot4_fn, dot_fn, quantize_act_fn, VecDotType};
 use shardlm_kernels::DType;
 use std::time::Instant;
 
@@ -18,14 +19,14 @@ fn main() {
         (DType::Q4_K, VecDotType::Q8_K),
         (DType::Q5_K, VecDotType::Q8_K),
         (DType::Q6_K, VecDotType::Q8_K),
+        (DType::Q2_K, VecDotType::Q8_K),
+        (DType::Q3_K, VecDotType::Q8_K),
+        (DType::IQ4_XS, VecDotType::Q8_K),
     ] {
-        let Some(mut f) = dot4_fn(dt, isa) else { continue };
-        if std::env::var("PACKED").is_ok_and(|v| v == "1") {
-            if let Some(p) = shardlm_kernels::packed::dot4_fn(dt, isa) {
-                f = p
-            } else {
-                continue;
-            }
+        let one = dot_fn(dt, isa);
+        let four = dot4_fn(dt, isa);
+        if std::env::var("PACKED").is_ok_and(|v| v == "1") && shardlm_kernels::packed::dot4_fn(dt, isa).is_none() {
+            continue;
         }
         let rb = dt.bytes_for(cols).unwrap();
         let mut w = vec![0u8; rb * rows];
@@ -41,17 +42,32 @@ fn main() {
         quantize_act_fn(vdt, isa)(&x, &mut a);
         let mut out = vec![0f32; rows];
         let iters = (200_000_000 / w.len()).max(3);
-        let t = Instant::now();
-        for _ in 0..iters {
-            for r in (0..rows).step_by(4) {
-                unsafe { f(cols, w.as_ptr().add(r * rb), rb, a.as_ptr(), out.as_mut_ptr().add(r)) };
+        let report = |what: &str, dt_s: f64| {
+            println!(
+                "{dt} {what} {rows}x{cols}: {:.2} ns per 256 values of a row, {:.1} GB/s",
+                dt_s * 1e9 / (rows * cols / 256) as f64,
+                w.len() as f64 / dt_s / 1e9
+            )
+        };
+        let packed = std::env::var("PACKED").is_ok_and(|v| v == "1");
+        let four = if packed { shardlm_kernels::packed::dot4_fn(dt, isa) } else { four };
+        if let Some(f) = four {
+            let t = Instant::now();
+            for _ in 0..iters {
+                for r in (0..rows).step_by(4) {
+                    unsafe { f(cols, w.as_ptr().add(r * rb), rb, a.as_ptr(), out.as_mut_ptr().add(r)) };
+                }
             }
+            report("dot4", t.elapsed().as_secs_f64() / iters as f64);
         }
-        let dt_s = t.elapsed().as_secs_f64() / iters as f64;
-        println!(
-            "{dt} {rows}x{cols}: {:.2} ns per 256 values of a row, {:.1} GB/s",
-            dt_s * 1e9 / (rows * cols / 256) as f64,
-            w.len() as f64 / dt_s / 1e9
-        );
+        if !packed {
+            let t = Instant::now();
+            for _ in 0..iters {
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = unsafe { one(cols, w.as_ptr().add(r * rb), a.as_ptr()) };
+                }
+            }
+            report("dot", t.elapsed().as_secs_f64() / iters as f64);
+        }
     }
 }

@@ -32,9 +32,9 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512, avx512_fp,
-    avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq3_vbmi, avx512_k,
-    avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
+    avx2, avx2_fp, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed, avx2_rows, avx2_tile, avx512,
+    avx512_fp, avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq3_vbmi,
+    avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -480,7 +480,12 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q2_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q2_k),
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_q2_k)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! {
+            dot: &[(Base, avx2_kq4::dot_q2_k)],
+            // Its four-row kernel spilled (16 ymm registers) and ran 0.7x this one.
+            gemm: GEMM_K_AVX2,
+            ..NONE
+        },
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_q2_k)],
             dot4: &[(Base, avx512_lowk::dot4_q2_k)],
@@ -497,7 +502,12 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q3_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q3_k),
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_q3_k)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! {
+            dot: &[(Base, avx2_kq4::dot_q3_k)],
+            dot4: &[(Base, avx2_kq4::dot4_q3_k)],
+            gemm: GEMM_K_AVX2,
+            ..NONE
+        },
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_q3_k)],
             dot4: &[(Base, avx512_lowk::dot4_q3_k)],

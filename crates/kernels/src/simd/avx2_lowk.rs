@@ -1,12 +1,12 @@
-//! AVX2 dot kernels for the low-bit K-quants (Q2_K, Q3_K), IQ4_NL/IQ4_XS and
-//! the lattice I-quants, against Q8_K (IQ4_NL: Q8_0) activations.
+//! AVX2 dot kernels for IQ4_NL/IQ4_XS and the lattice I-quants, against Q8_K
+//! (IQ4_NL: Q8_0) activations (Q2_K and Q3_K: [`super::avx2_kq4`]).
 //!
 //! Every kernel computes each block's integer sums exactly (the same integers
 //! the scalar reference sums) and combines them with the same float expression
 //! as the scalar `vec_dot`, so the results are bit-identical to scalar.
 //!
 //! Products: `maddubs` (u8 × i8 → i16 pairs) with unsigned magnitudes (grid
-//! values ≤ 62, 2-/3-bit codes ≤ 7) against sign-adjusted activations
+//! values ≤ 62) against sign-adjusted activations
 //! (`sign_epi8(q8, ±1)`), then `madd` with the i16 sub-block scales (→ i32).
 //! No pair sum saturates: 2·62·127 < 2¹⁵, and IQ4's `|K| ≤ 127` gives
 //! 2·127·127 < 2¹⁵.
@@ -14,7 +14,7 @@
 use super::avx2::{hsum_epi32, rd16};
 use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
 use crate::quant::F16Le;
-use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, q2_k, q3_k, q8_0, q8_k};
+use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, q8_0, q8_k};
 use std::arch::x86_64::*;
 
 /// `SIGN_BYTES[s]`: 8 bytes, byte `j` = −1 if bit `j` of `s` is set, else +1.
@@ -70,72 +70,6 @@ const Q8K: usize = std::mem::size_of::<q8_k::BlockQ8K>();
 #[inline(always)]
 pub(super) unsafe fn q8k(a: *const u8, i: usize) -> &'static q8_k::BlockQ8K {
     &*(a.add(i * Q8K) as *const q8_k::BlockQ8K)
-}
-
-// ---------------------------------------------------------------- K-quants
-
-/// # Safety
-/// As for [`DotFn`]; needs AVX2, FMA, F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q2_k(n: usize, w: *const u8, a: *const u8) -> f32 {
-    let three = _mm256_set1_epi8(3);
-    let mut sum = 0f32;
-    for i in 0..n / 256 {
-        let x: &q2_k::BlockQ2K = blk(w.add(i * 84));
-        let y = q8k(a, i);
-        let mut acc = _mm256_setzero_si256();
-        for h in 0..2 {
-            let qs = ld(x.qs.as_ptr().add(32 * h));
-            for j in 0..4 {
-                let q = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), three);
-                let g = 8 * h + 2 * j;
-                let sc = scale_pair((x.scales[g] & 15) as i32, (x.scales[g + 1] & 15) as i32);
-                let q8 = ld(y.qs.as_ptr().add(128 * h + 32 * j) as *const u8);
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, q8), sc));
-            }
-        }
-        let mins: [i16; 16] = std::array::from_fn(|g| (x.scales[g] >> 4) as i16);
-        let bs = ld(y.bsums.as_ptr() as *const u8);
-        let summs = hsum_epi32(_mm256_madd_epi16(bs, ld(mins.as_ptr() as *const u8)));
-        sum += q2_k::combine(x, y, hsum_epi32(acc), summs);
-    }
-    sum
-}
-
-/// # Safety
-/// As for [`DotFn`]; needs AVX2, FMA, F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_q3_k(n: usize, w: *const u8, a: *const u8) -> f32 {
-    let three = _mm256_set1_epi8(3);
-    let one = _mm256_set1_epi8(1);
-    let mut sum = 0f32;
-    for i in 0..n / 256 {
-        let x: &q3_k::BlockQ3K = blk(w.add(i * 110));
-        let y = q8k(a, i);
-        let sc = q3_k::scales(&x.scales);
-        let hm = ld(x.hmask.as_ptr());
-        // Σ_g sc_g·Σ u·q8 with u = low | high << 2 in 0..8 (q = u − 4).
-        let mut acc = _mm256_setzero_si256();
-        for h in 0..2 {
-            let qs = ld(x.qs.as_ptr().add(32 * h));
-            for j in 0..4 {
-                let lo = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j as i32)), three);
-                let hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + j) as i32)), one);
-                let u = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2));
-                let g = 8 * h + 2 * j;
-                let s = scale_pair(sc[g] as i32, sc[g + 1] as i32);
-                let q8 = ld(y.qs.as_ptr().add(128 * h + 32 * j) as *const u8);
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, q8), s));
-            }
-        }
-        // − 4·Σ_g sc_g·bsum_g.
-        let sc16: [i16; 16] = std::array::from_fn(|g| sc[g] as i16);
-        let bs = ld(y.bsums.as_ptr() as *const u8);
-        let off = hsum_epi32(_mm256_madd_epi16(bs, ld(sc16.as_ptr() as *const u8)));
-        let isum = hsum_epi32(acc) - 4 * off;
-        sum += x.d.to_f32() * y.d * isum as f32;
-    }
-    sum
 }
 
 // ---------------------------------------------------------------- IQ4

@@ -29,7 +29,7 @@ const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     half::f16::from_bits((p as *const u16).read_unaligned()).to_f32()
 }
 
@@ -41,14 +41,14 @@ unsafe fn fold(v: __m512i) -> __m256i {
 
 /// The lane sums of four 8-lane vectors: `[Σa, Σb, Σc, Σd]`.
 #[inline(always)]
-unsafe fn sum4(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
+pub(super) unsafe fn sum4(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
     let abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
     _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1))
 }
 
 /// The lane sum of one 8-lane vector.
 #[inline(always)]
-unsafe fn sum1(a: __m256i) -> i32 {
+pub(super) unsafe fn sum1(a: __m256i) -> i32 {
     let h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
     let h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0b01_00_11_10));
     _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0b10_11_00_01)))
@@ -100,7 +100,7 @@ unsafe fn q2k_sums(x: *const u8, y: *const u8, k: &Consts) -> (__m256i, __m256i)
 
 /// The 16 Q3_K group scales (`sc − 32`, from the 12 bytes at `s`) as words.
 #[inline(always)]
-unsafe fn q3k_scales(s: *const u8) -> __m256i {
+pub(super) unsafe fn q3k_scales(s: *const u8) -> __m256i {
     // Low 4 bits: group g < 8 from byte g's low nibble, g ≥ 8 from byte g − 8's high one.
     let lo8 = _mm_loadl_epi64(s as *const __m128i);
     let nib = _mm_set1_epi8(0x0F);

@@ -33,6 +33,7 @@ pub mod avx2_fp;
 pub mod avx2_gemm_k;
 pub mod avx2_iq4nl;
 pub mod avx2_k;
+pub mod avx2_kq4;
 pub mod avx2_lowk;
 pub mod avx2_ops;
 pub mod avx2_packed;
