@@ -12,6 +12,7 @@
 //! 2·127·127 < 2¹⁵.
 
 use super::avx2::{hsum_epi32, rd16};
+use super::avx512_rows16_k::PREFETCH_AHEAD;
 use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
 use crate::quant::F16Le;
 use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, q8_0, q8_k};
@@ -114,20 +115,61 @@ pub unsafe fn dot_iq4_nl(n: usize, w: *const u8, a: *const u8) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq4_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
     let table = iq4_table();
+    let low = _mm256_set1_epi8(0x0F);
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq4_xs::BlockIq4Xs = blk(w.add(i * 136));
+        for l in 0..3 {
+            super::avx2_rows::prefetch((x as *const _ as *const u8).wrapping_add(PREFETCH_AHEAD + 64 * l));
+        }
         let y = q8k(a, i);
-        let sc = x.scales();
+        // The eight sub-block scales as words in both halves.
+        let sc = _mm_sub_epi8(_mm_cvtsi64_si128(iq4_xs_scales(x) as i64), _mm_set1_epi8(32));
+        let scw = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc));
         let mut acc = _mm256_setzero_si256();
-        for (ib, &s) in sc.iter().enumerate() {
-            let v = iq4_values(x.qs.as_ptr().add(16 * ib), table);
-            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
-            acc = _mm256_add_epi32(acc, dot32(_mm256_abs_epi8(v), v, q8, _mm256_set1_epi16(s as i16)));
+        for p in 0..4 {
+            // Sub-blocks 2p, 2p + 1: the low nibbles of their 16 bytes are
+            // values 0..16, the high ones 16..32, so each vector of table
+            // values holds half of each, and the activations are loaded to
+            // match (`[y_2p | y_2p+1]` halves) instead of moving the weights.
+            let b = ld(x.qs.as_ptr().add(32 * p));
+            let v_lo = _mm256_shuffle_epi8(table, _mm256_and_si256(b, low));
+            let v_hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(b), low));
+            let yp = y.qs.as_ptr().add(64 * p) as *const __m128i;
+            let y_lo = _mm256_loadu2_m128i(yp.add(2), yp);
+            let y_hi = _mm256_loadu2_m128i(yp.add(3), yp.add(1));
+            // Word 2p over the low half, 2p + 1 over the high one.
+            let s = _mm256_shuffle_epi8(scw, pair_ctrl(2 * p as i8));
+            acc = _mm256_add_epi32(acc, dot32(_mm256_abs_epi8(v_lo), v_lo, y_lo, s));
+            acc = _mm256_add_epi32(acc, dot32(_mm256_abs_epi8(v_hi), v_hi, y_hi, s));
         }
         sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
     }
     sum
+}
+
+/// The `vpshufb` control laying word `j` (of eight, in both halves) over the
+/// low half and word `j + 1` over the high half.
+#[inline(always)]
+unsafe fn pair_ctrl(j: i8) -> __m256i {
+    let w = |k: i8| i16::from_le_bytes([2 * k as u8, 2 * k as u8 + 1]);
+    _mm256_set_m128i(_mm_set1_epi16(w(j + 1)), _mm_set1_epi16(w(j)))
+}
+
+/// An IQ4_XS block's eight 6-bit scales (before the −32), a byte each: the
+/// low nibbles of `scales_l` and 2-bit fields of `scales_h` spread to bytes
+/// with shifts and masks (as [`iq4_xs::BlockIq4Xs::scales`]).
+#[inline(always)]
+fn iq4_xs_scales(x: &iq4_xs::BlockIq4Xs) -> u64 {
+    let l = u32::from_le_bytes(x.scales_l) as u64;
+    let l = (l | l << 16) & 0x0000_FFFF_0000_FFFF;
+    let l = (l | l << 8) & 0x00FF_00FF_00FF_00FF;
+    let l = (l | l << 4) & 0x0F0F_0F0F_0F0F_0F0F;
+    let h = u16::from_le_bytes(x.scales_h) as u64;
+    let h = (h | h << 24) & 0x0000_00FF_0000_00FF;
+    let h = (h | h << 12) & 0x000F_000F_000F_000F;
+    let h = (h | h << 6) & 0x0303_0303_0303_0303;
+    l | h << 4
 }
 
 // ---------------------------------------------------------------- IQ2 / IQ3
