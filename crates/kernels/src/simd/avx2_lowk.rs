@@ -98,8 +98,37 @@ unsafe fn iq4_table() -> __m256i {
 pub unsafe fn dot_iq4_nl(n: usize, w: *const u8, a: *const u8) -> f32 {
     let table = iq4_table();
     let ones = _mm256_set1_epi16(1);
+    let nb = n / 32;
     let mut sum = 0f32;
-    for i in 0..n / 32 {
+    // Eight blocks a step: their sums reduce together and their float
+    // products `d_a·d·isum` run in eight lanes (the scalar expression lane by
+    // lane), then add to `sum` in block order; one block's own `hsum` and two
+    // scalar f16 conversions had left this kernel at 4.6 GB/s a core.
+    let mut i = 0;
+    while i + 8 <= nb {
+        let x0 = w.add(i * 18);
+        for l in 0..3 {
+            super::avx2_rows::prefetch(x0.wrapping_add(PREFETCH_AHEAD + 64 * l));
+        }
+        let sums: [__m256i; 8] = std::array::from_fn(|k| {
+            let x: &iq4_nl::BlockIq4Nl = blk(x0.add(18 * k));
+            let y: &q8_0::BlockQ8_0 = blk(a.add((i + k) * 34));
+            let v = iq4_values(x.qs.as_ptr(), table);
+            dot32(_mm256_abs_epi8(v), v, ld(y.qs.as_ptr() as *const u8), ones)
+        });
+        let f16s = |base: *const u8, stride: usize| {
+            let h: [u16; 8] = std::array::from_fn(|k| rd16(base.add(stride * k)));
+            _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
+        };
+        let (xd, yd) = (f16s(x0, 18), f16s(a.add(i * 34), 34));
+        let p = _mm256_mul_ps(_mm256_mul_ps(yd, xd), _mm256_cvtepi32_ps(hsum8(&sums)));
+        let p: [f32; 8] = std::mem::transmute(p);
+        for v in p {
+            sum += v;
+        }
+        i += 8;
+    }
+    for i in i..nb {
         let x: &iq4_nl::BlockIq4Nl = blk(w.add(i * 18));
         let y: &q8_0::BlockQ8_0 = blk(a.add(i * 34));
         let v = iq4_values(x.qs.as_ptr(), table);
@@ -108,6 +137,19 @@ pub unsafe fn dot_iq4_nl(n: usize, w: *const u8, a: *const u8) -> f32 {
         sum += y.d.to_f32() * x.d.to_f32() * sumi as f32;
     }
     sum
+}
+
+/// The lane sums of eight 8-lane vectors, in order: `[Σs0, .., Σs7]`.
+#[inline(always)]
+unsafe fn hsum8(s: &[__m256i; 8]) -> __m256i {
+    let a01 = _mm256_hadd_epi32(s[0], s[1]);
+    let a23 = _mm256_hadd_epi32(s[2], s[3]);
+    let a45 = _mm256_hadd_epi32(s[4], s[5]);
+    let a67 = _mm256_hadd_epi32(s[6], s[7]);
+    // Per half: [Σs0, Σs1, Σs2, Σs3] of that half's lanes.
+    let b0 = _mm256_hadd_epi32(a01, a23);
+    let b1 = _mm256_hadd_epi32(a45, a67);
+    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(b0, b1), _mm256_permute2x128_si256::<0x31>(b0, b1))
 }
 
 /// # Safety
