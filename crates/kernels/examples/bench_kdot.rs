@@ -22,6 +22,8 @@ fn main() {
         (DType::Q2_K, VecDotType::Q8_K),
         (DType::Q3_K, VecDotType::Q8_K),
         (DType::IQ4_XS, VecDotType::Q8_K),
+        (DType::IQ3_S, VecDotType::Q8_K),
+        (DType::IQ3_XXS, VecDotType::Q8_K),
     ] {
         let one = dot_fn(dt, isa);
         let four = dot4_fn(dt, isa);

@@ -326,20 +326,42 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
 /// As for [`DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    // 32 values a step: their eight grid entries gathered (`vpgatherdd`),
+    // the sign bits expanded to a byte mask that negates the activations, the
+    // scale word laid over the lanes by `vpshufb`. (The first version built
+    // the entries, the signs and the scale from scalars: ~40 µops per 32
+    // values, 2.5 GB/s a core.)
+    let grid = IQ3S_GRID.as_ptr() as *const i32;
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let one = _mm256_set1_epi32(1);
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq3_s::BlockIq3S = blk(w.add(i * 110));
+        for l in 0..2 {
+            super::avx2_rows::prefetch((x as *const _ as *const u8).wrapping_add(PREFETCH_AHEAD + 64 * l));
+        }
         let y = q8k(a, i);
+        // Scales 2s + 1 as words 0..7 in both halves.
+        let s4 = u32::from_le_bytes(x.scales) as u64;
+        let s4 = (s4 | s4 << 16) & 0x0000_FFFF_0000_FFFF;
+        let s4 = (s4 | s4 << 8) & 0x00FF_00FF_00FF_00FF;
+        let s4 = (s4 | s4 << 4) & 0x0F0F_0F0F_0F0F_0F0F;
+        let ls =
+            _mm_add_epi8(_mm_add_epi8(_mm_cvtsi64_si128(s4 as i64), _mm_cvtsi64_si128(s4 as i64)), _mm_set1_epi8(1));
+        let scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(ls));
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
-            let qh = x.qh[ib] as usize;
-            let g = |k: usize| IQ3S_GRID[x.qs[8 * ib + k] as usize | ((qh >> k) & 1) << 8] as i32;
-            let mag = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
-            let s = |l: usize| SIGN_BYTES[x.signs[4 * ib + l] as usize] as i64;
-            let signs = _mm256_set_epi64x(s(3), s(2), s(1), s(0));
-            let ls = (2 * x.scale(ib) + 1) as i16;
+            // Group k of sub-block ib: qs[8ib + k] | bit k of qh[ib] << 8.
+            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * ib) as *const __m128i));
+            let hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x.qh[ib] as i32), lanes), one);
+            let mag = _mm256_i32gather_epi32::<4>(grid, _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi)));
+            let sg = u32::from_le_bytes(x.signs[4 * ib..4 * ib + 4].try_into().expect("4 sign bytes"));
+            let neg = super::gemm_lowk::sign_mask32(sg);
+            // Q8_K codes are −127..127: negating never wraps.
             let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
-            acc = _mm256_add_epi32(acc, dot32(mag, signs, q8, _mm256_set1_epi16(ls)));
+            let ys = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
+            let w = _mm256_shuffle_epi8(scw, _mm256_set1_epi16(i16::from_le_bytes([2 * ib as u8, 2 * ib as u8 + 1])));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), w));
         }
         sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
     }

@@ -259,7 +259,7 @@ pub(super) fn is_grid_iq(dtype: DType) -> bool {
 /// else 0.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn sign_mask32(s: u32) -> __m256i {
+pub(super) unsafe fn sign_mask32(s: u32) -> __m256i {
     let spread = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
     );
