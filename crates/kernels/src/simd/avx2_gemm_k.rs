@@ -9,7 +9,9 @@
 //! them: at most 2·2·63·127 = 32004 for Q6_K's 6-bit codes, 2·2·45·127 for
 //! Q2_K's scale-folded ones, so nothing saturates) and the `bsums` pairs meet the weights' `c` pairs in one
 //! `vpmaddwd` each. IQ4_XS's codes (−127..113) and the grid I-quants' (±62) take the sign trick instead
-//! (see [`super::gemm_lowk`]).
+//! (see [`super::gemm_lowk`]), except IQ3_S, whose magnitudes (≤ 15) allow
+//! unsigned codes offset by 16: in the 1.1B prefill the signed path had left
+//! it at 0.83× llama.cpp's AVX2 build.
 //!
 //! Numerics: as the AVX-512 one, every integer sum is exact and the float
 //! steps are the scalar reference's, so results equal `matmul_reference` bit
@@ -108,7 +110,7 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
         DType::Q2_K => return gemm_lowk::decode_q2_k(x, q),
         DType::Q3_K => return gemm_lowk::decode_q3_k(x, q),
         DType::IQ4_XS => return gemm_lowk::decode_iq4_xs(x, q, true),
-        DType::IQ3_S => return gemm_lowk::decode_iq3_s_avx2(x, q),
+        DType::IQ3_S => return gemm_lowk::decode_iq3_s_avx2::<true>(x, q),
         DType::IQ3_XXS => return gemm_lowk::decode_iq3_xxs_avx2(x, q),
         DType::IQ2_XS => return gemm_lowk::decode_iq2_xs_avx2(x, q),
         t if gemm_lowk::is_grid_iq(t) => {
@@ -151,6 +153,13 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
             let q = d.q.as_mut_ptr().add(k * w.cols + b * 256);
             let s = decode_block(w.dtype, &row[b * bb..(b + 1) * bb], q);
             d.s[k * nb + b] = if gemm_lowk::scale_per_32(w.dtype) { gemm_lowk::fold_to_32(s) } else { s };
+            if w.dtype == DType::IQ3_S {
+                // Its codes carry IQ3S_OFFSET, not 128 (unsigned path).
+                let s = &mut d.s[k * nb + b];
+                for j in 0..8 {
+                    s.c[j] = pair(gemm_lowk::IQ3S_OFFSET * s.sc[j], gemm_lowk::IQ3S_OFFSET * s.sc[j]);
+                }
+            }
         }
     }
     d.row = buf;
@@ -291,6 +300,7 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
             DType::Q4_K | DType::Q5_K => unit_groups::<32, true, false>(w, r0, r1, &d, act, m, y),
             DType::Q2_K => unit_groups::<256, true, false>(w, r0, r1, &d, act, m, y),
             DType::IQ4_XS => unit_groups::<32, false, true>(w, r0, r1, &d, act, m, y),
+            DType::IQ3_S => unit_groups::<32, false, false>(w, r0, r1, &d, act, m, y),
             t if gemm_lowk::scale_per_32(t) => unit_groups::<32, false, true>(w, r0, r1, &d, act, m, y),
             t if gemm_lowk::is_grid_iq(t) => unit_groups::<16, false, true>(w, r0, r1, &d, act, m, y),
             _ => unit_groups::<16, false, false>(w, r0, r1, &d, act, m, y),

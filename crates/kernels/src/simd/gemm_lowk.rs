@@ -16,6 +16,7 @@
 //! | IQ4_XS, signed | 32 | `K[q]` (−127..113) | `0`                   | `(d·d_a)·isum` |
 //! | IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S | 16 | `±grid + 128` (66..190) | `(128·ls_2t, 128·ls_2t+1)` | `(d'·d_a)·(isum − msum)` |
 //! | IQ2_XXS, IQ3_XXS, IQ3_S folded ([`fold_to_32`]) | 32 | the same | `(128·ls_t, 128·ls_t)` | the same |
+//! | IQ3_S, AVX2 ([`decode_iq3_s_avx2`]) | 32 | `±grid + 16` (1..31) | `(16·ls_t, 16·ls_t)` | the same |
 //! | the same, signed | 16 | `±grid` (−62..62) | `0`                | `(d'·d_a)·isum` |
 //!
 //! Q2_K's 4-bit scales are folded into its codes (`3·15 = 45` fits a byte),
@@ -268,14 +269,22 @@ pub(super) unsafe fn sign_mask32(s: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit)
 }
 
+/// The offset of the AVX2 GEMM's unsigned IQ3_S codes (its grid magnitudes
+/// are odd, 1..15).
+pub(super) const IQ3S_OFFSET: i32 = 16;
+
 /// IQ3_S super-block `x` (110 bytes) → signed codes at `q`, equal to
 /// `decode_iq(IQ3_S, x, q, true)`: 32 values a gather (`vpgatherdd`) and a
-/// sign mask, instead of the scalar `codes()`. For the AVX2 lane GEMM.
+/// sign mask, instead of the scalar `codes()`. For the AVX2 lane GEMM, which
+/// takes them offset (`OFFSET`: `v +` [`IQ3S_OFFSET`], 1..31, unsigned) so
+/// that they run its unsigned path: two `vpmaddubsw` a step added in i16
+/// (2·2·31·127 < 2¹⁵), where the signed path takes one and an `abs` and a
+/// `sign` per 4 positions.
 ///
 /// # Safety
 /// AVX2 CPU; `x` holds 110 bytes, `q` 256 writable bytes.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn decode_iq3_s_avx2(x: &[u8], q: *mut u8) -> Scales {
+pub(super) unsafe fn decode_iq3_s_avx2<const OFFSET: bool>(x: &[u8], q: *mut u8) -> Scales {
     let b: &iq3_s::BlockIq3S = bytemuck::from_bytes(&x[..std::mem::size_of::<iq3_s::BlockIq3S>()]);
     let grid = crate::quant::iq_grids::IQ3S_GRID.as_ptr() as *const i32;
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -288,6 +297,7 @@ pub(super) unsafe fn decode_iq3_s_avx2(x: &[u8], q: *mut u8) -> Scales {
         let s = u32::from_le_bytes(b.signs[4 * ib..4 * ib + 4].try_into().expect("4 sign bytes"));
         let neg = sign_mask32(s);
         let v = _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg);
+        let v = if OFFSET { _mm256_add_epi8(v, _mm256_set1_epi8(IQ3S_OFFSET as i8)) } else { v };
         _mm256_storeu_si256(q.add(32 * ib) as *mut __m256i, v);
     }
     let mut s = Scales::default();
