@@ -113,6 +113,7 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
         DType::IQ3_S => return gemm_lowk::decode_iq3_s_avx2::<true>(x, q),
         DType::IQ3_XXS => return gemm_lowk::decode_iq3_xxs_avx2(x, q),
         DType::IQ2_XS => return gemm_lowk::decode_iq2_xs_avx2(x, q),
+        DType::IQ2_XXS => return gemm_lowk::decode_iq2_xxs_avx2(x, q),
         t if gemm_lowk::is_grid_iq(t) => {
             return gemm_lowk::decode_iq(t, x, &mut *(q as *mut [u8; 256]), true);
         }

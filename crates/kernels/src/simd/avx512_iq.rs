@@ -20,7 +20,7 @@
 //! lane GEMM ([`super::avx512_gemm_k`]: IQ3_S, IQ2_XS, and with VBMI IQ3_XXS
 //! and IQ2_XXS), each equal to the scalar `codes()` path of
 //! [`super::gemm_lowk::decode_iq`], which the others keep (the AVX2 GEMM
-//! gathers IQ3_S, IQ3_XXS and IQ2_XS in `gemm_lowk` too).
+//! gathers IQ3_S, IQ3_XXS, IQ2_XS and IQ2_XXS in `gemm_lowk` too).
 //!
 //! Measured against the AVX2 kernels (`bench_matmul 1 1`, 1.1B shapes, CPU
 //! time, AMD EPYC Zen 4): IQ2_XS 1.5×, IQ3_S 1.07×, IQ2_XXS 1.07×. IQ3_XXS with the gather

@@ -37,7 +37,7 @@
 //! rows amortizes, where the one-row kernels looked the grid up again for
 //! every activation row (the AVX-512 GEMM decodes IQ3_S, IQ2_XS and, with
 //! VBMI, IQ3_XXS and IQ2_XXS with gathers instead: `avx512_iq`; the AVX2 one
-//! IQ3_S, IQ3_XXS and IQ2_XS: [`decode_iq3_s_avx2`] and its siblings). Their
+//! IQ3_S, IQ3_XXS, IQ2_XS and IQ2_XXS: [`decode_iq3_s_avx2`] and its siblings; IQ2_S keeps `codes()`). Their
 //! references end with a constant factor
 //! (`0.125·Σ` for IQ2_*, `0.25·Σ` for IQ3_XXS); `d' = c·d` folds it in, exact
 //! because `c` is a power of two (every product and partial sum scales
@@ -335,6 +335,32 @@ pub(super) unsafe fn decode_iq3_xxs_avx2(x: &[u8], q: *mut u8) -> Scales {
         s.sc[2 * ib + 1] = s.sc[2 * ib];
     }
     s.d = 0.25 * b.d.to_f32();
+    s
+}
+
+/// IQ2_XXS super-block `x` (66 bytes) → as [`decode_iq3_s_avx2`] (signed):
+/// per 32 values one gather of their four eight-value grid entries
+/// (`vpgatherdq`) and a sign mask from the four 7-bit `KSIGNS` indices.
+///
+/// # Safety
+/// AVX2 CPU; `x` holds 66 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn decode_iq2_xxs_avx2(x: &[u8], q: *mut u8) -> Scales {
+    let b: &iq2_xxs::BlockIq2Xxs = bytemuck::from_bytes(&x[..std::mem::size_of::<iq2_xxs::BlockIq2Xxs>()]);
+    let grid = crate::quant::iq_grids::IQ2XXS_GRID.as_ptr() as *const i64;
+    let mut s = Scales::default();
+    for ib in 0..8 {
+        // Four grid indices (a byte each), then a word of four 7-bit sign
+        // indices and the scale in bits 28..32.
+        let (idx, aux) = b.sub(ib);
+        let iv = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(i32::from_le_bytes(idx)));
+        let mag = _mm256_i32gather_epi64::<8>(grid, iv);
+        let neg = sign_mask32(ksigns4(std::array::from_fn(|l| aux >> (7 * l))));
+        _mm256_storeu_si256(q.add(32 * ib) as *mut __m256i, _mm256_sub_epi8(_mm256_xor_si256(mag, neg), neg));
+        s.sc[2 * ib] = 2 * (aux >> 28) as i32 + 1;
+        s.sc[2 * ib + 1] = s.sc[2 * ib];
+    }
+    s.d = 0.125 * b.d.to_f32();
     s
 }
 
