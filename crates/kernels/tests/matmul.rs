@@ -473,7 +473,7 @@ fn prefill_gemm_matches_reference() {
 }
 
 /// IQ4_NL's batches (the AVX2 4 × 2 tile, at AVX-512 too below the GEMM
-/// threshold, and the AVX-512 lane GEMM with the scalar epilogue above it)
+/// threshold, and the AVX-512 and AVX2 lane GEMMs above it)
 /// equal the scalar reference, and so the one-row decode kernel, bit for bit:
 /// odd batch sizes (tile, one-row and lane tails), row counts that leave
 /// partial row groups, one and two threads.
@@ -485,7 +485,7 @@ fn iq4_nl_tile_matches_reference_exactly() {
     for &(rows, cols) in &[(37usize, 96usize), (8, 576), (5, 32)] {
         let w = random_weight(&mut rng, DType::IQ4_NL, rows, cols);
         let wm = MatRef::new(DType::IQ4_NL, rows, cols, &w).unwrap();
-        for m in [1usize, 2, 5, 31, 32, 47] {
+        for m in [1usize, 2, 5, 31, 32, 47, 100] {
             let x = random_acts(&mut rng, m * cols);
             let mut want = vec![0f32; m * rows];
             matmul_reference(wm, &x, m, &mut want);

@@ -31,6 +31,7 @@ pub mod avx2;
 pub mod avx2_attn;
 pub mod avx2_fp;
 pub mod avx2_gemm_k;
+pub mod avx2_gemm_nl;
 pub mod avx2_iq4nl;
 pub mod avx2_k;
 pub mod avx2_kq4;

@@ -1,0 +1,216 @@
+//! AVX2 prefill GEMM for IQ4_NL (32-value blocks, Q8_0 activations), with
+//! eight activation rows in the vector lanes: the AVX2 counterpart of what
+//! [`super::avx512_gemm`] does for the 32-value types at AVX-512.
+//!
+//! Why: at AVX2, IQ4_NL prefill ran the 4 × 2 tile, one weight block looked
+//! up and reduced per pair of activation rows; the 1.1B IQ4_NL file
+//! prefilled at 0.41–0.50× llama.cpp's AVX2 build. Here each weight block is
+//! looked up once per call (`vpshufb` of the nibbles in the codebook, into
+//! signed codes) and then meets every group of eight activation rows.
+//!
+//! Layouts:
+//! * activations, per group of 8 rows and per 32-value block
+//!   ([`GROUP_BLOCK`] bytes): 8 position groups of 4 values × 8 lanes
+//!   (32 bytes each, lane = row), then the 8 rows' `d` as f32;
+//! * decoded weights, per row: `cols` signed codes (the codebook values,
+//!   −127..113) and one f32 `d` per block.
+//!
+//! Products: the codes are signed, so `vpmaddubsw` takes `|w|` and the
+//! activations with `w`'s sign (`vpsignb`; Q8_0 codes are −127..127, so no
+//! negation wraps, and a pair is at most 2·127·127 < 2¹⁵), then `vpmaddwd`
+//! with ones into i32.
+//!
+//! Numerics: a block's integer sum is exact and its float step is the scalar
+//! reference's, `(d_a·d)·isum` added block by block, so every result equals
+//! `quant::scalar::dot_iq4_nl` (and the AVX2 dot and tile) bit for bit.
+
+use crate::matmul::{MatRef, SyncPtr};
+use crate::quant::iq4_nl::KVALUES;
+use crate::ThreadPool;
+use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Smallest batch that takes this path (below it the tile).
+pub const MIN_M: usize = 32;
+/// Weight rows decoded per unit of work.
+const UNIT_ROWS: usize = 16;
+/// Activation rows per group (the vector lanes).
+const LANES: usize = 8;
+/// Bytes of one block of one activation group: 8 × 32 quant bytes, 8 f32 `d`.
+const GROUP_BLOCK: usize = 256 + 32;
+const D_AT: usize = 256;
+/// IQ4_NL and Q8_0 block bytes.
+const W_BYTES: usize = 18;
+const A_BYTES: usize = 34;
+
+thread_local! {
+    /// This thread's decoded rows: codes, then per-block `d`.
+    static DECODED: std::cell::RefCell<(Vec<i8>, Vec<f32>, Vec<u8>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// Group `g` of the activations in the lane layout into `dst`
+/// (`nb · GROUP_BLOCK` bytes, zeroed).
+fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut [u8]) {
+    for lane in 0..(m - g * LANES).min(LANES) {
+        let row = &a[(g * LANES + lane) * a_stride..];
+        for b in 0..nb {
+            let blk = &row[b * A_BYTES..(b + 1) * A_BYTES];
+            let dst = &mut dst[b * GROUP_BLOCK..(b + 1) * GROUP_BLOCK];
+            for p in 0..8 {
+                dst[p * 32 + lane * 4..p * 32 + lane * 4 + 4].copy_from_slice(&blk[2 + 4 * p..6 + 4 * p]);
+            }
+            let d = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+            dst[D_AT + lane * 4..D_AT + lane * 4 + 4].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+}
+
+/// Rows `r0..r1` of `w` into codes `q` (row after row, `cols` apart) and
+/// block scales `d` (`nb` apart).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, q: &mut [i8], d: &mut [f32], buf: &mut Vec<u8>) {
+    let nb = w.cols / 32;
+    let t = _mm_loadu_si128(KVALUES.as_ptr() as *const __m128i);
+    let low = _mm_set1_epi8(0x0F);
+    let rows = w.rows_file(r0, r1, buf);
+    for k in 0..r1 - r0 {
+        let row = &rows[k * w.row_bytes()..];
+        for b in 0..nb {
+            let x = &row[b * W_BYTES..(b + 1) * W_BYTES];
+            d[k * nb + b] = half::f16::from_bits(u16::from_le_bytes([x[0], x[1]])).to_f32();
+            // Values 0..16 are the low nibbles, 16..32 the high ones.
+            let v = _mm_loadu_si128(x.as_ptr().add(2) as *const __m128i);
+            let lo = _mm_shuffle_epi8(t, _mm_and_si128(v, low));
+            let hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16::<4>(v), low));
+            let dst = q.as_mut_ptr().add(k * w.cols + 32 * b) as *mut __m128i;
+            _mm_storeu_si128(dst, lo);
+            _mm_storeu_si128(dst.add(1), hi);
+        }
+    }
+}
+
+/// `R` decoded rows × one activation group: lane `l` of `out[r]` is row `r`
+/// against activation row `l`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_x_group<const R: usize>(
+    nb: usize,
+    cols: usize,
+    q: *const i8,
+    d: *const f32,
+    act: *const u8,
+) -> [__m256; R] {
+    let ones = _mm256_set1_epi16(1);
+    let mut accf = [_mm256_setzero_ps(); R];
+    for b in 0..nb {
+        let blk = act.add(b * GROUP_BLOCK);
+        let mut acc = [_mm256_setzero_si256(); R];
+        for p in 0..8 {
+            let a = _mm256_loadu_si256(blk.add(p * 32) as *const __m256i);
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let w = _mm256_set1_epi32((q.add(r * cols + 32 * b + 4 * p) as *const i32).read_unaligned());
+                let p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+                *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(p16, ones));
+            }
+        }
+        let da = _mm256_loadu_ps(blk.add(D_AT) as *const f32);
+        for r in 0..R {
+            // The scalar reference's `d_a · d · isum`, in its order (no FMA).
+            let dw = _mm256_set1_ps(*d.add(r * nb + b));
+            accf[r] = _mm256_add_ps(accf[r], _mm256_mul_ps(_mm256_mul_ps(da, dw), _mm256_cvtepi32_ps(acc[r])));
+        }
+    }
+    accf
+}
+
+/// Writes lane `i < lanes` of `v` to `y[i · ys]`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn store_lanes(v: __m256, lanes: usize, y: *mut f32, ys: usize) {
+    let mut t = [0f32; LANES];
+    _mm256_storeu_ps(t.as_mut_ptr(), v);
+    for (i, &x) in t.iter().enumerate().take(lanes) {
+        *y.add(i * ys) = x;
+    }
+}
+
+/// Rows `r0..r1` of weight `w` for all `m` activation rows, into `y`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *mut f32) {
+    DECODED.with(|cell| {
+        let (q, d, buf) = &mut *cell.borrow_mut();
+        let nb = w.cols / 32;
+        q.resize(UNIT_ROWS * w.cols, 0);
+        d.resize(UNIT_ROWS * nb, 0.0);
+        decode_rows(w, r0, r1, q, d, buf);
+        let n = r1 - r0;
+        for g in 0..m.div_ceil(LANES) {
+            let lanes = (m - g * LANES).min(LANES);
+            let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
+            let yg = y.add(g * LANES * w.rows);
+            let mut k = 0;
+            while k + 4 <= n {
+                let out = rows_x_group::<4>(nb, w.cols, q.as_ptr().add(k * w.cols), d.as_ptr().add(k * nb), ag);
+                for (j, v) in out.into_iter().enumerate() {
+                    store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
+                }
+                k += 4;
+            }
+            while k < n {
+                let out = rows_x_group::<1>(nb, w.cols, q.as_ptr().add(k * w.cols), d.as_ptr().add(k * nb), ag);
+                store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
+                k += 1;
+            }
+        }
+    });
+}
+
+/// `ys[k] = x · ws[k]ᵀ` for IQ4_NL weights, `a` the `m` Q8_0 activation rows
+/// (`a_stride` bytes apart), `act` a reusable buffer.
+///
+/// # Safety
+/// AVX2+FMA+F16C CPU; shapes as checked by `matmul` (`ys[k]` holds
+/// `m × ws[k].rows`, every weight is IQ4_NL with `a`'s column count).
+pub unsafe fn matmul(
+    pool: &ThreadPool,
+    ws: &[MatRef<'_>],
+    a: &[u8],
+    a_stride: usize,
+    m: usize,
+    ys: &mut [&mut [f32]],
+    act: &mut Vec<u8>,
+) {
+    let nb = ws[0].cols / 32;
+    let groups = m.div_ceil(LANES);
+    act.clear();
+    act.resize(groups * nb * GROUP_BLOCK, 0);
+    let base = SyncPtr(act.as_mut_ptr());
+    pool.run(|t, nt| {
+        for g in (t..groups).step_by(nt) {
+            // SAFETY: group g's bytes belong to this thread only.
+            let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(g * nb * GROUP_BLOCK), nb * GROUP_BLOCK) };
+            act_group(a, a_stride, m, nb, g, dst);
+        }
+    });
+    let act: &[u8] = act;
+    let units: Vec<usize> = ws.iter().map(|w| w.rows.div_ceil(UNIT_ROWS)).collect();
+    let total: usize = units.iter().sum();
+    let outs: Vec<SyncPtr<f32>> = ys.iter_mut().map(|y| SyncPtr(y.as_mut_ptr())).collect();
+    let next = AtomicUsize::new(0);
+    pool.run(|_, _| loop {
+        let mut u = next.fetch_add(1, Ordering::Relaxed);
+        if u >= total {
+            break;
+        }
+        let mut k = 0;
+        while u >= units[k] {
+            u -= units[k];
+            k += 1;
+        }
+        let w = &ws[k];
+        let (r0, r1) = (u * UNIT_ROWS, ((u + 1) * UNIT_ROWS).min(w.rows));
+        // SAFETY: each unit is taken once, so its rows of `ys[k]` have one writer.
+        unsafe { unit(w, r0, r1, act, m, outs[k].get()) };
+    });
+}
