@@ -32,7 +32,7 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_gemm_k, avx2_gemm_nl, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed, avx2_rows,
+    avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed, avx2_rows,
     avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq,
     avx512_iq3_vbmi, avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl,
     avx512_rows16_q3k,
@@ -202,10 +202,11 @@ const GEMM_K: Choice<Gemm> =
 const GEMM_K_AVX2: Choice<Gemm> =
     &[(Base, Gemm { name: "avx2_gemm_k", run: avx2_gemm_k::matmul, min_m: avx2_gemm_k::MIN_M })];
 
-/// IQ4_NL's AVX2 lane GEMM (Q8_0 activations).
+/// The AVX2 lane GEMM of the 32-value types with signed codes and Q8_0
+/// activations (IQ4_NL, Q5_0, Q8_0).
 #[cfg(target_arch = "x86_64")]
-const GEMM_NL_AVX2: Choice<Gemm> =
-    &[(Base, Gemm { name: "avx2_gemm_nl", run: avx2_gemm_nl::matmul, min_m: avx2_gemm_nl::MIN_M })];
+const GEMM_32_AVX2: Choice<Gemm> =
+    &[(Base, Gemm { name: "avx2_gemm_32", run: avx2_gemm_32::matmul, min_m: avx2_gemm_32::MIN_M })];
 
 /// Every weight type, one row each.
 pub static TABLE: &[Row] = &[
@@ -303,7 +304,7 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q5_0,
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
-        avx2: x86! { dot: &[(Base, avx2::dot_q5_0)], ..NONE },
+        avx2: x86! { dot: &[(Base, avx2::dot_q5_0)], gemm: GEMM_32_AVX2, ..NONE },
         // No 512-bit dot: the AVX2 one.
         avx512: x86! { dot: &[(Base, avx2::dot_q5_0)], gemm: GEMM_Q8_0, ..NONE },
     },
@@ -626,7 +627,7 @@ pub static TABLE: &[Row] = &[
         avx2: x86! {
             dot: &[(Base, avx2_lowk::dot_iq4_nl)],
             tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
-            gemm: GEMM_NL_AVX2,
+            gemm: GEMM_32_AVX2,
             ..NONE
         },
         // No 512-bit one-row dot: the AVX2 one. Packed (every batch size):

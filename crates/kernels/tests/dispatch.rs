@@ -28,7 +28,6 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::Q8_0, Isa::Avx2, Shape::Prefill, "no AVX2 Q8_0 tile"),
     (DType::Q5_0, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::Q5_0, Isa::Avx2, Shape::Tile, "one-row kernel only"),
-    (DType::Q5_0, Isa::Avx2, Shape::Prefill, "one-row kernel only"),
     (DType::Q5_0, Isa::Avx512, Shape::Decode4, "one-row kernel only"),
     (DType::Q5_0, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::Q5_1, Isa::Avx2, Shape::Decode4, "one-row kernel only"),

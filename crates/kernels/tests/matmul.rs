@@ -472,6 +472,41 @@ fn prefill_gemm_matches_reference() {
     }
 }
 
+/// Q5_0's AVX2 prefill GEMM (shared with IQ4_NL) equals the scalar reference
+/// bit for bit: batches of 32 and more, row counts that leave partial row
+/// groups, one and two threads, and a mixed call with an IQ4_NL weight.
+#[test]
+fn avx2_q5_0_gemm_matches_reference_exactly() {
+    use shardlm_kernels::matmul::matmul_many_isa;
+    if !isa::available().contains(&Isa::Avx2) {
+        return;
+    }
+    let mut rng = rng(17);
+    let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
+    for &(rows, cols) in &[(37usize, 96usize), (8, 576), (21, 32)] {
+        let w = random_weight(&mut rng, DType::Q5_0, rows, cols);
+        let wm = MatRef::new(DType::Q5_0, rows, cols, &w).unwrap();
+        let w2 = random_weight(&mut rng, DType::IQ4_NL, 9, cols);
+        let wm2 = MatRef::new(DType::IQ4_NL, 9, cols, &w2).unwrap();
+        for m in [32usize, 47, 100] {
+            let x = random_acts(&mut rng, m * cols);
+            let (mut want, mut want2) = (vec![0f32; m * rows], vec![0f32; m * 9]);
+            matmul_reference(wm, &x, m, &mut want);
+            matmul_reference(wm2, &x, m, &mut want2);
+            for pool in &pools {
+                let what = format!("Q5_0 avx2 {rows}x{cols} m={m} threads={}", pool.n_threads());
+                let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * 9]);
+                let mut scratch = MatmulScratch::default();
+                matmul_many_isa(Isa::Avx2, pool, &[wm, wm2], &x, m, &mut [&mut a, &mut b], &mut scratch);
+                let differ = a.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                assert_eq!(differ, 0, "{what}: {differ} outputs differ from the scalar reference");
+                let differ = b.iter().zip(&want2).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                assert_eq!(differ, 0, "{what}: the IQ4_NL weight of the same call");
+            }
+        }
+    }
+}
+
 /// IQ4_NL's batches (the AVX2 4 × 2 tile, at AVX-512 too below the GEMM
 /// threshold, and the AVX-512 and AVX2 lane GEMMs above it)
 /// equal the scalar reference, and so the one-row decode kernel, bit for bit:

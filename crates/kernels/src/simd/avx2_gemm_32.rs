@@ -1,32 +1,37 @@
-//! AVX2 prefill GEMM for IQ4_NL (32-value blocks, Q8_0 activations), with
-//! eight activation rows in the vector lanes: the AVX2 counterpart of what
+//! AVX2 prefill GEMM for the 32-value types whose blocks are one scale and
+//! 32 signed codes against Q8_0 activations (IQ4_NL, Q5_0), with eight
+//! activation rows in the vector lanes: the AVX2 counterpart of what
 //! [`super::avx512_gemm`] does for the 32-value types at AVX-512.
 //!
 //! Why: at AVX2, IQ4_NL prefill ran the 4 × 2 tile, one weight block looked
-//! up and reduced per pair of activation rows; the 1.1B IQ4_NL file
-//! prefilled at 0.41–0.50× llama.cpp's AVX2 build. Here each weight block is
-//! looked up once per call (`vpshufb` of the nibbles in the codebook, into
-//! signed codes) and then meets every group of eight activation rows.
+//! up and reduced per pair of activation rows (the 1.1B IQ4_NL file
+//! prefilled at 0.41–0.50× llama.cpp's AVX2 build), and Q5_0 (most of a
+//! SmolLM2 "Q4_K_M") ran its one-row decode kernel for every activation
+//! row. Here each weight block is decoded once per call into
+//! signed codes (IQ4_NL: `vpshufb` of the nibbles in the codebook; Q5_0: the
+//! nibbles with their fifth bits, −16) and then meets every
+//! group of eight activation rows.
 //!
 //! Layouts:
 //! * activations, per group of 8 rows and per 32-value block
 //!   ([`GROUP_BLOCK`] bytes): 8 position groups of 4 values × 8 lanes
 //!   (32 bytes each, lane = row), then the 8 rows' `d` as f32;
-//! * decoded weights, per row: `cols` signed codes (the codebook values,
-//!   −127..113) and one f32 `d` per block.
+//! * decoded weights, per row: `cols` signed codes (−127..113) and one f32
+//!   `d` per block.
 //!
 //! Products: the codes are signed, so `vpmaddubsw` takes `|w|` and the
-//! activations with `w`'s sign (`vpsignb`; Q8_0 codes are −127..127, so no
-//! negation wraps, and a pair is at most 2·127·127 < 2¹⁵), then `vpmaddwd`
-//! with ones into i32.
+//! activations with `w`'s sign (`vpsignb`; Q8_0 activation codes are
+//! −127..127, so no negation wraps, and a pair is at most 2·127·127 < 2¹⁵),
+//! then `vpmaddwd` with ones into i32.
 //!
 //! Numerics: a block's integer sum is exact and its float step is the scalar
-//! reference's, `(d_a·d)·isum` added block by block, so every result equals
-//! `quant::scalar::dot_iq4_nl` (and the AVX2 dot and tile) bit for bit.
+//! reference's, `(d_a·d)·isum` added block by block (the two references
+//! write it `d_a·d·isum` and `isum·(d·d_a)`: the same bits), so every result
+//! equals the scalar `vec_dot` bit for bit.
 
 use crate::matmul::{MatRef, SyncPtr};
 use crate::quant::iq4_nl::KVALUES;
-use crate::ThreadPool;
+use crate::{DType, ThreadPool};
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -39,8 +44,7 @@ const LANES: usize = 8;
 /// Bytes of one block of one activation group: 8 × 32 quant bytes, 8 f32 `d`.
 const GROUP_BLOCK: usize = 256 + 32;
 const D_AT: usize = 256;
-/// IQ4_NL and Q8_0 block bytes.
-const W_BYTES: usize = 18;
+/// Q8_0 activation block bytes.
 const A_BYTES: usize = 34;
 
 thread_local! {
@@ -70,22 +74,37 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut
 /// block scales `d` (`nb` apart).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, q: &mut [i8], d: &mut [f32], buf: &mut Vec<u8>) {
-    let nb = w.cols / 32;
+    let (nb, bb) = (w.cols / 32, w.dtype.block_bytes());
     let t = _mm_loadu_si128(KVALUES.as_ptr() as *const __m128i);
     let low = _mm_set1_epi8(0x0F);
     let rows = w.rows_file(r0, r1, buf);
     for k in 0..r1 - r0 {
         let row = &rows[k * w.row_bytes()..];
         for b in 0..nb {
-            let x = &row[b * W_BYTES..(b + 1) * W_BYTES];
-            d[k * nb + b] = half::f16::from_bits(u16::from_le_bytes([x[0], x[1]])).to_f32();
-            // Values 0..16 are the low nibbles, 16..32 the high ones.
-            let v = _mm_loadu_si128(x.as_ptr().add(2) as *const __m128i);
-            let lo = _mm_shuffle_epi8(t, _mm_and_si128(v, low));
-            let hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16::<4>(v), low));
-            let dst = q.as_mut_ptr().add(k * w.cols + 32 * b) as *mut __m128i;
-            _mm_storeu_si128(dst, lo);
-            _mm_storeu_si128(dst.add(1), hi);
+            let x = row.as_ptr().add(b * bb);
+            d[k * nb + b] = half::f16::from_bits((x as *const u16).read_unaligned()).to_f32();
+            let dst = q.as_mut_ptr().add(k * w.cols + 32 * b) as *mut __m256i;
+            let codes = match w.dtype {
+                DType::Q5_0 => {
+                    // [d, qh (u32), qs[16]]: value j < 16 is qs[j]'s low
+                    // nibble | bit j of qh << 4, value j + 16 the high nibble
+                    // | bit j + 16; minus 16.
+                    let qh = (x.add(2) as *const u32).read_unaligned();
+                    let v = _mm_loadu_si128(x.add(6) as *const __m128i);
+                    let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), low), _mm_and_si128(v, low));
+                    let high = _mm256_and_si256(super::gemm_lowk::sign_mask32(qh), _mm256_set1_epi8(0x10));
+                    _mm256_sub_epi8(_mm256_or_si256(nib, high), _mm256_set1_epi8(16))
+                }
+                _ => {
+                    // IQ4_NL [d, qs[16]]: values 0..16 are the low nibbles'
+                    // codebook entries, 16..32 the high ones'.
+                    let v = _mm_loadu_si128(x.add(2) as *const __m128i);
+                    let lo = _mm_shuffle_epi8(t, _mm_and_si128(v, low));
+                    let hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16::<4>(v), low));
+                    _mm256_set_m128i(hi, lo)
+                }
+            };
+            _mm256_storeu_si256(dst, codes);
         }
     }
 }
@@ -166,12 +185,19 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
     });
 }
 
-/// `ys[k] = x · ws[k]ᵀ` for IQ4_NL weights, `a` the `m` Q8_0 activation rows
+/// Whether this GEMM reads `dtype`.
+pub fn takes(dtype: DType) -> bool {
+    matches!(dtype, DType::IQ4_NL | DType::Q5_0)
+}
+
+/// `ys[k] = x · ws[k]ᵀ` for IQ4_NL and Q5_0 weights (mixed freely),
+/// `a` the `m` Q8_0 activation rows
 /// (`a_stride` bytes apart), `act` a reusable buffer.
 ///
 /// # Safety
 /// AVX2+FMA+F16C CPU; shapes as checked by `matmul` (`ys[k]` holds
-/// `m × ws[k].rows`, every weight is IQ4_NL with `a`'s column count).
+/// `m × ws[k].rows`, every weight is of a type [`takes`] lists, with `a`'s
+/// column count).
 pub unsafe fn matmul(
     pool: &ThreadPool,
     ws: &[MatRef<'_>],
