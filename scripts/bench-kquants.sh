@@ -27,8 +27,8 @@
 # build in $SHARDLM_CACHE/llama.cpp-b11434/build-*/bin), SHARDLM, LLAMA_BENCH,
 # SHARDLM_CACHE as for bench-vs-llamacpp.sh. AVX2 against AVX2 on an AVX-512
 # machine: SHARDLM_ISA=avx2, and LLAMA_BENCH from a llama.cpp built with
-# -DGGML_AVX512=OFF (docs/PERFORMANCE.md, "AVX2 decode against llama.cpp's
-# AVX2 build", has the cmake line).
+# -DGGML_AVX512=OFF (docs/PERFORMANCE.md, "AVX2 against llama.cpp's AVX2
+# build", has the cmake line).
 set -euo pipefail
 
 TYPES="q4_k_m,q5_k_m,q6_k,q3_k_m,q2_k,iq4_xs"
