@@ -44,11 +44,11 @@
 //! then add), so its results equal `matmul_reference` (and its scalar-exact
 //! one-row kernel) bit for bit at every batch size.
 
-use crate::matmul::{MatRef, SyncPtr};
+use super::lane_gemm::{self, Split};
+use crate::matmul::MatRef;
 use crate::quant::minifloat::e8m0_half;
 use crate::{DType, ThreadPool};
 use std::arch::x86_64::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Smallest batch that takes this path (prefill chunks; decode batches stay on
 /// the batch-invariant tile).
@@ -398,35 +398,15 @@ pub unsafe fn matmul(
 ) {
     let nb = ws[0].cols / 32;
     let q8_1 = has_min(ws[0].dtype);
-    let groups = m.div_ceil(LANES);
-    act.clear();
-    act.resize(groups * nb * GROUP_BLOCK, 0);
-    let base = SyncPtr(act.as_mut_ptr());
-    pool.run(|t, nt| {
-        for g in (t..groups).step_by(nt) {
-            // SAFETY: group g's bytes belong to this thread only.
-            let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(g * nb * GROUP_BLOCK), nb * GROUP_BLOCK) };
-            act_group(a, a_stride, m, nb, g, q8_1, dst);
-        }
-    });
-    let act: &[u8] = act;
-    let units: Vec<usize> = ws.iter().map(|w| w.rows.div_ceil(UNIT_ROWS)).collect();
-    let total: usize = units.iter().sum();
-    let outs: Vec<SyncPtr<f32>> = ys.iter_mut().map(|y| SyncPtr(y.as_mut_ptr())).collect();
-    let next = AtomicUsize::new(0);
-    pool.run(|_, _| loop {
-        let mut u = next.fetch_add(1, Ordering::Relaxed);
-        if u >= total {
-            break;
-        }
-        let mut k = 0;
-        while u >= units[k] {
-            u -= units[k];
-            k += 1;
-        }
-        let w = &ws[k];
-        let (r0, r1) = (u * UNIT_ROWS, ((u + 1) * UNIT_ROWS).min(w.rows));
-        // SAFETY: each unit is taken once, so its rows of `ys[k]` have one writer.
-        unsafe { unit(w, r0, r1, act, m, outs[k].get()) };
-    });
+    let split = Split { groups: m.div_ceil(LANES), group_bytes: nb * GROUP_BLOCK, unit_rows: UNIT_ROWS };
+    lane_gemm::drive(
+        pool,
+        ws,
+        ys,
+        act,
+        split,
+        |g, dst| act_group(a, a_stride, m, nb, g, q8_1, dst),
+        // SAFETY: the caller's contract (this CPU, these shapes); `y` rows r0..r1 are this unit's.
+        |w, r0, r1, act, y| unsafe { unit(w, r0, r1, act, m, y) },
+    );
 }

@@ -63,4 +63,5 @@ pub mod avx512_unpack16;
 mod gemm_lowk;
 pub mod kvq;
 pub mod kvq_dot;
+mod lane_gemm;
 pub mod selftest;
