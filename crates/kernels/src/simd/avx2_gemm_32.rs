@@ -29,7 +29,7 @@
 //! write it `d_a·d·isum` and `isum·(d·d_a)`: the same bits), so every result
 //! equals the scalar `vec_dot` bit for bit.
 
-use super::lane_gemm::{self, Split};
+use super::lane_gemm::{self, store_lanes8 as store_lanes, Split};
 use crate::matmul::MatRef;
 use crate::quant::iq4_nl::KVALUES;
 use crate::{DType, ThreadPool};
@@ -141,17 +141,6 @@ unsafe fn rows_x_group<const R: usize>(
         }
     }
     accf
-}
-
-/// Writes lane `i < lanes` of `v` to `y[i · ys]`.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn store_lanes(v: __m256, lanes: usize, y: *mut f32, ys: usize) {
-    let mut t = [0f32; LANES];
-    _mm256_storeu_ps(t.as_mut_ptr(), v);
-    for (i, &x) in t.iter().enumerate().take(lanes) {
-        *y.add(i * ys) = x;
-    }
 }
 
 /// Rows `r0..r1` of weight `w` for all `m` activation rows, into `y`.

@@ -18,7 +18,7 @@
 //! for bit at `m ≥` [`MIN_M`].
 
 use super::gemm_lowk::{self, f16, pair, Scales};
-use super::lane_gemm::{self, Split};
+use super::lane_gemm::{self, store_lanes8 as store_lanes, Split};
 use crate::matmul::MatRef;
 use crate::quant::q4_k::scales_mins;
 use crate::{DType, ThreadPool};
@@ -242,17 +242,6 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const
         }
     }
     accf
-}
-
-/// Writes lane `i < lanes` of `v` to `y[i · ys]`.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn store_lanes(v: __m256, lanes: usize, y: *mut f32, ys: usize) {
-    let mut t = [0f32; LANES];
-    _mm256_storeu_ps(t.as_mut_ptr(), v);
-    for (i, &x) in t.iter().enumerate().take(lanes) {
-        *y.add(i * ys) = x;
-    }
 }
 
 /// The decoded rows `r0..r1` × every activation group, into `y`.

@@ -6,6 +6,7 @@
 
 use crate::matmul::{MatRef, SyncPtr};
 use crate::ThreadPool;
+use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The shape of one GEMM call's work.
@@ -61,4 +62,19 @@ pub(super) fn drive(
         // Each unit is taken once, so its rows of `ys[k]` have one writer.
         unit(w, r0, r1, act, outs[k].get());
     });
+}
+
+/// Writes lane `i < lanes` of the 8-lane `v` to `y[i · ys]` (the AVX2
+/// GEMMs' output: lane = activation row, `ys` a row of `y` apart).
+///
+/// # Safety
+/// AVX2 CPU; `y[i · ys]` writable for `i < lanes ≤ 8`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn store_lanes8(v: __m256, lanes: usize, y: *mut f32, ys: usize) {
+    let mut t = [0f32; 8];
+    _mm256_storeu_ps(t.as_mut_ptr(), v);
+    for (i, &x) in t.iter().enumerate().take(lanes) {
+        *y.add(i * ys) = x;
+    }
 }
