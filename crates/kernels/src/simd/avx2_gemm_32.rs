@@ -35,7 +35,8 @@ use crate::quant::iq4_nl::KVALUES;
 use crate::{DType, ThreadPool};
 use std::arch::x86_64::*;
 
-/// Smallest batch that takes this path (below it the tile).
+/// Smallest batch that takes this path (below it IQ4_NL's tile, Q5_0's
+/// one-row kernel).
 pub const MIN_M: usize = 32;
 /// Weight rows decoded per unit of work.
 const UNIT_ROWS: usize = 16;
@@ -48,7 +49,8 @@ const D_AT: usize = 256;
 const A_BYTES: usize = 34;
 
 thread_local! {
-    /// This thread's decoded rows: codes, then per-block `d`.
+    /// This thread's decoded rows: codes, per-block `d`, and a buffer for
+    /// the rows of a packed weight unpacked.
     static DECODED: std::cell::RefCell<(Vec<i8>, Vec<f32>, Vec<u8>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
