@@ -17,7 +17,7 @@ const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
 #[inline(always)]
-unsafe fn ld(p: *const u8) -> __m256i {
+pub(super) unsafe fn ld(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
@@ -28,8 +28,16 @@ unsafe fn f16(bits: u16) -> f32 {
 
 /// The `vpshufb` control spreading word `j` of each 128-bit half over it.
 #[inline(always)]
-unsafe fn word_ctrl(j: i8) -> __m256i {
+pub(super) unsafe fn word_ctrl(j: i8) -> __m256i {
     _mm256_set1_epi16(i16::from_le_bytes([2 * j as u8, 2 * j as u8 + 1]))
+}
+
+/// The `vpshufb` control laying word `j` (of eight, in both halves) over the
+/// low half and word `j + 1` over the high half: a 32-value chunk's two
+/// 16-value sub-block scales.
+#[inline(always)]
+pub(super) unsafe fn pair_ctrl(j: i8) -> __m256i {
+    _mm256_set_m128i(_mm256_castsi256_si128(word_ctrl(j + 1)), _mm256_castsi256_si128(word_ctrl(j)))
 }
 
 /// Shared Q4_K/Q5_K body (`Q5` adds the 5th bits from `qh`).

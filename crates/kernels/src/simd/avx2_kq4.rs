@@ -26,6 +26,7 @@
 //! references' (`q2_k::combine`; `d·d_a·isum` for Q3_K), so both kernels
 //! equal scalar bit for bit, and the four-row kernel equals the one-row one.
 
+use super::avx2_k::{ld, pair_ctrl};
 use super::avx2_rows::prefetch;
 use super::avx512_lowk::{f16_at, q3k_scales, sum1, sum4};
 use super::avx512_rows16_k::PREFETCH_AHEAD;
@@ -35,56 +36,11 @@ const Q8K_QS: usize = 4;
 const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
-#[inline(always)]
-unsafe fn ld(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
-}
-
-/// The `vpshufb` control laying word `2j` (bytes `4j, 4j + 1`) over the low
-/// half and word `2j + 1` over the high half.
-#[inline(always)]
-unsafe fn pair_ctrl(j: i8) -> __m256i {
-    let (a, b) = (4 * j, 4 * j + 2);
-    _mm256_setr_epi8(
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        a,
-        a + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-        b,
-        b + 1,
-    )
-}
-
 /// Constants every block shares.
 struct Consts {
     three: __m256i,
     four: __m256i,
+    /// Per 32-value chunk `j` of 128 values: words `2j`, `2j + 1`.
     ctrl: [__m256i; 4],
 }
 
@@ -93,7 +49,7 @@ unsafe fn consts() -> Consts {
     Consts {
         three: _mm256_set1_epi8(3),
         four: _mm256_set1_epi8(4),
-        ctrl: [pair_ctrl(0), pair_ctrl(1), pair_ctrl(2), pair_ctrl(3)],
+        ctrl: [pair_ctrl(0), pair_ctrl(2), pair_ctrl(4), pair_ctrl(6)],
     }
 }
 

@@ -12,6 +12,7 @@
 //! 2·127·127 < 2¹⁵.
 
 use super::avx2::{hsum_epi32, rd16};
+use super::avx2_k::{pair_ctrl, word_ctrl};
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
 use crate::quant::F16Le;
@@ -190,14 +191,6 @@ pub unsafe fn dot_iq4_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
     sum
 }
 
-/// The `vpshufb` control laying word `j` (of eight, in both halves) over the
-/// low half and word `j + 1` over the high half.
-#[inline(always)]
-unsafe fn pair_ctrl(j: i8) -> __m256i {
-    let w = |k: i8| i16::from_le_bytes([2 * k as u8, 2 * k as u8 + 1]);
-    _mm256_set_m128i(_mm_set1_epi16(w(j + 1)), _mm_set1_epi16(w(j)))
-}
-
 /// An IQ4_XS block's eight 6-bit scales (before the −32), a byte each: the
 /// low nibbles of `scales_l` and 2-bit fields of `scales_h` spread to bytes
 /// with shifts and masks (as [`iq4_xs::BlockIq4Xs::scales`]).
@@ -360,7 +353,7 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
             // Q8_K codes are −127..127: negating never wraps.
             let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
             let ys = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
-            let w = _mm256_shuffle_epi8(scw, _mm256_set1_epi16(i16::from_le_bytes([2 * ib as u8, 2 * ib as u8 + 1])));
+            let w = _mm256_shuffle_epi8(scw, word_ctrl(ib as i8));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), w));
         }
         sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
