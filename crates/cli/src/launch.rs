@@ -46,6 +46,11 @@ pub(crate) const TAIL_LINES: usize = 50;
 pub(crate) const MAX_LINE: u64 = 16 << 10;
 /// Time between SIGTERM and SIGKILL when stopping ranks.
 const KILL_GRACE: Duration = Duration::from_secs(2);
+/// Time the other ranks get to end on their own after one fails, before they
+/// are stopped. A rank that fails because a peer hung up is often first to
+/// exit, while the peer (the real cause) is still between closing its links
+/// and printing its error; stopping it at once would lose that line.
+const PEER_GRACE: Duration = Duration::from_millis(1500);
 /// Port of the first rank when some host is remote and `--port` is not given.
 const DEFAULT_REMOTE_PORT: u16 = 47310;
 /// Variables passed on to remote ranks when set here.

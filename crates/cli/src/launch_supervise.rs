@@ -240,6 +240,8 @@ fn supervise(
     let mut first_failure: Option<usize> = None;
     let mut interrupted: Option<i32> = None;
     let mut kill_at: Option<Instant> = None;
+    // When to stop the ranks still running after one failed (PEER_GRACE).
+    let mut stop_at: Option<Instant> = None;
     let mut live = ranks.len();
     while live > 0 {
         let mut failed = None;
@@ -369,10 +371,19 @@ fn supervise(
             } else {
                 first_failure = failed;
             }
-            if interrupted.is_some() || first_failure.is_some() {
+            if interrupted.is_some() {
                 signal_all(&mut ranks, libc::SIGTERM);
                 kill_at = Some(Instant::now() + KILL_GRACE);
+            } else if first_failure.is_some() {
+                // The others may be failing of the same cause: let them say so (PEER_GRACE).
+                stop_at = Some(Instant::now() + PEER_GRACE);
             }
+        }
+        // (A Ctrl-C during that grace stops them at once.)
+        if stop_at.is_some_and(|t| Instant::now() >= t || SIGNAL.load(Ordering::SeqCst) != 0) {
+            signal_all(&mut ranks, libc::SIGTERM);
+            kill_at = Some(Instant::now() + KILL_GRACE);
+            stop_at = None;
         }
         if kill_at.is_some_and(|t| Instant::now() >= t) {
             signal_all(&mut ranks, libc::SIGKILL);
