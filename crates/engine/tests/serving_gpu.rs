@@ -7,8 +7,9 @@
 //! and batched with others; against the CPU scheduler they agree within
 //! 1e-3 and the greedy tokens are identical. Under memory pressure
 //! (preemption, refusals) every request still finishes. The disk tier saves
-//! and restores device blocks; a hybrid's conversation (DeltaNet layers on
-//! the host, their state snapshots in the prefix cache) equals cold runs.
+//! and restores device blocks; a hybrid's conversation (DeltaNet layers
+//! and their state slots on the device, state snapshots in the prefix
+//! cache copied slot to slot there) equals cold runs.
 //! On Mesa's llvmpipe
 //! in CI; without any adapter the tests say so and pass, except under
 //! `CI=true`.
@@ -190,9 +191,9 @@ fn the_disk_tier_saves_and_restores_device_blocks() {
     }
 }
 
-/// A hybrid (Qwen3.5: Gated DeltaNet layers on the host between device
-/// submissions) in a growing conversation with the prefix cache, KV blocks
-/// on the device and recurrent-state snapshots on the host: each turn's
+/// A hybrid (Qwen3.5: Gated DeltaNet layers on the device) in a growing
+/// conversation with the prefix cache, KV blocks and recurrent-state slots
+/// and snapshots on the device: each turn's
 /// logits equal a cold, alone run on the device bit for bit, the greedy
 /// tokens equal the CPU's, and later turns reuse the cached prefix.
 #[test]

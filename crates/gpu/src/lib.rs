@@ -34,12 +34,14 @@
 mod device;
 mod error;
 mod pass;
+mod pass_delta;
 mod pass_moe;
 mod weights;
 
 pub use device::{AdapterReport, DeviceBuf, Gpu};
 pub use error::GpuError;
 pub use pass::{Act, AttnArgs, Pass, Sinks, MAX_HEAD_DIM};
+pub use pass_delta::{DeltaArgs, MAX_DELTA_DK};
 pub use pass_moe::{Pairs, RouteMode};
 pub use weights::{DeviceWeight, StackPart};
 

@@ -143,7 +143,7 @@ fn rms_norm_source(inplace: bool) -> String {
 }
 
 /// Eight parameter words (32 bytes), as the shaders' `Params` structs.
-fn words8(w: [u32; 8]) -> [u32; 8] {
+pub(crate) fn words8(w: [u32; 8]) -> [u32; 8] {
     w
 }
 

@@ -2,9 +2,12 @@
 //! geometry, checked against the device's memory, and read or written one
 //! block at a time for the prefix cache's disk tier.
 
-use super::{Attn, GpuLayer, GpuShard, Kv, State};
+use super::super::gpu_deltanet::GpuStates;
+use super::{Attn, GpuLayer, GpuShard, Kv, State, STEP_RESERVE};
 use crate::kv_cache::KvPool;
+use crate::state_cache::StatePool;
 use crate::ModelError;
+use std::sync::Arc;
 
 /// Which way [`GpuShard::block_io`] moves a block.
 pub(crate) enum BlockData<'a> {
@@ -20,6 +23,26 @@ impl GpuShard {
     pub(crate) fn new_pool(&self, pool: &KvPool, hkv: usize) -> Result<(), ModelError> {
         self.check_pool(pool, hkv)?;
         self.state.lock().unwrap_or_else(|p| p.into_inner()).kv = None;
+        Ok(())
+    }
+
+    /// Moves a host pool's linear-attention states into device slots (once
+    /// per pool: a new pool's states are attached at its first step).
+    pub(super) fn attach_states(&self, st: &mut State, states: &mut StatePool) -> Result<(), ModelError> {
+        let ours = st.states.as_ref().map(|s| Arc::as_ptr(s) as *const ());
+        if ours.is_some() && ours == states.device().map(|d| Arc::as_ptr(d) as *const ()) {
+            return Ok(());
+        }
+        st.states = None;
+        let what = format!(
+            "the recurrent states ({} slots of {} KiB) and the weights",
+            states.n_slots,
+            states.slot_bytes().div_ceil(1024)
+        );
+        self.gpu.check_fits(&what, (states.bytes() + self.weight_bytes()) as u64, STEP_RESERVE)?;
+        let dev = Arc::new(GpuStates::new(self.gpu.clone(), states)?);
+        states.attach(dev.clone())?;
+        st.states = Some(dev);
         Ok(())
     }
 
@@ -51,7 +74,7 @@ impl GpuShard {
         match &l.attn {
             Attn::Gqa(_) => (hkv, hkv),
             Attn::Mla(m) => (m.width(), 0),
-            Attn::Host => (0, 0),
+            Attn::DeltaNet(_) => (0, 0),
         }
     }
 

@@ -17,12 +17,13 @@
 //! grouped-sigmoid routing, shared experts, expert parallelism); pre- and
 //! sandwich RMSNorms; the weight types of `shardlm_gpu::WEIGHT_TYPES`.
 //! Gated attention's output gate (Qwen3-Next, Qwen3.5) rides in the fused
-//! projection row. Linear attention (Gated DeltaNet) runs on the host
-//! between submissions, its weights and recurrent states in host memory (the
-//! normalized rows go down to it, its output comes back up): a hybrid model
-//! runs on the GPU with those layers on the CPU. Whole-projection q/k norms
-//! under tensor parallelism and q8_0/q4_0 KV pools are refused at load.
+//! projection row. Linear attention (Gated DeltaNet, `gpu_deltanet`) runs on
+//! the device too, its conv and recurrent states in device slots that the
+//! host pool's `states` is attached to. Whole-projection q/k norms under
+//! tensor parallelism and q8_0/q4_0 KV pools are refused at load; a
+//! speculative verify step of linear layers at the step.
 
+use super::gpu_deltanet::{DeltaBufs, GpuDeltaNet, GpuStates};
 use super::gpu_mla::{GpuMla, MlaBufs, StepRows};
 // The device KV pool: its making, memory check and block I/O.
 #[path = "gpu_pool.rs"]
@@ -131,9 +132,8 @@ struct GpuGqa {
 enum Attn {
     Gqa(Box<GpuGqa>),
     Mla(Box<GpuMla>),
-    /// Linear attention (Gated DeltaNet): run on the host between
-    /// submissions, its weights and recurrent states in host memory.
-    Host,
+    /// Linear attention (Gated DeltaNet), its states in [`GpuStates`].
+    DeltaNet(Box<GpuDeltaNet>),
 }
 
 impl Attn {
@@ -141,7 +141,7 @@ impl Attn {
         match self {
             Attn::Gqa(g) => g.qkv.bytes() + g.o.bytes(),
             Attn::Mla(m) => m.bytes(),
-            Attn::Host => 0,
+            Attn::DeltaNet(d) => d.bytes(),
         }
     }
 }
@@ -183,6 +183,7 @@ struct Bufs {
     slots: [DeviceBuf; 2],
     moe: Option<MoeBufs>,
     mla: Option<MlaBufs>,
+    delta: Option<DeltaBufs>,
 }
 
 /// The device KV pool, one K and one V buffer per layer, shaped as the host
@@ -202,6 +203,8 @@ struct State {
     /// The block tables of the step's sequences, end to end: full group, window group.
     tables: [Option<DeviceBuf>; 2],
     head: Option<(usize, DeviceBuf, DeviceBuf)>,
+    /// The linear layers' state slots, which the host pool's `states` is attached to.
+    states: Option<Arc<GpuStates>>,
     /// Rows of the residual stream left on the device by the last
     /// `run_layers` on a shard with the head (0: read it from the host).
     x_rows: usize,
@@ -293,7 +296,7 @@ impl GpuShard {
         let odd = layers.iter().any(|l| match &l.attn {
             Attn::Gqa(_) => (model.local.n_kv_heads * model.config.head_dim) % 2 == 1,
             Attn::Mla(m) => m.width() % 2 == 1,
-            Attn::Host => false,
+            Attn::DeltaNet(_) => false,
         });
         if kv_f16 && odd {
             return Err(refuse("an f16 KV cache with rows of odd width (use --kv-type f32)".into()));
@@ -305,7 +308,7 @@ impl GpuShard {
         let attn = match &l.attn {
             Attention::Gqa(g) => Attn::Gqa(Box::new(Self::gqa(gpu, g, head_dim, tp)?)),
             Attention::Mla(m) => Attn::Mla(Box::new(GpuMla::upload(gpu, m)?)),
-            Attention::Linear(_) => Attn::Host,
+            Attention::Linear(d) => Attn::DeltaNet(Box::new(GpuDeltaNet::upload(gpu, d)?)),
         };
         let post_norms = match (&l.post_attn_norm, &l.post_ffn_norm) {
             (Some(a), Some(f)) => Some((floats(gpu, "post_attn_norm", a)?, floats(gpu, "post_ffn_norm", f)?)),
@@ -369,9 +372,7 @@ impl GpuShard {
                     FeedForward::Dense(m) => m.bytes(),
                     FeedForward::Moe(m) => m.weight_bytes_total(),
                 };
-                // Linear attention stays in host memory.
-                let attn = if matches!(l.attn, Attention::Linear(_)) { 0 } else { l.attn.weight_bytes() };
-                attn + ffn
+                l.attn.weight_bytes() + ffn
             })
             .sum();
         layers + model.lm_head.as_ref().map_or(0, Linear::weight_bytes)
@@ -411,13 +412,21 @@ impl GpuShard {
             slots: [g.buffer("slots", rows)?, g.buffer("slots_window", rows)?],
             moe: GpuMoe::bufs(g, self.moe_layers(), rows, h)?,
             mla: GpuMla::bufs(g, self.mla_layers(), rows)?,
+            delta: GpuDeltaNet::bufs(g, self.delta_layers(), rows)?,
         })
     }
 
     fn mla_layers(&self) -> impl Iterator<Item = &GpuMla> + Clone {
         self.layers.iter().filter_map(|l| match &l.attn {
             Attn::Mla(m) => Some(&**m),
-            Attn::Gqa(_) | Attn::Host => None,
+            Attn::Gqa(_) | Attn::DeltaNet(_) => None,
+        })
+    }
+
+    fn delta_layers(&self) -> impl Iterator<Item = &GpuDeltaNet> + Clone {
+        self.layers.iter().filter_map(|l| match &l.attn {
+            Attn::DeltaNet(d) => Some(&**d),
+            Attn::Gqa(_) | Attn::Mla(_) => None,
         })
     }
 
@@ -434,7 +443,6 @@ impl GpuShard {
     pub(crate) fn run_layers(
         &self,
         m: &Model,
-        threads: &kernels::ThreadPool,
         ws: &mut Workspace,
         seqs: &mut [SeqStep<'_>],
         mut paged: Option<&mut KvPool>,
@@ -442,6 +450,35 @@ impl GpuShard {
     ) -> Result<(), ModelError> {
         if m.spec.linear_attn.is_some() {
             crate::linear_attn::begin_states(seqs, paged.as_deref_mut())?;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // Each sequence's (first row, rows, state slot), for the linear layers.
+        let mut delta_seqs = Vec::new();
+        if let Some(states) = paged.as_deref_mut().and_then(|p| p.states.as_mut()) {
+            self.attach_states(&mut st, states)?;
+            let mut row = 0;
+            for s in seqs.iter() {
+                let (len, slot) = (
+                    s.tokens.len(),
+                    match &s.cache {
+                        SeqKv::Paged { state: Some(slot), .. } => *slot,
+                        _ => {
+                            return Err(ModelError::Unsupported(
+                                "a linear-attention sequence without a state slot".into(),
+                            ))
+                        }
+                    },
+                );
+                if s.attend_rows() == crate::model::AttendRows::Verify && len > 1 {
+                    return Err(ModelError::Unsupported(
+                        "--device gpu: a speculative verify step of linear-attention layers (their way back is \
+                         not on the device yet; use --device cpu to speculate on a hybrid model)"
+                            .into(),
+                    ));
+                }
+                delta_seqs.extend([row as u32, len as u32, slot]);
+                row += len;
+            }
         }
         let Some(pool) = paged.as_deref() else {
             return Err(ModelError::Unsupported("--device gpu runs paged sequences (the scheduler's) only".into()));
@@ -452,7 +489,6 @@ impl GpuShard {
         let (hq, hkv, ffn, half) = (nh * hd, nkv * hd, m.local.ffn, cfg.rope_dim / 2);
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let gpu = &*self.gpu;
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.bufs.as_ref().is_none_or(|b| b.rows < n) {
             st.bufs = Some(self.bufs(m, n.next_power_of_two())?);
         }
@@ -491,7 +527,7 @@ impl GpuShard {
                 st.tables[g] = Some(gpu.buffer("tables", tables.len().next_power_of_two())?);
             }
         }
-        let State { bufs, kv, tables: tb, .. } = &mut *st;
+        let State { bufs, kv, tables: tb, states, .. } = &mut *st;
         let (b, kv) = (bufs.as_ref().expect("made above"), kv.as_ref().expect("made above"));
         let tb = [tb[0].as_ref().expect("made above"), tb[1].as_ref().expect("made above")];
         gpu.write_f32(&b.x, 0, &ws.x[..n * h]);
@@ -500,6 +536,9 @@ impl GpuShard {
         if m.rope_local.is_some() {
             gpu.write_f32(&b.cos_local, 0, &ws.cos_local[..n * half]);
             gpu.write_f32(&b.sin_local, 0, &ws.sin_local[..n * half]);
+        }
+        if let Some(db) = &b.delta {
+            GpuDeltaNet::write_seqs(gpu, db, &delta_seqs);
         }
         for (g, (tok, slots, tables)) in rows.iter().enumerate() {
             gpu.write_u32(&b.tok[g], 0, tok);
@@ -523,7 +562,6 @@ impl GpuShard {
             pass.rms_norm(&b.x, 0, &l.attn_norm, (h, n, eps), &b.xn, 0);
             // Without a sandwich norm or a tensor split, the residual add
             // happens in the block's last matmul; else its output goes to o.
-            let host = matches!(l.attn, Attn::Host);
             let fused = !tp && l.post_norms.is_none();
             let dst = if fused { &b.x } else { &b.o };
             let g = usize::from(win[li]);
@@ -579,23 +617,17 @@ impl GpuShard {
                     };
                     a.record(&mut pass, mb, (&b.xn, n), &rows, &kv.k[li], (dst, fused));
                 }
-                // Recorded below, after this submission.
-                Attn::Host => {}
+                Attn::DeltaNet(d) => {
+                    let db = b.delta.as_ref().expect("made with the linear layers");
+                    let states = states.as_ref().and_then(|s| s.layers[li].as_ref());
+                    let states = states.ok_or_else(|| {
+                        ModelError::Unsupported(format!("linear layer {li} has no recurrent-state cache"))
+                    })?;
+                    d.record(&mut pass, db, (&b.xn, n, delta_seqs.len() / 3), states, (dst, fused));
+                }
             }
-            if let Attn::Host = l.attn {
-                // Linear attention runs on the host, over its recurrent
-                // states in the host pool: the normalized rows go down, the
-                // block's output (all-reduced under a tensor split) comes up.
-                let Attention::Linear(dn) = &m.layers[li].attn else { unreachable!("uploaded as host layers") };
-                std::mem::replace(&mut pass, Pass::new(gpu)).submit()?;
-                let xn = gpu.read_f32(&b.xn, 0, n * h)?;
-                let o = &mut ws.o[..n * h];
-                dn.forward(threads, &xn, n, seqs, paged.as_deref_mut(), li, o, &mut ws.linear, &mut ws.scratch)?;
-                comm.all_reduce_sum(o)?;
-                gpu.write_f32(&b.o, 0, o);
-            }
-            if !fused || host {
-                if tp && !host {
+            if !fused {
+                if tp {
                     reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
                 }
                 if let Some((post_attn, _)) = &l.post_norms {

@@ -133,7 +133,7 @@ fn layer_pairs<T: ZeroBits>(n_layers: usize, n: usize, n_v: usize) -> Vec<(Vec<T
 /// head_dim]`, at the same offset in every layer. Sequences hold block tables
 /// (`SeqKv::Paged`); which sequence owns which block is the caller's business
 /// (the serving engine's block manager, decided on rank 0 and broadcast).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct KvPool {
     pub layers: KvLayers,
     /// Values of one K row: local KV heads × head_dim, or for multi-head
@@ -338,7 +338,7 @@ impl KvPool {
 /// The cache of one sequence, contiguous: a pool of one block of `capacity`
 /// positions (a sliding-window layer: of its ring, [`KvPool::ring`]).
 /// Capacity is fixed at creation so decode never allocates.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct KvCache {
     pub pool: KvPool,
     pub capacity: usize,

@@ -36,6 +36,9 @@ mod gpu_moe;
 // Latent attention on a GPU.
 #[path = "gpu_mla.rs"]
 mod gpu_mla;
+// Gated DeltaNet and its state slots on a GPU.
+#[path = "gpu_deltanet.rs"]
+mod gpu_deltanet;
 pub use memory::{ring_positions, window_blocks_per_seq};
 
 #[derive(Debug, Clone, Default)]
@@ -449,7 +452,7 @@ impl Model {
             }
         }
         if let Some(g) = &self.gpu {
-            return g.run_layers(self, pool, ws, seqs, paged, comm);
+            return g.run_layers(self, ws, seqs, paged, comm);
         }
         let eps = cfg.rms_norm_eps;
         let n = t_total;

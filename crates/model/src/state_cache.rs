@@ -33,6 +33,7 @@
 //! allocated on a slot's first verify step.
 
 use crate::ModelError;
+use std::sync::Arc;
 
 /// One linear-attention layer's state shape (this shard's heads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +66,7 @@ impl StateShape {
 }
 
 /// `n_slots` per-sequence states of every owned linear-attention layer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct StatePool {
     /// Per owned layer: its state shape, `None` for an attention layer.
     pub shapes: Vec<Option<StateShape>>,
@@ -78,6 +79,21 @@ pub struct StatePool {
     /// Per slot, per owned layer: the last verify step's way back (empty
     /// until the slot's first verify step).
     undo: Vec<Vec<LayerUndo>>,
+    /// Where the values live when a GPU shard computes the layers (`data`
+    /// is then empty): clears, copies, saves and loads go there.
+    device: Option<Arc<dyn DeviceStates>>,
+}
+
+/// A state pool's values in device memory ([`StatePool::attach`]): per owned
+/// linear layer one buffer of `n_slots × shape.len()` floats in the host
+/// layout, so a slot saved from one loads into the other.
+pub trait DeviceStates: Send + Sync + std::fmt::Debug {
+    /// Zeroes `len` floats of layer `layer` from `at`.
+    fn zero(&self, layer: usize, at: usize, len: usize) -> Result<(), ModelError>;
+    /// Copies `len` floats of layer `layer` from `from` to `to` (disjoint).
+    fn copy(&self, layer: usize, from: usize, to: usize, len: usize) -> Result<(), ModelError>;
+    fn read(&self, layer: usize, at: usize, len: usize) -> Result<Vec<f32>, ModelError>;
+    fn write(&self, layer: usize, at: usize, values: &[f32]) -> Result<(), ModelError>;
 }
 
 /// One owned layer's way back from a slot's last verify step (see the module notes).
@@ -112,7 +128,27 @@ impl LayerUndo {
 impl StatePool {
     pub fn new(shapes: Vec<Option<StateShape>>, n_slots: usize) -> StatePool {
         let data = shapes.iter().map(|s| vec![0f32; s.map_or(0, |s| s.len()) * n_slots]).collect();
-        StatePool { shapes, n_slots, data, pos: vec![0; n_slots], undo: vec![Vec::new(); n_slots] }
+        StatePool { shapes, n_slots, data, pos: vec![0; n_slots], undo: vec![Vec::new(); n_slots], device: None }
+    }
+
+    /// Moves the values into `device` (their current values go up, the
+    /// host copy is freed): from now on the layers run there.
+    pub fn attach(&mut self, device: Arc<dyn DeviceStates>) -> Result<(), ModelError> {
+        for (li, shape) in self.shapes.iter().enumerate() {
+            let Some(s) = shape else { continue };
+            let values = match &self.device {
+                Some(old) => old.read(li, 0, s.len() * self.n_slots)?,
+                None => std::mem::take(&mut self.data[li]),
+            };
+            device.write(li, 0, &values)?;
+        }
+        self.device = Some(device);
+        Ok(())
+    }
+
+    /// The device holding the values, if any ([`StatePool::attach`]).
+    pub fn device(&self) -> Option<&Arc<dyn DeviceStates>> {
+        self.device.as_ref()
     }
 
     /// Bytes of one slot (one sequence's state in every owned layer).
@@ -146,7 +182,7 @@ impl StatePool {
         self.check(slot)?;
         let pos = self.pos[slot];
         if start == 0 {
-            self.clear(slot);
+            self.clear(slot)?;
         } else if pos != start && self.shapes.iter().any(Option::is_some) {
             // (A stage that owns no linear layer has nothing to take back.)
             let undo = &mut self.undo[slot];
@@ -173,6 +209,9 @@ impl StatePool {
     /// verify step) of slot `slot`; `None` for an attention layer.
     pub fn layer_slot_undo(&mut self, layer: usize, slot: usize) -> Option<(&mut [f32], &mut [f32], &mut LayerUndo)> {
         let s = self.shapes.get(layer).copied().flatten()?;
+        if self.device.is_some() {
+            return None;
+        }
         let undo = &mut self.undo[slot];
         if undo.is_empty() {
             undo.resize(self.shapes.len(), LayerUndo::default());
@@ -183,14 +222,18 @@ impl StatePool {
     }
 
     /// Zeroes slot `slot` (a new sequence).
-    pub fn clear(&mut self, slot: usize) {
-        for (shape, d) in self.shapes.iter().zip(&mut self.data) {
+    pub fn clear(&mut self, slot: usize) -> Result<(), ModelError> {
+        for (li, (shape, d)) in self.shapes.iter().zip(&mut self.data).enumerate() {
             if let Some(s) = shape {
-                d[slot * s.len()..(slot + 1) * s.len()].fill(0.0);
+                match &self.device {
+                    Some(dev) => dev.zero(li, slot * s.len(), s.len())?,
+                    None => d[slot * s.len()..(slot + 1) * s.len()].fill(0.0),
+                }
             }
         }
         self.pos[slot] = 0;
         self.undo[slot].iter_mut().for_each(LayerUndo::forget);
+        Ok(())
     }
 
     /// Copies slot `from` (state and position) into slot `to`: taking a
@@ -201,10 +244,13 @@ impl StatePool {
         if from == to {
             return Ok(());
         }
-        for (shape, d) in self.shapes.iter().zip(&mut self.data) {
+        for (li, (shape, d)) in self.shapes.iter().zip(&mut self.data).enumerate() {
             if let Some(s) = shape {
                 let n = s.len();
-                d.copy_within(from * n..(from + 1) * n, to * n);
+                match &self.device {
+                    Some(dev) => dev.copy(li, from * n, to * n, n)?,
+                    None => d.copy_within(from * n..(from + 1) * n, to * n),
+                }
             }
         }
         self.pos[to] = self.pos[from];
@@ -216,20 +262,27 @@ impl StatePool {
     /// for an attention layer.
     pub fn layer_slot(&mut self, layer: usize, slot: usize) -> Option<(&mut [f32], &mut [f32])> {
         let s = self.shapes.get(layer).copied().flatten()?;
+        if self.device.is_some() {
+            return None;
+        }
         let all = &mut self.data[layer][slot * s.len()..(slot + 1) * s.len()];
         Some(all.split_at_mut(s.conv_len()))
     }
 
     /// Slot `slot`'s state of every layer, concatenated (to send it to another
     /// process: preemption to host memory, or a cluster peer).
-    pub fn save(&self, slot: usize) -> Vec<f32> {
+    pub fn save(&self, slot: usize) -> Result<Vec<f32>, ModelError> {
+        self.check(slot)?;
         let mut out = Vec::with_capacity(self.slot_bytes() / 4);
-        for (shape, d) in self.shapes.iter().zip(&self.data) {
+        for (li, (shape, d)) in self.shapes.iter().zip(&self.data).enumerate() {
             if let Some(s) = shape {
-                out.extend_from_slice(&d[slot * s.len()..(slot + 1) * s.len()]);
+                match &self.device {
+                    Some(dev) => out.extend_from_slice(&dev.read(li, slot * s.len(), s.len())?),
+                    None => out.extend_from_slice(&d[slot * s.len()..(slot + 1) * s.len()]),
+                }
             }
         }
-        out
+        Ok(out)
     }
 
     /// Writes back what [`StatePool::save`] returned, at position `pos`.
@@ -243,10 +296,13 @@ impl StatePool {
             )));
         }
         let mut at = 0;
-        for (shape, d) in self.shapes.iter().zip(&mut self.data) {
+        for (li, (shape, d)) in self.shapes.iter().zip(&mut self.data).enumerate() {
             if let Some(s) = shape {
                 let n = s.len();
-                d[slot * n..(slot + 1) * n].copy_from_slice(&values[at..at + n]);
+                match &self.device {
+                    Some(dev) => dev.write(li, slot * n, &values[at..at + n])?,
+                    None => d[slot * n..(slot + 1) * n].copy_from_slice(&values[at..at + n]),
+                }
                 at += n;
             }
         }
@@ -272,7 +328,7 @@ mod tests {
         assert_eq!((p.pos(2), p.layer_slot(2, 2).unwrap().1[0]), (5, 7.0));
         assert!(p.begin_step(2, 3, 1).is_err(), "a rewind is refused");
         p.begin_step(2, 5, 1).unwrap();
-        let saved = p.save(1);
+        let saved = p.save(1).unwrap();
         p.load(0, &saved, 5).unwrap();
         assert_eq!(p.layer_slot(2, 0).unwrap().1[0], 7.0);
         p.begin_step(0, 0, 2).unwrap();

@@ -207,9 +207,9 @@ fn f16_kv_on_the_gpu_tracks_the_goldens() {
     }
 }
 
-/// The hybrids: Gated DeltaNet layers on the host between submissions,
-/// gated full attention (output gate in the fused row, partial rotary,
-/// zero-centered norms) on the device; Qwen3.5-MoE's experts on the device.
+/// The hybrids: Gated DeltaNet layers with their state slots, gated full
+/// attention (output gate in the fused row, partial rotary, zero-centered
+/// norms) and Qwen3.5-MoE's experts, all on the device.
 #[test]
 fn qwen3_next_on_the_gpu_matches_transformers() {
     check("qwen3_next");
@@ -223,4 +223,65 @@ fn qwen3_5_on_the_gpu_matches_transformers() {
 #[test]
 fn qwen3_5_moe_on_the_gpu_matches_transformers() {
     check("qwen3_5_moe");
+}
+
+/// The recurrent states on the device through the host pool's calls: after
+/// a prompt, a slot saved (read back) matches the CPU's state of the same
+/// prompt (the CPU prefills in chunks, the device token by token: rounding
+/// apart); loaded into another slot, and copied to a third (a snapshot),
+/// each continues with the same logits bit for bit as the original slot;
+/// a cleared slot starts again as a new sequence.
+#[test]
+fn recurrent_states_on_the_device_save_load_and_copy() {
+    let Some(m) = load_gpu("qwen3_5", KvType::F32) else { return };
+    let files = formats::open_model(&fixture("qwen3_5")).unwrap();
+    let cpu_model = Model::load(&files, &ShardSpec::full(files.config.n_layers), &LoadOptions::default()).unwrap();
+    let (ids, _, _) = golden("qwen3_5");
+    let threads = kernels::ThreadPool::new(1);
+    let mut ws = Workspace::default();
+    let block = 16;
+    let per_seq = (ids.len() + 2).div_ceil(block);
+    // Sequence t uses blocks t·per_seq.. and state slot t.
+    let tables: Vec<Vec<u32>> = (0..4).map(|t| ((t * per_seq) as u32..((t + 1) * per_seq) as u32).collect()).collect();
+    let step = |model: &Model, pool: &mut shardlm_model::KvPool, ws: &mut Workspace, t: usize, toks: &[u32], start| {
+        let mut logits = Vec::new();
+        let cache = SeqKv::Paged { table: &tables[t], start, state: Some(t as u32), window: Default::default() };
+        let mut steps =
+            [SeqStep { tokens: toks, cache, mode: LogitsMode::Last, prompt: start == 0, logits: &mut logits }];
+        model.forward_paged(&threads, ws, pool, &mut steps, &NoComm).unwrap();
+        logits
+    };
+    let mut pool = m.new_pool(block, 4 * per_seq);
+    pool.states = m.state_pool(4);
+    let mut cpu_pool = cpu_model.new_pool(block, 4 * per_seq);
+    cpu_pool.states = cpu_model.state_pool(4);
+    step(&m, &mut pool, &mut ws, 0, &ids, 0);
+    step(&cpu_model, &mut cpu_pool, &mut Workspace::default(), 0, &ids, 0);
+    let saved = pool.states.as_ref().unwrap().save(0).unwrap();
+    let on_cpu = cpu_pool.states.as_ref().unwrap().save(0).unwrap();
+    let d = saved.iter().zip(&on_cpu).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(d <= 1e-4, "saved device state against the CPU's: max |Δ| = {d}");
+    // Slot 1: the saved values (and the KV blocks of sequence 0, shared
+    // through its table); slot 2: a device-side copy of slot 0.
+    let states = pool.states.as_mut().unwrap();
+    states.load(1, &saved, ids.len()).unwrap();
+    states.copy(0, 2).unwrap();
+    let next = [7u32];
+    let mut outs = Vec::new();
+    for slot in [0usize, 1, 2] {
+        let mut logits = Vec::new();
+        let cache =
+            SeqKv::Paged { table: &tables[0], start: ids.len(), state: Some(slot as u32), window: Default::default() };
+        let mut steps = [SeqStep { tokens: &next, cache, mode: LogitsMode::Last, prompt: false, logits: &mut logits }];
+        m.forward_paged(&threads, &mut ws, &mut pool, &mut steps, &NoComm).unwrap();
+        outs.push(logits);
+    }
+    assert_eq!(outs[1], outs[0], "a loaded slot continues as the saved one");
+    assert_eq!(outs[2], outs[0], "a copied slot continues as the original");
+    // A new sequence in slot 3 after slot 0's values were loaded into it
+    // starts from zeros (position 0 clears it).
+    pool.states.as_mut().unwrap().load(3, &saved, ids.len()).unwrap();
+    let fresh = step(&m, &mut pool, &mut ws, 3, &ids, 0);
+    let first = step(&m, &mut pool, &mut ws, 1, &ids, 0);
+    assert_eq!(fresh, first, "position 0 clears the slot");
 }

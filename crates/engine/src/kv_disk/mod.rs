@@ -349,7 +349,7 @@ pub fn apply(
             DiskOp::SaveState { slot: s, key } => {
                 let store = slot.store.as_ref().ok_or("disk op before Init")?;
                 let states = pool.states.as_ref().ok_or("a state snapshot on a model without states")?;
-                let values = states.save(*s as usize);
+                let values = states.save(*s as usize).map_err(|e| e.to_string())?;
                 store.write(*key, Kind::State, bytemuck::cast_slice(&values).to_vec());
             }
             DiskOp::LoadState { slot: s, pos, .. } => {

@@ -1,6 +1,8 @@
 // y[y_off + r · width + i] *= sigmoid(g[g_off + r · g_stride + i]) for
 // `rows` rows of `width`: the gated attention's output gate (Qwen3-Next,
-// Qwen3.5), the gate read in place from the fused q‖k‖v‖gate row.
+// Qwen3.5), the gate read in place from the fused q‖k‖v‖gate row. With
+// `silu` set, · SiLU(g) instead (Gated DeltaNet's gated norm, z from the
+// fused projection row).
 
 struct Params {
     rows: u32,
@@ -8,7 +10,7 @@ struct Params {
     y_off: u32,
     g_off: u32,
     g_stride: u32,
-    _p0: u32,
+    silu: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -26,5 +28,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let r = i / p.width;
     let c = i % p.width;
     let at = p.y_off + r * p.width + c;
-    y[at] = y[at] / (1.0 + exp(-g[p.g_off + r * p.g_stride + c]));
+    let gv = g[p.g_off + r * p.g_stride + c];
+    let f = select(1.0, gv, p.silu == 1u);
+    y[at] = y[at] * f / (1.0 + exp(-gv));
 }
