@@ -146,13 +146,21 @@ fn window_group_on_the_device_equals_every_position() {
 /// The prefix cache's disk tier with the pool on the device: a prompt's
 /// blocks, read back from the device and written to disk by one scheduler,
 /// are loaded onto the device by the next (a restart: a fresh, empty pool)
-/// and the reply equals the cold run bit for bit; f32 and f16 pools.
+/// and the reply equals the cold run bit for bit; f32, f16, Q8_0 and Q4_0
+/// pools, and a hybrid whose recurrent-state snapshots come back from the
+/// device's state slots and go back into them.
 #[test]
 fn the_disk_tier_saves_and_restores_device_blocks() {
+    use model::KvType;
     use shardlm_engine::kv_disk::KvDiskConfig;
-    for (name, kv) in
-        [("llama", model::KvType::F32), ("qwen3", model::KvType::F16), ("deepseek_v3", model::KvType::F16)]
-    {
+    let cases = [
+        ("llama", KvType::F32),
+        ("qwen3", KvType::F16),
+        ("deepseek_v3", KvType::F16),
+        ("qwen3", KvType::Q8_0),
+        ("qwen3_5", KvType::Q4_0),
+    ];
+    for (name, kv) in cases {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
         let files = formats::open_model(&path).unwrap();
         let opts = LoadOptions { device: Device::Gpu(None), kv_type: Some(kv), ..Default::default() };

@@ -33,6 +33,7 @@
 
 mod device;
 mod error;
+mod kv;
 mod pass;
 mod pass_delta;
 mod pass_moe;
@@ -40,6 +41,7 @@ mod weights;
 
 pub use device::{AdapterReport, DeviceBuf, Gpu};
 pub use error::GpuError;
+pub use kv::KvElem;
 pub use pass::{Act, AttnArgs, Pass, Sinks, MAX_HEAD_DIM};
 pub use pass_delta::{DeltaArgs, MAX_DELTA_DK};
 pub use pass_moe::{Pairs, RouteMode};

@@ -6,7 +6,8 @@
 //! wgpu orders the dispatches' reads after earlier writes.
 
 use crate::device::{PARAM_SLOT, PARAM_SLOTS};
-use crate::{DeviceBuf, DeviceWeight, Gpu, GpuError};
+use crate::kv::{attention_pools, kv_store_invocations, kv_store_source};
+use crate::{DeviceBuf, DeviceWeight, Gpu, GpuError, KvElem};
 use kernels::DType;
 
 /// The gated activation of an MLP ([`Pass::act_mul`]).
@@ -36,49 +37,8 @@ pub struct AttnArgs {
     pub scale: f32,
     /// Sliding window: a token at position p sees `p + 1 − window ..= p`.
     pub window: Option<usize>,
-    /// The pool holds f16 (two values a word), else f32.
-    pub kv_f16: bool,
-}
-
-/// The f32 or f16 pool bindings and loads of attention.wgsl.
-fn attention_pools(f16: bool) -> &'static str {
-    match f16 {
-        false => {
-            "@group(0) @binding(2) var<storage, read> kpool: array<f32>;\n\
-             @group(0) @binding(3) var<storage, read> vpool: array<f32>;\n\
-             fn kload(i: u32) -> f32 { return kpool[i]; }\n\
-             fn vload(i: u32) -> f32 { return vpool[i]; }"
-        }
-        true => {
-            "@group(0) @binding(2) var<storage, read> kpool: array<u32>;\n\
-             @group(0) @binding(3) var<storage, read> vpool: array<u32>;\n\
-             fn kload(i: u32) -> f32 { let h = unpack2x16float(kpool[i >> 1u]); return select(h.x, h.y, (i & 1u) == 1u); }\n\
-             fn vload(i: u32) -> f32 { let h = unpack2x16float(vpool[i >> 1u]); return select(h.x, h.y, (i & 1u) == 1u); }"
-        }
-    }
-}
-
-/// The f32 or f16 pool binding and store of kv_store.wgsl.
-fn kv_store_source(f16: bool) -> String {
-    let (pool, store) = match f16 {
-        false => (
-            "@group(0) @binding(3) var<storage, read_write> pool: array<f32>;",
-            "if (i >= p.row * p.t) { return; }\n\
-             let j = i / p.row;\n\
-             let e = i % p.row;\n\
-             pool[slots[j] * p.row + e] = src[p.src_off + j * p.src_stride + e];",
-        ),
-        true => (
-            "@group(0) @binding(3) var<storage, read_write> pool: array<u32>;",
-            "let half = p.row / 2u;\n\
-             if (i >= half * p.t) { return; }\n\
-             let j = i / half;\n\
-             let e = 2u * (i % half);\n\
-             let at = p.src_off + j * p.src_stride + e;\n\
-             pool[slots[j] * half + e / 2u] = pack2x16float(vec2<f32>(src[at], src[at + 1u]));",
-        ),
-    };
-    include_str!("shaders/kv_store.wgsl").replace("//POOL", pool).replace("//STORE", store)
+    /// What the pool holds.
+    pub kv: KvElem,
 }
 
 /// A learned sink logit per query head (gpt-oss), `heads` values.
@@ -458,8 +418,8 @@ impl<'g> Pass<'g> {
     }
 
     /// Stores `row` values of each of `t` token rows of `src` (rows of
-    /// `stride` values from `src_off`) at pool rows `slots`, as f16 pairs
-    /// when `f16` (`row` even) else f32.
+    /// `stride` values from `src_off`) at pool rows `slots`, as `kv`
+    /// ([`KvElem::fits_row`] holds for `row`).
     #[allow(clippy::too_many_arguments)]
     pub fn kv_store(
         &mut self,
@@ -468,13 +428,13 @@ impl<'g> Pass<'g> {
         (t, row, stride): (usize, usize, usize),
         slots: &DeviceBuf,
         pool: &DeviceBuf,
-        f16: bool,
+        kv: KvElem,
     ) {
-        assert!(!f16 || row.is_multiple_of(2), "f16 KV rows are even (checked when the model loads)");
+        assert!(kv.fits_row(row), "{} KV rows of {row} values (checked when the model loads)", kv.name());
         let p = [row as u32, t as u32, src_off as u32, stride as u32];
-        let key = if f16 { "kv_store_f16" } else { "kv_store" };
-        let n = if f16 { t * row / 2 } else { t * row };
-        self.dispatch(key, || kv_store_source(f16), &p, &[&src.buf, &slots.buf, &pool.buf], flat_grid(n));
+        let key = format!("kv_store_{}", kv.name());
+        let n = kv_store_invocations(kv, t, row);
+        self.dispatch(&key, || kv_store_source(kv), &p, &[&src.buf, &slots.buf, &pool.buf], flat_grid(n));
     }
 
     /// Causal attention of `t` query rows (`heads × head_dim` each, at
@@ -513,11 +473,11 @@ impl<'g> Pass<'g> {
         let s = || {
             include_str!("shaders/attention.wgsl")
                 .replace("TILESu", &format!("{tiles}u"))
-                .replace("//POOLS", attention_pools(a.kv_f16))
+                .replace("//POOLS", &attention_pools(a.kv))
         };
         let sinks = sinks.map_or(&self.gpu.dummy, |b| &b.buf);
         let bufs = [&q.buf, &kpool.buf, &vpool.buf, &tok.buf, &tables.buf, &out.buf, sinks];
-        let key = format!("attention_{tiles}_{}", if a.kv_f16 { "f16" } else { "f32" });
+        let key = format!("attention_{tiles}_{}", a.kv.name());
         self.dispatch(&key, s, &p, &bufs, [a.heads as u32, t as u32, 1]);
     }
 

@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 
 mod common;
 use common::{assert_close, encode, gpu, random};
-use shardlm_gpu::{Act, AttnArgs, DeviceWeight, Pass};
+use shardlm_gpu::{Act, AttnArgs, DeviceWeight, KvElem, Pass};
 
 #[test]
 fn matmul_every_type_and_tail() {
@@ -146,20 +146,30 @@ fn activations_and_residual_add() {
 }
 
 /// Two sequences in one step over a shuffled block table (plain, windowed,
-/// with a sink per head, an f16 pool): the first decodes
+/// with a sink per head; f32, f16, Q8_0 and Q4_0 pools): the first decodes
 /// one token at position 70, the second runs a 5-token chunk from position
-/// 9; keys and values go through `kv_store` first, as in a layer.
+/// 9; keys and values go through `kv_store` first, as in a layer. A
+/// quantized pool after the store holds the bytes the host's quantizers
+/// write (`kernels::kv_quant`), so the disk tier moves blocks either way.
 #[test]
 fn paged_attention_gqa_with_windows() {
     let Some(gpu) = gpu() else { return };
     let (heads, kv_heads, block) = (4usize, 2usize, 16usize);
     for &hd in &[64usize, 80, 256, 576] {
         let sink = Some([0.5f32, -1.0, 3.0, 0.0]);
-        // (window, sinks, f16 pool)
-        for (window, sinks, f16) in
-            [(None, None, false), (Some(7usize), None, false), (None, sink, false), (Some(7), sink, true)]
-        {
+        let cases = [
+            (None, None, KvElem::F32),
+            (Some(7usize), None, KvElem::F32),
+            (None, sink, KvElem::F32),
+            (Some(7), sink, KvElem::F16),
+            (Some(7), sink, KvElem::Q8_0),
+            (None, None, KvElem::Q4_0),
+        ];
+        for (window, sinks, kv) in cases {
             let row = kv_heads * hd;
+            if !kv.fits_row(row) {
+                continue;
+            }
             let n_blocks = 12;
             let tables: Vec<u32> = vec![5, 2, 9, 0, 11, 3, /* seq 2: */ 7, 1];
             let seqs = [(70usize, 1usize, 0usize), (9, 5, 6)]; // (start, len, table offset)
@@ -170,10 +180,9 @@ fn paged_attention_gqa_with_windows() {
             let t: usize = seqs.iter().map(|s| s.1).sum();
             let q = random(t * heads * hd, 11);
             let (mut knew, mut vnew) = (random(t * row, 12), random(t * row, 13));
-            // An f16 pool holds the values rounded to f16: so does the reference.
-            if f16 {
-                let round = |v: &mut f32| *v = half::f16::from_f32(*v).to_f32();
-                kp.iter_mut().chain(vp.iter_mut()).chain(knew.iter_mut()).chain(vnew.iter_mut()).for_each(round);
+            // The pool holds the values rounded to its type: so does the reference.
+            for v in [&mut kp, &mut vp, &mut knew, &mut vnew] {
+                *v = held(kv, v);
             }
             let (mut tok, mut slots) = (vec![], vec![]);
             for &(start, len, ts) in &seqs {
@@ -216,13 +225,7 @@ fn paged_attention_gqa_with_windows() {
                 gpu.write_f32(&b, 0, v);
                 b
             };
-            let pool = |name: &str, v: &[f32]| match f16 {
-                false => up(name, v),
-                true => {
-                    let halves: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
-                    gpu.buffer_with(name, bytemuck::cast_slice(&halves)).unwrap()
-                }
-            };
+            let pool = |name: &str, v: &[f32]| gpu.buffer_with(name, &words(&encoded(kv, v))).unwrap();
             let (kb, vb, qb) = (pool("k", &kp), pool("v", &vp), up("q", &q));
             let (knb, vnb) = (up("knew", &knew), up("vnew", &vnew));
             let (tokb, tabb, slotb) = (
@@ -231,15 +234,19 @@ fn paged_attention_gqa_with_windows() {
                 gpu.buffer_with("slots", &slots).unwrap(),
             );
             let out = gpu.buffer("out", t * heads * hd).unwrap();
-            let args = AttnArgs { heads, kv_heads, head_dim: hd, block, scale, window, kv_f16: f16 };
+            let args = AttnArgs { heads, kv_heads, head_dim: hd, block, scale, window, kv };
             let mut pass = Pass::new(&gpu);
-            pass.kv_store(&knb, 0, (t, row, row), &slotb, &kb, f16);
-            pass.kv_store(&vnb, 0, (t, row, row), &slotb, &vb, f16);
+            pass.kv_store(&knb, 0, (t, row, row), &slotb, &kb, kv);
+            pass.kv_store(&vnb, 0, (t, row, row), &slotb, &vb, kv);
             let sinkb = sinks.map(|s| up("sinks", &s));
             pass.attention(&qb, (0, heads * hd), t, &args, (&kb, &vb), (&tokb, &tabb), sinkb.as_ref(), &out);
             pass.submit().unwrap();
             let got = gpu.read_f32(&out, 0, want.len()).unwrap();
-            assert_close(&got, &want, 1e-5, &format!("attention hd={hd} window={window:?} sinks={sinks:?} f16={f16}"));
+            let what = format!("attention hd={hd} window={window:?} sinks={sinks:?} {}", kv.name());
+            assert_close(&got, &want, 1e-5, &what);
+            // The stored rows: the host encoder's bytes.
+            let stored = gpu.read_f32(&kb, 0, kv.bytes_for(kr.len()) / 4).unwrap();
+            assert_eq!(bytemuck::cast_slice::<f32, u8>(&stored), &encoded(kv, &kr)[..], "{what}: stored bytes");
         }
     }
 }
@@ -331,7 +338,7 @@ fn strided_rows_equal_contiguous_ones() {
     pass.rms_norm_heads(&xb, 0, &qnb, (hd, nh, t, 1e-6), w);
     pass.rms_norm_heads(&xb, hq, &knb, (hd, nkv, t, 1e-6), w);
     pass.rope_rows(&xb, (0, w), (t, nh + nkv, hd, half), &cb, &sb, false);
-    pass.kv_store(&xb, hq, (t, hkv, w), &slots, &kpool, false);
+    pass.kv_store(&xb, hq, (t, hkv, w), &slots, &kpool, KvElem::F32);
     pass.submit().unwrap();
     let got = gpu.read_f32(&xb, 0, t * w).unwrap();
     let got_q: Vec<f32> = (0..t).flat_map(|r| got[r * w..r * w + hq].to_vec()).collect();
@@ -342,4 +349,41 @@ fn strided_rows_equal_contiguous_ones() {
     let got_v: Vec<f32> = (0..t).flat_map(|r| got[r * w + hq + hkv..(r + 1) * w].to_vec()).collect();
     let want_v: Vec<f32> = (0..t).flat_map(|r| qkv[r * w + hq + hkv..(r + 1) * w].to_vec()).collect();
     assert_eq!(got_v, want_v, "v untouched");
+}
+
+/// `v` as a pool of `kv` stores it, the host's way (rows of whole blocks).
+fn encoded(kv: KvElem, v: &[f32]) -> Vec<u8> {
+    use kernels::quant::{q4_0, q8_0};
+    match kv {
+        KvElem::F32 => bytemuck::cast_slice(v).to_vec(),
+        KvElem::F16 => v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+        KvElem::Q8_0 => {
+            let mut b = vec![<q8_0::BlockQ8_0 as bytemuck::Zeroable>::zeroed(); v.len() / 32];
+            q8_0::quantize_activations(v, &mut b);
+            bytemuck::cast_slice(&b).to_vec()
+        }
+        KvElem::Q4_0 => {
+            let mut b = vec![<q4_0::BlockQ4_0 as bytemuck::Zeroable>::zeroed(); v.len() / 32];
+            q4_0::quantize(v, &mut b);
+            bytemuck::cast_slice(&b).to_vec()
+        }
+    }
+}
+
+/// The values a pool of `kv` holds for `v`.
+fn held(kv: KvElem, v: &[f32]) -> Vec<f32> {
+    let dtype = match kv {
+        KvElem::F32 => return v.to_vec(),
+        KvElem::F16 => return v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+        KvElem::Q8_0 => DType::Q8_0,
+        KvElem::Q4_0 => DType::Q4_0,
+    };
+    let mut out = vec![0f32; v.len()];
+    kernels::quant::dequantize_row(dtype, &encoded(kv, v), &mut out);
+    out
+}
+
+/// Bytes as the 4-byte words a buffer takes.
+fn words(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }

@@ -55,8 +55,8 @@ pub(crate) struct StepRows<'a> {
     pub tok: &'a DeviceBuf,
     pub tables: &'a DeviceBuf,
     pub block: usize,
-    /// The pool holds f16.
-    pub kv_f16: bool,
+    /// What the pool holds.
+    pub kv: shardlm_gpu::KvElem,
 }
 
 /// Per head, the `a × b` matrix `m_h` (row-major, `heads` of them end to
@@ -181,13 +181,13 @@ impl GpuMla {
         let half = self.rope / 2;
         pass.rope_heads(&b.kv, (r, w, w), (n, 1, half), (s.cos, s.sin), s.interleaved);
         pass.rope_heads(&b.q, (nope, nh * qk, qk), (n, nh, half), (s.cos, s.sin), s.interleaved);
-        pass.kv_store(&b.kv, 0, (n, w, w), s.slots, pool, s.kv_f16);
+        pass.kv_store(&b.kv, 0, (n, w, w), s.slots, pool, s.kv);
         // q_lat[t, h] = W_UK_hᵀ q_nope[t, h] ‖ q_rope[t, h].
         let heads = Pairs { t: n, top_k: nh, ids: None, first: 0 };
         pass.matmul_id(&self.w_uk_t, (&b.q, true, qk), heads, &b.q_lat, (0, w));
         pass.copy_rows((&b.q, nope, qk), (&b.q_lat, r, w), (n * nh, self.rope));
-        let (block, scale, kv_f16) = (s.block, self.scale, s.kv_f16);
-        let args = AttnArgs { heads: nh, kv_heads: 1, head_dim: w, block, scale, window: None, kv_f16 };
+        let (block, scale, kv) = (s.block, self.scale, s.kv);
+        let args = AttnArgs { heads: nh, kv_heads: 1, head_dim: w, block, scale, window: None, kv };
         pass.attention(&b.q_lat, (0, nh * w), n, &args, (pool, pool), (s.tok, s.tables), None, &b.out_lat);
         // attn[t, h] = W_UV_h out_lat[t, h][..r].
         pass.matmul_id(&self.w_uv, (&b.out_lat, true, w), heads, &b.attn, (0, self.v));

@@ -59,10 +59,10 @@ impl GpuShard {
             let window = pool.n_window_blocks > 0 && pool.is_window_layer(li);
             let blocks = if window { pool.n_window_blocks } else { pool.n_blocks };
             let (kw, vw) = Self::kv_widths(l, hkv);
-            // f16: two values a word (rows are even, checked at load).
-            let per_word = if self.kv_f16 { 2 } else { 1 };
-            k.push(self.gpu.buffer("kv.k", blocks * pool.block * kw / per_word)?);
-            v.push(self.gpu.buffer("kv.v", (blocks * pool.block * vw / per_word).max(1))?);
+            // Rows start on a word (checked at load).
+            let words = |w: usize| blocks * pool.block * self.kv.bytes_for(w) / 4;
+            k.push(self.gpu.buffer("kv.k", words(kw))?);
+            v.push(self.gpu.buffer("kv.v", words(vw).max(1))?);
         }
         st.kv = Some(Kv { n_blocks: pool.n_blocks, n_window_blocks: pool.n_window_blocks, block: pool.block, k, v });
         Ok(())
@@ -93,7 +93,6 @@ impl GpuShard {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.ensure_kv(&mut st, pool, hkv)?;
         let kv = st.kv.as_ref().expect("made above");
-        let elem = if self.kv_f16 { 2 } else { 4 };
         let mut at = 0;
         for (li, l) in self.layers.iter().enumerate() {
             if pool.window_layers.get(li).copied().unwrap_or(false) {
@@ -101,7 +100,7 @@ impl GpuShard {
             }
             let (kw, vw) = Self::kv_widths(l, hkv);
             for (buf, w) in [(&kv.k[li], kw), (&kv.v[li], vw)] {
-                let words = pool.block * w * elem / 4;
+                let words = pool.block * self.kv.bytes_for(w) / 4;
                 if words == 0 {
                     continue;
                 }
@@ -134,12 +133,10 @@ impl GpuShard {
                 let window = pool.n_window_blocks > 0 && pool.is_window_layer(li);
                 let blocks = if window { pool.n_window_blocks } else { pool.n_blocks };
                 let (kw, vw) = Self::kv_widths(l, hkv);
-                let row = kw + vw;
-                let elem = if self.kv_f16 { 2 } else { 4 };
-                elem * blocks * pool.block * row
+                blocks * pool.block * (self.kv.bytes_for(kw) + self.kv.bytes_for(vw))
             })
             .sum();
-        let ty = if self.kv_f16 { "f16" } else { "f32" };
+        let ty = self.kv.name();
         let what = format!("the KV pool ({} blocks of {} positions, {ty}) and the weights", pool.n_blocks, pool.block);
         Ok(self.gpu.check_fits(&what, (bytes + self.weight_bytes()) as u64, 0)?)
     }

@@ -35,7 +35,7 @@ use crate::linear::Linear;
 use crate::moe::ExpertAct;
 use crate::{AllReduce, Model, ModelError, SeqStep, Workspace};
 pub(crate) use pool::BlockData;
-use shardlm_gpu::{Act, AttnArgs, DeviceBuf, DeviceWeight, Gpu, Pass};
+use shardlm_gpu::{Act, AttnArgs, DeviceBuf, DeviceWeight, Gpu, KvElem, Pass};
 use std::sync::{Arc, Mutex};
 
 /// Where a shard computes (`--device cpu|gpu[:N]`).
@@ -216,8 +216,8 @@ const STEP_RESERVE: u64 = 256 << 20;
 
 pub struct GpuShard {
     gpu: Arc<Gpu>,
-    /// The device pool holds f16 (`--kv-type f16`), else f32.
-    kv_f16: bool,
+    /// What the device pool holds (`--kv-type`).
+    kv: KvElem,
     layers: Vec<GpuLayer>,
     head: Option<(DeviceBuf, DeviceWeight)>,
     state: Mutex<State>,
@@ -272,10 +272,11 @@ impl GpuShard {
         // room for a modest KV pool and the step buffers.
         let need = Self::weight_bytes_of(model) as u64;
         gpu.check_fits(&format!("layers {:?}'s weights", model.shard.layers), need, STEP_RESERVE)?;
-        let kv_f16 = match model.kv_type {
-            crate::KvType::F32 => false,
-            crate::KvType::F16 => true,
-            other => return Err(refuse(format!("a {other:?} KV cache (the device holds f16 or f32: --kv-type f16)"))),
+        let kv = match model.kv_type {
+            crate::KvType::F32 => KvElem::F32,
+            crate::KvType::F16 => KvElem::F16,
+            crate::KvType::Q8_0 => KvElem::Q8_0,
+            crate::KvType::Q4_0 => KvElem::Q4_0,
         };
         let gpu = Arc::new(gpu);
         let mut layers = Vec::with_capacity(model.layers.len());
@@ -293,15 +294,23 @@ impl GpuShard {
             _ => None,
         };
         gpu.check()?;
-        let odd = layers.iter().any(|l| match &l.attn {
-            Attn::Gqa(_) => (model.local.n_kv_heads * model.config.head_dim) % 2 == 1,
-            Attn::Mla(m) => m.width() % 2 == 1,
-            Attn::DeltaNet(_) => false,
+        let odd = layers.iter().find_map(|l| {
+            let row = match &l.attn {
+                Attn::Gqa(_) => model.local.n_kv_heads * model.config.head_dim,
+                Attn::Mla(m) => m.width(),
+                Attn::DeltaNet(_) => return None,
+            };
+            (!kv.fits_row(row)).then_some(row)
         });
-        if kv_f16 && odd {
-            return Err(refuse("an f16 KV cache with rows of odd width (use --kv-type f32)".into()));
+        if let Some(row) = odd {
+            let need = match kv {
+                KvElem::F16 => "an even width",
+                _ => "a multiple of 64 values (an even number of blocks, so rows start on a word)",
+            };
+            let what = format!("a {} KV cache with rows of {row} values (it needs {need}; --kv-type f32)", kv.name());
+            return Err(refuse(what));
         }
-        Ok(GpuShard { gpu, kv_f16, layers, head, state: Mutex::new(State::default()) })
+        Ok(GpuShard { gpu, kv, layers, head, state: Mutex::new(State::default()) })
     }
 
     fn layer(gpu: &Gpu, l: &DecoderLayer, head_dim: usize, tp: bool) -> Result<GpuLayer, ModelError> {
@@ -588,11 +597,11 @@ impl GpuShard {
                     };
                     // q's and k's heads sit side by side: one rope for both.
                     pass.rope_rows(&b.qkv, (0, w), (n, nh + nkv, hd, half), cos, sin, interleaved);
-                    let f16 = self.kv_f16;
-                    pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li], f16);
-                    pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li], f16);
+                    let elem = self.kv;
+                    pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li], elem);
+                    pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li], elem);
                     let window = a.window;
-                    let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block, scale, window, kv_f16: f16 };
+                    let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block, scale, window, kv: elem };
                     let (pools, rows) = ((&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]));
                     pass.attention(&b.qkv, (0, w), n, &args, pools, rows, a.sinks.as_ref(), &b.attn);
                     if a.gated {
@@ -613,7 +622,7 @@ impl GpuShard {
                         tok: &b.tok[g],
                         tables: tb[g],
                         block,
-                        kv_f16: self.kv_f16,
+                        kv: self.kv,
                     };
                     a.record(&mut pass, mb, (&b.xn, n), &rows, &kv.k[li], (dst, fused));
                 }
