@@ -393,7 +393,6 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // server's path (and starts cold: no prefix cache).
     let solo = engine::serving::solo::solo_config(&engine, p + g, crate::serve::KV_BLOCK, engine.prefill_chunk);
     let mut sched = Scheduler::new(&mut engine, solo).context("allocating the KV pool")?;
-    a.draft.check_target(&engine)?;
     let speculate = a.draft.params()?.is_some();
     sched.set_draft(a.draft.params()?)?;
     sched.set_model_draft(a.draft.drafter(&mut engine, threads, 1)?);

@@ -68,20 +68,6 @@ impl DraftArgs {
         }
     }
 
-    /// Refuses speculation where the target cannot take a verify step back:
-    /// a hybrid's linear layers on the GPU (their way back is host-only).
-    pub fn check_target(&self, target: &Engine) -> Result<()> {
-        let m = &target.model;
-        if self.params()?.is_some() && m.gpu.is_some() && m.spec.linear_attn.is_some() {
-            bail!(
-                "--draft {}: speculative decoding of a linear-attention (hybrid) model is not on the GPU yet \
-                 (use --device cpu, or --draft none)",
-                self.kind()
-            );
-        }
-        Ok(())
-    }
-
     /// The draft model's path, an alias (`smollm2-135m`) fetched like `--model`'s.
     fn draft_path(&self) -> Result<Option<PathBuf>> {
         let Some(path) = &self.draft_model else { return Ok(None) };

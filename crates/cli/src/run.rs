@@ -131,7 +131,6 @@ fn run_on(
 ) -> Result<()> {
     engine.prefill_chunk = a.prefill_chunk as usize;
     // Before the prompt is read: a draft model that cannot draft is refused at once.
-    a.draft.check_target(engine)?;
     let drafter = a.draft.drafter(engine, threads, 1)?;
 
     let prompt_ids = match (&a.prompt_ids, a.prompt.as_ref().or(a.prompt_pos.as_ref())) {

@@ -332,7 +332,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     engine.prefill_chunk = a.prefill_chunk as usize;
     let sched = scheduler_config(&a, &engine)?;
     // One slot of draft KV per sequence the scheduler runs at once.
-    a.draft.check_target(&engine)?;
     let drafter = a.draft.drafter(&mut engine, threads, sched.max_batch)?;
     let served = a.served_model_name.clone().unwrap_or_else(|| {
         std::path::Path::new(&model_name).file_stem().map_or(model_name.clone(), |s| s.to_string_lossy().into_owned())

@@ -106,7 +106,10 @@ fn greedy_equality(name: &str) {
 }
 
 fn greedy_equality_with(name: &str, config: impl Fn(&Engine) -> SchedulerConfig) {
-    let mut e = fixture_engine(name, 64);
+    greedy_equality_of(name, fixture_engine(name, 64), config);
+}
+
+fn greedy_equality_of(name: &str, mut e: Engine, config: impl Fn(&Engine) -> SchedulerConfig) {
     let cfg = config(&e);
     let config = || cfg.clone();
     let hybrid = e.model.spec.linear_attn.is_some();
@@ -173,6 +176,30 @@ fn greedy_speculation_equals_plain_decoding_hybrid() {
     // the verify step), and the logits after it are those of plain decoding.
     for name in ["qwen3_next", "qwen3_5", "qwen3_5_moe"] {
         greedy_equality(name);
+    }
+}
+
+/// The same on the GPU (`--device gpu`): a hybrid's linear layers keep
+/// their way back on the device (the state before a verify step and its
+/// projection rows) and replay the accepted rows there; attention layers
+/// read the device KV rows the verify steps wrote. On Mesa's llvmpipe in CI.
+#[test]
+fn greedy_speculation_equals_plain_decoding_on_the_gpu() {
+    for name in ["qwen3_5", "llama"] {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+        let files = formats::open_model(&path).unwrap();
+        let opts = model::LoadOptions { device: model::Device::Gpu(None), ..Default::default() };
+        let m = match model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &opts) {
+            Ok(m) => m,
+            Err(e) if e.to_string().starts_with("no GPU adapter") && std::env::var("CI").as_deref() != Ok("true") => {
+                eprintln!("SKIPPED: {e}");
+                return;
+            }
+            Err(e) => panic!("{name}: {e}"),
+        };
+        let mut e = Engine::new(m, None, 2);
+        e.prefill_chunk = 64;
+        greedy_equality_of(name, e, |_| config());
     }
 }
 

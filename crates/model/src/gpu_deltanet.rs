@@ -8,16 +8,78 @@
 //! The states: [`GpuStates`] holds, per owned linear layer, a buffer in the
 //! host [`StatePool`]'s layout; the pool is attached to it at the first step
 //! ([`StatePool::attach`]), so the scheduler's clears, snapshot copies and
-//! the disk tier's saves and loads act on the device. Speculative decoding's
-//! way back (replaying a verify step's accepted rows) is not on the device:
-//! a verify step of a linear layer there is refused.
+//! the disk tier's saves and loads act on the device.
+//!
+//! Speculative decoding's way back, on the device: a verify step keeps, per
+//! slot and layer, the state before it and its fused projection rows
+//! ([`UndoBufs`]); the next step of the slot (which `StatePool::begin_step`
+//! marks with the accepted rows to replay) restores that state and runs
+//! the conv and the delta rule over the first accepted rows again. Both
+//! shaders take rows one at a time with the same arithmetic whatever the
+//! step, and the matmul's rows do not depend on the batch, so the state
+//! after a replay equals plain decoding's bit for bit.
 
 use super::gpu_shard::{weight, Proj};
+use crate::kv_cache::SeqKv;
 use crate::linear_attn::GatedDeltaNet;
+use crate::model::{AttendRows, SeqStep};
 use crate::state_cache::{DeviceStates, StatePool, StateShape};
 use crate::ModelError;
 use shardlm_gpu::{DeltaArgs, DeviceBuf, DeviceWeight, Gpu, Pass};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// One sequence's part of a step of the linear layers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeltaSeq {
+    /// First row in the step, rows, state slot.
+    pub row: usize,
+    pub len: usize,
+    pub slot: usize,
+    /// Accepted rows of the slot's last verify step to replay first (0: none).
+    pub replay: usize,
+    /// A verify step: keep the way back.
+    pub verify: bool,
+}
+
+/// Marks every owned linear layer's way back in the host pool as the host
+/// layer does (takes the rows to replay; a verify step records its first
+/// position and rows, any other forgets the last one) and returns each
+/// sequence's part of the step.
+pub(crate) fn plan_step(states: &mut StatePool, seqs: &[SeqStep<'_>]) -> Result<Vec<DeltaSeq>, ModelError> {
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut row = 0;
+    for s in seqs {
+        let SeqKv::Paged { state: Some(slot), start, .. } = &s.cache else {
+            return Err(ModelError::Unsupported("a linear-attention sequence without a state slot".into()));
+        };
+        let (len, slot, start) = (s.tokens.len(), *slot as usize, *start);
+        let verify = s.attend_rows() == AttendRows::Verify && len > 1;
+        let mut replay = 0;
+        for li in 0..states.shapes.len() {
+            if let Some(u) = states.undo_marks(li, slot) {
+                replay = std::mem::take(&mut u.replay);
+                match verify {
+                    true => (u.start, u.rows) = (start, len),
+                    false => u.rows = 0,
+                }
+            }
+        }
+        out.push(DeltaSeq { row, len, slot, replay, verify });
+        row += len;
+    }
+    Ok(out)
+}
+
+/// A slot's way back in one layer: the state before its last verify step,
+/// that step's fused projection rows (room for `cap` rows), and the (first
+/// row, rows, slot) entry a replay runs the shaders with.
+pub(crate) struct UndoBufs {
+    before: DeviceBuf,
+    rows: DeviceBuf,
+    cap: usize,
+    seq: DeviceBuf,
+}
 
 pub(crate) struct GpuDeltaNet {
     /// `[qkv (C) ‖ z (nv·dv) ‖ b, a (2·nv)]` per token row.
@@ -87,6 +149,11 @@ impl GpuDeltaNet {
         self.proj.bytes() + self.out.bytes()
     }
 
+    /// (floats of a state slot, of a projection row): what a way back keeps.
+    pub(crate) fn undo_shape(&self) -> (usize, usize) {
+        (self.args.slot_len, self.args.x_stride)
+    }
+
     /// Buffers for `rows` tokens and `n_seq` sequences, sized for the widest
     /// of `layers`; `None` without linear layers.
     pub(crate) fn bufs<'a>(
@@ -125,11 +192,32 @@ impl GpuDeltaNet {
         b: &DeltaBufs,
         (xn, n, n_seq): (&DeviceBuf, usize, usize),
         states: &DeviceBuf,
+        undo: &[(DeltaSeq, Arc<UndoBufs>)],
         (dst, add): (&DeviceBuf, bool),
     ) {
         let (a, s) = (&self.args, &self.shape);
         let (c, vw) = (a.channels(), a.v_heads * a.dv);
         self.proj.record(pass, xn, n, &b.proj);
+        // The way back: replay the accepted rows of the last verify step from
+        // the state before it (outputs discarded), then keep this verify
+        // step's state and rows.
+        for (sq, u) in undo.iter().filter(|(sq, _)| sq.replay > 0) {
+            pass.copy(&u.before, 0, states, sq.slot * a.slot_len, a.slot_len);
+            pass.conv_silu(
+                &u.rows,
+                a.x_stride,
+                (c, s.conv_kernel, a.slot_len),
+                &self.conv,
+                (&u.seq, 1),
+                states,
+                &b.conv,
+            );
+            pass.delta_rule(a, (&b.conv, &u.rows), (&self.neg_a, &self.dt_bias), (&u.seq, 1), states, &b.core);
+        }
+        for (sq, u) in undo.iter().filter(|(sq, _)| sq.verify) {
+            pass.copy(states, sq.slot * a.slot_len, &u.before, 0, a.slot_len);
+            pass.copy(&b.proj, sq.row * a.x_stride, &u.rows, 0, sq.len * a.x_stride);
+        }
         pass.conv_silu(
             &b.proj,
             a.x_stride,
@@ -158,6 +246,9 @@ pub(crate) struct GpuStates {
     /// One slot of the widest layer: slot-to-slot copies go through it (a
     /// buffer cannot be both ends of one copy).
     scratch: Mutex<Option<DeviceBuf>>,
+    /// Per (layer, slot): the way back of its last verify step, made at the
+    /// slot's first verify step.
+    undo: Mutex<HashMap<(usize, usize), Arc<UndoBufs>>>,
 }
 
 impl std::fmt::Debug for GpuStates {
@@ -173,7 +264,46 @@ impl GpuStates {
             .iter()
             .map(|s| s.map(|s| gpu.buffer("deltanet.states", s.len() * pool.n_slots)).transpose())
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(GpuStates { gpu, layers, scratch: Mutex::new(None) })
+        Ok(GpuStates { gpu, layers, scratch: Mutex::new(None), undo: Mutex::new(HashMap::new()) })
+    }
+
+    /// The way back of each sequence of `plan` that replays or verifies in
+    /// linear layer `layer` (`x_stride`: its projection rows' width), made
+    /// or grown for a verify step's rows; each replay's entry is written.
+    pub(crate) fn undo_for(
+        &self,
+        layer: usize,
+        plan: &[DeltaSeq],
+        (slot_len, x_stride): (usize, usize),
+    ) -> Result<Vec<(DeltaSeq, Arc<UndoBufs>)>, ModelError> {
+        let mut map = self.undo.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for sq in plan.iter().filter(|sq| sq.replay > 0 || sq.verify) {
+            let key = (layer, sq.slot);
+            if sq.replay > 0 {
+                let u = map.get(&key).ok_or_else(|| {
+                    ModelError::Unsupported(format!("slot {} replays a verify step it did not keep", sq.slot))
+                })?;
+                self.gpu.write_u32(&u.seq, 0, &[0, sq.replay as u32, sq.slot as u32]);
+                out.push((DeltaSeq { verify: false, ..*sq }, u.clone()));
+            }
+            if sq.verify {
+                // A replay above still reads the old rows: a bigger set replaces
+                // them in the map, the old one lives on in `out`.
+                if map.get(&key).is_none_or(|u| u.cap < sq.len) {
+                    let cap = sq.len.max(17).next_power_of_two();
+                    let u = UndoBufs {
+                        before: self.gpu.buffer("deltanet.undo_state", slot_len)?,
+                        rows: self.gpu.buffer("deltanet.undo_rows", cap * x_stride)?,
+                        cap,
+                        seq: self.gpu.buffer("deltanet.undo_seq", 3)?,
+                    };
+                    map.insert(key, Arc::new(u));
+                }
+                out.push((DeltaSeq { replay: 0, ..*sq }, map[&key].clone()));
+            }
+        }
+        Ok(out)
     }
 
     fn buf(&self, layer: usize) -> Result<&DeviceBuf, ModelError> {

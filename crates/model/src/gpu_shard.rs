@@ -20,8 +20,8 @@
 //! projection row. Linear attention (Gated DeltaNet, `gpu_deltanet`) runs on
 //! the device too, its conv and recurrent states in device slots that the
 //! host pool's `states` is attached to. Whole-projection q/k norms under
-//! tensor parallelism and q8_0/q4_0 KV pools are refused at load; a
-//! speculative verify step of linear layers at the step.
+//! tensor parallelism and quantized KV rows of an odd number of blocks are
+//! refused at load.
 
 use super::gpu_deltanet::{DeltaBufs, GpuDeltaNet, GpuStates};
 use super::gpu_mla::{GpuMla, MlaBufs, StepRows};
@@ -461,33 +461,11 @@ impl GpuShard {
             crate::linear_attn::begin_states(seqs, paged.as_deref_mut())?;
         }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        // Each sequence's (first row, rows, state slot), for the linear layers.
-        let mut delta_seqs = Vec::new();
+        // Each sequence's part of the step of the linear layers.
+        let mut delta_plan = Vec::new();
         if let Some(states) = paged.as_deref_mut().and_then(|p| p.states.as_mut()) {
             self.attach_states(&mut st, states)?;
-            let mut row = 0;
-            for s in seqs.iter() {
-                let (len, slot) = (
-                    s.tokens.len(),
-                    match &s.cache {
-                        SeqKv::Paged { state: Some(slot), .. } => *slot,
-                        _ => {
-                            return Err(ModelError::Unsupported(
-                                "a linear-attention sequence without a state slot".into(),
-                            ))
-                        }
-                    },
-                );
-                if s.attend_rows() == crate::model::AttendRows::Verify && len > 1 {
-                    return Err(ModelError::Unsupported(
-                        "--device gpu: a speculative verify step of linear-attention layers (their way back is \
-                         not on the device yet; use --device cpu to speculate on a hybrid model)"
-                            .into(),
-                    ));
-                }
-                delta_seqs.extend([row as u32, len as u32, slot]);
-                row += len;
-            }
+            delta_plan = super::gpu_deltanet::plan_step(states, seqs)?;
         }
         let Some(pool) = paged.as_deref() else {
             return Err(ModelError::Unsupported("--device gpu runs paged sequences (the scheduler's) only".into()));
@@ -547,7 +525,8 @@ impl GpuShard {
             gpu.write_f32(&b.sin_local, 0, &ws.sin_local[..n * half]);
         }
         if let Some(db) = &b.delta {
-            GpuDeltaNet::write_seqs(gpu, db, &delta_seqs);
+            let words: Vec<u32> = delta_plan.iter().flat_map(|q| [q.row as u32, q.len as u32, q.slot as u32]).collect();
+            GpuDeltaNet::write_seqs(gpu, db, &words);
         }
         for (g, (tok, slots, tables)) in rows.iter().enumerate() {
             gpu.write_u32(&b.tok[g], 0, tok);
@@ -628,11 +607,12 @@ impl GpuShard {
                 }
                 Attn::DeltaNet(d) => {
                     let db = b.delta.as_ref().expect("made with the linear layers");
-                    let states = states.as_ref().and_then(|s| s.layers[li].as_ref());
-                    let states = states.ok_or_else(|| {
-                        ModelError::Unsupported(format!("linear layer {li} has no recurrent-state cache"))
-                    })?;
-                    d.record(&mut pass, db, (&b.xn, n, delta_seqs.len() / 3), states, (dst, fused));
+                    let no_cache =
+                        || ModelError::Unsupported(format!("linear layer {li} has no recurrent-state cache"));
+                    let dev = states.as_ref().ok_or_else(no_cache)?;
+                    let slots = dev.layers[li].as_ref().ok_or_else(no_cache)?;
+                    let undo = dev.undo_for(li, &delta_plan, d.undo_shape())?;
+                    d.record(&mut pass, db, (&b.xn, n, delta_plan.len()), slots, &undo, (dst, fused));
                 }
             }
             if !fused {

@@ -221,6 +221,18 @@ impl StatePool {
         Some((conv, rec, &mut undo[layer]))
     }
 
+    /// Layer `layer`'s way-back marks of slot `slot` (first position, rows,
+    /// rows to replay) when the values live on a device, which keeps the
+    /// saved state and rows itself; `None` for an attention layer.
+    pub fn undo_marks(&mut self, layer: usize, slot: usize) -> Option<&mut LayerUndo> {
+        self.shapes.get(layer).copied().flatten()?;
+        let undo = &mut self.undo[slot];
+        if undo.is_empty() {
+            undo.resize(self.shapes.len(), LayerUndo::default());
+        }
+        Some(&mut undo[layer])
+    }
+
     /// Zeroes slot `slot` (a new sequence).
     pub fn clear(&mut self, slot: usize) -> Result<(), ModelError> {
         for (li, (shape, d)) in self.shapes.iter().zip(&mut self.data).enumerate() {
