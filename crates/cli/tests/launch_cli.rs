@@ -284,6 +284,9 @@ fn hostfile_ranks_over_ssh() {
         hosts.to_str().unwrap(),
         "--ssh",
         ssh.to_str().unwrap(),
+        // Its own ports: the ssh tests run at once, and a world lingers a moment after a failure.
+        "--port",
+        "47330",
         "--ssh-local",
         "--remote-exe",
         EXE,
@@ -313,6 +316,9 @@ fn a_failing_rank_over_ssh_leaves_nothing_behind() {
         hosts.to_str().unwrap(),
         "--ssh",
         ssh.to_str().unwrap(),
+        // Its own ports: the ssh tests run at once, and a world lingers a moment after a failure.
+        "--port",
+        "47350",
         "--ssh-local",
         "--backend",
         "tcp",
