@@ -15,28 +15,17 @@
 //! `CI=true`.
 
 mod common;
-use common::serving::{max_diff, request, submit, Seen};
-use model::{Device, LoadOptions, Model, ShardSpec};
+use common::serving::{fixture_model_on, max_diff, request, submit, Seen};
+use model::{Device, LoadOptions};
 use shardlm_engine::generate::Engine;
 use shardlm_engine::serving::{Scheduler, SchedulerConfig};
 use std::path::PathBuf;
 
 fn engine(name: &str, device: Device) -> Option<Engine> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
-    let files = formats::open_model(&path).unwrap();
-    let opts = LoadOptions { device, ..Default::default() };
-    match Model::load(&files, &ShardSpec::full(files.config.n_layers), &opts) {
-        Ok(m) => {
-            let mut e = Engine::new(m, None, 2);
-            e.prefill_chunk = 48;
-            Some(e)
-        }
-        Err(e) if e.to_string().starts_with("no GPU adapter") && std::env::var("CI").as_deref() != Ok("true") => {
-            eprintln!("SKIPPED: {e}");
-            None
-        }
-        Err(e) => panic!("{name}: {e}"),
-    }
+    let m = fixture_model_on(name, &LoadOptions { device, ..Default::default() })?;
+    let mut e = Engine::new(m, None, 2);
+    e.prefill_chunk = 48;
+    Some(e)
 }
 
 /// Runs `prompt` (and `others` side requests) to the end; the main request's record.
@@ -162,16 +151,8 @@ fn the_disk_tier_saves_and_restores_device_blocks() {
     ];
     for (name, kv) in cases {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
-        let files = formats::open_model(&path).unwrap();
         let opts = LoadOptions { device: Device::Gpu(None), kv_type: Some(kv), ..Default::default() };
-        let m = match Model::load(&files, &ShardSpec::full(files.config.n_layers), &opts) {
-            Ok(m) => m,
-            Err(e) if e.to_string().starts_with("no GPU adapter") && std::env::var("CI").as_deref() != Ok("true") => {
-                eprintln!("SKIPPED: {e}");
-                return;
-            }
-            Err(e) => panic!("{name}: {e}"),
-        };
+        let Some(m) = fixture_model_on(name, &opts) else { return };
         let mut e = Engine::new(m, None, 2);
         e.prefill_chunk = 48;
         e.disk.model_path = Some(path.clone());

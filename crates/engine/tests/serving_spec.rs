@@ -15,7 +15,7 @@
 //!   the model's distribution (chi-square over a top-k of 8).
 
 mod common;
-use common::serving::{fixture_engine, request, Recorder, Seen};
+use common::serving::{fixture_engine, fixture_model_on, request, Recorder, Seen};
 use shardlm_engine::draft::{DraftChoice, DraftParams, Drafter};
 use shardlm_engine::generate::{Engine, GenerateHooks, GenerateRequest};
 use shardlm_engine::sampler::SamplingParams;
@@ -186,17 +186,8 @@ fn greedy_speculation_equals_plain_decoding_hybrid() {
 #[test]
 fn greedy_speculation_equals_plain_decoding_on_the_gpu() {
     for name in ["qwen3_5", "llama"] {
-        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
-        let files = formats::open_model(&path).unwrap();
         let opts = model::LoadOptions { device: model::Device::Gpu(None), ..Default::default() };
-        let m = match model::Model::load(&files, &model::ShardSpec::full(files.config.n_layers), &opts) {
-            Ok(m) => m,
-            Err(e) if e.to_string().starts_with("no GPU adapter") && std::env::var("CI").as_deref() != Ok("true") => {
-                eprintln!("SKIPPED: {e}");
-                return;
-            }
-            Err(e) => panic!("{name}: {e}"),
-        };
+        let Some(m) = fixture_model_on(name, &opts) else { return };
         let mut e = Engine::new(m, None, 2);
         e.prefill_chunk = 64;
         greedy_equality_of(name, e, |_| config());

@@ -398,14 +398,20 @@ impl<'g> Pass<'g> {
 
     /// `y[r, i] *= sigmoid(g[g_off + r · g_stride + i])` for `rows` rows of
     /// `width` contiguous values of `y`.
-    pub fn sigmoid_mul(
+    pub fn sigmoid_mul(&mut self, y: &DeviceBuf, (rows, width): (usize, usize), g: &DeviceBuf, gs: (usize, usize)) {
+        self.gate_mul(y, (rows, width), g, gs, false);
+    }
+
+    /// `y ·= sigmoid(g)`, or `· SiLU(g)` with `silu` (sigmoid_mul.wgsl).
+    pub(crate) fn gate_mul(
         &mut self,
         y: &DeviceBuf,
         (rows, width): (usize, usize),
         g: &DeviceBuf,
         (g_off, g_stride): (usize, usize),
+        silu: bool,
     ) {
-        let p = words8([rows as u32, width as u32, 0, g_off as u32, g_stride as u32, 0, 0, 0]);
+        let p = words8([rows as u32, width as u32, 0, g_off as u32, g_stride as u32, silu as u32, 0, 0]);
         let s = || include_str!("shaders/sigmoid_mul.wgsl").to_string();
         self.dispatch("sigmoid_mul", s, &p, &[&g.buf, &y.buf], flat_grid(rows * width));
     }

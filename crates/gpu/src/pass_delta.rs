@@ -102,15 +102,7 @@ impl Pass<'_> {
 
     /// `y[r, i] *= SiLU(g[g_off + r · g_stride + i])` for `rows` rows of
     /// `width` contiguous values of `y` (the gated norm's `· SiLU(z)`).
-    pub fn silu_mul(
-        &mut self,
-        y: &DeviceBuf,
-        (rows, width): (usize, usize),
-        g: &DeviceBuf,
-        (g_off, g_stride): (usize, usize),
-    ) {
-        let p = words8([rows as u32, width as u32, 0, g_off as u32, g_stride as u32, 1, 0, 0]);
-        let s = || include_str!("shaders/sigmoid_mul.wgsl").to_string();
-        self.dispatch("sigmoid_mul", s, &p, &[&g.buf, &y.buf], crate::pass::flat_grid(rows * width));
+    pub fn silu_mul(&mut self, y: &DeviceBuf, rw: (usize, usize), g: &DeviceBuf, gs: (usize, usize)) {
+        self.gate_mul(y, rw, g, gs, true);
     }
 }

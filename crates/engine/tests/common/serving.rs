@@ -63,6 +63,22 @@ pub fn fixture_engine(name: &str, prefill_chunk: usize) -> Engine {
     e
 }
 
+/// Tiny fixture `name` loaded with `opts` (a `--device gpu` one, say);
+/// `None`, with a note, where the machine has no GPU adapter (not under
+/// `CI=true`, whose machine must have Mesa's).
+pub fn fixture_model_on(name: &str, opts: &LoadOptions) -> Option<Model> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(name);
+    let files = formats::open_model(&path).unwrap();
+    match Model::load(&files, &ShardSpec::full(files.config.n_layers), opts) {
+        Ok(m) => Some(m),
+        Err(e) if e.to_string().starts_with("no GPU adapter") && std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!("SKIPPED: {e}");
+            None
+        }
+        Err(e) => panic!("{name}: {e}"),
+    }
+}
+
 /// Submits `req` with a recorder; the record fills as the scheduler steps.
 pub fn submit(s: &mut Scheduler, req: GenerateRequest) -> Arc<Mutex<Seen>> {
     let seen = Arc::new(Mutex::new(Seen::default()));
