@@ -44,7 +44,7 @@ pub use error::GpuError;
 pub use kv::KvElem;
 pub use pass::{Act, AttnArgs, Pass, Sinks, MAX_HEAD_DIM};
 pub use pass_delta::{DeltaArgs, MAX_DELTA_DK};
-pub use pass_moe::{Pairs, RouteMode};
+pub use pass_moe::{group_words, Pairs, RouteMode};
 pub use weights::{DeviceWeight, StackPart};
 
 /// The weight types the matmul shader reads.

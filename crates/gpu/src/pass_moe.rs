@@ -4,11 +4,14 @@
 //! Routing stays on the device (no readback per layer): `moe_route` writes
 //! each token's `top_k` expert ids and weights, `matmul_id` reads the id of
 //! its pair to pick the expert's rows of a stacked matrix, and
-//! `moe_combine` sums the pairs' rows back per token. Every pair reads its
-//! expert's weights on its own, so prefill reads an expert's matrix once
-//! per routed token (a grouped product per expert would read it once).
+//! `moe_combine` sums the pairs' rows back per token. With more pairs than
+//! experts (prefill), `moe_group` sorts the pairs by expert and the matmul
+//! runs a tile of an expert's rows for all its pairs in turn, reading the
+//! expert's matrix once per step instead of once per routed token.
 
 use crate::pass::{flat_grid, matmul_shape, matmul_source, row_grid, MATMUL_ID};
+
+const MATMUL_ID_GROUPED: &str = include_str!("shaders/matmul_id_grouped.wgsl");
 use crate::{DeviceBuf, DeviceWeight, Pass};
 
 /// How router logits become expert weights ([`Pass::moe_route`]), as the
@@ -32,6 +35,15 @@ pub struct Pairs<'a> {
     pub ids: Option<&'a DeviceBuf>,
     /// The global id of the weight's expert 0 (expert parallelism).
     pub first: usize,
+    /// The pairs grouped by expert ([`Pass::moe_group`] of `ids` over this
+    /// many experts): each expert's rows are then read once for all its
+    /// pairs. `None`: one pass over an expert's rows per pair.
+    pub group: Option<(&'a DeviceBuf, usize)>,
+}
+
+/// Words of [`Pass::moe_group`]'s output for `pairs` pairs of `ne` experts.
+pub fn group_words(pairs: usize, ne: usize) -> usize {
+    ne + 1 + pairs
 }
 
 impl Pass<'_> {
@@ -59,6 +71,15 @@ impl Pass<'_> {
         let src = || include_str!("shaders/moe_route.wgsl").to_string();
         let bufs = [&logits.buf, &sel.buf, bias, &ids.buf, &wts.buf];
         self.dispatch("moe_route", src, &p, &bufs, [t.div_ceil(64) as u32, 1, 1]);
+    }
+
+    /// Groups the `pairs` routed pairs (their expert ids in `ids`, of `ne`
+    /// experts) by expert into `group` ([`group_words`] words: each expert's
+    /// first place, then the pairs in expert order), for [`Pairs::group`].
+    pub fn moe_group(&mut self, ids: &DeviceBuf, (pairs, ne): (usize, usize), group: &DeviceBuf) {
+        let p = [pairs as u32, ne as u32, 0, 0];
+        let src = || include_str!("shaders/moe_group.wgsl").to_string();
+        self.dispatch("moe_group", src, &p, &[&ids.buf, &group.buf], [1, 1, 1]);
     }
 
     /// The experts' product for every pair: `y[pair · y_stride + y_off ..]
@@ -94,16 +115,28 @@ impl Pass<'_> {
                 (part.rows / n) as u32,
                 x_stride as u32,
                 pairs.ids.is_none() as u32,
-                0,
+                pairs.group.map_or(0, |g| g.1) as u32,
                 0,
             ];
             let dummy = &self.gpu.dummy;
             let w1 = part.w1.as_ref().map_or(dummy, |b| &b.buf);
             let bias = part.bias.as_ref().map_or(dummy, |b| &b.buf);
-            let ids = pairs.ids.map_or(dummy, |b| &b.buf);
-            let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf, ids];
             let rows = matmul_shape(w.dtype).1;
-            self.dispatch(&key, || matmul_source(MATMUL_ID, w.dtype), &p, &bufs, row_grid(n.div_ceil(rows), count));
+            match pairs.group {
+                // A workgroup per (row tile, expert of this part), looping over the expert's pairs.
+                Some((group, _)) => {
+                    let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf, &group.buf];
+                    let grid = row_grid(n.div_ceil(rows), part.rows / n);
+                    let key = format!("{key}_grouped");
+                    self.dispatch(&key, || matmul_source(MATMUL_ID_GROUPED, w.dtype), &p, &bufs, grid);
+                }
+                None => {
+                    let ids = pairs.ids.map_or(dummy, |b| &b.buf);
+                    let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf, ids];
+                    let src = || matmul_source(MATMUL_ID, w.dtype);
+                    self.dispatch(&key, src, &p, &bufs, row_grid(n.div_ceil(rows), count));
+                }
+            }
         }
     }
 

@@ -170,7 +170,7 @@ fn experts_matmul_and_combine_match_the_host() {
             gpu.buffer("act", t * k * f).unwrap(),
             gpu.buffer("down", t * k * h).unwrap(),
         );
-        let pairs = Pairs { t, top_k: k, ids: Some(&idb), first };
+        let pairs = Pairs { t, top_k: k, ids: Some(&idb), first, group: None };
         let mut pass = Pass::new(&gpu);
         pass.matmul_id(&gu, (&xb, false, h), pairs, &gub, (0, 2 * f));
         pass.act_mul(&gub, &ab, (t * k, f), Act::Silu);
@@ -179,6 +179,38 @@ fn experts_matmul_and_combine_match_the_host() {
         pass.submit().unwrap();
         // Sums of up to 256 f32 products in two orders, then a second product.
         assert_close(&gpu.read_f32(&yb, 0, t * h).unwrap(), &want, 1e-4, &format!("{dtype:?} experts"));
+        // Grouped by expert: every held pair's rows are the same bits (the
+        // others are left alone, as before: compare those of held experts).
+        let (ggu, gdown, groupb) = (
+            gpu.buffer("gu_grouped", t * k * 2 * f).unwrap(),
+            gpu.buffer("down_grouped", t * k * h).unwrap(),
+            gpu.buffer("group", shardlm_gpu::group_words(t * k, ne)).unwrap(),
+        );
+        let mut pass = Pass::new(&gpu);
+        pass.moe_group(&idb, (t * k, ne), &groupb);
+        let grouped = Pairs { group: Some((&groupb, ne)), ..pairs };
+        pass.matmul_id(&gu, (&xb, false, h), grouped, &ggu, (0, 2 * f));
+        pass.matmul_id(&down, (&ab, true, f), grouped, &gdown, (0, h));
+        pass.submit().unwrap();
+        let (a_gu, b_gu) =
+            (gpu.read_f32(&gub, 0, t * k * 2 * f).unwrap(), gpu.read_f32(&ggu, 0, t * k * 2 * f).unwrap());
+        let (a_d, b_d) = (gpu.read_f32(&db, 0, t * k * h).unwrap(), gpu.read_f32(&gdown, 0, t * k * h).unwrap());
+        for p in (0..t * k).filter(|&p| (ids[p] as usize).checked_sub(first).is_some_and(|e| e < held)) {
+            let (g, d) = (p * 2 * f..(p + 1) * 2 * f, p * h..(p + 1) * h);
+            assert_eq!(a_gu[g.clone()], b_gu[g], "{dtype:?}: grouped gate_up of pair {p}");
+            assert_eq!(a_d[d.clone()], b_d[d], "{dtype:?}: grouped down of pair {p}");
+        }
+        // The grouping itself: each expert's first place, then the pairs in expert order.
+        let words: Vec<u32> = gpu
+            .read_f32(&groupb, 0, shardlm_gpu::group_words(t * k, ne))
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        let mut order: Vec<u32> = (0..(t * k) as u32).collect();
+        order.sort_by_key(|&p| ids[p as usize]);
+        let firsts: Vec<u32> = (0..=ne as u32).map(|e| ids.iter().filter(|&&i| i < e).count() as u32).collect();
+        assert_eq!(words, [firsts, order].concat(), "{dtype:?}: the grouping");
         assert!(gu.bytes() > 0 && gu.expert_rows == 2 * f);
     }
 }

@@ -183,7 +183,7 @@ impl GpuMla {
         pass.rope_heads(&b.q, (nope, nh * qk, qk), (n, nh, half), (s.cos, s.sin), s.interleaved);
         pass.kv_store(&b.kv, 0, (n, w, w), s.slots, pool, s.kv);
         // q_lat[t, h] = W_UK_hᵀ q_nope[t, h] ‖ q_rope[t, h].
-        let heads = Pairs { t: n, top_k: nh, ids: None, first: 0 };
+        let heads = Pairs { t: n, top_k: nh, ids: None, first: 0, group: None };
         pass.matmul_id(&self.w_uk_t, (&b.q, true, qk), heads, &b.q_lat, (0, w));
         pass.copy_rows((&b.q, nope, qk), (&b.q_lat, r, w), (n * nh, self.rope));
         let (block, scale, kv) = (s.block, self.scale, s.kv);

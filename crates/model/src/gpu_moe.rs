@@ -56,6 +56,8 @@ pub(crate) struct MoeBufs {
     shared_act: DeviceBuf,
     shared_out: DeviceBuf,
     shared_gate: DeviceBuf,
+    /// The pairs grouped by expert (`shardlm_gpu::group_words`).
+    group: DeviceBuf,
 }
 
 fn experts(gpu: &Gpu, name: &str, ls: &[Vec<&Linear>]) -> Result<Option<DeviceWeight>, ModelError> {
@@ -158,6 +160,7 @@ impl GpuMoe {
             shared_act: gpu.buffer("moe.shared_act", rows * sffn)?,
             shared_out: gpu.buffer("moe.shared_out", rows * h)?,
             shared_gate: gpu.buffer("moe.shared_gate", rows)?,
+            group: gpu.buffer("moe.group", shardlm_gpu::group_words(pairs, ne))?,
         }))
     }
 
@@ -174,7 +177,13 @@ impl GpuMoe {
         pass.matmul(&self.router, xn, 0, n, &b.logits, 0);
         let shape = (n, self.n_experts, k, self.norm_topk);
         pass.moe_route(&b.logits, &b.sel, self.score_bias.as_ref(), shape, self.mode, &b.ids, &b.wts);
-        let pairs = Pairs { t: n, top_k: k, ids: Some(&b.ids), first: self.first };
+        // More pairs than experts held (a prefill chunk): group them by
+        // expert, so each expert's rows are read once for all its pairs.
+        let group = (n * k > self.held).then(|| {
+            pass.moe_group(&b.ids, (n * k, self.n_experts), &b.group);
+            (&b.group, self.n_experts)
+        });
+        let pairs = Pairs { t: n, top_k: k, ids: Some(&b.ids), first: self.first, group };
         match &self.gate_up {
             ExpertsGateUp::Stacked(w) => pass.matmul_id(w, (xn, false, h), pairs, &b.gu, (0, 2 * f)),
             ExpertsGateUp::Split(g, u) => {
