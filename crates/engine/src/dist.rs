@@ -404,8 +404,8 @@ impl StageRunner<'_> {
                     c.send_header(to, h)?;
                 }
                 let mut pool = self.model.new_pool_windowed(h.chunk.max(1) as usize, n, h.new_capacity as usize);
-                self.model.check_device_pool(&pool)?;
                 pool.states = self.model.state_pool(h.mode as usize);
+                self.model.check_device_pool(&pool)?;
                 *self.paged = Some(pool);
             }
             // Rank 0 counts its batches in `submit_batch` and `collect_batch`.

@@ -183,9 +183,8 @@ impl StageRunner<'_> {
             self.cluster.send_header(r, h)?;
         }
         let mut pool = self.model.new_pool_windowed(shape.block, shape.n_blocks, shape.n_window_blocks);
+        pool.states = self.model.state_pool(shape.n_slots);
         self.model.check_device_pool(&pool)?;
-        let n_slots = shape.n_slots;
-        pool.states = self.model.state_pool(n_slots);
         *self.paged = Some(pool);
         Ok(())
     }

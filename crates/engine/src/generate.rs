@@ -155,8 +155,8 @@ impl Engine {
             return r;
         }
         let mut pool = self.model.new_pool_windowed(shape.block, shape.n_blocks, shape.n_window_blocks);
-        self.model.check_device_pool(&pool)?;
         pool.states = self.model.state_pool(shape.n_slots);
+        self.model.check_device_pool(&pool)?;
         self.paged = Some(pool);
         Ok(())
     }

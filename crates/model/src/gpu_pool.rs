@@ -3,9 +3,8 @@
 //! block at a time for the prefix cache's disk tier.
 
 use super::super::gpu_deltanet::GpuStates;
-use super::{Attn, GpuLayer, GpuShard, Kv, State, STEP_RESERVE};
+use super::{Attn, GpuLayer, GpuShard, Kv, State};
 use crate::kv_cache::KvPool;
-use crate::state_cache::StatePool;
 use crate::ModelError;
 use std::sync::Arc;
 
@@ -28,18 +27,16 @@ impl GpuShard {
 
     /// Moves a host pool's linear-attention states into device slots (once
     /// per pool: a new pool's states are attached at its first step).
-    pub(super) fn attach_states(&self, st: &mut State, states: &mut StatePool) -> Result<(), ModelError> {
+    pub(super) fn attach_states(&self, st: &mut State, pool: &mut KvPool, hkv: usize) -> Result<(), ModelError> {
+        let Some(states) = pool.states.as_ref() else { return Ok(()) };
         let ours = st.states.as_ref().map(|s| Arc::as_ptr(s) as *const ());
         if ours.is_some() && ours == states.device().map(|d| Arc::as_ptr(d) as *const ()) {
             return Ok(());
         }
         st.states = None;
-        let what = format!(
-            "the recurrent states ({} slots of {} KiB) and the weights",
-            states.n_slots,
-            states.slot_bytes().div_ceil(1024)
-        );
-        self.gpu.check_fits(&what, (states.bytes() + self.weight_bytes()) as u64, STEP_RESERVE)?;
+        // The KV pool was checked when it was made, before it had states.
+        self.check_pool(pool, hkv)?;
+        let states = pool.states.as_mut().expect("checked above");
         let dev = Arc::new(GpuStates::new(self.gpu.clone(), states)?);
         states.attach(dev.clone())?;
         st.states = Some(dev);
@@ -122,8 +119,9 @@ impl GpuShard {
         Ok(self.gpu.check()?)
     }
 
-    /// Refuses a KV pool that, beside the weights, does not fit the device
-    /// (`hkv`: a GQA layer's K (and V) row width on this rank).
+    /// Refuses a KV pool that, beside the weights (and the pool's recurrent
+    /// state slots, once it has them), does not fit the device (`hkv`: a GQA
+    /// layer's K (and V) row width on this rank).
     pub(crate) fn check_pool(&self, pool: &KvPool, hkv: usize) -> Result<(), ModelError> {
         let bytes: usize = self
             .layers
@@ -137,7 +135,12 @@ impl GpuShard {
             })
             .sum();
         let ty = self.kv.name();
-        let what = format!("the KV pool ({} blocks of {} positions, {ty}) and the weights", pool.n_blocks, pool.block);
-        Ok(self.gpu.check_fits(&what, (bytes + self.weight_bytes()) as u64, 0)?)
+        let mut what = format!("the KV pool ({} blocks of {} positions, {ty})", pool.n_blocks, pool.block);
+        let states = pool.states.as_ref().map_or(0, |s| {
+            what += &format!(", the recurrent states ({} slots of {} KiB)", s.n_slots, s.slot_bytes().div_ceil(1024));
+            s.bytes()
+        });
+        what += " and the weights";
+        Ok(self.gpu.check_fits(&what, (bytes + states + self.weight_bytes()) as u64, 0)?)
     }
 }

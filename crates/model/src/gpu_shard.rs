@@ -463,8 +463,9 @@ impl GpuShard {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Each sequence's part of the step of the linear layers.
         let mut delta_plan = Vec::new();
-        if let Some(states) = paged.as_deref_mut().and_then(|p| p.states.as_mut()) {
-            self.attach_states(&mut st, states)?;
+        if let Some(pool) = paged.as_deref_mut().filter(|p| p.states.is_some()) {
+            self.attach_states(&mut st, pool, m.local.n_kv_heads * m.config.head_dim)?;
+            let states = pool.states.as_mut().expect("filtered above");
             delta_plan = super::gpu_deltanet::plan_step(states, seqs)?;
         }
         let Some(pool) = paged.as_deref() else {

@@ -16,6 +16,7 @@ impl Model {
     }
 
     /// On a GPU shard, for a new `pool`: refuses it when its device mirror
+    /// (KV rows, and the recurrent state slots once `pool.states` is set)
     /// and the weights do not fit the device's memory, with the numbers, and
     /// otherwise drops the old device pool (the new one starts empty, as the
     /// host's does). Nothing to do on the CPU.
