@@ -70,9 +70,17 @@ fn prefix_cache_and_batching_on_the_device() {
     }
 }
 
+/// A pool of five blocks for six requests: preemption and refusal on the
+/// device; a hybrid's preempted sequences leave their state slots too.
 #[test]
 fn pressure_on_the_device_pool() {
-    let Some(mut gpu) = engine("llama", Device::Gpu(None)) else { return };
+    for name in ["llama", "qwen3_5"] {
+        pressure(name);
+    }
+}
+
+fn pressure(name: &str) {
+    let Some(mut gpu) = engine(name, Device::Gpu(None)) else { return };
     let mut sched = Scheduler::new(&mut gpu, config(5)).unwrap();
     let too_big = submit(&mut sched, request(vec![1; 60], 40));
     assert!(too_big.lock().unwrap().outcome.as_ref().unwrap().as_ref().unwrap_err().contains("KV pool"));
@@ -93,7 +101,7 @@ fn pressure_on_the_device_pool() {
         while alone.has_work() {
             alone.step(&mut gpu).expect("step");
         }
-        assert_eq!(&s.lock().unwrap().outcome.as_ref().unwrap().as_ref().unwrap().output_ids, o, "request {i}");
+        assert_eq!(&s.lock().unwrap().outcome.as_ref().unwrap().as_ref().unwrap().output_ids, o, "{name}: request {i}");
     }
 }
 
