@@ -3,7 +3,8 @@
 # this machine has, then decode as a share of the weights' bytes per second.
 # Correctness first (the tiny fixtures' greedy tokens against the goldens),
 # then `bench` on a random llama of the 1.1B shape in bf16, Q8_0 and Q4_0
-# (and the CPU on Q4_0 for scale). Needs python3 with torch and safetensors.
+# (and the CPU on Q4_0 for scale); then a Qwen3-Next-shaped hybrid MoE on the
+# GPU and the CPU. Needs python3 with torch, safetensors and numpy.
 #   scripts/bench-gpu.sh [SHARDLM_BINARY] [OUT_DIR]
 set -u
 B=${1:-target/release/shardlm}
@@ -29,5 +30,20 @@ import json, sys
 j = json.load(open(sys.argv[1])); a = j["avg"]; w = j["weight_bytes_per_token"]
 print(f"{sys.argv[2]}: prefill {a['prompt_tps']:.1f} tok/s, decode {a['generation_tps']:.1f} tok/s, "
       f"{w / 1e9:.2f} GB of weights a token -> {w * a['generation_tps'] / 1e9:.0f} GB/s")
+PY
+done
+# A Qwen3-Next-shaped hybrid (~1.2B total: Gated DeltaNet with its state
+# slots on the device, gated attention, 64 experts top-8 grouped by expert in
+# prefill), bf16, on the GPU and the CPU. Needs numpy.
+HY=/tmp/bench-gpu-hybrid
+[ -d $HY ] || timeout 600 python3 "$(dirname "$0")/make_hybrid_model.py" --1b --out $HY >/dev/null
+for dev in gpu cpu; do
+  [ -d $HY ] || break
+  name=hybrid-1b-$dev
+  timeout 600 "$B" bench --model $HY --device $dev -p 256 -g 64 -n 2 --warmup 1 --json >"$OUT/$name.json" 2>"$OUT/$name.err"
+  python3 - "$OUT/$name.json" "$name" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+j = json.load(open(sys.argv[1])); a = j["avg"]
+print(f"{sys.argv[2]}: prefill {a['prompt_tps']:.1f} tok/s, decode {a['generation_tps']:.1f} tok/s")
 PY
 done
