@@ -154,20 +154,17 @@ impl GpuDeltaNet {
         (self.args.slot_len, self.args.x_stride)
     }
 
-    /// Buffers for `rows` tokens and `n_seq` sequences, sized for the widest
-    /// of `layers`; `None` without linear layers.
+    /// Buffers for `rows` tokens (and as many sequences at most), sized for
+    /// the widest of `layers`; `None` without linear layers.
     pub(crate) fn bufs<'a>(
         gpu: &Gpu,
-        mut layers: impl Iterator<Item = &'a GpuDeltaNet> + Clone,
+        layers: impl Iterator<Item = &'a GpuDeltaNet> + Clone,
         rows: usize,
     ) -> Result<Option<DeltaBufs>, ModelError> {
-        if layers.clone().next().is_none() {
-            return Ok(None);
-        }
-        let widest = |f: fn(&GpuDeltaNet) -> usize| layers.clone().map(f).max().unwrap_or(0);
-        let (x, c, core) =
-            (widest(|l| l.args.x_stride), widest(|l| l.args.channels()), widest(|l| l.args.v_heads * l.args.dv));
-        let _ = layers.next();
+        let widest = |f: fn(&GpuDeltaNet) -> usize| layers.clone().map(f).max();
+        let Some(x) = widest(|l| l.args.x_stride) else { return Ok(None) };
+        let (c, core) = (widest(|l| l.args.channels()), widest(|l| l.args.v_heads * l.args.dv));
+        let (c, core) = (c.unwrap_or(0), core.unwrap_or(0));
         Ok(Some(DeltaBufs {
             proj: gpu.buffer("deltanet.proj", rows * x)?,
             conv: gpu.buffer("deltanet.conv", rows * c)?,
