@@ -11,7 +11,14 @@
 
 use crate::pass::{flat_grid, matmul_shape, matmul_source, row_grid, MATMUL_ID};
 
-const MATMUL_ID_GROUPED: &str = include_str!("shaders/matmul_id_grouped.wgsl");
+/// matmul_id.wgsl with its main: per pair, or grouped by expert.
+fn matmul_id_main(grouped: bool) -> String {
+    let main = match grouped {
+        true => include_str!("shaders/matmul_id_grouped.wgsl"),
+        false => include_str!("shaders/matmul_id_pairs.wgsl"),
+    };
+    MATMUL_ID.replace("//MAIN", main)
+}
 use crate::{DeviceBuf, DeviceWeight, Pass};
 
 /// How router logits become expert weights ([`Pass::moe_route`]), as the
@@ -128,12 +135,12 @@ impl Pass<'_> {
                     let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf, &group.buf];
                     let grid = row_grid(n.div_ceil(rows), part.rows / n);
                     let key = format!("{key}_grouped");
-                    self.dispatch(&key, || matmul_source(MATMUL_ID_GROUPED, w.dtype), &p, &bufs, grid);
+                    self.dispatch(&key, || matmul_source(&matmul_id_main(true), w.dtype), &p, &bufs, grid);
                 }
                 None => {
                     let ids = pairs.ids.map_or(dummy, |b| &b.buf);
                     let bufs = [&x.buf, &part.w0.buf, w1, bias, &y.buf, ids];
-                    let src = || matmul_source(MATMUL_ID, w.dtype);
+                    let src = || matmul_source(&matmul_id_main(false), w.dtype);
                     self.dispatch(&key, src, &p, &bufs, row_grid(n.div_ceil(rows), count));
                 }
             }

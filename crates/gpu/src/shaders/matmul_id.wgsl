@@ -9,7 +9,9 @@
 // a (token, head)).
 //
 // Workgroups as matmul.wgsl: ROWS rows of one expert for one pair, WG
-// invocations per row, the weight type's partial_dot.
+// invocations per row, the weight type's partial_dot. The main is that
+// per-pair form (matmul_id_pairs.wgsl) or the grouped one
+// (matmul_id_grouped.wgsl, whose `ids` binding holds moe_group's output).
 
 struct Params {
     n: u32,
@@ -26,7 +28,8 @@ struct Params {
     experts: u32,
     x_stride: u32,
     heads: u32,
-    _p2: u32,
+    // Experts of the grouping (grouped form).
+    ne: u32,
     _p3: u32,
 }
 
@@ -42,29 +45,4 @@ struct Params {
 
 //DOT
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let lane = li % WG;
-    let row = (wg.x + wg.z * 32768u) * ROWS + li / WG;
-    let pair = wg.y;
-    // Expert of this pair within this part (wraps past `experts` when below `first`).
-    var id = pair % p.top_k;
-    if (p.heads == 0u) {
-        id = ids[pair];
-    }
-    let local = id - p.first;
-    let ours = local < p.experts && row < p.n;
-    let xrow = select(pair / p.top_k, pair, p.x_per_pair != 0u);
-    var acc = 0.0;
-    if (ours) {
-        acc = partial_dot(local * p.n + row, p.x_off + xrow * p.x_stride, lane);
-    }
-    let total = reduce_row(li, lane, acc);
-    if (lane == 0u && ours) {
-        var v = total * p.out_scale;
-        if ((p.flags & 1u) != 0u) {
-            v = v + bias[local * p.n + row];
-        }
-        y[p.y_off + pair * p.y_stride + row] = v;
-    }
-}
+//MAIN

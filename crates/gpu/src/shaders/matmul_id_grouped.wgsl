@@ -6,37 +6,6 @@
 // the same arithmetic as matmul_id's, so the outputs are the same bits.
 // Grid: x (and z past 32768) the row tiles, y the experts of this part.
 
-struct Params {
-    n: u32,
-    k: u32,
-    pairs: u32,
-    flags: u32,
-    out_scale: f32,
-    x_off: u32,
-    y_off: u32,
-    y_stride: u32,
-    top_k: u32,
-    x_per_pair: u32,
-    first: u32,
-    experts: u32,
-    x_stride: u32,
-    heads: u32,
-    ne: u32,
-    _p3: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w0: array<u32>;
-@group(0) @binding(3) var<storage, read> w1: array<u32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
-@group(0) @binding(6) var<storage, read> group: array<u32>;
-
-//COMMON
-
-//DOT
-
 var<workgroup> span: vec2<u32>;
 
 @compute @workgroup_size(64)
@@ -47,12 +16,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let e = p.first + local;
     // Through workgroup memory, so the loop bounds are uniform to the analysis.
     if (li == 0u) {
-        span = vec2<u32>(group[e], group[e + 1u]);
+        span = vec2<u32>(ids[e], ids[e + 1u]);
     }
     let s = workgroupUniformLoad(&span);
     let live = row < p.n;
     for (var i = s.x; i < s.y; i = i + 1u) {
-        let pair = group[p.ne + 1u + i];
+        let pair = ids[p.ne + 1u + i];
         let xrow = select(pair / p.top_k, pair, p.x_per_pair != 0u);
         var acc = 0.0;
         if (live) {
