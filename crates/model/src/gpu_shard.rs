@@ -24,18 +24,22 @@
 //! refused at load.
 
 use super::gpu_deltanet::{DeltaBufs, GpuDeltaNet, GpuStates};
-use super::gpu_mla::{GpuMla, MlaBufs, StepRows};
+use super::gpu_mla::{GpuMla, MlaBufs};
 // The device KV pool: its making, memory check and block I/O.
 #[path = "gpu_pool.rs"]
 mod pool;
+// The layer ops on the device, run by `layer_ops::run_decoder`.
+#[path = "gpu_layers.rs"]
+mod layers;
 use super::gpu_moe::{GpuMoe, MoeBufs};
 use crate::decoder::{Attention, DecoderLayer, FeedForward};
 use crate::kv_cache::{KvPool, SeqKv};
+use crate::layer_ops::run_decoder;
 use crate::linear::Linear;
 use crate::moe::ExpertAct;
 use crate::{AllReduce, Model, ModelError, SeqStep, Workspace};
 pub(crate) use pool::BlockData;
-use shardlm_gpu::{Act, AttnArgs, DeviceBuf, DeviceWeight, Gpu, KvElem, Pass};
+use shardlm_gpu::{Act, DeviceBuf, DeviceWeight, Gpu, KvElem, Pass};
 use std::sync::{Arc, Mutex};
 
 /// Where a shard computes (`--device cpu|gpu[:N]`).
@@ -472,15 +476,14 @@ impl GpuShard {
             return Err(ModelError::Unsupported("--device gpu runs paged sequences (the scheduler's) only".into()));
         };
         let cfg = &m.config;
-        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
-        let (nh, nkv) = (m.local.n_heads, m.local.n_kv_heads);
-        let (hq, hkv, ffn, half) = (nh * hd, nkv * hd, m.local.ffn, cfg.rope_dim / 2);
+        let (h, half) = (cfg.hidden_size, cfg.rope_dim / 2);
+        let hkv = m.local.n_kv_heads * cfg.head_dim;
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let gpu = &*self.gpu;
         if st.bufs.as_ref().is_none_or(|b| b.rows < n) {
             st.bufs = Some(self.bufs(m, n.next_power_of_two())?);
         }
-        // What the layers need of the pool, so that a host layer may borrow it.
+        // Per layer: whether it reads the sliding-window block group.
         let win: Vec<bool> =
             (0..self.layers.len()).map(|li| pool.n_window_blocks > 0 && pool.is_window_layer(li)).collect();
         let block = pool.block;
@@ -534,125 +537,23 @@ impl GpuShard {
             gpu.write_u32(&b.slots[g], 0, slots);
             gpu.write_u32(tb[g], 0, tables);
         }
-        let interleaved = m.rope.style == kernels::ops::RopeStyle::Interleaved;
-        let scale = m.spec.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
-        // Tensor parallelism: the attention and MLP outputs are partial sums,
-        // completed by an all-reduce on the host between submissions.
-        let tp = m.shard.tp.is_some();
-        let reduce = |pass: Pass<'_>, buf: &DeviceBuf| -> Result<(), ModelError> {
-            pass.submit()?;
-            let mut v = gpu.read_f32(buf, 0, n * h)?;
-            comm.all_reduce_sum(&mut v)?;
-            gpu.write_f32(buf, 0, &v);
-            Ok(())
+        let mut ops = layers::GpuLayers {
+            shard: self,
+            m,
+            gpu,
+            pass: Pass::new(gpu),
+            b,
+            kv,
+            tables: tb,
+            window_group: win,
+            block,
+            states: states.as_ref(),
+            delta_plan: &delta_plan,
+            comm,
+            n,
         };
-        let mut pass = Pass::new(gpu);
-        for (li, l) in self.layers.iter().enumerate() {
-            pass.rms_norm(&b.x, 0, &l.attn_norm, (h, n, eps), &b.xn, 0);
-            // Without a sandwich norm or a tensor split, the residual add
-            // happens in the block's last matmul; else its output goes to o.
-            let fused = !tp && l.post_norms.is_none();
-            let dst = if fused { &b.x } else { &b.o };
-            let g = usize::from(win[li]);
-            match &l.attn {
-                Attn::Gqa(a) => {
-                    // Each token's row: q (hq) ‖ k (hkv) ‖ v (hkv) (‖ gate (hq)).
-                    let w = hq + 2 * hkv + if a.gated { hq } else { 0 };
-                    a.qkv.record(&mut pass, &b.xn, n, &b.qkv);
-                    match (&a.qk_norm, a.qk_norm_whole) {
-                        (Some((qn, kn)), false) => {
-                            pass.rms_norm_heads(&b.qkv, 0, qn, (hd, nh, n, eps), w);
-                            pass.rms_norm_heads(&b.qkv, hq, kn, (hd, nkv, n, eps), w);
-                        }
-                        // One norm over all of q, one over all of k.
-                        (Some((qn, kn)), true) => {
-                            pass.rms_norm_heads(&b.qkv, 0, qn, (hq, 1, n, eps), w);
-                            pass.rms_norm_heads(&b.qkv, hq, kn, (hkv, 1, n, eps), w);
-                        }
-                        (None, _) => {}
-                    }
-                    let (cos, sin) = match a.window.is_some() && m.rope_local.is_some() {
-                        true => (&b.cos_local, &b.sin_local),
-                        false => (&b.cos, &b.sin),
-                    };
-                    // q's and k's heads sit side by side: one rope for both.
-                    pass.rope_rows(&b.qkv, (0, w), (n, nh + nkv, hd, half), cos, sin, interleaved);
-                    let elem = self.kv;
-                    pass.kv_store(&b.qkv, hq, (n, hkv, w), &b.slots[g], &kv.k[li], elem);
-                    pass.kv_store(&b.qkv, hq + hkv, (n, hkv, w), &b.slots[g], &kv.v[li], elem);
-                    let window = a.window;
-                    let args = AttnArgs { heads: nh, kv_heads: nkv, head_dim: hd, block, scale, window, kv: elem };
-                    let (pools, rows) = ((&kv.k[li], &kv.v[li]), (&b.tok[g], tb[g]));
-                    pass.attention(&b.qkv, (0, w), n, &args, pools, rows, a.sinks.as_ref(), &b.attn);
-                    if a.gated {
-                        pass.sigmoid_mul(&b.attn, (n, hq), &b.qkv, (hq + 2 * hkv, w));
-                    }
-                    match fused {
-                        true => pass.matmul_add(&a.o, &b.attn, 0, n, &b.x, 0),
-                        false => pass.matmul(&a.o, &b.attn, 0, n, &b.o, 0),
-                    }
-                }
-                Attn::Mla(a) => {
-                    let mb = b.mla.as_ref().expect("made with the MLA layers");
-                    let rows = StepRows {
-                        cos: &b.cos,
-                        sin: &b.sin,
-                        interleaved,
-                        slots: &b.slots[g],
-                        tok: &b.tok[g],
-                        tables: tb[g],
-                        block,
-                        kv: self.kv,
-                    };
-                    a.record(&mut pass, mb, (&b.xn, n), &rows, &kv.k[li], (dst, fused));
-                }
-                Attn::DeltaNet(d) => {
-                    let db = b.delta.as_ref().expect("made with the linear layers");
-                    let no_cache =
-                        || ModelError::Unsupported(format!("linear layer {li} has no recurrent-state cache"));
-                    let dev = states.as_ref().ok_or_else(no_cache)?;
-                    let slots = dev.layers[li].as_ref().ok_or_else(no_cache)?;
-                    let undo = dev.undo_for(li, &delta_plan, d.undo_shape())?;
-                    d.record(&mut pass, db, (&b.xn, n, delta_plan.len()), slots, &undo, (dst, fused));
-                }
-            }
-            if !fused {
-                if tp {
-                    reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
-                }
-                if let Some((post_attn, _)) = &l.post_norms {
-                    pass.rms_norm_inplace(&b.o, 0, post_attn, (h, n, eps));
-                }
-                pass.add(&b.x, &b.o, n * h);
-            }
-            pass.rms_norm(&b.x, 0, &l.mlp_norm, (h, n, eps), &b.xn, 0);
-            match &l.ffn {
-                Ffn::Dense { gate_up, down, act } => {
-                    gate_up.record(&mut pass, &b.xn, n, &b.gu);
-                    pass.act_mul(&b.gu, &b.gate, (n, ffn), *act);
-                    match fused {
-                        true => pass.matmul_add(down, &b.gate, 0, n, &b.x, 0),
-                        false => pass.matmul(down, &b.gate, 0, n, &b.o, 0),
-                    }
-                }
-                Ffn::Moe(moe) => {
-                    let mb = b.moe.as_ref().expect("made with the MoE layers");
-                    moe.record(&mut pass, mb, (&b.xn, n, h), (dst, fused));
-                }
-            }
-            if !fused {
-                if tp {
-                    reduce(std::mem::replace(&mut pass, Pass::new(gpu)), &b.o)?;
-                }
-                if let Some((_, post_ffn)) = &l.post_norms {
-                    pass.rms_norm_inplace(&b.o, 0, post_ffn, (h, n, eps));
-                }
-                pass.add(&b.x, &b.o, n * h);
-            }
-            // The device starts on this layer while the host records the next.
-            pass.flush();
-        }
-        pass.submit()?;
+        run_decoder(&m.layers, &mut ops)?;
+        ops.pass.submit()?;
         if m.shard.has_head {
             // The head reads its rows on the device; nothing sends `ws.x` on.
             st.x_rows = n;

@@ -9,6 +9,7 @@ pub mod decoder;
 pub mod kv_block_io;
 pub mod kv_cache;
 pub mod layer_memory;
+mod layer_ops;
 pub mod linear;
 pub mod linear_attn;
 pub mod mla;

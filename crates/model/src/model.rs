@@ -1,19 +1,18 @@
 //! A loaded model shard and its forward pass over a batch of sequences.
 
 use crate::arch::ArchSpec;
-use crate::decoder::{Attention, DecoderLayer, FeedForward, Gqa};
-use crate::kv_cache::{KvLayers, KvPool, KvType, SeqKv};
+use crate::decoder::{DecoderLayer, Gqa};
+use crate::kv_cache::{KvPool, KvType, SeqKv};
+use crate::layer_ops::run_decoder;
 use crate::linear::Linear;
-use crate::mla::{MlaMode, RopeRows};
-use crate::moe::Mlp;
+use crate::mla::MlaMode;
 use crate::registry::Arch;
 use crate::rope::Rope;
 use crate::shard::{AllReduce, ShardSpec};
 use crate::workspace::{grow, Workspace};
 use crate::{slice, ModelError};
 use formats::{ModelConfig, ModelFiles, WeightTensor};
-use kernels::attention::{attention_paged, AttnShape, KvElem, KvView};
-use kernels::{ops, DType, ThreadPool};
+use kernels::{DType, ThreadPool};
 
 // The per-sequence memory a shard makes: KV caches (rings for windowed
 // layers), linear-attention state slots, and what they cost.
@@ -26,7 +25,9 @@ mod vocab;
 // Exact tensor parallelism's column gathers.
 #[path = "model_tp.rs"]
 mod tp;
-use tp::{gather_columns, Dest};
+// The CPU's implementation of the layer ops.
+#[path = "cpu_layers.rs"]
+mod cpu_layers;
 // The layers on a GPU (`--device gpu`).
 #[path = "gpu_shard.rs"]
 pub mod gpu_shard;
@@ -454,140 +455,11 @@ impl Model {
         if let Some(g) = &self.gpu {
             return g.run_layers(self, ws, seqs, paged, comm);
         }
-        let eps = cfg.rms_norm_eps;
-        let n = t_total;
         if self.spec.linear_attn.is_some() {
             crate::linear_attn::begin_states(seqs, paged.as_deref_mut())?;
         }
-        for (li, layer) in self.layers.iter().enumerate() {
-            // Attention block.
-            ops::rms_norm(&ws.x[..n * h], &layer.attn_norm, eps, h, &mut ws.xn[..n * h]);
-            let gqa = match &layer.attn {
-                Attention::Gqa(g) => g,
-                Attention::Mla(mla) => {
-                    let rope = RopeRows { cos: &ws.cos, sin: &ws.sin, style: self.rope.style };
-                    let paged = paged.as_deref_mut();
-                    mla.forward(pool, &ws.xn, n, &rope, seqs, paged, li, &mut ws.o[..n * h], &mut ws.mla);
-                    comm.all_reduce_sum(&mut ws.o[..n * h])?;
-                    self.feed_forward(pool, ws, layer, n, comm)?;
-                    continue;
-                }
-                Attention::Linear(dn) => {
-                    let paged = paged.as_deref_mut();
-                    let (lw, mm) = (&mut ws.linear, &mut ws.scratch);
-                    dn.forward(pool, &ws.xn, n, seqs, paged, li, &mut ws.o[..n * h], lw, mm)?;
-                    comm.all_reduce_sum(&mut ws.o[..n * h])?;
-                    self.feed_forward(pool, ws, layer, n, comm)?;
-                    continue;
-                }
-            };
-            Linear::forward_many(
-                pool,
-                &[&gqa.q, &gqa.k, &gqa.v],
-                &ws.xn,
-                n,
-                &mut [&mut ws.q, &mut ws.k, &mut ws.v],
-                &mut ws.scratch,
-            );
-            if let (Some(qn), Some(kn)) = (&gqa.q_norm, &gqa.k_norm) {
-                match gqa.qk_norm_whole {
-                    false => {
-                        ops::rms_norm_inplace(&mut ws.q[..n * hq], qn, eps, hd);
-                        ops::rms_norm_inplace(&mut ws.k[..n * hkv], kn, eps, hd);
-                    }
-                    true => self.whole_qk_norm(ws, gqa, n, comm)?,
-                }
-            }
-            let local_rope = gqa.window.is_some() && self.rope_local.is_some();
-            let (cos, sin) = if local_rope { (&ws.cos_local, &ws.sin_local) } else { (&ws.cos, &ws.sin) };
-            for t in 0..n {
-                let (c, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-                ops::rope(&mut ws.q[t * hq..(t + 1) * hq], hd, c, sn, self.rope.style);
-                ops::rope(&mut ws.k[t * hkv..(t + 1) * hkv], hd, c, sn, self.rope.style);
-            }
-            let mut row = 0;
-            for s in seqs.iter_mut() {
-                let len = s.tokens.len();
-                let start = s.cache.start();
-                let rows = s.attend_rows();
-                let (k, v) = (&ws.k[row * hkv..(row + len) * hkv], &ws.v[row * hkv..(row + len) * hkv]);
-                let (q, out) = (&ws.q[row * hq..(row + len) * hq], &mut ws.attn[row * hq..]);
-                let (kv, table): (&mut KvPool, &[u32]) = match &mut s.cache {
-                    SeqKv::Own(c) => (&mut c.pool, &[0]),
-                    SeqKv::Paged { table, window, .. } => {
-                        let kv = paged.as_deref_mut().expect("checked above");
-                        if kv.is_window_layer(li) {
-                            // The window group: the sequence's window blocks, as a
-                            // table over every position (those out of the window unread).
-                            window.logical_table(start + len, kv.block, &mut ws.ring_table);
-                            (kv, &ws.ring_table)
-                        } else {
-                            (kv, table)
-                        }
-                    }
-                };
-                let ring = kv.ring_of(li);
-                if ring == 0 {
-                    let at = (&**gqa, kv.block, table, start, rows);
-                    match &mut kv.layers {
-                        KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                        KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                        KvLayers::Q8_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                        KvLayers::Q4_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                    }
-                } else {
-                    // A ring of `ring` positions (one block of that size, position p
-                    // at p % ring): the block table names that one block for every
-                    // `ring` positions. New tokens go in runs short enough that a
-                    // run's keys and the `window − 1` before them all fit.
-                    let w = gqa.window.unwrap_or(ring);
-                    let run = (ring + 1).saturating_sub(w).max(1);
-                    ws.ring_table.clear();
-                    ws.ring_table.resize((start + len).div_ceil(ring), 0);
-                    let mut done = 0;
-                    while done < len {
-                        let m = run.min(len - done);
-                        let at = (&**gqa, ring, &ws.ring_table[..], start + done, rows);
-                        let (k, v) = (&k[done * hkv..(done + m) * hkv], &v[done * hkv..(done + m) * hkv]);
-                        let (q, out) = (&q[done * hq..(done + m) * hq], &mut out[done * hq..]);
-                        match &mut kv.layers {
-                            KvLayers::F16(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                            KvLayers::F32(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                            KvLayers::Q8_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                            KvLayers::Q4_0(l) => self.store_and_attend(pool, &mut l[li], at, k, v, q, out),
-                        }
-                        done += m;
-                    }
-                }
-                row += len;
-            }
-            if let Some(g) = &gqa.gate {
-                let gate = &mut ws.linear.attn_gate;
-                grow(gate, n * hq);
-                g.forward(pool, &ws.xn, n, gate, &mut ws.scratch);
-                crate::linear_attn::apply_output_gate(&mut ws.attn[..n * hq], &gate[..n * hq]);
-            }
-            match self.shard.tp.as_ref().filter(|t| t.exact) {
-                Some(tp) => {
-                    let full = cfg.n_heads * hd;
-                    grow(&mut ws.full_in, n * full);
-                    let attn = std::mem::take(&mut ws.attn);
-                    gather_columns(comm, &attn[..n * hq], n, &tp.q_heads_all, hd, ws, Dest::FullIn)?;
-                    ws.attn = attn;
-                    let hl = tp.hidden.len();
-                    grow(&mut ws.part, n * hl);
-                    gqa.o.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
-                    let part = std::mem::take(&mut ws.part);
-                    gather_columns(comm, &part[..n * hl], n, &tp.hidden_all, 1, ws, Dest::O)?;
-                    ws.part = part;
-                }
-                None => {
-                    gqa.o.forward(pool, &ws.attn, n, &mut ws.o, &mut ws.scratch);
-                    comm.all_reduce_sum(&mut ws.o[..n * h])?;
-                }
-            }
-            self.feed_forward(pool, ws, layer, n, comm)?;
-        }
+        let mut cpu = cpu_layers::CpuLayers { m: self, pool, ws, seqs: &mut *seqs, paged, comm, n: t_total };
+        run_decoder(&self.layers, &mut cpu)?;
         for s in seqs.iter_mut() {
             if let SeqKv::Own(c) = &mut s.cache {
                 c.len += s.tokens.len();
@@ -597,138 +469,19 @@ impl Model {
         Ok(())
     }
 
-    /// The rest of a layer after its attention block left its all-reduced
-    /// output in `ws.o`: the residual add, then the feed-forward block (into
-    /// `ws.o`, all-reduced) and its residual add.
-    fn feed_forward(
-        &self,
-        pool: &ThreadPool,
-        ws: &mut Workspace,
-        layer: &DecoderLayer,
-        n: usize,
-        comm: &dyn AllReduce,
-    ) -> Result<(), ModelError> {
-        let (h, eps) = (self.config.hidden_size, self.config.rms_norm_eps);
-        if let Some(w) = &layer.post_attn_norm {
-            ops::rms_norm_inplace(&mut ws.o[..n * h], w, eps, h);
-        }
-        ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
-        ops::rms_norm(&ws.x[..n * h], &layer.mlp_norm, eps, h, &mut ws.xn[..n * h]);
-        match &layer.ffn {
-            FeedForward::Dense(mlp) => self.dense_mlp(pool, ws, mlp, n, comm)?,
-            FeedForward::Moe(moe) => {
-                moe.forward(pool, &ws.xn[..n * h], n, &mut ws.o[..n * h], &mut ws.moe);
-                comm.all_reduce_sum(&mut ws.o[..n * h])?;
-            }
-        }
-        if let Some(w) = &layer.post_ffn_norm {
-            ops::rms_norm_inplace(&mut ws.o[..n * h], w, eps, h);
-        }
-        ops::add_inplace(&mut ws.x[..n * h], &ws.o[..n * h]);
-        Ok(())
-    }
-
-    /// The dense gated MLP (SwiGLU, or the architecture's activation) over the
-    /// normalized rows `ws.xn` (`n × hidden`) into `ws.o`, all-reduced (or,
-    /// exact mode, gathered) across the tensor group.
-    fn dense_mlp(
-        &self,
-        pool: &ThreadPool,
-        ws: &mut Workspace,
-        mlp: &Mlp,
-        n: usize,
-        comm: &dyn AllReduce,
-    ) -> Result<(), ModelError> {
-        let (cfg, ffn, h) = (&self.config, self.local.ffn, self.config.hidden_size);
-        let (gate, up, down) = (&mlp.gate, &mlp.up, &mlp.down);
-        Linear::forward_many(pool, &[gate, up], &ws.xn, n, &mut [&mut ws.gate, &mut ws.up], &mut ws.scratch);
-        mlp.act.apply(&mut ws.gate[..n * ffn], &ws.up[..n * ffn]);
-        match self.shard.tp.as_ref().filter(|t| t.exact) {
-            Some(tp) => {
-                grow(&mut ws.full_in, n * cfg.intermediate_size);
-                let gate = std::mem::take(&mut ws.gate);
-                gather_columns(comm, &gate[..n * ffn], n, &tp.ffn_all, 1, ws, Dest::FullIn)?;
-                ws.gate = gate;
-                let hl = tp.hidden.len();
-                grow(&mut ws.part, n * hl);
-                down.forward(pool, &ws.full_in, n, &mut ws.part, &mut ws.scratch);
-                let part = std::mem::take(&mut ws.part);
-                gather_columns(comm, &part[..n * hl], n, &tp.hidden_all, 1, ws, Dest::O)?;
-                ws.part = part;
-            }
-            None => {
-                down.forward(pool, &ws.gate, n, &mut ws.o, &mut ws.scratch);
-                comm.all_reduce_sum(&mut ws.o[..n * h])?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Stores the new tokens' keys and values (`k`, `v`: `len × kv_heads ×
-    /// head_dim`) at positions `start..` of one layer's cache (blocks of
-    /// `block × kv_heads × head_dim` each, in `table` order), then runs causal
-    /// attention of their queries `q` (`len × heads × head_dim`) against it into
-    /// `out`, honoring the layer's sliding window and sinks. `at`: the layer,
-    /// block size, block table, first new position, and how the new rows
-    /// attend ([`AttendRows`]).
-    #[allow(clippy::too_many_arguments)]
-    fn store_and_attend<T: KvElem>(
-        &self,
-        pool: &ThreadPool,
-        cache: &mut (Vec<T>, Vec<T>),
-        (layer, block, table, start, rows): (&Gqa, usize, &[u32], usize, AttendRows),
-        k: &[f32],
-        v: &[f32],
-        q: &[f32],
-        out: &mut [f32],
-    ) {
-        let hd = self.config.head_dim;
-        let hkv = self.local.n_kv_heads * hd;
-        // Cache elements per row (quantized: blocks of 32; head_dim checked at load).
-        let row = hkv / T::VALUES;
-        let len = k.len() / hkv.max(1);
-        let (kc, vc) = cache;
-        // Runs of new positions that stay inside one block.
-        let mut p = start;
-        while p < start + len {
-            let n = (block - p % block).min(start + len - p);
-            let at = (table[p / block] as usize * block + p % block) * row;
-            let src = (p - start) * hkv..(p - start + n) * hkv;
-            T::store(&k[src.clone()], &mut kc[at..at + n * row]);
-            T::store(&v[src], &mut vc[at..at + n * row]);
-            p += n;
-        }
-        let view = KvView { k: kc, v: vc, table, block };
-        let hq = self.local.n_heads * hd;
-        let shape = AttnShape {
-            n_new: len,
-            start_pos: start,
-            n_heads: self.local.n_heads,
-            n_kv_heads: self.local.n_kv_heads,
-            head_dim: hd,
-            window: layer.window,
-            scale: self.spec.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt()),
-            sinks: layer.sinks.as_deref(),
-            prefill: rows == AttendRows::Prompt,
-        };
-        if rows == AttendRows::Verify && len > 1 {
-            // Row i sees positions 0..=start + i, all stored above.
-            for i in 0..len {
-                let one = AttnShape { n_new: 1, start_pos: start + i, ..shape };
-                attention_paged(pool, &q[i * hq..(i + 1) * hq], &view, &one, &mut out[i * hq..(i + 1) * hq]);
-            }
-            return;
-        }
-        attention_paged(pool, q, &view, &shape, &mut out[..len * hq]);
-    }
-
     /// The whole-projection q/k RMSNorm ([`ArchSpec::qk_norm_whole`]) of the
     /// `n` rows in `ws.q` / `ws.k`: each row's mean square spans every head
     /// of the model, so under tensor parallelism each rank sums the squares of
     /// its heads and an all-reduce completes them. A KV head replicated on `c`
     /// ranks (more ranks than KV heads) adds `1/c` of its sum on each, so the
     /// total counts it once: per-head sums and holder counts travel together.
-    fn whole_qk_norm(&self, ws: &mut Workspace, gqa: &Gqa, n: usize, comm: &dyn AllReduce) -> Result<(), ModelError> {
+    pub(crate) fn whole_qk_norm(
+        &self,
+        ws: &mut Workspace,
+        gqa: &Gqa,
+        n: usize,
+        comm: &dyn AllReduce,
+    ) -> Result<(), ModelError> {
         let cfg = &self.config;
         let (hd, eps) = (cfg.head_dim, cfg.rms_norm_eps);
         let (nq, nkv) = (cfg.n_heads, cfg.n_kv_heads);
