@@ -507,6 +507,14 @@ impl<'g> Pass<'g> {
         }
     }
 
+    /// Zeroes `words` words of `buf` from `off` (on the device: nothing is uploaded).
+    pub fn zero(&mut self, buf: &DeviceBuf, off: usize, words: usize) {
+        if words > 0 {
+            self.end_compute();
+            self.enc.clear_buffer(&buf.buf, (off * 4) as u64, Some((words * 4) as u64));
+        }
+    }
+
     /// Submits the recorded ops (results are read with [`Gpu::read_f32`]).
     pub fn submit(mut self) -> Result<(), GpuError> {
         self.submit_now();

@@ -312,21 +312,29 @@ impl GpuStates {
 }
 
 impl DeviceStates for GpuStates {
-    fn zero(&self, layer: usize, at: usize, len: usize) -> Result<(), ModelError> {
-        self.gpu.write_f32(self.buf(layer)?, at, &vec![0.0; len]);
-        Ok(self.gpu.check()?)
+    fn zero(&self, parts: &[(usize, usize, usize)]) -> Result<(), ModelError> {
+        // Cleared on the device: nothing crosses the bus for a new sequence.
+        let mut pass = Pass::new(&self.gpu);
+        for &(layer, at, len) in parts {
+            pass.zero(self.buf(layer)?, at, len);
+        }
+        Ok(pass.submit()?)
     }
 
-    fn copy(&self, layer: usize, from: usize, to: usize, len: usize) -> Result<(), ModelError> {
-        let buf = self.buf(layer)?;
+    fn copy(&self, parts: &[(usize, usize, usize, usize)]) -> Result<(), ModelError> {
+        let widest = parts.iter().map(|p| p.3).max().unwrap_or(0);
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if scratch.as_ref().is_none_or(|s| s.words() < len) {
-            *scratch = Some(self.gpu.buffer("deltanet.state_copy", len)?);
+        if scratch.as_ref().is_none_or(|s| s.words() < widest) {
+            *scratch = Some(self.gpu.buffer("deltanet.state_copy", widest)?);
         }
         let tmp = scratch.as_ref().expect("made above");
+        // Copies run in recorded order, so one scratch serves every layer.
         let mut pass = Pass::new(&self.gpu);
-        pass.copy(buf, from, tmp, 0, len);
-        pass.copy(tmp, 0, buf, to, len);
+        for &(layer, from, to, len) in parts {
+            let buf = self.buf(layer)?;
+            pass.copy(buf, from, tmp, 0, len);
+            pass.copy(tmp, 0, buf, to, len);
+        }
         Ok(pass.submit()?)
     }
 

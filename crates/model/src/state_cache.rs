@@ -88,10 +88,12 @@ pub struct StatePool {
 /// linear layer one buffer of `n_slots × shape.len()` floats in the host
 /// layout, so a slot saved from one loads into the other.
 pub trait DeviceStates: Send + Sync + std::fmt::Debug {
-    /// Zeroes `len` floats of layer `layer` from `at`.
-    fn zero(&self, layer: usize, at: usize, len: usize) -> Result<(), ModelError>;
-    /// Copies `len` floats of layer `layer` from `from` to `to` (disjoint).
-    fn copy(&self, layer: usize, from: usize, to: usize, len: usize) -> Result<(), ModelError>;
+    /// Zeroes, per `(layer, at, len)`, `len` floats of `layer` from `at`
+    /// (a slot's every layer at once: one submission).
+    fn zero(&self, parts: &[(usize, usize, usize)]) -> Result<(), ModelError>;
+    /// Copies, per `(layer, from, to, len)`, `len` floats of `layer` from
+    /// `from` to `to` (disjoint; a slot's every layer at once).
+    fn copy(&self, parts: &[(usize, usize, usize, usize)]) -> Result<(), ModelError>;
     fn read(&self, layer: usize, at: usize, len: usize) -> Result<Vec<f32>, ModelError>;
     fn write(&self, layer: usize, at: usize, values: &[f32]) -> Result<(), ModelError>;
 }
@@ -235,11 +237,16 @@ impl StatePool {
 
     /// Zeroes slot `slot` (a new sequence).
     pub fn clear(&mut self, slot: usize) -> Result<(), ModelError> {
-        for (li, (shape, d)) in self.shapes.iter().zip(&mut self.data).enumerate() {
-            if let Some(s) = shape {
-                match &self.device {
-                    Some(dev) => dev.zero(li, slot * s.len(), s.len())?,
-                    None => d[slot * s.len()..(slot + 1) * s.len()].fill(0.0),
+        match &self.device {
+            Some(dev) => {
+                let lens = self.shapes.iter().enumerate().filter_map(|(li, s)| s.map(|s| (li, s.len())));
+                dev.zero(&lens.map(|(li, n)| (li, slot * n, n)).collect::<Vec<_>>())?;
+            }
+            None => {
+                for (shape, d) in self.shapes.iter().zip(&mut self.data) {
+                    if let Some(s) = shape {
+                        d[slot * s.len()..(slot + 1) * s.len()].fill(0.0);
+                    }
                 }
             }
         }
@@ -256,12 +263,17 @@ impl StatePool {
         if from == to {
             return Ok(());
         }
-        for (li, (shape, d)) in self.shapes.iter().zip(&mut self.data).enumerate() {
-            if let Some(s) = shape {
-                let n = s.len();
-                match &self.device {
-                    Some(dev) => dev.copy(li, from * n, to * n, n)?,
-                    None => d.copy_within(from * n..(from + 1) * n, to * n),
+        match &self.device {
+            Some(dev) => {
+                let lens = self.shapes.iter().enumerate().filter_map(|(li, s)| s.map(|s| (li, s.len())));
+                dev.copy(&lens.map(|(li, n)| (li, from * n, to * n, n)).collect::<Vec<_>>())?;
+            }
+            None => {
+                for (shape, d) in self.shapes.iter().zip(&mut self.data) {
+                    if let Some(s) = shape {
+                        let n = s.len();
+                        d.copy_within(from * n..(from + 1) * n, to * n);
+                    }
                 }
             }
         }

@@ -45,4 +45,24 @@ struct Params {
 
 //DOT
 
+// One (pair, row) of a workgroup's rows: the pair's input row times row
+// `row` of expert `local` (of this part), scaled and biased, into the
+// pair's output row. Every invocation of the workgroup calls it (the row
+// reduction has barriers); `live` says whether this invocation's row is one.
+fn pair_row(li: u32, lane: u32, local: u32, row: u32, pair: u32, live: bool) {
+    let xrow = select(pair / p.top_k, pair, p.x_per_pair != 0u);
+    var acc = 0.0;
+    if (live) {
+        acc = partial_dot(local * p.n + row, p.x_off + xrow * p.x_stride, lane);
+    }
+    let total = reduce_row(li, lane, acc);
+    if (lane == 0u && live) {
+        var v = total * p.out_scale;
+        if ((p.flags & 1u) != 0u) {
+            v = v + bias[local * p.n + row];
+        }
+        y[p.y_off + pair * p.y_stride + row] = v;
+    }
+}
+
 //MAIN

@@ -21,20 +21,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let s = workgroupUniformLoad(&span);
     let live = row < p.n;
     for (var i = s.x; i < s.y; i = i + 1u) {
-        let pair = ids[p.ne + 1u + i];
-        let xrow = select(pair / p.top_k, pair, p.x_per_pair != 0u);
-        var acc = 0.0;
-        if (live) {
-            acc = partial_dot(local * p.n + row, p.x_off + xrow * p.x_stride, lane);
-        }
-        let total = reduce_row(li, lane, acc);
-        if (lane == 0u && live) {
-            var v = total * p.out_scale;
-            if ((p.flags & 1u) != 0u) {
-                v = v + bias[local * p.n + row];
-            }
-            y[p.y_off + pair * p.y_stride + row] = v;
-        }
+        pair_row(li, lane, local, row, ids[p.ne + 1u + i], live);
         // reduce_row's scratch is reused by the next pair.
         workgroupBarrier();
     }
