@@ -255,9 +255,15 @@ impl LayerOps for CpuLayers<'_, '_> {
         self.row_parallel(&mlp.down, false)
     }
 
-    fn moe(&mut self, _li: usize, moe: &Moe, _fused: bool) -> R {
+    fn moe_route(&mut self, _li: usize, moe: &Moe) -> R {
         let (n, h, ws) = (self.n, self.h(), &mut *self.ws);
-        moe.forward(self.pool, &ws.xn[..n * h], n, &mut ws.o[..n * h], &mut ws.moe);
+        moe.route_rows(self.pool, &ws.xn[..n * h], n, &mut ws.moe);
+        Ok(())
+    }
+
+    fn moe_experts(&mut self, _li: usize, moe: &Moe, _fused: bool) -> R {
+        let (n, h, ws) = (self.n, self.h(), &mut *self.ws);
+        moe.experts_rows(self.pool, &ws.xn[..n * h], n, &mut ws.o[..n * h], &mut ws.moe);
         self.comm.all_reduce_sum(&mut ws.o[..n * h])
     }
 

@@ -11,6 +11,7 @@
 
 use super::super::gpu_deltanet::{DeltaSeq, GpuStates};
 use super::super::gpu_mla::StepRows;
+use super::super::gpu_moe::GpuMoe;
 use super::{Attn, Bufs, Ffn, GpuGqa, GpuLayer, GpuShard, Kv};
 use crate::decoder::{DecoderLayer, Gqa};
 use crate::layer_ops::{LayerOps, Norm};
@@ -51,6 +52,13 @@ impl<'a> GpuLayers<'a> {
         match &self.layer(li).attn {
             Attn::Gqa(a) => Ok(a),
             _ => Err(ModelError::Unsupported(format!("layer {li} has no GQA weights on the device"))),
+        }
+    }
+
+    fn experts(&self, li: usize) -> Result<&'a GpuMoe, ModelError> {
+        match &self.layer(li).ffn {
+            Ffn::Moe(m) => Ok(m),
+            Ffn::Dense { .. } => Err(ModelError::Unsupported(format!("layer {li} has no experts on the device"))),
         }
     }
 
@@ -243,14 +251,19 @@ impl LayerOps for GpuLayers<'_> {
         self.complete(fused)
     }
 
-    fn moe(&mut self, li: usize, _m: &Moe, fused: bool) -> R {
-        let Ffn::Moe(moe) = &self.layer(li).ffn else {
-            return Err(ModelError::Unsupported(format!("layer {li} has no experts on the device")));
-        };
+    fn moe_route(&mut self, li: usize, _m: &Moe) -> R {
+        let moe = self.experts(li)?;
+        let mb = self.b.moe.as_ref().expect("made with the MoE layers");
+        moe.record_route(&mut self.pass, mb, (&self.b.xn, self.n));
+        Ok(())
+    }
+
+    fn moe_experts(&mut self, li: usize, _m: &Moe, fused: bool) -> R {
+        let moe = self.experts(li)?;
         let mb = self.b.moe.as_ref().expect("made with the MoE layers");
         let h = self.m.config.hidden_size;
         let dst = self.dst(fused);
-        moe.record(&mut self.pass, mb, (&self.b.xn, self.n, h), (dst, fused));
+        moe.record_experts(&mut self.pass, mb, (&self.b.xn, self.n, h), (dst, fused));
         self.complete(fused)
     }
 

@@ -166,7 +166,17 @@ impl GpuMoe {
 
     /// Records the block over `n` normalized rows `xn` (`n × h`): its
     /// output into `y` (added to it when `accumulate`, the residual add).
-    pub(crate) fn record(
+    /// Records the router over `xn`'s `n` rows and each token's `top_k`
+    /// expert ids and weights (into `b.ids`, `b.wts`).
+    pub(crate) fn record_route(&self, pass: &mut Pass<'_>, b: &MoeBufs, (xn, n): (&DeviceBuf, usize)) {
+        pass.matmul(&self.router, xn, 0, n, &b.logits, 0);
+        let shape = (n, self.n_experts, self.top_k, self.norm_topk);
+        pass.moe_route(&b.logits, &b.sel, self.score_bias.as_ref(), shape, self.mode, &b.ids, &b.wts);
+    }
+
+    /// Records the routed experts (ids from [`GpuMoe::record_route`]) and
+    /// the shared expert over `xn`, combined into `y` (added when `accumulate`).
+    pub(crate) fn record_experts(
         &self,
         pass: &mut Pass<'_>,
         b: &MoeBufs,
@@ -174,9 +184,6 @@ impl GpuMoe {
         (y, accumulate): (&DeviceBuf, bool),
     ) {
         let (k, f) = (self.top_k, self.ffn);
-        pass.matmul(&self.router, xn, 0, n, &b.logits, 0);
-        let shape = (n, self.n_experts, k, self.norm_topk);
-        pass.moe_route(&b.logits, &b.sel, self.score_bias.as_ref(), shape, self.mode, &b.ids, &b.wts);
         // More pairs than experts held (a prefill chunk): group them by
         // expert, so each expert's rows are read once for all its pairs.
         let group = (n * k > self.held).then(|| {

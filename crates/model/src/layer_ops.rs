@@ -25,10 +25,13 @@
 //!   ([`LayerOps::attn_out`], [`LayerOps::down`], the block ops), so the
 //!   device stages to the host only there.
 //!
-//! Latent attention, Gated DeltaNet and a mixture of experts are one op each
-//! here: each backend's block runs its own sub-ops (the CPU's `Mla`,
-//! `GatedDeltaNet` and `Moe`, the device's `gpu_mla`, `gpu_deltanet` and
-//! `gpu_moe`), whose op lists docs/ARCHITECTURE.md gives.
+//! A mixture of experts is two ops: the routing, then the experts (routed
+//! and shared, gathered and combined; the CPU runs one token's chosen
+//! experts as one multi-weight product, the device groups a chunk's pairs
+//! by expert). Latent attention and Gated DeltaNet are one op each: each
+//! backend's block runs its own sub-ops (the CPU's `Mla` and
+//! `GatedDeltaNet`, the device's `gpu_mla` and `gpu_deltanet`), whose op
+//! lists docs/ARCHITECTURE.md gives.
 //!
 //! Every op reads and writes the step's named buffers: the residual stream
 //! `x` (`n × hidden`), its normalized copy `xn`, the attention block's q, k, v
@@ -83,8 +86,12 @@ pub(crate) trait LayerOps {
     /// The down projection of the gated activation, completed across the
     /// tensor group, into `o` (or added into `x` when `fused`).
     fn down(&mut self, li: usize, m: &Mlp, fused: bool) -> Result<(), ModelError>;
-    /// A whole mixture-of-experts block from `xn` (as [`LayerOps::down`] ends).
-    fn moe(&mut self, li: usize, m: &Moe, fused: bool) -> Result<(), ModelError>;
+    /// A mixture of experts' router over `xn` and each token's top-k
+    /// experts and weights (softmax, or grouped sigmoid with its bias).
+    fn moe_route(&mut self, li: usize, m: &Moe) -> Result<(), ModelError>;
+    /// The chosen experts this rank holds and the shared expert over `xn`,
+    /// weighted and summed (as [`LayerOps::down`] ends).
+    fn moe_experts(&mut self, li: usize, m: &Moe, fused: bool) -> Result<(), ModelError>;
     /// The optional sandwich norm of `o` in place, then `x += o`.
     fn residual(&mut self, li: usize, post_norm: Option<Norm>) -> Result<(), ModelError>;
     /// After a layer (the device starts on it while the host records the next).
@@ -122,7 +129,10 @@ pub(crate) fn run_decoder<B: LayerOps>(layers: &[DecoderLayer], ops: &mut B) -> 
                 ops.gate_up_act(li, m)?;
                 ops.down(li, m, fused)?;
             }
-            FeedForward::Moe(m) => ops.moe(li, m, fused)?,
+            FeedForward::Moe(m) => {
+                ops.moe_route(li, m)?;
+                ops.moe_experts(li, m, fused)?;
+            }
         }
         if !fused {
             ops.residual(li, layer.post_ffn_norm.as_ref().map(|_| Norm::PostFfn))?;

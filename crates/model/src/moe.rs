@@ -377,12 +377,25 @@ impl Moe {
     /// `out (T × hidden)` = this rank's part of the block's output for the
     /// normalized inputs `x (T × hidden)`; the caller all-reduces it.
     pub fn forward(&self, pool: &ThreadPool, x: &[f32], t: usize, out: &mut [f32], s: &mut MoeScratch) {
-        let h = self.router.in_features();
+        self.route_rows(pool, x, t, s);
+        self.experts_rows(pool, x, t, out, s);
+    }
+
+    /// The router over `x (T × hidden)` and each token's `top_k` experts
+    /// and weights, kept in `s` for [`Moe::experts_rows`].
+    pub fn route_rows(&self, pool: &ThreadPool, x: &[f32], t: usize, s: &mut MoeScratch) {
         let ne = self.router.out_features();
-        out[..t * h].fill(0.0);
         grow(&mut s.probs, t * ne);
         self.router.forward(pool, x, t, &mut s.probs, &mut s.matmul);
         self.route(t, s);
+    }
+
+    /// The chosen experts this rank holds (routes from [`Moe::route_rows`])
+    /// and the shared expert over `x`, weighted and summed into `out (T ×
+    /// hidden)`: this rank's part of the block's output.
+    pub fn experts_rows(&self, pool: &ThreadPool, x: &[f32], t: usize, out: &mut [f32], s: &mut MoeScratch) {
+        let h = self.router.in_features();
+        out[..t * h].fill(0.0);
         if t == 1 {
             self.forward_token(pool, x, out, s);
             s.routes.iter_mut().for_each(Vec::clear);
