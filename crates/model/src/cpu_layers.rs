@@ -221,19 +221,39 @@ impl LayerOps for CpuLayers<'_, '_> {
         self.row_parallel(&g.o, true)
     }
 
-    fn latent_attention(&mut self, li: usize, mla: &Mla, _fused: bool) -> R {
-        let (n, h, ws) = (self.n, self.h(), &mut *self.ws);
+    fn latent_project(&mut self, _li: usize, mla: &Mla) -> R {
+        let (n, ws) = (self.n, &mut *self.ws);
         let rope = RopeRows { cos: &ws.cos, sin: &ws.sin, style: self.m.rope.style };
+        mla.project_rows(self.pool, &ws.xn, n, &rope, &mut ws.mla);
+        Ok(())
+    }
+
+    fn latent_attend(&mut self, li: usize, mla: &Mla) -> R {
         let paged = self.paged.as_deref_mut();
-        mla.forward(self.pool, &ws.xn, n, &rope, self.seqs, paged, li, &mut ws.o[..n * h], &mut ws.mla);
+        mla.attend_rows(self.pool, self.n, self.seqs, paged, li, &mut self.ws.mla);
+        Ok(())
+    }
+
+    fn latent_out(&mut self, _li: usize, mla: &Mla, _fused: bool) -> R {
+        let (n, h, ws) = (self.n, self.h(), &mut *self.ws);
+        mla.out_rows(self.pool, n, &mut ws.o[..n * h], &mut ws.mla);
         self.comm.all_reduce_sum(&mut ws.o[..n * h])
     }
 
-    fn delta_net(&mut self, li: usize, dn: &GatedDeltaNet, _fused: bool) -> R {
-        let (n, h, ws) = (self.n, self.h(), &mut *self.ws);
+    fn delta_project(&mut self, _li: usize, dn: &GatedDeltaNet) -> R {
+        let ws = &mut *self.ws;
+        dn.project_rows(self.pool, &ws.xn, self.n, &mut ws.linear, &mut ws.scratch);
+        Ok(())
+    }
+
+    fn delta_recur(&mut self, li: usize, dn: &GatedDeltaNet) -> R {
         let paged = self.paged.as_deref_mut();
-        let (lw, mm) = (&mut ws.linear, &mut ws.scratch);
-        dn.forward(self.pool, &ws.xn, n, self.seqs, paged, li, &mut ws.o[..n * h], lw, mm)?;
+        dn.recur_rows(self.pool, self.n, self.seqs, paged, li, &mut self.ws.linear)
+    }
+
+    fn delta_out(&mut self, _li: usize, dn: &GatedDeltaNet, _fused: bool) -> R {
+        let (n, h, ws) = (self.n, self.h(), &mut *self.ws);
+        dn.out_rows(self.pool, n, &mut ws.o[..n * h], &mut ws.linear, &mut ws.scratch);
         self.comm.all_reduce_sum(&mut ws.o[..n * h])
     }
 

@@ -183,18 +183,24 @@ impl GpuDeltaNet {
     /// `n_seq` sequences) into `dst` (added to it when `add`), reading and
     /// advancing `states` (this layer's slots).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn record(
+    /// Records the fused input projections of `xn`'s `n` rows into `b.proj`.
+    pub(crate) fn record_project(&self, pass: &mut Pass<'_>, b: &DeltaBufs, (xn, n): (&DeviceBuf, usize)) {
+        self.proj.record(pass, xn, n, &b.proj);
+    }
+
+    /// Records the recurrence over `b.proj`'s `n` rows of `n_seq` sequences:
+    /// the way back of speculative steps, conv + SiLU and the delta rule on
+    /// the state slots `states`, the gated RMSNorm, into `b.core`.
+    pub(crate) fn record_recur(
         &self,
         pass: &mut Pass<'_>,
         b: &DeltaBufs,
-        (xn, n, n_seq): (&DeviceBuf, usize, usize),
+        (n, n_seq): (usize, usize),
         states: &DeviceBuf,
         undo: &[(DeltaSeq, Arc<UndoBufs>)],
-        (dst, add): (&DeviceBuf, bool),
     ) {
         let (a, s) = (&self.args, &self.shape);
         let (c, vw) = (a.channels(), a.v_heads * a.dv);
-        self.proj.record(pass, xn, n, &b.proj);
         // The way back: replay the accepted rows of the last verify step from
         // the state before it (outputs discarded), then keep this verify
         // step's state and rows.
@@ -228,6 +234,10 @@ impl GpuDeltaNet {
         // RMSNorm(o)·w per (token, value head), then · SiLU(z).
         pass.rms_norm_heads(&b.core, 0, &self.norm, (a.dv, a.v_heads, n, self.eps), vw);
         pass.silu_mul(&b.core, (n, vw), &b.proj, (c, a.x_stride));
+    }
+
+    /// Records the output projection of `b.core` into `(dst, add)`.
+    pub(crate) fn record_out(&self, pass: &mut Pass<'_>, b: &DeltaBufs, n: usize, (dst, add): (&DeviceBuf, bool)) {
         match add {
             true => pass.matmul_add(&self.out, &b.core, 0, n, dst, 0),
             false => pass.matmul(&self.out, &b.core, 0, n, dst, 0),

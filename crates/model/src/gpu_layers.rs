@@ -9,8 +9,8 @@
 //! Under a tensor split the pass is submitted at each block's end and the
 //! partial sums go through the host's all-reduce: the only host staging.
 
-use super::super::gpu_deltanet::{DeltaSeq, GpuStates};
-use super::super::gpu_mla::StepRows;
+use super::super::gpu_deltanet::{DeltaBufs, DeltaSeq, GpuDeltaNet, GpuStates};
+use super::super::gpu_mla::{GpuMla, MlaBufs, StepRows};
 use super::super::gpu_moe::GpuMoe;
 use super::{Attn, Bufs, Ffn, GpuGqa, GpuLayer, GpuShard, Kv};
 use crate::decoder::{DecoderLayer, Gqa};
@@ -60,6 +60,35 @@ impl<'a> GpuLayers<'a> {
             Ffn::Moe(m) => Ok(m),
             Ffn::Dense { .. } => Err(ModelError::Unsupported(format!("layer {li} has no experts on the device"))),
         }
+    }
+
+    /// Layer `li`'s latent attention on the device, its step buffers and
+    /// the step's rows in the block group it reads.
+    fn latent(&self, li: usize) -> Result<(&'a GpuMla, &'a MlaBufs, StepRows<'a>), ModelError> {
+        let Attn::Mla(a) = &self.layer(li).attn else {
+            return Err(ModelError::Unsupported(format!("layer {li} has no latent attention on the device")));
+        };
+        let (b, g) = (self.b, self.group(li));
+        let mb = b.mla.as_ref().expect("made with the MLA layers");
+        let rows = StepRows {
+            cos: &b.cos,
+            sin: &b.sin,
+            interleaved: self.m.rope.style == kernels::ops::RopeStyle::Interleaved,
+            slots: &b.slots[g],
+            tok: &b.tok[g],
+            tables: self.tables[g],
+            block: self.block,
+            kv: self.shard.kv,
+        };
+        Ok((a, mb, rows))
+    }
+
+    /// Layer `li`'s Gated DeltaNet on the device and its step buffers.
+    fn delta(&self, li: usize) -> Result<(&'a GpuDeltaNet, &'a DeltaBufs), ModelError> {
+        let Attn::DeltaNet(d) = &self.layer(li).attn else {
+            return Err(ModelError::Unsupported(format!("layer {li} has no linear attention on the device")));
+        };
+        Ok((d, self.b.delta.as_ref().expect("made with the linear layers")))
     }
 
     fn tp(&self) -> bool {
@@ -193,39 +222,45 @@ impl LayerOps for GpuLayers<'_> {
         self.complete(fused)
     }
 
-    fn latent_attention(&mut self, li: usize, _m: &Mla, fused: bool) -> R {
-        let Attn::Mla(a) = &self.layer(li).attn else {
-            return Err(ModelError::Unsupported(format!("layer {li} has no latent attention on the device")));
-        };
-        let (b, g) = (self.b, self.group(li));
-        let mb = b.mla.as_ref().expect("made with the MLA layers");
-        let rows = StepRows {
-            cos: &b.cos,
-            sin: &b.sin,
-            interleaved: self.m.rope.style == kernels::ops::RopeStyle::Interleaved,
-            slots: &b.slots[g],
-            tok: &b.tok[g],
-            tables: self.tables[g],
-            block: self.block,
-            kv: self.shard.kv,
-        };
-        let (dst, pool) = (self.dst(fused), &self.kv.k[li]);
-        a.record(&mut self.pass, mb, (&b.xn, self.n), &rows, pool, (dst, fused));
+    fn latent_project(&mut self, li: usize, _m: &Mla) -> R {
+        let (a, mb, rows) = self.latent(li)?;
+        a.record_project(&mut self.pass, mb, (&self.b.xn, self.n), &rows);
+        Ok(())
+    }
+
+    fn latent_attend(&mut self, li: usize, _m: &Mla) -> R {
+        let (a, mb, rows) = self.latent(li)?;
+        a.record_attend(&mut self.pass, mb, self.n, &rows, &self.kv.k[li]);
+        Ok(())
+    }
+
+    fn latent_out(&mut self, li: usize, _m: &Mla, fused: bool) -> R {
+        let (a, mb, _) = self.latent(li)?;
+        let dst = self.dst(fused);
+        a.record_out(&mut self.pass, mb, self.n, (dst, fused));
         self.complete(fused)
     }
 
-    fn delta_net(&mut self, li: usize, _d: &GatedDeltaNet, fused: bool) -> R {
-        let Attn::DeltaNet(d) = &self.layer(li).attn else {
-            return Err(ModelError::Unsupported(format!("layer {li} has no linear attention on the device")));
-        };
-        let db = self.b.delta.as_ref().expect("made with the linear layers");
+    fn delta_project(&mut self, li: usize, _d: &GatedDeltaNet) -> R {
+        let (d, db) = self.delta(li)?;
+        d.record_project(&mut self.pass, db, (&self.b.xn, self.n));
+        Ok(())
+    }
+
+    fn delta_recur(&mut self, li: usize, _d: &GatedDeltaNet) -> R {
+        let (d, db) = self.delta(li)?;
         let no_cache = || ModelError::Unsupported(format!("linear layer {li} has no recurrent-state cache"));
         let dev = self.states.ok_or_else(no_cache)?;
         let slots = dev.layers[li].as_ref().ok_or_else(no_cache)?;
         let undo = dev.undo_for(li, self.delta_plan, d.undo_shape())?;
-        let step = (&self.b.xn, self.n, self.delta_plan.len());
+        d.record_recur(&mut self.pass, db, (self.n, self.delta_plan.len()), slots, &undo);
+        Ok(())
+    }
+
+    fn delta_out(&mut self, li: usize, _d: &GatedDeltaNet, fused: bool) -> R {
+        let (d, db) = self.delta(li)?;
         let dst = self.dst(fused);
-        d.record(&mut self.pass, db, step, slots, &undo, (dst, fused));
+        d.record_out(&mut self.pass, db, self.n, (dst, fused));
         self.complete(fused)
     }
 

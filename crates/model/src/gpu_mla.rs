@@ -154,17 +154,14 @@ impl GpuMla {
         }))
     }
 
-    /// Records the block over `n` normalized rows `xn`, storing each row's
-    /// latent in `pool` (this layer's, `width()` values a row); the output
-    /// projection goes to `(y, accumulate)`.
-    pub(crate) fn record(
+    /// Records the projections over `n` normalized rows `xn`: each head's
+    /// query (`b.q`, rope tail roped) and each row's latent (`b.kv`).
+    pub(crate) fn record_project(
         &self,
         pass: &mut Pass<'_>,
         b: &MlaBufs,
         (xn, n): (&DeviceBuf, usize),
         s: &StepRows<'_>,
-        pool: &DeviceBuf,
-        (y, accumulate): (&DeviceBuf, bool),
     ) {
         let (nh, r, nope, qk, w) = (self.heads, self.r, self.nope, self.nope + self.rope, self.width());
         match &self.q_a {
@@ -181,6 +178,12 @@ impl GpuMla {
         let half = self.rope / 2;
         pass.rope_heads(&b.kv, (r, w, w), (n, 1, half), (s.cos, s.sin), s.interleaved);
         pass.rope_heads(&b.q, (nope, nh * qk, qk), (n, nh, half), (s.cos, s.sin), s.interleaved);
+    }
+
+    /// Records the latents' store into `pool` (this layer's, `width()`
+    /// values a row) and the absorbed attention into `b.attn`.
+    pub(crate) fn record_attend(&self, pass: &mut Pass<'_>, b: &MlaBufs, n: usize, s: &StepRows<'_>, pool: &DeviceBuf) {
+        let (nh, r, nope, qk, w) = (self.heads, self.r, self.nope, self.nope + self.rope, self.width());
         pass.kv_store(&b.kv, 0, (n, w, w), s.slots, pool, s.kv);
         // q_lat[t, h] = W_UK_hᵀ q_nope[t, h] ‖ q_rope[t, h].
         let heads = Pairs { t: n, top_k: nh, ids: None, first: 0, group: None };
@@ -191,6 +194,10 @@ impl GpuMla {
         pass.attention(&b.q_lat, (0, nh * w), n, &args, (pool, pool), (s.tok, s.tables), None, &b.out_lat);
         // attn[t, h] = W_UV_h out_lat[t, h][..r].
         pass.matmul_id(&self.w_uv, (&b.out_lat, true, w), heads, &b.attn, (0, self.v));
+    }
+
+    /// Records the output projection of `b.attn` into `(y, accumulate)`.
+    pub(crate) fn record_out(&self, pass: &mut Pass<'_>, b: &MlaBufs, n: usize, (y, accumulate): (&DeviceBuf, bool)) {
         match accumulate {
             true => pass.matmul_add(&self.o, &b.attn, 0, n, y, 0),
             false => pass.matmul(&self.o, &b.attn, 0, n, y, 0),

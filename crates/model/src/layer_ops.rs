@@ -28,10 +28,11 @@
 //! A mixture of experts is two ops: the routing, then the experts (routed
 //! and shared, gathered and combined; the CPU runs one token's chosen
 //! experts as one multi-weight product, the device groups a chunk's pairs
-//! by expert). Latent attention and Gated DeltaNet are one op each: each
-//! backend's block runs its own sub-ops (the CPU's `Mla` and
-//! `GatedDeltaNet`, the device's `gpu_mla` and `gpu_deltanet`), whose op
-//! lists docs/ARCHITECTURE.md gives.
+//! by expert). Latent attention is project → attend (absorbed: queries
+//! folded into the latent space, values lifted out) → out; Gated DeltaNet
+//! is project → recur (conv, delta rule and gated norm on the state slots,
+//! the speculative way back) → out. Inside those ops each backend runs its
+//! own kernels (the CPU's chunked delta rule, the device's recurrent one).
 //!
 //! Every op reads and writes the step's named buffers: the residual stream
 //! `x` (`n × hidden`), its normalized copy `xn`, the attention block's q, k, v
@@ -77,10 +78,22 @@ pub(crate) trait LayerOps {
     /// The output projection, completed across the tensor group, into `o`
     /// (or added into `x` when `fused`).
     fn attn_out(&mut self, li: usize, g: &Gqa, fused: bool) -> Result<(), ModelError>;
-    /// A whole latent-attention block from `xn` (as [`LayerOps::attn_out`] ends).
-    fn latent_attention(&mut self, li: usize, m: &Mla, fused: bool) -> Result<(), ModelError>;
-    /// A whole Gated DeltaNet block from `xn`, advancing the state slots.
-    fn delta_net(&mut self, li: usize, d: &GatedDeltaNet, fused: bool) -> Result<(), ModelError>;
+    /// Latent attention's projections of `xn`: each head's query (its rope
+    /// tail roped) and each row's latent (normalized) ‖ shared key (roped).
+    fn latent_project(&mut self, li: usize, m: &Mla) -> Result<(), ModelError>;
+    /// Stores the latents in the layer's KV and runs the absorbed attention
+    /// (queries folded into the latent space, values lifted out of it).
+    fn latent_attend(&mut self, li: usize, m: &Mla) -> Result<(), ModelError>;
+    /// Latent attention's output projection (as [`LayerOps::attn_out`]).
+    fn latent_out(&mut self, li: usize, m: &Mla, fused: bool) -> Result<(), ModelError>;
+    /// Gated DeltaNet's fused input projections of `xn` (q‖k‖v, z, b, a).
+    fn delta_project(&mut self, li: usize, d: &GatedDeltaNet) -> Result<(), ModelError>;
+    /// The recurrence: a speculative step's way back where asked, the causal
+    /// conv with SiLU and the delta rule on each sequence's state slot
+    /// (advancing it), the gated RMSNorm.
+    fn delta_recur(&mut self, li: usize, d: &GatedDeltaNet) -> Result<(), ModelError>;
+    /// Gated DeltaNet's output projection (as [`LayerOps::attn_out`]).
+    fn delta_out(&mut self, li: usize, d: &GatedDeltaNet, fused: bool) -> Result<(), ModelError>;
     /// gate and up of `xn`, then the gated activation.
     fn gate_up_act(&mut self, li: usize, m: &Mlp) -> Result<(), ModelError>;
     /// The down projection of the gated activation, completed across the
@@ -117,8 +130,16 @@ pub(crate) fn run_decoder<B: LayerOps>(layers: &[DecoderLayer], ops: &mut B) -> 
                 }
                 ops.attn_out(li, g, fused)?;
             }
-            Attention::Mla(m) => ops.latent_attention(li, m, fused)?,
-            Attention::Linear(d) => ops.delta_net(li, d, fused)?,
+            Attention::Mla(m) => {
+                ops.latent_project(li, m)?;
+                ops.latent_attend(li, m)?;
+                ops.latent_out(li, m, fused)?;
+            }
+            Attention::Linear(d) => {
+                ops.delta_project(li, d)?;
+                ops.delta_recur(li, d)?;
+                ops.delta_out(li, d, fused)?;
+            }
         }
         if !fused {
             ops.residual(li, layer.post_attn_norm.as_ref().map(|_| Norm::PostAttn))?;

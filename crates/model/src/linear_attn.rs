@@ -370,19 +370,33 @@ impl GatedDeltaNet {
         xn: &[f32],
         n: usize,
         seqs: &mut [SeqStep<'_>],
-        mut paged: Option<&mut KvPool>,
+        paged: Option<&mut KvPool>,
         li: usize,
         out: &mut [f32],
         ws: &mut LinearAttnScratch,
         mm: &mut MatmulScratch,
     ) -> Result<(), ModelError> {
+        self.project_rows(pool, xn, n, ws, mm);
+        self.recur_rows(pool, n, seqs, paged, li, ws)?;
+        self.out_rows(pool, n, out, ws, mm);
+        Ok(())
+    }
+
+    /// The fused input projections of `xn`: each row's q‖k‖v (`ws.qkv`),
+    /// output gate `z` and β/decay inputs `b, a`.
+    pub fn project_rows(
+        &self,
+        pool: &ThreadPool,
+        xn: &[f32],
+        n: usize,
+        ws: &mut LinearAttnScratch,
+        mm: &mut MatmulScratch,
+    ) {
         let s = self.shape;
         let (c, vw, nv) = (s.conv_channels, s.v_heads * s.dv, s.v_heads);
         grow(&mut ws.qkv, n * c);
-        grow(&mut ws.conv, n * c);
         grow(&mut ws.z, n * vw);
         grow(&mut ws.ba, n * 2 * nv);
-        grow(&mut ws.core, n * vw);
         Linear::forward_many(
             pool,
             &[&self.qkv, &self.z, &self.ba],
@@ -391,6 +405,25 @@ impl GatedDeltaNet {
             &mut [&mut ws.qkv, &mut ws.z, &mut ws.ba],
             mm,
         );
+    }
+
+    /// The recurrence over the projected rows: per sequence, the way back
+    /// of a speculative step if asked, the causal conv with SiLU, the delta
+    /// rule on the slot's state (advancing it), then the gated RMSNorm, into
+    /// `ws.core` (`n × v_heads·dv`).
+    pub fn recur_rows(
+        &self,
+        pool: &ThreadPool,
+        n: usize,
+        seqs: &mut [SeqStep<'_>],
+        mut paged: Option<&mut KvPool>,
+        li: usize,
+        ws: &mut LinearAttnScratch,
+    ) -> Result<(), ModelError> {
+        let s = self.shape;
+        let (c, vw) = (s.conv_channels, s.v_heads * s.dv);
+        grow(&mut ws.conv, n * c);
+        grow(&mut ws.core, n * vw);
         ws.tasks.clear();
         let mut row = 0;
         for sq in seqs.iter_mut() {
@@ -430,8 +463,19 @@ impl GatedDeltaNet {
                 o[j] = o[j] * inv * self.norm[j] * (z[j] / (1.0 + (-z[j]).exp()));
             }
         }
-        self.out.forward(pool, &ws.core, n, out, mm);
         Ok(())
+    }
+
+    /// The output projection of `ws.core` into `out` (`n × hidden`, to be all-reduced).
+    pub fn out_rows(
+        &self,
+        pool: &ThreadPool,
+        n: usize,
+        out: &mut [f32],
+        ws: &mut LinearAttnScratch,
+        mm: &mut MatmulScratch,
+    ) {
+        self.out.forward(pool, &ws.core, n, out, mm);
     }
 
     /// Causal depthwise conv1d + SiLU of one sequence's rows `x` (`len × C`)

@@ -249,26 +249,20 @@ impl Mla {
         self.q_b.weight.dtype.is_quantized()
     }
 
-    /// The attention block over the normalized rows `xn` (`n × hidden`, all
-    /// sequences concatenated) into `out` (`n × hidden`, this rank's partial
-    /// sum: the caller all-reduces). Stores every new position's latent row in
-    /// layer `li` of its sequence's cache.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forward(
+    /// The block's projections over the normalized rows `xn` (`n × hidden`,
+    /// all sequences concatenated): each head's query (`s.q`, rope tail
+    /// roped) and each row's latent (`s.kv`: normalized latent ‖ roped
+    /// shared key), for [`Mla::attend_rows`].
+    pub(crate) fn project_rows(
         &self,
         pool: &ThreadPool,
         xn: &[f32],
         n: usize,
         rope: &RopeRows<'_>,
-        seqs: &mut [SeqStep<'_>],
-        mut paged: Option<&mut KvPool>,
-        li: usize,
-        out: &mut [f32],
         s: &mut MlaScratch,
     ) {
         let sp = &self.spec;
-        let (nh, r, rd, nope, qk, w, vd) =
-            (self.n_heads, sp.kv_lora, sp.rope, sp.nope, sp.qk(), sp.cache_width(), sp.v_dim);
+        let (nh, r, rd, nope, qk, w) = (self.n_heads, sp.kv_lora, sp.rope, sp.nope, sp.qk(), sp.cache_width());
         grow(&mut s.q, n * nh * qk);
         grow(&mut s.kv, n * w);
         match &self.q_a {
@@ -293,6 +287,22 @@ impl Mla {
                 ops::rope(&mut s.q[(t * nh + h) * qk + nope..(t * nh + h + 1) * qk], rd, c, sn, rope.style);
             }
         }
+    }
+
+    /// Stores every new position's latent row (from [`Mla::project_rows`])
+    /// in layer `li` of its sequence's cache and runs the attention of the
+    /// queries against the cache into `s.attn` (`n × heads × v_dim`).
+    pub(crate) fn attend_rows(
+        &self,
+        pool: &ThreadPool,
+        n: usize,
+        seqs: &mut [SeqStep<'_>],
+        mut paged: Option<&mut KvPool>,
+        li: usize,
+        s: &mut MlaScratch,
+    ) {
+        let sp = &self.spec;
+        let (nh, qk, w, vd) = (self.n_heads, sp.qk(), sp.cache_width(), sp.v_dim);
         grow(&mut s.attn, n * nh * vd);
         if self.mode == MlaMode::Absorbed {
             grow(&mut s.q_lat, n * nh * w);
@@ -343,6 +353,11 @@ impl Mla {
         if self.mode == MlaMode::Absorbed {
             self.lift_values(pool, &s.out_lat, n, &mut s.attn);
         }
+    }
+
+    /// The output projection of `s.attn` into `out` (`n × hidden`, this
+    /// rank's partial sum: the caller all-reduces).
+    pub(crate) fn out_rows(&self, pool: &ThreadPool, n: usize, out: &mut [f32], s: &mut MlaScratch) {
         self.o.forward(pool, &s.attn, n, out, &mut s.matmul);
     }
 
