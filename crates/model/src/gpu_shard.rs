@@ -4,7 +4,7 @@
 //!
 //! The layers run through the one layer loop (`crate::layer_ops`), this
 //! module's `layers` being the device's implementation of its ops; the
-//! head is [`GpuShard::head`]. Around them the host computes what a step's
+//! head is `GpuShard::head`. Around them the host computes what a step's
 //! inputs need (token embeddings, rope tables, each row's position and
 //! block table) and uploads them; the layers run on the device; the residual stream comes back once per step (it is
 //! what a pipeline stage sends on) and the logits once per step. The host

@@ -360,28 +360,6 @@ impl GatedDeltaNet {
         self.qkv.weight.dtype.is_quantized()
     }
 
-    /// The layer over the normalized rows `xn` (`n × hidden`, every sequence's
-    /// new tokens in order) into `out` (`n × hidden`, to be all-reduced);
-    /// advances each sequence's state of owned layer `li`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
-        pool: &ThreadPool,
-        xn: &[f32],
-        n: usize,
-        seqs: &mut [SeqStep<'_>],
-        paged: Option<&mut KvPool>,
-        li: usize,
-        out: &mut [f32],
-        ws: &mut LinearAttnScratch,
-        mm: &mut MatmulScratch,
-    ) -> Result<(), ModelError> {
-        self.project_rows(pool, xn, n, ws, mm);
-        self.recur_rows(pool, n, seqs, paged, li, ws)?;
-        self.out_rows(pool, n, out, ws, mm);
-        Ok(())
-    }
-
     /// The fused input projections of `xn`: each row's q‖k‖v (`ws.qkv`),
     /// output gate `z` and β/decay inputs `b, a`.
     pub fn project_rows(

@@ -374,13 +374,6 @@ impl Moe {
         self.router.flops(m) + self.active_held(one) + shared
     }
 
-    /// `out (T × hidden)` = this rank's part of the block's output for the
-    /// normalized inputs `x (T × hidden)`; the caller all-reduces it.
-    pub fn forward(&self, pool: &ThreadPool, x: &[f32], t: usize, out: &mut [f32], s: &mut MoeScratch) {
-        self.route_rows(pool, x, t, s);
-        self.experts_rows(pool, x, t, out, s);
-    }
-
     /// The router over `x (T × hidden)` and each token's `top_k` experts
     /// and weights, kept in `s` for [`Moe::experts_rows`].
     pub fn route_rows(&self, pool: &ThreadPool, x: &[f32], t: usize, s: &mut MoeScratch) {
@@ -449,7 +442,7 @@ impl Moe {
     /// run over all their rows, the input quantized once) instead of two runs
     /// per expert; then every down projection, again as one pool run (each
     /// reading its own expert's activations). Only the chosen experts' weights
-    /// are read. Sums in the order of [`Moe::forward`]
+    /// are read. Sums in the order of [`Moe::experts_rows`]
     /// (experts by index, then the shared expert).
     fn forward_token(&self, pool: &ThreadPool, x: &[f32], out: &mut [f32], s: &mut MoeScratch) {
         let h = self.router.in_features();
