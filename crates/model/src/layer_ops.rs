@@ -82,7 +82,8 @@ pub(crate) trait LayerOps {
     /// tail roped) and each row's latent (normalized) ‖ shared key (roped).
     fn latent_project(&mut self, li: usize, m: &Mla) -> Result<(), ModelError>;
     /// Stores the latents in the layer's KV and runs the absorbed attention
-    /// (queries folded into the latent space, values lifted out of it).
+    /// (queries folded into the latent space, values lifted out of it; the
+    /// CPU also runs the expanded reference, `SHARDLM_MLA=expanded`).
     fn latent_attend(&mut self, li: usize, m: &Mla) -> Result<(), ModelError>;
     /// Latent attention's output projection (as [`LayerOps::attn_out`]).
     fn latent_out(&mut self, li: usize, m: &Mla, fused: bool) -> Result<(), ModelError>;
