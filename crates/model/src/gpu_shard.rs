@@ -6,8 +6,9 @@
 //! module's `layers` being the device's implementation of its ops; the
 //! head is `GpuShard::head`. Around them the host computes what a step's
 //! inputs need (token embeddings, rope tables, each row's position and
-//! block table) and uploads them; the layers run on the device; the residual stream comes back once per step (it is
-//! what a pipeline stage sends on) and the logits once per step. The host
+//! block table) and uploads them; the layers run on the device; the
+//! residual stream comes back once per step (it is what a pipeline stage
+//! sends on) and the logits once per step. The host
 //! [`KvPool`] keeps the block bookkeeping (the scheduler's tables index the
 //! device pool the same way); its rows are not written.
 //!

@@ -374,7 +374,9 @@ impl Model {
         Ok(())
     }
 
-    /// Runs the owned layers over `ws.x` and advances every sequence's cache.
+    /// Runs the owned layers over `ws.x` and advances every sequence's cache:
+    /// the step's checks and rope tables here, then the one layer loop
+    /// (`layer_ops::run_decoder`) with the CPU's ops or the GPU's.
     pub fn run_layers(
         &self,
         pool: &ThreadPool,
