@@ -33,9 +33,9 @@ use crate::{DType, ThreadPool};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed, avx2_rows,
-    avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq,
-    avx512_iq3_vbmi, avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl,
-    avx512_rows16_q3k,
+    avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16,
+    avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq3_vbmi, avx512_k, avx512_lowk, avx512_packed, avx512_rows16,
+    avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -624,9 +624,12 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq4_nl,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_iq4_nl),
+        // Packed (every batch size): the sixteen-row kernel; the file layout
+        // (rows not in sixteens) keeps the one-row dot, the tile and the GEMM.
         avx2: x86! {
             dot: &[(Base, avx2_lowk::dot_iq4_nl)],
             tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
+            packed_rows16: &[(Base, avx2_rows16_nl::rows16_iq4_nl)],
             gemm: GEMM_32_AVX2,
             ..NONE
         },
@@ -648,7 +651,14 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq4_xs,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_iq4_xs),
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq4_xs)], gemm: GEMM_K_AVX2, ..NONE },
+        // Packed: the sixteen-row kernel for decode and small batches, the
+        // GEMM (reading the rows back) for prefill.
+        avx2: x86! {
+            dot: &[(Base, avx2_lowk::dot_iq4_xs)],
+            packed_rows16: &[(Base, avx2_rows16_k::rows16_iq4_xs)],
+            gemm: GEMM_K_AVX2,
+            ..NONE
+        },
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_iq4_xs)],
             dot4: &[(Base, avx512_lowk::dot4_iq4_xs)],

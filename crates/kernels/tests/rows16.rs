@@ -102,3 +102,56 @@ fn packed_q4_1_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
         }
     }
 }
+
+/// The sixteen-row kernels of the transposed layout at every ISA level the CPU
+/// has (AVX-512 and AVX2: `simd::avx512_rows16_nl`, `simd::avx2_rows16_nl`):
+/// through `matmul`, at every batch size (the streaming tiles and the
+/// decoded-once scratch), one and two threads, and as a sixteen-aligned row
+/// shard, they equal the scalar reference bit for bit.
+#[test]
+fn lanes16_kernels_equal_the_reference_at_every_isa() {
+    use shardlm_kernels::matmul::matmul_reference;
+    let mut rng = rng(1616);
+    let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
+    for dtype in [DType::IQ4_NL, DType::IQ4_XS] {
+        let shapes: &[(usize, usize)] = if dtype.block_elems() == 256 {
+            &[(16, 256), (48, 512), (32, 1280)]
+        } else {
+            &[(16, 32), (48, 576), (32, 1024)]
+        };
+        for &(rows, cols) in shapes {
+            assert!(packed::packable(dtype, rows, cols));
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
+            let pw = packed::pack(dtype, rows, cols, &w);
+            let pm = MatRef::new_packed(dtype, rows, cols, &pw).unwrap();
+            for m in [1usize, 2, 3, 5, 40] {
+                let x = random_acts(&mut rng, m * cols);
+                let mut want = vec![0f32; m * rows];
+                matmul_reference(wm, &x, m, &mut want);
+                for isa in isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)) {
+                    assert!(dispatch::kernels(dtype, isa, true).rows16.is_some(), "{dtype} packed at {isa}");
+                    for pool in &pools {
+                        let what = format!("{dtype} {isa} {rows}x{cols} m={m} threads={}", pool.n_threads());
+                        let mut scratch = MatmulScratch::default();
+                        let mut got = vec![f32::NAN; m * rows];
+                        matmul_isa(isa, pool, pm, &x, m, &mut got, &mut scratch);
+                        let differ = got.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                        assert_eq!(differ, 0, "{what}: {differ} outputs differ from the scalar reference");
+                        let shard = pm.rows_range(16, rows);
+                        if rows > 16 {
+                            let mut s = vec![f32::NAN; m * (rows - 16)];
+                            matmul_isa(isa, pool, shard, &x, m, &mut s, &mut scratch);
+                            for i in 0..m {
+                                assert_eq!(
+                                    s[i * (rows - 16)..(i + 1) * (rows - 16)],
+                                    got[i * rows + 16..(i + 1) * rows]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

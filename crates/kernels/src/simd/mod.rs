@@ -39,6 +39,8 @@ pub mod avx2_lowk;
 pub mod avx2_ops;
 pub mod avx2_packed;
 pub mod avx2_rows;
+pub mod avx2_rows16_k;
+pub mod avx2_rows16_nl;
 pub mod avx2_tile;
 pub mod avx512;
 pub mod avx512_attn;

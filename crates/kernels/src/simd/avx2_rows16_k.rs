@@ -1,0 +1,175 @@
+//! AVX2 sixteen-row kernels for the super-block types in the transposed
+//! layout of [`crate::packed::lanes16`] (IQ4_XS): the 256-bit siblings of
+//! [`super::avx512_rows16_k`] for CPUs without AVX-512. Lane `ℓ` of the low
+//! vector is weight row `ℓ`, of the high one row `8 + ℓ` (the low and high
+//! 32 bytes of each of the layout's 64-byte vectors).
+//!
+//! Why: the one-row AVX2 IQ4_XS kernel read 12 GB/s of weights a core in
+//! cache and from memory alike (compute bound), and two threads decoded a
+//! 1.1B IQ4_XS file at 56% of the bandwidth. With rows in the lanes each
+//! `vpshufb` and product covers 64 values of eight rows, the sub-block scale
+//! is a per-lane word pair, and the float step is one per eight rows and
+//! super-block; there are no horizontal sums.
+//!
+//! Per super-block of sixteen rows (2176 bytes), half `h` and activation
+//! row (IQ4_XS):
+//! * vector 0 holds `(d, scales_h)` of each row, vector 1 `scales_l`; the
+//!   sub-block scale `ls − 32` of each lane is built as the scalar code
+//!   builds it and laid out as the word pair `(ls', ls')`;
+//! * vector `2 + 4ib + u` holds codes `qs[16ib + 4u..+4]` of each row: low
+//!   nibbles values `32ib + 4u..`, high nibbles `32ib + 16 + 4u..`. Without
+//!   VNNI the product is `vpmaddubsw` (unsigned × signed into i16 pairs), so
+//!   each nibble looks up `|K[q]|` and `K[q]` (two `vpshufb`) and the four
+//!   activation bytes broadcast from memory take the weight's sign
+//!   (`vpsignb`; no `K` is 0): pairs ≤ 2·127·127 < 2¹⁵;
+//! * `vpmaddwd` against the scale pair widens and scales in one step, so
+//!   each lane sums `Σ_ib ls'·Σ K·a` directly (≤ 2²⁷ in magnitude).
+//!
+//! Batches of [`super::avx2_gemm_k::MIN_M`] rows and more take the prefill
+//! GEMM (it reads the packed rows back to the file layout); this kernel
+//! serves decode and the small batches between.
+//!
+//! Numerics: the integer sums are exact and the float step is the scalar
+//! reference's (`quant::iq4_xs::vec_dot`: `sum + (d·d_a)·isum`, no FMA,
+//! super-blocks in order), so every row equals the reference bit for bit at
+//! every batch size.
+
+use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
+use std::arch::x86_64::*;
+
+/// Rows per group (the lanes of two vectors).
+const ROWS: usize = 16;
+/// Activation rows per register tile.
+const ACTS: usize = 2;
+/// Q8_K row layout: `d` (f32) at 0, 256 codes at 4; 292 bytes a block.
+const Q8K_QS: usize = 4;
+const Q8K_BYTES: usize = 292;
+
+#[inline(always)]
+unsafe fn ld(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> __m256i {
+    _mm256_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// `(|K[q]|, K[q])` lookup tables of the IQ4 codebook in both halves.
+#[inline(always)]
+unsafe fn iq4_tables() -> (__m256i, __m256i) {
+    let k = crate::quant::iq4_nl::KVALUES;
+    let abs = k.map(|v| v.unsigned_abs());
+    (
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(abs.as_ptr() as *const __m128i)),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(k.as_ptr() as *const __m128i)),
+    )
+}
+
+/// `rows` (a multiple of 16) IQ4_XS rows in the lanes16 layout × `m` Q8_K
+/// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
+/// row r · act j`, each equal to `quant::iq4_xs::vec_dot`.
+///
+/// # Safety
+/// AVX2/FMA/F16C CPU; `w` holds `rows / 16` lanes16 groups of `row_bytes`
+/// per row (`n` a multiple of 256); `a` holds `m` Q8_K rows of `n` values
+/// `a_stride` bytes apart; `y` valid for the writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows16_iq4_xs(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
+    let nb = n / 256;
+    for g in 0..rows / ROWS {
+        let gw = w.add(g * ROWS * row_bytes);
+        let mut j = 0;
+        while j < m {
+            let take = (m - j).min(ACTS);
+            let (aj, yj) = (a.add(j * a_stride), y.add(j * y_stride + g * ROWS));
+            match take {
+                1 => tile_iq4_xs::<1>(nb, gw, aj, a_stride, yj, y_stride),
+                _ => tile_iq4_xs::<ACTS>(nb, gw, aj, a_stride, yj, y_stride),
+            }
+            j += take;
+        }
+    }
+}
+
+/// One group of sixteen IQ4_XS rows × `J` activation rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_iq4_xs<const J: usize>(
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    const BLOCK: usize = ROWS * 136;
+    let low4 = _mm256_set1_epi8(0x0F);
+    let (abs_t, sgn_t) = iq4_tables();
+    let mut sums = [[_mm256_setzero_ps(); 2]; J];
+    for b in 0..nb {
+        let x = w.add(b * BLOCK);
+        let ahead = x.wrapping_add(PREFETCH_AHEAD);
+        prefetch_l2(ahead);
+        prefetch_l2(ahead.wrapping_add(64));
+        let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
+        for h in 0..2 {
+            let v0 = ld(x.add(32 * h));
+            // The eight rows' f16 `d` (low words of vector 0) as floats.
+            let dw = _mm256_packus_epi32(_mm256_and_si256(v0, _mm256_set1_epi32(0xFFFF)), _mm256_setzero_si256());
+            let d = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b10_00>(dw)));
+            let (sh, sl) = (_mm256_srli_epi32::<16>(v0), ld(x.add(64 + 32 * h)));
+            let mut sumi = [_mm256_setzero_si256(); J];
+            for ib in 0..8 {
+                // ls − 32 per lane: low four bits from scales_l (byte ib / 2,
+                // nibble ib % 2), high two from scales_h (bits 2ib, 2ib + 1),
+                // as the word pair (ls', ls').
+                let lo4 =
+                    _mm256_and_si256(_mm256_srlv_epi32(sl, _mm256_set1_epi32(4 * ib as i32)), _mm256_set1_epi32(15));
+                let hi2 =
+                    _mm256_and_si256(_mm256_srlv_epi32(sh, _mm256_set1_epi32(2 * ib as i32)), _mm256_set1_epi32(3));
+                let ls = _mm256_or_si256(lo4, _mm256_slli_epi32::<4>(hi2));
+                let pair = _mm256_sub_epi16(_mm256_or_si256(ls, _mm256_slli_epi32::<16>(ls)), _mm256_set1_epi16(32));
+                for u in 0..4 {
+                    let off = 128 + 256 * ib + 64 * u;
+                    if h == 0 {
+                        prefetch_l2(ahead.wrapping_add(off));
+                    }
+                    let q = ld(x.add(off + 32 * h));
+                    let lo = _mm256_and_si256(q, low4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4);
+                    let (la, lsg) = (_mm256_shuffle_epi8(abs_t, lo), _mm256_shuffle_epi8(sgn_t, lo));
+                    let (ha, hsg) = (_mm256_shuffle_epi8(abs_t, hi), _mm256_shuffle_epi8(sgn_t, hi));
+                    for j in 0..J {
+                        let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
+                        let pl = _mm256_maddubs_epi16(la, _mm256_sign_epi8(bcast4(y0), lsg));
+                        let ph = _mm256_maddubs_epi16(ha, _mm256_sign_epi8(bcast4(y0.add(16)), hsg));
+                        sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(pl, pair));
+                        sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(ph, pair));
+                    }
+                }
+            }
+            for j in 0..J {
+                let da = _mm256_set1_ps((act[j] as *const f32).read_unaligned());
+                let t = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sumi[j]));
+                sums[j][h] = _mm256_add_ps(sums[j][h], t);
+            }
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        _mm256_storeu_ps(y.add(j * y_stride), s[0]);
+        _mm256_storeu_ps(y.add(j * y_stride + 8), s[1]);
+    }
+}
