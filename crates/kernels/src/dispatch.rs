@@ -487,9 +487,12 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q2_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q2_k),
+        // File layout: the one-row dot (its four-row kernel spilled, 16 ymm
+        // registers, and ran 0.7x this one). Packed: the sixteen-row kernel
+        // for decode and small batches.
         avx2: x86! {
             dot: &[(Base, avx2_kq4::dot_q2_k)],
-            // Its four-row kernel spilled (16 ymm registers) and ran 0.7x this one.
+            packed_rows16: &[(Base, avx2_rows16_k::rows16_q2_k)],
             gemm: GEMM_K_AVX2,
             ..NONE
         },

@@ -113,7 +113,7 @@ fn lanes16_kernels_equal_the_reference_at_every_isa() {
     use shardlm_kernels::matmul::matmul_reference;
     let mut rng = rng(1616);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    for dtype in [DType::IQ4_NL, DType::IQ4_XS] {
+    for dtype in [DType::IQ4_NL, DType::IQ4_XS, DType::Q2_K] {
         let shapes: &[(usize, usize)] = if dtype.block_elems() == 256 {
             &[(16, 256), (48, 512), (32, 1280)]
         } else {

@@ -1,5 +1,5 @@
 //! AVX2 sixteen-row kernels for the super-block types in the transposed
-//! layout of [`crate::packed::lanes16`] (IQ4_XS): the 256-bit siblings of
+//! layout of [`crate::packed::lanes16`] (IQ4_XS, Q2_K): the 256-bit siblings of
 //! [`super::avx512_rows16_k`] for CPUs without AVX-512. Lane `ℓ` of the low
 //! vector is weight row `ℓ`, of the high one row `8 + ℓ` (the low and high
 //! 32 bytes of each of the layout's 64-byte vectors).
@@ -43,6 +43,7 @@ const ROWS: usize = 16;
 const ACTS: usize = 2;
 /// Q8_K row layout: `d` (f32) at 0, 256 codes at 4; 292 bytes a block.
 const Q8K_QS: usize = 4;
+const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
 #[inline(always)]
@@ -66,43 +67,61 @@ unsafe fn iq4_tables() -> (__m256i, __m256i) {
     )
 }
 
-/// `rows` (a multiple of 16) IQ4_XS rows in the lanes16 layout × `m` Q8_K
-/// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
-/// row r · act j`, each equal to `quant::iq4_xs::vec_dot`.
-///
-/// # Safety
-/// AVX2/FMA/F16C CPU; `w` holds `rows / 16` lanes16 groups of `row_bytes`
-/// per row (`n` a multiple of 256); `a` holds `m` Q8_K rows of `n` values
-/// `a_stride` bytes apart; `y` valid for the writes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn rows16_iq4_xs(
-    n: usize,
-    w: *const u8,
-    row_bytes: usize,
-    rows: usize,
-    a: *const u8,
-    a_stride: usize,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
-    let nb = n / 256;
-    for g in 0..rows / ROWS {
-        let gw = w.add(g * ROWS * row_bytes);
-        let mut j = 0;
-        while j < m {
-            let take = (m - j).min(ACTS);
-            let (aj, yj) = (a.add(j * a_stride), y.add(j * y_stride + g * ROWS));
-            match take {
-                1 => tile_iq4_xs::<1>(nb, gw, aj, a_stride, yj, y_stride),
-                _ => tile_iq4_xs::<ACTS>(nb, gw, aj, a_stride, yj, y_stride),
+/// Runs `$tile::<J>` over every sixteen-row group and tile of up to
+/// [`ACTS`] activation rows: the [`crate::quant::Rows16Fn`] of a type.
+macro_rules! rows16_avx2 {
+    ($(#[$doc:meta])* $name:ident, $tile:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// AVX2/FMA/F16C CPU; `w` holds `rows / 16` lanes16 groups of
+        /// `row_bytes` per row (`n` a multiple of 256); `a` holds `m` Q8_K rows
+        /// of `n` values `a_stride` bytes apart; `y` valid for the writes.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(
+            n: usize,
+            w: *const u8,
+            row_bytes: usize,
+            rows: usize,
+            a: *const u8,
+            a_stride: usize,
+            m: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
+            let nb = n / 256;
+            for g in 0..rows / ROWS {
+                let gw = w.add(g * ROWS * row_bytes);
+                let mut j = 0;
+                while j < m {
+                    let take = (m - j).min(ACTS);
+                    let (aj, yj) = (a.add(j * a_stride), y.add(j * y_stride + g * ROWS));
+                    match take {
+                        1 => $tile::<1>(nb, gw, aj, a_stride, yj, y_stride),
+                        _ => $tile::<ACTS>(nb, gw, aj, a_stride, yj, y_stride),
+                    }
+                    j += take;
+                }
             }
-            j += take;
         }
-    }
+    };
 }
+
+rows16_avx2!(
+    /// `rows` (a multiple of 16) IQ4_XS rows in the lanes16 layout × `m`
+    /// Q8_K activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride +
+    /// r] = row r · act j`, each equal to `quant::iq4_xs::vec_dot`.
+    rows16_iq4_xs,
+    tile_iq4_xs
+);
+
+rows16_avx2!(
+    /// [`rows16_iq4_xs`] for Q2_K, each result equal to `quant::q2_k::vec_dot`.
+    rows16_q2_k,
+    tile_q2_k
+);
 
 /// One group of sixteen IQ4_XS rows × `J` activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -128,8 +147,7 @@ unsafe fn tile_iq4_xs<const J: usize>(
         for h in 0..2 {
             let v0 = ld(x.add(32 * h));
             // The eight rows' f16 `d` (low words of vector 0) as floats.
-            let dw = _mm256_packus_epi32(_mm256_and_si256(v0, _mm256_set1_epi32(0xFFFF)), _mm256_setzero_si256());
-            let d = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b10_00>(dw)));
+            let (d, _) = f16_pairs(v0);
             let (sh, sl) = (_mm256_srli_epi32::<16>(v0), ld(x.add(64 + 32 * h)));
             let mut sumi = [_mm256_setzero_si256(); J];
             for ib in 0..8 {
@@ -165,6 +183,123 @@ unsafe fn tile_iq4_xs<const J: usize>(
                 let da = _mm256_set1_ps((act[j] as *const f32).read_unaligned());
                 let t = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sumi[j]));
                 sums[j][h] = _mm256_add_ps(sums[j][h], t);
+            }
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        _mm256_storeu_ps(y.add(j * y_stride), s[0]);
+        _mm256_storeu_ps(y.add(j * y_stride + 8), s[1]);
+    }
+}
+
+/// `vpshufb` control: byte `t` of each dword as the zero-extended word pair
+/// `(b_t, b_t)`.
+#[inline(always)]
+unsafe fn pair_ctl(t: i32) -> __m256i {
+    let d = |k: i32| {
+        let b = 4 * k + t;
+        b | (0x80 << 8) | (b << 16) | (0x80 << 24)
+    };
+    _mm256_broadcastsi128_si256(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
+}
+
+/// The f16 pairs `(lo, hi)` of each dword of `v` as two float vectors.
+#[inline(always)]
+unsafe fn f16_pairs(v: __m256i) -> (__m256, __m256) {
+    let f = |w: __m256i| {
+        let packed = _mm256_packus_epi32(w, _mm256_setzero_si256());
+        _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b10_00>(packed)))
+    };
+    (f(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF))), f(_mm256_srli_epi32::<16>(v)))
+}
+
+/// Bits `2jb..2jb + 2` of every byte of `q` (the 16-bit shift's spill from
+/// the neighbouring byte is masked off).
+#[inline(always)]
+unsafe fn plane(q: __m256i, jb: usize, three: __m256i) -> __m256i {
+    let s = match jb {
+        0 => q,
+        1 => _mm256_srli_epi16::<2>(q),
+        2 => _mm256_srli_epi16::<4>(q),
+        _ => _mm256_srli_epi16::<6>(q),
+    };
+    _mm256_and_si256(s, three)
+}
+
+/// One group of sixteen Q2_K rows × `J` activation rows.
+///
+/// Lanes16 vectors of an 84-byte block: 0–3 the scale bytes (`sc | m << 4`
+/// of groups `4v..4v+4`), 4 + 8h + u the codes `qs[32h + 4u..+4]` (value
+/// `128h + 32jb + 4u + i` is bits `2jb..` of byte `i`), 20 `(d, dmin)`.
+/// A 16-value group's four code vectors meet their activations in
+/// `vpmaddubsw` (codes 0..3: pairs ≤ 762, four summed in i16 ≤ 3048), and
+/// one `vpmaddwd` against the group's `(sc, sc)` word pairs scales and
+/// widens them. Mins: `(m_2t, m_2t+1)` word pairs meet Q8_K's `bsums` pair
+/// `t` in one `vpmaddwd`. The float step is `q2_k::combine`'s.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_q2_k<const J: usize>(
+    nb: usize,
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    const BLOCK: usize = ROWS * 84;
+    let (low4, three) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    let pairs = [pair_ctl(0), pair_ctl(1), pair_ctl(2), pair_ctl(3)];
+    // Word pairs of bytes (0, 1) and (2, 3) of each dword: two groups' mins.
+    let within = _mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C);
+    let m01 = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_set1_epi32(0x8001_8000u32 as i32), within));
+    let m23 = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_set1_epi32(0x8003_8002u32 as i32), within));
+    let mut sums = [[_mm256_setzero_ps(); 2]; J];
+    for b in 0..nb {
+        let x = w.add(b * BLOCK);
+        let ahead = x.wrapping_add(PREFETCH_AHEAD);
+        for l in 0..BLOCK / 64 {
+            prefetch_l2(ahead.wrapping_add(64 * l));
+        }
+        let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
+        for r in 0..2 {
+            let at = |k: usize| x.add(64 * k + 32 * r);
+            let (d, dmin) = f16_pairs(ld(at(20)));
+            let sv: [__m256i; 4] = std::array::from_fn(|k| ld(at(k)));
+            let mut sumi = [_mm256_setzero_si256(); J];
+            for h in 0..2 {
+                for jb in 0..4 {
+                    for gi in 0..2 {
+                        let g = 8 * h + 2 * jb + gi;
+                        let mut p16 = [_mm256_setzero_si256(); J];
+                        for u in 4 * gi..4 * gi + 4 {
+                            let c = plane(ld(at(4 + 8 * h + u)), jb, three);
+                            for j in 0..J {
+                                let y0 = act[j].add(Q8K_QS + 128 * h + 32 * jb + 4 * u);
+                                p16[j] = _mm256_add_epi16(p16[j], _mm256_maddubs_epi16(c, bcast4(y0)));
+                            }
+                        }
+                        let sp = _mm256_shuffle_epi8(_mm256_and_si256(sv[g / 4], low4), pairs[g % 4]);
+                        for j in 0..J {
+                            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(p16[j], sp));
+                        }
+                    }
+                }
+            }
+            // Mins: groups (2t, 2t + 1) are bytes 2(t mod 2), +1 of vector t / 2.
+            let mut summ = [_mm256_setzero_si256(); J];
+            for t in 0..8 {
+                let mv = _mm256_and_si256(_mm256_srli_epi16::<4>(sv[t / 2]), low4);
+                let mp = _mm256_shuffle_epi8(mv, if t % 2 == 0 { m01 } else { m23 });
+                for j in 0..J {
+                    let bs = bcast4(act[j].add(Q8K_BSUMS + 4 * t));
+                    summ[j] = _mm256_add_epi32(summ[j], _mm256_madd_epi16(mp, bs));
+                }
+            }
+            for j in 0..J {
+                let yd = _mm256_set1_ps((act[j] as *const f32).read_unaligned());
+                let t1 = _mm256_mul_ps(_mm256_mul_ps(yd, d), _mm256_cvtepi32_ps(sumi[j]));
+                let t2 = _mm256_mul_ps(_mm256_mul_ps(yd, dmin), _mm256_cvtepi32_ps(summ[j]));
+                sums[j][r] = _mm256_add_ps(sums[j][r], _mm256_sub_ps(t1, t2));
             }
         }
     }

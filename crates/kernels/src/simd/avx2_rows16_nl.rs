@@ -27,7 +27,8 @@
 //!
 //! Batches above [`ACTS`] rows decode a group's blocks once (the looked-up
 //! magnitudes and signed values, 1 KiB a block) into a thread-local scratch
-//! that every tile of activation rows reads.
+//! that tiles of [`HALF_ACTS`] activation rows then read, one half of the
+//! rows at a time (four rows' sums fit the registers that way).
 //!
 //! Numerics: the integer sums are exact and the float step is the scalar
 //! reference's (`quant::iq4_nl::vec_dot`: `sum + (d_a·d)·isum`, no FMA,
@@ -41,6 +42,8 @@ use std::arch::x86_64::*;
 const ROWS: usize = 16;
 /// Activation rows per register tile (both halves' sums stay in registers).
 const ACTS: usize = 2;
+/// Activation rows per tile of one half over decoded blocks (larger batches).
+const HALF_ACTS: usize = 4;
 /// One block of sixteen rows: four code vectors, then sixteen f16 `d`.
 const BLOCK: usize = ROWS * 18;
 /// Q8_0 activation block: an f16 `d`, then 32 codes.
@@ -139,12 +142,19 @@ pub unsafe fn rows16_iq4_nl(
             let mut scratch = cell.borrow_mut();
             scratch.clear();
             scratch.extend((0..nb).map(|b| decode(gw, b)));
-            let blocks = |b: usize| *scratch.get_unchecked(b);
-            let mut j = 0;
-            while j < m {
-                let take = (m - j).min(ACTS);
-                run_tile(take, nb, &blocks, a.add(j * a_stride), a_stride, yg.add(j * y_stride), y_stride);
-                j += take;
+            for h in 0..2 {
+                let mut j = 0;
+                while j < m {
+                    let take = (m - j).min(HALF_ACTS);
+                    let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride + 8 * h));
+                    match take {
+                        1 => tile_half::<1>(h, &scratch, aj, a_stride, yj, y_stride),
+                        2 => tile_half::<2>(h, &scratch, aj, a_stride, yj, y_stride),
+                        3 => tile_half::<3>(h, &scratch, aj, a_stride, yj, y_stride),
+                        _ => tile_half::<HALF_ACTS>(h, &scratch, aj, a_stride, yj, y_stride),
+                    }
+                    j += take;
+                }
             }
         });
     }
@@ -201,10 +211,7 @@ unsafe fn tile<const J: usize>(
             }
         }
         for j in 0..J {
-            let yb = a.add(j * a_stride + b * ACT_BYTES);
-            let da = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                (yb as *const u16).read_unaligned() as i32,
-            ))));
+            let da = act_d(a.add(j * a_stride + b * ACT_BYTES));
             for h in 0..2 {
                 let t = _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(acc[j][h]));
                 sums[j][h] = _mm256_add_ps(sums[j][h], t);
@@ -215,4 +222,48 @@ unsafe fn tile<const J: usize>(
         _mm256_storeu_ps(y.add(j * y_stride), s[0]);
         _mm256_storeu_ps(y.add(j * y_stride + 8), s[1]);
     }
+}
+
+/// Rows `8h..8h + 8` of a group × `J` activation rows over its decoded
+/// blocks (the same arithmetic as [`tile`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_half<const J: usize>(
+    h: usize,
+    blocks: &[Block],
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut sums = [_mm256_setzero_ps(); J];
+    for (b, blk) in blocks.iter().enumerate() {
+        let mut acc = [_mm256_setzero_si256(); J];
+        for v in 0..8 {
+            let at = if v < 4 { 4 * v } else { 16 + 4 * (v - 4) };
+            let (abs, sgn) = (blk.abs[h][v], blk.sgn[h][v]);
+            for (j, acc_j) in acc.iter_mut().enumerate() {
+                let yq = bcast4(a.add(j * a_stride + b * ACT_BYTES + 2 + at));
+                let p = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(yq, sgn));
+                *acc_j = _mm256_add_epi32(*acc_j, _mm256_madd_epi16(p, ones));
+            }
+        }
+        for (j, sum) in sums.iter_mut().enumerate() {
+            let t = _mm256_mul_ps(
+                _mm256_mul_ps(blk.d[h], act_d(a.add(j * a_stride + b * ACT_BYTES))),
+                _mm256_cvtepi32_ps(acc[j]),
+            );
+            *sum = _mm256_add_ps(*sum, t);
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        _mm256_storeu_ps(y.add(j * y_stride), *s);
+    }
+}
+
+/// The f16 `d` of the Q8_0 activation block at `yb`, in every lane.
+#[inline(always)]
+unsafe fn act_d(yb: *const u8) -> __m256 {
+    _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((yb as *const u16).read_unaligned() as i32))))
 }
