@@ -109,13 +109,165 @@ macro_rules! rows16_avx2 {
     };
 }
 
-rows16_avx2!(
-    /// `rows` (a multiple of 16) IQ4_XS rows in the lanes16 layout × `m`
-    /// Q8_K activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride +
-    /// r] = row r · act j`, each equal to `quant::iq4_xs::vec_dot`.
-    rows16_iq4_xs,
-    tile_iq4_xs
-);
+/// `rows` (a multiple of 16) IQ4_XS rows in the lanes16 layout × `m` Q8_K
+/// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
+/// row r · act j`, each equal to `quant::iq4_xs::vec_dot`.
+///
+/// Up to [`ACTS`] activation rows decode each super-block as they go; more
+/// first decode the group's super-blocks once ([`XsBlock`], 4.6 KiB each,
+/// in L2) and run tiles of [`HALF_ACTS`] rows over one half at a time. The
+/// arithmetic is the same either way.
+///
+/// # Safety
+/// AVX2/FMA/F16C CPU; `w` holds `rows / 16` lanes16 groups of `row_bytes`
+/// per row (`n` a multiple of 256); `a` holds `m` Q8_K rows of `n` values
+/// `a_stride` bytes apart; `y` valid for the writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows16_iq4_xs(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
+    let nb = n / 256;
+    for g in 0..rows / ROWS {
+        let gw = w.add(g * ROWS * row_bytes);
+        let yg = y.add(g * ROWS);
+        if m <= ACTS {
+            match m {
+                1 => tile_iq4_xs::<1>(nb, gw, a, a_stride, yg, y_stride),
+                _ => tile_iq4_xs::<ACTS>(nb, gw, a, a_stride, yg, y_stride),
+            }
+            continue;
+        }
+        XS_SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            scratch.clear();
+            scratch.extend((0..nb).map(|b| decode_iq4_xs(gw.add(b * ROWS * 136))));
+            for h in 0..2 {
+                let mut j = 0;
+                while j < m {
+                    let take = (m - j).min(HALF_ACTS);
+                    let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride + 8 * h));
+                    match take {
+                        1 => half_iq4_xs::<1>(h, &scratch, aj, a_stride, yj, y_stride),
+                        2 => half_iq4_xs::<2>(h, &scratch, aj, a_stride, yj, y_stride),
+                        3 => half_iq4_xs::<3>(h, &scratch, aj, a_stride, yj, y_stride),
+                        _ => half_iq4_xs::<HALF_ACTS>(h, &scratch, aj, a_stride, yj, y_stride),
+                    }
+                    j += take;
+                }
+            }
+        });
+    }
+}
+
+/// Activation rows per tile of one half over decoded super-blocks.
+const HALF_ACTS: usize = 4;
+
+thread_local! {
+    /// The current group's IQ4_XS super-blocks, decoded once (batches above [`ACTS`]).
+    static XS_SCRATCH: std::cell::RefCell<Vec<XsBlock>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One IQ4_XS super-block of sixteen rows, decoded: per half `h`, `abs[h]` /
+/// `sgn[h]` the looked-up `|K[q]|` / `K[q]` of vector `2·(4ib + u) + k`
+/// (`k` 0: low nibbles, 1: high), `pair[h][ib]` the `(ls', ls')` words,
+/// `d[h]` the half's scales.
+#[derive(Clone, Copy)]
+struct XsBlock {
+    abs: [[__m256i; 64]; 2],
+    sgn: [[__m256i; 64]; 2],
+    pair: [[__m256i; 8]; 2],
+    d: [__m256; 2],
+}
+
+/// `(ls', ls')` word pairs of sub-block `ib` per lane, from the half's
+/// `scales_l` and `scales_h` words: low four bits from byte ib / 2 (nibble
+/// ib % 2), high two from bits 2ib, 2ib + 1, as the scalar code builds them.
+#[inline(always)]
+unsafe fn iq4_xs_pair(sl: __m256i, sh: __m256i, ib: usize) -> __m256i {
+    let lo4 = _mm256_and_si256(_mm256_srlv_epi32(sl, _mm256_set1_epi32(4 * ib as i32)), _mm256_set1_epi32(15));
+    let hi2 = _mm256_and_si256(_mm256_srlv_epi32(sh, _mm256_set1_epi32(2 * ib as i32)), _mm256_set1_epi32(3));
+    let ls = _mm256_or_si256(lo4, _mm256_slli_epi32::<4>(hi2));
+    _mm256_sub_epi16(_mm256_or_si256(ls, _mm256_slli_epi32::<16>(ls)), _mm256_set1_epi16(32))
+}
+
+/// The super-block of sixteen rows at `x`, decoded.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn decode_iq4_xs(x: *const u8) -> XsBlock {
+    let low4 = _mm256_set1_epi8(0x0F);
+    let (abs_t, sgn_t) = iq4_tables();
+    let mut blk: XsBlock = std::mem::zeroed();
+    for h in 0..2 {
+        let v0 = ld(x.add(32 * h));
+        blk.d[h] = f16_pairs(v0).0;
+        let (sh, sl) = (_mm256_srli_epi32::<16>(v0), ld(x.add(64 + 32 * h)));
+        for ib in 0..8 {
+            blk.pair[h][ib] = iq4_xs_pair(sl, sh, ib);
+            for u in 0..4 {
+                let q = ld(x.add(128 + 256 * ib + 64 * u + 32 * h));
+                let lo = _mm256_and_si256(q, low4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4);
+                let k = 2 * (4 * ib + u);
+                blk.abs[h][k] = _mm256_shuffle_epi8(abs_t, lo);
+                blk.sgn[h][k] = _mm256_shuffle_epi8(sgn_t, lo);
+                blk.abs[h][k + 1] = _mm256_shuffle_epi8(abs_t, hi);
+                blk.sgn[h][k + 1] = _mm256_shuffle_epi8(sgn_t, hi);
+            }
+        }
+    }
+    blk
+}
+
+/// Rows `8h..8h + 8` of a group × `J` activation rows over its decoded
+/// super-blocks (the same arithmetic as [`tile_iq4_xs`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn half_iq4_xs<const J: usize>(
+    h: usize,
+    blocks: &[XsBlock],
+    a: *const u8,
+    a_stride: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let mut sums = [_mm256_setzero_ps(); J];
+    for (b, blk) in blocks.iter().enumerate() {
+        let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
+        let mut sumi = [_mm256_setzero_si256(); J];
+        for ib in 0..8 {
+            let pair = blk.pair[h][ib];
+            for u in 0..4 {
+                let k = 2 * (4 * ib + u);
+                let (la, lsg, ha, hsg) = (blk.abs[h][k], blk.sgn[h][k], blk.abs[h][k + 1], blk.sgn[h][k + 1]);
+                for j in 0..J {
+                    let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
+                    let pl = _mm256_maddubs_epi16(la, _mm256_sign_epi8(bcast4(y0), lsg));
+                    let ph = _mm256_maddubs_epi16(ha, _mm256_sign_epi8(bcast4(y0.add(16)), hsg));
+                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(pl, pair));
+                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(ph, pair));
+                }
+            }
+        }
+        for j in 0..J {
+            let da = _mm256_set1_ps((act[j] as *const f32).read_unaligned());
+            let t = _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(sumi[j]));
+            sums[j] = _mm256_add_ps(sums[j], t);
+        }
+    }
+    for (j, s) in sums.iter().enumerate() {
+        _mm256_storeu_ps(y.add(j * y_stride), *s);
+    }
+}
 
 rows16_avx2!(
     /// [`rows16_iq4_xs`] for Q2_K, each result equal to `quant::q2_k::vec_dot`.
@@ -151,15 +303,7 @@ unsafe fn tile_iq4_xs<const J: usize>(
             let (sh, sl) = (_mm256_srli_epi32::<16>(v0), ld(x.add(64 + 32 * h)));
             let mut sumi = [_mm256_setzero_si256(); J];
             for ib in 0..8 {
-                // ls − 32 per lane: low four bits from scales_l (byte ib / 2,
-                // nibble ib % 2), high two from scales_h (bits 2ib, 2ib + 1),
-                // as the word pair (ls', ls').
-                let lo4 =
-                    _mm256_and_si256(_mm256_srlv_epi32(sl, _mm256_set1_epi32(4 * ib as i32)), _mm256_set1_epi32(15));
-                let hi2 =
-                    _mm256_and_si256(_mm256_srlv_epi32(sh, _mm256_set1_epi32(2 * ib as i32)), _mm256_set1_epi32(3));
-                let ls = _mm256_or_si256(lo4, _mm256_slli_epi32::<4>(hi2));
-                let pair = _mm256_sub_epi16(_mm256_or_si256(ls, _mm256_slli_epi32::<16>(ls)), _mm256_set1_epi16(32));
+                let pair = iq4_xs_pair(sl, sh, ib);
                 for u in 0..4 {
                     let off = 128 + 256 * ib + 64 * u;
                     if h == 0 {
