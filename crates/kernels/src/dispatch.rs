@@ -51,6 +51,10 @@ pub enum Feature {
     Gfni,
     /// Both VBMI and GFNI (either switch turns it off).
     VbmiGfni,
+    /// AVX-VNNI (`vpdpbusd` on 256-bit vectors, without AVX-512: Intel's
+    /// Alder Lake and later clients, Sierra Forest); `SHARDLM_AVXVNNI=0`
+    /// turns it off.
+    AvxVnni,
 }
 
 impl Feature {
@@ -66,10 +70,21 @@ impl Feature {
             Feature::Gfni => avx512_rows16_q3k::has_gfni(),
             #[cfg(target_arch = "x86_64")]
             Feature::VbmiGfni => avx512_fp4_vbmi::has_vbmi() && avx512_rows16_q3k::has_gfni(),
+            #[cfg(target_arch = "x86_64")]
+            Feature::AvxVnni => has_avxvnni(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
+}
+
+/// Whether this CPU has AVX-VNNI (and `SHARDLM_AVXVNNI` is not `0`).
+#[cfg(target_arch = "x86_64")]
+pub fn has_avxvnni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::is_x86_feature_detected!("avxvnni") && std::env::var("SHARDLM_AVXVNNI").map_or(true, |v| v.trim() != "0")
+    })
 }
 
 /// Kernel candidates in order of preference.
@@ -197,7 +212,7 @@ macro_rules! x86 {
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use Feature::{Base, Bf16, Gfni, Vbmi, VbmiGfni};
+use Feature::{AvxVnni, Base, Bf16, Gfni, Vbmi, VbmiGfni};
 
 /// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
 #[cfg(target_arch = "x86_64")]
@@ -516,7 +531,7 @@ pub static TABLE: &[Row] = &[
         // for decode and small batches.
         avx2: x86! {
             dot: &[(Base, avx2_kq4::dot_q2_k)],
-            packed_rows16: &[(Base, avx2_rows16_k::rows16_q2_k)],
+            packed_rows16: &[(AvxVnni, avx2_rows16_k::rows16_q2_k_vnni), (Base, avx2_rows16_k::rows16_q2_k)],
             gemm: GEMM_K_AVX2,
             ..NONE
         },
@@ -656,7 +671,7 @@ pub static TABLE: &[Row] = &[
         avx2: x86! {
             dot: &[(Base, avx2_lowk::dot_iq4_nl)],
             tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
-            packed_rows16: &[(Base, avx2_rows16_nl::rows16_iq4_nl)],
+            packed_rows16: &[(AvxVnni, avx2_rows16_nl::rows16_iq4_nl_vnni), (Base, avx2_rows16_nl::rows16_iq4_nl)],
             gemm: GEMM_32_AVX2,
             ..NONE
         },
@@ -682,7 +697,7 @@ pub static TABLE: &[Row] = &[
         // layout (rows not in sixteens) keeps the one-row dot and the GEMM.
         avx2: x86! {
             dot: &[(Base, avx2_lowk::dot_iq4_xs)],
-            packed_rows16: &[(Base, avx2_rows16_k::rows16_iq4_xs)],
+            packed_rows16: &[(AvxVnni, avx2_rows16_k::rows16_iq4_xs_vnni), (Base, avx2_rows16_k::rows16_iq4_xs)],
             // Over its decoded-once super-blocks it ran a 1.1B layer's m = 256
             // product 1.3x faster than the GEMM.
             rows16_all_m: true,

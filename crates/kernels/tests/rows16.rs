@@ -155,3 +155,65 @@ fn lanes16_kernels_equal_the_reference_at_every_isa() {
         }
     }
 }
+
+/// Every sixteen-row kernel the dispatch table lists for a type, not only
+/// the one it picks (an AVX-VNNI, VBMI or GFNI kernel shadows the plain one
+/// on a CPU that has the feature): each one this CPU can run, called
+/// directly on a packed weight, equals the scalar reference bit for bit.
+#[test]
+fn every_listed_rows16_kernel_equals_the_reference() {
+    use shardlm_kernels::matmul::matmul_reference;
+    use shardlm_kernels::quant;
+    let mut rng = rng(1617);
+    let mut ran = 0;
+    for row in dispatch::TABLE.iter().filter(|r| packed::is_lanes16(r.dtype)) {
+        let dtype = row.dtype;
+        let (rows, cols) = (32usize, 2 * dtype.block_elems().max(256));
+        let w = random_weight(&mut rng, dtype, rows, cols);
+        let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
+        let pw = packed::pack(dtype, rows, cols, &w);
+        for isa in isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)) {
+            for &(feature, kernel) in row.at(isa).packed_rows16 {
+                if !feature.present() {
+                    continue;
+                }
+                for m in [1usize, 2, 3, 6] {
+                    let x = random_acts(&mut rng, m * cols);
+                    let mut want = vec![0f32; m * rows];
+                    matmul_reference(wm, &x, m, &mut want);
+                    let a_stride = row.act.row_bytes(cols);
+                    let mut a = vec![0u64; (m * a_stride).div_ceil(8)];
+                    let ab: &mut [u8] = bytemuck::cast_slice_mut(&mut a);
+                    for j in 0..m {
+                        quant::quantize_act_fn(row.act, isa)(
+                            &x[j * cols..(j + 1) * cols],
+                            &mut ab[j * a_stride..(j + 1) * a_stride],
+                        );
+                    }
+                    let mut got = vec![f32::NAN; m * rows];
+                    // SAFETY: the feature is present at this ISA level; shapes as the kernel requires.
+                    unsafe {
+                        kernel(
+                            cols,
+                            pw.as_ptr(),
+                            wm.row_bytes(),
+                            rows,
+                            ab.as_ptr(),
+                            a_stride,
+                            m,
+                            got.as_mut_ptr(),
+                            rows,
+                        )
+                    };
+                    let differ = got.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                    assert_eq!(
+                        differ, 0,
+                        "{dtype} {isa} {feature:?} m={m}: {differ} outputs differ from the reference"
+                    );
+                    ran += 1;
+                }
+            }
+        }
+    }
+    assert!(ran > 0 || !isa::available().contains(&Isa::Avx2));
+}

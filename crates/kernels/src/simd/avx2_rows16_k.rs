@@ -25,9 +25,20 @@
 //! * `vpmaddwd` against the scale pair widens and scales in one step, so
 //!   each lane sums `Σ_ib ls'·Σ K·a` directly (≤ 2²⁷ in magnitude).
 //!
-//! Batches of [`super::avx2_gemm_k::MIN_M`] rows and more take the prefill
-//! GEMM (it reads the packed rows back to the file layout); this kernel
-//! serves decode and the small batches between.
+//! IQ4_XS takes every batch size (above [`ACTS`] rows over super-blocks
+//! decoded once a group: 1.3× the GEMM reading the packed rows back, at a
+//! 1.1B layer's m = 256); Q2_K leaves batches of
+//! [`super::avx2_gemm_k::MIN_M`] rows and more to the GEMM.
+//!
+//! With AVX-VNNI (the `_vnni` kernels) a product is one `vpdpbusd` (u8 × i8
+//! into i32, no saturation), as at AVX-512: IQ4_XS looks up `K[q] + 128` once
+//! and takes `128·Σ ls'·B` back out through Q8_K's `bsums`; Q2_K's codes are
+//! masked in place (`4^jb ·` code) and meet `sc · 4^(3 − jb)`, so the total is
+//! `64·Σ sc·S`. The scales then meet each sub-block's i32 sum in `vpmulld`.
+//! The kernel bodies are `#[inline(always)]` generics over `V` (VNNI or
+//! not), inlined into the `#[target_feature]` entry points; they hold no
+//! closures around intrinsics (a closure does not get the entry point's
+//! features, and its intrinsics would not inline).
 //!
 //! Numerics: the integer sums are exact and the float step is the scalar
 //! reference's (`quant::iq4_xs::vec_dot`: `sum + (d·d_a)·isum`, no FMA,
@@ -56,28 +67,52 @@ unsafe fn bcast4(p: *const u8) -> __m256i {
     _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
-/// `(|K[q]|, K[q])` lookup tables of the IQ4 codebook in both halves.
+/// `|K[q]|`, `K[q]` and `K[q] + 128` for each IQ4 nibble `q`.
+static IQ4_ABS: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut q = 0;
+    while q < 16 {
+        t[q] = crate::quant::iq4_nl::KVALUES[q].unsigned_abs();
+        q += 1;
+    }
+    t
+};
+static IQ4_K: [i8; 16] = crate::quant::iq4_nl::KVALUES;
+static IQ4_K128: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut q = 0;
+    while q < 16 {
+        t[q] = (crate::quant::iq4_nl::KVALUES[q] as u8) ^ 0x80;
+        q += 1;
+    }
+    t
+};
+
+/// The IQ4 lookup tables in both halves: `(|K[q]|, K[q])`, or with `V`
+/// `(K[q] + 128, unused)`.
 #[inline(always)]
-unsafe fn iq4_tables() -> (__m256i, __m256i) {
-    let k = crate::quant::iq4_nl::KVALUES;
-    let abs = k.map(|v| v.unsigned_abs());
+unsafe fn iq4_tables<const V: bool>() -> (__m256i, __m256i) {
+    let (a, b) =
+        if V { (IQ4_K128.as_ptr(), IQ4_K128.as_ptr()) } else { (IQ4_ABS.as_ptr(), IQ4_K.as_ptr() as *const u8) };
     (
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(abs.as_ptr() as *const __m128i)),
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(k.as_ptr() as *const __m128i)),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(a as *const __m128i)),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(b as *const __m128i)),
     )
 }
 
-/// Runs `$tile::<J>` over every sixteen-row group and tile of up to
-/// [`ACTS`] activation rows: the [`crate::quant::Rows16Fn`] of a type.
+/// The `Rows16Fn` entry point `$name` (target features `$features`) that
+/// runs `$tile::<J, $v>` over every sixteen-row group and tile of up to
+/// [`ACTS`] activation rows.
 macro_rules! rows16_avx2 {
-    ($(#[$doc:meta])* $name:ident, $tile:ident) => {
+    ($(#[$doc:meta])* $name:ident, $tile:ident, $features:literal, $v:literal) => {
         $(#[$doc])*
         ///
         /// # Safety
-        /// AVX2/FMA/F16C CPU; `w` holds `rows / 16` lanes16 groups of
-        /// `row_bytes` per row (`n` a multiple of 256); `a` holds `m` Q8_K rows
-        /// of `n` values `a_stride` bytes apart; `y` valid for the writes.
-        #[target_feature(enable = "avx2,fma,f16c")]
+        /// A CPU with the target features below; `w` holds `rows / 16`
+        /// lanes16 groups of `row_bytes` per row (`n` a multiple of 256); `a`
+        /// holds `m` Q8_K rows of `n` values `a_stride` bytes apart; `y` valid
+        /// for the writes.
+        #[target_feature(enable = $features)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name(
             n: usize,
@@ -99,8 +134,8 @@ macro_rules! rows16_avx2 {
                     let take = (m - j).min(ACTS);
                     let (aj, yj) = (a.add(j * a_stride), y.add(j * y_stride + g * ROWS));
                     match take {
-                        1 => $tile::<1>(nb, gw, aj, a_stride, yj, y_stride),
-                        _ => $tile::<ACTS>(nb, gw, aj, a_stride, yj, y_stride),
+                        1 => $tile::<1, $v>(nb, gw, aj, a_stride, yj, y_stride),
+                        _ => $tile::<ACTS, $v>(nb, gw, aj, a_stride, yj, y_stride),
                     }
                     j += take;
                 }
@@ -108,6 +143,24 @@ macro_rules! rows16_avx2 {
         }
     };
 }
+
+rows16_avx2!(
+    /// `rows` (a multiple of 16) Q2_K rows in the lanes16 layout × `m` Q8_K
+    /// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
+    /// row r · act j`, each equal to `quant::q2_k::vec_dot`.
+    rows16_q2_k,
+    tile_q2_k,
+    "avx2,fma,f16c",
+    false
+);
+
+rows16_avx2!(
+    /// [`rows16_q2_k`] with AVX-VNNI.
+    rows16_q2_k_vnni,
+    tile_q2_k,
+    "avx2,fma,f16c,avxvnni",
+    true
+);
 
 /// `rows` (a multiple of 16) IQ4_XS rows in the lanes16 layout × `m` Q8_K
 /// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
@@ -135,38 +188,77 @@ pub unsafe fn rows16_iq4_xs(
     y: *mut f32,
     y_stride: usize,
 ) {
+    iq4_xs_body::<false>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+}
+
+/// [`rows16_iq4_xs`] with AVX-VNNI.
+///
+/// # Safety
+/// As [`rows16_iq4_xs`], and the CPU has AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows16_iq4_xs_vnni(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    iq4_xs_body::<true>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+}
+
+/// The body of both IQ4_XS kernels.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn iq4_xs_body<const V: bool>(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
     debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
     let nb = n / 256;
+    // Taken out of its cell for the call (no closure around the kernel code).
+    let mut scratch = XS_SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
     for g in 0..rows / ROWS {
         let gw = w.add(g * ROWS * row_bytes);
         let yg = y.add(g * ROWS);
         if m <= ACTS {
             match m {
-                1 => tile_iq4_xs::<1>(nb, gw, a, a_stride, yg, y_stride),
-                _ => tile_iq4_xs::<ACTS>(nb, gw, a, a_stride, yg, y_stride),
+                1 => tile_iq4_xs::<1, V>(nb, gw, a, a_stride, yg, y_stride),
+                _ => tile_iq4_xs::<ACTS, V>(nb, gw, a, a_stride, yg, y_stride),
             }
             continue;
         }
-        XS_SCRATCH.with(|cell| {
-            let mut scratch = cell.borrow_mut();
-            scratch.clear();
-            scratch.extend((0..nb).map(|b| decode_iq4_xs(gw.add(b * ROWS * 136))));
-            for h in 0..2 {
-                let mut j = 0;
-                while j < m {
-                    let take = (m - j).min(HALF_ACTS);
-                    let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride + 8 * h));
-                    match take {
-                        1 => half_iq4_xs::<1>(h, &scratch, aj, a_stride, yj, y_stride),
-                        2 => half_iq4_xs::<2>(h, &scratch, aj, a_stride, yj, y_stride),
-                        3 => half_iq4_xs::<3>(h, &scratch, aj, a_stride, yj, y_stride),
-                        _ => half_iq4_xs::<HALF_ACTS>(h, &scratch, aj, a_stride, yj, y_stride),
-                    }
-                    j += take;
+        scratch.clear();
+        for b in 0..nb {
+            scratch.push(decode_iq4_xs::<V>(gw.add(b * ROWS * 136)));
+        }
+        for h in 0..2 {
+            let mut j = 0;
+            while j < m {
+                let take = (m - j).min(HALF_ACTS);
+                let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride + 8 * h));
+                match take {
+                    1 => half_iq4_xs::<1, V>(h, &scratch, aj, a_stride, yj, y_stride),
+                    2 => half_iq4_xs::<2, V>(h, &scratch, aj, a_stride, yj, y_stride),
+                    3 => half_iq4_xs::<3, V>(h, &scratch, aj, a_stride, yj, y_stride),
+                    _ => half_iq4_xs::<HALF_ACTS, V>(h, &scratch, aj, a_stride, yj, y_stride),
                 }
+                j += take;
             }
-        });
+        }
     }
+    XS_SCRATCH.with(|c| *c.borrow_mut() = scratch);
 }
 
 /// Activation rows per tile of one half over decoded super-blocks.
@@ -178,9 +270,9 @@ thread_local! {
 }
 
 /// One IQ4_XS super-block of sixteen rows, decoded: per half `h`, `abs[h]` /
-/// `sgn[h]` the looked-up `|K[q]|` / `K[q]` of vector `2·(4ib + u) + k`
-/// (`k` 0: low nibbles, 1: high), `pair[h][ib]` the `(ls', ls')` words,
-/// `d[h]` the half's scales.
+/// `sgn[h]` the looked-up `|K[q]|` / `K[q]` (with `V`: `K[q] + 128`, and
+/// `sgn` unused) of vector `2·(4ib + u) + k` (`k` 0: low nibbles, 1: high),
+/// `pair[h][ib]` the `(ls', ls')` words, `d[h]` the half's scales.
 #[derive(Clone, Copy)]
 struct XsBlock {
     abs: [[__m256i; 64]; 2],
@@ -201,11 +293,10 @@ unsafe fn iq4_xs_pair(sl: __m256i, sh: __m256i, ib: usize) -> __m256i {
 }
 
 /// The super-block of sixteen rows at `x`, decoded.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn decode_iq4_xs(x: *const u8) -> XsBlock {
+#[inline(always)]
+unsafe fn decode_iq4_xs<const V: bool>(x: *const u8) -> XsBlock {
     let low4 = _mm256_set1_epi8(0x0F);
-    let (abs_t, sgn_t) = iq4_tables();
+    let (abs_t, sgn_t) = iq4_tables::<V>();
     let mut blk: XsBlock = std::mem::zeroed();
     for h in 0..2 {
         let v0 = ld(x.add(32 * h));
@@ -219,20 +310,39 @@ unsafe fn decode_iq4_xs(x: *const u8) -> XsBlock {
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4);
                 let k = 2 * (4 * ib + u);
                 blk.abs[h][k] = _mm256_shuffle_epi8(abs_t, lo);
-                blk.sgn[h][k] = _mm256_shuffle_epi8(sgn_t, lo);
                 blk.abs[h][k + 1] = _mm256_shuffle_epi8(abs_t, hi);
-                blk.sgn[h][k + 1] = _mm256_shuffle_epi8(sgn_t, hi);
+                if !V {
+                    blk.sgn[h][k] = _mm256_shuffle_epi8(sgn_t, lo);
+                    blk.sgn[h][k + 1] = _mm256_shuffle_epi8(sgn_t, hi);
+                }
             }
         }
     }
     blk
 }
 
+/// `Σ w·y` of four values a lane, without VNNI: `|K|` meets the activations
+/// signed by `K` in `vpmaddubsw`, and `vpmaddwd` against `pair` scales and
+/// widens (the sub-block's scale already applied).
+#[inline(always)]
+unsafe fn iq4_signed(abs: __m256i, sgn: __m256i, yq: __m256i, pair: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(abs, _mm256_sign_epi8(yq, sgn)), pair)
+}
+
+/// The i32 sub-block sum `part` (of `(K + 128)·a`, AVX-VNNI) scaled by the
+/// `(ls', ls')` pair into `sumi`, and `ls'·(B_2ib + B_2ib+1)` into `corr`
+/// (`bs`: the sub-block's Q8_K `bsums` pair in every lane).
+#[inline(always)]
+unsafe fn iq4_xs_vnni_scale(sumi: &mut __m256i, corr: &mut __m256i, part: __m256i, pair: __m256i, bs: __m256i) {
+    let ls = _mm256_srai_epi32::<16>(pair);
+    *sumi = _mm256_add_epi32(*sumi, _mm256_mullo_epi32(part, ls));
+    *corr = _mm256_add_epi32(*corr, _mm256_madd_epi16(pair, bs));
+}
+
 /// Rows `8h..8h + 8` of a group × `J` activation rows over its decoded
 /// super-blocks (the same arithmetic as [`tile_iq4_xs`]).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn half_iq4_xs<const J: usize>(
+#[inline(always)]
+unsafe fn half_iq4_xs<const J: usize, const V: bool>(
     h: usize,
     blocks: &[XsBlock],
     a: *const u8,
@@ -244,24 +354,35 @@ unsafe fn half_iq4_xs<const J: usize>(
     for (b, blk) in blocks.iter().enumerate() {
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
         let mut sumi = [_mm256_setzero_si256(); J];
+        let mut corr = [_mm256_setzero_si256(); J];
         for ib in 0..8 {
             let pair = blk.pair[h][ib];
+            let mut part = [_mm256_setzero_si256(); J];
             for u in 0..4 {
                 let k = 2 * (4 * ib + u);
                 let (la, lsg, ha, hsg) = (blk.abs[h][k], blk.sgn[h][k], blk.abs[h][k + 1], blk.sgn[h][k + 1]);
                 for j in 0..J {
                     let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
-                    let pl = _mm256_maddubs_epi16(la, _mm256_sign_epi8(bcast4(y0), lsg));
-                    let ph = _mm256_maddubs_epi16(ha, _mm256_sign_epi8(bcast4(y0.add(16)), hsg));
-                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(pl, pair));
-                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(ph, pair));
+                    if V {
+                        part[j] = _mm256_dpbusd_avx_epi32(part[j], la, bcast4(y0));
+                        part[j] = _mm256_dpbusd_avx_epi32(part[j], ha, bcast4(y0.add(16)));
+                    } else {
+                        sumi[j] = _mm256_add_epi32(sumi[j], iq4_signed(la, lsg, bcast4(y0), pair));
+                        sumi[j] = _mm256_add_epi32(sumi[j], iq4_signed(ha, hsg, bcast4(y0.add(16)), pair));
+                    }
+                }
+            }
+            if V {
+                for j in 0..J {
+                    let bs = bcast4(act[j].add(Q8K_BSUMS + 4 * ib));
+                    iq4_xs_vnni_scale(&mut sumi[j], &mut corr[j], part[j], pair, bs);
                 }
             }
         }
         for j in 0..J {
+            let isum = if V { _mm256_sub_epi32(sumi[j], _mm256_slli_epi32::<7>(corr[j])) } else { sumi[j] };
             let da = _mm256_set1_ps((act[j] as *const f32).read_unaligned());
-            let t = _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(sumi[j]));
-            sums[j] = _mm256_add_ps(sums[j], t);
+            sums[j] = _mm256_add_ps(sums[j], _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(isum)));
         }
     }
     for (j, s) in sums.iter().enumerate() {
@@ -269,16 +390,10 @@ unsafe fn half_iq4_xs<const J: usize>(
     }
 }
 
-rows16_avx2!(
-    /// [`rows16_iq4_xs`] for Q2_K, each result equal to `quant::q2_k::vec_dot`.
-    rows16_q2_k,
-    tile_q2_k
-);
-
-/// One group of sixteen IQ4_XS rows × `J` activation rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tile_iq4_xs<const J: usize>(
+/// One group of sixteen IQ4_XS rows × `J` activation rows, decoding each
+/// super-block as it goes.
+#[inline(always)]
+unsafe fn tile_iq4_xs<const J: usize, const V: bool>(
     nb: usize,
     w: *const u8,
     a: *const u8,
@@ -288,7 +403,7 @@ unsafe fn tile_iq4_xs<const J: usize>(
 ) {
     const BLOCK: usize = ROWS * 136;
     let low4 = _mm256_set1_epi8(0x0F);
-    let (abs_t, sgn_t) = iq4_tables();
+    let (abs_t, sgn_t) = iq4_tables::<V>();
     let mut sums = [[_mm256_setzero_ps(); 2]; J];
     for b in 0..nb {
         let x = w.add(b * BLOCK);
@@ -302,8 +417,10 @@ unsafe fn tile_iq4_xs<const J: usize>(
             let (d, _) = f16_pairs(v0);
             let (sh, sl) = (_mm256_srli_epi32::<16>(v0), ld(x.add(64 + 32 * h)));
             let mut sumi = [_mm256_setzero_si256(); J];
+            let mut corr = [_mm256_setzero_si256(); J];
             for ib in 0..8 {
                 let pair = iq4_xs_pair(sl, sh, ib);
+                let mut part = [_mm256_setzero_si256(); J];
                 for u in 0..4 {
                     let off = 128 + 256 * ib + 64 * u;
                     if h == 0 {
@@ -312,20 +429,33 @@ unsafe fn tile_iq4_xs<const J: usize>(
                     let q = ld(x.add(off + 32 * h));
                     let lo = _mm256_and_si256(q, low4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4);
-                    let (la, lsg) = (_mm256_shuffle_epi8(abs_t, lo), _mm256_shuffle_epi8(sgn_t, lo));
-                    let (ha, hsg) = (_mm256_shuffle_epi8(abs_t, hi), _mm256_shuffle_epi8(sgn_t, hi));
+                    let (la, ha) = (_mm256_shuffle_epi8(abs_t, lo), _mm256_shuffle_epi8(abs_t, hi));
+                    if V {
+                        for j in 0..J {
+                            let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
+                            part[j] = _mm256_dpbusd_avx_epi32(part[j], la, bcast4(y0));
+                            part[j] = _mm256_dpbusd_avx_epi32(part[j], ha, bcast4(y0.add(16)));
+                        }
+                    } else {
+                        let (lsg, hsg) = (_mm256_shuffle_epi8(sgn_t, lo), _mm256_shuffle_epi8(sgn_t, hi));
+                        for j in 0..J {
+                            let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
+                            sumi[j] = _mm256_add_epi32(sumi[j], iq4_signed(la, lsg, bcast4(y0), pair));
+                            sumi[j] = _mm256_add_epi32(sumi[j], iq4_signed(ha, hsg, bcast4(y0.add(16)), pair));
+                        }
+                    }
+                }
+                if V {
                     for j in 0..J {
-                        let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
-                        let pl = _mm256_maddubs_epi16(la, _mm256_sign_epi8(bcast4(y0), lsg));
-                        let ph = _mm256_maddubs_epi16(ha, _mm256_sign_epi8(bcast4(y0.add(16)), hsg));
-                        sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(pl, pair));
-                        sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(ph, pair));
+                        let bs = bcast4(act[j].add(Q8K_BSUMS + 4 * ib));
+                        iq4_xs_vnni_scale(&mut sumi[j], &mut corr[j], part[j], pair, bs);
                     }
                 }
             }
             for j in 0..J {
+                let isum = if V { _mm256_sub_epi32(sumi[j], _mm256_slli_epi32::<7>(corr[j])) } else { sumi[j] };
                 let da = _mm256_set1_ps((act[j] as *const f32).read_unaligned());
-                let t = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(sumi[j]));
+                let t = _mm256_mul_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum));
                 sums[j][h] = _mm256_add_ps(sums[j][h], t);
             }
         }
@@ -337,12 +467,16 @@ unsafe fn tile_iq4_xs<const J: usize>(
 }
 
 /// `vpshufb` control: byte `t` of each dword as the zero-extended word pair
-/// `(b_t, b_t)`.
+/// `(b_t, b_t)`, or with `dword` as the zero-extended dword `b_t`.
 #[inline(always)]
-unsafe fn pair_ctl(t: i32) -> __m256i {
+unsafe fn byte_ctl(t: i32, dword: bool) -> __m256i {
+    let b0 = |k: i32| 4 * k + t;
     let d = |k: i32| {
-        let b = 4 * k + t;
-        b | (0x80 << 8) | (b << 16) | (0x80 << 24)
+        if dword {
+            b0(k) | (0x8080_8000u32 as i32)
+        } else {
+            b0(k) | (0x80 << 8) | (b0(k) << 16) | (0x80 << 24)
+        }
     };
     _mm256_broadcastsi128_si256(_mm_setr_epi32(d(0), d(1), d(2), d(3)))
 }
@@ -350,11 +484,12 @@ unsafe fn pair_ctl(t: i32) -> __m256i {
 /// The f16 pairs `(lo, hi)` of each dword of `v` as two float vectors.
 #[inline(always)]
 unsafe fn f16_pairs(v: __m256i) -> (__m256, __m256) {
-    let f = |w: __m256i| {
-        let packed = _mm256_packus_epi32(w, _mm256_setzero_si256());
-        _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b10_00>(packed)))
-    };
-    (f(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF))), f(_mm256_srli_epi32::<16>(v)))
+    let lo = _mm256_packus_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_setzero_si256());
+    let hi = _mm256_packus_epi32(_mm256_srli_epi32::<16>(v), _mm256_setzero_si256());
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b10_00>(lo))),
+        _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b10_00>(hi))),
+    )
 }
 
 /// Bits `2jb..2jb + 2` of every byte of `q` (the 16-bit shift's spill from
@@ -375,14 +510,16 @@ unsafe fn plane(q: __m256i, jb: usize, three: __m256i) -> __m256i {
 /// Lanes16 vectors of an 84-byte block: 0–3 the scale bytes (`sc | m << 4`
 /// of groups `4v..4v+4`), 4 + 8h + u the codes `qs[32h + 4u..+4]` (value
 /// `128h + 32jb + 4u + i` is bits `2jb..` of byte `i`), 20 `(d, dmin)`.
-/// A 16-value group's four code vectors meet their activations in
-/// `vpmaddubsw` (codes 0..3: pairs ≤ 762, four summed in i16 ≤ 3048), and
+/// Without VNNI a 16-value group's four code vectors meet their activations
+/// in `vpmaddubsw` (codes 0..3: pairs ≤ 762, four summed in i16 ≤ 3048), and
 /// one `vpmaddwd` against the group's `(sc, sc)` word pairs scales and
-/// widens them. Mins: `(m_2t, m_2t+1)` word pairs meet Q8_K's `bsums` pair
-/// `t` in one `vpmaddwd`. The float step is `q2_k::combine`'s.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tile_q2_k<const J: usize>(
+/// widens them. With VNNI (`V`) the codes are masked in place (`4^jb ·`
+/// code) into `vpdpbusd`, and the group's i32 sum meets `sc · 4^(3 − jb)` in
+/// `vpmulld`: `64·Σ sc·S`, one shift back (at most 64 · 16 · 15 · 3 · 127 ·
+/// 16 < 2³¹). Mins: `(m_2t, m_2t+1)` word pairs meet Q8_K's `bsums` pair `t`
+/// in one `vpmaddwd`. The float step is `q2_k::combine`'s.
+#[inline(always)]
+unsafe fn tile_q2_k<const J: usize, const V: bool>(
     nb: usize,
     w: *const u8,
     a: *const u8,
@@ -392,7 +529,7 @@ unsafe fn tile_q2_k<const J: usize>(
 ) {
     const BLOCK: usize = ROWS * 84;
     let (low4, three) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
-    let pairs = [pair_ctl(0), pair_ctl(1), pair_ctl(2), pair_ctl(3)];
+    let pairs = [byte_ctl(0, V), byte_ctl(1, V), byte_ctl(2, V), byte_ctl(3, V)];
     // Word pairs of bytes (0, 1) and (2, 3) of each dword: two groups' mins.
     let within = _mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C);
     let m01 = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_set1_epi32(0x8001_8000u32 as i32), within));
@@ -406,27 +543,43 @@ unsafe fn tile_q2_k<const J: usize>(
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
         for r in 0..2 {
-            let at = |k: usize| x.add(64 * k + 32 * r);
-            let (d, dmin) = f16_pairs(ld(at(20)));
-            let sv: [__m256i; 4] = std::array::from_fn(|k| ld(at(k)));
+            let xr = x.add(32 * r);
+            let (d, dmin) = f16_pairs(ld(xr.add(20 * 64)));
+            let sv = [ld(xr), ld(xr.add(64)), ld(xr.add(128)), ld(xr.add(192))];
             let mut sumi = [_mm256_setzero_si256(); J];
             for h in 0..2 {
                 for jb in 0..4 {
+                    let mask = _mm256_set1_epi8((3u8 << (2 * jb)) as i8);
                     for gi in 0..2 {
                         let g = 8 * h + 2 * jb + gi;
-                        let mut p16 = [_mm256_setzero_si256(); J];
+                        let mut p = [_mm256_setzero_si256(); J];
                         for u in 4 * gi..4 * gi + 4 {
-                            let c = plane(ld(at(4 + 8 * h + u)), jb, three);
+                            let q = ld(xr.add(64 * (4 + 8 * h + u)));
+                            let c = if V { _mm256_and_si256(q, mask) } else { plane(q, jb, three) };
                             for j in 0..J {
-                                let y0 = act[j].add(Q8K_QS + 128 * h + 32 * jb + 4 * u);
-                                p16[j] = _mm256_add_epi16(p16[j], _mm256_maddubs_epi16(c, bcast4(y0)));
+                                let ya = bcast4(act[j].add(Q8K_QS + 128 * h + 32 * jb + 4 * u));
+                                p[j] = if V {
+                                    _mm256_dpbusd_avx_epi32(p[j], c, ya)
+                                } else {
+                                    _mm256_add_epi16(p[j], _mm256_maddubs_epi16(c, ya))
+                                };
                             }
                         }
-                        let sp = _mm256_shuffle_epi8(_mm256_and_si256(sv[g / 4], low4), pairs[g % 4]);
+                        let sc = _mm256_shuffle_epi8(_mm256_and_si256(sv[g / 4], low4), pairs[g % 4]);
                         for j in 0..J {
-                            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(p16[j], sp));
+                            let part = if V {
+                                _mm256_mullo_epi32(p[j], _mm256_sllv_epi32(sc, _mm256_set1_epi32(2 * (3 - jb as i32))))
+                            } else {
+                                _mm256_madd_epi16(p[j], sc)
+                            };
+                            sumi[j] = _mm256_add_epi32(sumi[j], part);
                         }
                     }
+                }
+            }
+            if V {
+                for s in sumi.iter_mut() {
+                    *s = _mm256_srai_epi32::<6>(*s);
                 }
             }
             // Mins: groups (2t, 2t + 1) are bytes 2(t mod 2), +1 of vector t / 2.

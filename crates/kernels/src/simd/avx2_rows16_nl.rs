@@ -63,14 +63,28 @@ static ABS: [u8; 16] = {
 /// `K[q]` (only its sign is used).
 static SIGNED: [i8; 16] = crate::quant::iq4_nl::KVALUES;
 
+/// `K[q] + 128` (the unsigned codes of the AVX-VNNI kernel).
+static K128: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut q = 0;
+    while q < 16 {
+        t[q] = (crate::quant::iq4_nl::KVALUES[q] as u8) ^ 0x80;
+        q += 1;
+    }
+    t
+};
+
 thread_local! {
     /// The current group's blocks, decoded once (batches above [`ACTS`]).
     static SCRATCH: std::cell::RefCell<Vec<Block>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// `128·Σy` of every activation block of the call (`m × nb`, AVX-VNNI only).
+    static OFFSETS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One block of sixteen rows, decoded: per half `h`, `abs[h][v]` /
 /// `sgn[h][v]` the looked-up `|K[q]|` / `K[q]` of values `4v..4v+4` (v < 4)
-/// and `16+4(v−4)..` (v ≥ 4), `d[h]` the half's scales.
+/// and `16+4(v−4)..` (v ≥ 4), `d[h]` the half's scales. With AVX-VNNI
+/// (`V`) `abs` holds `K[q] + 128` and `sgn` is unused.
 #[derive(Clone, Copy)]
 struct Block {
     abs: [[__m256i; 8]; 2],
@@ -79,32 +93,38 @@ struct Block {
 }
 
 /// Block `b` of the group at `w`, decoded (its stream prefetched ahead).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn decode(w: *const u8, b: usize) -> Block {
+#[inline(always)]
+unsafe fn decode<const V: bool>(w: *const u8, b: usize) -> Block {
     let x = w.add(b * BLOCK);
     let ahead = x.wrapping_add(PREFETCH_AHEAD);
     for l in 0..BLOCK.div_ceil(64) {
         prefetch_l2(ahead.wrapping_add(64 * l));
     }
+    // Plain loops, no closures: this is inlined into the `#[target_feature]`
+    // entry points, and a closure would not get their features.
     let low4 = _mm256_set1_epi8(0x0F);
-    let abs_t = _mm256_broadcastsi128_si256(_mm_loadu_si128(ABS.as_ptr() as *const __m128i));
+    let abs_t =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(if V { K128.as_ptr() } else { ABS.as_ptr() } as *const __m128i));
     let sgn_t = _mm256_broadcastsi128_si256(_mm_loadu_si128(SIGNED.as_ptr() as *const __m128i));
-    let half = |h: usize| -> ([__m256i; 8], [__m256i; 8]) {
-        let q: [__m256i; 4] = std::array::from_fn(|v| _mm256_loadu_si256(x.add(64 * v + 32 * h) as *const __m256i));
-        let nib: [__m256i; 8] = std::array::from_fn(|v| {
-            if v < 4 {
-                _mm256_and_si256(q[v], low4)
-            } else {
-                _mm256_and_si256(_mm256_srli_epi16::<4>(q[v - 4]), low4)
-            }
-        });
-        (nib.map(|n| _mm256_shuffle_epi8(abs_t, n)), nib.map(|n| _mm256_shuffle_epi8(sgn_t, n)))
+    let mut blk = Block {
+        abs: [[_mm256_setzero_si256(); 8]; 2],
+        sgn: [[_mm256_setzero_si256(); 8]; 2],
+        d: [_mm256_setzero_ps(); 2],
     };
-    let (a0, s0) = half(0);
-    let (a1, s1) = half(1);
-    let d = |h: usize| _mm256_cvtph_ps(_mm_loadu_si128(x.add(4 * 64 + 16 * h) as *const __m128i));
-    Block { abs: [a0, a1], sgn: [s0, s1], d: [d(0), d(1)] }
+    for h in 0..2 {
+        for v in 0..4 {
+            let q = _mm256_loadu_si256(x.add(64 * v + 32 * h) as *const __m256i);
+            let (lo, hi) = (_mm256_and_si256(q, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4));
+            blk.abs[h][v] = _mm256_shuffle_epi8(abs_t, lo);
+            blk.abs[h][v + 4] = _mm256_shuffle_epi8(abs_t, hi);
+            if !V {
+                blk.sgn[h][v] = _mm256_shuffle_epi8(sgn_t, lo);
+                blk.sgn[h][v + 4] = _mm256_shuffle_epi8(sgn_t, hi);
+            }
+        }
+        blk.d[h] = _mm256_cvtph_ps(_mm_loadu_si128(x.add(4 * 64 + 16 * h) as *const __m128i));
+    }
+    blk
 }
 
 /// `rows` (a multiple of 16) IQ4_NL rows in the lanes16 layout × `m` Q8_0
@@ -128,54 +148,103 @@ pub unsafe fn rows16_iq4_nl(
     y: *mut f32,
     y_stride: usize,
 ) {
+    rows16::<false>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+}
+
+/// [`rows16_iq4_nl`] with AVX-VNNI: `K[q] + 128` meets the activations in
+/// one `vpdpbusd` (i32 sums, no saturation) and `128·Σy` comes back out per
+/// block, seven µops per 64 products instead of fifteen. Equal to the
+/// reference bit for bit as well.
+///
+/// # Safety
+/// As [`rows16_iq4_nl`], and the CPU has AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows16_iq4_nl_vnni(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    rows16::<true>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+}
+
+/// The body of both kernels.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows16<const V: bool>(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
     debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(32));
     let nb = n / 32;
+    // The thread's buffers are taken out of their cells for the call: no
+    // closure around the kernel code (a closure does not get this
+    // function's target features, and the intrinsics in it would not inline).
+    let mut offsets = OFFSETS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    offsets.clear();
+    if V {
+        for j in 0..m {
+            for b in 0..nb {
+                offsets.push(128 * code_sum(a.add(j * a_stride + b * ACT_BYTES + 2)));
+            }
+        }
+    }
     for g in 0..rows / ROWS {
         let gw = w.add(g * ROWS * row_bytes);
         let yg = y.add(g * ROWS);
         if m <= ACTS {
-            let blocks = |b: usize| decode(gw, b);
-            run_tile(m, nb, &blocks, a, a_stride, yg, y_stride);
+            match m {
+                1 => tile::<1, V>(nb, gw, a, a_stride, &offsets, yg, y_stride),
+                _ => tile::<ACTS, V>(nb, gw, a, a_stride, &offsets, yg, y_stride),
+            }
             continue;
         }
-        SCRATCH.with(|cell| {
-            let mut scratch = cell.borrow_mut();
-            scratch.clear();
-            scratch.extend((0..nb).map(|b| decode(gw, b)));
-            for h in 0..2 {
-                let mut j = 0;
-                while j < m {
-                    let take = (m - j).min(HALF_ACTS);
-                    let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride + 8 * h));
-                    match take {
-                        1 => tile_half::<1>(h, &scratch, aj, a_stride, yj, y_stride),
-                        2 => tile_half::<2>(h, &scratch, aj, a_stride, yj, y_stride),
-                        3 => tile_half::<3>(h, &scratch, aj, a_stride, yj, y_stride),
-                        _ => tile_half::<HALF_ACTS>(h, &scratch, aj, a_stride, yj, y_stride),
-                    }
-                    j += take;
+        scratch.clear();
+        for b in 0..nb {
+            scratch.push(decode::<V>(gw, b));
+        }
+        for h in 0..2 {
+            let mut j = 0;
+            while j < m {
+                let take = (m - j).min(HALF_ACTS);
+                let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride + 8 * h));
+                let oj = if V { &offsets[j * nb..] } else { &offsets[..] };
+                match take {
+                    1 => tile_half::<1, V>(h, &scratch, aj, a_stride, oj, yj, y_stride),
+                    2 => tile_half::<2, V>(h, &scratch, aj, a_stride, oj, yj, y_stride),
+                    3 => tile_half::<3, V>(h, &scratch, aj, a_stride, oj, yj, y_stride),
+                    _ => tile_half::<HALF_ACTS, V>(h, &scratch, aj, a_stride, oj, yj, y_stride),
                 }
+                j += take;
             }
-        });
+        }
     }
+    OFFSETS.with(|c| *c.borrow_mut() = offsets);
+    SCRATCH.with(|c| *c.borrow_mut() = scratch);
 }
 
-/// [`tile`] for `m` (1..=[`ACTS`]) activation rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn run_tile(
-    m: usize,
-    nb: usize,
-    blocks: &impl Fn(usize) -> Block,
-    a: *const u8,
-    a_stride: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    match m {
-        1 => tile::<1>(nb, blocks, a, a_stride, y, y_stride),
-        _ => tile::<ACTS>(nb, blocks, a, a_stride, y, y_stride),
-    }
+/// Σ of the 32 signed codes at `q` (one Q8_0 block).
+#[inline(always)]
+unsafe fn code_sum(q: *const u8) -> i32 {
+    let v = _mm256_loadu_si256(q as *const __m256i);
+    let s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
 }
 
 #[inline(always)]
@@ -183,21 +252,36 @@ unsafe fn bcast4(p: *const u8) -> __m256i {
     _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
-/// One group of sixteen rows × `J` activation rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tile<const J: usize>(
+/// `acc + Σ w·y` over four values of each lane: `abs`/`sgn` the looked-up
+/// weights (with `V`, `K + 128` in `abs`), `yq` four activation bytes in
+/// every lane.
+#[inline(always)]
+unsafe fn product<const V: bool>(acc: __m256i, abs: __m256i, sgn: __m256i, yq: __m256i) -> __m256i {
+    if V {
+        _mm256_dpbusd_avx_epi32(acc, abs, yq)
+    } else {
+        let p = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(yq, sgn));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+    }
+}
+
+/// One group of sixteen rows at `gw` × `J` activation rows, decoding each
+/// block as it goes; with `V`, `offs[j·nb + b]` is `128·Σy` of activation
+/// row `j`'s block `b`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const J: usize, const V: bool>(
     nb: usize,
-    blocks: &impl Fn(usize) -> Block,
+    gw: *const u8,
     a: *const u8,
     a_stride: usize,
+    offs: &[i32],
     y: *mut f32,
     y_stride: usize,
 ) {
-    let ones = _mm256_set1_epi16(1);
     let mut sums = [[_mm256_setzero_ps(); 2]; J];
     for b in 0..nb {
-        let blk = blocks(b);
+        let blk = decode::<V>(gw, b);
         let mut acc = [[_mm256_setzero_si256(); 2]; J];
         for v in 0..8 {
             // Values 4v.. (v < 4) or 16 + 4(v − 4).. (v ≥ 4) of the block.
@@ -205,15 +289,16 @@ unsafe fn tile<const J: usize>(
             for j in 0..J {
                 let yq = bcast4(a.add(j * a_stride + b * ACT_BYTES + 2 + at));
                 for h in 0..2 {
-                    let p = _mm256_maddubs_epi16(blk.abs[h][v], _mm256_sign_epi8(yq, blk.sgn[h][v]));
-                    acc[j][h] = _mm256_add_epi32(acc[j][h], _mm256_madd_epi16(p, ones));
+                    acc[j][h] = product::<V>(acc[j][h], blk.abs[h][v], blk.sgn[h][v], yq);
                 }
             }
         }
         for j in 0..J {
             let da = act_d(a.add(j * a_stride + b * ACT_BYTES));
+            let off = _mm256_set1_epi32(if V { *offs.get_unchecked(j * nb + b) } else { 0 });
             for h in 0..2 {
-                let t = _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(acc[j][h]));
+                let isum = if V { _mm256_sub_epi32(acc[j][h], off) } else { acc[j][h] };
+                let t = _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(isum));
                 sums[j][h] = _mm256_add_ps(sums[j][h], t);
             }
         }
@@ -226,17 +311,18 @@ unsafe fn tile<const J: usize>(
 
 /// Rows `8h..8h + 8` of a group × `J` activation rows over its decoded
 /// blocks (the same arithmetic as [`tile`]).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tile_half<const J: usize>(
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_half<const J: usize, const V: bool>(
     h: usize,
     blocks: &[Block],
     a: *const u8,
     a_stride: usize,
+    offs: &[i32],
     y: *mut f32,
     y_stride: usize,
 ) {
-    let ones = _mm256_set1_epi16(1);
+    let nb = blocks.len();
     let mut sums = [_mm256_setzero_ps(); J];
     for (b, blk) in blocks.iter().enumerate() {
         let mut acc = [_mm256_setzero_si256(); J];
@@ -245,16 +331,14 @@ unsafe fn tile_half<const J: usize>(
             let (abs, sgn) = (blk.abs[h][v], blk.sgn[h][v]);
             for (j, acc_j) in acc.iter_mut().enumerate() {
                 let yq = bcast4(a.add(j * a_stride + b * ACT_BYTES + 2 + at));
-                let p = _mm256_maddubs_epi16(abs, _mm256_sign_epi8(yq, sgn));
-                *acc_j = _mm256_add_epi32(*acc_j, _mm256_madd_epi16(p, ones));
+                *acc_j = product::<V>(*acc_j, abs, sgn, yq);
             }
         }
         for (j, sum) in sums.iter_mut().enumerate() {
-            let t = _mm256_mul_ps(
-                _mm256_mul_ps(blk.d[h], act_d(a.add(j * a_stride + b * ACT_BYTES))),
-                _mm256_cvtepi32_ps(acc[j]),
-            );
-            *sum = _mm256_add_ps(*sum, t);
+            let isum =
+                if V { _mm256_sub_epi32(acc[j], _mm256_set1_epi32(*offs.get_unchecked(j * nb + b))) } else { acc[j] };
+            let da = act_d(a.add(j * a_stride + b * ACT_BYTES));
+            *sum = _mm256_add_ps(*sum, _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(isum)));
         }
     }
     for (j, s) in sums.iter().enumerate() {
