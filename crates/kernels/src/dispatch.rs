@@ -551,6 +551,8 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_q3_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q3_k),
+        // No sixteen-row kernel: its codes come from two bit planes, and an
+        // AVX-VNNI one measured level with the four-row kernel here.
         avx2: x86! {
             dot: &[(Base, avx2_kq4::dot_q3_k)],
             dot4: &[(Base, avx2_kq4::dot4_q3_k)],

@@ -93,8 +93,10 @@ fn expected(dtype: DType) -> &'static [Shape] {
 
 fn has(dtype: DType, isa: Isa, shape: Shape) -> bool {
     let k = dispatch::row(dtype).at(isa);
-    // The sixteen-row kernel runs every batch size of a packed weight.
-    let rows16 = pick(k.packed_rows16).is_some();
+    // The sixteen-row kernel runs every batch size of a packed weight; one
+    // that needs a feature beyond the level (an AVX-VNNI one at AVX2) does not
+    // fill a gap of the level, so the gaps are the same on every CPU.
+    let rows16 = k.packed_rows16.iter().any(|&(f, _)| f == dispatch::Feature::Base);
     let tile = pick(k.tile).is_some() || pick(k.packed_tile).is_some() || rows16;
     match shape {
         Shape::Dot => pick(k.dot).is_some(),

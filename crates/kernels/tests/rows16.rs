@@ -130,7 +130,7 @@ fn lanes16_kernels_equal_the_reference_at_every_isa() {
                 let mut want = vec![0f32; m * rows];
                 matmul_reference(wm, &x, m, &mut want);
                 for isa in isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)) {
-                    assert!(dispatch::kernels(dtype, isa, true).rows16.is_some(), "{dtype} packed at {isa}");
+                    assert!(packed::worth_packing(dtype, isa), "{dtype} packs at {isa}");
                     for pool in &pools {
                         let what = format!("{dtype} {isa} {rows}x{cols} m={m} threads={}", pool.n_threads());
                         let mut scratch = MatmulScratch::default();

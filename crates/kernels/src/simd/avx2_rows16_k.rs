@@ -420,7 +420,9 @@ unsafe fn tile_iq4_xs<const J: usize, const V: bool>(
             let mut corr = [_mm256_setzero_si256(); J];
             for ib in 0..8 {
                 let pair = iq4_xs_pair(sl, sh, ib);
+                // Two chains per row (low and high nibbles): `vpdpbusd`'s latency.
                 let mut part = [_mm256_setzero_si256(); J];
+                let mut part_hi = [_mm256_setzero_si256(); J];
                 for u in 0..4 {
                     let off = 128 + 256 * ib + 64 * u;
                     if h == 0 {
@@ -434,7 +436,7 @@ unsafe fn tile_iq4_xs<const J: usize, const V: bool>(
                         for j in 0..J {
                             let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
                             part[j] = _mm256_dpbusd_avx_epi32(part[j], la, bcast4(y0));
-                            part[j] = _mm256_dpbusd_avx_epi32(part[j], ha, bcast4(y0.add(16)));
+                            part_hi[j] = _mm256_dpbusd_avx_epi32(part_hi[j], ha, bcast4(y0.add(16)));
                         }
                     } else {
                         let (lsg, hsg) = (_mm256_shuffle_epi8(sgn_t, lo), _mm256_shuffle_epi8(sgn_t, hi));
@@ -448,7 +450,8 @@ unsafe fn tile_iq4_xs<const J: usize, const V: bool>(
                 if V {
                     for j in 0..J {
                         let bs = bcast4(act[j].add(Q8K_BSUMS + 4 * ib));
-                        iq4_xs_vnni_scale(&mut sumi[j], &mut corr[j], part[j], pair, bs);
+                        let p = _mm256_add_epi32(part[j], part_hi[j]);
+                        iq4_xs_vnni_scale(&mut sumi[j], &mut corr[j], p, pair, bs);
                     }
                 }
             }
