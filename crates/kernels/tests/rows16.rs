@@ -1,9 +1,11 @@
-//! The sixteen-row AVX-512 kernels of packed Q4_1, Q8_0 and Q4_0
+//! The sixteen-row kernels. AVX-512 packed Q4_1, Q8_0 and Q4_0
 //! (`simd::avx512_rows16`): through `matmul` at every batch size they equal
 //! the sequential scalar dots (`quant::q4_1::vec_dot_sequential` and the
 //! same in `q8_0`, `q4_0`) bit for bit, so a row's result never
 //! depends on how many activation rows share its call, which rows share its
-//! vector, or the thread count.
+//! vector, or the thread count. The transposed layout's kernels (AVX-512 and
+//! AVX2, plain and AVX-VNNI) equal the scalar reference bit for bit, through
+//! `matmul` and each one called directly.
 
 mod common;
 

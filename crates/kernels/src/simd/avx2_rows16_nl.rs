@@ -30,6 +30,11 @@
 //! that tiles of [`HALF_ACTS`] activation rows then read, one half of the
 //! rows at a time (four rows' sums fit the registers that way).
 //!
+//! With AVX-VNNI ([`rows16_iq4_nl_vnni`]) each nibble looks up `K[q] + 128`
+//! once into `vpdpbusd` and `128·Σy` of each activation block comes back out.
+//! Both forms are one `#[inline(always)]` body generic over `V`, with no
+//! closure around an intrinsic (see [`super::avx2_rows16_k`]).
+//!
 //! Numerics: the integer sums are exact and the float step is the scalar
 //! reference's (`quant::iq4_nl::vec_dot`: `sum + (d_a·d)·isum`, no FMA,
 //! blocks in order), so every row equals the reference bit for bit at every
