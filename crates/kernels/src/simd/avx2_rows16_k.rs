@@ -25,7 +25,7 @@
 //! * `vpmaddwd` against the scale pair widens and scales in one step, so
 //!   each lane sums `Σ_ib ls'·Σ K·a` directly (≤ 2²⁷ in magnitude).
 //!
-//! IQ4_XS takes every batch size (above [`ACTS`] rows over super-blocks
+//! IQ4_XS takes every batch size (above `ACTS` rows over super-blocks
 //! decoded once a group: 1.3× the GEMM reading the packed rows back, at a
 //! 1.1B layer's m = 256); Q2_K leaves batches of
 //! [`super::avx2_gemm_k::MIN_M`] rows and more to the GEMM.
@@ -102,7 +102,7 @@ unsafe fn iq4_tables<const V: bool>() -> (__m256i, __m256i) {
 
 /// The `Rows16Fn` entry point `$name` (target features `$features`) that
 /// runs `$tile::<J, $v>` over every sixteen-row group and tile of up to
-/// [`ACTS`] activation rows.
+/// `ACTS` activation rows.
 macro_rules! rows16_avx2 {
     ($(#[$doc:meta])* $name:ident, $tile:ident, $features:literal, $v:literal) => {
         $(#[$doc])*
@@ -166,9 +166,9 @@ rows16_avx2!(
 /// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
 /// row r · act j`, each equal to `quant::iq4_xs::vec_dot`.
 ///
-/// Up to [`ACTS`] activation rows decode each super-block as they go; more
-/// first decode the group's super-blocks once ([`XsBlock`], 4.6 KiB each,
-/// in L2) and run tiles of [`HALF_ACTS`] rows over one half at a time. The
+/// Up to `ACTS` activation rows decode each super-block as they go; more
+/// first decode the group's super-blocks once (`XsBlock`, 4.6 KiB each,
+/// in L2) and run tiles of `HALF_ACTS` rows over one half at a time. The
 /// arithmetic is the same either way.
 ///
 /// # Safety
@@ -265,7 +265,7 @@ unsafe fn iq4_xs_body<const V: bool>(
 const HALF_ACTS: usize = 4;
 
 thread_local! {
-    /// The current group's IQ4_XS super-blocks, decoded once (batches above [`ACTS`]).
+    /// The current group's IQ4_XS super-blocks, decoded once (batches above `ACTS`).
     static XS_SCRATCH: std::cell::RefCell<Vec<XsBlock>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 

@@ -25,9 +25,9 @@
 //!   weight's sign (`vpsignb`; no `K` is 0): pairs ≤ 2·127·127 < 2¹⁵;
 //! * `vpmaddwd` against ones widens each row's four products into its lane.
 //!
-//! Batches above [`ACTS`] rows decode a group's blocks once (the looked-up
+//! Batches above `ACTS` rows decode a group's blocks once (the looked-up
 //! magnitudes and signed values, 1 KiB a block) into a thread-local scratch
-//! that tiles of [`HALF_ACTS`] activation rows then read, one half of the
+//! that tiles of `HALF_ACTS` activation rows then read, one half of the
 //! rows at a time (four rows' sums fit the registers that way).
 //!
 //! With AVX-VNNI ([`rows16_iq4_nl_vnni`]) each nibble looks up `K[q] + 128`
@@ -80,7 +80,7 @@ static K128: [u8; 16] = {
 };
 
 thread_local! {
-    /// The current group's blocks, decoded once (batches above [`ACTS`]).
+    /// The current group's blocks, decoded once (batches above `ACTS`).
     static SCRATCH: std::cell::RefCell<Vec<Block>> = const { std::cell::RefCell::new(Vec::new()) };
     /// `128·Σy` of every activation block of the call (`m × nb`, AVX-VNNI only).
     static OFFSETS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
