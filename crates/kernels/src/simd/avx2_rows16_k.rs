@@ -45,6 +45,7 @@
 //! super-blocks in order), so every row equals the reference bit for bit at
 //! every batch size.
 
+use super::avx2_k::ld;
 use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
 use std::arch::x86_64::*;
 
@@ -57,13 +58,9 @@ const Q8K_QS: usize = 4;
 const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
+/// Four bytes at `p` in every lane.
 #[inline(always)]
-unsafe fn ld(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
-}
-
-#[inline(always)]
-unsafe fn bcast4(p: *const u8) -> __m256i {
+pub(super) unsafe fn bcast4(p: *const u8) -> __m256i {
     _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 

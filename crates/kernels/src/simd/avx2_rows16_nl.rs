@@ -40,6 +40,7 @@
 //! blocks in order), so every row equals the reference bit for bit at every
 //! batch size.
 
+use super::avx2_rows16_k::bcast4;
 use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
 use std::arch::x86_64::*;
 
@@ -250,11 +251,6 @@ unsafe fn code_sum(q: *const u8) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
-}
-
-#[inline(always)]
-unsafe fn bcast4(p: *const u8) -> __m256i {
-    _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
 /// `acc + Σ w·y` over four values of each lane: `abs`/`sgn` the looked-up
