@@ -34,8 +34,8 @@ use crate::{DType, ThreadPool};
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed, avx2_rows,
     avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16,
-    avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq3_vbmi, avx512_k, avx512_lowk, avx512_packed, avx512_rows16,
-    avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
+    avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq3_vbmi, avx512_iq3s_vbmi, avx512_k, avx512_lowk, avx512_packed,
+    avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -51,6 +51,8 @@ pub enum Feature {
     Gfni,
     /// Both VBMI and GFNI (either switch turns it off).
     VbmiGfni,
+    /// AVX-512 VBMI and BITALG (`vpshufbitqmb`); `SHARDLM_VBMI=0` turns it off.
+    VbmiBitalg,
     /// AVX-VNNI (`vpdpbusd` on 256-bit vectors, without AVX-512: Intel's
     /// Alder Lake and later clients, Sierra Forest); `SHARDLM_AVXVNNI=0`
     /// turns it off.
@@ -70,6 +72,8 @@ impl Feature {
             Feature::Gfni => avx512_rows16_q3k::has_gfni(),
             #[cfg(target_arch = "x86_64")]
             Feature::VbmiGfni => avx512_fp4_vbmi::has_vbmi() && avx512_rows16_q3k::has_gfni(),
+            #[cfg(target_arch = "x86_64")]
+            Feature::VbmiBitalg => avx512_iq3s_vbmi::has_vbmi_bitalg(),
             #[cfg(target_arch = "x86_64")]
             Feature::AvxVnni => has_avxvnni(),
             #[cfg(not(target_arch = "x86_64"))]
@@ -212,7 +216,7 @@ macro_rules! x86 {
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use Feature::{AvxVnni, Base, Bf16, Gfni, Vbmi, VbmiGfni};
+use Feature::{AvxVnni, Base, Bf16, Gfni, Vbmi, VbmiBitalg, VbmiGfni};
 
 /// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
 #[cfg(target_arch = "x86_64")]
@@ -633,9 +637,13 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], gemm: GEMM_K_AVX2, ..NONE },
-        // A VBMI register-lookup version (as IQ3_XXS has) measured level with
-        // the gathers here.
-        avx512: x86! { dot: &[(Base, avx512_iq::dot_iq3_s)], gemm: GEMM_K, ..NONE },
+        // Decode: the grid in registers with VBMI and BITALG, else gathers.
+        avx512: x86! {
+            dot: &[(VbmiBitalg, avx512_iq3s_vbmi::dot_iq3_s), (Base, avx512_iq::dot_iq3_s)],
+            dot4: &[(VbmiBitalg, avx512_iq3s_vbmi::dot4_iq3_s)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::IQ1_S,

@@ -65,7 +65,7 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::IQ3_XXS, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::IQ3_S, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::IQ3_S, Isa::Avx2, Shape::Tile, "one-row kernel only"),
-    (DType::IQ3_S, Isa::Avx512, Shape::Decode4, "one-row kernel only"),
+    (DType::IQ3_S, Isa::Avx512, Shape::Decode4, "four-row kernel only with VBMI and BITALG"),
     (DType::IQ3_S, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::IQ1_S, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::IQ1_S, Isa::Avx2, Shape::Tile, "one-row kernel only"),
@@ -91,16 +91,22 @@ fn expected(dtype: DType) -> &'static [Shape] {
     }
 }
 
+/// Whether a slot lists a kernel that needs nothing beyond its level.
+fn base<T>(listed: &[(dispatch::Feature, T)]) -> bool {
+    listed.iter().any(|(f, _)| *f == dispatch::Feature::Base)
+}
+
 fn has(dtype: DType, isa: Isa, shape: Shape) -> bool {
     let k = dispatch::row(dtype).at(isa);
     // The sixteen-row kernel runs every batch size of a packed weight; one
     // that needs a feature beyond the level (an AVX-VNNI one at AVX2) does not
     // fill a gap of the level, so the gaps are the same on every CPU.
-    let rows16 = k.packed_rows16.iter().any(|&(f, _)| f == dispatch::Feature::Base);
+    let rows16 = base(k.packed_rows16);
     let tile = pick(k.tile).is_some() || pick(k.packed_tile).is_some() || rows16;
     match shape {
         Shape::Dot => pick(k.dot).is_some(),
-        Shape::Decode4 => pick(k.dot4).is_some() || pick(k.packed_dot4).is_some() || rows16,
+        // The same for a four-row kernel (IQ3_S's at AVX-512 needs VBMI and BITALG).
+        Shape::Decode4 => base(k.dot4) || base(k.packed_dot4) || rows16,
         Shape::Tile => tile,
         Shape::Prefill if isa == Isa::Avx512 => pick(k.gemm).is_some() || rows16,
         Shape::Prefill => pick(k.gemm).is_some() || tile,

@@ -13,6 +13,7 @@
 
 use super::avx2::{hsum_epi32, rd16};
 use super::avx2_k::{pair_ctrl, word_ctrl};
+use super::avx2_rows::prefetch_block;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
 use crate::quant::F16Le;
@@ -226,6 +227,7 @@ pub unsafe fn dot_iq2_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let xp = w.add(i * 66);
+        prefetch_block(xp, PREFETCH_AHEAD);
         let d = F16Le(rd16(xp).to_le_bytes()).to_f32();
         let y = q8k(a, i);
         let mut acc = _mm256_setzero_si256();
@@ -251,6 +253,7 @@ pub unsafe fn dot_iq2_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq2_xs::BlockIq2Xs = blk(w.add(i * 74));
+        prefetch_block(w.add(i * 74), PREFETCH_AHEAD);
         let y = q8k(a, i);
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
@@ -275,6 +278,7 @@ pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq2_s::BlockIq2S = blk(w.add(i * 82));
+        prefetch_block(w.add(i * 82), PREFETCH_AHEAD);
         let y = q8k(a, i);
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
@@ -299,6 +303,7 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq3_xxs::BlockIq3Xxs = blk(w.add(i * 98));
+        prefetch_block(w.add(i * 98), PREFETCH_AHEAD);
         let y = q8k(a, i);
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
@@ -377,6 +382,7 @@ pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq1_s::BlockIq1S = blk(w.add(i * 50));
+        prefetch_block(w.add(i * 50), PREFETCH_AHEAD);
         let y = q8k(a, i);
         let mut acc = _mm256_setzero_si256();
         let mut sumi1 = 0i32;
@@ -402,6 +408,7 @@ pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq1_m::BlockIq1M = blk(w.add(i * 56));
+        prefetch_block(w.add(i * 56), PREFETCH_AHEAD);
         let y = q8k(a, i);
         let mut acc1 = _mm256_setzero_si256();
         let mut acc2 = _mm256_setzero_si256();

@@ -43,6 +43,16 @@ pub(crate) fn prefetch(p: *const u8) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
 }
 
+/// Prefetches the two cache lines `ahead` bytes past a block at `x` (every
+/// super-block of the one-row low-bit kernels is under 128 bytes, and the
+/// next block's call covers any third line). Without it the one-row I-quant
+/// kernels waited on memory: IQ3_S decoded a 1.1B file 1.2x slower.
+#[inline(always)]
+pub(crate) fn prefetch_block(x: *const u8, ahead: usize) {
+    prefetch(x.wrapping_add(ahead));
+    prefetch(x.wrapping_add(ahead + 64));
+}
+
 #[inline(always)]
 unsafe fn ld128(p: *const u8) -> __m128i {
     _mm_loadu_si128(p as *const __m128i)

@@ -33,6 +33,8 @@
 //! constant), so every kernel equals scalar bit for bit.
 
 use super::avx2_lowk::{blk, finish, q8k};
+use super::avx2_rows::prefetch_block;
+use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::gemm_lowk::{pair, Scales};
 use crate::quant::iq_grids::{IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::quant::{iq2_xs, iq3_s, iq3_xxs};
@@ -94,6 +96,7 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq3_s::BlockIq3S = blk(w.add(i * 110));
+        prefetch_block(w.add(i * 110), PREFETCH_AHEAD);
         let y = q8k(a, i);
         let mut acc = _mm512_setzero_si512();
         for h in 0..4 {
@@ -120,6 +123,7 @@ pub unsafe fn dot_iq2_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
         // [d, then per sub-block of 32 a qword: four grid indices, then a u32
         // of four 7-bit sign indices and the scale in bits 28..32]
         let xp = w.add(i * 66);
+        prefetch_block(xp, PREFETCH_AHEAD);
         let d = half::f16::from_bits((xp as *const u16).read_unaligned()).to_f32();
         let y = q8k(a, i);
         let v = _mm512_loadu_si512(xp.add(2) as *const _);
@@ -143,6 +147,7 @@ pub unsafe fn dot_iq2_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq2_xs::BlockIq2Xs = blk(w.add(i * 74));
+        prefetch_block(w.add(i * 74), PREFETCH_AHEAD);
         let y = q8k(a, i);
         // Word k: a 9-bit grid index and a 7-bit KSIGNS index.
         let words = _mm512_loadu_si512(x.qs.as_ptr() as *const _);

@@ -37,7 +37,9 @@
 //! scalar `vec_dot`'s, so the kernel equals scalar bit for bit.
 
 use super::avx2_lowk::{blk, finish, q8k};
+use super::avx2_rows::prefetch_block;
 use super::avx512_iq::{chunk, ksigns_vec};
+use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::avx512_rows16_q3k::bit_moves;
 use crate::quant::iq3_xxs;
 use crate::quant::iq_grids::IQ3XXS_GRID;
@@ -184,6 +186,7 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq3_xxs::BlockIq3Xxs = blk(w.add(i * 98));
+        prefetch_block(w.add(i * 98), PREFETCH_AHEAD);
         let y = q8k(a, i);
         let idx = ld(x.qs.as_ptr());
         let k7 = _mm512_movepi8_mask(idx);

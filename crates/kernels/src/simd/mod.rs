@@ -53,6 +53,7 @@ pub mod avx512_gemm;
 pub mod avx512_gemm_k;
 pub mod avx512_iq;
 pub mod avx512_iq3_vbmi;
+pub mod avx512_iq3s_vbmi;
 pub mod avx512_k;
 pub mod avx512_lanes;
 pub mod avx512_lowk;
