@@ -51,7 +51,8 @@ pub enum Feature {
     Gfni,
     /// Both VBMI and GFNI (either switch turns it off).
     VbmiGfni,
-    /// AVX-512 VBMI and BITALG (`vpshufbitqmb`); `SHARDLM_VBMI=0` turns it off.
+    /// AVX-512 VBMI and BITALG (`vpshufbitqmb`), and GFNI; `SHARDLM_VBMI=0`,
+    /// `SHARDLM_GFNI=0` or `SHARDLM_BITALG=0` turns it off.
     VbmiBitalg,
     /// AVX-VNNI (`vpdpbusd` on 256-bit vectors, without AVX-512: Intel's
     /// Alder Lake and later clients, Sierra Forest); `SHARDLM_AVXVNNI=0`
@@ -75,20 +76,11 @@ impl Feature {
             #[cfg(target_arch = "x86_64")]
             Feature::VbmiBitalg => avx512_iq3s_vbmi::has_vbmi_bitalg(),
             #[cfg(target_arch = "x86_64")]
-            Feature::AvxVnni => has_avxvnni(),
+            Feature::AvxVnni => avx2_rows16_nl::has_avxvnni(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
     }
-}
-
-/// Whether this CPU has AVX-VNNI (and `SHARDLM_AVXVNNI` is not `0`).
-#[cfg(target_arch = "x86_64")]
-pub fn has_avxvnni() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        std::is_x86_feature_detected!("avxvnni") && std::env::var("SHARDLM_AVXVNNI").map_or(true, |v| v.trim() != "0")
-    })
 }
 
 /// Kernel candidates in order of preference.
@@ -619,11 +611,11 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], gemm: GEMM_K_AVX2, ..NONE },
-        // With VBMI and GFNI the grid is looked up in registers; a 512-bit gather
-        // version measured level with the AVX2 kernel (the 16-entry gather
-        // costs what the scalar inserts do).
+        // The grid in registers (VBMI, GFNI; four rows in the grid's order with
+        // BITALG); a 512-bit gather version measured level with the AVX2 kernel.
         avx512: x86! {
             dot: &[(VbmiGfni, avx512_iq3_vbmi::dot_iq3_xxs), (Base, avx2_lowk::dot_iq3_xxs)],
+            dot4: &[(VbmiBitalg, avx512_iq3_vbmi::dot4_iq3_xxs)],
             gemm: GEMM_K,
             ..NONE
         },

@@ -61,7 +61,7 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::IQ2_S, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::IQ3_XXS, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::IQ3_XXS, Isa::Avx2, Shape::Tile, "one-row kernel only"),
-    (DType::IQ3_XXS, Isa::Avx512, Shape::Decode4, "one-row kernel only"),
+    (DType::IQ3_XXS, Isa::Avx512, Shape::Decode4, "four-row kernel only with VBMI, BITALG and GFNI"),
     (DType::IQ3_XXS, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::IQ3_S, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::IQ3_S, Isa::Avx2, Shape::Tile, "one-row kernel only"),

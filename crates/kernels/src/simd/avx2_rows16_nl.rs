@@ -44,6 +44,14 @@ use super::avx2_rows16_k::bcast4;
 use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
 use std::arch::x86_64::*;
 
+/// Whether this CPU has AVX-VNNI (and `SHARDLM_AVXVNNI` is not `0`).
+pub fn has_avxvnni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::is_x86_feature_detected!("avxvnni") && std::env::var("SHARDLM_AVXVNNI").map_or(true, |v| v.trim() != "0")
+    })
+}
+
 /// Rows per group (the lanes of two vectors).
 const ROWS: usize = 16;
 /// Activation rows per register tile (both halves' sums stay in registers).

@@ -39,6 +39,7 @@
 use super::avx2_lowk::{blk, finish, q8k};
 use super::avx2_rows::prefetch_block;
 use super::avx512_iq::{chunk, ksigns_vec};
+use super::avx512_lowk::f16_at;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::avx512_rows16_q3k::bit_moves;
 use crate::quant::iq3_xxs;
@@ -162,14 +163,20 @@ unsafe fn look256(tab: &[__m512i; 4], idx: __m512i, k7: u64) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
 #[inline]
 unsafe fn xxs_signs(aux: *const u8) -> [u64; 4] {
+    std::mem::transmute::<__m256i, [u64; 4]>(xxs_sign_bits(aux))
+}
+
+/// As [`xxs_signs`], in a vector.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
+#[inline]
+unsafe fn xxs_sign_bits(aux: *const u8) -> __m256i {
     // Quadword q holds words 2q, 2q + 1: their indices at bits 0, 7, 14, 21
     // and 32 + those; byte k of the result is the k-th index of 8 values.
     let fields = _mm256_multishift_epi64_epi8(
         _mm256_set1_epi64x(i64::from_le_bytes([0, 7, 14, 21, 32, 39, 46, 53])),
         _mm256_loadu_si256(aux as *const __m256i),
     );
-    let signs = ksigns_vec(fields);
-    std::mem::transmute::<__m256i, [u64; 4]>(signs)
+    ksigns_vec(fields)
 }
 
 /// # Safety
@@ -203,6 +210,94 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
         sum += x.d.to_f32() * y.d * _mm512_reduce_add_epi32(acc) as f32;
     }
     finish(sum, 0.25)
+}
+
+/// One IQ3_XXS block against activations in the grid's order (`y_j` byte `i`
+/// = activation `4i + j`, [`super::avx512_iq3s_vbmi::by_position`]): the
+/// exact `Σ_g (2s_g + 1)·Σ code·q8` over 16 lanes. As IQ3_S's
+/// ([`super::avx512_iq3s_vbmi`]), nothing goes back to element order: `w_j`
+/// byte `i` is entry `i`'s magnitude `j` (the rank-to-magnitude map reads a
+/// byte's low nibble only, so the high one needs a shift and no mask), the
+/// sign masks come from the sign bits by `vpshufbitqmb`, and lane `d` of the
+/// four `vpdpbusd` holds values `16d..16d + 16`, all of sub-block `d / 2`.
+/// A lane's sum can reach 16·62·127 (over 2¹⁵), so the scale goes in with
+/// one `vpmulld` (|sum·31| < 2³¹) instead of `vpdpwssd`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,gfni")]
+#[inline]
+unsafe fn block_by_position(x: *const u8, y: [__m512i; 4], k: &Dot4Consts) -> __m512i {
+    let idx = ld(x.add(2));
+    let k7 = _mm512_movepi8_mask(idx);
+    let a = look256(&k.ta, idx, k7);
+    let b = look256(&k.tb, idx, k7);
+    let w = [
+        _mm512_gf2p8affine_epi64_epi8::<4>(a, k.rank_to_mag),
+        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(a), k.rank_to_mag),
+        _mm512_gf2p8affine_epi64_epi8::<4>(b, k.rank_to_mag),
+        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(b), k.rank_to_mag),
+    ];
+    // Quadword L: the sign bits of values 32L..32L + 32.
+    let signs = _mm512_cvtepu32_epi64(xxs_sign_bits(x.add(66)));
+    let mut acc = _mm512_setzero_si512();
+    for (j, (w, y)) in w.into_iter().zip(y).enumerate() {
+        let neg = _mm512_bitshuffle_epi64_mask(signs, k.sign_ctl[j]);
+        acc = _mm512_dpbusd_epi32(acc, w, _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y));
+    }
+    // 2s + 1 of each aux word's top four bits, sub-block d / 2 on lane d.
+    let s = _mm256_srli_epi32::<28>(_mm256_loadu_si256(x.add(66) as *const __m256i));
+    let ls = _mm256_or_si256(_mm256_add_epi32(s, s), _mm256_set1_epi32(1));
+    _mm512_mullo_epi32(acc, _mm512_permutexvar_epi32(k.pair_lanes, _mm512_castsi256_si512(ls)))
+}
+
+/// What the four-row kernel's blocks share.
+struct Dot4Consts {
+    ta: [__m512i; 4],
+    tb: [__m512i; 4],
+    rank_to_mag: __m512i,
+    by_j: __m512i,
+    sign_ctl: [__m512i; 4],
+    /// Lane `d`: `d / 2`.
+    pair_lanes: __m512i,
+}
+
+/// Four IQ3_XXS rows `stride` bytes apart × one Q8_K row, the activations in
+/// the grid's order once a block for all four; each row equals
+/// [`dot_iq3_xxs`]'s.
+///
+/// # Safety
+/// As for [`crate::quant::Dot4Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG
+/// and GFNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+pub unsafe fn dot4_iq3_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let t = tables();
+    let (by_j, sign_ctl) = super::avx512_iq3s_vbmi::order_controls();
+    let k = Dot4Consts {
+        ta: regs::<4>(t.a.as_ptr()),
+        tb: regs::<4>(t.b.as_ptr()),
+        rank_to_mag: _mm512_set1_epi64(bit_moves([None, Some(3), None, Some(0), Some(1), Some(2), None, None])),
+        by_j,
+        sign_ctl,
+        pair_lanes: _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+    };
+    let mut sum = _mm_setzero_ps();
+    for i in 0..n / 256 {
+        let y = q8k(a, i);
+        let ys = super::avx512_iq3s_vbmi::by_position(y.qs.as_ptr() as *const u8, k.by_j);
+        let x = [w.add(i * 98), w.add(stride + i * 98), w.add(2 * stride + i * 98), w.add(3 * stride + i * 98)];
+        for x in x {
+            prefetch_block(x, PREFETCH_AHEAD);
+        }
+        let b = [
+            block_by_position(x[0], ys, &k),
+            block_by_position(x[1], ys, &k),
+            block_by_position(x[2], ys, &k),
+            block_by_position(x[3], ys, &k),
+        ];
+        let isum = _mm_cvtepi32_ps(super::avx512_iq3s_vbmi::sum4(b));
+        let xd = _mm_setr_ps(f16_at(x[0]), f16_at(x[1]), f16_at(x[2]), f16_at(x[3]));
+        // Lane r: row r's scalar expression, no fused multiply-add.
+        sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(y.d)), isum));
+    }
+    _mm_storeu_ps(out, _mm_mul_ps(sum, _mm_set1_ps(0.25)));
 }
 
 #[cfg(test)]
@@ -244,6 +339,24 @@ mod tests {
                 let ap = bytemuck::cast_slice::<_, u8>(&a).as_ptr();
                 let (want, got) = unsafe { (scalar(n, w.as_ptr(), ap), vbmi(n, w.as_ptr(), ap)) };
                 assert_eq!(got.to_bits(), want.to_bits(), "{bytes}-byte blocks × {nb}: {got} vs {want}");
+                if !super::super::avx512_iq3s_vbmi::has_vbmi_bitalg() {
+                    continue;
+                }
+                // The four-row kernel over this row and three more.
+                let row = bytes * nb;
+                let mut w4 = w.clone();
+                for _ in 0..3 * row {
+                    w4.push(next() as u8);
+                }
+                for b in nb..4 * nb {
+                    w4[b * bytes..b * bytes + 2].copy_from_slice(&((next() % 0x3C00) as u16).to_le_bytes());
+                }
+                let mut four = [0f32; 4];
+                unsafe { dot4_iq3_xxs(n, w4.as_ptr(), row, ap, four.as_mut_ptr()) };
+                for (r, got4) in four.iter().enumerate() {
+                    let want = unsafe { scalar(n, w4[r * row..].as_ptr(), ap) };
+                    assert_eq!(got4.to_bits(), want.to_bits(), "four-row, row {r}, {nb} blocks: {got4} vs {want}");
+                }
             }
         }
     }

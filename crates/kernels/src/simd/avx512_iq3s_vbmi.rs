@@ -73,12 +73,15 @@ fn tables() -> &'static Tables {
     })
 }
 
-/// Whether this CPU has what these kernels need (AVX-512 VBMI and BITALG;
-/// `SHARDLM_VBMI=0` or `SHARDLM_BITALG=0` turns them off).
+/// Whether this CPU has what the grid-order kernels need: AVX-512 VBMI and
+/// BITALG, and GFNI (IQ3_XXS's rank-to-magnitude step; every CPU with
+/// BITALG has it: Ice Lake on, Zen 4). `SHARDLM_VBMI=0`, `SHARDLM_GFNI=0` or
+/// `SHARDLM_BITALG=0` turns them off.
 pub fn has_vbmi_bitalg() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         super::avx512_fp4_vbmi::has_vbmi()
+            && super::avx512_rows16_q3k::has_gfni()
             && is_x86_feature_detected!("avx512bitalg")
             && std::env::var("SHARDLM_BITALG").map_or(true, |v| v.trim() != "0")
     })
@@ -113,6 +116,16 @@ unsafe fn consts() -> Consts {
     }
 }
 
+/// The [`by_position`] control and the four sign-mask controls, for
+/// IQ3_XXS's four-row kernel ([`super::avx512_iq3_vbmi::dot4_iq3_xxs`]).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn order_controls() -> (__m512i, [__m512i; 4]) {
+    let t = tables();
+    let sc = &t.sign_ctl;
+    (ld(t.by_j.as_ptr()), [ld(sc[0].as_ptr()), ld(sc[1].as_ptr()), ld(sc[2].as_ptr()), ld(sc[3].as_ptr())])
+}
+
 /// 512-entry lookup of the 64 indices `idx | k8 << 8` (`k7`: bit 7 of each).
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
@@ -131,7 +144,7 @@ unsafe fn look512(t: &[u8; 512], idx: __m512i, k7: u64, k8: u64) -> __m512i {
 /// activation `4i + j`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
-unsafe fn by_position(qs: *const u8, by_j: __m512i) -> [__m512i; 4] {
+pub(super) unsafe fn by_position(qs: *const u8, by_j: __m512i) -> [__m512i; 4] {
     // Lane j (16 bytes) of `v[k]`: activations 64k + 4t + j, t = 0..16.
     // (No closures here: one would not inline, and lose the target features.)
     let v = [
@@ -187,7 +200,7 @@ unsafe fn block(x: &iq3_s::BlockIq3S, y: [__m512i; 4], k: &Consts) -> __m512i {
 /// The lane sums of four 16-lane vectors, lane `r` from `v[r]`.
 #[target_feature(enable = "avx512f,avx2")]
 #[inline]
-unsafe fn sum4(v: [__m512i; 4]) -> __m128i {
+pub(super) unsafe fn sum4(v: [__m512i; 4]) -> __m128i {
     let f: [__m256i; 4] =
         std::array::from_fn(|r| _mm256_add_epi32(_mm512_castsi512_si256(v[r]), _mm512_extracti64x4_epi64::<1>(v[r])));
     let abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(f[0], f[1]), _mm256_hadd_epi32(f[2], f[3]));
