@@ -644,8 +644,7 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_s)], ..NONE },
-        // No 512-bit kernels yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq1_s)], ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_iq::dot_iq1_s)], ..NONE },
     },
     Row {
         dtype: DType::IQ1_M,

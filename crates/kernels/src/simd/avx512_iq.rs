@@ -38,8 +38,8 @@ use super::avx2_lowk::{blk, finish, q8k};
 use super::avx2_rows::prefetch_block;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::gemm_lowk::{pair, Scales};
-use crate::quant::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
-use crate::quant::{iq2_s, iq2_xs, iq3_s, iq3_xxs};
+use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use crate::quant::{iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs};
 use std::arch::x86_64::*;
 
 /// `acc + Σ mag·(±q8)` per lane (four values each) with the signs of `neg`
@@ -195,6 +195,46 @@ pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
         sum += x.d.to_f32() * y.d * _mm512_reduce_add_epi32(acc) as f32;
     }
     finish(sum, 0.125)
+}
+
+/// # Safety
+/// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    // Group t of 8 (of a 64-value chunk, sub-blocks 2h and 2h + 1): its three
+    // high index bits at bit 3(t mod 4) of its sub-block's `qh` word.
+    let shifts = _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9);
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq1_s::BlockIq1S = blk(w.add(i * 50));
+        prefetch_block(w.add(i * 50), PREFETCH_AHEAD);
+        let y = q8k(a, i);
+        let mut acc = _mm512_setzero_si512();
+        let mut sumi1 = 0i32;
+        for h in 0..4 {
+            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
+            let (q0, q1) = (i32::from(x.qh(2 * h)), i32::from(x.qh(2 * h + 1)));
+            let qh = _mm256_set_m128i(_mm_set1_epi32(q1), _mm_set1_epi32(q0));
+            let hi = _mm256_and_si256(_mm256_srlv_epi32(qh, shifts), _mm256_set1_epi32(7));
+            let iv = _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi));
+            // Ternary codes: magnitudes 0/1 and the sign of −1 as a mask.
+            let g = _mm512_i32gather_epi64::<8>(iv, IQ1S_GRID.as_ptr() as *const i64);
+            let ((l0, s0), (l1, s1)) = (x.scale_delta(2 * h), x.scale_delta(2 * h + 1));
+            acc = chunk(
+                acc,
+                _mm512_abs_epi8(g),
+                _mm512_movepi8_mask(g),
+                y.qs.as_ptr().add(64 * h),
+                ls32(l0 as u32, l1 as u32),
+            );
+            let b = &y.bsums[4 * h..4 * h + 4];
+            sumi1 += l0 * s0 * (b[0] as i32 + b[1] as i32);
+            sumi1 += l1 * s1 * (b[2] as i32 + b[3] as i32);
+        }
+        let s = _mm512_reduce_add_epi32(acc);
+        sum += x.d.to_f32() * y.d * (s as f32 + iq1_s::DELTA * sumi1 as f32);
+    }
+    sum
 }
 
 // ------------------------------------------------ prefill decoders
