@@ -643,8 +643,9 @@ pub static TABLE: &[Row] = &[
         scalar: scalar::dot_iq1_s,
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_s)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_iq::dot_iq1_s)], ..NONE },
+        // Prefill: the K-quant lane GEMMs over `codes()` (8·grid ± 1).
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_s)], gemm: GEMM_K_AVX2, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_iq::dot_iq1_s)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::IQ1_M,

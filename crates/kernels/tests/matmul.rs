@@ -373,6 +373,7 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
         DType::IQ2_S,
         DType::IQ3_XXS,
         DType::IQ3_S,
+        DType::IQ1_S,
     ];
     for (dtype, &(rows, cols)) in types
         .into_iter()

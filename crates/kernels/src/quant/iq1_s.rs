@@ -36,6 +36,28 @@ impl BlockIq1S {
         IQ1S_GRID[self.qs[k] as usize | h << 8].to_le_bytes().map(|b| b as i8)
     }
 
+    /// Codes `8·grid ± 1` (the shift `δ = ±1/8` made integer: values
+    /// `d·(2s + 1)/8·code`) in element order, and `2s + 1` per group of 16:
+    /// the lane GEMMs' record ([`crate::simd`]'s `decode_iq`, closing constant
+    /// 1/8). `Σ ls·Σ code·q8 = 8·sumi + sumi1` of [`block_sums`], and scaling
+    /// by 8 is exact, so the GEMM's result equals [`vec_dot`]'s bit for bit.
+    pub fn codes(&self) -> ([i8; 256], [u8; 16]) {
+        let mut q = [0i8; 256];
+        let mut ls = [0u8; 16];
+        for ib in 0..8 {
+            let (l, sign) = self.scale_delta(ib);
+            ls[2 * ib] = l as u8;
+            ls[2 * ib + 1] = l as u8;
+            for t in 0..4 {
+                let k = 4 * ib + t;
+                for (o, g) in q[8 * k..8 * k + 8].iter_mut().zip(self.point(k)) {
+                    *o = 8 * g + sign as i8;
+                }
+            }
+        }
+        (q, ls)
+    }
+
     /// Sub-block `ib`'s `(2s + 1, ±1)`.
     #[inline(always)]
     pub fn scale_delta(&self, ib: usize) -> (i32, i32) {

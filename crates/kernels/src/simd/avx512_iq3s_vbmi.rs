@@ -33,6 +33,7 @@
 
 use super::avx2_lowk::{blk, q8k};
 use super::avx2_rows::prefetch_block;
+use super::avx512_lowk;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use crate::quant::iq3_s;
 use crate::quant::iq_grids::IQ3S_GRID;
@@ -201,10 +202,12 @@ unsafe fn block(x: &iq3_s::BlockIq3S, y: [__m512i; 4], k: &Consts) -> __m512i {
 #[target_feature(enable = "avx512f,avx2")]
 #[inline]
 pub(super) unsafe fn sum4(v: [__m512i; 4]) -> __m128i {
-    let f: [__m256i; 4] =
-        std::array::from_fn(|r| _mm256_add_epi32(_mm512_castsi512_si256(v[r]), _mm512_extracti64x4_epi64::<1>(v[r])));
-    let abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(f[0], f[1]), _mm256_hadd_epi32(f[2], f[3]));
-    _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256::<1>(abcd))
+    avx512_lowk::sum4(
+        avx512_lowk::fold(v[0]),
+        avx512_lowk::fold(v[1]),
+        avx512_lowk::fold(v[2]),
+        avx512_lowk::fold(v[3]),
+    )
 }
 
 /// # Safety

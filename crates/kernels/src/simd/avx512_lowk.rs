@@ -35,7 +35,7 @@ pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
 
 /// A 16-lane i32 sum folded to 8 lanes.
 #[inline(always)]
-unsafe fn fold(v: __m512i) -> __m256i {
+pub(super) unsafe fn fold(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
 }
 
