@@ -73,10 +73,8 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::IQ1_S, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::IQ1_M, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::IQ1_M, Isa::Avx2, Shape::Tile, "one-row kernel only"),
-    (DType::IQ1_M, Isa::Avx2, Shape::Prefill, "one-row kernel only"),
     (DType::IQ1_M, Isa::Avx512, Shape::Decode4, "one-row kernel only"),
     (DType::IQ1_M, Isa::Avx512, Shape::Tile, "one-row kernel only"),
-    (DType::IQ1_M, Isa::Avx512, Shape::Prefill, "one-row kernel only"),
 ];
 
 /// The shapes `dtype` must have at an x86 level: float weights a dot only,

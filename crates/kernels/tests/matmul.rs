@@ -374,6 +374,7 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
         DType::IQ3_XXS,
         DType::IQ3_S,
         DType::IQ1_S,
+        DType::IQ1_M,
     ];
     for (dtype, &(rows, cols)) in types
         .into_iter()

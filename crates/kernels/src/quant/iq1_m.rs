@@ -44,6 +44,25 @@ impl BlockIq1M {
         2 * ((self.word(g / 4) >> (3 * (g % 4))) & 7) as i32 + 1
     }
 
+    /// Codes `8·grid ± 1` (each group of 8's shift made integer, as
+    /// [`super::iq1_s::BlockIq1S::codes`]) in element order, and `2s + 1` per
+    /// group of 16: the lane GEMMs' record, closing constant 1/8, equal to
+    /// [`vec_dot`] bit for bit (`Σ ls·Σ code·q8 = 8·sumi1 + sumi2`).
+    pub fn codes(&self) -> ([i8; 256], [u8; 16]) {
+        let mut q = [0i8; 256];
+        let mut ls = [0u8; 16];
+        for (g, l) in ls.iter_mut().enumerate() {
+            *l = self.ls(g) as u8;
+        }
+        for k in 0..32 {
+            let (p, sign) = self.point(k);
+            for (o, g) in q[8 * k..8 * k + 8].iter_mut().zip(p) {
+                *o = 8 * g + sign as i8;
+            }
+        }
+        (q, ls)
+    }
+
     /// Grid point and shift sign (±1) of group of 8 number `k`.
     #[inline(always)]
     pub fn point(&self, k: usize) -> ([i8; 8], i32) {

@@ -44,7 +44,7 @@
 //! exactly), so the bits stay the reference's.
 
 use crate::quant::iq4_nl::KVALUES;
-use crate::quant::{iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, q3_k};
+use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, q3_k};
 use crate::DType;
 use std::arch::x86_64::*;
 
@@ -178,7 +178,7 @@ pub(super) unsafe fn decode_iq4_xs(x: &[u8], q: *mut u8, signed: bool) -> Scales
 /// scale `ls`, and `d` times the reference's closing constant.
 ///
 /// # Panics
-/// If `dtype` is not IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S or IQ1_S, or `x` is
+/// If `dtype` is not IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S or IQ1_M, or `x` is
 /// shorter than its block.
 pub(super) fn decode_iq(dtype: DType, x: &[u8], q: &mut [u8; 256], signed: bool) -> Scales {
     fn block<T: bytemuck::Pod>(x: &[u8]) -> &T {
@@ -214,6 +214,11 @@ pub(super) fn decode_iq(dtype: DType, x: &[u8], q: &mut [u8; 256], signed: bool)
             let b: &iq1_s::BlockIq1S = block(x);
             let (q, ls) = b.codes();
             (q, ls, b.d.to_f32(), 0.125)
+        }
+        DType::IQ1_M => {
+            let b: &iq1_m::BlockIq1M = block(x);
+            let (q, ls) = b.codes();
+            (q, ls, b.d(), 0.125)
         }
         other => panic!("decode_iq: {other} is not a grid I-quant"),
     };
@@ -258,7 +263,10 @@ pub(super) fn fold_to_32(s: Scales) -> Scales {
 
 /// Whether [`decode_iq`] takes `dtype`.
 pub(super) fn is_grid_iq(dtype: DType) -> bool {
-    matches!(dtype, DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S)
+    matches!(
+        dtype,
+        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S | DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M
+    )
 }
 
 /// 32 bytes, byte `j` = −1 where bit `j` of the four sign bytes `s` is set,
