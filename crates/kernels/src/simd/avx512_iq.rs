@@ -261,6 +261,38 @@ unsafe fn store_codes(q: *mut u8, mag: __m512i, neg: u64) {
     _mm512_storeu_si512(q as *mut _, _mm512_xor_si512(v, _mm512_set1_epi8(0x80u8 as i8)));
 }
 
+/// IQ1_S super-block `x` (50 bytes) → as [`decode_iq3_s`], equal to
+/// `decode_iq(IQ1_S, x, q, false)`: codes `8·grid ± 1 + 128`, eight grid rows
+/// gathered per 64 values (the indices as in [`dot_iq1_s`]).
+///
+/// # Safety
+/// AVX-512 F/BW CPU; `x` holds 50 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+pub(super) unsafe fn decode_iq1_s(x: *const u8, q: *mut u8) -> Scales {
+    let x: &iq1_s::BlockIq1S = blk(x);
+    let shifts = _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9);
+    let mut ls = [0u32; 16];
+    for h in 0..4 {
+        let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
+        let qh = _mm256_set_m128i(_mm_set1_epi32(i32::from(x.qh(2 * h + 1))), _mm_set1_epi32(i32::from(x.qh(2 * h))));
+        let hi = _mm256_and_si256(_mm256_srlv_epi32(qh, shifts), _mm256_set1_epi32(7));
+        let g = _mm512_i32gather_epi64::<8>(
+            _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi)),
+            IQ1S_GRID.as_ptr() as *const i64,
+        );
+        let ((l0, s0), (l1, s1)) = (x.scale_delta(2 * h), x.scale_delta(2 * h + 1));
+        ls[4 * h..4 * h + 4].copy_from_slice(&[l0 as u32, l0 as u32, l1 as u32, l1 as u32]);
+        // 8·g: a 16-bit shift, each byte's low three bits (carried in from
+        // its neighbour) cleared; then the sub-block's ±1 and the offset 128.
+        let g8 = _mm512_and_si512(_mm512_slli_epi16::<3>(g), _mm512_set1_epi8(0xF8u8 as i8));
+        let sign = _mm512_inserti64x4::<1>(_mm512_set1_epi8(s0 as i8), _mm256_set1_epi8(s1 as i8));
+        let code = _mm512_xor_si512(_mm512_add_epi8(g8, sign), _mm512_set1_epi8(0x80u8 as i8));
+        _mm512_storeu_si512(q.add(64 * h) as *mut _, code);
+    }
+    scales(ls, x.d.to_f32(), 0.125)
+}
+
 /// IQ3_S super-block `x` (110 bytes) → 256 codes at `q` for the AVX-512 lane
 /// GEMM, equal to `decode_iq(IQ3_S, x, q, false)` (64 values a gather
 /// instead of the scalar `codes()`).
