@@ -656,8 +656,7 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (8·grid ± 1).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_m)], gemm: GEMM_K_AVX2, ..NONE },
-        // No 512-bit one-row dot yet: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2_lowk::dot_iq1_m)], gemm: GEMM_K, ..NONE },
+        avx512: x86! { dot: &[(Base, avx512_iq::dot_iq1_m)], gemm: GEMM_K, ..NONE },
     },
     Row {
         dtype: DType::IQ4_NL,

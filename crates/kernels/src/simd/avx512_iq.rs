@@ -39,7 +39,7 @@ use super::avx2_rows::prefetch_block;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::gemm_lowk::{pair, Scales};
 use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
-use crate::quant::{iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs};
+use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs};
 use std::arch::x86_64::*;
 
 /// `acc + Σ mag·(±q8)` per lane (four values each) with the signs of `neg`
@@ -233,6 +233,46 @@ pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
         }
         let s = _mm512_reduce_add_epi32(acc);
         sum += x.d.to_f32() * y.d * (s as f32 + iq1_s::DELTA * sumi1 as f32);
+    }
+    sum
+}
+
+/// # Safety
+/// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
+    // Group t of 8 (of a 64-value chunk): its nibble at bit 4t of the chunk's
+    // four `qh` bytes (bits 0–2: the index's high bits, bit 3: the shift's sign).
+    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    let (plus, minus) = (_mm512_set1_epi8(1), _mm512_set1_epi8(-1));
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq1_m::BlockIq1M = blk(w.add(i * 56));
+        prefetch_block(w.add(i * 56), PREFETCH_AHEAD);
+        let y = q8k(a, i);
+        let mut acc = _mm512_setzero_si512();
+        for h in 0..4 {
+            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
+            let qh = u32::from_le_bytes(x.qh[4 * h..4 * h + 4].try_into().expect("4 qh bytes"));
+            let nib = _mm256_srlv_epi32(_mm256_set1_epi32(qh as i32), shifts);
+            let hi = _mm256_and_si256(nib, _mm256_set1_epi32(7));
+            let g = _mm512_i32gather_epi64::<8>(
+                _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi)),
+                IQ1S_GRID.as_ptr() as *const i64,
+            );
+            // Codes 8·g ± 1 (the shift made integer): a 16-bit shift with each
+            // byte's carried-in bits cleared, plus the group's sign.
+            let neg_shift = _mm256_test_epi32_mask(nib, _mm256_set1_epi32(8));
+            let sign = _mm512_mask_blend_epi64(neg_shift, plus, minus);
+            let code =
+                _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16::<3>(g), _mm512_set1_epi8(0xF8u8 as i8)), sign);
+            let ls = ls16([0, 1, 2, 3].map(|t| x.ls(4 * h + t) as u32));
+            acc = chunk(acc, _mm512_abs_epi8(code), _mm512_movepi8_mask(code), y.qs.as_ptr().add(64 * h), ls);
+        }
+        // `Σ ls·Σ code·q8 = 8·sumi1 + sumi2`; its eighth is the reference's
+        // `sumi1 + δ·sumi2` exactly (at most 24 significant bits).
+        let t = _mm512_reduce_add_epi32(acc);
+        sum += x.d() * y.d * (t as f32 * iq1_s::DELTA);
     }
     sum
 }
