@@ -237,14 +237,30 @@ pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
     sum
 }
 
+/// Chunk `h` (64 values) of an IQ1_M block as signed codes `8·grid ± 1` (the
+/// group's shift `±1/8` made integer), in element order.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq1_m_codes(x: &iq1_m::BlockIq1M, h: usize) -> __m512i {
+    // Group t of 8: its nibble at bit 4t of the chunk's four `qh` bytes (bits
+    // 0–2: the index's high bits, bit 3: the shift's sign).
+    let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
+    let qh = u32::from_le_bytes(x.qh[4 * h..4 * h + 4].try_into().expect("4 qh bytes"));
+    let nib = _mm256_srlv_epi32(_mm256_set1_epi32(qh as i32), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    let hi = _mm256_and_si256(nib, _mm256_set1_epi32(7));
+    let iv = _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi));
+    let g = _mm512_i32gather_epi64::<8>(iv, IQ1S_GRID.as_ptr() as *const i64);
+    // 8·g: a 16-bit shift with each byte's carried-in bits cleared; then the
+    // group's sign.
+    let minus = _mm256_test_epi32_mask(nib, _mm256_set1_epi32(8));
+    let sign = _mm512_mask_blend_epi64(minus, _mm512_set1_epi8(1), _mm512_set1_epi8(-1));
+    _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16::<3>(g), _mm512_set1_epi8(0xF8u8 as i8)), sign)
+}
+
 /// # Safety
 /// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
-    // Group t of 8 (of a 64-value chunk): its nibble at bit 4t of the chunk's
-    // four `qh` bytes (bits 0–2: the index's high bits, bit 3: the shift's sign).
-    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-    let (plus, minus) = (_mm512_set1_epi8(1), _mm512_set1_epi8(-1));
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq1_m::BlockIq1M = blk(w.add(i * 56));
@@ -252,20 +268,7 @@ pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
         let y = q8k(a, i);
         let mut acc = _mm512_setzero_si512();
         for h in 0..4 {
-            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
-            let qh = u32::from_le_bytes(x.qh[4 * h..4 * h + 4].try_into().expect("4 qh bytes"));
-            let nib = _mm256_srlv_epi32(_mm256_set1_epi32(qh as i32), shifts);
-            let hi = _mm256_and_si256(nib, _mm256_set1_epi32(7));
-            let g = _mm512_i32gather_epi64::<8>(
-                _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi)),
-                IQ1S_GRID.as_ptr() as *const i64,
-            );
-            // Codes 8·g ± 1 (the shift made integer): a 16-bit shift with each
-            // byte's carried-in bits cleared, plus the group's sign.
-            let neg_shift = _mm256_test_epi32_mask(nib, _mm256_set1_epi32(8));
-            let sign = _mm512_mask_blend_epi64(neg_shift, plus, minus);
-            let code =
-                _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16::<3>(g), _mm512_set1_epi8(0xF8u8 as i8)), sign);
+            let code = iq1_m_codes(x, h);
             let ls = ls16([0, 1, 2, 3].map(|t| x.ls(4 * h + t) as u32));
             acc = chunk(acc, _mm512_abs_epi8(code), _mm512_movepi8_mask(code), y.qs.as_ptr().add(64 * h), ls);
         }
@@ -331,6 +334,22 @@ pub(super) unsafe fn decode_iq1_s(x: *const u8, q: *mut u8) -> Scales {
         _mm512_storeu_si512(q.add(64 * h) as *mut _, code);
     }
     scales(ls, x.d.to_f32(), 0.125)
+}
+
+/// IQ1_M super-block `x` (56 bytes) → as [`decode_iq3_s`], equal to
+/// `decode_iq(IQ1_M, x, q, false)`.
+///
+/// # Safety
+/// AVX-512 F/BW CPU; `x` holds 56 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+pub(super) unsafe fn decode_iq1_m(x: *const u8, q: *mut u8) -> Scales {
+    let x: &iq1_m::BlockIq1M = blk(x);
+    for h in 0..4 {
+        let code = _mm512_xor_si512(iq1_m_codes(x, h), _mm512_set1_epi8(0x80u8 as i8));
+        _mm512_storeu_si512(q.add(64 * h) as *mut _, code);
+    }
+    scales(std::array::from_fn(|g| x.ls(g) as u32), x.d(), 0.125)
 }
 
 /// IQ3_S super-block `x` (110 bytes) → 256 codes at `q` for the AVX-512 lane
