@@ -197,13 +197,24 @@ pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
     finish(sum, 0.125)
 }
 
+/// Chunk `h` (64 values, sub-blocks 2h and 2h + 1) of an IQ1_S block: its
+/// eight ternary grid rows (−1, 0, 1 bytes), gathered.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq1_s_rows(x: &iq1_s::BlockIq1S, h: usize) -> __m512i {
+    // Group t of 8: its three high index bits at bit 3(t mod 4) of its
+    // sub-block's `qh` word.
+    let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
+    let qh = _mm256_set_m128i(_mm_set1_epi32(i32::from(x.qh(2 * h + 1))), _mm_set1_epi32(i32::from(x.qh(2 * h))));
+    let hi = _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9)), _mm256_set1_epi32(7));
+    let iv = _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi));
+    _mm512_i32gather_epi64::<8>(iv, IQ1S_GRID.as_ptr() as *const i64)
+}
+
 /// # Safety
 /// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
-    // Group t of 8 (of a 64-value chunk, sub-blocks 2h and 2h + 1): its three
-    // high index bits at bit 3(t mod 4) of its sub-block's `qh` word.
-    let shifts = _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9);
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq1_s::BlockIq1S = blk(w.add(i * 50));
@@ -212,13 +223,8 @@ pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
         let mut acc = _mm512_setzero_si512();
         let mut sumi1 = 0i32;
         for h in 0..4 {
-            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
-            let (q0, q1) = (i32::from(x.qh(2 * h)), i32::from(x.qh(2 * h + 1)));
-            let qh = _mm256_set_m128i(_mm_set1_epi32(q1), _mm_set1_epi32(q0));
-            let hi = _mm256_and_si256(_mm256_srlv_epi32(qh, shifts), _mm256_set1_epi32(7));
-            let iv = _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi));
             // Ternary codes: magnitudes 0/1 and the sign of −1 as a mask.
-            let g = _mm512_i32gather_epi64::<8>(iv, IQ1S_GRID.as_ptr() as *const i64);
+            let g = iq1_s_rows(x, h);
             let ((l0, s0), (l1, s1)) = (x.scale_delta(2 * h), x.scale_delta(2 * h + 1));
             acc = chunk(
                 acc,
@@ -314,16 +320,9 @@ unsafe fn store_codes(q: *mut u8, mag: __m512i, neg: u64) {
 #[inline]
 pub(super) unsafe fn decode_iq1_s(x: *const u8, q: *mut u8) -> Scales {
     let x: &iq1_s::BlockIq1S = blk(x);
-    let shifts = _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9);
     let mut ls = [0u32; 16];
     for h in 0..4 {
-        let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
-        let qh = _mm256_set_m128i(_mm_set1_epi32(i32::from(x.qh(2 * h + 1))), _mm_set1_epi32(i32::from(x.qh(2 * h))));
-        let hi = _mm256_and_si256(_mm256_srlv_epi32(qh, shifts), _mm256_set1_epi32(7));
-        let g = _mm512_i32gather_epi64::<8>(
-            _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi)),
-            IQ1S_GRID.as_ptr() as *const i64,
-        );
+        let g = iq1_s_rows(x, h);
         let ((l0, s0), (l1, s1)) = (x.scale_delta(2 * h), x.scale_delta(2 * h + 1));
         ls[4 * h..4 * h + 4].copy_from_slice(&[l0 as u32, l0 as u32, l1 as u32, l1 as u32]);
         // 8·g: a 16-bit shift, each byte's low three bits (carried in from
