@@ -148,6 +148,7 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
         // Gathered grids where written (equal to `decode_iq`, tested).
         DType::IQ3_S => return super::avx512_iq::decode_iq3_s(x.as_ptr(), q),
         DType::IQ2_XS => return super::avx512_iq::decode_iq2_xs(x.as_ptr(), q),
+        DType::IQ2_S => return super::avx512_iq::decode_iq2_s(x.as_ptr(), q),
         DType::IQ1_S => return super::avx512_iq::decode_iq1_s(x.as_ptr(), q),
         DType::IQ1_M => return super::avx512_iq::decode_iq1_m(x.as_ptr(), q),
         DType::IQ3_XXS if vbmi() => return super::avx512_iq::decode_iq3_xxs(x.as_ptr(), q),

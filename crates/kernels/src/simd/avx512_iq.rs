@@ -167,13 +167,26 @@ pub unsafe fn dot_iq2_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
     finish(sum, 0.125)
 }
 
+/// Chunk `h` (64 values) of an IQ2_S block: its eight grid rows' magnitudes,
+/// gathered, and its sign mask (bit `j` of sign byte `k`: value `8k + j`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq2_s_rows(x: &iq2_s::BlockIq2S, h: usize) -> (__m512i, u64) {
+    // Group k = 8h + t: index qs[k] | ((qh[k / 4] >> 2(k % 4)) & 3) << 8, so
+    // group t's two high bits sit at bit 2t of the chunk's two `qh` bytes.
+    let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
+    let qh = _mm256_set1_epi32(i32::from(u16::from_le_bytes([x.qh[2 * h], x.qh[2 * h + 1]])));
+    let hi =
+        _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), _mm256_set1_epi32(3));
+    let iv = _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi));
+    let mag = _mm512_i32gather_epi64::<8>(iv, IQ2S_GRID.as_ptr() as *const i64);
+    (mag, u64::from_le_bytes(x.qs[32 + 8 * h..40 + 8 * h].try_into().expect("8 sign bytes")))
+}
+
 /// # Safety
 /// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
-    // Group t of 8 (of a 64-value chunk): its two high index bits at bit 2t
-    // of the chunk's two `qh` bytes.
-    let shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq2_s::BlockIq2S = blk(w.add(i * 82));
@@ -181,14 +194,7 @@ pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
         let y = q8k(a, i);
         let mut acc = _mm512_setzero_si512();
         for h in 0..4 {
-            // Group k = 8h + t: index qs[k] | ((qh[k / 4] >> 2(k % 4)) & 3) << 8.
-            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * h) as *const __m128i));
-            let qh = _mm256_set1_epi32(i32::from(u16::from_le_bytes([x.qh[2 * h], x.qh[2 * h + 1]])));
-            let hi = _mm256_and_si256(_mm256_srlv_epi32(qh, shifts), _mm256_set1_epi32(3));
-            let iv = _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi));
-            let mag = _mm512_i32gather_epi64::<8>(iv, IQ2S_GRID.as_ptr() as *const i64);
-            // Sign bit j of byte k: value 8k + j, in element order.
-            let neg = u64::from_le_bytes(x.qs[32 + 8 * h..40 + 8 * h].try_into().expect("8 sign bytes"));
+            let (mag, neg) = iq2_s_rows(x, h);
             let ls = ls16(std::array::from_fn(|g| 2 * x.scale(4 * h + g) as u32 + 1));
             acc = chunk(acc, mag, neg, y.qs.as_ptr().add(64 * h), ls);
         }
@@ -308,6 +314,22 @@ fn scales(ls: [u32; 16], d: f32, c: f32) -> Scales {
 unsafe fn store_codes(q: *mut u8, mag: __m512i, neg: u64) {
     let v = _mm512_mask_sub_epi8(mag, neg, _mm512_setzero_si512(), mag);
     _mm512_storeu_si512(q as *mut _, _mm512_xor_si512(v, _mm512_set1_epi8(0x80u8 as i8)));
+}
+
+/// IQ2_S super-block `x` (82 bytes) → as [`decode_iq3_s`], equal to
+/// `decode_iq(IQ2_S, x, q, false)`.
+///
+/// # Safety
+/// AVX-512 F/BW CPU; `x` holds 82 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+pub(super) unsafe fn decode_iq2_s(x: *const u8, q: *mut u8) -> Scales {
+    let x: &iq2_s::BlockIq2S = blk(x);
+    for h in 0..4 {
+        let (mag, neg) = iq2_s_rows(x, h);
+        store_codes(q.add(64 * h), mag, neg);
+    }
+    scales(std::array::from_fn(|g| 2 * x.scale(g) as u32 + 1), x.d.to_f32(), 0.125)
 }
 
 /// IQ1_S super-block `x` (50 bytes) → as [`decode_iq3_s`], equal to
