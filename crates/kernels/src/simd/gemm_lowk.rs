@@ -15,7 +15,8 @@
 //! | IQ4_XS | 32        | `K[q] + 128` (1..241) | `(128·sc_t, 128·sc_t)` | `(d·d_a)·(isum − msum)` |
 //! | IQ4_XS, signed | 32 | `K[q]` (−127..113) | `0`                   | `(d·d_a)·isum` |
 //! | IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S | 16 | `±grid + 128` (66..190) | `(128·ls_2t, 128·ls_2t+1)` | `(d'·d_a)·(isum − msum)` |
-//! | IQ2_XXS, IQ3_XXS, IQ3_S folded ([`fold_to_32`]) | 32 | the same | `(128·ls_t, 128·ls_t)` | the same |
+//! | IQ1_S, IQ1_M | 16 | `8·grid ± 1 + 128` (119..137) | the same | the same (`d' = d/8`) |
+//! | IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S folded ([`fold_to_32`]) | 32 | the same | `(128·ls_t, 128·ls_t)` | the same |
 //! | IQ3_S, AVX2 ([`decode_iq3_s_avx2`]) | 32 | `±grid + 16` (1..31) | `(16·ls_t, 16·ls_t)` | the same |
 //! | the same, signed | 16 | `±grid` (−62..62) | `0`                | `(d'·d_a)·isum` |
 //!
