@@ -36,10 +36,10 @@
 //! Numerics: the block's integer sum is exact and the float steps are the
 //! scalar `vec_dot`'s, so the kernel equals scalar bit for bit.
 
+use super::avx2::rd16;
 use super::avx2_lowk::{blk, finish, q8k};
 use super::avx2_rows::prefetch_block;
 use super::avx512_iq::{chunk, ksigns_vec};
-use super::avx512_lowk::f16_at;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::avx512_rows16_q3k::bit_moves;
 use crate::quant::iq3_xxs;
@@ -157,6 +157,25 @@ unsafe fn look256(tab: &[__m512i; 4], idx: __m512i, k7: u64) -> __m512i {
     _mm512_mask_blend_epi8(k7, p0, p1)
 }
 
+/// [`look256`] with the table read from memory at each lookup: the permute
+/// overwrites its first table operand, so tables held in registers cost a
+/// copy a lookup (and, with four rows in flight, spills).
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+#[inline]
+unsafe fn look256_mem(tab: &[u8; 256], idx: __m512i, k7: u64) -> __m512i {
+    let t = tab.as_ptr();
+    let p0 = _mm512_permutex2var_epi8(vld(t), idx, vld(t.add(64)));
+    let p1 = _mm512_permutex2var_epi8(vld(t.add(128)), idx, vld(t.add(192)));
+    _mm512_mask_blend_epi8(k7, p0, p1)
+}
+
+/// A volatile 64-byte load: kept in the loop, never hoisted to a register.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn vld(p: *const u8) -> __m512i {
+    std::ptr::read_volatile(p as *const __m512i)
+}
+
 /// The 256 sign bits of an IQ3_XXS block in element order, from its eight
 /// `aux` words (four 7-bit [`crate::quant::iq_grids::KSIGNS`] indices each,
 /// bits 0..28).
@@ -227,8 +246,8 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
 unsafe fn block_by_position(x: *const u8, y: [__m512i; 4], k: &Dot4Consts) -> __m512i {
     let idx = ld(x.add(2));
     let k7 = _mm512_movepi8_mask(idx);
-    let a = look256(&k.ta, idx, k7);
-    let b = look256(&k.tb, idx, k7);
+    let a = look256_mem(&k.t.a, idx, k7);
+    let b = look256_mem(&k.t.b, idx, k7);
     let w = [
         _mm512_gf2p8affine_epi64_epi8::<4>(a, k.rank_to_mag),
         _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(a), k.rank_to_mag),
@@ -250,8 +269,7 @@ unsafe fn block_by_position(x: *const u8, y: [__m512i; 4], k: &Dot4Consts) -> __
 
 /// What the four-row kernel's blocks share.
 struct Dot4Consts {
-    ta: [__m512i; 4],
-    tb: [__m512i; 4],
+    t: &'static Tables,
     rank_to_mag: __m512i,
     by_j: __m512i,
     sign_ctl: [__m512i; 4],
@@ -271,8 +289,7 @@ pub unsafe fn dot4_iq3_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, 
     let t = tables();
     let (by_j, sign_ctl) = super::avx512_iq3s_vbmi::order_controls();
     let k = Dot4Consts {
-        ta: regs::<4>(t.a.as_ptr()),
-        tb: regs::<4>(t.b.as_ptr()),
+        t,
         rank_to_mag: _mm512_set1_epi64(bit_moves([None, Some(3), None, Some(0), Some(1), Some(2), None, None])),
         by_j,
         sign_ctl,
@@ -293,7 +310,9 @@ pub unsafe fn dot4_iq3_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, 
             block_by_position(x[3], ys, &k),
         ];
         let isum = _mm_cvtepi32_ps(super::avx512_iq3s_vbmi::sum4(b));
-        let xd = _mm_setr_ps(f16_at(x[0]), f16_at(x[1]), f16_at(x[2]), f16_at(x[3]));
+        let xd = super::avx2::f16x4(
+            rd16(x[0]) as u64 | (rd16(x[1]) as u64) << 16 | (rd16(x[2]) as u64) << 32 | (rd16(x[3]) as u64) << 48,
+        );
         // Lane r: row r's scalar expression, no fused multiply-add.
         sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(y.d)), isum));
     }

@@ -33,8 +33,10 @@
 
 use super::avx2_lowk::{blk, q8k};
 use super::avx2_rows::prefetch_block;
+use super::avx512_iq3_vbmi::vld;
 use super::avx512_lowk;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
+use super::avx512_rows16_q3k::bit_moves;
 use crate::quant::iq3_s;
 use crate::quant::iq_grids::IQ3S_GRID;
 use std::arch::x86_64::*;
@@ -101,6 +103,8 @@ struct Consts {
     t: &'static Tables,
     by_j: __m512i,
     low4: __m512i,
+    /// The `vgf2p8affineqb` matrix taking a byte's high nibble to its low one.
+    high_nibble: __m512i,
     /// Lane `d`: `4·(d / 2)`, the shift of sub-block `d / 2`'s scale nibble.
     scale_shift: __m512i,
 }
@@ -113,6 +117,7 @@ unsafe fn consts() -> Consts {
         t,
         by_j: ld(t.by_j.as_ptr()),
         low4: _mm512_set1_epi8(0x0F),
+        high_nibble: _mm512_set1_epi64(bit_moves([Some(4), Some(5), Some(6), Some(7), None, None, None, None])),
         scale_shift: _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28),
     }
 }
@@ -128,14 +133,17 @@ pub(super) unsafe fn order_controls() -> (__m512i, [__m512i; 4]) {
 }
 
 /// 512-entry lookup of the 64 indices `idx | k8 << 8` (`k7`: bit 7 of each).
+/// The tables are read from memory at each lookup ([`vld`]): the permute
+/// overwrites its first table operand, so tables held in registers would
+/// cost a copy a lookup, and 16 of them do not fit beside the rest.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
 unsafe fn look512(t: &[u8; 512], idx: __m512i, k7: u64, k8: u64) -> __m512i {
     let t = t.as_ptr();
-    let p0 = _mm512_permutex2var_epi8(ld(t), idx, ld(t.add(64)));
-    let p1 = _mm512_permutex2var_epi8(ld(t.add(128)), idx, ld(t.add(192)));
-    let p2 = _mm512_permutex2var_epi8(ld(t.add(256)), idx, ld(t.add(320)));
-    let p3 = _mm512_permutex2var_epi8(ld(t.add(384)), idx, ld(t.add(448)));
+    let p0 = _mm512_permutex2var_epi8(vld(t), idx, vld(t.add(64)));
+    let p1 = _mm512_permutex2var_epi8(vld(t.add(128)), idx, vld(t.add(192)));
+    let p2 = _mm512_permutex2var_epi8(vld(t.add(256)), idx, vld(t.add(320)));
+    let p3 = _mm512_permutex2var_epi8(vld(t.add(384)), idx, vld(t.add(448)));
     let lo = _mm512_mask_blend_epi8(k7, p0, p1);
     let hi = _mm512_mask_blend_epi8(k7, p2, p3);
     _mm512_mask_blend_epi8(k8, lo, hi)
@@ -168,7 +176,7 @@ pub(super) unsafe fn by_position(qs: *const u8, by_j: __m512i) -> [__m512i; 4] {
 
 /// One IQ3_S block against activations `y` (in the grid's order): the exact
 /// `Σ_g (2s_g + 1)·Σ code·q8`, spread over 16 lanes.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,gfni")]
 #[inline]
 unsafe fn block(x: &iq3_s::BlockIq3S, y: [__m512i; 4], k: &Consts) -> __m512i {
     let idx = ld(x.qs.as_ptr());
@@ -177,11 +185,12 @@ unsafe fn block(x: &iq3_s::BlockIq3S, y: [__m512i; 4], k: &Consts) -> __m512i {
     let t = k.t;
     let a = look512(&t.a, idx, k7, k8);
     let b = look512(&t.b, idx, k7, k8);
+    // The high nibble by one `vgf2p8affineqb` (a shift and a mask in one).
     let w = [
         _mm512_and_si512(a, k.low4),
-        _mm512_and_si512(_mm512_srli_epi16::<4>(a), k.low4),
+        _mm512_gf2p8affine_epi64_epi8::<0>(a, k.high_nibble),
         _mm512_and_si512(b, k.low4),
-        _mm512_and_si512(_mm512_srli_epi16::<4>(b), k.low4),
+        _mm512_gf2p8affine_epi64_epi8::<0>(b, k.high_nibble),
     ];
     // Quadword L: the sign bits of values 32L..32L + 32.
     let signs = _mm512_cvtepu32_epi64(_mm256_loadu_si256(x.signs.as_ptr() as *const __m256i));
@@ -212,7 +221,7 @@ pub(super) unsafe fn sum4(v: [__m512i; 4]) -> __m128i {
 
 /// # Safety
 /// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI, VBMI and BITALG.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
     let k = consts();
     let mut sum = 0f32;
@@ -231,7 +240,7 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
 ///
 /// # Safety
 /// As for [`crate::quant::Dot4Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI and BITALG.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 pub unsafe fn dot4_iq3_s(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
     let k = consts();
     let mut sum = _mm_setzero_ps();
@@ -250,7 +259,8 @@ pub unsafe fn dot4_iq3_s(n: usize, w: *const u8, stride: usize, a: *const u8, ou
         ];
         let b = [block(x[0], ys, &k), block(x[1], ys, &k), block(x[2], ys, &k), block(x[3], ys, &k)];
         let isum = _mm_cvtepi32_ps(sum4(b));
-        let xd = _mm_setr_ps(x[0].d.to_f32(), x[1].d.to_f32(), x[2].d.to_f32(), x[3].d.to_f32());
+        let (d0, d1, d2, d3) = (x[0].d.bits() as u64, x[1].d.bits() as u64, x[2].d.bits() as u64, x[3].d.bits() as u64);
+        let xd = super::avx2::f16x4(d0 | d1 << 16 | d2 << 32 | d3 << 48);
         // Lane r: row r's scalar expression, no fused multiply-add.
         sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(y.d)), isum));
     }
