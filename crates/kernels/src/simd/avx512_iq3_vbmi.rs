@@ -56,12 +56,17 @@ const XXS_VALUES: [u8; 8] = [4, 12, 20, 28, 36, 44, 52, 62];
 struct Tables {
     a: [u8; 256],
     b: [u8; 256],
+    /// [`super::avx512_iq3s_vbmi::by_position`]'s control for the grid's
+    /// order: output byte `16j + t` = input byte `4t + j`.
+    by_j: [u8; 64],
+    /// `vpshufbitqmb` controls: byte `i` of `sign_ctl[j]` = `4(i mod 8) + j`.
+    sign_ctl: [[u8; 64]; 4],
 }
 
 fn tables() -> &'static Tables {
     static T: OnceLock<Tables> = OnceLock::new();
     T.get_or_init(|| {
-        let mut t = Tables { a: [0; 256], b: [0; 256] };
+        let mut t = Tables { a: [0; 256], b: [0; 256], by_j: [0; 64], sign_ctl: [[0; 64]; 4] };
         // The rank `r` of a magnitude in `XXS_VALUES`, with bit 3 set for the
         // last (62, not 8·7 + 4: see `rank_to_mag`).
         let rank = |v: u8| {
@@ -72,6 +77,14 @@ fn tables() -> &'static Tables {
             let m = g.to_le_bytes().map(rank);
             t.a[i] = m[0] | m[1] << 4;
             t.b[i] = m[2] | m[3] << 4;
+        }
+        for j in 0..4 {
+            for tt in 0..16 {
+                t.by_j[16 * j + tt] = (4 * tt + j) as u8;
+            }
+            for i in 0..64 {
+                t.sign_ctl[j][i] = (4 * (i % 8) + j) as u8;
+            }
         }
         t
     })
@@ -232,13 +245,17 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
 }
 
 /// One IQ3_XXS block against activations in the grid's order (`y_j` byte `i`
-/// = activation `4i + j`, [`super::avx512_iq3s_vbmi::by_position`]): the
+/// = activation `4i + j`, [`super::avx512_iq3s_vbmi::by_position`] with
+/// `by_j`): the
 /// exact `Σ_g (2s_g + 1)·Σ code·q8` over 16 lanes. As IQ3_S's
 /// ([`super::avx512_iq3s_vbmi`]), nothing goes back to element order: `w_j`
 /// byte `i` is entry `i`'s magnitude `j` (the rank-to-magnitude map reads a
 /// byte's low nibble only, so the high one needs a shift and no mask), the
 /// sign masks come from the sign bits by `vpshufbitqmb`, and lane `d` of the
 /// four `vpdpbusd` holds values `16d..16d + 16`, all of sub-block `d / 2`.
+/// (IQ3_S's sign order, which makes its masks by one transpose and one
+/// permute, ran 4% slower here: without a ninth index bit to pick, putting
+/// the indices in that order costs more than the masks save.)
 /// A lane's sum can reach 16·62·127 (over 2¹⁵), so the scale goes in with
 /// one `vpmulld` (|sum·31| < 2³¹) instead of `vpdpwssd`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,gfni")]
@@ -287,7 +304,9 @@ struct Dot4Consts {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 pub unsafe fn dot4_iq3_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
     let t = tables();
-    let (by_j, sign_ctl) = super::avx512_iq3s_vbmi::order_controls();
+    let sc = &t.sign_ctl;
+    let sign_ctl = [ld(sc[0].as_ptr()), ld(sc[1].as_ptr()), ld(sc[2].as_ptr()), ld(sc[3].as_ptr())];
+    let by_j = ld(t.by_j.as_ptr());
     let k = Dot4Consts {
         t,
         rank_to_mag: _mm512_set1_epi64(bit_moves([None, Some(3), None, Some(0), Some(1), Some(2), None, None])),
