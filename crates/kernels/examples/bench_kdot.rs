@@ -24,6 +24,11 @@ fn main() {
         (DType::IQ4_XS, VecDotType::Q8_K),
         (DType::IQ3_S, VecDotType::Q8_K),
         (DType::IQ3_XXS, VecDotType::Q8_K),
+        (DType::IQ2_S, VecDotType::Q8_K),
+        (DType::IQ2_XS, VecDotType::Q8_K),
+        (DType::IQ2_XXS, VecDotType::Q8_K),
+        (DType::IQ1_S, VecDotType::Q8_K),
+        (DType::IQ1_M, VecDotType::Q8_K),
     ] {
         let one = dot_fn(dt, isa);
         let four = dot4_fn(dt, isa);
