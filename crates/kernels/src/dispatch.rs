@@ -34,8 +34,8 @@ use crate::{DType, ThreadPool};
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed, avx2_rows,
     avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16,
-    avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2xxs_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi, avx512_k,
-    avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
+    avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi, avx512_k, avx512_lowk,
+    avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -574,7 +574,7 @@ pub static TABLE: &[Row] = &[
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! {
             dot: &[(Vbmi, avx512_iq::dot_iq2_xxs), (Base, avx2_lowk::dot_iq2_xxs)],
-            dot4: &[(VbmiBitalg, avx512_iq2xxs_vbmi::dot4_iq2_xxs)],
+            dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_xxs)],
             gemm: GEMM_K,
             ..NONE
         },
@@ -588,7 +588,12 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], gemm: GEMM_K_AVX2, ..NONE },
-        avx512: x86! { dot: &[(Base, avx512_iq::dot_iq2_xs)], gemm: GEMM_K, ..NONE },
+        avx512: x86! {
+            dot: &[(Base, avx512_iq::dot_iq2_xs)],
+            dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_xs)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::IQ2_S,
@@ -600,7 +605,12 @@ pub static TABLE: &[Row] = &[
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], gemm: GEMM_K_AVX2, ..NONE },
         // Gathers, the 10-bit indices built in vectors: 1.34x the AVX2 kernel.
-        avx512: x86! { dot: &[(Base, avx512_iq::dot_iq2_s)], gemm: GEMM_K, ..NONE },
+        avx512: x86! {
+            dot: &[(Base, avx512_iq::dot_iq2_s)],
+            dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_s)],
+            gemm: GEMM_K,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::IQ3_XXS,

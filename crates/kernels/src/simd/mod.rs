@@ -52,7 +52,7 @@ pub mod avx512_fp8_bf16;
 pub mod avx512_gemm;
 pub mod avx512_gemm_k;
 pub mod avx512_iq;
-pub mod avx512_iq2xxs_vbmi;
+pub mod avx512_iq2_vbmi;
 pub mod avx512_iq3_vbmi;
 pub mod avx512_iq3s_vbmi;
 pub mod avx512_k;
