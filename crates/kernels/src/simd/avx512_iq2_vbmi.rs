@@ -47,7 +47,8 @@
 use super::avx2::{f16x4, rd16};
 use super::avx2_lowk::q8k;
 use super::avx2_rows::prefetch_block;
-use super::avx512_iq3_vbmi::vld;
+use super::avx512_iq3_vbmi::{look256_mem, vld};
+use super::avx512_iq3s_vbmi::look512;
 use super::avx512_lowk;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use crate::quant::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
@@ -85,15 +86,21 @@ fn rank(v: u8) -> u8 {
     }
 }
 
+/// A grid's two rank tables: `a[i]` the ranks of entry `i`'s values 0–3,
+/// `b[i]` of values 4–7, two bits each.
+fn rank_tables(grid: &[u64], a: &mut [u8], b: &mut [u8]) {
+    for (i, g) in grid.iter().enumerate() {
+        let r = g.to_le_bytes().map(rank);
+        a[i] = r[0] | r[1] << 2 | r[2] << 4 | r[3] << 6;
+        b[i] = r[4] | r[5] << 2 | r[6] << 4 | r[7] << 6;
+    }
+}
+
 fn tables() -> &'static Tables {
     static T: OnceLock<Tables> = OnceLock::new();
     T.get_or_init(|| {
         let mut t = Tables { a: [0; 256], b: [0; 256], idx: [0; 64], by_j: [0; 64], rank_to_mag: [0; 4] };
-        for (i, g) in IQ2XXS_GRID.iter().enumerate() {
-            let r = g.to_le_bytes().map(rank);
-            t.a[i] = r[0] | r[1] << 2 | r[2] << 4 | r[3] << 6;
-            t.b[i] = r[4] | r[5] << 2 | r[6] << 4 | r[7] << 6;
-        }
+        rank_tables(&IQ2XXS_GRID, &mut t.a, &mut t.b);
         for p in 0..64 {
             t.idx[p] = (8 * (p / 4 % 8) + p % 4 + 64 * (p / 32)) as u8;
         }
@@ -125,17 +132,6 @@ unsafe fn ld(p: *const u8) -> __m512i {
 #[inline]
 unsafe fn ld256(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
-}
-
-/// 256-entry lookup of 64 indices (`k7`: bit 7 of each), the table read at
-/// each lookup (the permute overwrites its first table operand).
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-#[inline]
-unsafe fn look256(t: &[u8; 256], idx: __m512i, k7: u64) -> __m512i {
-    let t = t.as_ptr();
-    let p0 = _mm512_permutex2var_epi8(vld(t), idx, vld(t.add(64)));
-    let p1 = _mm512_permutex2var_epi8(vld(t.add(128)), idx, vld(t.add(192)));
-    _mm512_mask_blend_epi8(k7, p0, p1)
 }
 
 /// What every pair of rows shares.
@@ -191,8 +187,8 @@ unsafe fn pair(x0: *const u8, x1: *const u8, y: &[__m512i; 8], k: &Consts) -> __
     let aux =
         _mm512_permutex2var_epi32(v0, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), v1);
     let k7 = _mm512_movepi8_mask(idx);
-    let a = look256(&k.t.a, idx, k7);
-    let b = look256(&k.t.b, idx, k7);
+    let a = look256_mem(&k.t.a, idx, k7);
+    let b = look256_mem(&k.t.b, idx, k7);
     let signs = ksign_bytes(_mm512_multishift_epi64_epi8(k.sign_fields, aux));
     // Two accumulators (values 0–3, 4–7): two chains of four `vpdpbusd`.
     let mut acc = [_mm512_setzero_si512(); 2];
@@ -315,11 +311,7 @@ fn tables_s() -> &'static TablesS {
     static T: OnceLock<TablesS> = OnceLock::new();
     T.get_or_init(|| {
         let mut t = TablesS { a: [0; 1024], b: [0; 1024], bit8: [0; 64], bit9: [0; 64] };
-        for (i, g) in IQ2S_GRID.iter().enumerate() {
-            let r = g.to_le_bytes().map(rank);
-            t.a[i] = r[0] | r[1] << 2 | r[2] << 4 | r[3] << 6;
-            t.b[i] = r[4] | r[5] << 2 | r[6] << 4 | r[7] << 6;
-        }
+        rank_tables(&IQ2S_GRID, &mut t.a, &mut t.b);
         for p in 0..64 {
             let e = p % 32;
             t.bit8[p] = (8 * (e / 4) + 2 * (e % 4)) as u8;
@@ -448,30 +440,13 @@ fn tables_xs() -> &'static TablesXs {
     static T: OnceLock<TablesXs> = OnceLock::new();
     T.get_or_init(|| {
         let mut t = TablesXs { a: [0; 512], b: [0; 512], low: [0; 64], high: [0; 64] };
-        for (i, g) in IQ2XS_GRID.iter().enumerate() {
-            let r = g.to_le_bytes().map(rank);
-            t.a[i] = r[0] | r[1] << 2 | r[2] << 4 | r[3] << 6;
-            t.b[i] = r[4] | r[5] << 2 | r[6] << 4 | r[7] << 6;
-        }
+        rank_tables(&IQ2XS_GRID, &mut t.a, &mut t.b);
         for p in 0..64 {
             t.low[p] = (2 * (p % 32) + 64 * (p / 32)) as u8;
             t.high[p] = t.low[p] + 1;
         }
         t
     })
-}
-
-/// 512-entry lookup of 64 indices: bits 0–6 in the permutes, bits 7 (`k7`)
-/// and 8 (`k8`) through byte blends.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-#[inline]
-unsafe fn look512(t: &[u8; 512], idx: __m512i, k7: u64, k8: u64) -> __m512i {
-    let t = t.as_ptr();
-    let p0 = _mm512_permutex2var_epi8(vld(t), idx, vld(t.add(64)));
-    let p1 = _mm512_permutex2var_epi8(vld(t.add(128)), idx, vld(t.add(192)));
-    let p2 = _mm512_permutex2var_epi8(vld(t.add(256)), idx, vld(t.add(320)));
-    let p3 = _mm512_permutex2var_epi8(vld(t.add(384)), idx, vld(t.add(448)));
-    _mm512_mask_blend_epi8(k8, _mm512_mask_blend_epi8(k7, p0, p1), _mm512_mask_blend_epi8(k7, p2, p3))
 }
 
 /// Two rows' IQ2_XS blocks (`x0`, `x1`: their bytes past `d`) against `y`,
@@ -516,7 +491,7 @@ mod tests {
             eprintln!("skipped: no AVX-512 VBMI/BITALG/GFNI/VNNI here");
             return;
         }
-        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut rng = super::super::XorShift(0x2545_F491_4F6C_DD1D);
         let kernels: [(crate::DType, usize, quant::Dot4Fn); 3] = [
             (crate::DType::IQ2_XXS, BLOCK, dot4_iq2_xxs),
             (crate::DType::IQ2_S, BLOCK_S, dot4_iq2_s),
@@ -528,14 +503,11 @@ mod tests {
                 let (n, row) = (256 * nb, bytes * nb);
                 let mut w = Vec::with_capacity(4 * row);
                 for _ in 0..4 * row {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    w.push(s as u8);
+                    w.push(rng.next() as u8);
                 }
                 for b in 0..4 * nb {
                     // A finite scale: f16 0.0–1.0.
-                    let d = ((s as usize).wrapping_add(977 * b) % 0x3C00) as u16;
+                    let d = (rng.next() % 0x3C00) as u16;
                     w[b * bytes..b * bytes + 2].copy_from_slice(&d.to_le_bytes());
                 }
                 let x: Vec<f32> = (0..n).map(|i| ((i * 7919 + nb) % 2001) as f32 / 1000.0 - 1.0).collect();

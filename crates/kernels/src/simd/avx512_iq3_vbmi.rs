@@ -175,7 +175,7 @@ unsafe fn look256(tab: &[__m512i; 4], idx: __m512i, k7: u64) -> __m512i {
 /// copy a lookup (and, with four rows in flight, spills).
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
-unsafe fn look256_mem(tab: &[u8; 256], idx: __m512i, k7: u64) -> __m512i {
+pub(super) unsafe fn look256_mem(tab: &[u8; 256], idx: __m512i, k7: u64) -> __m512i {
     let t = tab.as_ptr();
     let p0 = _mm512_permutex2var_epi8(vld(t), idx, vld(t.add(64)));
     let p1 = _mm512_permutex2var_epi8(vld(t.add(128)), idx, vld(t.add(192)));
@@ -354,13 +354,8 @@ mod tests {
             eprintln!("skipped: no AVX-512 VBMI/VNNI or GFNI here");
             return;
         }
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut rng = super::super::XorShift(0x9E37_79B9_7F4A_7C15);
+        let mut next = move || rng.next();
         for (bytes, scalar, vbmi) in
             [(98usize, quant::scalar::dot_fn(crate::DType::IQ3_XXS), dot_iq3_xxs as quant::DotFn)]
         {

@@ -105,10 +105,10 @@ fn tables() -> &'static Tables {
     })
 }
 
-/// Whether this CPU has what the grid-order kernels need: AVX-512 VBMI and
-/// BITALG, and GFNI (IQ3_XXS's rank-to-magnitude step; every CPU with
-/// BITALG has it: Ice Lake on, Zen 4). `SHARDLM_VBMI=0`, `SHARDLM_GFNI=0` or
-/// `SHARDLM_BITALG=0` turns them off.
+/// Whether this CPU has what the four-row register-lookup kernels need (IQ3_S,
+/// IQ3_XXS, and the IQ2 types in [`super::avx512_iq2_vbmi`]): AVX-512 VBMI,
+/// BITALG and GFNI (every CPU with BITALG has GFNI: Ice Lake on, Zen 4).
+/// `SHARDLM_VBMI=0`, `SHARDLM_GFNI=0` or `SHARDLM_BITALG=0` turns them off.
 pub fn has_vbmi_bitalg() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
@@ -203,7 +203,7 @@ pub(super) unsafe fn sign_masks(bits: __m256i, o: &SignOrder) -> [u64; 4] {
 /// cost a copy a lookup, and 16 of them do not fit beside the rest.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
-unsafe fn look512(t: &[u8; 512], idx: __m512i, k7: u64, k8: u64) -> __m512i {
+pub(super) unsafe fn look512(t: &[u8; 512], idx: __m512i, k7: u64, k8: u64) -> __m512i {
     let t = t.as_ptr();
     let p0 = _mm512_permutex2var_epi8(vld(t), idx, vld(t.add(64)));
     let p1 = _mm512_permutex2var_epi8(vld(t.add(128)), idx, vld(t.add(192)));
@@ -345,13 +345,8 @@ mod tests {
             eprintln!("skipped: no AVX-512 VBMI/BITALG/VNNI here");
             return;
         }
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut rng = super::super::XorShift(0x9E37_79B9_7F4A_7C15);
+        let mut next = move || rng.next();
         let scalar = quant::scalar::dot_fn(crate::DType::IQ3_S);
         for nb in [1usize, 3, 8] {
             let n = 256 * nb;

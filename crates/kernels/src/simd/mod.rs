@@ -69,3 +69,17 @@ pub mod kvq;
 pub mod kvq_dot;
 mod lane_gemm;
 pub mod selftest;
+
+/// Reproducible random bytes for the kernel tests (xorshift64).
+#[cfg(test)]
+pub(crate) struct XorShift(pub u64);
+
+#[cfg(test)]
+impl XorShift {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
