@@ -227,11 +227,10 @@ pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
         prefetch_block(w.add(i * 50), PREFETCH_AHEAD);
         let y = q8k(a, i);
         let mut acc = _mm512_setzero_si512();
-        let mut sumi1 = 0i32;
         for h in 0..4 {
             // Ternary codes: magnitudes 0/1 and the sign of −1 as a mask.
             let g = iq1_s_rows(x, h);
-            let ((l0, s0), (l1, s1)) = (x.scale_delta(2 * h), x.scale_delta(2 * h + 1));
+            let ((l0, _), (l1, _)) = (x.scale_delta(2 * h), x.scale_delta(2 * h + 1));
             acc = chunk(
                 acc,
                 _mm512_abs_epi8(g),
@@ -239,10 +238,8 @@ pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
                 y.qs.as_ptr().add(64 * h),
                 ls32(l0 as u32, l1 as u32),
             );
-            let b = &y.bsums[4 * h..4 * h + 4];
-            sumi1 += l0 * s0 * (b[0] as i32 + b[1] as i32);
-            sumi1 += l1 * s1 * (b[2] as i32 + b[3] as i32);
         }
+        let sumi1 = super::avx2_lowk::iq1_s_shift_sum(x, y);
         let s = _mm512_reduce_add_epi32(acc);
         sum += x.d.to_f32() * y.d * (s as f32 + iq1_s::DELTA * sumi1 as f32);
     }
