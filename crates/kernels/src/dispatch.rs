@@ -164,6 +164,9 @@ pub enum Packing {
     /// after the rest, so that codes behind a 2-byte scale (IQ4_NL) start on
     /// a word; 0 for the K-quants, whose fields are word-aligned already.
     Lanes16 { head_last: usize },
+    /// Each block recoded in place (same size, rows where they were) for a
+    /// kernel that reads its fields in another order ([`crate::packed::Recoding`]).
+    Recoded(crate::packed::Recoding),
 }
 
 /// One weight type: everything dispatch needs.
@@ -633,9 +636,10 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::IQ3_S,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        // Recoded in the sign order where the VBMI kernel reads it.
+        packing: Packing::Recoded(crate::packed::Recoding::Iq3sSignOrder),
         scalar: scalar::dot_iq3_s,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq3_s),
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], gemm: GEMM_K_AVX2, ..NONE },
@@ -643,6 +647,7 @@ pub static TABLE: &[Row] = &[
         avx512: x86! {
             dot: &[(VbmiBitalg, avx512_iq3s_vbmi::dot_iq3_s), (Base, avx512_iq::dot_iq3_s)],
             dot4: &[(VbmiBitalg, avx512_iq3s_vbmi::dot4_iq3_s)],
+            packed_dot4: &[(VbmiBitalg, avx512_iq3s_vbmi::packed_dot4_iq3_s)],
             gemm: GEMM_K,
             ..NONE
         },

@@ -44,6 +44,7 @@
 //! MXFP4 decode gains 10–13%, NVFP4 decode and both prefills stay within noise.
 
 pub mod lanes16;
+pub mod sign_order;
 
 use crate::dispatch::Packing;
 use crate::quant::{self, Dot4Fn, TileFn};
@@ -69,6 +70,56 @@ pub fn head_bytes(dtype: DType) -> Option<usize> {
 pub fn unit_blocks(dtype: DType) -> Option<usize> {
     match crate::dispatch::row(dtype).packing {
         Packing::Units { blocks } => Some(blocks),
+        _ => None,
+    }
+}
+
+/// A per-block recoding of the file layout (see [`Packing::Recoded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recoding {
+    /// IQ3_S in the VBMI kernel's sign order ([`sign_order`]).
+    Iq3sSignOrder,
+}
+
+impl Recoding {
+    /// One file-layout block `src` recoded into `dst` (same length).
+    pub fn encode(self, src: &[u8], dst: &mut [u8]) {
+        match self {
+            Recoding::Iq3sSignOrder => {
+                #[cfg(target_arch = "x86_64")]
+                if crate::simd::avx512_iq3s_vbmi::has_vbmi_bitalg() {
+                    let (src, dst) = (&src[..sign_order::BLOCK_BYTES], &mut dst[..sign_order::BLOCK_BYTES]);
+                    // SAFETY: the CPU has the features; both blocks are whole.
+                    unsafe { crate::simd::avx512_iq3s_recode::encode(src.as_ptr(), dst.as_mut_ptr()) };
+                    return;
+                }
+                sign_order::encode(src, dst)
+            }
+        }
+    }
+
+    /// The inverse of [`Recoding::encode`] (the prefill GEMM's way back to
+    /// the file layout: vector code where the CPU packs IQ3_S at all).
+    pub fn decode(self, src: &[u8], dst: &mut [u8]) {
+        match self {
+            Recoding::Iq3sSignOrder => {
+                #[cfg(target_arch = "x86_64")]
+                if crate::simd::avx512_iq3s_vbmi::has_vbmi_bitalg() {
+                    let (src, dst) = (&src[..sign_order::BLOCK_BYTES], &mut dst[..sign_order::BLOCK_BYTES]);
+                    // SAFETY: as in `encode`.
+                    unsafe { crate::simd::avx512_iq3s_recode::decode(src.as_ptr(), dst.as_mut_ptr()) };
+                    return;
+                }
+                sign_order::decode(src, dst)
+            }
+        }
+    }
+}
+
+/// The recoding `dtype` packs with, if any.
+pub fn recoding(dtype: DType) -> Option<Recoding> {
+    match crate::dispatch::row(dtype).packing {
+        Packing::Recoded(r) => Some(r),
         _ => None,
     }
 }
@@ -102,7 +153,7 @@ fn step_blocks(dtype: DType) -> Option<usize> {
     if head_bytes(dtype).is_some() {
         return Some(2);
     }
-    if is_lanes16(dtype) {
+    if is_lanes16(dtype) || recoding(dtype).is_some() {
         return Some(1);
     }
     unit_blocks(dtype)
@@ -166,6 +217,12 @@ pub fn pack_into(dtype: DType, rows: usize, cols: usize, src: &[u8], out: &mut [
         }
         return;
     }
+    if let Some(rc) = recoding(dtype) {
+        for (s, d) in src.chunks_exact(bb).zip(out.chunks_exact_mut(bb)) {
+            rc.encode(s, d);
+        }
+        return;
+    }
     for g in 0..rows / PACK_ROWS {
         let gsrc = &src[g * PACK_ROWS * rb..(g + 1) * PACK_ROWS * rb];
         let gdst = &mut out[g * PACK_ROWS * rb..(g + 1) * PACK_ROWS * rb];
@@ -193,6 +250,14 @@ pub fn unpack_row(dtype: DType, cols: usize, group: &[u8], r: usize, dst: &mut [
     let bb = dtype.block_bytes();
     if is_lanes16(dtype) {
         lanes16::unpack_row(bb, head_last(dtype), cols / dtype.block_elems(), group, r, dst);
+        return;
+    }
+    if let Some(rc) = recoding(dtype) {
+        // Rows stay in place: row `r` of the group is `r · row_bytes` on.
+        let rb = bb * (cols / dtype.block_elems());
+        for (s, d) in group[r * rb..(r + 1) * rb].chunks_exact(bb).zip(dst.chunks_exact_mut(bb)) {
+            rc.decode(s, d);
+        }
         return;
     }
     for b in 0..cols / dtype.block_elems() {
@@ -249,6 +314,7 @@ scalar_dot4!(scalar_dot4_q4_1, DType::Q4_1);
 scalar_dot4!(scalar_dot4_q8_0, DType::Q8_0);
 scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
+scalar_dot4!(scalar_dot4_iq3_s, DType::IQ3_S);
 
 /// The four-row kernel over a packed group for `dtype` at `isa`. Always present
 /// for packable types (the scalar one unpacks rows), `None` otherwise.
@@ -269,9 +335,17 @@ mod tests {
 
     #[test]
     fn pack_round_trips() {
-        for dtype in
-            [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::MXFP4, DType::NVFP4, DType::Q4_K, DType::Q6_K, DType::Q2_K]
-        {
+        for dtype in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q8_0,
+            DType::MXFP4,
+            DType::NVFP4,
+            DType::Q4_K,
+            DType::Q6_K,
+            DType::Q2_K,
+            DType::IQ3_S,
+        ] {
             let (rows, cols) = (2 * group_rows(dtype), if dtype.block_elems() == 256 { 512 } else { 128 });
             let src: Vec<u8> = (0..rows * dtype.bytes_for(cols).unwrap()).map(|i| (i * 31 % 251) as u8).collect();
             let packed = pack(dtype, rows, cols, &src);

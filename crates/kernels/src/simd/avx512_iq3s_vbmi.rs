@@ -75,16 +75,14 @@ struct Tables {
     mask_ctl: [u8; 32],
 }
 
-/// The sign order of a super-block's 64 entries: lane `p = 16q + 8h + i`
-/// holds entry `σ(p) = 16q + 2(7 − i) + h`. In it, an 8 × 8 bit transpose of
-/// each sign quadword (values `64q..64q + 64`, byte `k` bit `c` = value
-/// `64q + 8k + c`, entry `16q + 2k + c / 4`, magnitude `c mod 4`) leaves in
-/// byte `4h + j` the signs of magnitude `j` of lanes `16q + 8h..+8`, in lane
-/// order, so the masks are whole bytes (see [`sign_masks`]).
-fn sign_order(p: usize) -> usize {
-    let (q, h, i) = (p / 16, p / 8 % 2, p % 8);
-    16 * q + 2 * (7 - i) + h
-}
+/// The sign order of a super-block's 64 entries (see
+/// [`crate::packed::sign_order::sigma`]): lane `p = 16q + 8h + i` holds entry
+/// `σ(p) = 16q + 2(7 − i) + h`. In it, an 8 × 8 bit transpose of each sign
+/// quadword (values `64q..64q + 64`, byte `k` bit `c` = value `64q + 8k + c`,
+/// entry `16q + 2k + c / 4`, magnitude `c mod 4`) leaves in byte `4h + j` the
+/// signs of magnitude `j` of lanes `16q + 8h..+8`, in lane order, so the masks
+/// are whole bytes (see [`sign_masks`]).
+use crate::packed::sign_order::sigma as sign_order;
 
 fn tables() -> &'static Tables {
     static T: OnceLock<Tables> = OnceLock::new();
@@ -297,6 +295,39 @@ unsafe fn block(x: &iq3_s::BlockIq3S, y: [__m512i; 4], k: &Consts) -> __m512i {
     _mm512_dpwssd_epi32(_mm512_setzero_si512(), acc, ls)
 }
 
+/// [`block`] for a block recoded in the sign order at load
+/// ([`crate::packed::sign_order`]): the indices are one load, their ninth
+/// bits and the four sign masks `kmovq` loads from the block itself.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,gfni")]
+#[inline]
+unsafe fn block_recoded(x: *const u8, y: [__m512i; 4], k: &Consts) -> __m512i {
+    let idx = ld(x.add(2));
+    let k7 = _mm512_movepi8_mask(idx);
+    let k8 = _load_mask64(x.add(66) as *const u64);
+    let t = k.t;
+    let a = look512(&t.a, idx, k7, k8);
+    let c = look256_mem(&t.c, idx, k7);
+    let c = _mm512_mask_gf2p8affine_epi64_epi8::<0>(c, k8, c, k.high_nibble);
+    let w2 = _mm512_gf2p8affine_epi64_epi8::<1>(a, k.rank2);
+    let w = [
+        _mm512_gf2p8affine_epi64_epi8::<1>(a, k.rank[0]),
+        _mm512_gf2p8affine_epi64_epi8::<1>(a, k.rank[1]),
+        _mm512_ternarylogic_epi32::<0xF8>(w2, c, k.eight),
+        _mm512_gf2p8affine_epi64_epi8::<1>(c, k.rank[2]),
+    ];
+    let signs = x.add(74) as *const u64;
+    let mut acc = _mm512_setzero_si512();
+    for (j, &wj) in w.iter().enumerate() {
+        let neg = _load_mask64(signs.add(j));
+        let ys = _mm512_mask_sub_epi8(y[j], neg, _mm512_setzero_si512(), y[j]);
+        acc = _mm512_dpbusd_epi32(acc, wj, ys);
+    }
+    let s = _mm512_set1_epi32((x.add(106) as *const i32).read_unaligned());
+    let s = _mm512_and_si512(_mm512_srlv_epi32(s, k.scale_shift), _mm512_set1_epi32(15));
+    let ls = _mm512_or_si512(_mm512_add_epi32(s, s), _mm512_set1_epi32(1));
+    _mm512_dpwssd_epi32(_mm512_setzero_si512(), acc, ls)
+}
+
 /// The lane sums of four 16-lane vectors, lane `r` from `v[r]`.
 #[target_feature(enable = "avx512f,avx2")]
 #[inline]
@@ -357,6 +388,36 @@ pub unsafe fn dot4_iq3_s(n: usize, w: *const u8, stride: usize, a: *const u8, ou
     _mm_storeu_ps(out, sum);
 }
 
+/// [`dot4_iq3_s`] over rows recoded at load ([`crate::packed::sign_order`];
+/// rows `stride` bytes apart as in the file); equals it bit for bit.
+///
+/// # Safety
+/// As for [`crate::quant::Dot4Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI and BITALG.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+pub unsafe fn packed_dot4_iq3_s(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let k = consts();
+    let mut sum = _mm_setzero_ps();
+    for i in 0..n / 256 {
+        let y = q8k(a, i);
+        let ys = by_position(y.qs.as_ptr() as *const u8, k.o.by_sigma);
+        let x: [*const u8; 4] = std::array::from_fn(|r| w.add(r * stride + i * 110));
+        for xr in x {
+            prefetch_block(xr, PREFETCH_AHEAD);
+        }
+        let b = [
+            block_recoded(x[0], ys, &k),
+            block_recoded(x[1], ys, &k),
+            block_recoded(x[2], ys, &k),
+            block_recoded(x[3], ys, &k),
+        ];
+        let isum = _mm_cvtepi32_ps(sum4(b));
+        let d: [u64; 4] = x.map(|xr| (xr as *const u16).read_unaligned() as u64);
+        let xd = super::avx2::f16x4(d[0] | d[1] << 16 | d[2] << 32 | d[3] << 48);
+        sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(y.d)), isum));
+    }
+    _mm_storeu_ps(out, sum);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,6 +448,10 @@ mod tests {
             let ap = bytemuck::cast_slice::<_, u8>(&a).as_ptr();
             let mut four = [0f32; 4];
             unsafe { dot4_iq3_s(n, w.as_ptr(), row, ap, four.as_mut_ptr()) };
+            let pw = crate::packed::pack(crate::DType::IQ3_S, 4, n, &w);
+            let mut packed = [0f32; 4];
+            unsafe { packed_dot4_iq3_s(n, pw.as_ptr(), row, ap, packed.as_mut_ptr()) };
+            assert_eq!(packed.map(f32::to_bits), four.map(f32::to_bits), "recoded rows, {nb} blocks");
             for (r, got4) in four.iter().enumerate() {
                 let wr = w[r * row..].as_ptr();
                 let (want, got) = unsafe { (scalar(n, wr, ap), dot_iq3_s(n, wr, ap)) };

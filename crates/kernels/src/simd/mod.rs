@@ -54,6 +54,7 @@ pub mod avx512_gemm_k;
 pub mod avx512_iq;
 pub mod avx512_iq2_vbmi;
 pub mod avx512_iq3_vbmi;
+pub mod avx512_iq3s_recode;
 pub mod avx512_iq3s_vbmi;
 pub mod avx512_k;
 pub mod avx512_lanes;
