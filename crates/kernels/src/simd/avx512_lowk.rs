@@ -105,12 +105,10 @@ pub(super) unsafe fn q3k_scales(s: *const u8) -> __m256i {
     let lo8 = _mm_loadl_epi64(s as *const __m128i);
     let nib = _mm_set1_epi8(0x0F);
     let lo = _mm_unpacklo_epi64(_mm_and_si128(lo8, nib), _mm_and_si128(_mm_srli_epi16(lo8, 4), nib));
-    // High 2 bits: group g from bits 2·(g/4) of byte 8 + g % 4.
-    let t = (s.add(8) as *const u32).read_unaligned();
-    const M: u32 = 0x0303_0303;
-    let h01 = (t & M) as u64 | (((t >> 2) & M) as u64) << 32;
-    let h23 = ((t >> 4) & M) as u64 | (((t >> 6) & M) as u64) << 32;
-    let hi = _mm_set_epi64x(h23 as i64, h01 as i64);
+    // High 2 bits: group g from bits 2·(g/4) of byte 8 + g % 4: the four
+    // bytes in every dword, dword i shifted right by 2i (`vpsrlvd`), `& 3`.
+    let t = _mm_set1_epi32((s.add(8) as *const i32).read_unaligned());
+    let hi = _mm_and_si128(_mm_srlv_epi32(t, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
     let sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
     _mm256_cvtepi8_epi16(sc)
 }
