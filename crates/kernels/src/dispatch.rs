@@ -134,6 +134,10 @@ pub struct IsaKernels {
     /// then serves only the file layout.
     pub rows16_all_m: bool,
     pub gemm: Choice<Gemm>,
+    /// The packed layout this level's packed kernels read where it is not
+    /// the row's own (Q3_K at AVX2: code planes instead of sixteen rows in
+    /// the lanes); see [`crate::packed::layout`].
+    pub packing: Option<Packing>,
 }
 
 /// No kernels (the scalar level, or a level a type has nothing for).
@@ -146,6 +150,7 @@ pub const NONE: IsaKernels = IsaKernels {
     packed_rows16: &[],
     rows16_all_m: false,
     gemm: &[],
+    packing: None,
 };
 
 /// The interleaved four-row layout a type uses (see [`crate::packed`]).
@@ -282,6 +287,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             gemm: &[],
+            packing: None,
         },
         avx512: x86! {
             dot: &[(Base, avx512::dot_q4_0)],
@@ -293,6 +299,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[(Base, avx512_rows16::rows16_q4_0)],
             rows16_all_m: false,
             gemm: GEMM_Q8_0,
+            packing: None,
         },
     },
     Row {
@@ -311,6 +318,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             gemm: &[],
+            packing: None,
         },
         avx512: x86! {
             dot: &[(Base, avx512::dot_q4_1)],
@@ -325,6 +333,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[(Base, avx512_rows16::rows16_q4_1)],
             rows16_all_m: false,
             gemm: &[],
+            packing: None,
         },
     },
     Row {
@@ -364,6 +373,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             gemm: &[],
+            packing: None,
         },
         avx512: x86! {
             dot: &[(Base, avx512::dot_q8_0)],
@@ -376,6 +386,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[(Base, avx512_rows16::rows16_q8_0)],
             rows16_all_m: false,
             gemm: GEMM_Q8_0,
+            packing: None,
         },
     },
     Row {
@@ -446,6 +457,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             gemm: &[],
+            packing: None,
         },
         avx512: x86! {
             dot: &[(Base, avx512_fp::dot_mxfp4)],
@@ -457,6 +469,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             gemm: GEMM_Q8_0,
+            packing: None,
         },
     },
     Row {
@@ -475,6 +488,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             gemm: &[],
+            packing: None,
         },
         avx512: x86! {
             dot: &[(Base, avx512_fp::dot_nvfp4)],
@@ -485,6 +499,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             gemm: &[],
+            packing: None,
         },
     },
     Row {
@@ -504,6 +519,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             gemm: &[],
+            packing: None,
         },
         avx512: x86! {
             dot: &[(Bf16, avx512_fp8_bf16::dot_fp8), (Base, avx512_fp::dot_fp8)],
@@ -515,6 +531,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             gemm: &[],
+            packing: None,
         },
     },
     Row {
@@ -548,14 +565,18 @@ pub static TABLE: &[Row] = &[
         // Sixteen rows transposed, as Q4_K (a two-byte tail, as Q6_K).
         packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_q3_k,
-        scalar_packed_dot4: None,
+        // The AVX2 layout's (code planes) scalar kernel.
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q3_k),
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q3_k),
-        // No sixteen-row kernel: its codes come from two bit planes, and an
-        // AVX-VNNI one measured level with the four-row kernel here.
+        // No sixteen-row kernel (an AVX-VNNI one measured level with the
+        // four-row kernel here): packed as three planes of whole codes, read
+        // by a four-row kernel (`crate::packed::q3k_planes`).
         avx2: x86! {
             dot: &[(Base, avx2_kq4::dot_q3_k)],
             dot4: &[(Base, avx2_kq4::dot4_q3_k)],
+            packed_dot4: &[(Base, avx2_kq4::planes_dot4_q3_k)],
             gemm: GEMM_K_AVX2,
+            packing: Some(Packing::Recoded(crate::packed::Recoding::Q3kPlanes)),
             ..NONE
         },
         avx512: x86! {

@@ -108,12 +108,17 @@ pub fn clamp(requested: Isa) -> Isa {
 /// is skipped (with a warning on stderr) in favour of the next lower one.
 pub fn active() -> Isa {
     static ACTIVE: OnceLock<Isa> = OnceLock::new();
-    *ACTIVE.get_or_init(|| {
-        let requested = match std::env::var("SHARDLM_ISA").ok().as_deref().and_then(Isa::parse) {
-            Some(req) => clamp(req),
-            None => detected(),
-        };
-        self_checked(requested)
+    *ACTIVE.get_or_init(|| self_checked(requested()))
+}
+
+/// `detected()` lowered by `SHARDLM_ISA` if set, before the self-check: the
+/// level whose packed layouts weights take ([`crate::packed::layout`]; the
+/// self-check packs weights itself, so it cannot ask [`active`]). Cached.
+pub fn requested() -> Isa {
+    static REQUESTED: OnceLock<Isa> = OnceLock::new();
+    *REQUESTED.get_or_init(|| match std::env::var("SHARDLM_ISA").ok().as_deref().and_then(Isa::parse) {
+        Some(req) => clamp(req),
+        None => detected(),
     })
 }
 

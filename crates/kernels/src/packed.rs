@@ -44,6 +44,7 @@
 //! MXFP4 decode gains 10–13%, NVFP4 decode and both prefills stay within noise.
 
 pub mod lanes16;
+pub mod q3k_planes;
 pub mod sign_order;
 
 use crate::dispatch::Packing;
@@ -55,10 +56,27 @@ pub const PACK_ROWS: usize = 4;
 /// Rows per group of the transposed layout.
 pub const LANES16_ROWS: usize = 16;
 
+/// The packed layout of `dtype` weights in this process: the one the
+/// requested ISA level's packed kernels read ([`level_layout`] at
+/// [`crate::isa::requested`]). One layout per process, so a weight packed at
+/// load and the kernels that read it agree; a kernel at another level (tests
+/// run every level) that does not read it gets the scalar kernel, which
+/// unpacks rows ([`crate::dispatch::kernels`]).
+pub fn layout(dtype: DType) -> Packing {
+    level_layout(dtype, crate::isa::requested())
+}
+
+/// The layout `isa`'s packed kernels for `dtype` read: the level's own
+/// (`IsaKernels::packing`) or the row's.
+pub fn level_layout(dtype: DType, isa: crate::isa::Isa) -> Packing {
+    let row = crate::dispatch::row(dtype);
+    row.at(isa).packing.unwrap_or(row.packing)
+}
+
 /// Header bytes per block (scales) of the head/quants layout, or `None` if
 /// `dtype` does not use it (the dispatch table's `packing`).
 pub fn head_bytes(dtype: DType) -> Option<usize> {
-    match crate::dispatch::row(dtype).packing {
+    match layout(dtype) {
         Packing::HeadQuants { head } => Some(head),
         _ => None,
     }
@@ -68,7 +86,7 @@ pub fn head_bytes(dtype: DType) -> Option<usize> {
 /// pair its kernels take per step; NVFP4: one 64-value block), or `None` if
 /// `dtype` does not use it.
 pub fn unit_blocks(dtype: DType) -> Option<usize> {
-    match crate::dispatch::row(dtype).packing {
+    match layout(dtype) {
         Packing::Units { blocks } => Some(blocks),
         _ => None,
     }
@@ -79,6 +97,8 @@ pub fn unit_blocks(dtype: DType) -> Option<usize> {
 pub enum Recoding {
     /// IQ3_S in the VBMI kernel's sign order ([`sign_order`]).
     Iq3sSignOrder,
+    /// Q3_K as three planes of whole codes for the AVX2 kernel ([`q3k_planes`]).
+    Q3kPlanes,
 }
 
 impl Recoding {
@@ -94,6 +114,16 @@ impl Recoding {
                     return;
                 }
                 sign_order::encode(src, dst)
+            }
+            Recoding::Q3kPlanes => {
+                #[cfg(target_arch = "x86_64")]
+                if is_x86_feature_detected!("avx2") {
+                    let (src, dst) = (&src[..q3k_planes::BLOCK_BYTES], &mut dst[..q3k_planes::BLOCK_BYTES]);
+                    // SAFETY: the CPU has AVX2; both blocks are whole.
+                    unsafe { crate::simd::avx2_q3k_recode::encode(src.as_ptr(), dst.as_mut_ptr()) };
+                    return;
+                }
+                q3k_planes::encode(src, dst)
             }
         }
     }
@@ -112,13 +142,23 @@ impl Recoding {
                 }
                 sign_order::decode(src, dst)
             }
+            Recoding::Q3kPlanes => {
+                #[cfg(target_arch = "x86_64")]
+                if is_x86_feature_detected!("avx2") {
+                    let (src, dst) = (&src[..q3k_planes::BLOCK_BYTES], &mut dst[..q3k_planes::BLOCK_BYTES]);
+                    // SAFETY: as in `encode`.
+                    unsafe { crate::simd::avx2_q3k_recode::decode(src.as_ptr(), dst.as_mut_ptr()) };
+                    return;
+                }
+                q3k_planes::decode(src, dst)
+            }
         }
     }
 }
 
 /// The recoding `dtype` packs with, if any.
 pub fn recoding(dtype: DType) -> Option<Recoding> {
-    match crate::dispatch::row(dtype).packing {
+    match layout(dtype) {
         Packing::Recoded(r) => Some(r),
         _ => None,
     }
@@ -126,12 +166,12 @@ pub fn recoding(dtype: DType) -> Option<Recoding> {
 
 /// Whether `dtype` uses the sixteen-row transposed layout ([`crate::packed::lanes16`]).
 pub fn is_lanes16(dtype: DType) -> bool {
-    matches!(crate::dispatch::row(dtype).packing, Packing::Lanes16 { .. })
+    matches!(layout(dtype), Packing::Lanes16 { .. })
 }
 
 /// The lanes16 layout's `head_last` of `dtype` (see [`Packing::Lanes16`]).
 fn head_last(dtype: DType) -> usize {
-    match crate::dispatch::row(dtype).packing {
+    match layout(dtype) {
         Packing::Lanes16 { head_last } => head_last,
         _ => 0,
     }
@@ -171,7 +211,8 @@ pub fn packable(dtype: DType, rows: usize, cols: usize) -> bool {
 /// scalar kernel, which unpacks every row, could read it).
 pub fn worth_packing(dtype: DType, isa: crate::isa::Isa) -> bool {
     let k = crate::dispatch::row(dtype).at(isa);
-    crate::dispatch::pick(k.packed_dot4).is_some() || crate::dispatch::pick(k.packed_rows16).is_some()
+    level_layout(dtype, isa) == layout(dtype)
+        && (crate::dispatch::pick(k.packed_dot4).is_some() || crate::dispatch::pick(k.packed_rows16).is_some())
 }
 
 /// Byte offset, inside a packed group, of block `b` of group row `r`:
@@ -315,6 +356,7 @@ scalar_dot4!(scalar_dot4_q8_0, DType::Q8_0);
 scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
 scalar_dot4!(scalar_dot4_iq3_s, DType::IQ3_S);
+scalar_dot4!(scalar_dot4_q3_k, DType::Q3_K);
 
 /// The four-row kernel over a packed group for `dtype` at `isa`. Always present
 /// for packable types (the scalar one unpacks rows), `None` otherwise.
@@ -345,6 +387,7 @@ mod tests {
             DType::Q6_K,
             DType::Q2_K,
             DType::IQ3_S,
+            DType::Q3_K,
         ] {
             let (rows, cols) = (2 * group_rows(dtype), if dtype.block_elems() == 256 { 512 } else { 128 });
             let src: Vec<u8> = (0..rows * dtype.bytes_for(cols).unwrap()).map(|i| (i * 31 % 251) as u8).collect();

@@ -143,12 +143,22 @@ fn every_type_has_its_fast_kernels() {
 /// chosen where a fast packed kernel exists.
 #[test]
 fn packed_types_resolve() {
+    use dispatch::Packing;
     for dtype in DType::ALL {
         let row = dispatch::row(dtype);
-        let lanes16 = matches!(row.packing, dispatch::Packing::Lanes16 { .. });
-        let packs = row.packing != dispatch::Packing::None;
-        assert_eq!(packs && !lanes16, row.scalar_packed_dot4.is_some(), "{dtype}: packing and its scalar kernel");
-        assert_eq!(lanes16, row.scalar_packed_rows16.is_some(), "{dtype}: lanes16 and its scalar kernel");
+        // Every layout some level packs in (a level may read its own).
+        let layouts: Vec<Packing> = [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .map(|i| shardlm_kernels::packed::level_layout(dtype, i))
+            .collect();
+        let any_lanes16 = layouts.iter().any(|l| matches!(l, Packing::Lanes16 { .. }));
+        let any_rows = layouts.iter().any(|l| !matches!(l, Packing::Lanes16 { .. } | Packing::None));
+        assert_eq!(any_rows, row.scalar_packed_dot4.is_some(), "{dtype}: packing and its scalar kernel");
+        assert_eq!(any_lanes16, row.scalar_packed_rows16.is_some(), "{dtype}: lanes16 and its scalar kernel");
+        // This process's layout (the requested level's).
+        let layout = shardlm_kernels::packed::layout(dtype);
+        let lanes16 = matches!(layout, Packing::Lanes16 { .. });
+        let packs = layout != Packing::None;
         for isa in isa::available() {
             let k = dispatch::kernels(dtype, isa, true);
             if lanes16 {

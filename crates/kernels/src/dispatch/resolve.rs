@@ -30,10 +30,13 @@ pub struct Kernels {
 /// the scalar one that unpacks rows where the level has none.
 pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
     let row = row(dtype);
-    let k = row.at(isa);
-    let dot = pick(k.dot).unwrap_or(row.scalar);
-    let gemm = pick(k.gemm);
-    if packed && matches!(row.packing, Packing::Lanes16 { .. }) {
+    let layout = crate::packed::layout(dtype);
+    // A level whose packed kernels read another layout than the weights are
+    // in has none for them: the scalar ones (which unpack rows) run.
+    let k = if packed && crate::packed::level_layout(dtype, isa) != layout { &super::NONE } else { row.at(isa) };
+    let dot = pick(row.at(isa).dot).unwrap_or(row.scalar);
+    let gemm = pick(row.at(isa).gemm);
+    if packed && matches!(layout, Packing::Lanes16 { .. }) {
         // Only sixteen-row kernels read this layout (the scalar one unpacks
         // rows); they equal the scalar reference bit for bit, as the K-quant
         // GEMMs do, so those keep the large batches unless the level's
