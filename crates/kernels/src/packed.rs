@@ -371,6 +371,19 @@ pub fn tile_fn(dtype: DType, isa: crate::isa::Isa) -> Option<TileFn> {
     crate::dispatch::kernels(dtype, isa, true).tile
 }
 
+/// `n` pseudo-random bytes (xorshift from `seed`), for the recodings' tests.
+#[cfg(test)]
+pub(crate) fn test_bytes(mut seed: u64, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,16 +74,8 @@ mod tests {
 
     #[test]
     fn decode_inverts_encode() {
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        for _ in 0..50 {
-            let src: Vec<u8> = (0..BLOCK_BYTES)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    s as u8
-                })
-                .collect();
+        for round in 0..50u64 {
+            let src = crate::packed::test_bytes(0x9E37_79B9_7F4A_7C15u64 ^ round, BLOCK_BYTES);
             let (mut enc, mut dec) = (vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]);
             encode(&src, &mut enc);
             decode(&enc, &mut dec);

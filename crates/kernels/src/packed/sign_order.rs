@@ -43,12 +43,13 @@ pub const fn sigma(p: usize) -> usize {
 /// `SPREAD[h][b]`: the bits of byte `b` (lanes `i` of half `h` of a 16-lane
 /// group) at the positions `4·(2(7 − i) + h)` of their values' first
 /// magnitude in a sign quadword (add `j` for magnitude `j`).
-static SPREAD: [[u64; 256]; 2] = spread_tables();
+static SPREAD: [[u64; 256]; 2] = spread_tables(4);
 
 /// `QH_SPREAD[h][b]`: the same for ninth bits, at entry positions `2(7 − i) + h`.
-static QH_SPREAD: [[u16; 256]; 2] = qh_spread_tables();
+static QH_SPREAD: [[u64; 256]; 2] = spread_tables(1);
 
-const fn spread_tables() -> [[u64; 256]; 2] {
+/// Bit `i` of byte `b` at bit `step·(2(7 − i) + h)`, for both halves `h`.
+const fn spread_tables(step: usize) -> [[u64; 256]; 2] {
     let mut t = [[0u64; 256]; 2];
     let mut h = 0;
     while h < 2 {
@@ -57,27 +58,7 @@ const fn spread_tables() -> [[u64; 256]; 2] {
             let mut i = 0;
             while i < 8 {
                 if b >> i & 1 == 1 {
-                    t[h][b] |= 1 << (4 * (2 * (7 - i) + h));
-                }
-                i += 1;
-            }
-            b += 1;
-        }
-        h += 1;
-    }
-    t
-}
-
-const fn qh_spread_tables() -> [[u16; 256]; 2] {
-    let mut t = [[0u16; 256]; 2];
-    let mut h = 0;
-    while h < 2 {
-        let mut b = 0;
-        while b < 256 {
-            let mut i = 0;
-            while i < 8 {
-                if b >> i & 1 == 1 {
-                    t[h][b] |= 1 << (2 * (7 - i) + h);
+                    t[h][b] |= 1 << (step * (2 * (7 - i) + h));
                 }
                 i += 1;
             }
@@ -129,7 +110,7 @@ pub fn decode(src: &[u8], dst: &mut [u8]) {
     for q in 0..4 {
         // Lanes 16q..16q + 16: their two bytes in each recoded field.
         let w = QH_SPREAD[0][qh2[2 * q] as usize] | QH_SPREAD[1][qh2[2 * q + 1] as usize];
-        qh[2 * q..2 * q + 2].copy_from_slice(&w.to_le_bytes());
+        qh[2 * q..2 * q + 2].copy_from_slice(&(w as u16).to_le_bytes());
         let mut f = 0u64;
         for (j, m) in masks.iter().enumerate() {
             let b = (m >> (16 * q)) as usize;
@@ -156,16 +137,8 @@ mod tests {
 
     #[test]
     fn decode_inverts_encode() {
-        let mut s = 0x2545_F491_4F6C_DD1Du64;
-        for _ in 0..50 {
-            let src: Vec<u8> = (0..BLOCK_BYTES)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    s as u8
-                })
-                .collect();
+        for round in 0..50u64 {
+            let src = crate::packed::test_bytes(0x2545_F491_4F6C_DD1Du64 ^ round, BLOCK_BYTES);
             let (mut enc, mut dec) = (vec![0u8; BLOCK_BYTES], vec![0u8; BLOCK_BYTES]);
             encode(&src, &mut enc);
             decode(&enc, &mut dec);

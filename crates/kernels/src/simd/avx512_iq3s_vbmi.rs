@@ -267,6 +267,21 @@ unsafe fn block(x: &iq3_s::BlockIq3S, y: [__m512i; 4], k: &Consts) -> __m512i {
     let idx = _mm512_permutexvar_epi8(k.o.sigma, ld(x.qs.as_ptr()));
     let k7 = _mm512_movepi8_mask(idx);
     let k8 = _mm512_bitshuffle_epi64_mask(_mm512_set1_epi64(u64::from_le_bytes(x.qh) as i64), k.o.sigma);
+    let w = magnitudes(idx, k7, k8, k);
+    let neg = sign_masks(_mm256_loadu_si256(x.signs.as_ptr() as *const __m256i), &k.o);
+    let mut acc = _mm512_setzero_si512();
+    for j in 0..4 {
+        let ys = _mm512_mask_sub_epi8(y[j], neg[j], _mm512_setzero_si512(), y[j]);
+        acc = _mm512_dpbusd_epi32(acc, w[j], ys);
+    }
+    scaled(acc, x.scales.as_ptr(), k)
+}
+
+/// The four magnitude vectors of 64 entries (`w_j` byte `p` = magnitude `j`
+/// of the entry whose index is byte `p` of `idx`, ninth bits in `k8`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
+#[inline]
+unsafe fn magnitudes(idx: __m512i, k7: u64, k8: u64, k: &Consts) -> [__m512i; 4] {
     let t = k.t;
     // Twelve rank bits an entry: eight from `a` (four `vpermt2b`), four from
     // `c`'s nibbles (two, the ninth bit picking the nibble).
@@ -276,20 +291,20 @@ unsafe fn block(x: &iq3_s::BlockIq3S, y: [__m512i; 4], k: &Consts) -> __m512i {
     // Ranks to magnitudes `2r + 1`, one `vgf2p8affineqb` each; r2's top bit
     // comes from `c`'s bit 3 (`a | c & 8`).
     let w2 = _mm512_gf2p8affine_epi64_epi8::<1>(a, k.rank2);
-    let w = [
+    [
         _mm512_gf2p8affine_epi64_epi8::<1>(a, k.rank[0]),
         _mm512_gf2p8affine_epi64_epi8::<1>(a, k.rank[1]),
         _mm512_ternarylogic_epi32::<0xF8>(w2, c, k.eight),
         _mm512_gf2p8affine_epi64_epi8::<1>(c, k.rank[2]),
-    ];
-    let neg = sign_masks(_mm256_loadu_si256(x.signs.as_ptr() as *const __m256i), &k.o);
-    let mut acc = _mm512_setzero_si512();
-    for j in 0..4 {
-        let ys = _mm512_mask_sub_epi8(y[j], neg[j], _mm512_setzero_si512(), y[j]);
-        acc = _mm512_dpbusd_epi32(acc, w[j], ys);
-    }
-    // Lane d's scale 2s + 1 of its sub-block, as the word pair (2s + 1, 0).
-    let s = _mm512_set1_epi32(u32::from_le_bytes(x.scales) as i32);
+    ]
+}
+
+/// `acc`'s lanes times their sub-block's `2s + 1` (the four scale bytes at
+/// `scales`), as the word pairs `(2s + 1, 0)` of one `vpdpwssd`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn scaled(acc: __m512i, scales: *const u8, k: &Consts) -> __m512i {
+    let s = _mm512_set1_epi32((scales as *const i32).read_unaligned());
     let s = _mm512_and_si512(_mm512_srlv_epi32(s, k.scale_shift), _mm512_set1_epi32(15));
     let ls = _mm512_or_si512(_mm512_add_epi32(s, s), _mm512_set1_epi32(1));
     _mm512_dpwssd_epi32(_mm512_setzero_si512(), acc, ls)
@@ -304,17 +319,7 @@ unsafe fn block_recoded(x: *const u8, y: [__m512i; 4], k: &Consts) -> __m512i {
     let idx = ld(x.add(2));
     let k7 = _mm512_movepi8_mask(idx);
     let k8 = _load_mask64(x.add(66) as *const u64);
-    let t = k.t;
-    let a = look512(&t.a, idx, k7, k8);
-    let c = look256_mem(&t.c, idx, k7);
-    let c = _mm512_mask_gf2p8affine_epi64_epi8::<0>(c, k8, c, k.high_nibble);
-    let w2 = _mm512_gf2p8affine_epi64_epi8::<1>(a, k.rank2);
-    let w = [
-        _mm512_gf2p8affine_epi64_epi8::<1>(a, k.rank[0]),
-        _mm512_gf2p8affine_epi64_epi8::<1>(a, k.rank[1]),
-        _mm512_ternarylogic_epi32::<0xF8>(w2, c, k.eight),
-        _mm512_gf2p8affine_epi64_epi8::<1>(c, k.rank[2]),
-    ];
+    let w = magnitudes(idx, k7, k8, k);
     let signs = x.add(74) as *const u64;
     let mut acc = _mm512_setzero_si512();
     for (j, &wj) in w.iter().enumerate() {
@@ -322,10 +327,7 @@ unsafe fn block_recoded(x: *const u8, y: [__m512i; 4], k: &Consts) -> __m512i {
         let ys = _mm512_mask_sub_epi8(y[j], neg, _mm512_setzero_si512(), y[j]);
         acc = _mm512_dpbusd_epi32(acc, wj, ys);
     }
-    let s = _mm512_set1_epi32((x.add(106) as *const i32).read_unaligned());
-    let s = _mm512_and_si512(_mm512_srlv_epi32(s, k.scale_shift), _mm512_set1_epi32(15));
-    let ls = _mm512_or_si512(_mm512_add_epi32(s, s), _mm512_set1_epi32(1));
-    _mm512_dpwssd_epi32(_mm512_setzero_si512(), acc, ls)
+    scaled(acc, x.add(106), k)
 }
 
 /// The lane sums of four 16-lane vectors, lane `r` from `v[r]`.
