@@ -101,56 +101,66 @@ pub enum Recoding {
     Q3kPlanes,
 }
 
+/// One block recoded (or decoded) from `src` to `dst`, in vector code.
+type BlockWay = unsafe fn(*const u8, *mut u8);
+/// The same in byte loops.
+type ScalarWay = fn(&[u8], &mut [u8]);
+
 impl Recoding {
-    /// One file-layout block `src` recoded into `dst` (same length).
-    pub fn encode(self, src: &[u8], dst: &mut [u8]) {
+    /// Bytes of the blocks it recodes.
+    fn block_bytes(self) -> usize {
         match self {
-            Recoding::Iq3sSignOrder => {
-                #[cfg(target_arch = "x86_64")]
-                if crate::simd::avx512_iq3s_vbmi::has_vbmi_bitalg() {
-                    let (src, dst) = (&src[..sign_order::BLOCK_BYTES], &mut dst[..sign_order::BLOCK_BYTES]);
-                    // SAFETY: the CPU has the features; both blocks are whole.
-                    unsafe { crate::simd::avx512_iq3s_recode::encode(src.as_ptr(), dst.as_mut_ptr()) };
-                    return;
-                }
-                sign_order::encode(src, dst)
-            }
-            Recoding::Q3kPlanes => {
-                #[cfg(target_arch = "x86_64")]
-                if is_x86_feature_detected!("avx2") {
-                    let (src, dst) = (&src[..q3k_planes::BLOCK_BYTES], &mut dst[..q3k_planes::BLOCK_BYTES]);
-                    // SAFETY: the CPU has AVX2; both blocks are whole.
-                    unsafe { crate::simd::avx2_q3k_recode::encode(src.as_ptr(), dst.as_mut_ptr()) };
-                    return;
-                }
-                q3k_planes::encode(src, dst)
-            }
+            Recoding::Iq3sSignOrder => sign_order::BLOCK_BYTES,
+            Recoding::Q3kPlanes => q3k_planes::BLOCK_BYTES,
         }
     }
 
-    /// The inverse of [`Recoding::encode`] (the prefill GEMM's way back to
-    /// the file layout: vector code where the CPU packs IQ3_S at all).
-    pub fn decode(self, src: &[u8], dst: &mut [u8]) {
+    /// The byte-loop `(encode, decode)`, for any CPU.
+    fn scalar(self) -> (ScalarWay, ScalarWay) {
         match self {
-            Recoding::Iq3sSignOrder => {
-                #[cfg(target_arch = "x86_64")]
-                if crate::simd::avx512_iq3s_vbmi::has_vbmi_bitalg() {
-                    let (src, dst) = (&src[..sign_order::BLOCK_BYTES], &mut dst[..sign_order::BLOCK_BYTES]);
-                    // SAFETY: as in `encode`.
-                    unsafe { crate::simd::avx512_iq3s_recode::decode(src.as_ptr(), dst.as_mut_ptr()) };
-                    return;
+            Recoding::Iq3sSignOrder => (sign_order::encode, sign_order::decode),
+            Recoding::Q3kPlanes => (q3k_planes::encode, q3k_planes::decode),
+        }
+    }
+
+    /// The vector `(encode, decode)` where this CPU runs them (IQ3_S's where
+    /// it packs IQ3_S at all; the loader and the prefill GEMM's way back).
+    fn vector(self) -> Option<(BlockWay, BlockWay)> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::simd::{avx2_q3k_recode, avx512_iq3s_recode, avx512_iq3s_vbmi};
+            match self {
+                Recoding::Iq3sSignOrder if avx512_iq3s_vbmi::has_vbmi_bitalg() => {
+                    return Some((avx512_iq3s_recode::encode, avx512_iq3s_recode::decode));
                 }
-                sign_order::decode(src, dst)
+                Recoding::Q3kPlanes if is_x86_feature_detected!("avx2") => {
+                    return Some((avx2_q3k_recode::encode, avx2_q3k_recode::decode));
+                }
+                _ => {}
             }
-            Recoding::Q3kPlanes => {
-                #[cfg(target_arch = "x86_64")]
-                if is_x86_feature_detected!("avx2") {
-                    let (src, dst) = (&src[..q3k_planes::BLOCK_BYTES], &mut dst[..q3k_planes::BLOCK_BYTES]);
-                    // SAFETY: as in `encode`.
-                    unsafe { crate::simd::avx2_q3k_recode::decode(src.as_ptr(), dst.as_mut_ptr()) };
-                    return;
-                }
-                q3k_planes::decode(src, dst)
+        }
+        None
+    }
+
+    /// One file-layout block `src` recoded into `dst` (same length).
+    pub fn encode(self, src: &[u8], dst: &mut [u8]) {
+        self.run(src, dst, true)
+    }
+
+    /// The inverse of [`Recoding::encode`].
+    pub fn decode(self, src: &[u8], dst: &mut [u8]) {
+        self.run(src, dst, false)
+    }
+
+    fn run(self, src: &[u8], dst: &mut [u8], encode: bool) {
+        let bb = self.block_bytes();
+        let (src, dst) = (&src[..bb], &mut dst[..bb]);
+        match self.vector() {
+            // SAFETY: `vector` checked the CPU; both blocks are whole.
+            Some((e, d)) => unsafe { (if encode { e } else { d })(src.as_ptr(), dst.as_mut_ptr()) },
+            None => {
+                let (e, d) = self.scalar();
+                (if encode { e } else { d })(src, dst)
             }
         }
     }
