@@ -116,7 +116,14 @@ impl Restarter {
         if keep.len() == n {
             return;
         }
-        (0..n).filter(|r| !keep.contains(r)).for_each(|r| self.retired[self.current[r]] = true);
+        for o in (0..n).filter(|r| !keep.contains(r)).map(|r| self.current[r]) {
+            self.retired[o] = true;
+            // One already given up on (exited, no restart pending) gets no
+            // exit or restart to report it at: say so now.
+            if ranks[o].status.is_some() && !self.pending.iter().any(|p| p.rank == o) {
+                eprintln!("note: {} retired by rank 0 (the cluster re-planned without it)", ranks[o].label());
+            }
+        }
         let survivors: Vec<usize> = keep.iter().map(|&r| self.current[r]).collect();
         self.current = survivors.clone();
         if survivors.len() < 2 {
