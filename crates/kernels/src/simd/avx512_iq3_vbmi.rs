@@ -176,10 +176,12 @@ unsafe fn look256(tab: &[__m512i; 4], idx: __m512i, k7: u64) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
 pub(super) unsafe fn look256_mem(tab: &[u8; 256], idx: __m512i, k7: u64) -> __m512i {
+    // Lanes with bit 7 clear take entries 0..128, then the others 128..256
+    // from the same register: merge masking keeps their indices until then.
+    // (Two `vpermt2b` and a byte blend ran 8% slower in the IQ3_S kernel.)
     let t = tab.as_ptr();
-    let p0 = _mm512_permutex2var_epi8(vld(t), idx, vld(t.add(64)));
-    let p1 = _mm512_permutex2var_epi8(vld(t.add(128)), idx, vld(t.add(192)));
-    _mm512_mask_blend_epi8(k7, p0, p1)
+    let lo = _mm512_mask2_permutex2var_epi8(vld(t), idx, !k7, vld(t.add(64)));
+    _mm512_mask2_permutex2var_epi8(vld(t.add(128)), lo, k7, vld(t.add(192)))
 }
 
 /// A volatile 64-byte load: kept in the loop, never hoisted to a register.

@@ -48,7 +48,7 @@
 
 use super::avx2_lowk::{blk, q8k};
 use super::avx2_rows::prefetch_block;
-use super::avx512_iq3_vbmi::{look256_mem, vld};
+use super::avx512_iq3_vbmi::look256_mem;
 use super::avx512_lowk;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::avx512_rows16_q3k::bit_moves;
@@ -149,7 +149,7 @@ struct Consts {
     rank: [__m512i; 3],
     rank2: __m512i,
     eight: __m512i,
-    /// Lane `d`: the shift of its sub-block's scale nibble, `4·sb(d)`
+    /// Lane `d`: the rotation of its sub-block's scale nibble, `4·sb(d) − 1`
     /// ([`SUB_BLOCK_OF_LANE`]).
     scale_shift: __m512i,
 }
@@ -196,7 +196,10 @@ unsafe fn consts() -> Consts {
             .map(|b| _mm512_set1_epi64(bit_moves([None, Some(b), Some(b + 1), Some(b + 2), None, None, None, None]))),
         rank2: _mm512_set1_epi64(bit_moves([None, Some(6), Some(7), None, None, None, None, None])),
         eight: _mm512_set1_epi8(8),
-        scale_shift: _mm512_slli_epi32::<2>(_mm512_loadu_si512(SUB_BLOCK_OF_LANE.as_ptr() as *const _)),
+        scale_shift: _mm512_sub_epi32(
+            _mm512_slli_epi32::<2>(_mm512_loadu_si512(SUB_BLOCK_OF_LANE.as_ptr() as *const _)),
+            _mm512_set1_epi32(1),
+        ),
     }
 }
 
@@ -216,19 +219,17 @@ pub(super) unsafe fn sign_masks(bits: __m256i, o: &SignOrder) -> [u64; 4] {
 }
 
 /// 512-entry lookup of the 64 indices `idx | k8 << 8` (`k7`: bit 7 of each).
-/// The tables are read from memory at each lookup ([`vld`]): the permute
-/// overwrites its first table operand, so tables held in registers would
-/// cost a copy a lookup, and 16 of them do not fit beside the rest.
+/// The tables are read from memory at each lookup ([`vld`]): a permute
+/// overwrites one of its operands, so tables held in registers would cost a
+/// copy a lookup, and 16 of them do not fit beside the rest. Bit 7 costs no
+/// blend: each table pair's `vpermi2b` writes only the lanes whose bit 7
+/// picks it, merging into the index register, so the second pair still finds
+/// its lanes' indices there (see [`look256_mem`]); bit 8 is one blend.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
 pub(super) unsafe fn look512(t: &[u8; 512], idx: __m512i, k7: u64, k8: u64) -> __m512i {
-    let t = t.as_ptr();
-    let p0 = _mm512_permutex2var_epi8(vld(t), idx, vld(t.add(64)));
-    let p1 = _mm512_permutex2var_epi8(vld(t.add(128)), idx, vld(t.add(192)));
-    let p2 = _mm512_permutex2var_epi8(vld(t.add(256)), idx, vld(t.add(320)));
-    let p3 = _mm512_permutex2var_epi8(vld(t.add(384)), idx, vld(t.add(448)));
-    let lo = _mm512_mask_blend_epi8(k7, p0, p1);
-    let hi = _mm512_mask_blend_epi8(k7, p2, p3);
+    let lo = look256_mem(&*(t.as_ptr() as *const [u8; 256]), idx, k7);
+    let hi = look256_mem(&*(t.as_ptr().add(256) as *const [u8; 256]), idx, k7);
     _mm512_mask_blend_epi8(k8, lo, hi)
 }
 
@@ -287,6 +288,14 @@ unsafe fn magnitudes(idx: __m512i, k7: u64, k8: u64, k: &Consts) -> [__m512i; 4]
     // `c`'s nibbles (two, the ninth bit picking the nibble).
     let a = look512(&t.a, idx, k7, k8);
     let c = look256_mem(&t.c, idx, k7);
+    ranks_to_magnitudes(a, c, k8, k)
+}
+
+/// The four magnitude vectors from the looked-up rank bytes `a` and nibble
+/// pairs `c` (the high nibble where `k8` is set).
+#[target_feature(enable = "avx512f,avx512bw,gfni")]
+#[inline]
+unsafe fn ranks_to_magnitudes(a: __m512i, c: __m512i, k8: u64, k: &Consts) -> [__m512i; 4] {
     let c = _mm512_mask_gf2p8affine_epi64_epi8::<0>(c, k8, c, k.high_nibble);
     // Ranks to magnitudes `2r + 1`, one `vgf2p8affineqb` each; r2's top bit
     // comes from `c`'s bit 3 (`a | c & 8`).
@@ -304,9 +313,14 @@ unsafe fn magnitudes(idx: __m512i, k7: u64, k8: u64, k: &Consts) -> [__m512i; 4]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
 unsafe fn scaled(acc: __m512i, scales: *const u8, k: &Consts) -> __m512i {
+    // Nibble `sb` rotated right by `4·sb − 1` lands in bits 1–4 (`sb = 0`
+    // rotates left by one), so `2s + 1` is one bitwise select.
     let s = _mm512_set1_epi32((scales as *const i32).read_unaligned());
-    let s = _mm512_and_si512(_mm512_srlv_epi32(s, k.scale_shift), _mm512_set1_epi32(15));
-    let ls = _mm512_or_si512(_mm512_add_epi32(s, s), _mm512_set1_epi32(1));
+    let ls = _mm512_ternarylogic_epi32::<0xEA>(
+        _mm512_rorv_epi32(s, k.scale_shift),
+        _mm512_set1_epi32(30),
+        _mm512_set1_epi32(1),
+    );
     _mm512_dpwssd_epi32(_mm512_setzero_si512(), acc, ls)
 }
 
@@ -316,10 +330,11 @@ unsafe fn scaled(acc: __m512i, scales: *const u8, k: &Consts) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,gfni")]
 #[inline]
 unsafe fn block_recoded(x: *const u8, y: [__m512i; 4], k: &Consts) -> __m512i {
-    let idx = ld(x.add(2));
-    let k7 = _mm512_movepi8_mask(idx);
+    let k7 = _mm512_movepi8_mask(ld(x.add(2)));
     let k8 = _load_mask64(x.add(66) as *const u64);
-    let w = magnitudes(idx, k7, k8, k);
+    let a = look512(&k.t.a, ld(x.add(2)), k7, k8);
+    let c = look256_mem(&k.t.c, ld(x.add(2)), k7);
+    let w = ranks_to_magnitudes(a, c, k8, k);
     let signs = x.add(74) as *const u64;
     let mut acc = _mm512_setzero_si512();
     for (j, &wj) in w.iter().enumerate() {
