@@ -669,6 +669,8 @@ pub static TABLE: &[Row] = &[
             dot: &[(VbmiBitalg, avx512_iq3s_vbmi::dot_iq3_s), (Base, avx512_iq::dot_iq3_s)],
             dot4: &[(VbmiBitalg, avx512_iq3s_vbmi::dot4_iq3_s)],
             packed_dot4: &[(VbmiBitalg, avx512_iq3s_vbmi::packed_dot4_iq3_s)],
+            // Below the GEMM's batch: the activations prepared once a call.
+            packed_rows16: &[(VbmiBitalg, avx512_iq3s_vbmi::packed_rows_iq3_s)],
             gemm: GEMM_K,
             ..NONE
         },

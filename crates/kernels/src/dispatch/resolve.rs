@@ -52,8 +52,11 @@ pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
     if packed {
         let dot4 = pick(k.packed_dot4).or(row.scalar_packed_dot4);
         let rows16 = if rows16_enabled() { pick(k.packed_rows16) } else { None };
-        // The sixteen-row kernel takes every batch size: no GEMM beside it.
-        let gemm = if rows16.is_some() { None } else { gemm };
+        // The sixteen-row kernels of the Q8_0/Q8_1 types take every batch
+        // size (their own summation order): no GEMM beside them. A Q8_K
+        // type's row kernel equals the scalar reference, as its GEMM does,
+        // so the GEMM keeps the large batches unless `rows16_all_m`.
+        let gemm = gemm.filter(|_| rows16.is_none() || (row.act == VecDotType::Q8_K && !k.rows16_all_m));
         Kernels { dot, dot4, tile: pick(k.packed_tile), rows16, gemm }
     } else {
         Kernels { dot, dot4: pick(k.dot4), tile: pick(k.tile), rows16: None, gemm }

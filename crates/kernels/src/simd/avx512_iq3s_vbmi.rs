@@ -327,9 +327,11 @@ unsafe fn scaled(acc: __m512i, scales: *const u8, k: &Consts) -> __m512i {
 /// [`block`] for a block recoded in the sign order at load
 /// ([`crate::packed::sign_order`]): the indices are one load, their ninth
 /// bits and the four sign masks `kmovq` loads from the block itself.
+/// `ys`: the activations in the sign order and their negations
+/// ([`Prepared`]), in registers or read from memory.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,gfni")]
 #[inline]
-unsafe fn block_recoded(x: *const u8, y: [__m512i; 4], k: &Consts) -> __m512i {
+unsafe fn block_recoded(x: *const u8, ys: &Prepared, k: &Consts) -> __m512i {
     let k7 = _mm512_movepi8_mask(ld(x.add(2)));
     let k8 = _load_mask64(x.add(66) as *const u64);
     let a = look512(&k.t.a, ld(x.add(2)), k7, k8);
@@ -339,8 +341,7 @@ unsafe fn block_recoded(x: *const u8, y: [__m512i; 4], k: &Consts) -> __m512i {
     let mut acc = _mm512_setzero_si512();
     for (j, &wj) in w.iter().enumerate() {
         let neg = _load_mask64(signs.add(j));
-        let ys = _mm512_mask_sub_epi8(y[j], neg, _mm512_setzero_si512(), y[j]);
-        acc = _mm512_dpbusd_epi32(acc, wj, ys);
+        acc = _mm512_dpbusd_epi32(acc, wj, _mm512_mask_blend_epi8(neg, ys.y[j], ys.neg[j]));
     }
     scaled(acc, x.add(106), k)
 }
@@ -416,21 +417,113 @@ pub unsafe fn packed_dot4_iq3_s(n: usize, w: *const u8, stride: usize, a: *const
     let mut sum = _mm_setzero_ps();
     for i in 0..n / 256 {
         let y = q8k(a, i);
-        let ys = by_position(y.qs.as_ptr() as *const u8, k.o.by_sigma);
+        let ys = Prepared::new(y.qs.as_ptr() as *const u8, &k);
         let x: [*const u8; 4] = std::array::from_fn(|r| w.add(r * stride + i * 110));
         for xr in x {
             prefetch_block(xr, PREFETCH_AHEAD);
         }
-        let b = [
-            block_recoded(x[0], ys, &k),
-            block_recoded(x[1], ys, &k),
-            block_recoded(x[2], ys, &k),
-            block_recoded(x[3], ys, &k),
-        ];
-        let isum = _mm_cvtepi32_ps(sum4(b));
-        let d: [u64; 4] = x.map(|xr| (xr as *const u16).read_unaligned() as u64);
-        let xd = super::avx2::f16x4(d[0] | d[1] << 16 | d[2] << 32 | d[3] << 48);
-        sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(y.d)), isum));
+        sum = _mm_add_ps(sum, recoded_blocks4(x, &ys, y.d, &k));
+    }
+    _mm_storeu_ps(out, sum);
+}
+
+/// One Q8_K block's activations in the sign order ([`by_position`]) and
+/// their negations, as the recoded kernels read them: 512 bytes.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Prepared {
+    y: [__m512i; 4],
+    neg: [__m512i; 4],
+}
+
+impl Prepared {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    #[inline]
+    unsafe fn new(qs: *const u8, k: &Consts) -> Prepared {
+        let y = by_position(qs, k.o.by_sigma);
+        let z = _mm512_setzero_si512();
+        Prepared {
+            y,
+            neg: [
+                _mm512_sub_epi8(z, y[0]),
+                _mm512_sub_epi8(z, y[1]),
+                _mm512_sub_epi8(z, y[2]),
+                _mm512_sub_epi8(z, y[3]),
+            ],
+        }
+    }
+}
+
+/// Four recoded rows' blocks (at `x`) against one prepared activation block
+/// with scale `yd`: lane `r` is row `r`'s term of the scalar sum (no fused
+/// multiply-add), `d_r·yd·isum_r`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+#[inline]
+unsafe fn recoded_blocks4(x: [*const u8; 4], ys: &Prepared, yd: f32, k: &Consts) -> __m128 {
+    let b = [
+        block_recoded(x[0], ys, k),
+        block_recoded(x[1], ys, k),
+        block_recoded(x[2], ys, k),
+        block_recoded(x[3], ys, k),
+    ];
+    let isum = _mm_cvtepi32_ps(sum4(b));
+    let d: [u64; 4] = x.map(|xr| (xr as *const u16).read_unaligned() as u64);
+    let xd = super::avx2::f16x4(d[0] | d[1] << 16 | d[2] << 32 | d[3] << 48);
+    _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(yd)), isum)
+}
+
+/// Every four-row group of a recoded weight (`rows` rows, `row_bytes` apart)
+/// against `m` activation rows: the decode kernel. The activations are put
+/// in the sign order once per call ([`Prepared`], `m` × 512 bytes a block),
+/// not once per four rows as in [`packed_dot4_iq3_s`]: that work was a tenth
+/// of the four-row kernel. Each group meets every activation row while its
+/// bytes are in L1. Each output equals [`packed_dot4_iq3_s`]'s bit for bit,
+/// so batches and thread counts never change a result.
+///
+/// # Safety
+/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI and BITALG.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+pub unsafe fn packed_rows_iq3_s(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let k = consts();
+    let nb = n / 256;
+    let mut prep: Vec<Prepared> = Vec::with_capacity(m * nb);
+    for j in 0..m {
+        for i in 0..nb {
+            prep.push(Prepared::new(q8k(a.add(j * a_stride), i).qs.as_ptr() as *const u8, &k));
+        }
+    }
+    for g in (0..rows).step_by(4) {
+        for j in 0..m {
+            let p = prep.as_ptr().add(j * nb);
+            group4(nb, w.add(g * row_bytes), row_bytes, p, a.add(j * a_stride), y.add(j * y_stride + g), &k);
+        }
+    }
+}
+
+/// One four-row group against one prepared activation row (`nb` blocks at
+/// `p`, scales from the Q8_K row at `a`). Not inlined: in the caller's loops
+/// the compiler ran out of mask registers and spilled the sign masks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+#[inline(never)]
+unsafe fn group4(nb: usize, w: *const u8, stride: usize, p: *const Prepared, a: *const u8, out: *mut f32, k: &Consts) {
+    let mut sum = _mm_setzero_ps();
+    for i in 0..nb {
+        let x: [*const u8; 4] = std::array::from_fn(|r| w.add(r * stride + i * 110));
+        for xr in x {
+            prefetch_block(xr, PREFETCH_AHEAD);
+        }
+        sum = _mm_add_ps(sum, recoded_blocks4(x, &*p.add(i), q8k(a, i).d, k));
     }
     _mm_storeu_ps(out, sum);
 }

@@ -256,6 +256,15 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
         if file.map(f32::to_bits) != pack.map(f32::to_bits) {
             return Err(format!("{dtype} packed four-row dot at {isa}: {pack:?} vs file layout {file:?}"));
         }
+        // A recoded type's row kernel (decode's) runs the same arithmetic.
+        let rows_kernel = crate::dispatch::kernels(dtype, isa, true).rows16;
+        if let (Some(rows_kernel), crate::dispatch::Packing::Recoded(_)) = (rows_kernel, crate::packed::layout(dtype)) {
+            // SAFETY: as above; one activation row, four outputs.
+            unsafe { rows_kernel(n, pw.as_ptr(), rb, 4, a, len, 1, pack.as_mut_ptr(), 4) };
+            if file.map(f32::to_bits) != pack.map(f32::to_bits) {
+                return Err(format!("{dtype} recoded row kernel at {isa}: {pack:?} vs file layout {file:?}"));
+            }
+        }
     }
     Ok(())
 }
