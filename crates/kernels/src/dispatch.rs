@@ -11,7 +11,10 @@
 //!   layout of [`crate::packed`];
 //! * `packed_rows16`: sixteen packed rows in the vector lanes
 //!   ([`Rows16Fn`]), one kernel for every `m`; where present it replaces
-//!   the packed four-row kernel, the tiles and the GEMM;
+//!   the packed four-row kernel and the tiles, and the GEMM too unless the
+//!   type's activations are Q8_K (whose GEMMs give the same bits) and
+//!   `rows16_all_m` is off. IQ3_S's recoded layout has a row kernel of
+//!   that shape over four-row groups (activations prepared once a call);
 //! * `gemm`: the prefill GEMM with activation rows in the vector lanes
 //!   ([`Gemm`]), for `m ≥ gemm.min_m`.
 //!
@@ -126,8 +129,10 @@ pub struct IsaKernels {
     pub tile: Choice<TileFn>,
     pub packed_dot4: Choice<Dot4Fn>,
     pub packed_tile: Choice<TileFn>,
-    /// Packed only: sixteen rows in the lanes, every batch size (it replaces
-    /// `packed_dot4`, `packed_tile` and the GEMM where present).
+    /// Packed only: a kernel over a whole row range (sixteen rows in the
+    /// lanes, or IQ3_S's four-row groups), every batch size below the GEMM's;
+    /// it replaces `packed_dot4` and `packed_tile`, and the GEMM as well for
+    /// the Q8_0/Q8_1 types (their own summation order).
     pub packed_rows16: Choice<Rows16Fn>,
     /// The sixteen-row kernel runs packed weights' large batches too (it
     /// measured faster than the GEMM reading the packed rows back); the GEMM
