@@ -67,8 +67,7 @@ fn main() {
             }
             report("dot4", t.elapsed().as_secs_f64() / iters as f64);
         }
-        let rows_kernel = shardlm_kernels::dispatch::kernels(dt, isa, true).rows16;
-        if let (true, Some(f)) = (packed, rows_kernel) {
+        if let Some(f) = shardlm_kernels::dispatch::kernels(dt, isa, packed).rows16 {
             let t = Instant::now();
             for _ in 0..iters {
                 unsafe { f(cols, w.as_ptr(), rb, rows, a.as_ptr(), a.len(), 1, out.as_mut_ptr(), rows) };

@@ -138,6 +138,11 @@ pub struct IsaKernels {
     /// measured faster than the GEMM reading the packed rows back); the GEMM
     /// then serves only the file layout.
     pub rows16_all_m: bool,
+    /// File layout: a kernel over a whole row range ([`Rows16Fn`]'s shape,
+    /// four-row groups) for every batch below the GEMM's; it prepares the
+    /// activations once a call where the four-row kernel did it once per
+    /// four rows, and equals that kernel bit for bit.
+    pub rows: Choice<Rows16Fn>,
     pub gemm: Choice<Gemm>,
     /// The packed layout this level's packed kernels read where it is not
     /// the row's own (Q3_K at AVX2: code planes instead of sixteen rows in
@@ -154,6 +159,7 @@ pub const NONE: IsaKernels = IsaKernels {
     packed_tile: &[],
     packed_rows16: &[],
     rows16_all_m: false,
+    rows: &[],
     gemm: &[],
     packing: None,
 };
@@ -291,6 +297,7 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[(Base, avx2_packed::tile_q4_0)],
             packed_rows16: &[],
             rows16_all_m: false,
+            rows: &[],
             gemm: &[],
             packing: None,
         },
@@ -303,6 +310,7 @@ pub static TABLE: &[Row] = &[
             // Packed: every batch size, as Q4_1 and Q8_0.
             packed_rows16: &[(Base, avx512_rows16::rows16_q4_0)],
             rows16_all_m: false,
+            rows: &[],
             gemm: GEMM_Q8_0,
             packing: None,
         },
@@ -322,6 +330,7 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[(Base, avx2_packed::tile_q4_1)],
             packed_rows16: &[],
             rows16_all_m: false,
+            rows: &[],
             gemm: &[],
             packing: None,
         },
@@ -337,6 +346,7 @@ pub static TABLE: &[Row] = &[
             // model's exactness, which the serving tests hold). No lane GEMM.
             packed_rows16: &[(Base, avx512_rows16::rows16_q4_1)],
             rows16_all_m: false,
+            rows: &[],
             gemm: &[],
             packing: None,
         },
@@ -377,6 +387,7 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[],
             packed_rows16: &[],
             rows16_all_m: false,
+            rows: &[],
             gemm: &[],
             packing: None,
         },
@@ -390,6 +401,7 @@ pub static TABLE: &[Row] = &[
             // file layout's large batches).
             packed_rows16: &[(Base, avx512_rows16::rows16_q8_0)],
             rows16_all_m: false,
+            rows: &[],
             gemm: GEMM_Q8_0,
             packing: None,
         },
@@ -461,6 +473,7 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[],
             packed_rows16: &[],
             rows16_all_m: false,
+            rows: &[],
             gemm: &[],
             packing: None,
         },
@@ -473,6 +486,7 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[(Vbmi, avx512_fp4_vbmi::tile_mxfp4_packed)],
             packed_rows16: &[],
             rows16_all_m: false,
+            rows: &[],
             gemm: GEMM_Q8_0,
             packing: None,
         },
@@ -492,6 +506,7 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[],
             packed_rows16: &[],
             rows16_all_m: false,
+            rows: &[],
             gemm: &[],
             packing: None,
         },
@@ -503,6 +518,7 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[(Base, avx512_fp4::tile_nvfp4_packed)],
             packed_rows16: &[],
             rows16_all_m: false,
+            rows: &[],
             gemm: &[],
             packing: None,
         },
@@ -523,6 +539,7 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[],
             packed_rows16: &[],
             rows16_all_m: false,
+            rows: &[],
             gemm: &[],
             packing: None,
         },
@@ -535,6 +552,7 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[],
             packed_rows16: &[],
             rows16_all_m: false,
+            rows: &[],
             gemm: &[],
             packing: None,
         },
@@ -604,6 +622,7 @@ pub static TABLE: &[Row] = &[
         avx512: x86! {
             dot: &[(Vbmi, avx512_iq::dot_iq2_xxs), (Base, avx2_lowk::dot_iq2_xxs)],
             dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_xxs)],
+            rows: &[(VbmiBitalg, avx512_iq2_vbmi::rows_iq2_xxs)],
             gemm: GEMM_K,
             ..NONE
         },
@@ -620,6 +639,7 @@ pub static TABLE: &[Row] = &[
         avx512: x86! {
             dot: &[(Base, avx512_iq::dot_iq2_xs)],
             dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_xs)],
+            rows: &[(VbmiBitalg, avx512_iq2_vbmi::rows_iq2_xs)],
             gemm: GEMM_K,
             ..NONE
         },
@@ -637,6 +657,7 @@ pub static TABLE: &[Row] = &[
         avx512: x86! {
             dot: &[(Base, avx512_iq::dot_iq2_s)],
             dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_s)],
+            rows: &[(VbmiBitalg, avx512_iq2_vbmi::rows_iq2_s)],
             gemm: GEMM_K,
             ..NONE
         },
@@ -655,6 +676,7 @@ pub static TABLE: &[Row] = &[
         avx512: x86! {
             dot: &[(VbmiGfni, avx512_iq3_vbmi::dot_iq3_xxs), (Base, avx2_lowk::dot_iq3_xxs)],
             dot4: &[(VbmiBitalg, avx512_iq3_vbmi::dot4_iq3_xxs)],
+            rows: &[(VbmiBitalg, avx512_iq3_vbmi::rows_iq3_xxs)],
             gemm: GEMM_K,
             ..NONE
         },
@@ -746,6 +768,7 @@ pub static TABLE: &[Row] = &[
             // Over its decoded-once super-blocks it ran a 1.1B layer's m = 256
             // product 1.3x faster than the GEMM.
             rows16_all_m: true,
+            rows: &[],
             gemm: GEMM_K_AVX2,
             ..NONE
         },

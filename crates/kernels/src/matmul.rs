@@ -512,14 +512,24 @@ unsafe fn rows_kernel(
         }
     };
     if let Some(rows16) = k.rows16 {
-        // Packed rows in sixteen-row runs (a packed range is four-aligned), a
-        // tile of activation rows at a time so they stay in cache while the
-        // range's rows stream past.
+        // The range's four-row groups by the row kernel (a packed range is
+        // four-aligned; a file-layout one may end in one to three rows, which
+        // the one-row kernel takes, as in `row_run`), a tile of activation
+        // rows at a time so they stay in cache while the range's rows stream
+        // past.
+        let r4 = r0 + (r1 - r0) / 4 * 4;
         let mut i0 = 0;
         while i0 < m {
             let i1 = (i0 + ACT_TILE).min(m);
             let (ap, yp) = (a.as_ptr().add(i0 * a_stride), y.add(i0 * w.rows + r0));
-            rows16(n, wp.add(r0 * rb), rb, r1 - r0, ap, a_stride, i1 - i0, yp, w.rows);
+            if r4 > r0 {
+                rows16(n, wp.add(r0 * rb), rb, r4 - r0, ap, a_stride, i1 - i0, yp, w.rows);
+            }
+            for i in i0..i1 {
+                for r in r4..r1 {
+                    *y.add(i * w.rows + r) = (k.dot)(n, wp.add(r * rb), a.as_ptr().add(i * a_stride));
+                }
+            }
             i0 = i1;
         }
         return;

@@ -59,7 +59,9 @@ pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
         let gemm = gemm.filter(|_| rows16.is_none() || (row.act == VecDotType::Q8_K && !k.rows16_all_m));
         Kernels { dot, dot4, tile: pick(k.packed_tile), rows16, gemm }
     } else {
-        Kernels { dot, dot4: pick(k.dot4), tile: pick(k.tile), rows16: None, gemm }
+        // A file-layout row kernel runs the batches below the GEMM's.
+        let rows = if rows16_enabled() { pick(k.rows) } else { None };
+        Kernels { dot, dot4: pick(k.dot4), tile: pick(k.tile), rows16: rows, gemm }
     }
 }
 

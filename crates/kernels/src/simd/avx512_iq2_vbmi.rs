@@ -215,6 +215,26 @@ pub unsafe fn dot4_iq2_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, 
     dot4::<XXS>(n, w, stride, a, out)
 }
 
+/// The row kernel over [`dot4_iq2_xxs`]'s four-row groups (see [`rows`]).
+///
+/// # Safety
+/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+pub unsafe fn rows_iq2_xxs(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    nrows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    rows::<XXS>(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride)
+}
+
 /// Which IQ2 type [`dot4`] runs.
 const XXS: u8 = 0;
 const S: u8 = 1;
@@ -225,6 +245,73 @@ const XS: u8 = 2;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 #[inline]
 unsafe fn dot4<const KIND: u8>(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    run4::<KIND, false>(n, w, stride, a, std::ptr::null(), out)
+}
+
+/// [`dot4`] over activations already in the grid's order ([`by_position`]
+/// of each block at `pre`): the row kernel's four-row step. Not inlined, so
+/// its registers are allocated as [`dot4`]'s are.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+#[inline(never)]
+unsafe fn group4<const KIND: u8>(
+    n: usize,
+    w: *const u8,
+    stride: usize,
+    a: *const u8,
+    pre: *const Prepared,
+    out: *mut f32,
+) {
+    run4::<KIND, true>(n, w, stride, a, pre, out)
+}
+
+/// One Q8_K block's activations in the grid's order ([`by_position`]).
+type Prepared = [__m512i; 8];
+
+/// Every four-row group of a file-layout weight against `m` activation rows,
+/// the activations put in the grid's order once a call instead of once per
+/// four rows; each output equals [`dot4`]'s bit for bit.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+#[inline]
+unsafe fn rows<const KIND: u8>(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let by_j = ld(consts().t.by_j.as_ptr());
+    let nb = n / 256;
+    let mut pre: Vec<Prepared> = Vec::with_capacity(m * nb);
+    for j in 0..m {
+        for i in 0..nb {
+            pre.push(by_position(q8k(a.add(j * a_stride), i).qs.as_ptr() as *const u8, by_j));
+        }
+    }
+    for g in (0..rows).step_by(4) {
+        for j in 0..m {
+            let (aj, pj) = (a.add(j * a_stride), pre.as_ptr().add(j * nb));
+            group4::<KIND>(n, w.add(g * row_bytes), row_bytes, aj, pj, y.add(j * y_stride + g));
+        }
+    }
+}
+
+/// The four-row loop: [`dot4`] (`PRE` false: the activations put in the
+/// grid's order block by block) or [`group4`] (read from `pre`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+#[inline]
+unsafe fn run4<const KIND: u8, const PRE: bool>(
+    n: usize,
+    w: *const u8,
+    stride: usize,
+    a: *const u8,
+    pre: *const Prepared,
+    out: *mut f32,
+) {
     let bytes = match KIND {
         XXS => BLOCK,
         S => BLOCK_S,
@@ -236,7 +323,7 @@ unsafe fn dot4<const KIND: u8>(n: usize, w: *const u8, stride: usize, a: *const 
     let mut sum = _mm_setzero_ps();
     for i in 0..n / 256 {
         let yb = q8k(a, i);
-        let y = by_position(yb.qs.as_ptr() as *const u8, by_j);
+        let y = if PRE { *pre.add(i) } else { by_position(yb.qs.as_ptr() as *const u8, by_j) };
         let x =
             [w.add(i * bytes), w.add(stride + i * bytes), w.add(2 * stride + i * bytes), w.add(3 * stride + i * bytes)];
         for x in x {
@@ -418,6 +505,26 @@ pub unsafe fn dot4_iq2_s(n: usize, w: *const u8, stride: usize, a: *const u8, ou
     dot4::<S>(n, w, stride, a, out)
 }
 
+/// The row kernel over [`dot4_iq2_s`]'s four-row groups (see [`rows`]).
+///
+/// # Safety
+/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+pub unsafe fn rows_iq2_s(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    nrows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    rows::<S>(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride)
+}
+
 // ---------------------------------------------------------------- IQ2_XS
 
 /// Bytes of an IQ2_XS super-block: `d`, 32 words (a 9-bit grid index and a
@@ -478,6 +585,26 @@ pub unsafe fn dot4_iq2_xs(n: usize, w: *const u8, stride: usize, a: *const u8, o
     dot4::<XS>(n, w, stride, a, out)
 }
 
+/// The row kernel over [`dot4_iq2_xs`]'s four-row groups (see [`rows`]).
+///
+/// # Safety
+/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+pub unsafe fn rows_iq2_xs(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    nrows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    rows::<XS>(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,12 +619,12 @@ mod tests {
             return;
         }
         let mut rng = super::super::XorShift(0x2545_F491_4F6C_DD1D);
-        let kernels: [(crate::DType, usize, quant::Dot4Fn); 3] = [
-            (crate::DType::IQ2_XXS, BLOCK, dot4_iq2_xxs),
-            (crate::DType::IQ2_S, BLOCK_S, dot4_iq2_s),
-            (crate::DType::IQ2_XS, BLOCK_XS, dot4_iq2_xs),
+        let kernels: [(crate::DType, usize, quant::Dot4Fn, quant::Rows16Fn); 3] = [
+            (crate::DType::IQ2_XXS, BLOCK, dot4_iq2_xxs, rows_iq2_xxs),
+            (crate::DType::IQ2_S, BLOCK_S, dot4_iq2_s, rows_iq2_s),
+            (crate::DType::IQ2_XS, BLOCK_XS, dot4_iq2_xs, rows_iq2_xs),
         ];
-        for (dtype, bytes, dot4) in kernels {
+        for (dtype, bytes, dot4, rows) in kernels {
             let scalar = quant::scalar::dot_fn(dtype);
             for nb in [1usize, 3, 8] {
                 let (n, row) = (256 * nb, bytes * nb);
@@ -520,6 +647,10 @@ mod tests {
                     let want = unsafe { scalar(n, w[r * row..].as_ptr(), ap) };
                     assert_eq!(got.to_bits(), want.to_bits(), "{dtype} row {r}, {nb} blocks: {got} vs {want}");
                 }
+                // The row kernel: the same bits, the activations prepared once.
+                let mut by_rows = [f32::NAN; 4];
+                unsafe { rows(n, w.as_ptr(), row, 4, ap, 0, 1, by_rows.as_mut_ptr(), 4) };
+                assert_eq!(by_rows.map(f32::to_bits), four.map(f32::to_bits), "{dtype} row kernel, {nb} blocks");
             }
         }
     }

@@ -40,6 +40,7 @@ use super::avx2::rd16;
 use super::avx2_lowk::{blk, finish, q8k};
 use super::avx2_rows::prefetch_block;
 use super::avx512_iq::{chunk, ksigns_vec};
+use super::avx512_iq3s_vbmi::by_position;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::avx512_rows16_q3k::bit_moves;
 use crate::quant::iq3_xxs;
@@ -305,21 +306,42 @@ struct Dot4Consts {
 /// and GFNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 pub unsafe fn dot4_iq3_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    run4::<false>(n, w, stride, a, std::ptr::null(), out)
+}
+
+/// What the IQ3_XXS four-row kernels share: the tables and controls.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,gfni")]
+#[inline]
+unsafe fn dot4_consts() -> Dot4Consts {
     let t = tables();
     let sc = &t.sign_ctl;
-    let sign_ctl = [ld(sc[0].as_ptr()), ld(sc[1].as_ptr()), ld(sc[2].as_ptr()), ld(sc[3].as_ptr())];
-    let by_j = ld(t.by_j.as_ptr());
-    let k = Dot4Consts {
+    Dot4Consts {
         t,
         rank_to_mag: _mm512_set1_epi64(bit_moves([None, Some(3), None, Some(0), Some(1), Some(2), None, None])),
-        by_j,
-        sign_ctl,
+        by_j: ld(t.by_j.as_ptr()),
+        sign_ctl: [ld(sc[0].as_ptr()), ld(sc[1].as_ptr()), ld(sc[2].as_ptr()), ld(sc[3].as_ptr())],
         pair_lanes: _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
-    };
+    }
+}
+
+/// The four-row loop of [`dot4_iq3_xxs`] (`PRE` false: the activations put
+/// in the grid's order block by block) and of the row kernel's step
+/// (`PRE`: read from `pre`, one [`by_position`] a block).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+#[inline]
+unsafe fn run4<const PRE: bool>(
+    n: usize,
+    w: *const u8,
+    stride: usize,
+    a: *const u8,
+    pre: *const [__m512i; 4],
+    out: *mut f32,
+) {
+    let k = dot4_consts();
     let mut sum = _mm_setzero_ps();
     for i in 0..n / 256 {
         let y = q8k(a, i);
-        let ys = super::avx512_iq3s_vbmi::by_position(y.qs.as_ptr() as *const u8, k.by_j);
+        let ys = if PRE { *pre.add(i) } else { by_position(y.qs.as_ptr() as *const u8, k.by_j) };
         let x = [w.add(i * 98), w.add(stride + i * 98), w.add(2 * stride + i * 98), w.add(3 * stride + i * 98)];
         for x in x {
             prefetch_block(x, PREFETCH_AHEAD);
@@ -338,6 +360,50 @@ pub unsafe fn dot4_iq3_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, 
         sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(y.d)), isum));
     }
     _mm_storeu_ps(out, _mm_mul_ps(sum, _mm_set1_ps(0.25)));
+}
+
+/// [`run4`] over prepared activations, not inlined: its registers are
+/// allocated as [`dot4_iq3_xxs`]'s are.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+#[inline(never)]
+unsafe fn group4(n: usize, w: *const u8, stride: usize, a: *const u8, pre: *const [__m512i; 4], out: *mut f32) {
+    run4::<true>(n, w, stride, a, pre, out)
+}
+
+/// Every four-row group of a file-layout IQ3_XXS weight against `m`
+/// activation rows, the activations put in the grid's order once a call
+/// instead of once per four rows; each output equals [`dot4_iq3_xxs`]'s.
+///
+/// # Safety
+/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG
+/// and GFNI.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+pub unsafe fn rows_iq3_xxs(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let by_j = ld(tables().by_j.as_ptr());
+    let nb = n / 256;
+    let mut pre: Vec<[__m512i; 4]> = Vec::with_capacity(m * nb);
+    for j in 0..m {
+        for i in 0..nb {
+            pre.push(by_position(q8k(a.add(j * a_stride), i).qs.as_ptr() as *const u8, by_j));
+        }
+    }
+    for g in (0..rows).step_by(4) {
+        for j in 0..m {
+            let (aj, pj) = (a.add(j * a_stride), pre.as_ptr().add(j * nb));
+            group4(n, w.add(g * row_bytes), row_bytes, aj, pj, y.add(j * y_stride + g));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -392,6 +458,10 @@ mod tests {
                     let want = unsafe { scalar(n, w4[r * row..].as_ptr(), ap) };
                     assert_eq!(got4.to_bits(), want.to_bits(), "four-row, row {r}, {nb} blocks: {got4} vs {want}");
                 }
+                // The row kernel: the same bits, the activations prepared once.
+                let mut by_rows = [f32::NAN; 4];
+                unsafe { rows_iq3_xxs(n, w4.as_ptr(), row, 4, ap, 0, 1, by_rows.as_mut_ptr(), 4) };
+                assert_eq!(by_rows.map(f32::to_bits), four.map(f32::to_bits), "row kernel, {nb} blocks");
             }
         }
     }

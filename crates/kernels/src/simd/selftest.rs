@@ -171,6 +171,15 @@ pub fn self_test(isa: Isa) -> Result<(), String> {
         if let Some(f) = dot4 {
             // SAFETY: four rows of `rb` bytes; `isa` is supported (checked by caller).
             unsafe { f(n, w.as_ptr(), rb, a, four.as_mut_ptr()) };
+            // A file-layout row kernel runs the four-row kernel's arithmetic.
+            if let Some(rows) = crate::dispatch::kernels(dtype, isa, false).rows16 {
+                let mut by_rows = [f32::NAN; 4];
+                // SAFETY: as above; one activation row, four outputs.
+                unsafe { rows(n, w.as_ptr(), rb, 4, a, len, 1, by_rows.as_mut_ptr(), 4) };
+                if by_rows.map(f32::to_bits) != four.map(f32::to_bits) {
+                    return Err(format!("{dtype} row kernel at {isa}: {by_rows:?} vs four-row {four:?}"));
+                }
+            }
         }
         for r in 0..4 {
             let row = &w[r * rb..(r + 1) * rb];
