@@ -215,7 +215,9 @@ pub unsafe fn dot4_iq2_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, 
     dot4::<XXS>(n, w, stride, a, out)
 }
 
-/// The row kernel over [`dot4_iq2_xxs`]'s four-row groups (see [`rows`]).
+/// The row kernel over [`dot4_iq2_xxs`]'s four-row groups, the activations
+/// put in the grid's order once a call ([`super::prepared_rows`]); each
+/// output equals [`dot4_iq2_xxs`]'s bit for bit.
 ///
 /// # Safety
 /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
@@ -232,7 +234,7 @@ pub unsafe fn rows_iq2_xxs(
     y: *mut f32,
     y_stride: usize,
 ) {
-    rows::<XXS>(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride)
+    super::prepared_rows::run(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride, prepare, group4::<XXS>)
 }
 
 /// Which IQ2 type [`dot4`] runs.
@@ -267,37 +269,10 @@ unsafe fn group4<const KIND: u8>(
 /// One Q8_K block's activations in the grid's order ([`by_position`]).
 type Prepared = [__m512i; 8];
 
-/// Every four-row group of a file-layout weight against `m` activation rows,
-/// the activations put in the grid's order once a call instead of once per
-/// four rows; each output equals [`dot4`]'s bit for bit.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
-#[inline]
-unsafe fn rows<const KIND: u8>(
-    n: usize,
-    w: *const u8,
-    row_bytes: usize,
-    rows: usize,
-    a: *const u8,
-    a_stride: usize,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    let by_j = ld(consts().t.by_j.as_ptr());
-    let nb = n / 256;
-    let mut pre: Vec<Prepared> = Vec::with_capacity(m * nb);
-    for j in 0..m {
-        for i in 0..nb {
-            pre.push(by_position(q8k(a.add(j * a_stride), i).qs.as_ptr() as *const u8, by_j));
-        }
-    }
-    for g in (0..rows).step_by(4) {
-        for j in 0..m {
-            let (aj, pj) = (a.add(j * a_stride), pre.as_ptr().add(j * nb));
-            group4::<KIND>(n, w.add(g * row_bytes), row_bytes, aj, pj, y.add(j * y_stride + g));
-        }
-    }
+/// One block's activations in the grid's order, for the row driver.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx2")]
+unsafe fn prepare(qs: *const u8) -> Prepared {
+    by_position(qs, ld(consts().t.by_j.as_ptr()))
 }
 
 /// The four-row loop: [`dot4`] (`PRE` false: the activations put in the
@@ -505,7 +480,7 @@ pub unsafe fn dot4_iq2_s(n: usize, w: *const u8, stride: usize, a: *const u8, ou
     dot4::<S>(n, w, stride, a, out)
 }
 
-/// The row kernel over [`dot4_iq2_s`]'s four-row groups (see [`rows`]).
+/// The row kernel over [`dot4_iq2_s`]'s four-row groups (see [`rows_iq2_xxs`]).
 ///
 /// # Safety
 /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
@@ -522,7 +497,7 @@ pub unsafe fn rows_iq2_s(
     y: *mut f32,
     y_stride: usize,
 ) {
-    rows::<S>(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride)
+    super::prepared_rows::run(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride, prepare, group4::<S>)
 }
 
 // ---------------------------------------------------------------- IQ2_XS
@@ -585,7 +560,7 @@ pub unsafe fn dot4_iq2_xs(n: usize, w: *const u8, stride: usize, a: *const u8, o
     dot4::<XS>(n, w, stride, a, out)
 }
 
-/// The row kernel over [`dot4_iq2_xs`]'s four-row groups (see [`rows`]).
+/// The row kernel over [`dot4_iq2_xs`]'s four-row groups (see [`rows_iq2_xxs`]).
 ///
 /// # Safety
 /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
@@ -602,7 +577,7 @@ pub unsafe fn rows_iq2_xs(
     y: *mut f32,
     y_stride: usize,
 ) {
-    rows::<XS>(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride)
+    super::prepared_rows::run(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride, prepare, group4::<XS>)
 }
 
 #[cfg(test)]

@@ -390,20 +390,13 @@ pub unsafe fn rows_iq3_xxs(
     y: *mut f32,
     y_stride: usize,
 ) {
-    let by_j = ld(tables().by_j.as_ptr());
-    let nb = n / 256;
-    let mut pre: Vec<[__m512i; 4]> = Vec::with_capacity(m * nb);
-    for j in 0..m {
-        for i in 0..nb {
-            pre.push(by_position(q8k(a.add(j * a_stride), i).qs.as_ptr() as *const u8, by_j));
-        }
-    }
-    for g in (0..rows).step_by(4) {
-        for j in 0..m {
-            let (aj, pj) = (a.add(j * a_stride), pre.as_ptr().add(j * nb));
-            group4(n, w.add(g * row_bytes), row_bytes, aj, pj, y.add(j * y_stride + g));
-        }
-    }
+    super::prepared_rows::run(n, w, row_bytes, rows, a, a_stride, m, y, y_stride, prepare, group4)
+}
+
+/// One block's activations in the grid's order, for the row driver.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx2")]
+unsafe fn prepare(qs: *const u8) -> [__m512i; 4] {
+    by_position(qs, ld(tables().by_j.as_ptr()))
 }
 
 #[cfg(test)]

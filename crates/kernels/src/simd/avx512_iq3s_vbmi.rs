@@ -413,18 +413,13 @@ pub unsafe fn dot4_iq3_s(n: usize, w: *const u8, stride: usize, a: *const u8, ou
 /// As for [`crate::quant::Dot4Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI and BITALG.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 pub unsafe fn packed_dot4_iq3_s(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let k = consts();
-    let mut sum = _mm_setzero_ps();
+    // The row kernel's step over this call's activations (the row kernel
+    // prepares them once for all its groups instead).
+    let mut pre: Vec<Prepared> = Vec::with_capacity(n / 256);
     for i in 0..n / 256 {
-        let y = q8k(a, i);
-        let ys = Prepared::new(y.qs.as_ptr() as *const u8, &k);
-        let x: [*const u8; 4] = std::array::from_fn(|r| w.add(r * stride + i * 110));
-        for xr in x {
-            prefetch_block(xr, PREFETCH_AHEAD);
-        }
-        sum = _mm_add_ps(sum, recoded_blocks4(x, &ys, y.d, &k));
+        pre.push(prepare(q8k(a, i).qs.as_ptr() as *const u8));
     }
-    _mm_storeu_ps(out, sum);
+    group4(n, w, stride, a, pre.as_ptr(), out)
 }
 
 /// One Q8_K block's activations in the sign order ([`by_position`]) and
@@ -454,24 +449,6 @@ impl Prepared {
     }
 }
 
-/// Four recoded rows' blocks (at `x`) against one prepared activation block
-/// with scale `yd`: lane `r` is row `r`'s term of the scalar sum (no fused
-/// multiply-add), `d_r·yd·isum_r`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
-#[inline]
-unsafe fn recoded_blocks4(x: [*const u8; 4], ys: &Prepared, yd: f32, k: &Consts) -> __m128 {
-    let b = [
-        block_recoded(x[0], ys, k),
-        block_recoded(x[1], ys, k),
-        block_recoded(x[2], ys, k),
-        block_recoded(x[3], ys, k),
-    ];
-    let isum = _mm_cvtepi32_ps(sum4(b));
-    let d: [u64; 4] = x.map(|xr| (xr as *const u16).read_unaligned() as u64);
-    let xd = super::avx2::f16x4(d[0] | d[1] << 16 | d[2] << 32 | d[3] << 48);
-    _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(yd)), isum)
-}
-
 /// Every four-row group of a recoded weight (`rows` rows, `row_bytes` apart)
 /// against `m` activation rows: the decode kernel. The activations are put
 /// in the sign order once per call ([`Prepared`], `m` × 512 bytes a block),
@@ -495,35 +472,41 @@ pub unsafe fn packed_rows_iq3_s(
     y: *mut f32,
     y_stride: usize,
 ) {
-    let k = consts();
-    let nb = n / 256;
-    let mut prep: Vec<Prepared> = Vec::with_capacity(m * nb);
-    for j in 0..m {
-        for i in 0..nb {
-            prep.push(Prepared::new(q8k(a.add(j * a_stride), i).qs.as_ptr() as *const u8, &k));
-        }
-    }
-    for g in (0..rows).step_by(4) {
-        for j in 0..m {
-            let p = prep.as_ptr().add(j * nb);
-            group4(nb, w.add(g * row_bytes), row_bytes, p, a.add(j * a_stride), y.add(j * y_stride + g), &k);
-        }
-    }
+    super::prepared_rows::run(n, w, row_bytes, rows, a, a_stride, m, y, y_stride, prepare, group4)
 }
 
-/// One four-row group against one prepared activation row (`nb` blocks at
+/// [`Prepared::new`] for the row driver.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx2")]
+unsafe fn prepare(qs: *const u8) -> Prepared {
+    Prepared::new(qs, &consts())
+}
+
+/// One four-row group against one prepared activation row (its blocks at
 /// `p`, scales from the Q8_K row at `a`). Not inlined: in the caller's loops
 /// the compiler ran out of mask registers and spilled the sign masks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 #[inline(never)]
-unsafe fn group4(nb: usize, w: *const u8, stride: usize, p: *const Prepared, a: *const u8, out: *mut f32, k: &Consts) {
+unsafe fn group4(n: usize, w: *const u8, stride: usize, a: *const u8, p: *const Prepared, out: *mut f32) {
+    let k = &consts();
     let mut sum = _mm_setzero_ps();
-    for i in 0..nb {
+    for i in 0..n / 256 {
         let x: [*const u8; 4] = std::array::from_fn(|r| w.add(r * stride + i * 110));
         for xr in x {
             prefetch_block(xr, PREFETCH_AHEAD);
         }
-        sum = _mm_add_ps(sum, recoded_blocks4(x, &*p.add(i), q8k(a, i).d, k));
+        let ys = &*p.add(i);
+        let b = [
+            block_recoded(x[0], ys, k),
+            block_recoded(x[1], ys, k),
+            block_recoded(x[2], ys, k),
+            block_recoded(x[3], ys, k),
+        ];
+        let isum = _mm_cvtepi32_ps(sum4(b));
+        let d: [u64; 4] = x.map(|xr| (xr as *const u16).read_unaligned() as u64);
+        let xd = super::avx2::f16x4(d[0] | d[1] << 16 | d[2] << 32 | d[3] << 48);
+        // Lane r: row r's term of the scalar sum, `d_r·yd·isum_r` (no fused
+        // multiply-add).
+        sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(xd, _mm_set1_ps(q8k(a, i).d)), isum));
     }
     _mm_storeu_ps(out, sum);
 }

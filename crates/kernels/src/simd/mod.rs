@@ -70,6 +70,7 @@ mod gemm_lowk;
 pub mod kvq;
 pub mod kvq_dot;
 mod lane_gemm;
+mod prepared_rows;
 pub mod selftest;
 
 /// Reproducible random bytes for the kernel tests (xorshift64).
