@@ -114,7 +114,7 @@ pub unsafe fn dot_q4_0(n: usize, w: *const u8, a: *const u8) -> f32 {
     let off = _mm256_set1_epi8(8);
     for i in 0..nb {
         let (x, y) = (w.add(i * 18), a.add(i * 34));
-        super::avx2_rows::prefetch(x.wrapping_add(2 * nb * 18));
+        super::avx512_rows16_k::prefetch_l2(x.wrapping_add(super::avx512_rows16_k::PREFETCH_AHEAD));
         let d = scale_prod(rd16(x), rd16(y));
         let qx = _mm256_sub_epi8(nibbles(x.add(2)), off);
         let p = dot_i8i8(qx, ld(y.add(2)));
@@ -134,7 +134,7 @@ pub unsafe fn dot_q4_1(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut accm = _mm_setzero_ps();
     for i in 0..nb {
         let (x, y) = (w.add(i * 20), a.add(i * 36));
-        super::avx2_rows::prefetch(x.wrapping_add(2 * nb * 20));
+        super::avx512_rows16_k::prefetch_l2(x.wrapping_add(super::avx512_rows16_k::PREFETCH_AHEAD));
         // [d_x, m_x] and [d_y, s_y] → [d_x·d_y, m_x·s_y].
         let v = f16x4((x as *const u32).read_unaligned() as u64 | ((y as *const u32).read_unaligned() as u64) << 32);
         let prod = _mm_mul_ps(v, _mm_movehl_ps(v, v));
@@ -157,7 +157,7 @@ pub unsafe fn dot_q5_0(n: usize, w: *const u8, a: *const u8) -> f32 {
     let hi = _mm256_set1_epi8(0xF0u8 as i8);
     for i in 0..nb {
         let (x, y) = (w.add(i * 22), a.add(i * 34));
-        super::avx2_rows::prefetch(x.wrapping_add(2 * nb * 22));
+        super::avx512_rows16_k::prefetch_l2(x.wrapping_add(super::avx512_rows16_k::PREFETCH_AHEAD));
         let d = scale_prod(rd16(x), rd16(y));
         let qh = (x.add(2) as *const u32).read_unaligned();
         // q − 16: the nibble with 0xF0 or-ed in where the 5th bit is clear.
@@ -180,7 +180,7 @@ pub unsafe fn dot_q5_1(n: usize, w: *const u8, a: *const u8) -> f32 {
     let bit4 = _mm256_set1_epi8(0x10);
     for i in 0..nb {
         let (x, y) = (w.add(i * 24), a.add(i * 36));
-        super::avx2_rows::prefetch(x.wrapping_add(2 * nb * 24));
+        super::avx512_rows16_k::prefetch_l2(x.wrapping_add(super::avx512_rows16_k::PREFETCH_AHEAD));
         let v = f16x4((x as *const u32).read_unaligned() as u64 | ((y as *const u32).read_unaligned() as u64) << 32);
         let prod = _mm_mul_ps(v, _mm_movehl_ps(v, v));
         accm = _mm_add_ps(accm, prod);
@@ -203,7 +203,7 @@ pub unsafe fn dot_q8_0(n: usize, w: *const u8, a: *const u8) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 2];
     for i in 0..nb {
         let (x, y) = (w.add(i * 34), a.add(i * 34));
-        super::avx2_rows::prefetch(x.wrapping_add(2 * nb * 34));
+        super::avx512_rows16_k::prefetch_l2(x.wrapping_add(super::avx512_rows16_k::PREFETCH_AHEAD));
         let d = scale_prod(rd16(x), rd16(y));
         let p = dot_i8i8(ld(x.add(2)), ld(y.add(2)));
         acc[i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[i & 1]);

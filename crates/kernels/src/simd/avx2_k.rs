@@ -7,8 +7,17 @@
 //! with one `vpshufb` (they were built from scalars, two broadcasts and an
 //! insert per 32 values, and the mins from 16 inserts: in cache, 13.9 → 9.0
 //! ns a Q4_K super-block, Q5_K 16.8 → 11.2, Q6_K 16.9 → 12.2 on the Xeon).
+//!
+//! These one-row kernels are the K-quants' decode path at AVX2 (their
+//! weights stay in the file layout there). Each block prefetches the lines
+//! [`PREFETCH_AHEAD`] (8 KiB) on into L2, as the sixteen-row kernels do:
+//! two rows ahead into L1 (2.3–6.3 KiB at the 1.1B shapes) left the
+//! hardware prefetchers behind. `bench_matmul 2 1 avx2` at the 1.1B shapes,
+//! the two alternated pass by pass (Emerald Rapids VM): Q4_K 25.8–27.1 →
+//! 28.0–28.5 GB/s, Q6_K 27.4 → 28.2, Q5_K 26.4 → 26.6.
 
 use super::avx2::{hsum_ps, rd16};
+use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
 use crate::quant::q4_k::scales_mins;
 use std::arch::x86_64::*;
 
@@ -53,7 +62,7 @@ unsafe fn dot_k4k5<const Q5: bool>(n: usize, w: *const u8, a: *const u8) -> f32 
     for i in 0..nb {
         let (x, y) = (w.add(i * bb), a.add(i * Q8K_BYTES));
         for l in 0..bb.div_ceil(64) {
-            super::avx2_rows::prefetch(x.wrapping_add(2 * nb * bb + 64 * l));
+            prefetch_l2(x.wrapping_add(PREFETCH_AHEAD + 64 * l));
         }
         let yd = (y as *const f32).read_unaligned();
         let d = _mm256_set1_ps(yd * f16(rd16(x)));
@@ -123,7 +132,7 @@ pub unsafe fn dot_q6_k(n: usize, w: *const u8, a: *const u8) -> f32 {
     for i in 0..nb {
         let (x, y) = (w.add(i * 210), a.add(i * Q8K_BYTES));
         for l in 0..4 {
-            super::avx2_rows::prefetch(x.wrapping_add(2 * nb * 210 + 64 * l));
+            prefetch_l2(x.wrapping_add(PREFETCH_AHEAD + 64 * l));
         }
         let d = _mm256_set1_ps((y as *const f32).read_unaligned() * f16(rd16(x.add(208))));
         let scales = _mm_loadu_si128(x.add(192) as *const __m128i);
