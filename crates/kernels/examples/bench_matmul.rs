@@ -69,11 +69,16 @@ fn main() {
     if vocab > 0 {
         ws.push((odt, vocab, hidden, weight(odt, vocab, hidden, 999)));
     }
-    // PACKED=1: the interleaved four-row layout the model loader uses.
+    // PACKED=1: the packed layout the model loader uses, where it uses one
+    // (a type is packed only where the level has a kernel for the layout, as
+    // `model::linear` decides; packing it anyway would time a scalar fallback).
     let packed = std::env::var("PACKED").is_ok_and(|v| v == "1");
+    let pack_it = |dt: DType, r: usize, c: usize| {
+        shardlm_kernels::packed::packable(dt, r, c) && shardlm_kernels::packed::worth_packing(dt, isa)
+    };
     if packed {
         for w in ws.iter_mut() {
-            if shardlm_kernels::packed::packable(w.0, w.1, w.2) {
+            if pack_it(w.0, w.1, w.2) {
                 w.3 = shardlm_kernels::packed::pack(w.0, w.1, w.2, &w.3);
             }
         }
@@ -85,7 +90,7 @@ fn main() {
     let mut y = vec![0f32; m * vocab.max(ffn)];
     let mut run = || {
         for (dt, r, c, d) in &ws {
-            let w = if packed && shardlm_kernels::packed::packable(*dt, *r, *c) {
+            let w = if packed && pack_it(*dt, *r, *c) {
                 MatRef::new_packed(*dt, *r, *c, d).unwrap()
             } else {
                 MatRef::new(*dt, *r, *c, d).unwrap()
