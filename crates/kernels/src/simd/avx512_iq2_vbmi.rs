@@ -215,27 +215,17 @@ pub unsafe fn dot4_iq2_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, 
     dot4::<XXS>(n, w, stride, a, out)
 }
 
-/// The row kernel over [`dot4_iq2_xxs`]'s four-row groups, the activations
-/// put in the grid's order once a call ([`super::prepared_rows`]); each
-/// output equals [`dot4_iq2_xxs`]'s bit for bit.
-///
-/// # Safety
-/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
-pub unsafe fn rows_iq2_xxs(
-    n: usize,
-    w: *const u8,
-    row_bytes: usize,
-    nrows: usize,
-    a: *const u8,
-    a_stride: usize,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    super::prepared_rows::run(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride, prepare, group4::<XXS>)
-}
+super::prepared_rows::row_kernel!(
+    /// The row kernel over [`dot4_iq2_xxs`]'s four-row groups, the activations
+    /// put in the grid's order once a call ([`super::prepared_rows`]); each
+    /// output equals [`dot4_iq2_xxs`]'s bit for bit.
+    ///
+    /// # Safety
+    /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
+    rows_iq2_xxs,
+    prepare,
+    group4::<XXS>
+);
 
 /// Which IQ2 type [`dot4`] runs.
 const XXS: u8 = 0;
@@ -480,25 +470,15 @@ pub unsafe fn dot4_iq2_s(n: usize, w: *const u8, stride: usize, a: *const u8, ou
     dot4::<S>(n, w, stride, a, out)
 }
 
-/// The row kernel over [`dot4_iq2_s`]'s four-row groups (see [`rows_iq2_xxs`]).
-///
-/// # Safety
-/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
-pub unsafe fn rows_iq2_s(
-    n: usize,
-    w: *const u8,
-    row_bytes: usize,
-    nrows: usize,
-    a: *const u8,
-    a_stride: usize,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    super::prepared_rows::run(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride, prepare, group4::<S>)
-}
+super::prepared_rows::row_kernel!(
+    /// The row kernel over [`dot4_iq2_s`]'s four-row groups (see [`rows_iq2_xxs`]).
+    ///
+    /// # Safety
+    /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
+    rows_iq2_s,
+    prepare,
+    group4::<S>
+);
 
 // ---------------------------------------------------------------- IQ2_XS
 
@@ -560,25 +540,15 @@ pub unsafe fn dot4_iq2_xs(n: usize, w: *const u8, stride: usize, a: *const u8, o
     dot4::<XS>(n, w, stride, a, out)
 }
 
-/// The row kernel over [`dot4_iq2_xs`]'s four-row groups (see [`rows_iq2_xxs`]).
-///
-/// # Safety
-/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
-pub unsafe fn rows_iq2_xs(
-    n: usize,
-    w: *const u8,
-    row_bytes: usize,
-    nrows: usize,
-    a: *const u8,
-    a_stride: usize,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    super::prepared_rows::run(n, w, row_bytes, nrows, a, a_stride, m, y, y_stride, prepare, group4::<XS>)
-}
+super::prepared_rows::row_kernel!(
+    /// The row kernel over [`dot4_iq2_xs`]'s four-row groups (see [`rows_iq2_xxs`]).
+    ///
+    /// # Safety
+    /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
+    rows_iq2_xs,
+    prepare,
+    group4::<XS>
+);
 
 #[cfg(test)]
 mod tests {

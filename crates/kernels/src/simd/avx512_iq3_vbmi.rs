@@ -370,28 +370,18 @@ unsafe fn group4(n: usize, w: *const u8, stride: usize, a: *const u8, pre: *cons
     run4::<true>(n, w, stride, a, pre, out)
 }
 
-/// Every four-row group of a file-layout IQ3_XXS weight against `m`
-/// activation rows, the activations put in the grid's order once a call
-/// instead of once per four rows; each output equals [`dot4_iq3_xxs`]'s.
-///
-/// # Safety
-/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG
-/// and GFNI.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
-pub unsafe fn rows_iq3_xxs(
-    n: usize,
-    w: *const u8,
-    row_bytes: usize,
-    rows: usize,
-    a: *const u8,
-    a_stride: usize,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    super::prepared_rows::run(n, w, row_bytes, rows, a, a_stride, m, y, y_stride, prepare, group4)
-}
+super::prepared_rows::row_kernel!(
+    /// Every four-row group of a file-layout IQ3_XXS weight against `m`
+    /// activation rows, the activations put in the grid's order once a call
+    /// instead of once per four rows; each output equals [`dot4_iq3_xxs`]'s.
+    ///
+    /// # Safety
+    /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG
+    /// and GFNI.
+    rows_iq3_xxs,
+    prepare,
+    group4
+);
 
 /// One block's activations in the grid's order, for the row driver.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx2")]

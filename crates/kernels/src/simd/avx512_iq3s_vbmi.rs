@@ -457,31 +457,21 @@ impl Prepared {
     }
 }
 
-/// Every four-row group of a recoded weight (`rows` rows, `row_bytes` apart)
-/// against `m` activation rows: the decode kernel. The activations are put
-/// in the sign order once per call ([`Prepared`], `m` × 512 bytes a block),
-/// not once per four rows as in [`packed_dot4_iq3_s`]: that work was a tenth
-/// of the four-row kernel. Each group meets every activation row while its
-/// bytes are in L1. Each output equals [`packed_dot4_iq3_s`]'s bit for bit,
-/// so batches and thread counts never change a result.
-///
-/// # Safety
-/// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI and BITALG.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
-pub unsafe fn packed_rows_iq3_s(
-    n: usize,
-    w: *const u8,
-    row_bytes: usize,
-    rows: usize,
-    a: *const u8,
-    a_stride: usize,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    super::prepared_rows::run(n, w, row_bytes, rows, a, a_stride, m, y, y_stride, prepare, group4)
-}
+super::prepared_rows::row_kernel!(
+    /// Every four-row group of a recoded weight (`rows` rows, `row_bytes` apart)
+    /// against `m` activation rows: the decode kernel. The activations are put
+    /// in the sign order once per call ([`Prepared`], `m` × 512 bytes a block),
+    /// not once per four rows as in [`packed_dot4_iq3_s`]: that work was a tenth
+    /// of the four-row kernel. Each group meets every activation row while its
+    /// bytes are in L1. Each output equals [`packed_dot4_iq3_s`]'s bit for bit,
+    /// so batches and thread counts never change a result.
+    ///
+    /// # Safety
+    /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI and BITALG.
+    packed_rows_iq3_s,
+    prepare,
+    group4
+);
 
 /// [`Prepared::new`] for the row driver.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx2")]

@@ -56,3 +56,29 @@ pub(super) unsafe fn run<P: Copy>(
         }
     }
 }
+
+/// A public [`crate::quant::Rows16Fn`] entry point that runs [`run`] with a
+/// type's `prepare` and `group` under the register-lookup kernels' target
+/// features (AVX-512 F/BW/VL/VNNI, VBMI, BITALG, GFNI). Each row kernel is
+/// this one call; the macro keeps the nine-parameter signature in one place.
+macro_rules! row_kernel {
+    ($(#[$doc:meta])* $name:ident, $prepare:expr, $group:expr) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+        pub unsafe fn $name(
+            n: usize,
+            w: *const u8,
+            row_bytes: usize,
+            rows: usize,
+            a: *const u8,
+            a_stride: usize,
+            m: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            super::prepared_rows::run(n, w, row_bytes, rows, a, a_stride, m, y, y_stride, $prepare, $group)
+        }
+    };
+}
+pub(super) use row_kernel;
