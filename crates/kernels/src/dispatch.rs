@@ -665,9 +665,10 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::IQ3_XXS,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        // The signs recoded as the VBMI kernel's masks where it reads them.
+        packing: Packing::Recoded(crate::packed::Recoding::Iq3xxsSignMasks),
         scalar: scalar::dot_iq3_xxs,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq3_xxs),
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], gemm: GEMM_K_AVX2, ..NONE },
@@ -677,6 +678,9 @@ pub static TABLE: &[Row] = &[
             dot: &[(VbmiGfni, avx512_iq3_vbmi::dot_iq3_xxs), (Base, avx2_lowk::dot_iq3_xxs)],
             dot4: &[(VbmiBitalg, avx512_iq3_vbmi::dot4_iq3_xxs)],
             rows: &[(VbmiBitalg, avx512_iq3_vbmi::rows_iq3_xxs)],
+            packed_dot4: &[(VbmiBitalg, avx512_iq3_vbmi::packed_dot4_iq3_xxs)],
+            // Decode: the activations prepared once a call.
+            packed_rows16: &[(VbmiBitalg, avx512_iq3_vbmi::packed_rows_iq3_xxs)],
             gemm: GEMM_K,
             ..NONE
         },

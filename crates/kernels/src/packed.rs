@@ -46,6 +46,7 @@
 pub mod lanes16;
 pub mod q3k_planes;
 pub mod sign_order;
+pub mod xxs_signs;
 
 use crate::dispatch::Packing;
 use crate::quant::{self, Dot4Fn, TileFn};
@@ -99,6 +100,8 @@ pub enum Recoding {
     Iq3sSignOrder,
     /// Q3_K as three planes of whole codes for the AVX2 kernel ([`q3k_planes`]).
     Q3kPlanes,
+    /// IQ3_XXS with its signs as the VBMI kernel's masks ([`xxs_signs`]).
+    Iq3xxsSignMasks,
 }
 
 /// One block recoded (or decoded) from `src` to `dst`, in vector code.
@@ -112,6 +115,7 @@ impl Recoding {
         match self {
             Recoding::Iq3sSignOrder => sign_order::BLOCK_BYTES,
             Recoding::Q3kPlanes => q3k_planes::BLOCK_BYTES,
+            Recoding::Iq3xxsSignMasks => xxs_signs::BLOCK_BYTES,
         }
     }
 
@@ -120,6 +124,7 @@ impl Recoding {
         match self {
             Recoding::Iq3sSignOrder => (sign_order::encode, sign_order::decode),
             Recoding::Q3kPlanes => (q3k_planes::encode, q3k_planes::decode),
+            Recoding::Iq3xxsSignMasks => (xxs_signs::encode, xxs_signs::decode),
         }
     }
 
@@ -366,6 +371,7 @@ scalar_dot4!(scalar_dot4_q8_0, DType::Q8_0);
 scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
 scalar_dot4!(scalar_dot4_iq3_s, DType::IQ3_S);
+scalar_dot4!(scalar_dot4_iq3_xxs, DType::IQ3_XXS);
 scalar_dot4!(scalar_dot4_q3_k, DType::Q3_K);
 
 /// The four-row kernel over a packed group for `dtype` at `isa`. Always present

@@ -109,9 +109,10 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut
     }
 }
 
-/// Decodes one super-block `x` of `dtype` into 256 codes at `q` and its scales.
+/// Decodes one super-block `x` of `dtype` into 256 codes at `q` and its scales
+/// (`recoded`: IQ3_XXS as recoded at load, see [`reads_recoded`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
+unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8, recoded: bool) -> Scales {
     let ld = |o: usize| _mm256_loadu_si256(x.as_ptr().add(o) as *const __m256i);
     let st = |o: usize, v: __m256i| _mm256_storeu_si256(q.add(o) as *mut __m256i, v);
     let low = _mm256_set1_epi8(0x0F);
@@ -151,6 +152,7 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
         DType::IQ2_S => return super::avx512_iq::decode_iq2_s(x.as_ptr(), q),
         DType::IQ1_S => return super::avx512_iq::decode_iq1_s(x.as_ptr(), q),
         DType::IQ1_M => return super::avx512_iq::decode_iq1_m(x.as_ptr(), q),
+        DType::IQ3_XXS if recoded => return super::avx512_iq::decode_iq3_xxs_recoded(x.as_ptr(), q),
         DType::IQ3_XXS if vbmi() => return super::avx512_iq::decode_iq3_xxs(x.as_ptr(), q),
         DType::IQ2_XXS if vbmi() => return super::avx512_iq::decode_iq2_xxs(x.as_ptr(), q),
         t if gemm_lowk::is_grid_iq(t) => {
@@ -181,17 +183,26 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
     s
 }
 
+/// Whether `w`'s blocks are decoded as they lie in their recoded layout
+/// instead of going back to the file's first: IQ3_XXS's sign masks
+/// ([`crate::packed::xxs_signs`]; its rows stay in place). The way back
+/// through the file's sign indices cost 12% of a pp256.
+fn reads_recoded(w: &MatRef<'_>) -> bool {
+    w.packed && crate::packed::recoding(w.dtype) == Some(crate::packed::Recoding::Iq3xxsSignMasks)
+}
+
 /// Decodes rows `r0..r1` of `w` (file or packed layout) into `d`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
     let (nb, bb) = (w.cols / 256, w.dtype.block_bytes());
     let mut buf = std::mem::take(&mut d.row);
-    let rows = w.rows_file(r0, r1, &mut buf);
+    let recoded = reads_recoded(w);
+    let rows = if recoded { &w.data[r0 * w.row_bytes()..r1 * w.row_bytes()] } else { w.rows_file(r0, r1, &mut buf) };
     for k in 0..r1 - r0 {
         let row = &rows[k * w.row_bytes()..];
         for b in 0..nb {
             let q = d.q.as_mut_ptr().add(k * w.cols + b * 256);
-            let s = decode_block(w.dtype, &row[b * bb..(b + 1) * bb], q);
+            let s = decode_block(w.dtype, &row[b * bb..(b + 1) * bb], q, recoded);
             d.s[k * nb + b] = if gemm_lowk::scale_per_32(w.dtype) { gemm_lowk::fold_to_32(s) } else { s };
         }
     }

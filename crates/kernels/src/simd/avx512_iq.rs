@@ -438,6 +438,33 @@ pub(super) unsafe fn decode_iq3_xxs(x: *const u8, q: *mut u8) -> Scales {
     scales(std::array::from_fn(|g| ls[g / 2]), x.d.to_f32(), 0.25)
 }
 
+/// [`decode_iq3_xxs`] of a block recoded at load
+/// ([`crate::packed::xxs_signs`]), read as it lies: the element-order sign
+/// bits of each 64 values are the four masks' 16-bit pieces interleaved,
+/// four `pdep`, instead of the way back to the file's sign indices.
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI and BMI2 CPU; `x` holds 98 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,f16c,bmi2")]
+pub(super) unsafe fn decode_iq3_xxs_recoded(x: *const u8, q: *mut u8) -> Scales {
+    let m = x.add(66) as *const u64;
+    let (m0, m1, m2) = (m.read_unaligned(), m.add(1).read_unaligned(), m.add(2).read_unaligned());
+    let even = _pdep_u64((x.add(90) as *const u32).read_unaligned() as u64, 0x5555_5555_5555_5555);
+    let masks = [m0, m1, m2, crate::packed::xxs_signs::mask3(m0, m1, m2, even)];
+    let grid = IQ3XXS_GRID.as_ptr() as *const i32;
+    for h in 0..4 {
+        let mut signs = 0u64;
+        for (j, mj) in masks.iter().enumerate() {
+            signs |= _pdep_u64(mj >> (16 * h), 0x1111_1111_1111_1111 << j);
+        }
+        let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(x.add(2 + 16 * h) as *const __m128i));
+        store_codes(q.add(64 * h), _mm512_i32gather_epi32::<4>(idx, grid), signs);
+    }
+    let sc = (x.add(94) as *const u32).read_unaligned();
+    let d = half::f16::from_bits((x as *const u16).read_unaligned()).to_f32();
+    scales(std::array::from_fn(|g| 2 * (sc >> (4 * (g / 2)) & 0xF) + 1), d, 0.25)
+}
+
 /// IQ2_XXS super-block `x` (66 bytes) → as [`decode_iq3_s`].
 ///
 /// # Safety

@@ -43,6 +43,7 @@ use super::avx512_iq::{chunk, ksigns_vec};
 use super::avx512_iq3s_vbmi::by_position;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::avx512_rows16_q3k::bit_moves;
+use crate::packed::xxs_signs;
 use crate::quant::iq3_xxs;
 use crate::quant::iq_grids::IQ3XXS_GRID;
 use std::arch::x86_64::*;
@@ -287,6 +288,41 @@ unsafe fn block_by_position(x: *const u8, y: [__m512i; 4], k: &Dot4Consts) -> __
     _mm512_mullo_epi32(acc, _mm512_permutexvar_epi32(k.pair_lanes, _mm512_castsi256_si512(ls)))
 }
 
+/// [`block_by_position`] for a block recoded at load
+/// ([`crate::packed::xxs_signs`]): three sign masks are loads, the fourth
+/// follows from the parity rule in a few scalar steps, and the eight scales
+/// are one broadcast word (lane `d`'s nibble `d / 2` rotated into bits 1–4,
+/// as IQ3_S's `scaled` does) instead of a shift per word and a permute.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,gfni,bmi2")]
+#[inline]
+unsafe fn block_recoded(x: *const u8, y: [__m512i; 4], k: &Dot4Consts) -> __m512i {
+    let idx = ld(x.add(2));
+    let k7 = _mm512_movepi8_mask(idx);
+    let a = look256_mem(&k.t.a, idx, k7);
+    let b = look256_mem(&k.t.b, idx, k7);
+    let w = [
+        _mm512_gf2p8affine_epi64_epi8::<4>(a, k.rank_to_mag),
+        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(a), k.rank_to_mag),
+        _mm512_gf2p8affine_epi64_epi8::<4>(b, k.rank_to_mag),
+        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(b), k.rank_to_mag),
+    ];
+    let m = x.add(66) as *const u64;
+    let (m0, m1, m2) = (m.read_unaligned(), m.add(1).read_unaligned(), m.add(2).read_unaligned());
+    let even = _pdep_u64((x.add(90) as *const u32).read_unaligned() as u64, 0x5555_5555_5555_5555);
+    let neg = [m0, m1, m2, xxs_signs::mask3(m0, m1, m2, even)];
+    let mut acc = _mm512_setzero_si512();
+    for j in 0..4 {
+        acc = _mm512_dpbusd_epi32(acc, w[j], _mm512_mask_sub_epi8(y[j], neg[j], _mm512_setzero_si512(), y[j]));
+    }
+    let s = _mm512_set1_epi32((x.add(94) as *const i32).read_unaligned());
+    let ls = _mm512_ternarylogic_epi32::<0xEA>(
+        _mm512_rorv_epi32(s, k.scale_shift),
+        _mm512_set1_epi32(30),
+        _mm512_set1_epi32(1),
+    );
+    _mm512_mullo_epi32(acc, ls)
+}
+
 /// What the four-row kernel's blocks share.
 struct Dot4Consts {
     t: &'static Tables,
@@ -295,6 +331,8 @@ struct Dot4Consts {
     sign_ctl: [__m512i; 4],
     /// Lane `d`: `d / 2`.
     pair_lanes: __m512i,
+    /// Lane `d`: the rotation `4·(d / 2) − 1` of the recoded scale word.
+    scale_shift: __m512i,
 }
 
 /// Four IQ3_XXS rows `stride` bytes apart × one Q8_K row, the activations in
@@ -304,9 +342,20 @@ struct Dot4Consts {
 /// # Safety
 /// As for [`crate::quant::Dot4Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG
 /// and GFNI.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni,bmi2")]
 pub unsafe fn dot4_iq3_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    run4::<false>(n, w, stride, a, std::ptr::null(), out)
+    run4::<false, false>(n, w, stride, a, std::ptr::null(), out)
+}
+
+/// [`dot4_iq3_xxs`] over rows recoded at load ([`crate::packed::xxs_signs`];
+/// rows `stride` bytes apart as in the file); equals it bit for bit.
+///
+/// # Safety
+/// As for [`crate::quant::Dot4Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG,
+/// GFNI and BMI2.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni,bmi2")]
+pub unsafe fn packed_dot4_iq3_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    run4::<false, true>(n, w, stride, a, std::ptr::null(), out)
 }
 
 /// What the IQ3_XXS four-row kernels share: the tables and controls.
@@ -321,15 +370,17 @@ unsafe fn dot4_consts() -> Dot4Consts {
         by_j: ld(t.by_j.as_ptr()),
         sign_ctl: [ld(sc[0].as_ptr()), ld(sc[1].as_ptr()), ld(sc[2].as_ptr()), ld(sc[3].as_ptr())],
         pair_lanes: _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
+        scale_shift: _mm512_setr_epi32(-1, -1, 3, 3, 7, 7, 11, 11, 15, 15, 19, 19, 23, 23, 27, 27),
     }
 }
 
 /// The four-row loop of [`dot4_iq3_xxs`] (`PRE` false: the activations put
 /// in the grid's order block by block) and of the row kernel's step
-/// (`PRE`: read from `pre`, one [`by_position`] a block).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+/// (`PRE`: read from `pre`, one [`by_position`] a block); `RECODED`: the
+/// rows recoded at load ([`block_recoded`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni,bmi2")]
 #[inline]
-unsafe fn run4<const PRE: bool>(
+unsafe fn run4<const PRE: bool, const RECODED: bool>(
     n: usize,
     w: *const u8,
     stride: usize,
@@ -346,12 +397,21 @@ unsafe fn run4<const PRE: bool>(
         for x in x {
             prefetch_block(x, PREFETCH_AHEAD);
         }
-        let b = [
-            block_by_position(x[0], ys, &k),
-            block_by_position(x[1], ys, &k),
-            block_by_position(x[2], ys, &k),
-            block_by_position(x[3], ys, &k),
-        ];
+        let b = if RECODED {
+            [
+                block_recoded(x[0], ys, &k),
+                block_recoded(x[1], ys, &k),
+                block_recoded(x[2], ys, &k),
+                block_recoded(x[3], ys, &k),
+            ]
+        } else {
+            [
+                block_by_position(x[0], ys, &k),
+                block_by_position(x[1], ys, &k),
+                block_by_position(x[2], ys, &k),
+                block_by_position(x[3], ys, &k),
+            ]
+        };
         let isum = _mm_cvtepi32_ps(super::avx512_iq3s_vbmi::sum4(b));
         let xd = super::avx2::f16x4(
             rd16(x[0]) as u64 | (rd16(x[1]) as u64) << 16 | (rd16(x[2]) as u64) << 32 | (rd16(x[3]) as u64) << 48,
@@ -364,10 +424,17 @@ unsafe fn run4<const PRE: bool>(
 
 /// [`run4`] over prepared activations, not inlined: its registers are
 /// allocated as [`dot4_iq3_xxs`]'s are.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni,bmi2")]
 #[inline(never)]
 unsafe fn group4(n: usize, w: *const u8, stride: usize, a: *const u8, pre: *const [__m512i; 4], out: *mut f32) {
-    run4::<true>(n, w, stride, a, pre, out)
+    run4::<true, false>(n, w, stride, a, pre, out)
+}
+
+/// [`group4`] over recoded rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni,bmi2")]
+#[inline(never)]
+unsafe fn group4_recoded(n: usize, w: *const u8, stride: usize, a: *const u8, pre: *const [__m512i; 4], out: *mut f32) {
+    run4::<true, true>(n, w, stride, a, pre, out)
 }
 
 super::prepared_rows::row_kernel!(
@@ -381,6 +448,19 @@ super::prepared_rows::row_kernel!(
     rows_iq3_xxs,
     prepare,
     group4
+);
+
+super::prepared_rows::row_kernel!(
+    /// [`rows_iq3_xxs`] over a weight recoded at load
+    /// ([`crate::packed::xxs_signs`]): the decode kernel where the CPU has
+    /// BMI2 too; each output equals [`packed_dot4_iq3_xxs`]'s.
+    ///
+    /// # Safety
+    /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI,
+    /// BITALG, GFNI and BMI2.
+    packed_rows_iq3_xxs,
+    prepare,
+    group4_recoded
 );
 
 /// One block's activations in the grid's order, for the row driver.
@@ -445,6 +525,15 @@ mod tests {
                 let mut by_rows = [f32::NAN; 4];
                 unsafe { rows_iq3_xxs(n, w4.as_ptr(), row, 4, ap, 0, 1, by_rows.as_mut_ptr(), 4) };
                 assert_eq!(by_rows.map(f32::to_bits), four.map(f32::to_bits), "row kernel, {nb} blocks");
+                // Recoded at load: the four-row and row kernels, the same bits.
+                let pw = crate::packed::pack(crate::DType::IQ3_XXS, 4, n, &w4);
+                let (mut packed, mut packed_rows) = ([0f32; 4], [f32::NAN; 4]);
+                unsafe {
+                    packed_dot4_iq3_xxs(n, pw.as_ptr(), row, ap, packed.as_mut_ptr());
+                    packed_rows_iq3_xxs(n, pw.as_ptr(), row, 4, ap, 0, 1, packed_rows.as_mut_ptr(), 4);
+                }
+                assert_eq!(packed.map(f32::to_bits), four.map(f32::to_bits), "recoded four-row, {nb} blocks");
+                assert_eq!(packed_rows.map(f32::to_bits), four.map(f32::to_bits), "recoded rows, {nb} blocks");
             }
         }
     }

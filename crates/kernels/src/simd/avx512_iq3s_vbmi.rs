@@ -116,7 +116,8 @@ fn tables() -> &'static Tables {
 
 /// Whether this CPU has what the four-row register-lookup kernels need (IQ3_S,
 /// IQ3_XXS, and the IQ2 types in [`super::avx512_iq2_vbmi`]): AVX-512 VBMI,
-/// BITALG and GFNI (every CPU with BITALG has GFNI: Ice Lake on, Zen 4).
+/// BITALG and GFNI (every CPU with BITALG has GFNI: Ice Lake on, Zen 4),
+/// and BMI2 (all of those have it; IQ3_XXS's recoded signs use `pdep`).
 /// `SHARDLM_VBMI=0`, `SHARDLM_GFNI=0` or `SHARDLM_BITALG=0` turns them off.
 pub fn has_vbmi_bitalg() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -124,6 +125,7 @@ pub fn has_vbmi_bitalg() -> bool {
         super::avx512_fp4_vbmi::has_vbmi()
             && super::avx512_rows16_q3k::has_gfni()
             && is_x86_feature_detected!("avx512bitalg")
+            && is_x86_feature_detected!("bmi2")
             && std::env::var("SHARDLM_BITALG").map_or(true, |v| v.trim() != "0")
     })
 }
