@@ -613,9 +613,10 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::IQ2_XXS,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        // The signs recoded as the VBMI kernel's masks where it reads them.
+        packing: Packing::Recoded(crate::packed::Recoding::Iq2xxsSignMasks),
         scalar: scalar::dot_iq2_xxs,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq2_xxs),
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], gemm: GEMM_K_AVX2, ..NONE },
@@ -623,6 +624,8 @@ pub static TABLE: &[Row] = &[
             dot: &[(Vbmi, avx512_iq::dot_iq2_xxs), (Base, avx2_lowk::dot_iq2_xxs)],
             dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_xxs)],
             rows: &[(VbmiBitalg, avx512_iq2_vbmi::rows_iq2_xxs)],
+            packed_dot4: &[(VbmiBitalg, avx512_iq2_vbmi::packed_dot4_iq2_xxs)],
+            packed_rows16: &[(VbmiBitalg, avx512_iq2_vbmi::packed_rows_iq2_xxs)],
             gemm: GEMM_K,
             ..NONE
         },
@@ -630,9 +633,10 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::IQ2_XS,
         act: VecDotType::Q8_K,
-        packing: Packing::None,
+        // The signs recoded as the VBMI kernel's masks where it reads them.
+        packing: Packing::Recoded(crate::packed::Recoding::Iq2xsSignMasks),
         scalar: scalar::dot_iq2_xs,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq2_xs),
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], gemm: GEMM_K_AVX2, ..NONE },
@@ -640,6 +644,8 @@ pub static TABLE: &[Row] = &[
             dot: &[(Base, avx512_iq::dot_iq2_xs)],
             dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_xs)],
             rows: &[(VbmiBitalg, avx512_iq2_vbmi::rows_iq2_xs)],
+            packed_dot4: &[(VbmiBitalg, avx512_iq2_vbmi::packed_dot4_iq2_xs)],
+            packed_rows16: &[(VbmiBitalg, avx512_iq2_vbmi::packed_rows_iq2_xs)],
             gemm: GEMM_K,
             ..NONE
         },

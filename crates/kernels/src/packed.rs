@@ -43,6 +43,7 @@
 //! (docs/PERFORMANCE.md). On the dense 1.1B model (rows of 2048–5632 inputs)
 //! MXFP4 decode gains 10–13%, NVFP4 decode and both prefills stay within noise.
 
+pub mod iq2_signs;
 pub mod lanes16;
 pub mod q3k_planes;
 pub mod sign_order;
@@ -102,6 +103,9 @@ pub enum Recoding {
     Q3kPlanes,
     /// IQ3_XXS with its signs as the VBMI kernel's masks ([`xxs_signs`]).
     Iq3xxsSignMasks,
+    /// IQ2_XXS and IQ2_XS with their signs as masks ([`iq2_signs`]).
+    Iq2xxsSignMasks,
+    Iq2xsSignMasks,
 }
 
 /// One block recoded (or decoded) from `src` to `dst`, in vector code.
@@ -116,6 +120,8 @@ impl Recoding {
             Recoding::Iq3sSignOrder => sign_order::BLOCK_BYTES,
             Recoding::Q3kPlanes => q3k_planes::BLOCK_BYTES,
             Recoding::Iq3xxsSignMasks => xxs_signs::BLOCK_BYTES,
+            Recoding::Iq2xxsSignMasks => iq2_signs::XXS_BYTES,
+            Recoding::Iq2xsSignMasks => iq2_signs::XS_BYTES,
         }
     }
 
@@ -125,6 +131,8 @@ impl Recoding {
             Recoding::Iq3sSignOrder => (sign_order::encode, sign_order::decode),
             Recoding::Q3kPlanes => (q3k_planes::encode, q3k_planes::decode),
             Recoding::Iq3xxsSignMasks => (xxs_signs::encode, xxs_signs::decode),
+            Recoding::Iq2xxsSignMasks => (iq2_signs::encode_xxs, iq2_signs::decode_xxs),
+            Recoding::Iq2xsSignMasks => (iq2_signs::encode_xs, iq2_signs::decode_xs),
         }
     }
 
@@ -372,6 +380,8 @@ scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);
 scalar_dot4!(scalar_dot4_iq3_s, DType::IQ3_S);
 scalar_dot4!(scalar_dot4_iq3_xxs, DType::IQ3_XXS);
+scalar_dot4!(scalar_dot4_iq2_xxs, DType::IQ2_XXS);
+scalar_dot4!(scalar_dot4_iq2_xs, DType::IQ2_XS);
 scalar_dot4!(scalar_dot4_q3_k, DType::Q3_K);
 
 /// The four-row kernel over a packed group for `dtype` at `isa`. Always present
@@ -416,6 +426,9 @@ mod tests {
             DType::Q6_K,
             DType::Q2_K,
             DType::IQ3_S,
+            DType::IQ3_XXS,
+            DType::IQ2_XXS,
+            DType::IQ2_XS,
             DType::Q3_K,
         ] {
             let (rows, cols) = (2 * group_rows(dtype), if dtype.block_elems() == 256 { 512 } else { 128 });
@@ -437,7 +450,9 @@ mod tests {
         assert!(!packable(DType::Q4_K, 8, 512));
         assert!(packable(DType::Q2_K, 16, 512));
         assert!(!packable(DType::Q2_K, 8, 512));
-        assert!(!packable(DType::IQ2_XXS, 8, 512));
+        // IQ2_XXS recodes each block in place; IQ2_S stays in the file layout.
+        assert!(packable(DType::IQ2_XXS, 8, 512));
+        assert!(!packable(DType::IQ2_S, 8, 512));
         // MXFP4 packs by block pairs, NVFP4 by blocks; FP8 stays in the file layout.
         assert!(!packable(DType::MXFP4, 8, 96));
         assert!(packable(DType::NVFP4, 8, 64));

@@ -110,7 +110,7 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut
 }
 
 /// Decodes one super-block `x` of `dtype` into 256 codes at `q` and its scales
-/// (`recoded`: IQ3_XXS as recoded at load, see [`reads_recoded`]).
+/// (`recoded`: as recoded at load, see [`reads_recoded`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8, recoded: bool) -> Scales {
     let ld = |o: usize| _mm256_loadu_si256(x.as_ptr().add(o) as *const __m256i);
@@ -118,6 +118,10 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8, recoded: bool) -> Sca
     let low = _mm256_set1_epi8(0x0F);
     let mut s = Scales::default();
     match dtype {
+        // Sign masks recoded at load, read as they lie.
+        DType::IQ3_XXS if recoded => return super::avx512_iq::decode_iq3_xxs_recoded(x.as_ptr(), q),
+        DType::IQ2_XXS if recoded => return super::avx512_iq::decode_iq2_xxs_recoded(x.as_ptr(), q),
+        DType::IQ2_XS if recoded => return super::avx512_iq::decode_iq2_xs_recoded(x.as_ptr(), q),
         DType::Q4_K | DType::Q5_K => {
             // [d, dmin, scales[12], (Q5_K: qh[32]), qs[128]]
             let (sc, mn) = scales_mins(x[4..16].try_into().expect("12 scale bytes"));
@@ -152,7 +156,6 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8, recoded: bool) -> Sca
         DType::IQ2_S => return super::avx512_iq::decode_iq2_s(x.as_ptr(), q),
         DType::IQ1_S => return super::avx512_iq::decode_iq1_s(x.as_ptr(), q),
         DType::IQ1_M => return super::avx512_iq::decode_iq1_m(x.as_ptr(), q),
-        DType::IQ3_XXS if recoded => return super::avx512_iq::decode_iq3_xxs_recoded(x.as_ptr(), q),
         DType::IQ3_XXS if vbmi() => return super::avx512_iq::decode_iq3_xxs(x.as_ptr(), q),
         DType::IQ2_XXS if vbmi() => return super::avx512_iq::decode_iq2_xxs(x.as_ptr(), q),
         t if gemm_lowk::is_grid_iq(t) => {
@@ -184,11 +187,13 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8, recoded: bool) -> Sca
 }
 
 /// Whether `w`'s blocks are decoded as they lie in their recoded layout
-/// instead of going back to the file's first: IQ3_XXS's sign masks
-/// ([`crate::packed::xxs_signs`]; its rows stay in place). The way back
-/// through the file's sign indices cost 12% of a pp256.
+/// instead of going back to the file's first: the sign masks of IQ3_XXS
+/// ([`crate::packed::xxs_signs`]), IQ2_XXS and IQ2_XS
+/// ([`crate::packed::iq2_signs`]; rows stay in place). For IQ3_XXS the way
+/// back through the file's sign indices cost 12% of a pp256.
 fn reads_recoded(w: &MatRef<'_>) -> bool {
-    w.packed && crate::packed::recoding(w.dtype) == Some(crate::packed::Recoding::Iq3xxsSignMasks)
+    use crate::packed::Recoding::{Iq2xsSignMasks, Iq2xxsSignMasks, Iq3xxsSignMasks};
+    w.packed && matches!(crate::packed::recoding(w.dtype), Some(Iq3xxsSignMasks | Iq2xxsSignMasks | Iq2xsSignMasks))
 }
 
 /// Decodes rows `r0..r1` of `w` (file or packed layout) into `d`.

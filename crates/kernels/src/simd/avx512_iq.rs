@@ -465,6 +465,74 @@ pub(super) unsafe fn decode_iq3_xxs_recoded(x: *const u8, q: *mut u8) -> Scales 
     scales(std::array::from_fn(|g| 2 * (sc >> (4 * (g / 2)) & 0xF) + 1), d, 0.25)
 }
 
+/// The element-order sign bits of an IQ2_XXS or IQ2_XS block recoded at load
+/// ([`crate::packed::iq2_signs`], its seven masks at `m`, 28 bytes with 4
+/// more readable after): quadword `h` bit `8b + i` = bit `8h + b` of mask
+/// `i`. One byte permute puts byte `h` of every mask in quadword `h`
+/// (reversed), and one `vgf2p8affineqb` transposes each 8 × 8 bit block.
+///
+/// # Safety
+/// AVX-512 F/VL/VBMI and GFNI CPU; `m` holds 32 readable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,gfni")]
+#[inline]
+unsafe fn iq2_recoded_signs(m: *const u8) -> [u64; 4] {
+    let words: [u32; 7] = std::array::from_fn(|j| (m.add(4 * j) as *const u32).read_unaligned());
+    let v = _mm256_insert_epi32::<7>(
+        _mm256_loadu_si256(m as *const __m256i),
+        crate::packed::iq2_signs::mask7(&words) as i32,
+    );
+    // Output byte 8h + 7 − j = input byte 4j + h (mask j's byte h).
+    let ctl = _mm256_setr_epi8(
+        28, 24, 20, 16, 12, 8, 4, 0, 29, 25, 21, 17, 13, 9, 5, 1, 30, 26, 22, 18, 14, 10, 6, 2, 31, 27, 23, 19, 15, 11,
+        7, 3,
+    );
+    let t = _mm256_permutexvar_epi8(ctl, v);
+    // Output byte b bit i = input byte 7 − i bit b (one-hot data bytes).
+    let one_hot = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    std::mem::transmute::<__m256i, [u64; 4]>(_mm256_gf2p8affine_epi64_epi8::<0>(one_hot, t))
+}
+
+/// [`decode_iq2_xxs`] of a block recoded at load ([`crate::packed::iq2_signs`]),
+/// read as it lies.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VBMI and GFNI CPU; `x` holds 66 bytes, `q` 256 writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,f16c,gfni")]
+pub(super) unsafe fn decode_iq2_xxs_recoded(x: *const u8, q: *mut u8) -> Scales {
+    let d = half::f16::from_bits((x as *const u16).read_unaligned()).to_f32();
+    let signs = iq2_recoded_signs(x.add(crate::packed::iq2_signs::XXS_MASKS));
+    for h in 0..4 {
+        let iv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.add(2 + 8 * h) as *const __m128i));
+        let mag = _mm512_i32gather_epi64::<8>(iv, IQ2XXS_GRID.as_ptr() as *const i64);
+        store_codes(q.add(64 * h), mag, signs[h]);
+    }
+    let sc = (x.add(62) as *const u32).read_unaligned();
+    scales(std::array::from_fn(|g| 2 * (sc >> (4 * (g / 2)) & 0xF) + 1), d, 0.125)
+}
+
+/// [`decode_iq2_xs`] of a block recoded at load ([`crate::packed::iq2_signs`]),
+/// read as it lies.
+///
+/// # Safety
+/// As for [`decode_iq2_xxs_recoded`]; `x` holds 74 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,f16c,gfni")]
+pub(super) unsafe fn decode_iq2_xs_recoded(x: *const u8, q: *mut u8) -> Scales {
+    let d = half::f16::from_bits((x as *const u16).read_unaligned()).to_f32();
+    let signs = iq2_recoded_signs(x.add(crate::packed::iq2_signs::XS_MASKS));
+    let hi = (x.add(34) as *const u32).read_unaligned();
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for h in 0..4 {
+        let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.add(2 + 8 * h) as *const __m128i));
+        let bit8 =
+            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((hi >> (8 * h)) as i32), lanes), _mm256_set1_epi32(1));
+        let iv = _mm256_or_si256(lo, _mm256_slli_epi32::<8>(bit8));
+        let mag = _mm512_i32gather_epi64::<8>(iv, IQ2XS_GRID.as_ptr() as *const i64);
+        store_codes(q.add(64 * h), mag, signs[h]);
+    }
+    let sc = x.add(66);
+    scales(std::array::from_fn(|g| 2 * u32::from(*sc.add(g / 2) >> (4 * (g % 2)) & 0xF) + 1), d, 0.125)
+}
+
 /// IQ2_XXS super-block `x` (66 bytes) → as [`decode_iq3_s`].
 ///
 /// # Safety

@@ -40,6 +40,12 @@
 //! Measured (in L2, 256 × 2048, Emerald Rapids): IQ2_XXS 7.7–8.4 ns a
 //! super-block-row against the gathering one-row kernel's 13.2–14.3.
 //!
+//! Where the loader packs (VBMI, BITALG, GFNI), IQ2_XXS and IQ2_XS are
+//! recoded at load ([`crate::packed::iq2_signs`]): the signs as the eight
+//! masks (words, the eighth by parity), the indices one load, IQ2_XXS's
+//! scales as nibbles rotated into place per lane; the `packed_` kernels read
+//! that layout and equal the file-layout ones bit for bit.
+//!
 //! Numerics: the block's integer sum is exact and the float steps are the
 //! scalar `vec_dot`'s (`d·d_a·isum` added block by block, `0.125·sum` last),
 //! so each row equals the scalar dot bit for bit.
@@ -51,6 +57,7 @@ use super::avx512_iq3_vbmi::{look256_mem, vld};
 use super::avx512_iq3s_vbmi::look512;
 use super::avx512_lowk;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
+use crate::packed::iq2_signs::{XS_MASKS, XXS_MASKS};
 use crate::quant::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -142,6 +149,9 @@ struct Consts {
     /// `vpmultishiftqb` control: byte `k` of a quadword (two `aux` words)
     /// from bit `7k` (`k < 4`) or `32 + 7(k − 4)`.
     sign_fields: __m512i,
+    /// Lane `d`: the rotation `4·(d mod 8) − 1` of a recoded IQ2_XXS scale
+    /// word ([`pair_xxs_recoded`]).
+    scale_shift: __m512i,
 }
 
 /// The 256 activations of a Q8_K block in the grid's order, each 32 bytes
@@ -212,7 +222,7 @@ unsafe fn pair(x0: *const u8, x1: *const u8, y: &[__m512i; 8], k: &Consts) -> __
 /// and GFNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 pub unsafe fn dot4_iq2_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    dot4::<XXS>(n, w, stride, a, out)
+    dot4::<XXS, false>(n, w, stride, a, out)
 }
 
 super::prepared_rows::row_kernel!(
@@ -224,7 +234,27 @@ super::prepared_rows::row_kernel!(
     /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
     rows_iq2_xxs,
     prepare,
-    group4::<XXS>
+    group4::<XXS, false>
+);
+
+/// [`dot4_iq2_xxs`] over rows recoded at load ([`crate::packed::iq2_signs`];
+/// rows `stride` bytes apart as in the file); equals it bit for bit.
+///
+/// # Safety
+/// As for [`dot4_iq2_xxs`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+pub unsafe fn packed_dot4_iq2_xxs(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    dot4::<XXS, true>(n, w, stride, a, out)
+}
+
+super::prepared_rows::row_kernel!(
+    /// [`rows_iq2_xxs`] over rows recoded at load: the decode kernel.
+    ///
+    /// # Safety
+    /// As for [`rows_iq2_xxs`].
+    packed_rows_iq2_xxs,
+    prepare,
+    group4::<XXS, true>
 );
 
 /// Which IQ2 type [`dot4`] runs.
@@ -236,8 +266,14 @@ const XS: u8 = 2;
 /// [`pair_s`], [`pair_xs`]) and the float steps of the scalar dot.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 #[inline]
-unsafe fn dot4<const KIND: u8>(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    run4::<KIND, false>(n, w, stride, a, std::ptr::null(), out)
+unsafe fn dot4<const KIND: u8, const RECODED: bool>(
+    n: usize,
+    w: *const u8,
+    stride: usize,
+    a: *const u8,
+    out: *mut f32,
+) {
+    run4::<KIND, false, RECODED>(n, w, stride, a, std::ptr::null(), out)
 }
 
 /// [`dot4`] over activations already in the grid's order ([`by_position`]
@@ -245,7 +281,7 @@ unsafe fn dot4<const KIND: u8>(n: usize, w: *const u8, stride: usize, a: *const 
 /// its registers are allocated as [`dot4`]'s are.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 #[inline(never)]
-unsafe fn group4<const KIND: u8>(
+unsafe fn group4<const KIND: u8, const RECODED: bool>(
     n: usize,
     w: *const u8,
     stride: usize,
@@ -253,7 +289,7 @@ unsafe fn group4<const KIND: u8>(
     pre: *const Prepared,
     out: *mut f32,
 ) {
-    run4::<KIND, true>(n, w, stride, a, pre, out)
+    run4::<KIND, true, RECODED>(n, w, stride, a, pre, out)
 }
 
 /// One Q8_K block's activations in the grid's order ([`by_position`]).
@@ -269,7 +305,7 @@ unsafe fn prepare(qs: *const u8) -> Prepared {
 /// grid's order block by block) or [`group4`] (read from `pre`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 #[inline]
-unsafe fn run4<const KIND: u8, const PRE: bool>(
+unsafe fn run4<const KIND: u8, const PRE: bool, const RECODED: bool>(
     n: usize,
     w: *const u8,
     stride: usize,
@@ -296,10 +332,12 @@ unsafe fn run4<const KIND: u8, const PRE: bool>(
         }
         // Each row's bytes past `d`.
         let (x0, x1, x2, x3) = (x[0].add(2), x[1].add(2), x[2].add(2), x[3].add(2));
-        let (p01, p23) = match KIND {
-            XXS => (pair(x0, x1, &y, &k), pair(x2, x3, &y, &k)),
-            S => (pair_s(x0, x1, &y, &k, ts), pair_s(x2, x3, &y, &k, ts)),
-            _ => (pair_xs(x0, x1, &y, &k, tx), pair_xs(x2, x3, &y, &k, tx)),
+        let (p01, p23) = match (KIND, RECODED) {
+            (XXS, false) => (pair(x0, x1, &y, &k), pair(x2, x3, &y, &k)),
+            (XXS, true) => (pair_xxs_recoded(x0, x1, &y, &k), pair_xxs_recoded(x2, x3, &y, &k)),
+            (S, _) => (pair_s(x0, x1, &y, &k, ts), pair_s(x2, x3, &y, &k, ts)),
+            (_, false) => (pair_xs(x0, x1, &y, &k, tx), pair_xs(x2, x3, &y, &k, tx)),
+            (_, true) => (pair_xs_recoded(x0, x1, &y, &k, tx), pair_xs_recoded(x2, x3, &y, &k, tx)),
         };
         sum = add_block(sum, p01, p23, x, yb.d);
     }
@@ -322,6 +360,7 @@ unsafe fn consts() -> Consts {
             _mm512_set1_epi64(m[3]),
         ],
         sign_fields: _mm512_set1_epi64(i64::from_le_bytes([0, 7, 14, 21, 32, 39, 46, 53])),
+        scale_shift: _mm512_setr_epi32(-1, 3, 7, 11, 15, 19, 23, 27, -1, 3, 7, 11, 15, 19, 23, 27),
     }
 }
 
@@ -409,7 +448,7 @@ unsafe fn pair_s(x0: *const u8, x1: *const u8, y: &[__m512i; 8], k: &Consts, t: 
     let k9 = _mm512_bitshuffle_epi64_mask(qh, ld(t.bit9.as_ptr()));
     let a = look1024(&t.a, idx, k7, k8, k9);
     let b = look1024(&t.b, idx, k7, k8, k9);
-    sum16(a, b, signs, scale_words(x0.add(72), x1.add(72)), y, k)
+    sum16(a, b, sign_masks(signs), scale_words(x0.add(72), x1.add(72)), y, k)
 }
 
 /// Sign bytes from 7-bit `KSIGNS` indices (bit 7 of each byte ignored): the
@@ -436,6 +475,91 @@ unsafe fn scale_words(s0: *const u8, s1: *const u8) -> __m512i {
     _mm512_cvtepu8_epi16(_mm256_or_si256(_mm256_add_epi8(g, g), _mm256_set1_epi8(1)))
 }
 
+/// Mask `j` bit `p`: bit `j` of sign byte `p`.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+unsafe fn sign_masks(signs: __m512i) -> [u64; 8] {
+    // (No closure: one would not inline, and lose the target features.)
+    [
+        _mm512_test_epi8_mask(signs, _mm512_set1_epi8(1)),
+        _mm512_test_epi8_mask(signs, _mm512_set1_epi8(2)),
+        _mm512_test_epi8_mask(signs, _mm512_set1_epi8(4)),
+        _mm512_test_epi8_mask(signs, _mm512_set1_epi8(8)),
+        _mm512_test_epi8_mask(signs, _mm512_set1_epi8(16)),
+        _mm512_test_epi8_mask(signs, _mm512_set1_epi8(32)),
+        _mm512_test_epi8_mask(signs, _mm512_set1_epi8(64)),
+        _mm512_test_epi8_mask(signs, _mm512_set1_epi8(-128)),
+    ]
+}
+
+/// Two rows' recoded sign masks ([`crate::packed::iq2_signs`], seven words
+/// at `m0`, `m1`): mask `j` = row 0's word `j` in bits 0–31, row 1's above;
+/// the eighth by parity.
+#[inline(always)]
+unsafe fn recoded_masks(m0: *const u8, m1: *const u8) -> [u64; 8] {
+    let mut m = [0u64; 8];
+    for j in 0..7 {
+        let (a, b) = ((m0.add(4 * j) as *const u32).read_unaligned(), (m1.add(4 * j) as *const u32).read_unaligned());
+        m[j] = u64::from(a) | u64::from(b) << 32;
+        m[7] ^= m[j];
+    }
+    m
+}
+
+/// Two rows' 32 index bytes each (at `x0`, `x1`) as one vector.
+#[target_feature(enable = "avx512f,avx2")]
+#[inline]
+unsafe fn two_rows(x0: *const u8, x1: *const u8) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(x0)), ld256(x1))
+}
+
+/// [`pair`] over two recoded IQ2_XXS blocks (bytes past `d`): the indices one
+/// load, the masks words, and each row's eight scale nibbles one broadcast
+/// rotated per lane (lane `d`: nibble `d mod 8` into bits 1–4, as IQ3_S's
+/// `scaled` does).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,gfni,avx2")]
+#[inline]
+unsafe fn pair_xxs_recoded(x0: *const u8, x1: *const u8, y: &[__m512i; 8], k: &Consts) -> __m512i {
+    let idx = two_rows(x0, x1);
+    let k7 = _mm512_movepi8_mask(idx);
+    let a = look256_mem(&k.t.a, idx, k7);
+    let b = look256_mem(&k.t.b, idx, k7);
+    let m = XXS_MASKS - 2;
+    let neg = recoded_masks(x0.add(m), x1.add(m));
+    let mut acc = [_mm512_setzero_si512(); 2];
+    for j in 0..8 {
+        let ranks = if j < 4 { a } else { b };
+        let w = _mm512_gf2p8affine_epi64_epi8::<0x08>(ranks, k.rank_to_mag[j % 4]);
+        let ys = _mm512_mask_sub_epi8(y[j], neg[j], _mm512_setzero_si512(), y[j]);
+        acc[j / 4] = _mm512_dpbusd_epi32(acc[j / 4], w, ys);
+    }
+    let s = _mm512_inserti64x4::<1>(
+        _mm512_set1_epi32((x0.add(60) as *const i32).read_unaligned()),
+        _mm256_set1_epi32((x1.add(60) as *const i32).read_unaligned()),
+    );
+    let ls = _mm512_ternarylogic_epi32::<0xEA>(
+        _mm512_rorv_epi32(s, k.scale_shift),
+        _mm512_set1_epi32(30),
+        _mm512_set1_epi32(1),
+    );
+    _mm512_mullo_epi32(_mm512_add_epi32(acc[0], acc[1]), ls)
+}
+
+/// [`pair_xs`] over two recoded IQ2_XS blocks (bytes past `d`): the index
+/// bytes one load, their ninth bits and the sign masks words.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,gfni,avx2")]
+#[inline]
+unsafe fn pair_xs_recoded(x0: *const u8, x1: *const u8, y: &[__m512i; 8], k: &Consts, t: &TablesXs) -> __m512i {
+    let idx = two_rows(x0, x1);
+    let k7 = _mm512_movepi8_mask(idx);
+    let k8 = u64::from((x0.add(32) as *const u32).read_unaligned())
+        | u64::from((x1.add(32) as *const u32).read_unaligned()) << 32;
+    let a = look512(&t.a, idx, k7, k8);
+    let b = look512(&t.b, idx, k7, k8);
+    let m = XS_MASKS - 2;
+    sum16(a, b, recoded_masks(x0.add(m), x1.add(m)), scale_words(x0.add(64), x1.add(64)), y, k)
+}
+
 /// `Σ (2s + 1)·Σ code·q8` of two rows whose scales cover 16 values (IQ2_S,
 /// IQ2_XS), from their rank bytes `a`, `b`, sign bytes and scale words:
 /// values `j` and `j + 1` meet in one `vpmaddubsw` word sum (at most
@@ -443,15 +567,14 @@ unsafe fn scale_words(s0: *const u8, s1: *const u8) -> __m512i {
 /// `d / 8`, values `32(d mod 8)..+32`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
 #[inline]
-unsafe fn sum16(a: __m512i, b: __m512i, signs: __m512i, ls: __m512i, y: &[__m512i; 8], k: &Consts) -> __m512i {
+unsafe fn sum16(a: __m512i, b: __m512i, neg: [u64; 8], ls: __m512i, y: &[__m512i; 8], k: &Consts) -> __m512i {
     let mut acc = _mm512_setzero_si512();
     for jj in 0..4 {
         let mut s = _mm512_setzero_si512();
         for j in [2 * jj, 2 * jj + 1] {
             let ranks = if j < 4 { a } else { b };
             let w = _mm512_gf2p8affine_epi64_epi8::<0x08>(ranks, k.rank_to_mag[j % 4]);
-            let neg = _mm512_test_epi8_mask(signs, _mm512_set1_epi8(1 << j));
-            let ys = _mm512_mask_sub_epi8(y[j], neg, _mm512_setzero_si512(), y[j]);
+            let ys = _mm512_mask_sub_epi8(y[j], neg[j], _mm512_setzero_si512(), y[j]);
             s = _mm512_add_epi16(s, _mm512_maddubs_epi16(w, ys));
         }
         acc = _mm512_dpwssd_epi32(acc, s, ls);
@@ -467,7 +590,7 @@ unsafe fn sum16(a: __m512i, b: __m512i, signs: __m512i, ls: __m512i, y: &[__m512
 /// and GFNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 pub unsafe fn dot4_iq2_s(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    dot4::<S>(n, w, stride, a, out)
+    dot4::<S, false>(n, w, stride, a, out)
 }
 
 super::prepared_rows::row_kernel!(
@@ -477,7 +600,7 @@ super::prepared_rows::row_kernel!(
     /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
     rows_iq2_s,
     prepare,
-    group4::<S>
+    group4::<S, false>
 );
 
 // ---------------------------------------------------------------- IQ2_XS
@@ -526,7 +649,7 @@ unsafe fn pair_xs(x0: *const u8, x1: *const u8, y: &[__m512i; 8], k: &Consts, t:
     // The sign index is the high byte's bits 1–7 (a 16-bit shift brings in
     // the next byte's bit 0 at bit 7, which `ksign_bytes` ignores).
     let signs = ksign_bytes(_mm512_srli_epi16::<1>(high));
-    sum16(a, b, signs, scale_words(x0.add(64), x1.add(64)), y, k)
+    sum16(a, b, sign_masks(signs), scale_words(x0.add(64), x1.add(64)), y, k)
 }
 
 /// Four IQ2_XS rows `stride` bytes apart × one Q8_K row; each equals the
@@ -537,7 +660,7 @@ unsafe fn pair_xs(x0: *const u8, x1: *const u8, y: &[__m512i; 8], k: &Consts, t:
 /// and GFNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
 pub unsafe fn dot4_iq2_xs(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    dot4::<XS>(n, w, stride, a, out)
+    dot4::<XS, false>(n, w, stride, a, out)
 }
 
 super::prepared_rows::row_kernel!(
@@ -547,7 +670,27 @@ super::prepared_rows::row_kernel!(
     /// As for [`crate::quant::Rows16Fn`]; needs AVX-512 F/BW/VL/VNNI, VBMI, BITALG and GFNI.
     rows_iq2_xs,
     prepare,
-    group4::<XS>
+    group4::<XS, false>
+);
+
+/// [`dot4_iq2_xs`] over rows recoded at load ([`crate::packed::iq2_signs`]);
+/// equals it bit for bit.
+///
+/// # Safety
+/// As for [`dot4_iq2_xs`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,fma,f16c,gfni")]
+pub unsafe fn packed_dot4_iq2_xs(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    dot4::<XS, true>(n, w, stride, a, out)
+}
+
+super::prepared_rows::row_kernel!(
+    /// [`rows_iq2_xs`] over rows recoded at load: the decode kernel.
+    ///
+    /// # Safety
+    /// As for [`rows_iq2_xs`].
+    packed_rows_iq2_xs,
+    prepare,
+    group4::<XS, true>
 );
 
 #[cfg(test)]
@@ -596,6 +739,22 @@ mod tests {
                 let mut by_rows = [f32::NAN; 4];
                 unsafe { rows(n, w.as_ptr(), row, 4, ap, 0, 1, by_rows.as_mut_ptr(), 4) };
                 assert_eq!(by_rows.map(f32::to_bits), four.map(f32::to_bits), "{dtype} row kernel, {nb} blocks");
+                // Recoded at load (IQ2_XXS, IQ2_XS): the same bits.
+                let packed: Option<(quant::Dot4Fn, quant::Rows16Fn)> = match dtype {
+                    crate::DType::IQ2_XXS => Some((packed_dot4_iq2_xxs, packed_rows_iq2_xxs)),
+                    crate::DType::IQ2_XS => Some((packed_dot4_iq2_xs, packed_rows_iq2_xs)),
+                    _ => None,
+                };
+                if let Some((pdot4, prows)) = packed {
+                    let pw = crate::packed::pack(dtype, 4, n, &w);
+                    let (mut p4, mut pr) = ([0f32; 4], [f32::NAN; 4]);
+                    unsafe {
+                        pdot4(n, pw.as_ptr(), row, ap, p4.as_mut_ptr());
+                        prows(n, pw.as_ptr(), row, 4, ap, 0, 1, pr.as_mut_ptr(), 4);
+                    }
+                    assert_eq!(p4.map(f32::to_bits), four.map(f32::to_bits), "{dtype} recoded four-row, {nb} blocks");
+                    assert_eq!(pr.map(f32::to_bits), four.map(f32::to_bits), "{dtype} recoded rows, {nb} blocks");
+                }
             }
         }
     }
