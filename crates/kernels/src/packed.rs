@@ -136,23 +136,29 @@ impl Recoding {
         }
     }
 
-    /// The vector `(encode, decode)` where this CPU runs them (IQ3_S's where
-    /// it packs IQ3_S at all; the loader and the prefill GEMM's way back).
-    fn vector(self) -> Option<(BlockWay, BlockWay)> {
+    /// The vector `(encode, decode)` where this CPU runs them (the VBMI
+    /// types' where it packs them at all; the loader and the prefill GEMM's
+    /// way back). The sign-mask recodings have a vector encode only: the GEMM
+    /// reads them as they lie, and only the scalar kernels go back.
+    fn vector(self) -> (Option<BlockWay>, Option<BlockWay>) {
         #[cfg(target_arch = "x86_64")]
         {
-            use crate::simd::{avx2_q3k_recode, avx512_iq3s_recode, avx512_iq3s_vbmi};
-            match self {
-                Recoding::Iq3sSignOrder if avx512_iq3s_vbmi::has_vbmi_bitalg() => {
-                    return Some((avx512_iq3s_recode::encode, avx512_iq3s_recode::decode));
-                }
+            use crate::simd::{avx2_q3k_recode, avx512_iq, avx512_iq3_vbmi, avx512_iq3s_recode, avx512_iq3s_vbmi};
+            let vbmi = avx512_iq3s_vbmi::has_vbmi_bitalg();
+            let (e, d): (BlockWay, Option<BlockWay>) = match self {
+                Recoding::Iq3sSignOrder if vbmi => (avx512_iq3s_recode::encode, Some(avx512_iq3s_recode::decode)),
                 Recoding::Q3kPlanes if is_x86_feature_detected!("avx2") => {
-                    return Some((avx2_q3k_recode::encode, avx2_q3k_recode::decode));
+                    (avx2_q3k_recode::encode, Some(avx2_q3k_recode::decode))
                 }
-                _ => {}
-            }
+                Recoding::Iq3xxsSignMasks if vbmi => (avx512_iq3_vbmi::encode_recoded, None),
+                Recoding::Iq2xxsSignMasks if vbmi => (avx512_iq::encode_iq2_xxs, None),
+                Recoding::Iq2xsSignMasks if vbmi => (avx512_iq::encode_iq2_xs, None),
+                _ => return (None, None),
+            };
+            (Some(e), d)
         }
-        None
+        #[cfg(not(target_arch = "x86_64"))]
+        (None, None)
     }
 
     /// One file-layout block `src` recoded into `dst` (same length).
@@ -168,9 +174,10 @@ impl Recoding {
     fn run(self, src: &[u8], dst: &mut [u8], encode: bool) {
         let bb = self.block_bytes();
         let (src, dst) = (&src[..bb], &mut dst[..bb]);
-        match self.vector() {
+        let (ve, vd) = self.vector();
+        match if encode { ve } else { vd } {
             // SAFETY: `vector` checked the CPU; both blocks are whole.
-            Some((e, d)) => unsafe { (if encode { e } else { d })(src.as_ptr(), dst.as_mut_ptr()) },
+            Some(way) => unsafe { way(src.as_ptr(), dst.as_mut_ptr()) },
             None => {
                 let (e, d) = self.scalar();
                 (if encode { e } else { d })(src, dst)
@@ -457,5 +464,35 @@ mod tests {
         assert!(!packable(DType::MXFP4, 8, 96));
         assert!(packable(DType::NVFP4, 8, 64));
         assert!(!packable(DType::FP8, 8, 128));
+    }
+
+    /// Every recoding's vector encode and decode, where this CPU has them,
+    /// equal the byte loops on random blocks.
+    #[test]
+    fn vector_recodings_equal_scalar() {
+        use Recoding::*;
+        for rc in [Iq3sSignOrder, Q3kPlanes, Iq3xxsSignMasks, Iq2xxsSignMasks, Iq2xsSignMasks] {
+            let bb = rc.block_bytes();
+            let (se, sd) = rc.scalar();
+            let (ve, vd) = rc.vector();
+            for round in 0..100u64 {
+                let src = test_bytes(0x5851_F42D_4C95_7F2Du64 ^ round, bb);
+                let (mut want, mut got) = (vec![0u8; bb], vec![0u8; bb]);
+                se(&src, &mut want);
+                if let Some(e) = ve {
+                    // SAFETY: `vector` checked the CPU; both blocks are whole.
+                    unsafe { e(src.as_ptr(), got.as_mut_ptr()) };
+                    assert_eq!(got, want, "{rc:?} encode");
+                }
+                let (mut back_want, mut back) = (vec![0u8; bb], vec![0u8; bb]);
+                sd(&want, &mut back_want);
+                assert_eq!(back_want, src, "{rc:?} round trip");
+                if let Some(d) = vd {
+                    // SAFETY: as above.
+                    unsafe { d(want.as_ptr(), back.as_mut_ptr()) };
+                    assert_eq!(back, back_want, "{rc:?} decode");
+                }
+            }
+        }
     }
 }

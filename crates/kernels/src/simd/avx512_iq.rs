@@ -533,6 +533,55 @@ pub(super) unsafe fn decode_iq2_xs_recoded(x: *const u8, q: *mut u8) -> Scales {
     scales(std::array::from_fn(|g| 2 * u32::from(*sc.add(g / 2) >> (4 * (g % 2)) & 0xF) + 1), d, 0.125)
 }
 
+/// [`crate::packed::iq2_signs::encode_xxs`] of one block in vector code: the
+/// sign bytes as the file-layout decoder makes them, each mask one
+/// `vptestmb` (the byte loops ran at about 1 GB/s, slower than loading).
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VBMI; `src`, `dst`: 66 bytes each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
+pub unsafe fn encode_iq2_xxs(src: *const u8, dst: *mut u8) {
+    std::ptr::copy_nonoverlapping(src, dst, 2);
+    // Per sub-block a quadword: four grid indices, then the signs-and-scale u32.
+    let v = _mm512_loadu_si512(src.add(2) as *const _);
+    _mm256_storeu_si256(dst.add(2) as *mut __m256i, _mm512_cvtepi64_epi32(v));
+    let aux = _mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(v));
+    let (signs, _) = ksigns_and_scales(aux);
+    put_sign_masks(std::mem::transmute::<[u64; 4], __m256i>(signs), dst.add(crate::packed::iq2_signs::XXS_MASKS));
+    let mut scales = 0u32;
+    for l in 0..8 {
+        scales |= ((src.add(6 + 8 * l) as *const u32).read_unaligned() >> 28) << (4 * l);
+    }
+    (dst.add(62) as *mut u32).write_unaligned(scales);
+}
+
+/// [`crate::packed::iq2_signs::encode_xs`] of one block in vector code.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VBMI; `src`, `dst`: 74 bytes each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
+pub unsafe fn encode_iq2_xs(src: *const u8, dst: *mut u8) {
+    std::ptr::copy_nonoverlapping(src, dst, 2);
+    let words = _mm512_loadu_si512(src.add(2) as *const _);
+    _mm256_storeu_si256(dst.add(2) as *mut __m256i, _mm512_cvtepi16_epi8(words));
+    let hi = _mm512_test_epi16_mask(words, _mm512_set1_epi16(0x100));
+    (dst.add(34) as *mut u32).write_unaligned(hi);
+    let signs = ksigns_vec(_mm512_cvtepi16_epi8(_mm512_srli_epi16::<9>(words)));
+    put_sign_masks(signs, dst.add(crate::packed::iq2_signs::XS_MASKS));
+    std::ptr::copy_nonoverlapping(src.add(66), dst.add(66), 8);
+}
+
+/// The seven sign masks of 32 entries (`signs` byte `e` bit `j` = the sign of
+/// value `8e + j`) as words at `dst`: mask `j` bit `e` = bit `j` of byte `e`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn put_sign_masks(signs: __m256i, dst: *mut u8) {
+    for j in 0..7 {
+        let m = _mm256_test_epi8_mask(signs, _mm256_set1_epi8(1 << j));
+        (dst.add(4 * j) as *mut u32).write_unaligned(m);
+    }
+}
+
 /// IQ2_XXS super-block `x` (66 bytes) → as [`decode_iq3_s`].
 ///
 /// # Safety
