@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes a uniform importance matrix for a GGUF model, in llama.cpp's legacy
-.dat format: per 2-D weight, its input width (ne0) ones and ncall 1. That is
+.dat format: per 2-D weight, its input width (ne0) ones and ncall 1 (a stacked
+expert tensor: ne0 ones per expert). That is
 what "no importance" means to llama-quantize, which b11434 refuses to write
 IQ3_XXS, IQ2_* and IQ1_* without (speed and interop tests need the files, not
 a tuned quantization).
@@ -15,7 +16,12 @@ from gguf import GGUFReader
 
 def main() -> None:
     src, out = sys.argv[1], sys.argv[2]
-    ents = [(t.name, int(t.shape[0])) for t in GGUFReader(src).tensors if len(t.shape) >= 2]
+    # A stacked expert tensor (ne0, ne1, n_expert) takes ne0 values per expert.
+    ents = [
+        (t.name, int(t.shape[0]) * (int(t.shape[2]) if len(t.shape) >= 3 else 1))
+        for t in GGUFReader(src).tensors
+        if len(t.shape) >= 2
+    ]
     with open(out, "wb") as f:
         f.write(struct.pack("<i", len(ents)))
         for name, n in ents:
