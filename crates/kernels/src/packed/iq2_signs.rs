@@ -154,21 +154,7 @@ pub fn decode_xs(src: &[u8], dst: &mut [u8]) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn decode_inverts_encode() {
-        for round in 0..50u64 {
-            for (bytes, enc, dec) in [
-                (XXS_BYTES, encode_xxs as fn(&[u8], &mut [u8]), decode_xxs as fn(&[u8], &mut [u8])),
-                (XS_BYTES, encode_xs, decode_xs),
-            ] {
-                let src = crate::packed::test_bytes(0xD1B5_4A32_D192_ED03u64 ^ round, bytes);
-                let (mut e, mut d) = (vec![0u8; bytes], vec![0u8; bytes]);
-                enc(&src, &mut e);
-                dec(&e, &mut d);
-                assert_eq!(d, src, "{bytes}-byte blocks");
-            }
-        }
-    }
+    // The round trip of both: `packed::tests::vector_recodings_equal_scalar`.
 
     /// The masks hold each value's sign as the scalar code reads it.
     #[test]

@@ -265,16 +265,7 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,gfni")]
 #[inline]
 unsafe fn block_by_position(x: *const u8, y: [__m512i; 4], k: &Dot4Consts) -> __m512i {
-    let idx = ld(x.add(2));
-    let k7 = _mm512_movepi8_mask(idx);
-    let a = look256_mem(&k.t.a, idx, k7);
-    let b = look256_mem(&k.t.b, idx, k7);
-    let w = [
-        _mm512_gf2p8affine_epi64_epi8::<4>(a, k.rank_to_mag),
-        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(a), k.rank_to_mag),
-        _mm512_gf2p8affine_epi64_epi8::<4>(b, k.rank_to_mag),
-        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(b), k.rank_to_mag),
-    ];
+    let w = magnitudes(x, k);
     // Quadword L: the sign bits of values 32L..32L + 32.
     let signs = _mm512_cvtepu32_epi64(xxs_sign_bits(x.add(66)));
     let mut acc = _mm512_setzero_si512();
@@ -288,6 +279,23 @@ unsafe fn block_by_position(x: *const u8, y: [__m512i; 4], k: &Dot4Consts) -> __
     _mm512_mullo_epi32(acc, _mm512_permutexvar_epi32(k.pair_lanes, _mm512_castsi256_si512(ls)))
 }
 
+/// The four magnitude vectors of a block's 64 grid entries (`w_j` byte `i` =
+/// magnitude `j` of entry `i`; the indices at `x + 2` in both layouts).
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
+#[inline]
+unsafe fn magnitudes(x: *const u8, k: &Dot4Consts) -> [__m512i; 4] {
+    let idx = ld(x.add(2));
+    let k7 = _mm512_movepi8_mask(idx);
+    let a = look256_mem(&k.t.a, idx, k7);
+    let b = look256_mem(&k.t.b, idx, k7);
+    [
+        _mm512_gf2p8affine_epi64_epi8::<4>(a, k.rank_to_mag),
+        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(a), k.rank_to_mag),
+        _mm512_gf2p8affine_epi64_epi8::<4>(b, k.rank_to_mag),
+        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(b), k.rank_to_mag),
+    ]
+}
+
 /// [`block_by_position`] for a block recoded at load
 /// ([`crate::packed::xxs_signs`]): three sign masks are loads, the fourth
 /// follows from the parity rule in a few scalar steps, and the eight scales
@@ -296,16 +304,7 @@ unsafe fn block_by_position(x: *const u8, y: [__m512i; 4], k: &Dot4Consts) -> __
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx512bitalg,avx2,gfni,bmi2")]
 #[inline]
 unsafe fn block_recoded(x: *const u8, y: [__m512i; 4], k: &Dot4Consts) -> __m512i {
-    let idx = ld(x.add(2));
-    let k7 = _mm512_movepi8_mask(idx);
-    let a = look256_mem(&k.t.a, idx, k7);
-    let b = look256_mem(&k.t.b, idx, k7);
-    let w = [
-        _mm512_gf2p8affine_epi64_epi8::<4>(a, k.rank_to_mag),
-        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(a), k.rank_to_mag),
-        _mm512_gf2p8affine_epi64_epi8::<4>(b, k.rank_to_mag),
-        _mm512_gf2p8affine_epi64_epi8::<4>(_mm512_srli_epi16::<4>(b), k.rank_to_mag),
-    ];
+    let w = magnitudes(x, k);
     let m = x.add(66) as *const u64;
     let (m0, m1, m2) = (m.read_unaligned(), m.add(1).read_unaligned(), m.add(2).read_unaligned());
     let even = _pdep_u64((x.add(90) as *const u32).read_unaligned() as u64, 0x5555_5555_5555_5555);
