@@ -161,7 +161,7 @@ impl Recoding {
         (None, None)
     }
 
-    /// One file-layout block `src` recoded into `dst` (same length).
+    /// The whole file-layout blocks of `src` recoded into `dst` (same length).
     pub fn encode(self, src: &[u8], dst: &mut [u8]) {
         self.run(src, dst, true)
     }
@@ -171,16 +171,25 @@ impl Recoding {
         self.run(src, dst, false)
     }
 
+    /// Every block, the way (vector or byte loops) picked once a call, not
+    /// once a block.
     fn run(self, src: &[u8], dst: &mut [u8], encode: bool) {
         let bb = self.block_bytes();
-        let (src, dst) = (&src[..bb], &mut dst[..bb]);
+        let blocks = src.chunks_exact(bb).zip(dst.chunks_exact_mut(bb));
         let (ve, vd) = self.vector();
         match if encode { ve } else { vd } {
-            // SAFETY: `vector` checked the CPU; both blocks are whole.
-            Some(way) => unsafe { way(src.as_ptr(), dst.as_mut_ptr()) },
+            Some(way) => {
+                for (s, d) in blocks {
+                    // SAFETY: `vector` checked the CPU; both blocks are whole.
+                    unsafe { way(s.as_ptr(), d.as_mut_ptr()) }
+                }
+            }
             None => {
                 let (e, d) = self.scalar();
-                (if encode { e } else { d })(src, dst)
+                let way = if encode { e } else { d };
+                for (s, d) in blocks {
+                    way(s, d)
+                }
             }
         }
     }
@@ -289,9 +298,7 @@ pub fn pack_into(dtype: DType, rows: usize, cols: usize, src: &[u8], out: &mut [
         return;
     }
     if let Some(rc) = recoding(dtype) {
-        for (s, d) in src.chunks_exact(bb).zip(out.chunks_exact_mut(bb)) {
-            rc.encode(s, d);
-        }
+        rc.encode(src, out);
         return;
     }
     for g in 0..rows / PACK_ROWS {
@@ -326,9 +333,7 @@ pub fn unpack_row(dtype: DType, cols: usize, group: &[u8], r: usize, dst: &mut [
     if let Some(rc) = recoding(dtype) {
         // Rows stay in place: row `r` of the group is `r · row_bytes` on.
         let rb = bb * (cols / dtype.block_elems());
-        for (s, d) in group[r * rb..(r + 1) * rb].chunks_exact(bb).zip(dst.chunks_exact_mut(bb)) {
-            rc.decode(s, d);
-        }
+        rc.decode(&group[r * rb..(r + 1) * rb], &mut dst[..rb]);
         return;
     }
     for b in 0..cols / dtype.block_elems() {
