@@ -2,7 +2,7 @@
 //! `cargo run --release -p shardlm-kernels --example bench_kdot -- [rows] [cols]`
 //! Runs every type's `dot4` (and its one-row `dot`) at the active ISA over a
 //! weight small enough for L2 and prints ns per super-block-row and GB/s of
-//! weights.
+//! weights. `ONLY=iq1_s` times one type; `PACKED=1` the packed kernels.
 
 use shardlm_kernels::isa;
 use shardlm_kernels::quant::{dot4_fn, dot_fn, quantize_act_fn, VecDotType};
@@ -14,6 +14,7 @@ fn main() {
     let rows: usize = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(256);
     let cols: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(2048);
     let isa = isa::active();
+    let only = std::env::var("ONLY").ok();
     for (dt, vdt) in [
         (DType::Q4_0, VecDotType::Q8_0),
         (DType::Q4_K, VecDotType::Q8_K),
@@ -30,6 +31,9 @@ fn main() {
         (DType::IQ1_S, VecDotType::Q8_K),
         (DType::IQ1_M, VecDotType::Q8_K),
     ] {
+        if only.as_ref().is_some_and(|o| !format!("{dt}").eq_ignore_ascii_case(o)) {
+            continue;
+        }
         let one = dot_fn(dt, isa);
         let four = dot4_fn(dt, isa);
         // Packed: the types the loader packs at this level (random bytes in

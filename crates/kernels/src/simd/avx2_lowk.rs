@@ -381,6 +381,13 @@ unsafe fn dot32_ternary(grid: __m256i, q8: __m256i, scales: __m256i) -> __m256i 
 #[target_feature(enable = "avx2")]
 #[inline]
 pub(super) unsafe fn iq1_s_shift_sum(x: &iq1_s::BlockIq1S, y: &q8_k::BlockQ8K) -> i32 {
+    hsum_epi32(iq1_s_shift_terms(x, y))
+}
+
+/// [`iq1_s_shift_sum`]'s eight terms, sub-block `ib` on lane `ib`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn iq1_s_shift_terms(x: &iq1_s::BlockIq1S, y: &q8_k::BlockQ8K) -> __m256i {
     // Sub-block ib's qh word: the scale in bits 12–14, the shift's sign in 15.
     let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
     let ls = _mm256_and_si256(_mm256_srli_epi32::<12>(w), _mm256_set1_epi32(7));
@@ -388,7 +395,7 @@ pub(super) unsafe fn iq1_s_shift_sum(x: &iq1_s::BlockIq1S, y: &q8_k::BlockQ8K) -
     let minus = _mm256_srai_epi32::<31>(_mm256_slli_epi32::<16>(w));
     let signed = _mm256_sub_epi32(_mm256_xor_si256(ls, minus), minus);
     let pairs = _mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i), _mm256_set1_epi16(1));
-    hsum_epi32(_mm256_mullo_epi32(signed, pairs))
+    _mm256_mullo_epi32(signed, pairs)
 }
 
 /// # Safety

@@ -39,8 +39,9 @@ use super::avx2_rows::prefetch_block;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::gemm_lowk::{pair, Scales};
 use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
-use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs};
+use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, q8_k};
 use std::arch::x86_64::*;
+use std::sync::OnceLock;
 
 /// `acc + Σ mag·(±q8)` per lane (four values each) with the signs of `neg`
 /// applied to the 64 activations at `q8`, times the lanes' scales `ls`:
@@ -217,31 +218,111 @@ unsafe fn iq1_s_rows(x: &iq1_s::BlockIq1S, h: usize) -> __m512i {
     _mm512_i32gather_epi64::<8>(iv, IQ1S_GRID.as_ptr() as *const i64)
 }
 
+/// [`IQ1S_GRID`] with 1 added to every value (bytes 0, 1, 2): unsigned, so
+/// `vpdpbusd` takes the looked-up rows as they are, where ternary codes
+/// needed an absolute value, a sign mask and a masked negation (three of the
+/// kernel's ~25 vector µops a chunk). The `+1` comes back out with the
+/// sub-blocks' activation sums, beside the shift term ([`iq1_s_terms`]).
+fn iq1s_grid_plus_one() -> &'static [u64; 2048] {
+    static T: OnceLock<Box<[u64; 2048]>> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = Box::new([0u64; 2048]);
+        for (o, &g) in t.iter_mut().zip(IQ1S_GRID.iter()) {
+            *o = u64::from_le_bytes(g.to_le_bytes().map(|b| (b as i8 + 1) as u8));
+        }
+        t
+    })
+}
+
+/// An IQ1_S block's eight `qh` words as dwords and their `2s + 1`, sub-block
+/// `ib` on lane `ib` (the upper eight lanes zero).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq1_s_words(x: &iq1_s::BlockIq1S) -> (__m512i, __m512i) {
+    let qh = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
+    // 2s + 1 = (qh >> 11 & 14) | 1.
+    let ls =
+        _mm256_ternarylogic_epi32::<0xEA>(_mm256_srli_epi32::<11>(qh), _mm256_set1_epi32(14), _mm256_set1_epi32(1));
+    (_mm512_castsi256_si512(qh), _mm512_castsi256_si512(ls))
+}
+
+/// The grid rows (plus one, [`iq1s_grid_plus_one`]) of chunks `2p` and
+/// `2p + 1` (groups `16p..16p + 16`): their 11-bit indices built 16 at a
+/// time from the `qs` bytes and the `qh` dwords ([`iq1_s_words`]), then two
+/// gathers.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq1_s_rows_pair(x: &iq1_s::BlockIq1S, qh: __m512i, p: usize, grid: *const i64) -> [__m512i; 2] {
+    let lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(x.qs.as_ptr().add(16 * p) as *const __m128i));
+    // Lane t: word 4p + t/4; group t's three bits at 3(t mod 4), moved to 8–10.
+    let w = _mm512_permutexvar_epi32(_mm512_add_epi32(_mm512_set1_epi32(4 * p as i32), WORD_OF_GROUP.0), qh);
+    let hi = _mm512_sllv_epi32(w, _mm512_setr_epi32(8, 5, 2, 0, 8, 5, 2, 0, 8, 5, 2, 0, 8, 5, 2, 0));
+    let hi = _mm512_mask_srli_epi32::<1>(hi, 0x8888, w);
+    // lo | hi & 0x700.
+    let iv = _mm512_ternarylogic_epi32::<0xEA>(hi, _mm512_set1_epi32(0x700), lo);
+    [
+        _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(iv), grid),
+        _mm512_i32gather_epi64::<8>(_mm512_extracti64x4_epi64::<1>(iv), grid),
+    ]
+}
+
+/// `t / 4` for lanes `t = 0..16` (the `qh` word of group `t` of 16).
+struct WordOfGroup(__m512i);
+const WORD_OF_GROUP: WordOfGroup =
+    WordOfGroup(unsafe { std::mem::transmute::<[i32; 16], __m512i>([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]) });
+
+/// The per-sub-block terms of an IQ1_S block beside its `Σ ls·Σ (grid+1)·q8`:
+/// `ls·(±1 − 8)·(bsums[2ib] + bsums[2ib + 1])` on lane `ib` (upper lanes
+/// zero) — the shift `δ = ±1/8` times 8, less 8 times the `+1`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq1_s_terms(qh: __m512i, ls: __m512i, y: &q8_k::BlockQ8K) -> __m512i {
+    let (qh, ls) = (_mm512_castsi512_si256(qh), _mm512_castsi512_si256(ls));
+    // Bit 15 of the word: the shift's sign.
+    let minus = _mm256_srai_epi32::<31>(_mm256_slli_epi32::<16>(qh));
+    let signed = _mm256_sub_epi32(_mm256_xor_si256(ls, minus), minus);
+    let pairs = _mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i), _mm256_set1_epi16(1));
+    let c = _mm256_sub_epi32(signed, _mm256_slli_epi32::<3>(ls));
+    _mm512_castsi256_si512(_mm256_mullo_epi32(c, pairs))
+}
+
+/// One IQ1_S block's `8·s + sumi1` spread over 16 lanes: its eighth is the
+/// reference's `s + δ·sumi1` exactly (rounding commutes with the
+/// power-of-two scale, and the integer total is exact in 32 bits: at most
+/// 8·8·15·32·2·127 in magnitude).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2")]
+#[inline]
+unsafe fn iq1_s_block(x: &iq1_s::BlockIq1S, y: &q8_k::BlockQ8K, grid: *const i64) -> __m512i {
+    let (qh, ls) = iq1_s_words(x);
+    let mut acc = _mm512_setzero_si512();
+    for p in 0..2 {
+        let g = iq1_s_rows_pair(x, qh, p, grid);
+        for (c, &gc) in g.iter().enumerate() {
+            let h = 2 * p + c;
+            // Lanes 0–7: sub-block 2h's 2s + 1, lanes 8–15: 2h + 1's.
+            let (a, b) = (2 * h as i32, 2 * h as i32 + 1);
+            let lsh = _mm512_permutexvar_epi32(_mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b), ls);
+            // A lane's four products are at most 4·2·127 < 2¹⁵: its low word is
+            // the whole signed sum ([`chunk`]).
+            let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * h) as *const _);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_dpbusd_epi32(_mm512_setzero_si512(), gc, q8), lsh);
+        }
+    }
+    _mm512_add_epi32(_mm512_slli_epi32::<3>(acc), iq1_s_terms(qh, ls, y))
+}
+
 /// # Safety
 /// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let grid = iq1s_grid_plus_one().as_ptr() as *const i64;
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq1_s::BlockIq1S = blk(w.add(i * 50));
         prefetch_block(w.add(i * 50), PREFETCH_AHEAD);
         let y = q8k(a, i);
-        let mut acc = _mm512_setzero_si512();
-        for h in 0..4 {
-            // Ternary codes: magnitudes 0/1 and the sign of −1 as a mask.
-            let g = iq1_s_rows(x, h);
-            let ((l0, _), (l1, _)) = (x.scale_delta(2 * h), x.scale_delta(2 * h + 1));
-            acc = chunk(
-                acc,
-                _mm512_abs_epi8(g),
-                _mm512_movepi8_mask(g),
-                y.qs.as_ptr().add(64 * h),
-                ls32(l0 as u32, l1 as u32),
-            );
-        }
-        let sumi1 = super::avx2_lowk::iq1_s_shift_sum(x, y);
-        let s = _mm512_reduce_add_epi32(acc);
-        sum += x.d.to_f32() * y.d * (s as f32 + iq1_s::DELTA * sumi1 as f32);
+        let t = _mm512_reduce_add_epi32(iq1_s_block(x, y, grid));
+        sum += x.d.to_f32() * y.d * (t as f32 * iq1_s::DELTA);
     }
     sum
 }
