@@ -347,24 +347,86 @@ unsafe fn iq1_m_codes(x: &iq1_m::BlockIq1M, h: usize) -> __m512i {
     _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16::<3>(g), _mm512_set1_epi8(0xF8u8 as i8)), sign)
 }
 
+/// IQ1_M's codes `8·grid ± 1` plus 9 (bytes 0, 2, 8, 10, 16, 18: unsigned for
+/// `vpdpbusd`) for the 12-bit index `grid index | minus << 11` (the group's
+/// nibble bit 3, the shift's sign, lands on bit 11): the sign folds into the
+/// lookup, where signed codes needed an absolute value, a sign mask and a
+/// masked negation. The `+9` leaves as `9·Σ ls·bsums` ([`dot_iq1_m`]). 32 KiB.
+fn iq1m_codes_plus_nine() -> &'static [u64; 4096] {
+    static T: OnceLock<Box<[u64; 4096]>> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = Box::new([0u64; 4096]);
+        for (i, o) in t.iter_mut().enumerate() {
+            let sign: i8 = if i >> 11 == 1 { -1 } else { 1 };
+            let g = IQ1S_GRID[i & 2047].to_le_bytes();
+            *o = u64::from_le_bytes(g.map(|b| (8 * b as i8 + sign + 9) as u8));
+        }
+        t
+    })
+}
+
+/// The codes ([`iq1m_codes_plus_nine`]) of chunks `2p` and `2p + 1` (groups
+/// `16p..16p + 16`), their 12-bit indices built 16 at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq1_m_codes_pair(x: &iq1_m::BlockIq1M, p: usize, table: *const i64) -> [__m512i; 2] {
+    let lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(x.qs.as_ptr().add(16 * p) as *const __m128i));
+    // Lane t: qh byte 8p + t/2, its low nibble for even t, high for odd,
+    // moved to bits 8–11.
+    let qh = _mm512_cvtepu8_epi32(_mm_loadl_epi64(x.qh.as_ptr().add(8 * p) as *const __m128i));
+    let nib = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), qh);
+    let nib = _mm512_sllv_epi32(nib, _mm512_setr_epi32(8, 4, 8, 4, 8, 4, 8, 4, 8, 4, 8, 4, 8, 4, 8, 4));
+    // lo | nib & 0xF00.
+    let iv = _mm512_ternarylogic_epi32::<0xEA>(nib, _mm512_set1_epi32(0xF00), lo);
+    [
+        _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(iv), table),
+        _mm512_i32gather_epi64::<8>(_mm512_extracti64x4_epi64::<1>(iv), table),
+    ]
+}
+
+/// `2s + 1` of an IQ1_M block's sixteen groups of 16, group `g` on lane `g`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq1_m_scales(x: &iq1_m::BlockIq1M) -> __m512i {
+    let words = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(_mm_loadl_epi64(x.scales.as_ptr() as *const __m128i)));
+    let w = _mm512_permutexvar_epi32(WORD_OF_GROUP.0, words);
+    // Group g's three bits at 3(g mod 4), doubled: (w >> 3(g mod 4) - 1) & 14, | 1
+    // (g mod 4 = 0: w << 1).
+    let s =
+        _mm512_srlv_epi32(_mm512_slli_epi32::<1>(w), _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9));
+    _mm512_ternarylogic_epi32::<0xEA>(s, _mm512_set1_epi32(14), _mm512_set1_epi32(1))
+}
+
 /// # Safety
 /// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let table = iq1m_codes_plus_nine().as_ptr() as *const i64;
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq1_m::BlockIq1M = blk(w.add(i * 56));
         prefetch_block(w.add(i * 56), PREFETCH_AHEAD);
         let y = q8k(a, i);
+        let ls = iq1_m_scales(x);
         let mut acc = _mm512_setzero_si512();
-        for h in 0..4 {
-            let code = iq1_m_codes(x, h);
-            let ls = ls16([0, 1, 2, 3].map(|t| x.ls(4 * h + t) as u32));
-            acc = chunk(acc, _mm512_abs_epi8(code), _mm512_movepi8_mask(code), y.qs.as_ptr().add(64 * h), ls);
+        for p in 0..2 {
+            let code = iq1_m_codes_pair(x, p, table);
+            for (c, &cc) in code.iter().enumerate() {
+                let h = 2 * p + c;
+                // Lanes 4t..4t + 4: group 4h + t's 2s + 1.
+                let ctl = _mm512_add_epi32(_mm512_set1_epi32(4 * h as i32), WORD_OF_GROUP.0);
+                let lsh = _mm512_permutexvar_epi32(ctl, ls);
+                // A lane's four products are at most 4·18·127 < 2¹⁵ ([`chunk`]).
+                let q8 = _mm512_loadu_si512(y.qs.as_ptr().add(64 * h) as *const _);
+                acc = _mm512_dpwssd_epi32(acc, _mm512_dpbusd_epi32(_mm512_setzero_si512(), cc, q8), lsh);
+            }
         }
+        // Less the +9: 9·ls·bsums, group g on lane g.
+        let bsums = _mm512_cvtepi16_epi32(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i));
+        let nine = _mm512_mullo_epi32(_mm512_mullo_epi32(ls, _mm512_set1_epi32(9)), bsums);
         // `Σ ls·Σ code·q8 = 8·sumi1 + sumi2`; its eighth is the reference's
         // `sumi1 + δ·sumi2` exactly (at most 24 significant bits).
-        let t = _mm512_reduce_add_epi32(acc);
+        let t = _mm512_reduce_add_epi32(_mm512_sub_epi32(acc, nine));
         sum += x.d() * y.d * (t as f32 * iq1_s::DELTA);
     }
     sum
