@@ -184,6 +184,37 @@ unsafe fn iq2_s_rows(x: &iq2_s::BlockIq2S, h: usize) -> (__m512i, u64) {
     (mag, u64::from_le_bytes(x.qs[32 + 8 * h..40 + 8 * h].try_into().expect("8 sign bytes")))
 }
 
+/// The grid rows (magnitudes) of IQ2_S chunks `2p` and `2p + 1` (groups
+/// `16p..16p + 16`), their 10-bit indices built 16 at a time: two gathers.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq2_s_rows_pair(x: &iq2_s::BlockIq2S, p: usize) -> [__m512i; 2] {
+    let lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(x.qs.as_ptr().add(16 * p) as *const __m128i));
+    // Lane t: qh byte 4p + t/4, its bits 2(t mod 4).. moved to 8–9.
+    let qh = _mm512_cvtepu8_epi32(_mm_cvtsi32_si128((x.qh.as_ptr().add(4 * p) as *const i32).read_unaligned()));
+    let hi = _mm512_permutexvar_epi32(WORD_OF_GROUP.0, qh);
+    let hi = _mm512_sllv_epi32(hi, _mm512_setr_epi32(8, 6, 4, 2, 8, 6, 4, 2, 8, 6, 4, 2, 8, 6, 4, 2));
+    // lo | hi & 0x300.
+    let iv = _mm512_ternarylogic_epi32::<0xEA>(hi, _mm512_set1_epi32(0x300), lo);
+    let grid = IQ2S_GRID.as_ptr() as *const i64;
+    [
+        _mm512_i32gather_epi64::<8>(_mm512_castsi512_si256(iv), grid),
+        _mm512_i32gather_epi64::<8>(_mm512_extracti64x4_epi64::<1>(iv), grid),
+    ]
+}
+
+/// `2s + 1` of an IQ2_S block's sixteen groups of 16, group `g` on lane `g`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+#[inline]
+unsafe fn iq2_s_scales(x: &iq2_s::BlockIq2S) -> __m512i {
+    let b = _mm512_cvtepu8_epi32(_mm_loadl_epi64(x.scales.as_ptr() as *const __m128i));
+    let b = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), b);
+    // Nibble g mod 2, doubled: (b << 1 >> 4(g mod 2)) & 30, | 1.
+    let s =
+        _mm512_srlv_epi32(_mm512_slli_epi32::<1>(b), _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4));
+    _mm512_ternarylogic_epi32::<0xEA>(s, _mm512_set1_epi32(30), _mm512_set1_epi32(1))
+}
+
 /// # Safety
 /// As for [`crate::quant::DotFn`]; needs AVX-512 F/BW/VL/VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -193,11 +224,18 @@ pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
         let x: &iq2_s::BlockIq2S = blk(w.add(i * 82));
         prefetch_block(w.add(i * 82), PREFETCH_AHEAD);
         let y = q8k(a, i);
+        let ls = iq2_s_scales(x);
         let mut acc = _mm512_setzero_si512();
-        for h in 0..4 {
-            let (mag, neg) = iq2_s_rows(x, h);
-            let ls = ls16(std::array::from_fn(|g| 2 * x.scale(4 * h + g) as u32 + 1));
-            acc = chunk(acc, mag, neg, y.qs.as_ptr().add(64 * h), ls);
+        for p in 0..2 {
+            let mag = iq2_s_rows_pair(x, p);
+            for (c, &m) in mag.iter().enumerate() {
+                let h = 2 * p + c;
+                // Bit j of sign byte k: value 8k + j.
+                let neg = _load_mask64(x.qs.as_ptr().add(32 + 8 * h) as *const u64);
+                let lsh =
+                    _mm512_permutexvar_epi32(_mm512_add_epi32(_mm512_set1_epi32(4 * h as i32), WORD_OF_GROUP.0), ls);
+                acc = chunk(acc, m, neg, y.qs.as_ptr().add(64 * h), lsh);
+            }
         }
         sum += x.d.to_f32() * y.d * _mm512_reduce_add_epi32(acc) as f32;
     }
