@@ -15,7 +15,8 @@ use super::avx2::{hsum_epi32, rd16};
 use super::avx2_k::{pair_ctrl, word_ctrl};
 use super::avx2_rows::prefetch_block;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
-use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
+use super::iq1_tables::{iq1m_codes_plus_nine, iq1s_grid_plus_one};
+use crate::quant::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
 use crate::quant::F16Le;
 use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, q8_0, q8_k};
 use std::arch::x86_64::*;
@@ -368,107 +369,150 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
 
 // ---------------------------------------------------------------- IQ1
 
-/// `Σ q8·grid` over 32 values with ternary grid bytes, pairs scaled by `scales`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot32_ternary(grid: __m256i, q8: __m256i, scales: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(q8, grid)), scales)
-}
-
-/// An IQ1_S block's shift term `Σ_ib (2s + 1)·(±1)·(bsums[2ib] +
-/// bsums[2ib + 1])` (the reference's `sumi1`, exact), eight sub-blocks at
-/// once: scalar code here cost a sixth of the AVX-512 kernel's time.
+/// An IQ1_S block's eight `qh` words as dwords and their `2s + 1`
+/// (`(qh >> 11 & 14) | 1`), sub-block `ib` on lane `ib`.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn iq1_s_shift_sum(x: &iq1_s::BlockIq1S, y: &q8_k::BlockQ8K) -> i32 {
-    hsum_epi32(iq1_s_shift_terms(x, y))
+pub(super) unsafe fn iq1_s_words(x: &iq1_s::BlockIq1S) -> (__m256i, __m256i) {
+    let qh = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
+    let ls =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<11>(qh), _mm256_set1_epi32(14)), _mm256_set1_epi32(1));
+    (qh, ls)
 }
 
-/// [`iq1_s_shift_sum`]'s eight terms, sub-block `ib` on lane `ib`.
+/// The per-sub-block terms of an IQ1_S block beside `8·Σ ls·Σ (grid+1)·q8`
+/// (the grid rows plus one, [`iq1s_grid_plus_one`]):
+/// `ls·(±1 − 8)·(bsums[2ib] + bsums[2ib + 1])` on lane `ib` — the shift
+/// `δ = ±1/8` times 8 (the reference's `sumi1`), less 8 times the `+1`. So
+/// the lanes' total is `8·s + sumi1`, whose eighth is the reference's
+/// `s + δ·sumi1` exactly (rounding commutes with the power-of-two scale; the
+/// total is at most 8·8·15·32·2·127 in magnitude, exact in 32 bits).
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn iq1_s_shift_terms(x: &iq1_s::BlockIq1S, y: &q8_k::BlockQ8K) -> __m256i {
-    // Sub-block ib's qh word: the scale in bits 12–14, the shift's sign in 15.
-    let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
-    let ls = _mm256_and_si256(_mm256_srli_epi32::<12>(w), _mm256_set1_epi32(7));
-    let ls = _mm256_or_si256(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1));
-    let minus = _mm256_srai_epi32::<31>(_mm256_slli_epi32::<16>(w));
+pub(super) unsafe fn iq1_s_terms(qh: __m256i, ls: __m256i, y: &q8_k::BlockQ8K) -> __m256i {
+    // Bit 15 of the word: the shift's sign.
+    let minus = _mm256_srai_epi32::<31>(_mm256_slli_epi32::<16>(qh));
     let signed = _mm256_sub_epi32(_mm256_xor_si256(ls, minus), minus);
     let pairs = _mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i), _mm256_set1_epi16(1));
-    _mm256_mullo_epi32(signed, pairs)
+    _mm256_mullo_epi32(_mm256_sub_epi32(signed, _mm256_slli_epi32::<3>(ls)), pairs)
+}
+
+/// Dwords `v` as i16 pairs `(v, v)`: `vpmaddwd` scales both words of a lane.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn word_pairs(v: __m256i) -> __m256i {
+    _mm256_or_si256(v, _mm256_slli_epi32::<16>(v))
+}
+
+/// `acc + Σ row·q8` over 32 values with unsigned rows (bytes at most 18, so
+/// `vpmaddubsw` never saturates: 2·18·127), pairs scaled by the i16 pairs `ls`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dot32_unsigned(acc: __m256i, row: __m256i, q8: *const u8, ls: __m256i) -> __m256i {
+    let q8 = _mm256_loadu_si256(q8 as *const __m256i);
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(row, q8), ls))
 }
 
 /// # Safety
 /// As for [`DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    // Grid rows plus one gathered (`vpgatherdq`, four rows of 8 a gather), their
+    // 11-bit indices built eight at a time; `Σ ls·Σ (grid+1)·q8` and the terms
+    // of [`iq1_s_terms`] in one reduction. (The first version inserted grid
+    // rows from scalar lookups and applied ternary signs: 17.1 ns a
+    // super-block-row.)
+    let grid = iq1s_grid_plus_one().as_ptr() as *const i64;
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq1_s::BlockIq1S = blk(w.add(i * 50));
         prefetch_block(w.add(i * 50), PREFETCH_AHEAD);
         let y = q8k(a, i);
+        let (qh, ls) = iq1_s_words(x);
+        let lsw = word_pairs(ls);
         let mut acc = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let h = x.qh(ib) as usize;
-            let g = |l: usize| IQ1S_GRID[x.qs[4 * ib + l] as usize | ((h >> (3 * l)) & 7) << 8] as i64;
-            let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
-            let (ls, _) = x.scale_delta(ib);
-            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
-            acc = _mm256_add_epi32(acc, dot32_ternary(grid, q8, _mm256_set1_epi16(ls as i16)));
+        for p in 0..4 {
+            // Groups 8p..8p + 8 (sub-blocks 2p, 2p + 1): lane t takes word
+            // 2p + t/4, whose bits 3(t mod 4).. move to 8–10.
+            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * p) as *const __m128i));
+            let (s0, s1) = (2 * p as i32, 2 * p as i32 + 1);
+            let wd = _mm256_permutevar8x32_epi32(qh, _mm256_setr_epi32(s0, s0, s0, s0, s1, s1, s1, s1));
+            let hi = _mm256_sllv_epi32(wd, _mm256_setr_epi32(8, 5, 2, 0, 8, 5, 2, 0));
+            let hi = _mm256_blend_epi32::<0x88>(hi, _mm256_srli_epi32::<1>(wd));
+            let iv = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x700)), lo);
+            let g0 = _mm256_i32gather_epi64::<8>(grid, _mm256_castsi256_si128(iv));
+            let g1 = _mm256_i32gather_epi64::<8>(grid, _mm256_extracti128_si256::<1>(iv));
+            let l0 = _mm256_permutevar8x32_epi32(lsw, _mm256_set1_epi32(s0));
+            let l1 = _mm256_permutevar8x32_epi32(lsw, _mm256_set1_epi32(s1));
+            acc = dot32_unsigned(acc, g0, y.qs.as_ptr().add(64 * p) as *const u8, l0);
+            acc = dot32_unsigned(acc, g1, y.qs.as_ptr().add(64 * p + 32) as *const u8, l1);
         }
-        let sumi1 = iq1_s_shift_sum(x, y);
-        let s = hsum_epi32(acc);
-        sum += x.d.to_f32() * y.d * (s as f32 + iq1_s::DELTA * sumi1 as f32);
+        let t = hsum_epi32(_mm256_add_epi32(_mm256_slli_epi32::<3>(acc), iq1_s_terms(qh, ls, y)));
+        sum += x.d.to_f32() * y.d * (t as f32 * iq1_s::DELTA);
     }
     sum
+}
+
+/// `2s + 1` of IQ1_M groups of 16 `8h..8h + 8` (`h` = 0, 1), group `8h + j`
+/// on lane `j`, from the four scale words as dwords: word `g/4`, bits
+/// `3(g mod 4)..`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn iq1_m_scales8(words: __m256i, h: i32) -> __m256i {
+    let (a, b) = (2 * h, 2 * h + 1);
+    let wd = _mm256_permutevar8x32_epi32(words, _mm256_setr_epi32(a, a, a, a, b, b, b, b));
+    let s = _mm256_srlv_epi32(_mm256_slli_epi32::<1>(wd), _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9));
+    _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(14)), _mm256_set1_epi32(1))
 }
 
 /// # Safety
 /// As for [`DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
-    // The shift folded into integer codes `8·grid ± 1` as at AVX-512
-    // (`super::avx512_iq::dot_iq1_m`): one chain of products, and
-    // `Σ ls·Σ code·q8 = 8·sumi1 + sumi2`, whose eighth is the reference's
-    // `sumi1 + δ·sumi2` exactly (at most 24 significant bits). Four grid rows
-    // a `vpgatherqq`. (The first version built rows and shifts in scalar
-    // code: 35 ns a super-block-row here.)
+    // Codes `8·grid ± 1` plus 9 gathered by 12-bit index (the shift's sign
+    // folded into the lookup, [`iq1m_codes_plus_nine`]), eight indices built
+    // at a time. `Σ ls·Σ code·q8 = 8·sumi1 + sumi2` (the `+9` taken back
+    // out as `9·Σ ls·bsums`), whose eighth is the reference's
+    // `sumi1 + δ·sumi2` exactly (at most 24 significant bits). (The previous
+    // version built signed codes from plain grid rows: 24.7 ns a
+    // super-block-row.)
+    let table = iq1m_codes_plus_nine().as_ptr() as *const i64;
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq1_m::BlockIq1M = blk(w.add(i * 56));
         prefetch_block(w.add(i * 56), PREFETCH_AHEAD);
         let y = q8k(a, i);
+        let words = _mm256_cvtepu16_epi32(_mm_loadl_epi64(x.scales.as_ptr() as *const __m128i));
+        let ls = [iq1_m_scales8(words, 0), iq1_m_scales8(words, 1)];
         let mut acc = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let code = iq1_m_codes32(x, ib);
-            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
-            let sc = scale_pair(x.ls(2 * ib), x.ls(2 * ib + 1));
-            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(code), _mm256_sign_epi8(q8, code));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
+        for p in 0..4 {
+            // Groups 8p..8p + 8: lane t takes qh byte 4p + t/2, its low nibble
+            // for even t, high for odd, moved to bits 8–11.
+            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * p) as *const __m128i));
+            let qb = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128((x.qh.as_ptr().add(4 * p) as *const i32).read_unaligned()));
+            let nib = _mm256_permutevar8x32_epi32(qb, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+            let nib = _mm256_sllv_epi32(nib, _mm256_setr_epi32(8, 4, 8, 4, 8, 4, 8, 4));
+            let iv = _mm256_or_si256(_mm256_and_si256(nib, _mm256_set1_epi32(0xF00)), lo);
+            let code = [
+                _mm256_i32gather_epi64::<8>(table, _mm256_castsi256_si128(iv)),
+                _mm256_i32gather_epi64::<8>(table, _mm256_extracti128_si256::<1>(iv)),
+            ];
+            // Sub-block 2p + c: groups of 16 g = 4p + 2c and g + 1 (values
+            // 0–15 and 16–31).
+            for (c, &cc) in code.iter().enumerate() {
+                let g = 4 * p + 2 * c;
+                let k = (g % 8) as i32;
+                let ctl = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
+                let l = word_pairs(_mm256_permutevar8x32_epi32(ls[g / 8], ctl));
+                acc = dot32_unsigned(acc, cc, y.qs.as_ptr().add(64 * p + 32 * c) as *const u8, l);
+            }
         }
-        let t = hsum_epi32(acc);
+        // Less the +9: 9·Σ ls·bsums (packs interleaves 128-bit lanes; the
+        // permute puts groups 0..16 back in order).
+        let lsw = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ls[0], ls[1]));
+        let nine = _mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i), lsw);
+        let t = hsum_epi32(_mm256_sub_epi32(acc, _mm256_mullo_epi32(nine, _mm256_set1_epi32(9))));
         sum += x.d() * y.d * (t as f32 * iq1_s::DELTA);
     }
     sum
-}
-
-/// Sub-block `ib` (32 values, four groups of 8) of an IQ1_M block as signed
-/// codes `8·grid ± 1`, in element order.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn iq1_m_codes32(x: &iq1_m::BlockIq1M, ib: usize) -> __m256i {
-    // Group l's nibble at bit 4l of `qh` bytes 2ib, 2ib + 1 (bits 0–2: the
-    // index's high bits, bit 3: the shift's sign).
-    let lo = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(i32::from_le_bytes(
-        x.qs[4 * ib..4 * ib + 4].try_into().expect("4 index bytes"),
-    )));
-    let qh = i32::from(u16::from_le_bytes([x.qh[2 * ib], x.qh[2 * ib + 1]]));
-    let nib = _mm_srlv_epi32(_mm_set1_epi32(qh), _mm_setr_epi32(0, 4, 8, 12));
-    let iv = _mm_or_si128(lo, _mm_slli_epi32::<8>(_mm_and_si128(nib, _mm_set1_epi32(7))));
-    let g = _mm256_i32gather_epi64::<8>(IQ1S_GRID.as_ptr() as *const i64, iv);
-    // 8·g: a 16-bit shift with each byte's carried-in bits cleared; then the
-    // group's sign (−1 = all ones, or +1).
-    let minus = _mm_cmpeq_epi32(_mm_and_si128(nib, _mm_set1_epi32(8)), _mm_set1_epi32(8));
-    let sign = _mm256_or_si256(_mm256_cvtepi32_epi64(minus), _mm256_set1_epi8(1));
-    _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16::<3>(g), _mm256_set1_epi8(0xF8u8 as i8)), sign)
 }

@@ -38,10 +38,10 @@ use super::avx2_lowk::{blk, finish, q8k};
 use super::avx2_rows::prefetch_block;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::gemm_lowk::{pair, Scales};
+use super::iq1_tables::{iq1m_codes_plus_nine, iq1s_grid_plus_one};
 use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, q8_k};
 use std::arch::x86_64::*;
-use std::sync::OnceLock;
 
 /// `acc + Σ mag·(±q8)` per lane (four values each) with the signs of `neg`
 /// applied to the 64 activations at `q8`, times the lanes' scales `ls`:
@@ -256,32 +256,12 @@ unsafe fn iq1_s_rows(x: &iq1_s::BlockIq1S, h: usize) -> __m512i {
     _mm512_i32gather_epi64::<8>(iv, IQ1S_GRID.as_ptr() as *const i64)
 }
 
-/// [`IQ1S_GRID`] with 1 added to every value (bytes 0, 1, 2): unsigned, so
-/// `vpdpbusd` takes the looked-up rows as they are, where ternary codes
-/// needed an absolute value, a sign mask and a masked negation (three of the
-/// kernel's ~25 vector µops a chunk). The `+1` comes back out with the
-/// sub-blocks' activation sums, beside the shift term ([`iq1_s_terms`]).
-fn iq1s_grid_plus_one() -> &'static [u64; 2048] {
-    static T: OnceLock<Box<[u64; 2048]>> = OnceLock::new();
-    T.get_or_init(|| {
-        let mut t = Box::new([0u64; 2048]);
-        for (o, &g) in t.iter_mut().zip(IQ1S_GRID.iter()) {
-            *o = u64::from_le_bytes(g.to_le_bytes().map(|b| (b as i8 + 1) as u8));
-        }
-        t
-    })
-}
-
-/// An IQ1_S block's eight `qh` words as dwords and their `2s + 1`, sub-block
-/// `ib` on lane `ib` (the upper eight lanes zero).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+/// [`super::avx2_lowk::iq1_s_words`] in the low half of a `zmm` (upper lanes zero).
+#[target_feature(enable = "avx512f,avx2")]
 #[inline]
 unsafe fn iq1_s_words(x: &iq1_s::BlockIq1S) -> (__m512i, __m512i) {
-    let qh = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.qh.as_ptr() as *const __m128i));
-    // 2s + 1 = (qh >> 11 & 14) | 1.
-    let ls =
-        _mm256_ternarylogic_epi32::<0xEA>(_mm256_srli_epi32::<11>(qh), _mm256_set1_epi32(14), _mm256_set1_epi32(1));
-    (_mm512_castsi256_si512(qh), _mm512_castsi256_si512(ls))
+    let (qh, ls) = super::avx2_lowk::iq1_s_words(x);
+    (_mm512_zextsi256_si512(qh), _mm512_zextsi256_si512(ls))
 }
 
 /// The grid rows (plus one, [`iq1s_grid_plus_one`]) of chunks `2p` and
@@ -309,25 +289,16 @@ struct WordOfGroup(__m512i);
 const WORD_OF_GROUP: WordOfGroup =
     WordOfGroup(unsafe { std::mem::transmute::<[i32; 16], __m512i>([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]) });
 
-/// The per-sub-block terms of an IQ1_S block beside its `Σ ls·Σ (grid+1)·q8`:
-/// `ls·(±1 − 8)·(bsums[2ib] + bsums[2ib + 1])` on lane `ib` (upper lanes
-/// zero) — the shift `δ = ±1/8` times 8, less 8 times the `+1`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+/// [`super::avx2_lowk::iq1_s_terms`] in the low half of a `zmm`.
+#[target_feature(enable = "avx512f,avx2")]
 #[inline]
 unsafe fn iq1_s_terms(qh: __m512i, ls: __m512i, y: &q8_k::BlockQ8K) -> __m512i {
-    let (qh, ls) = (_mm512_castsi512_si256(qh), _mm512_castsi512_si256(ls));
-    // Bit 15 of the word: the shift's sign.
-    let minus = _mm256_srai_epi32::<31>(_mm256_slli_epi32::<16>(qh));
-    let signed = _mm256_sub_epi32(_mm256_xor_si256(ls, minus), minus);
-    let pairs = _mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i), _mm256_set1_epi16(1));
-    let c = _mm256_sub_epi32(signed, _mm256_slli_epi32::<3>(ls));
-    _mm512_castsi256_si512(_mm256_mullo_epi32(c, pairs))
+    let t = super::avx2_lowk::iq1_s_terms(_mm512_castsi512_si256(qh), _mm512_castsi512_si256(ls), y);
+    _mm512_zextsi256_si512(t)
 }
 
-/// One IQ1_S block's `8·s + sumi1` spread over 16 lanes: its eighth is the
-/// reference's `s + δ·sumi1` exactly (rounding commutes with the
-/// power-of-two scale, and the integer total is exact in 32 bits: at most
-/// 8·8·15·32·2·127 in magnitude).
+/// One IQ1_S block's `8·s + sumi1` spread over 16 lanes (see
+/// [`super::avx2_lowk::iq1_s_terms`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2")]
 #[inline]
 unsafe fn iq1_s_block(x: &iq1_s::BlockIq1S, y: &q8_k::BlockQ8K, grid: *const i64) -> __m512i {
@@ -383,24 +354,6 @@ unsafe fn iq1_m_codes(x: &iq1_m::BlockIq1M, h: usize) -> __m512i {
     let minus = _mm256_test_epi32_mask(nib, _mm256_set1_epi32(8));
     let sign = _mm512_mask_blend_epi64(minus, _mm512_set1_epi8(1), _mm512_set1_epi8(-1));
     _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16::<3>(g), _mm512_set1_epi8(0xF8u8 as i8)), sign)
-}
-
-/// IQ1_M's codes `8·grid ± 1` plus 9 (bytes 0, 2, 8, 10, 16, 18: unsigned for
-/// `vpdpbusd`) for the 12-bit index `grid index | minus << 11` (the group's
-/// nibble bit 3, the shift's sign, lands on bit 11): the sign folds into the
-/// lookup, where signed codes needed an absolute value, a sign mask and a
-/// masked negation. The `+9` leaves as `9·Σ ls·bsums` ([`dot_iq1_m`]). 32 KiB.
-fn iq1m_codes_plus_nine() -> &'static [u64; 4096] {
-    static T: OnceLock<Box<[u64; 4096]>> = OnceLock::new();
-    T.get_or_init(|| {
-        let mut t = Box::new([0u64; 4096]);
-        for (i, o) in t.iter_mut().enumerate() {
-            let sign: i8 = if i >> 11 == 1 { -1 } else { 1 };
-            let g = IQ1S_GRID[i & 2047].to_le_bytes();
-            *o = u64::from_le_bytes(g.map(|b| (8 * b as i8 + sign + 9) as u8));
-        }
-        t
-    })
 }
 
 /// The codes ([`iq1m_codes_plus_nine`]) of chunks `2p` and `2p + 1` (groups

@@ -67,6 +67,7 @@ pub mod avx512_rows16_nl;
 pub mod avx512_rows16_q3k;
 pub mod avx512_unpack16;
 mod gemm_lowk;
+mod iq1_tables;
 pub mod kvq;
 pub mod kvq_dot;
 mod lane_gemm;
