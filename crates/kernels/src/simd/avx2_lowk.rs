@@ -360,20 +360,46 @@ pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
 /// As for [`DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
+    // 32 values a step: eight grid entries gathered (`vpgatherdd`); the
+    // block's 32 KSIGNS bytes computed at once from its eight `aux` words
+    // (parity in vectors) and each step's four spread to byte masks; the
+    // scales `2s + 1` (aux bits 28–31) once a block. (The first version read
+    // grid entries and sign bytes in scalar code: 25.3 ns a super-block-row.)
+    let grid = IQ3XXS_GRID.as_ptr() as *const i32;
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq3_xxs::BlockIq3Xxs = blk(w.add(i * 98));
         prefetch_block(w.add(i * 98), PREFETCH_AHEAD);
         let y = q8k(a, i);
+        // Sub-block ib's aux word on lane ib: four 7-bit KSIGNS indices, the scale.
+        let aux = _mm256_loadu_si256(x.qs.as_ptr().add(64) as *const __m256i);
+        let m7 = _mm256_set1_epi32(127);
+        let s0 = ksigns_dwords(_mm256_and_si256(aux, m7));
+        let s1 = ksigns_dwords(_mm256_and_si256(_mm256_srli_epi32::<7>(aux), m7));
+        let s2 = ksigns_dwords(_mm256_and_si256(_mm256_srli_epi32::<14>(aux), m7));
+        let s3 = ksigns_dwords(_mm256_and_si256(_mm256_srli_epi32::<21>(aux), m7));
+        // Lane ib: the sub-block's 32 sign bits, byte l from field l.
+        let signs = _mm256_or_si256(
+            _mm256_or_si256(s0, _mm256_slli_epi32::<8>(s1)),
+            _mm256_or_si256(_mm256_slli_epi32::<16>(s2), _mm256_slli_epi32::<24>(s3)),
+        );
+        let ls =
+            word_pairs(_mm256_or_si256(_mm256_slli_epi32::<1>(_mm256_srli_epi32::<28>(aux)), _mm256_set1_epi32(1)));
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        );
+        let bit = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
-            let aux = x.aux(ib);
-            let g = |k: usize| IQ3XXS_GRID[x.qs[8 * ib + k] as usize] as i32;
-            let mag = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
-            let signs = _mm256_set_epi64x(ksign(aux >> 21), ksign(aux >> 14), ksign(aux >> 7), ksign(aux));
-            let ls = (2 * (aux >> 28) + 1) as i16;
-            let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
-            acc = _mm256_add_epi32(acc, dot32(mag, signs, q8, _mm256_set1_epi16(ls)));
+            let iv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * ib) as *const __m128i));
+            let mag = _mm256_i32gather_epi32::<4>(grid, iv);
+            let sel = _mm256_set1_epi32(ib as i32);
+            let sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(signs, sel), spread);
+            let neg = _mm256_cmpeq_epi8(_mm256_and_si256(sv, bit), bit);
+            let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * ib) as *const __m256i);
+            let ys = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
+            let l = _mm256_permutevar8x32_epi32(ls, sel);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), l));
         }
         sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
     }
