@@ -8,10 +8,16 @@
 //! pairs to i16; two position groups are added in i16 before `vpmaddwd` widens
 //! them: at most 2·2·63·127 = 32004 for Q6_K's 6-bit codes, 2·2·45·127 for
 //! Q2_K's scale-folded ones, so nothing saturates) and the `bsums` pairs meet the weights' `c` pairs in one
-//! `vpmaddwd` each. IQ4_XS's codes (−127..113) and the grid I-quants' (±62) take the sign trick instead
-//! (see [`super::gemm_lowk`]), except IQ3_S, whose magnitudes (≤ 15) allow
-//! unsigned codes offset by 16: in the 1.1B prefill the signed path had left
-//! it at 0.83× llama.cpp's AVX2 build.
+//! `vpmaddwd` each. IQ4_XS's codes (−127..113) take the sign trick instead
+//! (see [`super::gemm_lowk`]). The grid I-quants' signed codes are offset to
+//! unsigned ones: by 16 for IQ3_S (magnitudes ≤ 15) and IQ1_S/IQ1_M
+//! (`8·grid ± 1`), two position groups a `vpmaddwd` as above; by 64 for the
+//! IQ2 types and IQ3_XXS (magnitudes ≤ 62), one position group a
+//! `vpmaddubsw` (2·126·127 = 32004). The sign trick took five µops per four
+//! positions and row where these take three: at plain AVX2 it had left the
+//! 1.1B prefill at 0.81–0.93× llama.cpp's AVX2 build (IQ3_S at 0.83× before
+//! its offset); offset, pp256 rose 1.34–1.9× (IQ1_S 80 → 150 tok/s, IQ2_XS
+//! 82 → 110, IQ2_XXS 84 → 119, IQ3_XXS 90 → 127).
 //!
 //! Numerics: as the AVX-512 one, every integer sum is exact and the float
 //! steps are the scalar reference's, so results equal `matmul_reference` bit
@@ -23,6 +29,21 @@ use crate::matmul::MatRef;
 use crate::quant::q4_k::scales_mins;
 use crate::{DType, ThreadPool};
 use std::arch::x86_64::*;
+
+/// The offset of IQ1_S's and IQ1_M's unsigned codes (`8·grid ± 1` is −9..9).
+const IQ1_OFFSET: i32 = 16;
+/// The offset of IQ2_XXS's, IQ2_XS's, IQ2_S's and IQ3_XXS's unsigned codes
+/// (`±grid`, magnitudes at most 62: codes 2..126, one position group per
+/// `vpmaddubsw`, at most 2·126·127 = 32004).
+const GRID_OFFSET: i32 = 64;
+
+/// How [`rows_x_group`] multiplies codes: unsigned, two position groups
+/// added in i16 before widening (codes small enough: Q-K types, IQ3_S, IQ1);
+/// signed with the sign trick (IQ4_XS), no `msum`; unsigned, one position
+/// group per `vpmaddubsw` (the offset grid codes).
+const PAIRS: u8 = 0;
+const SIGNED: u8 = 1;
+const SINGLE: u8 = 2;
 
 /// Smallest batch that takes this path (decode batches stay on the one-row
 /// kernels, bit-identical to single-row decode).
@@ -74,6 +95,17 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut
     }
 }
 
+/// Adds `o` to the 256 signed codes at `q` (making them unsigned).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn add_offset(q: *mut u8, o: i32) {
+    let o = _mm256_set1_epi8(o as i8);
+    for c in 0..8 {
+        let p = q.add(32 * c) as *mut __m256i;
+        _mm256_storeu_si256(p, _mm256_add_epi8(_mm256_loadu_si256(p), o));
+    }
+}
+
 /// Decodes one super-block `x` of `dtype` into 256 codes at `q` and its scales.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
@@ -111,9 +143,23 @@ unsafe fn decode_block(dtype: DType, x: &[u8], q: *mut u8) -> Scales {
         DType::Q3_K => return gemm_lowk::decode_q3_k(x, q),
         DType::IQ4_XS => return gemm_lowk::decode_iq4_xs(x, q, true),
         DType::IQ3_S => return gemm_lowk::decode_iq3_s_avx2::<true>(x, q),
-        DType::IQ3_XXS => return gemm_lowk::decode_iq3_xxs_avx2(x, q),
-        DType::IQ2_XS => return gemm_lowk::decode_iq2_xs_avx2(x, q),
-        DType::IQ2_XXS => return gemm_lowk::decode_iq2_xxs_avx2(x, q),
+        DType::IQ3_XXS | DType::IQ2_XS | DType::IQ2_XXS | DType::IQ2_S => {
+            let s = match dtype {
+                DType::IQ3_XXS => gemm_lowk::decode_iq3_xxs_avx2(x, q),
+                DType::IQ2_XS => gemm_lowk::decode_iq2_xs_avx2(x, q),
+                DType::IQ2_XXS => gemm_lowk::decode_iq2_xxs_avx2(x, q),
+                _ => gemm_lowk::decode_iq(dtype, x, &mut *(q as *mut [u8; 256]), true),
+            };
+            add_offset(q, GRID_OFFSET);
+            return s;
+        }
+        DType::IQ1_S | DType::IQ1_M => {
+            // Codes 8·grid ± 1 (−9..9) offset by IQ1_OFFSET: unsigned, so the
+            // two-position-group path takes them (at most 2·2·25·127).
+            let s = gemm_lowk::decode_iq(dtype, x, &mut *(q as *mut [u8; 256]), true);
+            add_offset(q, IQ1_OFFSET);
+            return s;
+        }
         t if gemm_lowk::is_grid_iq(t) => {
             return gemm_lowk::decode_iq(t, x, &mut *(q as *mut [u8; 256]), true);
         }
@@ -154,11 +200,22 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
             let q = d.q.as_mut_ptr().add(k * w.cols + b * 256);
             let s = decode_block(w.dtype, &row[b * bb..(b + 1) * bb], q);
             d.s[k * nb + b] = if gemm_lowk::scale_per_32(w.dtype) { gemm_lowk::fold_to_32(s) } else { s };
-            if w.dtype == DType::IQ3_S {
-                // Its codes carry IQ3S_OFFSET, not 128 (unsigned path).
-                let s = &mut d.s[k * nb + b];
+            // Codes offset for the unsigned path carry their offset, not 128,
+            // in the `c` pairs.
+            let s = &mut d.s[k * nb + b];
+            let o = match w.dtype {
+                DType::IQ3_S => gemm_lowk::IQ3S_OFFSET,
+                DType::IQ1_S | DType::IQ1_M => IQ1_OFFSET,
+                DType::IQ3_XXS | DType::IQ2_XS | DType::IQ2_XXS | DType::IQ2_S => GRID_OFFSET,
+                _ => 0,
+            };
+            if o != 0 && gemm_lowk::scale_per_32(w.dtype) {
                 for j in 0..8 {
-                    s.c[j] = pair(gemm_lowk::IQ3S_OFFSET * s.sc[j], gemm_lowk::IQ3S_OFFSET * s.sc[j]);
+                    s.c[j] = pair(o * s.sc[j], o * s.sc[j]);
+                }
+            } else if o != 0 {
+                for t in 0..8 {
+                    s.c[t] = pair(o * s.sc[2 * t], o * s.sc[2 * t + 1]);
                 }
             }
         }
@@ -171,11 +228,12 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 /// `SUB`: sub-block length (32: Q4_K/Q5_K/IQ4_XS, 16: Q6_K/Q3_K, 256: Q2_K's
 /// scale-folded codes);
 /// `MINS`: the `d`/`dmin` combination (Q4_K, Q5_K, Q2_K), else `d·(isum − msum)`;
-/// `SIGNED`: the codes are i8 (IQ4_XS), multiplied as `|w|·sign(a, w)`, one
-/// position group per `vpmaddubsw` (at most 2·127·127 = 32258), no `msum`.
+/// `MODE`: [`PAIRS`], [`SINGLE`], or [`SIGNED`]: the codes are i8 (IQ4_XS),
+/// multiplied as `|w|·sign(a, w)`, one position group per `vpmaddubsw` (at
+/// most 2·127·127 = 32258), no `msum`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const SIGNED: bool>(
+unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const MODE: u8>(
     nb: usize,
     cols: usize,
     q: *const u8,
@@ -189,7 +247,16 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const
         let mut isum = [_mm256_setzero_si256(); R];
         for j in 0..256 / SUB {
             let mut acc = [_mm256_setzero_si256(); R];
-            if SIGNED {
+            if MODE == SINGLE {
+                for p in 0..SUB / 4 {
+                    let pos = j * SUB + 4 * p;
+                    let a = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let w = _mm256_set1_epi32((q.add(r * cols + b * 256 + pos) as *const i32).read_unaligned());
+                        *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones));
+                    }
+                }
+            } else if MODE == SIGNED {
                 for p in 0..SUB / 4 {
                     let pos = j * SUB + 4 * p;
                     let a = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
@@ -219,7 +286,7 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const
             }
         }
         let mut msum = [_mm256_setzero_si256(); R];
-        for t in 0..if SIGNED { 0 } else { 8 } {
+        for t in 0..if MODE == SIGNED { 0 } else { 8 } {
             let bs = _mm256_loadu_si256(blk.add(BSUM_AT + t * 32) as *const __m256i);
             for r in 0..R {
                 let c = _mm256_set1_epi32((*s.add(r * nb + b)).c[t]);
@@ -246,7 +313,7 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const
 
 /// The decoded rows `r0..r1` × every activation group, into `y`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unit_groups<const SUB: usize, const MINS: bool, const SIGNED: bool>(
+unsafe fn unit_groups<const SUB: usize, const MINS: bool, const MODE: u8>(
     w: &MatRef<'_>,
     r0: usize,
     r1: usize,
@@ -264,14 +331,14 @@ unsafe fn unit_groups<const SUB: usize, const MINS: bool, const SIGNED: bool>(
         let yg = y.add(g * LANES * w.rows);
         let mut k = 0;
         while k + 4 <= n {
-            let out = rows_x_group::<4, SUB, MINS, SIGNED>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            let out = rows_x_group::<4, SUB, MINS, MODE>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
             for (j, v) in out.into_iter().enumerate() {
                 store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
             }
             k += 4;
         }
         while k < n {
-            let out = rows_x_group::<1, SUB, MINS, SIGNED>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            let out = rows_x_group::<1, SUB, MINS, MODE>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
             store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
             k += 1;
         }
@@ -287,13 +354,14 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         d.s.resize(UNIT_ROWS * (w.cols / 256), Scales::default());
         decode_rows(w, r0, r1, &mut d);
         match w.dtype {
-            DType::Q4_K | DType::Q5_K => unit_groups::<32, true, false>(w, r0, r1, &d, act, m, y),
-            DType::Q2_K => unit_groups::<256, true, false>(w, r0, r1, &d, act, m, y),
-            DType::IQ4_XS => unit_groups::<32, false, true>(w, r0, r1, &d, act, m, y),
-            DType::IQ3_S => unit_groups::<32, false, false>(w, r0, r1, &d, act, m, y),
-            t if gemm_lowk::scale_per_32(t) => unit_groups::<32, false, true>(w, r0, r1, &d, act, m, y),
-            t if gemm_lowk::is_grid_iq(t) => unit_groups::<16, false, true>(w, r0, r1, &d, act, m, y),
-            _ => unit_groups::<16, false, false>(w, r0, r1, &d, act, m, y),
+            DType::Q4_K | DType::Q5_K => unit_groups::<32, true, PAIRS>(w, r0, r1, &d, act, m, y),
+            DType::Q2_K => unit_groups::<256, true, PAIRS>(w, r0, r1, &d, act, m, y),
+            DType::IQ4_XS => unit_groups::<32, false, SIGNED>(w, r0, r1, &d, act, m, y),
+            DType::IQ3_S | DType::IQ1_S => unit_groups::<32, false, PAIRS>(w, r0, r1, &d, act, m, y),
+            DType::IQ1_M => unit_groups::<16, false, PAIRS>(w, r0, r1, &d, act, m, y),
+            t if gemm_lowk::scale_per_32(t) => unit_groups::<32, false, SINGLE>(w, r0, r1, &d, act, m, y),
+            t if gemm_lowk::is_grid_iq(t) => unit_groups::<16, false, SINGLE>(w, r0, r1, &d, act, m, y),
+            _ => unit_groups::<16, false, PAIRS>(w, r0, r1, &d, act, m, y),
         }
     });
 }
