@@ -18,7 +18,11 @@
 //! | IQ1_S, IQ1_M | 16 | `8·grid ± 1 + 128` (119..137) | the same | the same (`d' = d/8`) |
 //! | IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S folded ([`fold_to_32`]) | 32 | the same | `(128·ls_t, 128·ls_t)` | the same |
 //! | IQ3_S, AVX2 ([`decode_iq3_s_avx2`]) | 32 | `±grid + 16` (1..31) | `(16·ls_t, 16·ls_t)` | the same |
-//! | the same, signed | 16 | `±grid` (−62..62) | `0`                | `(d'·d_a)·isum` |
+//! | IQ1_S, IQ1_M, AVX2 | 32, 16 | `8·grid ± 1 + 16` (7..25) | `16·ls` pairs | the same |
+//! | IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, AVX2 | 32, 16, 16, 32 | `±grid + 64` (2..126) | `64·ls` pairs | the same |
+//!
+//! (The AVX2 GEMM adds its offsets to the decoders' signed codes, `±grid`
+//! or `8·grid ± 1`; see [`super::avx2_gemm_k`].)
 //!
 //! Q2_K's 4-bit scales are folded into its codes (`3·15 = 45` fits a byte),
 //! so its whole super-block is one "sub-block" of scale 1: no per-16-value
