@@ -242,12 +242,7 @@ unsafe fn ksigns_words(aux: __m256i) -> __m256i {
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn sign_masks_of(signs: __m256i, ib: i32) -> __m256i {
-    let spread = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-    );
-    let bit = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
-    let sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(signs, _mm256_set1_epi32(ib)), spread);
-    _mm256_cmpeq_epi8(_mm256_and_si256(sv, bit), bit)
+    super::gemm_lowk::sign_mask32_of(_mm256_permutevar8x32_epi32(signs, _mm256_set1_epi32(ib)))
 }
 
 /// # Safety

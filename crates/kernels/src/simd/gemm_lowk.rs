@@ -279,11 +279,19 @@ pub(super) fn is_grid_iq(dtype: DType) -> bool {
 #[target_feature(enable = "avx2")]
 #[inline]
 pub(super) unsafe fn sign_mask32(s: u32) -> __m256i {
+    sign_mask32_of(_mm256_set1_epi32(s as i32))
+}
+
+/// [`sign_mask32`] of the four sign bytes in dword 0 of each 128-bit lane of
+/// `v` (a broadcast: `vpbroadcastd`, or `vpermd` of a vector of them).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn sign_mask32_of(v: __m256i) -> __m256i {
     let spread = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
     );
     let bit = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
-    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(s as i32), spread);
+    let v = _mm256_shuffle_epi8(v, spread);
     _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit)
 }
 
