@@ -35,10 +35,10 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed, avx2_rows,
-    avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16,
-    avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi, avx512_k, avx512_lowk,
-    avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
+    avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_iq3s_loads, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed,
+    avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
+    avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi,
+    avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
 };
 
 /// An optional CPU feature beyond the ISA level a kernel needs.
@@ -61,6 +61,10 @@ pub enum Feature {
     /// Alder Lake and later clients, Sierra Forest); `SHARDLM_AVXVNNI=0`
     /// turns it off.
     AvxVnni,
+    /// A CPU whose `vpgatherdd` is slow (AMD's, at AVX2: about 17 cycles for
+    /// eight dwords on Zen 3), so table lookups go through broadcast loads;
+    /// `SHARDLM_SLOW_GATHER=0` or `=1` overrides the vendor's guess.
+    SlowGather,
 }
 
 impl Feature {
@@ -80,6 +84,8 @@ impl Feature {
             Feature::VbmiBitalg => avx512_iq3s_vbmi::has_vbmi_bitalg(),
             #[cfg(target_arch = "x86_64")]
             Feature::AvxVnni => avx2_rows16_nl::has_avxvnni(),
+            #[cfg(target_arch = "x86_64")]
+            Feature::SlowGather => avx2_iq3s_loads::slow_gather(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -227,7 +233,7 @@ macro_rules! x86 {
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
-use Feature::{AvxVnni, Base, Bf16, Gfni, Vbmi, VbmiBitalg, VbmiGfni};
+use Feature::{AvxVnni, Base, Bf16, Gfni, SlowGather, Vbmi, VbmiBitalg, VbmiGfni};
 
 /// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
 #[cfg(target_arch = "x86_64")]
@@ -700,7 +706,11 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq3_s),
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_s)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! {
+            dot: &[(SlowGather, avx2_iq3s_loads::dot_iq3_s), (Base, avx2_lowk::dot_iq3_s)],
+            gemm: GEMM_K_AVX2,
+            ..NONE
+        },
         // Decode: the grid in registers with VBMI and BITALG, else gathers.
         avx512: x86! {
             dot: &[(VbmiBitalg, avx512_iq3s_vbmi::dot_iq3_s), (Base, avx512_iq::dot_iq3_s)],
