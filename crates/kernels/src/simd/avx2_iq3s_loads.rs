@@ -173,7 +173,7 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
             let w = _mm256_shuffle_epi8(scw, ctl);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), w));
         }
-        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
     }
     sum
 }

@@ -14,6 +14,7 @@
 //! the 8 lanes, no FMA: every output equals the one-row kernel's and the
 //! scalar reference's bit for bit, so batches stay identical to decode.
 
+use super::avx512_lowk::f16_at;
 use crate::quant::iq4_nl::KVALUES;
 use std::arch::x86_64::*;
 
@@ -21,11 +22,6 @@ use std::arch::x86_64::*;
 const BLOCK: usize = 18;
 /// Q8_0 block bytes: f16 `d`, 32 × i8.
 const Q8_0: usize = 34;
-
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    half::f16::from_bits((p as *const u16).read_unaligned()).to_f32()
-}
 
 /// The 32 signed values `K[code]` of one block's 16 nibble bytes at `qs`
 /// (element `j` the low nibble of byte `j`, `j + 16` its high nibble).

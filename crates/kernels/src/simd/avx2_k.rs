@@ -16,6 +16,7 @@
 //! the two alternated pass by pass (Emerald Rapids VM): Q4_K 25.8–27.1 →
 //! 28.0–28.5 GB/s, Q6_K 27.4 → 28.2, Q5_K 26.4 → 26.6.
 
+use super::avx2::f16_bits as f16;
 use super::avx2::{hsum_ps, rd16};
 use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
 use crate::quant::q4_k::scales_mins;
@@ -28,11 +29,6 @@ const Q8K_BYTES: usize = 292;
 #[inline(always)]
 pub(super) unsafe fn ld(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
-}
-
-#[inline(always)]
-unsafe fn f16(bits: u16) -> f32 {
-    half::f16::from_bits(bits).to_f32()
 }
 
 /// The `vpshufb` control spreading word `j` of each 128-bit half over it.

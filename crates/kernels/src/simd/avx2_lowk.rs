@@ -17,7 +17,6 @@ use super::avx2_rows::prefetch_block;
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use super::iq1_tables::{iq1m_codes_plus_nine, iq1s_grid_plus_one};
 use crate::quant::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
-use crate::quant::F16Le;
 use crate::quant::{iq1_m, iq1_s, iq2_s, iq2_xs, iq3_s, iq3_xxs, iq4_nl, iq4_xs, q8_0, q8_k};
 use std::arch::x86_64::*;
 
@@ -137,7 +136,7 @@ pub unsafe fn dot_iq4_nl(n: usize, w: *const u8, a: *const u8) -> f32 {
         let v = iq4_values(x.qs.as_ptr(), table);
         let q8 = ld(y.qs.as_ptr() as *const u8);
         let sumi = hsum_epi32(dot32(_mm256_abs_epi8(v), v, q8, ones));
-        sum += y.d.to_f32() * x.d.to_f32() * sumi as f32;
+        sum += y.d.to_f32() * super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * sumi as f32;
     }
     sum
 }
@@ -188,7 +187,7 @@ pub unsafe fn dot_iq4_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
             acc = _mm256_add_epi32(acc, dot32(_mm256_abs_epi8(v_lo), v_lo, y_lo, s));
             acc = _mm256_add_epi32(acc, dot32(_mm256_abs_epi8(v_hi), v_hi, y_hi, s));
         }
-        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
     }
     sum
 }
@@ -256,7 +255,7 @@ pub unsafe fn dot_iq2_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
     for i in 0..n / 256 {
         let xp = w.add(i * 66);
         prefetch_block(xp, PREFETCH_AHEAD);
-        let d = F16Le(rd16(xp).to_le_bytes()).to_f32();
+        let d = super::avx2::f16_bits(rd16(xp));
         let y = q8k(a, i);
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
@@ -353,7 +352,7 @@ pub unsafe fn dot_iq2_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag[c], ys), l));
             }
         }
-        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
     }
     finish(sum, 0.125)
 }
@@ -378,7 +377,7 @@ pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
             let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
             acc = _mm256_add_epi32(acc, dot32(mag, signs, q8, sc));
         }
-        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
     }
     finish(sum, 0.125)
 }
@@ -414,7 +413,7 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
             let l = _mm256_permutevar8x32_epi32(ls, sel);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), l));
         }
-        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
     }
     finish(sum, 0.25)
 }
@@ -460,7 +459,7 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
             let w = _mm256_shuffle_epi8(scw, word_ctrl(ib as i8));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), w));
         }
-        sum += x.d.to_f32() * y.d * hsum_epi32(acc) as f32;
+        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
     }
     finish(sum, 1.0)
 }
@@ -546,7 +545,7 @@ pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
             acc = dot32_unsigned(acc, g1, y.qs.as_ptr().add(64 * p + 32) as *const u8, l1);
         }
         let t = hsum_epi32(_mm256_add_epi32(_mm256_slli_epi32::<3>(acc), iq1_s_terms(qh, ls, y)));
-        sum += x.d.to_f32() * y.d * (t as f32 * iq1_s::DELTA);
+        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * (t as f32 * iq1_s::DELTA);
     }
     sum
 }

@@ -28,9 +28,11 @@ const Q8K_QS: usize = 4;
 const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
-#[inline(always)]
+/// The f16 at `p` as f32 ([`super::avx2::f16_bits`]).
+#[target_feature(enable = "f16c")]
+#[inline]
 pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
-    half::f16::from_bits((p as *const u16).read_unaligned()).to_f32()
+    super::avx2::f16_bits((p as *const u16).read_unaligned())
 }
 
 /// A 16-lane i32 sum folded to 8 lanes.
