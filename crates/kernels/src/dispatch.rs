@@ -35,7 +35,7 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_iq3s_loads, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed,
+    avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_grid_loads, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed,
     avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
     avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi,
     avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
@@ -85,7 +85,7 @@ impl Feature {
             #[cfg(target_arch = "x86_64")]
             Feature::AvxVnni => avx2_rows16_nl::has_avxvnni(),
             #[cfg(target_arch = "x86_64")]
-            Feature::SlowGather => avx2_iq3s_loads::slow_gather(),
+            Feature::SlowGather => avx2_grid_loads::slow_gather(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -683,7 +683,11 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq3_xxs),
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq3_xxs)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! {
+            dot: &[(SlowGather, avx2_grid_loads::dot_iq3_xxs), (Base, avx2_lowk::dot_iq3_xxs)],
+            gemm: GEMM_K_AVX2,
+            ..NONE
+        },
         // The grid in registers (VBMI, GFNI; four rows in the grid's order with
         // BITALG); a 512-bit gather version measured level with the AVX2 kernel.
         avx512: x86! {
@@ -707,7 +711,7 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! {
-            dot: &[(SlowGather, avx2_iq3s_loads::dot_iq3_s), (Base, avx2_lowk::dot_iq3_s)],
+            dot: &[(SlowGather, avx2_grid_loads::dot_iq3_s), (Base, avx2_lowk::dot_iq3_s)],
             gemm: GEMM_K_AVX2,
             ..NONE
         },

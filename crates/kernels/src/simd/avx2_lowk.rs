@@ -224,7 +224,7 @@ pub(super) fn finish(sum: f32, post: f32) -> f32 {
 /// the 7-bit fields at 0, 7, 14, 21 of each lane's `aux` word), lane `ib`.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn ksigns_words(aux: __m256i) -> __m256i {
+pub(super) unsafe fn ksigns_words(aux: __m256i) -> __m256i {
     let m7 = _mm256_set1_epi32(127);
     let s0 = ksigns_dwords(_mm256_and_si256(aux, m7));
     let s1 = ksigns_dwords(_mm256_and_si256(_mm256_srli_epi32::<7>(aux), m7));
@@ -240,7 +240,7 @@ unsafe fn ksigns_words(aux: __m256i) -> __m256i {
 /// byte `j` all ones where bit `j` is set.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn sign_masks_of(signs: __m256i, ib: i32) -> __m256i {
+pub(super) unsafe fn sign_masks_of(signs: __m256i, ib: i32) -> __m256i {
     super::gemm_lowk::sign_mask32_of(_mm256_permutevar8x32_epi32(signs, _mm256_set1_epi32(ib)))
 }
 
@@ -497,7 +497,7 @@ pub(super) unsafe fn iq1_s_terms(qh: __m256i, ls: __m256i, y: &q8_k::BlockQ8K) -
 /// Dwords `v` as i16 pairs `(v, v)`: `vpmaddwd` scales both words of a lane.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn word_pairs(v: __m256i) -> __m256i {
+pub(super) unsafe fn word_pairs(v: __m256i) -> __m256i {
     _mm256_or_si256(v, _mm256_slli_epi32::<16>(v))
 }
 

@@ -32,7 +32,7 @@ pub mod avx2_attn;
 pub mod avx2_fp;
 pub mod avx2_gemm_32;
 pub mod avx2_gemm_k;
-pub mod avx2_iq3s_loads;
+pub mod avx2_grid_loads;
 pub mod avx2_iq4nl;
 pub mod avx2_k;
 pub mod avx2_kq4;

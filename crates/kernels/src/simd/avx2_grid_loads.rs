@@ -1,0 +1,268 @@
+//! The AVX2 IQ3_S decode dot for CPUs whose `vpgatherdd` is slow: the grid
+//! entries read by broadcast loads and put together by blends.
+//!
+//! Why: on the AMD EPYC (Zen 3) VM a `vpgatherdd` of eight dwords took about
+//! 17 cycles (a loop of independent gathers), and the gather kernel
+//! ([`super::avx2_lowk::dot_iq3_s`]) spent ~140 of its ~145 cycles a
+//! super-block in its eight gathers: 47 ns a super-block-row in L2, and a
+//! 1.1B IQ3_S file decoded at 0.89× llama.cpp's AVX2 build (which builds its
+//! entries from scalar loads). Here a block's 64 nine-bit indices are built
+//! in vectors (the low bytes widened, the ninth bits from a 256-entry table
+//! of word masks) and stored once; each entry is then one `vpbroadcastd`
+//! from the grid (a load, no shuffle) and each 32-value chunk's eight
+//! entries meet in seven `vpblendd` (any vector pipe). The rest is the
+//! gather kernel's: the sign bits as a byte mask that negates the
+//! activations, `vpmaddubsw` (magnitudes ≤ 15), `vpmaddwd` with the scale
+//! `2s + 1` of the chunk.
+//!
+//! Which CPUs take it: [`super::super::dispatch::Feature::SlowGather`].
+//!
+//! Numerics: the block's integer sum is exact and the float steps are the
+//! scalar `vec_dot`'s, so it equals scalar bit for bit.
+
+use super::avx2::hsum_epi32;
+use super::avx2_lowk::{blk, q8k};
+use super::avx2_lowk::{ksigns_words, sign_masks_of, word_pairs};
+use super::avx512_rows16_k::PREFETCH_AHEAD;
+use crate::quant::iq_grids::{IQ3S_GRID, IQ3XXS_GRID};
+use crate::quant::{iq3_s, iq3_xxs};
+use std::arch::x86_64::*;
+
+/// Whether this CPU's `vpgatherdd` is slow enough that the IQ3_S dot does
+/// better on broadcast loads: AMD's (and Hygon's) CPUs, which take the AVX2
+/// kernels only up to Zen 3 (Zen 4 on has AVX-512). Measured on Zen 3 only;
+/// Intel's AVX2 CPUs keep the gathers, as measured there before.
+/// `SHARDLM_SLOW_GATHER=1` or `=0` overrides the guess.
+pub fn slow_gather() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("SHARDLM_SLOW_GATHER").map(|v| v.trim().to_string()) {
+        Ok(v) if v == "1" => true,
+        Ok(v) if v == "0" => false,
+        _ => {
+            // SAFETY: cpuid leaf 0 exists on every x86-64 CPU.
+            let r = __cpuid(0);
+            let vendor = [r.ebx, r.edx, r.ecx].map(u32::to_le_bytes).concat();
+            vendor == b"AuthenticAMD" || vendor == b"HygonGenuine"
+        }
+    })
+}
+
+/// `NINTH_BITS[h]`: word `k` = bit `k` of `h` moved to bit 8 (the ninth bit
+/// of entry `k` of a chunk, from its `qh` byte `h`).
+static NINTH_BITS: [[u16; 8]; 256] = {
+    let mut t = [[0u16; 8]; 256];
+    let mut h = 0;
+    while h < 256 {
+        let mut k = 0;
+        while k < 8 {
+            t[h][k] = (((h >> k) & 1) as u16) << 8;
+            k += 1;
+        }
+        h += 1;
+    }
+    t
+};
+
+/// `vpshufb` controls: word `ib` of each 128-bit half in every word.
+#[repr(C, align(32))]
+struct WordCtrl([[u8; 32]; 8]);
+static WORD_CTRL: WordCtrl = {
+    let mut t = [[0u8; 32]; 8];
+    let mut ib = 0;
+    while ib < 8 {
+        let mut b = 0;
+        while b < 32 {
+            t[ib][b] = (2 * ib + b % 2) as u8;
+            b += 1;
+        }
+        ib += 1;
+    }
+    WordCtrl(t)
+};
+
+/// The 64 nine-bit grid indices of a block, in entry order.
+#[repr(C, align(32))]
+struct Indices([u16; 64]);
+
+/// `$name(ix, grid)`: the eight 4-byte grid entries `grid[ix[0..8]]` (indices
+/// of type `$ity`, read as `$size ptr`) in lane order. Each index is read
+/// with `movzx`, its entry by one `vpbroadcastd` from memory (a load, no
+/// shuffle), and seven `vpblendd` (any vector pipe) put them together. In
+/// asm, because LLVM rewrites it from intrinsics: blends of broadcast loads
+/// became `vmovd` and `vpinsrd` (on the shuffle pipes), and indices stored
+/// and read back became `vpextrw`, or all 64 broadcasts of a block were
+/// hoisted and spilled (45–60 ns a super-block-row against 31).
+macro_rules! chunk_entries {
+    ($name:ident, $ity:ty, $size:literal) => {
+        #[target_feature(enable = "avx2")]
+        #[inline]
+        unsafe fn $name(ix: *const $ity, grid: *const u32) -> __m256i {
+            let v: __m256i;
+            std::arch::asm!(
+                concat!("movzx {t:e}, ", $size, " ptr [{ix}]"),
+                "vpbroadcastd {v}, dword ptr [{g} + {t} * 4]",
+                concat!("movzx {t:e}, ", $size, " ptr [{ix} + {o1}]"),
+                "vpbroadcastd {a}, dword ptr [{g} + {t} * 4]",
+                "vpblendd {v}, {v}, {a}, 0xAA",
+                concat!("movzx {t:e}, ", $size, " ptr [{ix} + {o2}]"),
+                "vpbroadcastd {a}, dword ptr [{g} + {t} * 4]",
+                concat!("movzx {t:e}, ", $size, " ptr [{ix} + {o3}]"),
+                "vpbroadcastd {b}, dword ptr [{g} + {t} * 4]",
+                "vpblendd {a}, {a}, {b}, 0xAA",
+                "vpblendd {v}, {v}, {a}, 0xCC",
+                concat!("movzx {t:e}, ", $size, " ptr [{ix} + {o4}]"),
+                "vpbroadcastd {a}, dword ptr [{g} + {t} * 4]",
+                concat!("movzx {t:e}, ", $size, " ptr [{ix} + {o5}]"),
+                "vpbroadcastd {b}, dword ptr [{g} + {t} * 4]",
+                "vpblendd {a}, {a}, {b}, 0xAA",
+                concat!("movzx {t:e}, ", $size, " ptr [{ix} + {o6}]"),
+                "vpbroadcastd {b}, dword ptr [{g} + {t} * 4]",
+                concat!("movzx {t:e}, ", $size, " ptr [{ix} + {o7}]"),
+                "vpbroadcastd {c}, dword ptr [{g} + {t} * 4]",
+                "vpblendd {b}, {b}, {c}, 0xAA",
+                "vpblendd {a}, {a}, {b}, 0xCC",
+                "vpblendd {v}, {v}, {a}, 0xF0",
+                v = out(ymm_reg) v,
+                a = out(ymm_reg) _,
+                b = out(ymm_reg) _,
+                c = out(ymm_reg) _,
+                t = out(reg) _,
+                ix = in(reg) ix,
+                g = in(reg) grid,
+                o1 = const std::mem::size_of::<$ity>(),
+                o2 = const 2 * std::mem::size_of::<$ity>(),
+                o3 = const 3 * std::mem::size_of::<$ity>(),
+                o4 = const 4 * std::mem::size_of::<$ity>(),
+                o5 = const 5 * std::mem::size_of::<$ity>(),
+                o6 = const 6 * std::mem::size_of::<$ity>(),
+                o7 = const 7 * std::mem::size_of::<$ity>(),
+                options(pure, readonly, nostack, preserves_flags),
+            );
+            v
+        }
+    };
+}
+chunk_entries!(entries_u16, u16, "word");
+chunk_entries!(entries_u8, u8, "byte");
+
+/// # Safety
+/// As for [`crate::quant::DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut idx = Indices([0; 64]);
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq3_s::BlockIq3S = blk(w.add(i * 110));
+        for l in 0..2 {
+            super::avx2_rows::prefetch((x as *const _ as *const u8).wrapping_add(PREFETCH_AHEAD + 64 * l));
+        }
+        let y = q8k(a, i);
+        // Scales 2s + 1 as words 0..7 in both halves.
+        let s4 = u32::from_le_bytes(x.scales) as u64;
+        let s4 = (s4 | s4 << 16) & 0x0000_FFFF_0000_FFFF;
+        let s4 = (s4 | s4 << 8) & 0x00FF_00FF_00FF_00FF;
+        let s4 = (s4 | s4 << 4) & 0x0F0F_0F0F_0F0F_0F0F;
+        let ls =
+            _mm_add_epi8(_mm_add_epi8(_mm_cvtsi64_si128(s4 as i64), _mm_cvtsi64_si128(s4 as i64)), _mm_set1_epi8(1));
+        let scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(ls));
+        // Index 16q + k = qs[16q + k] | bit k mod 8 of qh[2q + k / 8] << 8.
+        for q in 0..4 {
+            let lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(x.qs.as_ptr().add(16 * q) as *const __m128i));
+            let hi = _mm256_loadu2_m128i(
+                NINTH_BITS[x.qh[2 * q + 1] as usize].as_ptr() as *const __m128i,
+                NINTH_BITS[x.qh[2 * q] as usize].as_ptr() as *const __m128i,
+            );
+            _mm256_store_si256(idx.0.as_mut_ptr().add(16 * q) as *mut __m256i, _mm256_or_si256(lo, hi));
+        }
+        let mut acc = _mm256_setzero_si256();
+        // A loop, not unrolled (an opaque bound): unrolled, LLVM hoists every
+        // chunk's lookups and sign masks to the top and spills them.
+        for ib in 0..std::hint::black_box(8) {
+            let mag = entries_u16(idx.0.as_ptr().add(8 * ib), IQ3S_GRID.as_ptr());
+            let sg = (x.signs.as_ptr().add(4 * ib) as *const u32).read_unaligned();
+            let neg = super::gemm_lowk::sign_mask32(sg);
+            // Q8_K codes are −127..127: negating never wraps.
+            let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * ib) as *const __m256i);
+            let ys = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
+            let ctl = _mm256_load_si256(WORD_CTRL.0[ib].as_ptr() as *const __m256i);
+            let w = _mm256_shuffle_epi8(scw, ctl);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), w));
+        }
+        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
+    }
+    sum
+}
+
+/// The IQ3_XXS dot as [`dot_iq3_s`] takes its entries: an index is the
+/// `qs` byte itself; the signs (KSIGNS) and scales as in
+/// [`super::avx2_lowk::dot_iq3_xxs`].
+///
+/// # Safety
+/// As for [`crate::quant::DotFn`]; needs AVX2, FMA, F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
+    let mut sum = 0f32;
+    for i in 0..n / 256 {
+        let x: &iq3_xxs::BlockIq3Xxs = blk(w.add(i * 98));
+        super::avx2_rows::prefetch_block(w.add(i * 98), PREFETCH_AHEAD);
+        let y = q8k(a, i);
+        // Sub-block ib's aux word on lane ib: four 7-bit KSIGNS indices, the scale.
+        let aux = _mm256_loadu_si256(x.qs.as_ptr().add(64) as *const __m256i);
+        let signs = ksigns_words(aux);
+        let ls =
+            word_pairs(_mm256_or_si256(_mm256_slli_epi32::<1>(_mm256_srli_epi32::<28>(aux)), _mm256_set1_epi32(1)));
+        let mut acc = _mm256_setzero_si256();
+        // An opaque bound, as in [`dot_iq3_s`].
+        for ib in 0..std::hint::black_box(8) {
+            let mag = entries_u8(x.qs.as_ptr().add(8 * ib), IQ3XXS_GRID.as_ptr());
+            let neg = sign_masks_of(signs, ib as i32);
+            let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * ib) as *const __m256i);
+            let ys = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
+            let l = _mm256_permutevar8x32_epi32(ls, _mm256_set1_epi32(ib as i32));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), l));
+        }
+        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
+    }
+    0.25 * sum
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::quant::{quantize_act_fn, scalar, DotFn, VecDotType};
+    use crate::{isa::Isa, DType};
+
+    /// Both loads kernels equal scalar bit for bit on random blocks (any
+    /// bytes are a valid block but for `d`, kept finite), as the gather
+    /// kernels do.
+    #[test]
+    fn loads_kernels_equal_scalar_and_gathers() {
+        if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("fma") || !is_x86_feature_detected!("f16c") {
+            eprintln!("skipped: no AVX2 here");
+            return;
+        }
+        let kernels: [(DType, usize, DotFn, DotFn); 2] = [
+            (DType::IQ3_S, 110, super::dot_iq3_s, super::super::avx2_lowk::dot_iq3_s),
+            (DType::IQ3_XXS, 98, super::dot_iq3_xxs, super::super::avx2_lowk::dot_iq3_xxs),
+        ];
+        let mut rng = super::super::XorShift(0x51DE_CAFE_0123_4567);
+        for (dtype, bytes, loads, gathers) in kernels {
+            for n in [256usize, 512, 1792] {
+                for _ in 0..20 {
+                    let mut w: Vec<u8> = (0..n / 256 * bytes).map(|_| rng.next() as u8).collect();
+                    for b in w.chunks_mut(bytes) {
+                        let d = half::f16::from_f32(0.01 + (rng.next() % 100) as f32 * 1e-3);
+                        b[..2].copy_from_slice(&d.to_le_bytes());
+                    }
+                    let x: Vec<f32> = (0..n).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
+                    let mut a = vec![0u8; VecDotType::Q8_K.row_bytes(n)];
+                    quantize_act_fn(VecDotType::Q8_K, Isa::Scalar)(&x, &mut a);
+                    let want = unsafe { scalar::dot_fn(dtype)(n, w.as_ptr(), a.as_ptr()) };
+                    let got = unsafe { loads(n, w.as_ptr(), a.as_ptr()) };
+                    let g = unsafe { gathers(n, w.as_ptr(), a.as_ptr()) };
+                    assert_eq!(got.to_bits(), want.to_bits(), "{dtype} n={n}: {got} vs scalar {want}");
+                    assert_eq!(g.to_bits(), want.to_bits(), "{dtype} n={n}: gathers {g} vs scalar {want}");
+                }
+            }
+        }
+    }
+}
