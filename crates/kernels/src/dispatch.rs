@@ -645,7 +645,11 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq2_xs),
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xs)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! {
+            dot: &[(SlowGather, avx2_grid_loads::dot_iq2_xs), (Base, avx2_lowk::dot_iq2_xs)],
+            gemm: GEMM_K_AVX2,
+            ..NONE
+        },
         avx512: x86! {
             dot: &[(Base, avx512_iq::dot_iq2_xs)],
             dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_xs)],
@@ -734,7 +738,7 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (8·grid ± 1).
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_s)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! { dot: &[(SlowGather, avx2_grid_loads::dot_iq1_s), (Base, avx2_lowk::dot_iq1_s)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_iq::dot_iq1_s)], gemm: GEMM_K, ..NONE },
     },
     Row {
@@ -745,7 +749,7 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (8·grid ± 1).
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq1_m)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! { dot: &[(SlowGather, avx2_grid_loads::dot_iq1_m), (Base, avx2_lowk::dot_iq1_m)], gemm: GEMM_K_AVX2, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_iq::dot_iq1_m)], gemm: GEMM_K, ..NONE },
     },
     Row {

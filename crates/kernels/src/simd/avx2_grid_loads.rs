@@ -1,31 +1,35 @@
-//! The AVX2 IQ3_S decode dot for CPUs whose `vpgatherdd` is slow: the grid
-//! entries read by broadcast loads and put together by blends.
+//! AVX2 decode dots for the grid I-quants (IQ3_S, IQ3_XXS, IQ2_XS) on CPUs
+//! whose gathers are slow: the grid entries read by broadcast loads and put
+//! together by blends, instead of `vpgatherdd` / `vpgatherdq`.
 //!
 //! Why: on the AMD EPYC (Zen 3) VM a `vpgatherdd` of eight dwords took about
-//! 17 cycles (a loop of independent gathers), and the gather kernel
-//! ([`super::avx2_lowk::dot_iq3_s`]) spent ~140 of its ~145 cycles a
-//! super-block in its eight gathers: 47 ns a super-block-row in L2, and a
-//! 1.1B IQ3_S file decoded at 0.89× llama.cpp's AVX2 build (which builds its
-//! entries from scalar loads). Here a block's 64 nine-bit indices are built
-//! in vectors (the low bytes widened, the ninth bits from a 256-entry table
-//! of word masks) and stored once; each entry is then one `vpbroadcastd`
-//! from the grid (a load, no shuffle) and each 32-value chunk's eight
-//! entries meet in seven `vpblendd` (any vector pipe). The rest is the
-//! gather kernel's: the sign bits as a byte mask that negates the
-//! activations, `vpmaddubsw` (magnitudes ≤ 15), `vpmaddwd` with the scale
-//! `2s + 1` of the chunk.
+//! 17 cycles (a loop of independent gathers), and the gather kernels in
+//! [`super::avx2_lowk`] spent most of each super-block in them: IQ3_S took
+//! 47 ns a super-block-row in L2 (eight gathers, ~140 of ~145 cycles), and
+//! a 1.1B IQ3_S file decoded at 0.89× llama.cpp's AVX2 build (which builds
+//! its entries from scalar loads). Here each entry is one `vpbroadcastd`
+//! (`vpbroadcastq` for IQ2_XS's 8-byte rows) from the grid, a load with no
+//! shuffle, its index read by `movzx`; a 32-value chunk's eight entries meet
+//! in seven `vpblendd` (any vector pipe). IQ3_S's 64 nine-bit indices are
+//! built in vectors once a block (the low bytes widened, the ninth bits from
+//! a 256-entry table of word masks) and stored; IQ3_XXS's are its `qs` bytes,
+//! IQ2_XS's the low nine bits of its words. The rest is the gather kernels':
+//! the signs as byte masks that negate the activations, `vpmaddubsw`,
+//! `vpmaddwd` with the sub-block scales.
 //!
-//! Which CPUs take it: [`super::super::dispatch::Feature::SlowGather`].
+//! Measured (Zen 3 VM, `bench_kdot 256 2048`, minimum of alternating runs):
+//! IQ3_S 42 → 31 ns, IQ3_XXS 50 → 38 ns a super-block-row.
 //!
-//! Numerics: the block's integer sum is exact and the float steps are the
-//! scalar `vec_dot`'s, so it equals scalar bit for bit.
+//! Which CPUs take them: [`super::super::dispatch::Feature::SlowGather`].
+//!
+//! Numerics: each block's integer sum is exact and the float steps are the
+//! scalar `vec_dot`'s, so every kernel equals scalar bit for bit.
 
 use super::avx2::hsum_epi32;
-use super::avx2_lowk::{blk, q8k};
-use super::avx2_lowk::{ksigns_words, sign_masks_of, word_pairs};
+use super::avx2_lowk::{blk, iq3_s_scale_words, q8k};
 use super::avx512_rows16_k::PREFETCH_AHEAD;
+use crate::quant::iq3_s;
 use crate::quant::iq_grids::{IQ3S_GRID, IQ3XXS_GRID};
-use crate::quant::{iq3_s, iq3_xxs};
 use std::arch::x86_64::*;
 
 /// Whether this CPU's `vpgatherdd` is slow enough that the IQ3_S dot does
@@ -145,6 +149,42 @@ macro_rules! chunk_entries {
 chunk_entries!(entries_u16, u16, "word");
 chunk_entries!(entries_u8, u8, "byte");
 
+/// The four 8-byte table rows `table[ix[k]]`, `k = 0..4` (dword indices),
+/// in lane order: as [`entries_u16`], a `vpbroadcastq` each and three
+/// `vpblendd` (IQ2_XS's grid rows, IQ1_S's and IQ1_M's code tables).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn rows4_u32(ix: *const u32, table: *const i64) -> __m256i {
+    let v: __m256i;
+    std::arch::asm!(
+        "mov {t:e}, dword ptr [{ix}]",
+        "vpbroadcastq {v}, qword ptr [{g} + {t} * 8]",
+        "mov {t:e}, dword ptr [{ix} + 4]",
+        "vpbroadcastq {a}, qword ptr [{g} + {t} * 8]",
+        "vpblendd {v}, {v}, {a}, 0x0C",
+        "mov {t:e}, dword ptr [{ix} + 8]",
+        "vpbroadcastq {a}, qword ptr [{g} + {t} * 8]",
+        "vpblendd {v}, {v}, {a}, 0x30",
+        "mov {t:e}, dword ptr [{ix} + 12]",
+        "vpbroadcastq {a}, qword ptr [{g} + {t} * 8]",
+        "vpblendd {v}, {v}, {a}, 0xC0",
+        v = out(ymm_reg) v,
+        a = out(ymm_reg) _,
+        t = out(reg) _,
+        ix = in(reg) ix,
+        g = in(reg) table,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    v
+}
+
+/// Eight 4-byte IQ3_XXS grid entries of the index bytes at `qs`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn iq3_xxs_entries(qs: *const u8) -> __m256i {
+    entries_u8(qs, IQ3XXS_GRID.as_ptr())
+}
+
 /// # Safety
 /// As for [`crate::quant::DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -157,14 +197,7 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
             super::avx2_rows::prefetch((x as *const _ as *const u8).wrapping_add(PREFETCH_AHEAD + 64 * l));
         }
         let y = q8k(a, i);
-        // Scales 2s + 1 as words 0..7 in both halves.
-        let s4 = u32::from_le_bytes(x.scales) as u64;
-        let s4 = (s4 | s4 << 16) & 0x0000_FFFF_0000_FFFF;
-        let s4 = (s4 | s4 << 8) & 0x00FF_00FF_00FF_00FF;
-        let s4 = (s4 | s4 << 4) & 0x0F0F_0F0F_0F0F_0F0F;
-        let ls =
-            _mm_add_epi8(_mm_add_epi8(_mm_cvtsi64_si128(s4 as i64), _mm_cvtsi64_si128(s4 as i64)), _mm_set1_epi8(1));
-        let scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(ls));
+        let scw = iq3_s_scale_words(x.scales);
         // Index 16q + k = qs[16q + k] | bit k mod 8 of qh[2q + k / 8] << 8.
         for q in 0..4 {
             let lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(x.qs.as_ptr().add(16 * q) as *const __m128i));
@@ -193,38 +226,40 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
     sum
 }
 
-/// The IQ3_XXS dot as [`dot_iq3_s`] takes its entries: an index is the
-/// `qs` byte itself; the signs (KSIGNS) and scales as in
-/// [`super::avx2_lowk::dot_iq3_xxs`].
-///
-/// # Safety
-/// As for [`crate::quant::DotFn`]; needs AVX2, FMA, F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut sum = 0f32;
-    for i in 0..n / 256 {
-        let x: &iq3_xxs::BlockIq3Xxs = blk(w.add(i * 98));
-        super::avx2_rows::prefetch_block(w.add(i * 98), PREFETCH_AHEAD);
-        let y = q8k(a, i);
-        // Sub-block ib's aux word on lane ib: four 7-bit KSIGNS indices, the scale.
-        let aux = _mm256_loadu_si256(x.qs.as_ptr().add(64) as *const __m256i);
-        let signs = ksigns_words(aux);
-        let ls =
-            word_pairs(_mm256_or_si256(_mm256_slli_epi32::<1>(_mm256_srli_epi32::<28>(aux)), _mm256_set1_epi32(1)));
-        let mut acc = _mm256_setzero_si256();
-        // An opaque bound, as in [`dot_iq3_s`].
-        for ib in 0..std::hint::black_box(8) {
-            let mag = entries_u8(x.qs.as_ptr().add(8 * ib), IQ3XXS_GRID.as_ptr());
-            let neg = sign_masks_of(signs, ib as i32);
-            let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * ib) as *const __m256i);
-            let ys = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
-            let l = _mm256_permutevar8x32_epi32(ls, _mm256_set1_epi32(ib as i32));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), l));
+/// The entry points of the [`super::avx2_lowk`] kernels whose lookups take
+/// broadcast loads here (their `LOADS` bodies).
+macro_rules! loads_entry {
+    ($(#[$doc:meta])* $name:ident, $body:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As for [`crate::quant::DotFn`]; needs AVX2, FMA, F16C.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name(n: usize, w: *const u8, a: *const u8) -> f32 {
+            super::avx2_lowk::$body::<true>(n, w, a)
         }
-        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
-    }
-    0.25 * sum
+    };
 }
+loads_entry!(
+    /// IQ3_XXS: an index is its `qs` byte.
+    dot_iq3_xxs,
+    dot_iq3_xxs_body
+);
+loads_entry!(
+    /// IQ2_XS: an index is the low nine bits of a `qs` word.
+    dot_iq2_xs,
+    dot_iq2_xs_body
+);
+loads_entry!(
+    /// IQ1_S: the grid rows plus one by 11-bit index.
+    dot_iq1_s,
+    dot_iq1_s_body
+);
+loads_entry!(
+    /// IQ1_M: the codes `8·grid ± 1` plus 9 by 12-bit index.
+    dot_iq1_m,
+    dot_iq1_m_body
+);
 
 #[cfg(test)]
 mod tests {
@@ -240,7 +275,10 @@ mod tests {
             eprintln!("skipped: no AVX2 here");
             return;
         }
-        let kernels: [(DType, usize, DotFn, DotFn); 2] = [
+        let kernels: [(DType, usize, DotFn, DotFn); 5] = [
+            (DType::IQ2_XS, 74, super::dot_iq2_xs, super::super::avx2_lowk::dot_iq2_xs),
+            (DType::IQ1_S, 50, super::dot_iq1_s, super::super::avx2_lowk::dot_iq1_s),
+            (DType::IQ1_M, 56, super::dot_iq1_m, super::super::avx2_lowk::dot_iq1_m),
             (DType::IQ3_S, 110, super::dot_iq3_s, super::super::avx2_lowk::dot_iq3_s),
             (DType::IQ3_XXS, 98, super::dot_iq3_xxs, super::super::avx2_lowk::dot_iq3_xxs),
         ];

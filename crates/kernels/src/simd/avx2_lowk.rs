@@ -279,7 +279,7 @@ pub unsafe fn dot_iq2_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
 /// `k` in `ks` order (four dwords picked by `pick`, two per 128-bit lane).
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn ksign_masks(signs: __m256i, pick: __m256i) -> __m256i {
+pub(super) unsafe fn ksign_masks(signs: __m256i, pick: __m256i) -> __m256i {
     let v = _mm256_permutevar8x32_epi32(signs, pick);
     // Each lane: dword 0's byte 0 to bytes 0–7, dword 1's to 8–15.
     let spread = _mm256_setr_epi8(
@@ -293,7 +293,7 @@ unsafe fn ksign_masks(signs: __m256i, pick: __m256i) -> __m256i {
 /// parity in bit 7 (the even-parity sign table, computed).
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn ksigns_dwords(s7: __m256i) -> __m256i {
+pub(super) unsafe fn ksigns_dwords(s7: __m256i) -> __m256i {
     let p = _mm256_xor_si256(s7, _mm256_srli_epi32::<4>(s7));
     let p = _mm256_xor_si256(p, _mm256_srli_epi32::<2>(p));
     let p = _mm256_xor_si256(p, _mm256_srli_epi32::<1>(p));
@@ -304,7 +304,7 @@ unsafe fn ksigns_dwords(s7: __m256i) -> __m256i {
 /// dwords (`b`): group `g` is nibble `g mod 2` of byte `g/2`.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn nibble_scales8(b: __m256i, h: i32) -> __m256i {
+pub(super) unsafe fn nibble_scales8(b: __m256i, h: i32) -> __m256i {
     let k = 4 * h;
     let v = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(k, k, k + 1, k + 1, k + 2, k + 2, k + 3, k + 3));
     let v = _mm256_srlv_epi32(_mm256_slli_epi32::<1>(v), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
@@ -315,6 +315,13 @@ unsafe fn nibble_scales8(b: __m256i, h: i32) -> __m256i {
 /// As for [`DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq2_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
+    dot_iq2_xs_body::<false>(n, w, a)
+}
+
+/// [`dot_iq2_xs`]'s body; with `LOADS` its lookups take broadcast loads
+/// ([`super::avx2_grid_loads`]).
+#[inline(always)]
+pub(super) unsafe fn dot_iq2_xs_body<const LOADS: bool>(n: usize, w: *const u8, a: *const u8) -> f32 {
     // 64 values a step: their eight index words widened at once, grid rows
     // gathered (four a `vpgatherdq`), the KSIGNS bytes computed (parity) and
     // spread to byte masks; scales for the block once. (The first version
@@ -329,13 +336,10 @@ pub unsafe fn dot_iq2_xs(n: usize, w: *const u8, a: *const u8) -> f32 {
         let sb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.scales.as_ptr() as *const __m128i));
         let ls = [nibble_scales8(sb, 0), nibble_scales8(sb, 1)];
         let mut acc = _mm256_setzero_si256();
-        for p in 0..4 {
+        for p in 0..steps::<LOADS>(4) {
             let wd = _mm256_cvtepu16_epi32(_mm_loadu_si128(x.qs.as_ptr().add(16 * p) as *const __m128i));
             let iv = _mm256_and_si256(wd, _mm256_set1_epi32(511));
-            let mag = [
-                _mm256_i32gather_epi64::<8>(grid, _mm256_castsi256_si128(iv)),
-                _mm256_i32gather_epi64::<8>(grid, _mm256_extracti128_si256::<1>(iv)),
-            ];
+            let mag = rows8::<LOADS>(grid, iv);
             let signs = ksigns_dwords(_mm256_srli_epi32::<9>(wd));
             let neg = [
                 ksign_masks(signs, _mm256_setr_epi32(0, 1, 0, 1, 2, 3, 2, 3)),
@@ -386,6 +390,13 @@ pub unsafe fn dot_iq2_s(n: usize, w: *const u8, a: *const u8) -> f32 {
 /// As for [`DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
+    dot_iq3_xxs_body::<false>(n, w, a)
+}
+
+/// [`dot_iq3_xxs`]'s body; with `LOADS` its lookups take broadcast loads
+/// ([`super::avx2_grid_loads`]).
+#[inline(always)]
+pub(super) unsafe fn dot_iq3_xxs_body<const LOADS: bool>(n: usize, w: *const u8, a: *const u8) -> f32 {
     // 32 values a step: eight grid entries gathered (`vpgatherdd`); the
     // block's 32 KSIGNS bytes computed at once from its eight `aux` words
     // (parity in vectors) and each step's four spread to byte masks; the
@@ -403,9 +414,13 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
         let ls =
             word_pairs(_mm256_or_si256(_mm256_slli_epi32::<1>(_mm256_srli_epi32::<28>(aux)), _mm256_set1_epi32(1)));
         let mut acc = _mm256_setzero_si256();
-        for ib in 0..8 {
-            let iv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * ib) as *const __m128i));
-            let mag = _mm256_i32gather_epi32::<4>(grid, iv);
+        for ib in 0..steps::<LOADS>(8) {
+            let mag = if LOADS {
+                super::avx2_grid_loads::iq3_xxs_entries(x.qs.as_ptr().add(8 * ib))
+            } else {
+                let iv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * ib) as *const __m128i));
+                _mm256_i32gather_epi32::<4>(grid, iv)
+            };
             let sel = _mm256_set1_epi32(ib as i32);
             let neg = sign_masks_of(signs, ib as i32);
             let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * ib) as *const __m256i);
@@ -416,6 +431,19 @@ pub unsafe fn dot_iq3_xxs(n: usize, w: *const u8, a: *const u8) -> f32 {
         sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
     }
     finish(sum, 0.25)
+}
+
+/// An IQ3_S block's eight scales `2s + 1` (nibbles of `scales`) as words
+/// 0..7 in both 128-bit halves.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn iq3_s_scale_words(scales: [u8; 4]) -> __m256i {
+    let s4 = u32::from_le_bytes(scales) as u64;
+    let s4 = (s4 | s4 << 16) & 0x0000_FFFF_0000_FFFF;
+    let s4 = (s4 | s4 << 8) & 0x00FF_00FF_00FF_00FF;
+    let s4 = (s4 | s4 << 4) & 0x0F0F_0F0F_0F0F_0F0F;
+    let ls = _mm_add_epi8(_mm_add_epi8(_mm_cvtsi64_si128(s4 as i64), _mm_cvtsi64_si128(s4 as i64)), _mm_set1_epi8(1));
+    _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(ls))
 }
 
 /// # Safety
@@ -437,14 +465,7 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
             super::avx2_rows::prefetch((x as *const _ as *const u8).wrapping_add(PREFETCH_AHEAD + 64 * l));
         }
         let y = q8k(a, i);
-        // Scales 2s + 1 as words 0..7 in both halves.
-        let s4 = u32::from_le_bytes(x.scales) as u64;
-        let s4 = (s4 | s4 << 16) & 0x0000_FFFF_0000_FFFF;
-        let s4 = (s4 | s4 << 8) & 0x00FF_00FF_00FF_00FF;
-        let s4 = (s4 | s4 << 4) & 0x0F0F_0F0F_0F0F_0F0F;
-        let ls =
-            _mm_add_epi8(_mm_add_epi8(_mm_cvtsi64_si128(s4 as i64), _mm_cvtsi64_si128(s4 as i64)), _mm_set1_epi8(1));
-        let scw = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(ls));
+        let scw = iq3_s_scale_words(x.scales);
         let mut acc = _mm256_setzero_si256();
         for ib in 0..8 {
             // Group k of sub-block ib: qs[8ib + k] | bit k of qh[ib] << 8.
@@ -501,6 +522,37 @@ pub(super) unsafe fn word_pairs(v: __m256i) -> __m256i {
     _mm256_or_si256(v, _mm256_slli_epi32::<16>(v))
 }
 
+/// A kernel's step count `n`, opaque to LLVM for the `LOADS` bodies: their
+/// loops unrolled, it hoists every step's asm lookups to the top and spills
+/// them (see [`super::avx2_grid_loads`]).
+#[inline(always)]
+fn steps<const LOADS: bool>(n: usize) -> usize {
+    if LOADS {
+        std::hint::black_box(n)
+    } else {
+        n
+    }
+}
+
+/// Eight 8-byte rows `table[iv[k]]`: gathered (`vpgatherdq`, four a
+/// gather), or with `LOADS` by broadcast loads from the indices stored.
+#[inline(always)]
+unsafe fn rows8<const LOADS: bool>(table: *const i64, iv: __m256i) -> [__m256i; 2] {
+    if LOADS {
+        #[repr(C, align(32))]
+        struct Ix([u32; 8]);
+        let mut ix = Ix([0; 8]);
+        _mm256_store_si256(ix.0.as_mut_ptr() as *mut __m256i, iv);
+        let rows4 = super::avx2_grid_loads::rows4_u32;
+        [rows4(ix.0.as_ptr(), table), rows4(ix.0.as_ptr().add(4), table)]
+    } else {
+        [
+            _mm256_i32gather_epi64::<8>(table, _mm256_castsi256_si128(iv)),
+            _mm256_i32gather_epi64::<8>(table, _mm256_extracti128_si256::<1>(iv)),
+        ]
+    }
+}
+
 /// `acc + Σ row·q8` over 32 values with unsigned rows (bytes at most 18, so
 /// `vpmaddubsw` never saturates: 2·18·127), pairs scaled by the i16 pairs `ls`.
 #[target_feature(enable = "avx2")]
@@ -514,6 +566,13 @@ unsafe fn dot32_unsigned(acc: __m256i, row: __m256i, q8: *const u8, ls: __m256i)
 /// As for [`DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    dot_iq1_s_body::<false>(n, w, a)
+}
+
+/// [`dot_iq1_s`]'s body; with `LOADS` its lookups take broadcast loads
+/// ([`super::avx2_grid_loads`]).
+#[inline(always)]
+pub(super) unsafe fn dot_iq1_s_body<const LOADS: bool>(n: usize, w: *const u8, a: *const u8) -> f32 {
     // Grid rows plus one gathered (`vpgatherdq`, four rows of 8 a gather), their
     // 11-bit indices built eight at a time; `Σ ls·Σ (grid+1)·q8` and the terms
     // of [`iq1_s_terms`] in one reduction. (The first version inserted grid
@@ -528,7 +587,7 @@ pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
         let (qh, ls) = iq1_s_words(x);
         let lsw = word_pairs(ls);
         let mut acc = _mm256_setzero_si256();
-        for p in 0..4 {
+        for p in 0..steps::<LOADS>(4) {
             // Groups 8p..8p + 8 (sub-blocks 2p, 2p + 1): lane t takes word
             // 2p + t/4, whose bits 3(t mod 4).. move to 8–10.
             let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * p) as *const __m128i));
@@ -537,8 +596,7 @@ pub unsafe fn dot_iq1_s(n: usize, w: *const u8, a: *const u8) -> f32 {
             let hi = _mm256_sllv_epi32(wd, _mm256_setr_epi32(8, 5, 2, 0, 8, 5, 2, 0));
             let hi = _mm256_blend_epi32::<0x88>(hi, _mm256_srli_epi32::<1>(wd));
             let iv = _mm256_or_si256(_mm256_and_si256(hi, _mm256_set1_epi32(0x700)), lo);
-            let g0 = _mm256_i32gather_epi64::<8>(grid, _mm256_castsi256_si128(iv));
-            let g1 = _mm256_i32gather_epi64::<8>(grid, _mm256_extracti128_si256::<1>(iv));
+            let [g0, g1] = rows8::<LOADS>(grid, iv);
             let l0 = _mm256_permutevar8x32_epi32(lsw, _mm256_set1_epi32(s0));
             let l1 = _mm256_permutevar8x32_epi32(lsw, _mm256_set1_epi32(s1));
             acc = dot32_unsigned(acc, g0, y.qs.as_ptr().add(64 * p) as *const u8, l0);
@@ -566,6 +624,13 @@ unsafe fn iq1_m_scales8(words: __m256i, h: i32) -> __m256i {
 /// As for [`DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
+    dot_iq1_m_body::<false>(n, w, a)
+}
+
+/// [`dot_iq1_m`]'s body; with `LOADS` its lookups take broadcast loads
+/// ([`super::avx2_grid_loads`]).
+#[inline(always)]
+pub(super) unsafe fn dot_iq1_m_body<const LOADS: bool>(n: usize, w: *const u8, a: *const u8) -> f32 {
     // Codes `8·grid ± 1` plus 9 gathered by 12-bit index (the shift's sign
     // folded into the lookup, [`iq1m_codes_plus_nine`]), eight indices built
     // at a time. `Σ ls·Σ code·q8 = 8·sumi1 + sumi2` (the `+9` taken back
@@ -582,7 +647,7 @@ pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
         let words = _mm256_cvtepu16_epi32(_mm_loadl_epi64(x.scales.as_ptr() as *const __m128i));
         let ls = [iq1_m_scales8(words, 0), iq1_m_scales8(words, 1)];
         let mut acc = _mm256_setzero_si256();
-        for p in 0..4 {
+        for p in 0..steps::<LOADS>(4) {
             // Groups 8p..8p + 8: lane t takes qh byte 4p + t/2, its low nibble
             // for even t, high for odd, moved to bits 8–11.
             let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * p) as *const __m128i));
@@ -590,10 +655,7 @@ pub unsafe fn dot_iq1_m(n: usize, w: *const u8, a: *const u8) -> f32 {
             let nib = _mm256_permutevar8x32_epi32(qb, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
             let nib = _mm256_sllv_epi32(nib, _mm256_setr_epi32(8, 4, 8, 4, 8, 4, 8, 4));
             let iv = _mm256_or_si256(_mm256_and_si256(nib, _mm256_set1_epi32(0xF00)), lo);
-            let code = [
-                _mm256_i32gather_epi64::<8>(table, _mm256_castsi256_si128(iv)),
-                _mm256_i32gather_epi64::<8>(table, _mm256_extracti128_si256::<1>(iv)),
-            ];
+            let code = rows8::<LOADS>(table, iv);
             // Sub-block 2p + c: groups of 16 g = 4p + 2c and g + 1 (values
             // 0–15 and 16–31).
             for (c, &cc) in code.iter().enumerate() {
