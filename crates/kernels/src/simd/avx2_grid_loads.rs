@@ -25,9 +25,6 @@
 //! Numerics: each block's integer sum is exact and the float steps are the
 //! scalar `vec_dot`'s, so every kernel equals scalar bit for bit.
 
-use super::avx2::hsum_epi32;
-use super::avx2_lowk::{blk, iq3_s_scale_words, q8k};
-use super::avx512_rows16_k::PREFETCH_AHEAD;
 use crate::quant::iq3_s;
 use crate::quant::iq_grids::{IQ3S_GRID, IQ3XXS_GRID};
 use std::arch::x86_64::*;
@@ -84,9 +81,46 @@ static WORD_CTRL: WordCtrl = {
     WordCtrl(t)
 };
 
-/// The 64 nine-bit grid indices of a block, in entry order.
+/// The 64 nine-bit grid indices of an IQ3_S block, in entry order.
 #[repr(C, align(32))]
-struct Indices([u16; 64]);
+pub(super) struct Iq3sIndices([u16; 64]);
+
+impl Default for Iq3sIndices {
+    fn default() -> Self {
+        Iq3sIndices([0; 64])
+    }
+}
+
+impl Iq3sIndices {
+    /// Index `16q + k` = `qs[16q + k] | bit k mod 8 of qh[2q + k / 8] << 8`:
+    /// the low bytes widened, the ninth bits from [`NINTH_BITS`].
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) unsafe fn build(&mut self, x: &iq3_s::BlockIq3S) {
+        for q in 0..4 {
+            let lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(x.qs.as_ptr().add(16 * q) as *const __m128i));
+            let hi = _mm256_loadu2_m128i(
+                NINTH_BITS[x.qh[2 * q + 1] as usize].as_ptr() as *const __m128i,
+                NINTH_BITS[x.qh[2 * q] as usize].as_ptr() as *const __m128i,
+            );
+            _mm256_store_si256(self.0.as_mut_ptr().add(16 * q) as *mut __m256i, _mm256_or_si256(lo, hi));
+        }
+    }
+
+    /// The eight grid entries of 32-value chunk `ib`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) unsafe fn entries(&self, ib: usize) -> __m256i {
+        entries_u16(self.0.as_ptr().add(8 * ib), IQ3S_GRID.as_ptr())
+    }
+}
+
+/// [`WORD_CTRL`] of chunk `ib` (a load: the chunk loop is not unrolled).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn word_ctrl_at(ib: usize) -> __m256i {
+    _mm256_load_si256(WORD_CTRL.0[ib].as_ptr() as *const __m256i)
+}
 
 /// `$name(ix, grid)`: the eight 4-byte grid entries `grid[ix[0..8]]` (indices
 /// of type `$ity`, read as `$size ptr`) in lane order. Each index is read
@@ -185,47 +219,6 @@ pub(super) unsafe fn iq3_xxs_entries(qs: *const u8) -> __m256i {
     entries_u8(qs, IQ3XXS_GRID.as_ptr())
 }
 
-/// # Safety
-/// As for [`crate::quant::DotFn`]; needs AVX2, FMA, F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
-    let mut idx = Indices([0; 64]);
-    let mut sum = 0f32;
-    for i in 0..n / 256 {
-        let x: &iq3_s::BlockIq3S = blk(w.add(i * 110));
-        for l in 0..2 {
-            super::avx2_rows::prefetch((x as *const _ as *const u8).wrapping_add(PREFETCH_AHEAD + 64 * l));
-        }
-        let y = q8k(a, i);
-        let scw = iq3_s_scale_words(x.scales);
-        // Index 16q + k = qs[16q + k] | bit k mod 8 of qh[2q + k / 8] << 8.
-        for q in 0..4 {
-            let lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(x.qs.as_ptr().add(16 * q) as *const __m128i));
-            let hi = _mm256_loadu2_m128i(
-                NINTH_BITS[x.qh[2 * q + 1] as usize].as_ptr() as *const __m128i,
-                NINTH_BITS[x.qh[2 * q] as usize].as_ptr() as *const __m128i,
-            );
-            _mm256_store_si256(idx.0.as_mut_ptr().add(16 * q) as *mut __m256i, _mm256_or_si256(lo, hi));
-        }
-        let mut acc = _mm256_setzero_si256();
-        // A loop, not unrolled (an opaque bound): unrolled, LLVM hoists every
-        // chunk's lookups and sign masks to the top and spills them.
-        for ib in 0..std::hint::black_box(8) {
-            let mag = entries_u16(idx.0.as_ptr().add(8 * ib), IQ3S_GRID.as_ptr());
-            let sg = (x.signs.as_ptr().add(4 * ib) as *const u32).read_unaligned();
-            let neg = super::gemm_lowk::sign_mask32(sg);
-            // Q8_K codes are −127..127: negating never wraps.
-            let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * ib) as *const __m256i);
-            let ys = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
-            let ctl = _mm256_load_si256(WORD_CTRL.0[ib].as_ptr() as *const __m256i);
-            let w = _mm256_shuffle_epi8(scw, ctl);
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), w));
-        }
-        sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
-    }
-    sum
-}
-
 /// The entry points of the [`super::avx2_lowk`] kernels whose lookups take
 /// broadcast loads here (their `LOADS` bodies).
 macro_rules! loads_entry {
@@ -240,6 +233,12 @@ macro_rules! loads_entry {
         }
     };
 }
+loads_entry!(
+    /// IQ3_S: the 64 nine-bit indices of a block built and stored once
+    /// ([`Iq3sIndices`]).
+    dot_iq3_s,
+    dot_iq3_s_body
+);
 loads_entry!(
     /// IQ3_XXS: an index is its `qs` byte.
     dot_iq3_xxs,

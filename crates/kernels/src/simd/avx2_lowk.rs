@@ -450,6 +450,14 @@ pub(super) unsafe fn iq3_s_scale_words(scales: [u8; 4]) -> __m256i {
 /// As for [`DotFn`]; needs AVX2, FMA, F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
+    dot_iq3_s_body::<false>(n, w, a)
+}
+
+/// [`dot_iq3_s`]'s body; with `LOADS` the block's 64 indices are built and
+/// stored once and its entries take broadcast loads
+/// ([`super::avx2_grid_loads`]).
+#[inline(always)]
+pub(super) unsafe fn dot_iq3_s_body<const LOADS: bool>(n: usize, w: *const u8, a: *const u8) -> f32 {
     // 32 values a step: their eight grid entries gathered (`vpgatherdd`),
     // the sign bits expanded to a byte mask that negates the activations, the
     // scale word laid over the lanes by `vpshufb`. (The first version built
@@ -458,6 +466,7 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
     let grid = IQ3S_GRID.as_ptr() as *const i32;
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let one = _mm256_set1_epi32(1);
+    let mut idx = super::avx2_grid_loads::Iq3sIndices::default();
     let mut sum = 0f32;
     for i in 0..n / 256 {
         let x: &iq3_s::BlockIq3S = blk(w.add(i * 110));
@@ -466,23 +475,31 @@ pub unsafe fn dot_iq3_s(n: usize, w: *const u8, a: *const u8) -> f32 {
         }
         let y = q8k(a, i);
         let scw = iq3_s_scale_words(x.scales);
+        if LOADS {
+            idx.build(x);
+        }
         let mut acc = _mm256_setzero_si256();
-        for ib in 0..8 {
-            // Group k of sub-block ib: qs[8ib + k] | bit k of qh[ib] << 8.
-            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * ib) as *const __m128i));
-            let hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x.qh[ib] as i32), lanes), one);
-            let mag = _mm256_i32gather_epi32::<4>(grid, _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi)));
+        for ib in 0..steps::<LOADS>(8) {
+            let (mag, ctl) = if LOADS {
+                (idx.entries(ib), super::avx2_grid_loads::word_ctrl_at(ib))
+            } else {
+                // Group k of sub-block ib: qs[8ib + k] | bit k of qh[ib] << 8.
+                let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(x.qs.as_ptr().add(8 * ib) as *const __m128i));
+                let hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(x.qh[ib] as i32), lanes), one);
+                let iv = _mm256_or_si256(lo, _mm256_slli_epi32::<8>(hi));
+                (_mm256_i32gather_epi32::<4>(grid, iv), word_ctrl(ib as i8))
+            };
             let sg = u32::from_le_bytes(x.signs[4 * ib..4 * ib + 4].try_into().expect("4 sign bytes"));
             let neg = super::gemm_lowk::sign_mask32(sg);
             // Q8_K codes are −127..127: negating never wraps.
             let q8 = ld(y.qs.as_ptr().add(32 * ib) as *const u8);
             let ys = _mm256_sub_epi8(_mm256_xor_si256(q8, neg), neg);
-            let w = _mm256_shuffle_epi8(scw, word_ctrl(ib as i8));
+            let w = _mm256_shuffle_epi8(scw, ctl);
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(mag, ys), w));
         }
         sum += super::avx2::f16_bits(u16::from_le_bytes(x.d.0)) * y.d * hsum_epi32(acc) as f32;
     }
-    finish(sum, 1.0)
+    sum
 }
 
 // ---------------------------------------------------------------- IQ1
