@@ -36,7 +36,7 @@ use crate::{DType, ThreadPool};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_grid_loads, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed,
-    avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
+    avx2_q3k_rows, avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
     avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi,
     avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
 };
@@ -542,12 +542,15 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q3_k),
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q3_k),
         // No sixteen-row kernel (an AVX-VNNI one measured level with the
-        // four-row kernel here): packed as three planes of whole codes, read
-        // by a four-row kernel (`crate::packed::q3k_planes`).
+        // four-row kernel here): packed as three planes of whole codes, each
+        // sub-block in one word lane (`crate::packed::q3k_planes`), read by a
+        // row-range kernel below the GEMM's batches (the activations
+        // transposed once a call) and a four-row one.
         avx2: x86! {
             dot: &[(Base, avx2_kq4::dot_q3_k)],
             dot4: &[(Base, avx2_kq4::dot4_q3_k)],
-            packed_dot4: &[(Base, avx2_kq4::planes_dot4_q3_k)],
+            packed_dot4: &[(Base, avx2_q3k_rows::planes_dot4_q3_k)],
+            packed_rows16: &[(Base, avx2_q3k_rows::rows_q3_k)],
             gemm: GEMM_K_AVX2,
             packing: Some(Packing::Recoded(crate::packed::Recoding::Q3kPlanes)),
             ..NONE

@@ -46,7 +46,6 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::NVFP4, Isa::Avx512, Shape::Prefill, "lane GEMM not yet for NVFP4 (tiles)"),
     (DType::FP8, Isa::Avx2, Shape::Decode4, "AVX2 decode runs the one-row kernel"),
     (DType::FP8, Isa::Avx512, Shape::Prefill, "f32 activations: tiles, no lane GEMM"),
-    (DType::Q3_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
     (DType::IQ2_XXS, Isa::Avx2, Shape::Decode4, "one-row kernel only"),
     (DType::IQ2_XXS, Isa::Avx2, Shape::Tile, "one-row kernel only"),
     (DType::IQ2_XXS, Isa::Avx512, Shape::Decode4, "four-row kernel only with VBMI, BITALG and GFNI"),

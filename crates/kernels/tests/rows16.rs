@@ -175,6 +175,11 @@ fn every_listed_rows16_kernel_equals_the_reference() {
         let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
         let pw = packed::pack(dtype, rows, cols, &w);
         for isa in isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)) {
+            // A level whose kernels read another layout (Q3_K at AVX2: code
+            // planes, tested in the kernels crate) does not read these groups.
+            if packed::level_layout(dtype, isa) != packed::layout(dtype) {
+                continue;
+            }
             for &(feature, kernel) in row.at(isa).packed_rows16 {
                 if !feature.present() {
                     continue;

@@ -1,18 +1,24 @@
 //! Q3_K super-blocks recoded as three planes of whole 3-bit codes, once at
-//! load, for the AVX2 decode kernel (`simd::avx2_kq4::planes_dot4_q3_k`).
+//! load, with the values of each 16-value sub-block transposed into one word
+//! lane, for the AVX2 decode kernel (`simd::avx2_q3k_rows`).
 //!
-//! Why: in the file layout a Q3_K code is two bits of `qs` and one of
+//! Why planes: in the file layout a Q3_K code is two bits of `qs` and one of
 //! `hmask`, so every 32 values cost the AVX2 kernel a shift and a mask for
-//! each part and an `or` (about 4.5 µops, as many as the products and the
-//! scale around them). In planes a code is at most a shift and a mask, and
-//! the two codes split across planes five µops: 19 µops per 256 values
-//! instead of ~36. In L2 (`bench_kdot 256 2048`, plain AVX2) 8.6–9.1 →
-//! 6.8–7.3 ns a super-block-row (1.27×). The AVX-512 level reads Q3_K in
-//! sixteen-row lanes instead (`Packing::Lanes16`); which one a process packs
-//! is the requested level's ([`crate::packed::layout`]).
+//! each part and an `or` (about 4.5 µops). In planes a code is at most a
+//! shift and a mask, and the two codes split across planes five µops: 19
+//! µops per 256 values instead of ~36.
+//!
+//! Why transposed: in the file order a 32-value chunk spans two sub-blocks,
+//! so each chunk's `vpmaddubsw` pairs needed their own scale words (a
+//! `vpshufb`), a `vpmaddwd` and an add: 4 µops per chunk besides the codes.
+//! Here word lane `s` (bytes `2s, 2s + 1`) of every chunk holds two values
+//! of sub-block `s`, so the eight chunks' `vpmaddubsw` pairs add up in i16
+//! (|Σ| ≤ 8·2·7·128 < 2¹⁵) and one `vpmaddwd` against the 16 scale words
+//! finishes the block: 2 µops per chunk. The activations take the same
+//! transpose once a call (`simd::avx2_q3k_rows`).
 //!
 //! Layout (110 bytes, the file block's size; `u` = code + 4, in 0..7, of
-//! value `32c + l`):
+//! value `16·(l / 2) + 2c + l % 2` at byte `l` of chunk `c`):
 //!
 //! ```text
 //! 0    B0[32]     u0 | u1 << 3 | (u6 & 3) << 6
@@ -23,18 +29,26 @@
 //! ```
 //!
 //! In the file, value `128h + 32j + l` has bits `2j..2j + 2` of `qs[32h + l]`
-//! (at 32) and bit `4h + j` of `hmask[l]` (at 0): chunk `c = 4h + j`.
+//! (at 32) and bit `4h + j` of `hmask[l]` (at 0).
 
 /// Bytes of a Q3_K super-block.
 pub const BLOCK_BYTES: usize = 110;
+
+/// The file's chunk `v / 32` and byte `v % 32` of value `v`, for the
+/// value at byte `l` of chunk `c` here (`v = 16·(l / 2) + 2c + l % 2`).
+fn file_place(c: usize, l: usize) -> (usize, usize) {
+    let v = 16 * (l / 2) + 2 * c + l % 2;
+    (v / 32, v % 32)
+}
 
 /// One file-layout block `src` as planes into `dst` (both [`BLOCK_BYTES`]).
 pub fn encode(src: &[u8], dst: &mut [u8]) {
     let (src, dst) = (&src[..BLOCK_BYTES], &mut dst[..BLOCK_BYTES]);
     for l in 0..32 {
         let u: [u8; 8] = std::array::from_fn(|c| {
-            let (h, j) = (c / 4, c % 4);
-            (src[32 + 32 * h + l] >> (2 * j) & 3) | (src[l] >> c & 1) << 2
+            let (fc, fl) = file_place(c, l);
+            let (h, j) = (fc / 4, fc % 4);
+            (src[32 + 32 * h + fl] >> (2 * j) & 3) | (src[fl] >> fc & 1) << 2
         });
         dst[l] = u[0] | u[1] << 3 | (u[6] & 3) << 6;
         dst[32 + l] = u[2] | u[3] << 3 | (u[7] & 3) << 6;
@@ -60,9 +74,10 @@ pub fn decode(src: &[u8], dst: &mut [u8]) {
             b1 >> 6 | (b2 >> 7) << 2,
         ];
         for (c, &uc) in u.iter().enumerate() {
-            let (h, j) = (c / 4, c % 4);
-            dst[32 + 32 * h + l] |= (uc & 3) << (2 * j);
-            dst[l] |= (uc >> 2) << c;
+            let (fc, fl) = file_place(c, l);
+            let (h, j) = (fc / 4, fc % 4);
+            dst[32 + 32 * h + fl] |= (uc & 3) << (2 * j);
+            dst[fl] |= (uc >> 2) << fc;
         }
     }
     dst[96..].copy_from_slice(&src[96..]);

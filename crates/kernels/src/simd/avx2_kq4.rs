@@ -134,53 +134,6 @@ unsafe fn q3k_sums(x: *const u8, y: *const u8, k: &Consts) -> __m256i {
     _mm256_sub_epi32(acc, off)
 }
 
-/// One Q3_K block recoded in code planes ([`crate::packed::q3k_planes`])
-/// against `y`: [`q3k_sums`]'s exact sum, the codes each a shift and a mask.
-#[inline(always)]
-unsafe fn q3k_planes_sums(x: *const u8, y: *const u8, k: &Consts) -> __m256i {
-    let sc16 = q3k_scales(x.add(96));
-    let off = _mm256_slli_epi32::<2>(_mm256_madd_epi16(sc16, ld(y.add(Q8K_BSUMS))));
-    let u = super::avx2_q3k_recode::plane_codes(ld(x), ld(x.add(32)), ld(x.add(64)));
-    let w = [half_words::<0>(sc16), half_words::<1>(sc16)];
-    let y = y.add(Q8K_QS);
-    let mut acc = _mm256_setzero_si256();
-    for (c, &uc) in u.iter().enumerate() {
-        acc = chunk(acc, uc, y.add(32 * c), _mm256_shuffle_epi8(w[c / 4], k.ctrl[c % 4]));
-    }
-    _mm256_sub_epi32(acc, off)
-}
-
-/// Four Q3_K rows recoded in code planes, `stride` bytes apart; each equals
-/// [`dot_q3_k`] of its file-layout row bit for bit.
-///
-/// # Safety
-/// As for [`crate::quant::Dot4Fn`]; AVX2/FMA/F16C CPU.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn planes_dot4_q3_k(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
-    let k = consts();
-    let mut sum = _mm_setzero_ps();
-    for i in 0..n / 256 {
-        let (x, y) = (w.add(i * 110), a.add(i * Q8K_BYTES));
-        let yd = _mm_set1_ps((y as *const f32).read_unaligned());
-        let xr = [x, x.add(stride), x.add(2 * stride), x.add(3 * stride)];
-        for r in xr {
-            prefetch(r.wrapping_add(PREFETCH_AHEAD));
-            prefetch(r.wrapping_add(PREFETCH_AHEAD + 64));
-        }
-        let isum = _mm_cvtepi32_ps(sum4(
-            q3k_planes_sums(xr[0], y, &k),
-            q3k_planes_sums(xr[1], y, &k),
-            q3k_planes_sums(xr[2], y, &k),
-            q3k_planes_sums(xr[3], y, &k),
-        ));
-        let xd =
-            _mm_setr_ps(f16_at(xr[0].add(108)), f16_at(xr[1].add(108)), f16_at(xr[2].add(108)), f16_at(xr[3].add(108)));
-        // Lane r: row r's scalar expression (d·d_a·isum), as `dot4`.
-        sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(xd, yd), isum));
-    }
-    _mm_storeu_ps(out, sum);
-}
-
 /// Bit `b` of every byte of `v` moved to bit 2 (other bits: garbage). The
 /// 16-bit shifts never carry a byte's bit `b ≤ 7` out of its own byte on
 /// the way (a left shift of ≤ 2 keeps the high byte's bits `≤ 1`, a right

@@ -2,6 +2,12 @@
 //! AVX2 code: the loader recodes every Q3_K block once, and the prefill GEMM
 //! reads recoded rows back in the file layout once per call and block (the
 //! byte loops take ~250 cycles a block, a tenth of a prefill's time there).
+//!
+//! The planes hold each sub-block's values in one word lane: between the
+//! file's chunks (value `32c + l` at byte `l` of chunk `c`) and the planes'
+//! (value `16·(l / 2) + 2c + l % 2`) lies a transpose of 16 × 8 words,
+//! [`to_lanes`] and [`from_lanes`]: 32 shuffles a block. The activations
+//! take [`to_lanes`] too (`super::avx2_q3k_rows`).
 
 use std::arch::x86_64::*;
 
@@ -29,6 +35,66 @@ unsafe fn shift(v: __m256i, s: i32) -> __m256i {
     }
 }
 
+/// Eight 8 × 8 word transposes at once, one per 128-bit half: word `c` of
+/// `r[s]` becomes word `s` of the result's vector `c` (in each half).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn transpose_words(r: &[__m256i; 8]) -> [__m256i; 8] {
+    let z = _mm256_setzero_si256();
+    // Words of row pairs interleaved: a[2i] columns 0..4, a[2i + 1] 4..8.
+    let mut a = [z; 8];
+    for i in 0..4 {
+        a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+    }
+    // Four rows' words of two columns a vector: b[4i + 2h + k] holds
+    // columns 4h + 2k and 4h + 2k + 1 of rows 4i..4i + 4.
+    let mut b = [z; 8];
+    for i in 0..2 {
+        for h in 0..2 {
+            b[4 * i + 2 * h] = _mm256_unpacklo_epi32(a[4 * i + h], a[4 * i + 2 + h]);
+            b[4 * i + 2 * h + 1] = _mm256_unpackhi_epi32(a[4 * i + h], a[4 * i + 2 + h]);
+        }
+    }
+    let mut t = [z; 8];
+    for k in 0..4 {
+        t[2 * k] = _mm256_unpacklo_epi64(b[k], b[4 + k]);
+        t[2 * k + 1] = _mm256_unpackhi_epi64(b[k], b[4 + k]);
+    }
+    t
+}
+
+/// File-order chunks (byte `l` of `u[c]`: value `32c + l`) to the planes'
+/// order (byte `l` of chunk `c`: value `16·(l / 2) + 2c + l % 2`): word
+/// lane `s` of every result vector is sub-block `s`.
+///
+/// # Safety
+/// AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn to_lanes(u: &[__m256i; 8]) -> [__m256i; 8] {
+    // r[s]: sub-block s (its eight words) low, sub-block s + 8 high.
+    let mut r = [_mm256_setzero_si256(); 8];
+    for k in 0..4 {
+        r[2 * k] = _mm256_permute2x128_si256::<0x20>(u[k], u[4 + k]);
+        r[2 * k + 1] = _mm256_permute2x128_si256::<0x31>(u[k], u[4 + k]);
+    }
+    transpose_words(&r)
+}
+
+/// The inverse of [`to_lanes`].
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn from_lanes(t: &[__m256i; 8]) -> [__m256i; 8] {
+    let r = transpose_words(t);
+    let mut u = [_mm256_setzero_si256(); 8];
+    for k in 0..4 {
+        u[k] = _mm256_permute2x128_si256::<0x20>(r[2 * k], r[2 * k + 1]);
+        u[4 + k] = _mm256_permute2x128_si256::<0x31>(r[2 * k], r[2 * k + 1]);
+    }
+    u
+}
+
 /// [`crate::packed::q3k_planes::encode`] of one block.
 ///
 /// # Safety
@@ -45,6 +111,7 @@ pub unsafe fn encode(src: *const u8, dst: *mut u8) {
         let hi = _mm256_and_si256(shift(hm, 2 - c as i32), four);
         *uc = _mm256_or_si256(lo, hi);
     }
+    let u = to_lanes(&u);
     let low2_at6 = |v: __m256i| _mm256_slli_epi16::<6>(_mm256_and_si256(v, three));
     let b0 = _mm256_or_si256(_mm256_or_si256(u[0], _mm256_slli_epi16::<3>(u[1])), low2_at6(u[6]));
     let b1 = _mm256_or_si256(_mm256_or_si256(u[2], _mm256_slli_epi16::<3>(u[3])), low2_at6(u[7]));
@@ -86,7 +153,7 @@ pub(super) unsafe fn plane_codes(b0: __m256i, b1: __m256i, b2: __m256i) -> [__m2
 #[target_feature(enable = "avx2")]
 pub unsafe fn decode(src: *const u8, dst: *mut u8) {
     let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
-    let u = plane_codes(ld(src), ld(src.add(32)), ld(src.add(64)));
+    let u = from_lanes(&plane_codes(ld(src), ld(src.add(32)), ld(src.add(64))));
     let mut hm = _mm256_setzero_si256();
     let mut q = [_mm256_setzero_si256(); 2];
     for (c, &uc) in u.iter().enumerate() {
@@ -124,10 +191,11 @@ mod tests {
         }
     }
 
-    /// The planes kernel equals the scalar dot of the file-layout rows bit
-    /// for bit, whichever layout this process packs Q3_K in.
+    /// The planes kernels (four-row and row-range, one and three activation
+    /// rows, a range not a multiple of four rows) equal the scalar dot of
+    /// the file-layout rows bit for bit.
     #[test]
-    fn planes_dot4_equals_scalar() {
+    fn planes_kernels_equal_scalar() {
         use crate::quant::{self, q8_k};
         if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("fma") || !is_x86_feature_detected!("f16c") {
             eprintln!("skipped: no AVX2 here");
@@ -135,9 +203,10 @@ mod tests {
         }
         let mut rng = super::super::XorShift(0xA5A5_5A5A_0F0F_F0F0);
         let scalar = quant::scalar::dot_fn(crate::DType::Q3_K);
+        let rows = 7;
         for nb in [1usize, 3, 8] {
             let (n, rb) = (256 * nb, 110 * nb);
-            let mut w: Vec<u8> = (0..4 * rb).map(|_| rng.next() as u8).collect();
+            let mut w: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
             for blk in w.chunks_exact_mut(110) {
                 // A finite scale: f16 0.0–1.0.
                 blk[108..110].copy_from_slice(&((rng.next() % 0x3C00) as u16).to_le_bytes());
@@ -146,15 +215,31 @@ mod tests {
             for (s, d) in w.chunks_exact(110).zip(pw.chunks_exact_mut(110)) {
                 q3k_planes::encode(s, d);
             }
-            let x: Vec<f32> = (0..n).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
-            let mut a = vec![<q8_k::BlockQ8K as bytemuck::Zeroable>::zeroed(); nb];
+            let m = 3;
+            let x: Vec<f32> = (0..m * n).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
+            let mut a = vec![<q8_k::BlockQ8K as bytemuck::Zeroable>::zeroed(); m * nb];
             q8_k::quantize(&x, &mut a);
             let ap = bytemuck::cast_slice::<_, u8>(&a).as_ptr();
+            let want = |r: usize, j: usize| unsafe { scalar(n, w[r * rb..].as_ptr(), ap.add(j * 292 * nb)) };
             let mut got = [0f32; 4];
-            unsafe { super::super::avx2_kq4::planes_dot4_q3_k(n, pw.as_ptr(), rb, ap, got.as_mut_ptr()) };
+            unsafe { super::super::avx2_q3k_rows::planes_dot4_q3_k(n, pw.as_ptr(), rb, ap, got.as_mut_ptr()) };
             for (r, g) in got.iter().enumerate() {
-                let want = unsafe { scalar(n, w[r * rb..].as_ptr(), ap) };
-                assert_eq!(g.to_bits(), want.to_bits(), "row {r}, {nb} blocks: {g} vs {want}");
+                assert_eq!(g.to_bits(), want(r, 0).to_bits(), "dot4 row {r}, {nb} blocks: {g} vs {}", want(r, 0));
+            }
+            let mut y = vec![0f32; m * rows];
+            unsafe {
+                super::super::avx2_q3k_rows::rows_q3_k(n, pw.as_ptr(), rb, rows, ap, 292 * nb, m, y.as_mut_ptr(), rows)
+            };
+            for j in 0..m {
+                for r in 0..rows {
+                    let g = y[j * rows + r];
+                    assert_eq!(
+                        g.to_bits(),
+                        want(r, j).to_bits(),
+                        "rows: row {r}, act {j}, {nb} blocks: {g} vs {}",
+                        want(r, j)
+                    );
+                }
             }
         }
     }

@@ -1,0 +1,188 @@
+//! AVX2 decode kernels of Q3_K in transposed code planes
+//! ([`crate::packed::q3k_planes`]): a row-range kernel (every batch size
+//! below the GEMM's) and a four-row one.
+//!
+//! Why: the planes kernel in file order spent per 32-value chunk a
+//! `vpshufb` for its two sub-blocks' scale words, a `vpmaddwd` and an add
+//! besides the product, ~78 µops a super-block-row, and this
+//! two-vector-µops-a-cycle class of CPU (the AMD EPYC VMs) is bound by the
+//! µops: 10–15 ns a super-block-row in L2, 61% of the memory bandwidth in a
+//! Q3_K_M decode. In the transposed planes word lane `s` of every chunk is
+//! sub-block `s`, so per block:
+//! * the eight chunks' codes (`plane_codes`, 19 µops) meet the transposed
+//!   activations in eight `vpmaddubsw` whose i16 pairs add up in place
+//!   (`vpaddw`; |Σ| ≤ 8·2·7·128 < 2¹⁵);
+//! * `4·bsum` of each sub-block comes off in i16 (the stored code is
+//!   `u − 4`; |Σ (u − 4)·y| ≤ 16·4·128 = 2¹³), and one `vpmaddwd` against
+//!   the 16 scale words gives the block's 8 i32 lanes;
+//! * four blocks' sums reduce together and their float steps run in four
+//!   lanes.
+//!
+//! About 54 µops a super-block-row: 7.5 ns in L2 against 10–15. The
+//! activation transpose (`to_lanes`, ~40 µops a block) runs once a call
+//! for the row-range kernel.
+//!
+//! One row at a time, not four: the recoded rows lie in file order, so four
+//! rows at once are four streams from memory, and in a Q3_K_M decode on the
+//! EPYC VM four streams read 17.5 GB/s where one-stream kernels read 23–26
+//! (`perf`); one row at a time decoded 35 tok/s against 33 (A/B, same
+//! binary).
+//!
+//! Numerics: every integer sum is exact and the float step is the scalar
+//! reference's (`d·d_a·isum` a block, added in block order), so each row
+//! equals `quant::q3_k` of its file-layout row bit for bit.
+
+use super::avx2_k::ld;
+use super::avx2_q3k_recode::{plane_codes, to_lanes};
+use super::avx2_rows::prefetch;
+use super::avx512_lowk::{f16_at, q3k_scales, sum1, sum4};
+use super::avx512_rows16_k::PREFETCH_AHEAD;
+use std::arch::x86_64::*;
+
+/// Bytes of a Q3_K block.
+const BLOCK: usize = 110;
+/// Q8_K activation block: `d` (f32), 256 codes, 16 i16 sub-block sums.
+const Q8K_QS: usize = 4;
+const Q8K_BSUMS: usize = 260;
+const Q8K_BYTES: usize = 292;
+
+/// One Q8_K activation block in the planes' order.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Acts {
+    /// Chunk `c`'s 32 codes: byte `l` is value `16·(l / 2) + 2c + l % 2`.
+    q: [__m256i; 8],
+    /// `4·Σ y` of each sub-block `s`, word `s`.
+    bsum4: __m256i,
+    d: f32,
+}
+
+thread_local! {
+    /// One activation row's blocks, transposed (reused across calls).
+    static ACTS: std::cell::RefCell<Vec<Acts>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The Q8_K block at `y` in the planes' order.
+#[inline(always)]
+unsafe fn transpose_acts(y: *const u8) -> Acts {
+    let mut v = [_mm256_setzero_si256(); 8];
+    for (c, vc) in v.iter_mut().enumerate() {
+        *vc = ld(y.add(Q8K_QS + 32 * c));
+    }
+    Acts { q: to_lanes(&v), bsum4: _mm256_slli_epi16::<2>(ld(y.add(Q8K_BSUMS))), d: (y as *const f32).read_unaligned() }
+}
+
+/// One row's block at `x` against `t`: the exact `Σ_s sc_s·Σ (u − 4)·y`
+/// spread over 8 lanes.
+#[inline(always)]
+unsafe fn block_sums(x: *const u8, t: &Acts) -> __m256i {
+    let sc16 = q3k_scales(x.add(96));
+    let u = plane_codes(ld(x), ld(x.add(32)), ld(x.add(64)));
+    let mut p = _mm256_maddubs_epi16(u[0], t.q[0]);
+    for c in 1..8 {
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[c], t.q[c]));
+    }
+    _mm256_madd_epi16(_mm256_sub_epi16(p, t.bsum4), sc16)
+}
+
+/// One row at `x0` against the transposed activation row `acts`: four
+/// blocks' sums reduce together (`vphaddd`) and their float steps run in
+/// four lanes, then add to the sum in block order, the scalar reference's
+/// (`sum += d·d_a·isum`), so the result equals it bit for bit.
+#[inline(always)]
+unsafe fn one_row(x0: *const u8, acts: &[Acts]) -> f32 {
+    let mut sum = 0f32;
+    let nb = acts.len();
+    let mut i = 0;
+    while i + 4 <= nb {
+        let x = x0.add(i * BLOCK);
+        // The row's stream, seven lines of four blocks (440 bytes).
+        for l in 0..7 {
+            prefetch(x.wrapping_add(PREFETCH_AHEAD + 64 * l));
+        }
+        let t = &acts[i..i + 4];
+        let xb = [x, x.add(BLOCK), x.add(2 * BLOCK), x.add(3 * BLOCK)];
+        let isum = _mm_cvtepi32_ps(sum4(
+            block_sums(xb[0], &t[0]),
+            block_sums(xb[1], &t[1]),
+            block_sums(xb[2], &t[2]),
+            block_sums(xb[3], &t[3]),
+        ));
+        let xd =
+            _mm_setr_ps(f16_at(xb[0].add(108)), f16_at(xb[1].add(108)), f16_at(xb[2].add(108)), f16_at(xb[3].add(108)));
+        let yd = _mm_setr_ps(t[0].d, t[1].d, t[2].d, t[3].d);
+        let mut v = [0f32; 4];
+        _mm_storeu_ps(v.as_mut_ptr(), _mm_mul_ps(_mm_mul_ps(xd, yd), isum));
+        for vb in v {
+            sum += vb;
+        }
+        i += 4;
+    }
+    for (t, b) in acts[i..].iter().zip(i..) {
+        let x = x0.add(b * BLOCK);
+        prefetch(x.wrapping_add(PREFETCH_AHEAD));
+        prefetch(x.wrapping_add(PREFETCH_AHEAD + 64));
+        sum += f16_at(x.add(108)) * t.d * sum1(block_sums(x, t)) as f32;
+    }
+    sum
+}
+
+/// `acts` filled with the `nb` blocks of the Q8_K row at `a`.
+#[inline(always)]
+unsafe fn fill(acts: &mut Vec<Acts>, a: *const u8, nb: usize) {
+    acts.clear();
+    for b in 0..nb {
+        acts.push(transpose_acts(a.add(b * Q8K_BYTES)));
+    }
+}
+
+/// `rows` Q3_K rows in transposed planes, `row_bytes` apart, × `m` Q8_K
+/// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
+/// row r · act j`, each equal to `quant::q3_k`'s dot of the file-layout row.
+///
+/// # Safety
+/// AVX2/FMA/F16C CPU; `w` holds `rows` recoded rows of `n / 256` blocks
+/// (`n` a multiple of 256); `a` holds `m` Q8_K rows `a_stride` bytes apart;
+/// `y` valid for the writes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows_q3_k(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let nb = n / 256;
+    // Taken out of its cell for the call: no closure around kernel code (a
+    // closure does not get this function's target features).
+    let mut acts = ACTS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    for j in 0..m {
+        fill(&mut acts, a.add(j * a_stride), nb);
+        let yj = y.add(j * y_stride);
+        for r in 0..rows {
+            *yj.add(r) = one_row(w.add(r * row_bytes), &acts);
+        }
+    }
+    ACTS.with(|c| *c.borrow_mut() = acts);
+}
+
+/// Four Q3_K rows in transposed planes, `stride` bytes apart (see
+/// [`crate::quant::Dot4Fn`]); each equals the scalar dot of its file-layout
+/// row bit for bit.
+///
+/// # Safety
+/// As for [`crate::quant::Dot4Fn`]; AVX2/FMA/F16C CPU.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn planes_dot4_q3_k(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
+    let mut acts = ACTS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    fill(&mut acts, a, n / 256);
+    for r in 0..4 {
+        *out.add(r) = one_row(w.add(r * stride), &acts);
+    }
+    ACTS.with(|c| *c.borrow_mut() = acts);
+}
