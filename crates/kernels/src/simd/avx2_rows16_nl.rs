@@ -93,6 +93,9 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<Block>> = const { std::cell::RefCell::new(Vec::new()) };
     /// `128·Σy` of every activation block of the call (`m × nb`, AVX-VNNI only).
     static OFFSETS: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The f16 `d` of every activation block of the call as f32 (`m × nb`):
+    /// converted once a call, not once per group of rows and half.
+    static ACT_D: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One block of sixteen rows, decoded: per half `h`, `abs[h][v]` /
@@ -209,11 +212,15 @@ unsafe fn rows16<const V: bool>(
     // function's target features, and the intrinsics in it would not inline).
     let mut offsets = OFFSETS.with(|c| std::mem::take(&mut *c.borrow_mut()));
     let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let mut act_d = ACT_D.with(|c| std::mem::take(&mut *c.borrow_mut()));
     offsets.clear();
-    if V {
-        for j in 0..m {
-            for b in 0..nb {
-                offsets.push(128 * code_sum(a.add(j * a_stride + b * ACT_BYTES + 2)));
+    act_d.clear();
+    for j in 0..m {
+        for b in 0..nb {
+            let yb = a.add(j * a_stride + b * ACT_BYTES);
+            act_d.push(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((yb as *const u16).read_unaligned() as i32))));
+            if V {
+                offsets.push(128 * code_sum(yb.add(2)));
             }
         }
     }
@@ -222,8 +229,8 @@ unsafe fn rows16<const V: bool>(
         let yg = y.add(g * ROWS);
         if m <= ACTS {
             match m {
-                1 => tile::<1, V>(nb, gw, a, a_stride, &offsets, yg, y_stride),
-                _ => tile::<ACTS, V>(nb, gw, a, a_stride, &offsets, yg, y_stride),
+                1 => tile::<1, V>(nb, gw, a, a_stride, &offsets, &act_d, yg, y_stride),
+                _ => tile::<ACTS, V>(nb, gw, a, a_stride, &offsets, &act_d, yg, y_stride),
             }
             continue;
         }
@@ -237,11 +244,12 @@ unsafe fn rows16<const V: bool>(
                 let take = (m - j).min(HALF_ACTS);
                 let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride + 8 * h));
                 let oj = if V { &offsets[j * nb..] } else { &offsets[..] };
+                let dj = &act_d[j * nb..];
                 match take {
-                    1 => tile_half::<1, V>(h, &scratch, aj, a_stride, oj, yj, y_stride),
-                    2 => tile_half::<2, V>(h, &scratch, aj, a_stride, oj, yj, y_stride),
-                    3 => tile_half::<3, V>(h, &scratch, aj, a_stride, oj, yj, y_stride),
-                    _ => tile_half::<HALF_ACTS, V>(h, &scratch, aj, a_stride, oj, yj, y_stride),
+                    1 => tile_half::<1, V>(h, &scratch, aj, a_stride, oj, dj, yj, y_stride),
+                    2 => tile_half::<2, V>(h, &scratch, aj, a_stride, oj, dj, yj, y_stride),
+                    3 => tile_half::<3, V>(h, &scratch, aj, a_stride, oj, dj, yj, y_stride),
+                    _ => tile_half::<HALF_ACTS, V>(h, &scratch, aj, a_stride, oj, dj, yj, y_stride),
                 }
                 j += take;
             }
@@ -249,6 +257,7 @@ unsafe fn rows16<const V: bool>(
     }
     OFFSETS.with(|c| *c.borrow_mut() = offsets);
     SCRATCH.with(|c| *c.borrow_mut() = scratch);
+    ACT_D.with(|c| *c.borrow_mut() = act_d);
 }
 
 /// Σ of the 32 signed codes at `q` (one Q8_0 block).
@@ -276,7 +285,7 @@ unsafe fn product<const V: bool>(acc: __m256i, abs: __m256i, sgn: __m256i, yq: _
 
 /// One group of sixteen rows at `gw` × `J` activation rows, decoding each
 /// block as it goes; with `V`, `offs[j·nb + b]` is `128·Σy` of activation
-/// row `j`'s block `b`.
+/// row `j`'s block `b`; `act_d[j·nb + b]` is its `d`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<const J: usize, const V: bool>(
@@ -285,6 +294,7 @@ unsafe fn tile<const J: usize, const V: bool>(
     a: *const u8,
     a_stride: usize,
     offs: &[i32],
+    act_d: &[f32],
     y: *mut f32,
     y_stride: usize,
 ) {
@@ -303,7 +313,7 @@ unsafe fn tile<const J: usize, const V: bool>(
             }
         }
         for j in 0..J {
-            let da = act_d(a.add(j * a_stride + b * ACT_BYTES));
+            let da = _mm256_set1_ps(*act_d.get_unchecked(j * nb + b));
             let off = _mm256_set1_epi32(if V { *offs.get_unchecked(j * nb + b) } else { 0 });
             for h in 0..2 {
                 let isum = if V { _mm256_sub_epi32(acc[j][h], off) } else { acc[j][h] };
@@ -328,6 +338,7 @@ unsafe fn tile_half<const J: usize, const V: bool>(
     a: *const u8,
     a_stride: usize,
     offs: &[i32],
+    act_d: &[f32],
     y: *mut f32,
     y_stride: usize,
 ) {
@@ -346,17 +357,11 @@ unsafe fn tile_half<const J: usize, const V: bool>(
         for (j, sum) in sums.iter_mut().enumerate() {
             let isum =
                 if V { _mm256_sub_epi32(acc[j], _mm256_set1_epi32(*offs.get_unchecked(j * nb + b))) } else { acc[j] };
-            let da = act_d(a.add(j * a_stride + b * ACT_BYTES));
+            let da = _mm256_set1_ps(*act_d.get_unchecked(j * nb + b));
             *sum = _mm256_add_ps(*sum, _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(isum)));
         }
     }
     for (j, s) in sums.iter().enumerate() {
         _mm256_storeu_ps(y.add(j * y_stride), *s);
     }
-}
-
-/// The f16 `d` of the Q8_0 activation block at `yb`, in every lane.
-#[inline(always)]
-unsafe fn act_d(yb: *const u8) -> __m256 {
-    _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((yb as *const u16).read_unaligned() as i32))))
 }
