@@ -23,6 +23,7 @@ fn main() {
         (DType::Q2_K, VecDotType::Q8_K),
         (DType::Q3_K, VecDotType::Q8_K),
         (DType::IQ4_XS, VecDotType::Q8_K),
+        (DType::IQ4_NL, VecDotType::Q8_0),
         (DType::IQ3_S, VecDotType::Q8_K),
         (DType::IQ3_XXS, VecDotType::Q8_K),
         (DType::IQ2_S, VecDotType::Q8_K),
@@ -74,11 +75,16 @@ fn main() {
             report("dot4", t.elapsed().as_secs_f64() / iters as f64);
         }
         if let Some(f) = shardlm_kernels::dispatch::kernels(dt, isa, packed).rows16 {
+            // `M=64`: that many activation rows (the prefill GEMM's shape).
+            let m: usize = std::env::var("M").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+            let am: Vec<u8> = a.iter().copied().cycle().take(a.len() * m).collect();
+            let mut outm = vec![0f32; rows * m];
+            let iters = (iters / m).max(3);
             let t = Instant::now();
             for _ in 0..iters {
-                unsafe { f(cols, w.as_ptr(), rb, rows, a.as_ptr(), a.len(), 1, out.as_mut_ptr(), rows) };
+                unsafe { f(cols, w.as_ptr(), rb, rows, am.as_ptr(), a.len(), m, outm.as_mut_ptr(), rows) };
             }
-            report("rows", t.elapsed().as_secs_f64() / iters as f64);
+            report(&format!("rows m={m}"), t.elapsed().as_secs_f64() / iters as f64 / m as f64);
         }
         if !packed {
             let t = Instant::now();
