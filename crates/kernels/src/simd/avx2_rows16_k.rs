@@ -165,7 +165,7 @@ rows16_avx2!(
 ///
 /// Up to `ACTS` activation rows decode each super-block as they go; more
 /// first decode the group's super-blocks once (`XsBlock`, 4.6 KiB each,
-/// in L2) and run tiles of `HALF_ACTS` rows over one half at a time. The
+/// in L2) and run tiles of `TILE_ACTS` rows over both halves at once. The
 /// arithmetic is the same either way.
 ///
 /// # Safety
@@ -240,26 +240,28 @@ unsafe fn iq4_xs_body<const V: bool>(
         for b in 0..nb {
             scratch.push(decode_iq4_xs::<V>(gw.add(b * ROWS * 136)));
         }
-        for h in 0..2 {
-            let mut j = 0;
-            while j < m {
-                let take = (m - j).min(HALF_ACTS);
-                let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride + 8 * h));
-                match take {
-                    1 => half_iq4_xs::<1, V>(h, &scratch, aj, a_stride, yj, y_stride),
-                    2 => half_iq4_xs::<2, V>(h, &scratch, aj, a_stride, yj, y_stride),
-                    3 => half_iq4_xs::<3, V>(h, &scratch, aj, a_stride, yj, y_stride),
-                    _ => half_iq4_xs::<HALF_ACTS, V>(h, &scratch, aj, a_stride, yj, y_stride),
-                }
-                j += take;
+        // Both halves at once: each activation broadcast feeds two products.
+        // With AVX-VNNI each row of a tile holds six accumulators, so its
+        // tiles are two rows.
+        let tile = if V { 2 } else { TILE_ACTS };
+        let mut j = 0;
+        while j < m {
+            let take = (m - j).min(tile);
+            let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride));
+            match take {
+                1 => decoded_iq4_xs::<1, V>(&scratch, aj, a_stride, yj, y_stride),
+                2 => decoded_iq4_xs::<2, V>(&scratch, aj, a_stride, yj, y_stride),
+                3 => decoded_iq4_xs::<3, V>(&scratch, aj, a_stride, yj, y_stride),
+                _ => decoded_iq4_xs::<TILE_ACTS, V>(&scratch, aj, a_stride, yj, y_stride),
             }
+            j += take;
         }
     }
     XS_SCRATCH.with(|c| *c.borrow_mut() = scratch);
 }
 
-/// Activation rows per tile of one half over decoded super-blocks.
-const HALF_ACTS: usize = 4;
+/// Activation rows per tile over decoded super-blocks (both halves).
+const TILE_ACTS: usize = 4;
 
 thread_local! {
     /// The current group's IQ4_XS super-blocks, decoded once (batches above `ACTS`).
@@ -336,54 +338,66 @@ unsafe fn iq4_xs_vnni_scale(sumi: &mut __m256i, corr: &mut __m256i, part: __m256
     *corr = _mm256_add_epi32(*corr, _mm256_madd_epi16(pair, bs));
 }
 
-/// Rows `8h..8h + 8` of a group × `J` activation rows over its decoded
-/// super-blocks (the same arithmetic as [`tile_iq4_xs`]).
+/// All sixteen rows of a group × `J` activation rows over its decoded
+/// super-blocks (the same arithmetic as [`tile_iq4_xs`]): each activation
+/// broadcast feeds both halves. (Tiles of one half, which broadcast every
+/// activation twice, ran slower on the Zen 3 VM; see
+/// [`super::avx2_rows16_nl`].)
 #[inline(always)]
-unsafe fn half_iq4_xs<const J: usize, const V: bool>(
-    h: usize,
+unsafe fn decoded_iq4_xs<const J: usize, const V: bool>(
     blocks: &[XsBlock],
     a: *const u8,
     a_stride: usize,
     y: *mut f32,
     y_stride: usize,
 ) {
-    let mut sums = [_mm256_setzero_ps(); J];
+    let mut sums = [[_mm256_setzero_ps(); 2]; J];
     for (b, blk) in blocks.iter().enumerate() {
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
-        let mut sumi = [_mm256_setzero_si256(); J];
-        let mut corr = [_mm256_setzero_si256(); J];
+        let mut sumi = [[_mm256_setzero_si256(); 2]; J];
+        let mut corr = [[_mm256_setzero_si256(); 2]; J];
         for ib in 0..8 {
-            let pair = blk.pair[h][ib];
-            let mut part = [_mm256_setzero_si256(); J];
+            let mut part = [[_mm256_setzero_si256(); 2]; J];
             for u in 0..4 {
                 let k = 2 * (4 * ib + u);
-                let (la, lsg, ha, hsg) = (blk.abs[h][k], blk.sgn[h][k], blk.abs[h][k + 1], blk.sgn[h][k + 1]);
                 for j in 0..J {
                     let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
-                    if V {
-                        part[j] = _mm256_dpbusd_avx_epi32(part[j], la, bcast4(y0));
-                        part[j] = _mm256_dpbusd_avx_epi32(part[j], ha, bcast4(y0.add(16)));
-                    } else {
-                        sumi[j] = _mm256_add_epi32(sumi[j], iq4_signed(la, lsg, bcast4(y0), pair));
-                        sumi[j] = _mm256_add_epi32(sumi[j], iq4_signed(ha, hsg, bcast4(y0.add(16)), pair));
+                    let (yl, yh) = (bcast4(y0), bcast4(y0.add(16)));
+                    for h in 0..2 {
+                        let (la, ha) = (blk.abs[h][k], blk.abs[h][k + 1]);
+                        if V {
+                            part[j][h] = _mm256_dpbusd_avx_epi32(part[j][h], la, yl);
+                            part[j][h] = _mm256_dpbusd_avx_epi32(part[j][h], ha, yh);
+                        } else {
+                            let pair = blk.pair[h][ib];
+                            sumi[j][h] = _mm256_add_epi32(sumi[j][h], iq4_signed(la, blk.sgn[h][k], yl, pair));
+                            sumi[j][h] = _mm256_add_epi32(sumi[j][h], iq4_signed(ha, blk.sgn[h][k + 1], yh, pair));
+                        }
                     }
                 }
             }
             if V {
                 for j in 0..J {
                     let bs = bcast4(act[j].add(Q8K_BSUMS + 4 * ib));
-                    iq4_xs_vnni_scale(&mut sumi[j], &mut corr[j], part[j], pair, bs);
+                    for h in 0..2 {
+                        iq4_xs_vnni_scale(&mut sumi[j][h], &mut corr[j][h], part[j][h], blk.pair[h][ib], bs);
+                    }
                 }
             }
         }
         for j in 0..J {
-            let isum = if V { _mm256_sub_epi32(sumi[j], _mm256_slli_epi32::<7>(corr[j])) } else { sumi[j] };
             let da = _mm256_set1_ps((act[j] as *const f32).read_unaligned());
-            sums[j] = _mm256_add_ps(sums[j], _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(isum)));
+            for h in 0..2 {
+                let isum =
+                    if V { _mm256_sub_epi32(sumi[j][h], _mm256_slli_epi32::<7>(corr[j][h])) } else { sumi[j][h] };
+                sums[j][h] =
+                    _mm256_add_ps(sums[j][h], _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(isum)));
+            }
         }
     }
     for (j, s) in sums.iter().enumerate() {
-        _mm256_storeu_ps(y.add(j * y_stride), *s);
+        _mm256_storeu_ps(y.add(j * y_stride), s[0]);
+        _mm256_storeu_ps(y.add(j * y_stride + 8), s[1]);
     }
 }
 
