@@ -18,7 +18,12 @@
 //! * four blocks' sums reduce together and their float steps run in four
 //!   lanes.
 //!
-//! About 54 µops a super-block-row: 7.5 ns in L2 against 10–15. The
+//! * the sixteen scales come out of their bit string
+//!   ([`super::avx2_q3k_recode::plane_scales`]) in four µops, where the
+//!   file's split nibbles and top bits took about ten.
+//!
+//! About 48 µops a super-block-row: 7.0 ns in L2 (7.7 with the file's
+//! scale bytes; 10–15 in file order). The
 //! activation transpose (`to_lanes`, ~40 µops a block) runs once a call
 //! for the row-range kernel.
 //!
@@ -33,9 +38,9 @@
 //! equals `quant::q3_k` of its file-layout row bit for bit.
 
 use super::avx2_k::ld;
-use super::avx2_q3k_recode::{plane_codes, to_lanes};
+use super::avx2_q3k_recode::{plane_codes, plane_scales, to_lanes};
 use super::avx2_rows::prefetch;
-use super::avx512_lowk::{f16_at, q3k_scales, sum1, sum4};
+use super::avx512_lowk::{f16_at, sum1, sum4};
 use super::avx512_rows16_k::PREFETCH_AHEAD;
 use std::arch::x86_64::*;
 
@@ -76,7 +81,7 @@ unsafe fn transpose_acts(y: *const u8) -> Acts {
 /// spread over 8 lanes.
 #[inline(always)]
 unsafe fn block_sums(x: *const u8, t: &Acts) -> __m256i {
-    let sc16 = q3k_scales(x.add(96));
+    let sc16 = plane_scales(x);
     let u = plane_codes(ld(x), ld(x.add(32)), ld(x.add(64)));
     let mut p = _mm256_maddubs_epi16(u[0], t.q[0]);
     for c in 1..8 {
