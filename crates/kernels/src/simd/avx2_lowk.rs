@@ -466,18 +466,26 @@ pub(super) unsafe fn dot_iq3_s_body<const LOADS: bool>(n: usize, w: *const u8, a
     let grid = IQ3S_GRID.as_ptr() as *const i32;
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let one = _mm256_set1_epi32(1);
-    let mut idx = super::avx2_grid_loads::Iq3sIndices::default();
+    // With `LOADS`, two index buffers: block i + 1's indices are built and
+    // stored before block i's lookups read block i's, so those reads find
+    // their stores long done.
+    let mut idx = [super::avx2_grid_loads::Iq3sIndices::default(), super::avx2_grid_loads::Iq3sIndices::default()];
+    let nb = n / 256;
+    if LOADS && nb > 0 {
+        idx[0].build(blk(w));
+    }
     let mut sum = 0f32;
-    for i in 0..n / 256 {
+    for i in 0..nb {
         let x: &iq3_s::BlockIq3S = blk(w.add(i * 110));
         for l in 0..2 {
             super::avx2_rows::prefetch((x as *const _ as *const u8).wrapping_add(PREFETCH_AHEAD + 64 * l));
         }
         let y = q8k(a, i);
         let scw = iq3_s_scale_words(x.scales);
-        if LOADS {
-            idx.build(x);
+        if LOADS && i + 1 < nb {
+            idx[(i + 1) % 2].build(blk(w.add((i + 1) * 110)));
         }
+        let idx = &idx[i % 2];
         let mut acc = _mm256_setzero_si256();
         for ib in 0..steps::<LOADS>(8) {
             let (mag, ctl) = if LOADS {
