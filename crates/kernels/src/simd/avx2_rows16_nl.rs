@@ -302,37 +302,12 @@ unsafe fn tile<const J: usize, const V: bool>(
 ) {
     let mut sums = [[_mm256_setzero_ps(); 2]; J];
     for b in 0..nb {
-        let blk = decode::<V>(gw, b);
-        let mut acc = [[_mm256_setzero_si256(); 2]; J];
-        for v in 0..8 {
-            // Values 4v.. (v < 4) or 16 + 4(v − 4).. (v ≥ 4) of the block.
-            let at = if v < 4 { 4 * v } else { 16 + 4 * (v - 4) };
-            for j in 0..J {
-                let yq = bcast4(a.add(j * a_stride + b * ACT_BYTES + 2 + at));
-                for h in 0..2 {
-                    acc[j][h] = product::<V>(acc[j][h], blk.abs[h][v], blk.sgn[h][v], yq);
-                }
-            }
-        }
-        for j in 0..J {
-            let da = _mm256_set1_ps(*act_d.get_unchecked(j * nb + b));
-            let off = _mm256_set1_epi32(if V { *offs.get_unchecked(j * nb + b) } else { 0 });
-            for h in 0..2 {
-                let isum = if V { _mm256_sub_epi32(acc[j][h], off) } else { acc[j][h] };
-                let t = _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(isum));
-                sums[j][h] = _mm256_add_ps(sums[j][h], t);
-            }
-        }
+        block_step::<J, V>(&decode::<V>(gw, b), b, nb, a, a_stride, offs, act_d, &mut sums);
     }
-    for (j, s) in sums.iter().enumerate() {
-        _mm256_storeu_ps(y.add(j * y_stride), s[0]);
-        _mm256_storeu_ps(y.add(j * y_stride + 8), s[1]);
-    }
+    store_sums(&sums, y, y_stride);
 }
 
-/// All sixteen rows of a group × `J` activation rows over its decoded
-/// blocks (the same arithmetic as [`tile`]): each activation broadcast
-/// feeds both halves.
+/// [`tile`] over a group's blocks decoded once (larger batches).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_decoded<const J: usize, const V: bool>(
@@ -344,28 +319,52 @@ unsafe fn tile_decoded<const J: usize, const V: bool>(
     y: *mut f32,
     y_stride: usize,
 ) {
-    let nb = blocks.len();
     let mut sums = [[_mm256_setzero_ps(); 2]; J];
     for (b, blk) in blocks.iter().enumerate() {
-        let mut acc = [[_mm256_setzero_si256(); 2]; J];
-        for v in 0..8 {
-            let at = if v < 4 { 4 * v } else { 16 + 4 * (v - 4) };
-            for (j, acc_j) in acc.iter_mut().enumerate() {
-                let yq = bcast4(a.add(j * a_stride + b * ACT_BYTES + 2 + at));
-                for (h, acc_jh) in acc_j.iter_mut().enumerate() {
-                    *acc_jh = product::<V>(*acc_jh, blk.abs[h][v], blk.sgn[h][v], yq);
-                }
-            }
-        }
-        for (j, sum) in sums.iter_mut().enumerate() {
-            let da = _mm256_set1_ps(*act_d.get_unchecked(j * nb + b));
-            let off = _mm256_set1_epi32(if V { *offs.get_unchecked(j * nb + b) } else { 0 });
-            for h in 0..2 {
-                let isum = if V { _mm256_sub_epi32(acc[j][h], off) } else { acc[j][h] };
-                sum[h] = _mm256_add_ps(sum[h], _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(isum)));
+        block_step::<J, V>(blk, b, blocks.len(), a, a_stride, offs, act_d, &mut sums);
+    }
+    store_sums(&sums, y, y_stride);
+}
+
+/// Block `b` (of `nb`) of a group, decoded, × `J` activation rows into
+/// `sums[j][h]` (rows `8h..8h + 8`): each activation broadcast feeds both
+/// halves' products, then one float step per half and row.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_step<const J: usize, const V: bool>(
+    blk: &Block,
+    b: usize,
+    nb: usize,
+    a: *const u8,
+    a_stride: usize,
+    offs: &[i32],
+    act_d: &[f32],
+    sums: &mut [[__m256; 2]; J],
+) {
+    let mut acc = [[_mm256_setzero_si256(); 2]; J];
+    for v in 0..8 {
+        // Values 4v.. (v < 4) or 16 + 4(v − 4).. (v ≥ 4) of the block.
+        let at = if v < 4 { 4 * v } else { 16 + 4 * (v - 4) };
+        for (j, acc_j) in acc.iter_mut().enumerate() {
+            let yq = bcast4(a.add(j * a_stride + b * ACT_BYTES + 2 + at));
+            for (h, acc_jh) in acc_j.iter_mut().enumerate() {
+                *acc_jh = product::<V>(*acc_jh, blk.abs[h][v], blk.sgn[h][v], yq);
             }
         }
     }
+    for (j, sum) in sums.iter_mut().enumerate() {
+        let da = _mm256_set1_ps(*act_d.get_unchecked(j * nb + b));
+        let off = _mm256_set1_epi32(if V { *offs.get_unchecked(j * nb + b) } else { 0 });
+        for h in 0..2 {
+            let isum = if V { _mm256_sub_epi32(acc[j][h], off) } else { acc[j][h] };
+            sum[h] = _mm256_add_ps(sum[h], _mm256_mul_ps(_mm256_mul_ps(blk.d[h], da), _mm256_cvtepi32_ps(isum)));
+        }
+    }
+}
+
+/// Each activation row's sixteen sums to `y` (row `j` at `j·y_stride`).
+#[inline(always)]
+unsafe fn store_sums<const J: usize>(sums: &[[__m256; 2]; J], y: *mut f32, y_stride: usize) {
     for (j, s) in sums.iter().enumerate() {
         _mm256_storeu_ps(y.add(j * y_stride), s[0]);
         _mm256_storeu_ps(y.add(j * y_stride + 8), s[1]);
