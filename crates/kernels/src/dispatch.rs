@@ -35,10 +35,11 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_grid_loads, avx2_iq4nl, avx2_k, avx2_kq4, avx2_lowk, avx2_packed,
-    avx2_q3k_rows, avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4, avx512_fp4_vbmi,
-    avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi,
-    avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
+    avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_grid_loads, avx2_iq4nl, avx2_k, avx2_k45_rows, avx2_kq4, avx2_lowk,
+    avx2_packed, avx2_q3k_rows, avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4,
+    avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi,
+    avx512_iq3s_vbmi, avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl,
+    avx512_rows16_q3k,
 };
 
 mod feature;
@@ -362,9 +363,19 @@ pub static TABLE: &[Row] = &[
         // Sixteen rows transposed: lane = row, one stream for every batch size.
         packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_q4_k,
-        scalar_packed_dot4: None,
+        // The AVX2 layout's (sub-block lanes) scalar kernel.
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_k),
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q4_k),
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q4_k)], gemm: GEMM_K_AVX2, ..NONE },
+        // Packed in sub-block lanes (`crate::packed::k45_lanes`): a
+        // row-range kernel below the GEMM's batches, one stream a row.
+        avx2: x86! {
+            dot: &[(Base, avx2_k::dot_q4_k)],
+            packed_dot4: &[(Base, avx2_k45_rows::dot4_q4_k)],
+            packed_rows16: &[(Base, avx2_k45_rows::rows_q4_k)],
+            gemm: GEMM_K_AVX2,
+            packing: Some(Packing::Recoded(crate::packed::Recoding::Q4kLanes)),
+            ..NONE
+        },
         avx512: x86! {
             dot: &[(Base, avx512_k::dot_q4_k)],
             dot4: &[(Base, avx512_k::dot4_q4_k)],
@@ -379,9 +390,17 @@ pub static TABLE: &[Row] = &[
         // Sixteen rows transposed, as Q4_K.
         packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_q5_k,
-        scalar_packed_dot4: None,
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q5_k),
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q5_k),
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q5_k)], gemm: GEMM_K_AVX2, ..NONE },
+        // Sub-block lanes, as Q4_K.
+        avx2: x86! {
+            dot: &[(Base, avx2_k::dot_q5_k)],
+            packed_dot4: &[(Base, avx2_k45_rows::dot4_q5_k)],
+            packed_rows16: &[(Base, avx2_k45_rows::rows_q5_k)],
+            gemm: GEMM_K_AVX2,
+            packing: Some(Packing::Recoded(crate::packed::Recoding::Q5kLanes)),
+            ..NONE
+        },
         avx512: x86! {
             dot: &[(Base, avx512_k::dot_q5_k)],
             dot4: &[(Base, avx512_k::dot4_q5_k)],

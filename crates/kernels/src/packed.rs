@@ -44,6 +44,7 @@
 //! MXFP4 decode gains 10–13%, NVFP4 decode and both prefills stay within noise.
 
 pub mod iq2_signs;
+pub mod k45_lanes;
 pub mod lanes16;
 pub mod q3k_planes;
 pub mod sign_order;
@@ -101,6 +102,9 @@ pub enum Recoding {
     Iq3sSignOrder,
     /// Q3_K as three planes of whole codes for the AVX2 kernel ([`q3k_planes`]).
     Q3kPlanes,
+    /// Q4_K and Q5_K in sub-block lanes for the AVX2 kernels ([`k45_lanes`]).
+    Q4kLanes,
+    Q5kLanes,
     /// IQ3_XXS with its signs as the VBMI kernel's masks ([`xxs_signs`]).
     Iq3xxsSignMasks,
     /// IQ2_XXS and IQ2_XS with their signs as masks ([`iq2_signs`]).
@@ -119,6 +123,8 @@ impl Recoding {
         match self {
             Recoding::Iq3sSignOrder => sign_order::BLOCK_BYTES,
             Recoding::Q3kPlanes => q3k_planes::BLOCK_BYTES,
+            Recoding::Q4kLanes => k45_lanes::Q4K_BYTES,
+            Recoding::Q5kLanes => k45_lanes::Q5K_BYTES,
             Recoding::Iq3xxsSignMasks => xxs_signs::BLOCK_BYTES,
             Recoding::Iq2xxsSignMasks => iq2_signs::XXS_BYTES,
             Recoding::Iq2xsSignMasks => iq2_signs::XS_BYTES,
@@ -130,6 +136,8 @@ impl Recoding {
         match self {
             Recoding::Iq3sSignOrder => (sign_order::encode, sign_order::decode),
             Recoding::Q3kPlanes => (q3k_planes::encode, q3k_planes::decode),
+            Recoding::Q4kLanes => (k45_lanes::encode_q4k, k45_lanes::decode_q4k),
+            Recoding::Q5kLanes => (k45_lanes::encode_q5k, k45_lanes::decode_q5k),
             Recoding::Iq3xxsSignMasks => (xxs_signs::encode, xxs_signs::decode),
             Recoding::Iq2xxsSignMasks => (iq2_signs::encode_xxs, iq2_signs::decode_xxs),
             Recoding::Iq2xsSignMasks => (iq2_signs::encode_xs, iq2_signs::decode_xs),
@@ -143,12 +151,20 @@ impl Recoding {
     fn vector(self) -> (Option<BlockWay>, Option<BlockWay>) {
         #[cfg(target_arch = "x86_64")]
         {
-            use crate::simd::{avx2_q3k_recode, avx512_iq, avx512_iq3_vbmi, avx512_iq3s_recode, avx512_iq3s_vbmi};
+            use crate::simd::{
+                avx2_k45_rows, avx2_q3k_recode, avx512_iq, avx512_iq3_vbmi, avx512_iq3s_recode, avx512_iq3s_vbmi,
+            };
             let vbmi = avx512_iq3s_vbmi::has_vbmi_bitalg();
             let (e, d): (BlockWay, Option<BlockWay>) = match self {
                 Recoding::Iq3sSignOrder if vbmi => (avx512_iq3s_recode::encode, Some(avx512_iq3s_recode::decode)),
                 Recoding::Q3kPlanes if is_x86_feature_detected!("avx2") => {
                     (avx2_q3k_recode::encode, Some(avx2_q3k_recode::decode))
+                }
+                Recoding::Q4kLanes if is_x86_feature_detected!("avx2") => {
+                    (avx2_k45_rows::encode_q4k, Some(avx2_k45_rows::decode_q4k))
+                }
+                Recoding::Q5kLanes if is_x86_feature_detected!("avx2") => {
+                    (avx2_k45_rows::encode_q5k, Some(avx2_k45_rows::decode_q5k))
                 }
                 Recoding::Iq3xxsSignMasks if vbmi => (avx512_iq3_vbmi::encode_recoded, None),
                 Recoding::Iq2xxsSignMasks if vbmi => (avx512_iq::encode_iq2_xxs, None),
@@ -395,6 +411,8 @@ scalar_dot4!(scalar_dot4_iq3_xxs, DType::IQ3_XXS);
 scalar_dot4!(scalar_dot4_iq2_xxs, DType::IQ2_XXS);
 scalar_dot4!(scalar_dot4_iq2_xs, DType::IQ2_XS);
 scalar_dot4!(scalar_dot4_q3_k, DType::Q3_K);
+scalar_dot4!(scalar_dot4_q4_k, DType::Q4_K);
+scalar_dot4!(scalar_dot4_q5_k, DType::Q5_K);
 
 /// The four-row kernel over a packed group for `dtype` at `isa`. Always present
 /// for packable types (the scalar one unpacks rows), `None` otherwise.
@@ -457,9 +475,9 @@ mod tests {
         }
         assert!(!packable(DType::Q4_0, 6, 64));
         assert!(!packable(DType::Q4_0, 8, 96));
-        // Q4_K: sixteen-row groups.
+        // Q4_K: sixteen-row groups, or recoded in place (AVX2) in groups of four.
         assert!(packable(DType::Q4_K, 32, 512));
-        assert!(!packable(DType::Q4_K, 8, 512));
+        assert_eq!(packable(DType::Q4_K, 8, 512), !is_lanes16(DType::Q4_K));
         assert!(packable(DType::Q2_K, 16, 512));
         assert!(!packable(DType::Q2_K, 8, 512));
         // IQ2_XXS recodes each block in place; IQ2_S stays in the file layout.
@@ -476,7 +494,7 @@ mod tests {
     #[test]
     fn vector_recodings_equal_scalar() {
         use Recoding::*;
-        for rc in [Iq3sSignOrder, Q3kPlanes, Iq3xxsSignMasks, Iq2xxsSignMasks, Iq2xsSignMasks] {
+        for rc in [Iq3sSignOrder, Q3kPlanes, Q4kLanes, Q5kLanes, Iq3xxsSignMasks, Iq2xxsSignMasks, Iq2xsSignMasks] {
             let bb = rc.block_bytes();
             let (se, sd) = rc.scalar();
             let (ve, vd) = rc.vector();

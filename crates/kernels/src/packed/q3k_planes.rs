@@ -77,21 +77,31 @@ fn file_scale_codes(sc: &[u8; 12]) -> [u8; 16] {
     })
 }
 
+/// Sixteen six-bit codes as one bit string: code `s` at bits `6s..6s + 6`
+/// of twelve little-endian bytes (the Q4_K/Q5_K lanes reuse it).
+pub fn codes_to_bits(codes: &[u8; 16]) -> [u8; 12] {
+    let bits = codes.iter().enumerate().fold(0u128, |acc, (s, &c)| acc | ((c & 63) as u128) << (6 * s));
+    bits.to_le_bytes()[..12].try_into().expect("12 bytes")
+}
+
+/// The inverse of [`codes_to_bits`].
+pub fn bits_to_codes(packed: &[u8; 12]) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..12].copy_from_slice(packed);
+    let bits = u128::from_le_bytes(b);
+    std::array::from_fn(|s| (bits >> (6 * s)) as u8 & 63)
+}
+
 /// A file block's `scales[12]` as the planes' bit string (code `s` at bits
 /// `6s..6s + 6`).
 pub fn pack_scales(sc: &[u8; 12]) -> [u8; 12] {
-    let bits = file_scale_codes(sc).iter().enumerate().fold(0u128, |acc, (s, &c)| acc | (c as u128) << (6 * s));
-    bits.to_le_bytes()[..12].try_into().expect("12 bytes")
+    codes_to_bits(&file_scale_codes(sc))
 }
 
 /// The inverse of [`pack_scales`].
 pub fn unpack_scales(packed: &[u8; 12]) -> [u8; 12] {
-    let mut b = [0u8; 16];
-    b[..12].copy_from_slice(packed);
-    let bits = u128::from_le_bytes(b);
     let mut sc = [0u8; 12];
-    for s in 0..16 {
-        let c = (bits >> (6 * s)) as u8 & 63;
+    for (s, c) in bits_to_codes(packed).into_iter().enumerate() {
         sc[s % 8] |= if s < 8 { c & 15 } else { (c & 15) << 4 };
         sc[8 + s % 4] |= (c >> 4) << (2 * (s / 4));
     }

@@ -132,12 +132,13 @@ unsafe fn one_row(x0: *const u8, acts: &[Acts]) -> f32 {
     sum
 }
 
-/// `acts` filled with the `nb` blocks of the Q8_K row at `a`.
+/// `acts` filled with the `nb` blocks of each of the `m` Q8_K rows at `a`,
+/// `a_stride` bytes apart.
 #[inline(always)]
-unsafe fn fill(acts: &mut Vec<Acts>, a: *const u8, nb: usize) {
+unsafe fn fill(acts: &mut Vec<Acts>, a: *const u8, a_stride: usize, m: usize, nb: usize) {
     acts.clear();
-    for b in 0..nb {
-        acts.push(transpose_acts(a.add(b * Q8K_BYTES)));
+    for i in 0..m * nb {
+        acts.push(transpose_acts(a.add(i / nb * a_stride + i % nb * Q8K_BYTES)));
     }
 }
 
@@ -166,11 +167,13 @@ pub unsafe fn rows_q3_k(
     // Taken out of its cell for the call: no closure around kernel code (a
     // closure does not get this function's target features).
     let mut acts = ACTS.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    for j in 0..m {
-        fill(&mut acts, a.add(j * a_stride), nb);
-        let yj = y.add(j * y_stride);
-        for r in 0..rows {
-            *yj.add(r) = one_row(w.add(r * row_bytes), &acts);
+    fill(&mut acts, a, a_stride, m, nb);
+    // Row by row, every activation row against it while it is in L1: the
+    // weights stream from memory once whatever the batch.
+    for r in 0..rows {
+        let x = w.add(r * row_bytes);
+        for j in 0..m {
+            *y.add(j * y_stride + r) = one_row(x, &acts[j * nb..(j + 1) * nb]);
         }
     }
     ACTS.with(|c| *c.borrow_mut() = acts);
@@ -185,7 +188,7 @@ pub unsafe fn rows_q3_k(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn planes_dot4_q3_k(n: usize, w: *const u8, stride: usize, a: *const u8, out: *mut f32) {
     let mut acts = ACTS.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    fill(&mut acts, a, n / 256);
+    fill(&mut acts, a, 0, 1, n / 256);
     for r in 0..4 {
         *out.add(r) = one_row(w.add(r * stride), &acts);
     }

@@ -35,6 +35,7 @@ pub mod avx2_gemm_k;
 pub mod avx2_grid_loads;
 pub mod avx2_iq4nl;
 pub mod avx2_k;
+pub mod avx2_k45_rows;
 pub mod avx2_kq4;
 pub mod avx2_lowk;
 pub mod avx2_ops;
