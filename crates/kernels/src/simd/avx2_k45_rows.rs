@@ -19,8 +19,10 @@
 //! * four blocks' sums reduce together and their float steps run in four
 //!   lanes.
 //!
-//! Q5_K's fifth bits lie in `qh` as bit `k` for vector `k`: a shift, a mask
-//! and an `or` a vector.
+//! Q5_K's even code vectors are one mask, the odd ones five µops (their
+//! low three bits beside the even vector's code, their top two in a shared
+//! 32-byte field), where the file's fifth bits cost three µops a vector more
+//! than the nibbles.
 //!
 //! Numerics: the integer sums are exact and the float step is the scalar
 //! reference's (`d_a·d·isum − d_a·dmin·msum` a block, added in block
@@ -101,35 +103,78 @@ pub(super) unsafe fn transpose_dwords(r: &[__m256i; 8]) -> [__m256i; 8] {
     o
 }
 
-/// One block's codes moved by the transpose (the recoding's own inverse):
-/// nibbles (and Q5_K's fifth bits) of `src` into `dst`.
+/// The file's eight code vectors (vector `j`: sub-block `j`), Q5_K's with
+/// their fifth bits.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn transpose_codes<const Q5: bool>(src: *const u8, dst: *mut u8) {
+unsafe fn file_codes<const Q5: bool>(src: *const u8) -> [__m256i; 8] {
     let qs = geometry(Q5).1;
-    let (low, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
+    let low = _mm256_set1_epi8(0x0F);
+    let qh = ld(src.add(16));
     let mut n = [_mm256_setzero_si256(); 8];
     for c in 0..4 {
         let q = ld(src.add(qs + 32 * c));
         n[2 * c] = _mm256_and_si256(q, low);
         n[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(q), low);
     }
-    let t = transpose_dwords(&n);
+    if Q5 {
+        for (j, nj) in n.iter_mut().enumerate() {
+            *nj = _mm256_or_si256(*nj, _mm256_and_si256(shift(qh, 4 - j as i32), _mm256_set1_epi8(0x10)));
+        }
+    }
+    n
+}
+
+/// [`file_codes`]' inverse into `dst`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn put_file_codes<const Q5: bool>(n: &[__m256i; 8], dst: *mut u8) {
+    let qs = geometry(Q5).1;
+    let low = _mm256_set1_epi8(0x0F);
     for c in 0..4 {
-        st(dst.add(qs + 32 * c), _mm256_or_si256(t[2 * c], _mm256_slli_epi16::<4>(t[2 * c + 1])));
+        let hi = _mm256_slli_epi16::<4>(_mm256_and_si256(n[2 * c + 1], low));
+        st(dst.add(qs + 32 * c), _mm256_or_si256(_mm256_and_si256(n[2 * c], low), hi));
     }
     if Q5 {
-        let qh = ld(src.add(16));
-        let mut h = [_mm256_setzero_si256(); 8];
-        for (j, hj) in h.iter_mut().enumerate() {
-            *hj = _mm256_and_si256(shift(qh, -(j as i32)), one);
+        let mut qh = _mm256_setzero_si256();
+        for (j, &nj) in n.iter().enumerate() {
+            qh = _mm256_or_si256(qh, shift(_mm256_and_si256(nj, _mm256_set1_epi8(0x10)), j as i32 - 4));
         }
-        let t = transpose_dwords(&h);
-        let mut out = t[0];
-        for (k, &tk) in t.iter().enumerate().skip(1) {
-            out = _mm256_or_si256(out, shift(tk, k as i32));
-        }
-        st(dst.add(16), out);
+        st(dst.add(16), qh);
+    }
+}
+
+/// Chunk `c`'s two code vectors of a recoded block at `x` (`top`: a Q5_K
+/// block's top bits, at 16).
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn lane_pair<const Q5: bool>(x: *const u8, top: __m256i, c: usize) -> (__m256i, __m256i) {
+    let qs = geometry(Q5).1;
+    let q = ld(x.add(qs + 32 * c));
+    if Q5 {
+        let lo = _mm256_and_si256(q, _mm256_set1_epi8(0x1F));
+        let hi3 = _mm256_and_si256(_mm256_srli_epi16::<5>(q), _mm256_set1_epi8(0x07));
+        let hi2 = _mm256_and_si256(shift(top, 3 - 2 * c as i32), _mm256_set1_epi8(0x18));
+        (lo, _mm256_or_si256(hi3, hi2))
+    } else {
+        let low = _mm256_set1_epi8(0x0F);
+        (_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16::<4>(q), low))
+    }
+}
+
+/// [`lane_pair`]'s vectors `2c` and `2c + 1` packed into `dst`'s chunk `c`;
+/// returns the Q5_K top bits of vector `2c + 1` at their place.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn put_lane_pair<const Q5: bool>(lo: __m256i, hi: __m256i, dst: *mut u8, c: usize) -> __m256i {
+    let qs = geometry(Q5).1;
+    if Q5 {
+        let hi3 = _mm256_slli_epi16::<5>(_mm256_and_si256(hi, _mm256_set1_epi8(0x07)));
+        st(dst.add(qs + 32 * c), _mm256_or_si256(lo, hi3));
+        shift(_mm256_and_si256(hi, _mm256_set1_epi8(0x18)), 2 * c as i32 - 3)
+    } else {
+        st(dst.add(qs + 32 * c), _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi)));
+        _mm256_setzero_si256()
     }
 }
 
@@ -141,7 +186,23 @@ unsafe fn recode<const Q5: bool, const ENCODE: bool>(src: *const u8, dst: *mut u
     let sc = &*(src.add(4) as *const [u8; 12]);
     let sc = if ENCODE { scales_to_bits(sc) } else { bits_to_scales(sc) };
     std::ptr::copy_nonoverlapping(sc.as_ptr(), dst.add(4), 12);
-    transpose_codes::<Q5>(src, dst);
+    if ENCODE {
+        let t = transpose_dwords(&file_codes::<Q5>(src));
+        let mut top = _mm256_setzero_si256();
+        for c in 0..4 {
+            top = _mm256_or_si256(top, put_lane_pair::<Q5>(t[2 * c], t[2 * c + 1], dst, c));
+        }
+        if Q5 {
+            st(dst.add(16), top);
+        }
+    } else {
+        let top = ld(src.add(16));
+        let mut v = [_mm256_setzero_si256(); 8];
+        for c in 0..4 {
+            (v[2 * c], v[2 * c + 1]) = lane_pair::<Q5>(src, top, c);
+        }
+        put_file_codes::<Q5>(&transpose_dwords(&v), dst);
+    }
 }
 
 /// [`crate::packed::k45_lanes::encode_q4k`] of one block.
@@ -250,34 +311,18 @@ unsafe fn fill(acts: &mut Vec<Acts>, yd: &mut Vec<f32>, a: *const u8, a_stride: 
     }
 }
 
-/// Vector `k`'s codes: its nibbles `nib`, with Q5_K's fifth bits (bit `k`
-/// of `qh`) at bit 4.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn with_fifth<const Q5: bool>(nib: __m256i, qh: __m256i, k: i32) -> __m256i {
-    if Q5 {
-        _mm256_or_si256(nib, _mm256_and_si256(shift(qh, 4 - k), _mm256_set1_epi8(0x10)))
-    } else {
-        nib
-    }
-}
-
 /// One row's block at `x` against `t`: `(Σ_j sc_j·Σ q·y, Σ_j m_j·bsum_j)`,
 /// each spread over 8 lanes.
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn block_sums<const Q5: bool>(x: *const u8, t: &Acts) -> (__m256i, __m256i) {
-    let qs = geometry(Q5).1;
-    let low = _mm256_set1_epi8(0x0F);
     let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(2) as *const __m128i));
     let (sc, mn) = (code_words(b, &SCALES), code_words(b, &MINS));
     let msum = _mm256_madd_epi16(mn, t.bsums);
-    let qh = if Q5 { ld(x.add(16)) } else { _mm256_setzero_si256() };
+    let top = if Q5 { ld(x.add(16)) } else { _mm256_setzero_si256() };
     let mut p = [_mm256_setzero_si256(); 2];
     for c in 0..4 {
-        let q = ld(x.add(qs + 32 * c));
-        let lo = with_fifth::<Q5>(_mm256_and_si256(q, low), qh, 2 * c as i32);
-        let hi = with_fifth::<Q5>(_mm256_and_si256(_mm256_srli_epi16::<4>(q), low), qh, 2 * c as i32 + 1);
+        let (lo, hi) = lane_pair::<Q5>(x, top, c);
         // Q5_K: vectors 0..4 and 4..8 in separate sums (codes up to 31).
         let s = if Q5 { c / 2 } else { 0 };
         p[s] = _mm256_add_epi16(p[s], _mm256_maddubs_epi16(lo, t.q[2 * c]));
