@@ -311,29 +311,88 @@ unsafe fn fill(acts: &mut Vec<Acts>, yd: &mut Vec<f32>, a: *const u8, a_stride: 
     }
 }
 
-/// One row's block at `x` against `t`: `(Σ_j sc_j·Σ q·y, Σ_j m_j·bsum_j)`,
-/// each spread over 8 lanes.
+/// One weight block's codes and scale words, decoded once for every
+/// activation row it meets.
+#[derive(Clone, Copy)]
+struct Block {
+    q: [__m256i; 8],
+    /// `[sc0, sc0, sc1, sc1, …]` and the mins the same way.
+    sc: __m256i,
+    mn: __m256i,
+}
+
+/// The recoded block at `x`, decoded.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn block_sums<const Q5: bool>(x: *const u8, t: &Acts) -> (__m256i, __m256i) {
+unsafe fn decode_block<const Q5: bool>(x: *const u8) -> Block {
     let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(2) as *const __m128i));
-    let (sc, mn) = (code_words(b, &SCALES), code_words(b, &MINS));
-    let msum = _mm256_madd_epi16(mn, t.bsums);
     let top = if Q5 { ld(x.add(16)) } else { _mm256_setzero_si256() };
-    let mut p = [_mm256_setzero_si256(); 2];
+    let mut q = [_mm256_setzero_si256(); 8];
     for c in 0..4 {
-        let (lo, hi) = lane_pair::<Q5>(x, top, c);
+        (q[2 * c], q[2 * c + 1]) = lane_pair::<Q5>(x, top, c);
+    }
+    Block { q, sc: code_words(b, &SCALES), mn: code_words(b, &MINS) }
+}
+
+/// Block `w` against `t`: `(Σ_j sc_j·Σ q·y, Σ_j m_j·bsum_j)`, each spread
+/// over 8 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block_sums<const Q5: bool>(w: &Block, t: &Acts) -> (__m256i, __m256i) {
+    let mut p = [_mm256_setzero_si256(); 2];
+    for k in 0..8 {
         // Q5_K: vectors 0..4 and 4..8 in separate sums (codes up to 31).
-        let s = if Q5 { c / 2 } else { 0 };
-        p[s] = _mm256_add_epi16(p[s], _mm256_maddubs_epi16(lo, t.q[2 * c]));
-        p[s] = _mm256_add_epi16(p[s], _mm256_maddubs_epi16(hi, t.q[2 * c + 1]));
+        let s = if Q5 { k / 4 } else { 0 };
+        p[s] = _mm256_add_epi16(p[s], _mm256_maddubs_epi16(w.q[k], t.q[k]));
     }
     let isum = if Q5 {
-        _mm256_add_epi32(_mm256_madd_epi16(p[0], sc), _mm256_madd_epi16(p[1], sc))
+        _mm256_add_epi32(_mm256_madd_epi16(p[0], w.sc), _mm256_madd_epi16(p[1], w.sc))
     } else {
-        _mm256_madd_epi16(p[0], sc)
+        _mm256_madd_epi16(p[0], w.sc)
     };
-    (isum, msum)
+    (isum, _mm256_madd_epi16(w.mn, t.bsums))
+}
+
+/// `[d0, d1, d2, d3 | dmin0, …, dmin3]` of the four blocks from `x`, `bb`
+/// bytes apart.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn scales4(x: *const u8, bb: usize) -> __m256 {
+    let dd = _mm_setr_epi32(
+        (x as *const i32).read_unaligned(),
+        (x.add(bb) as *const i32).read_unaligned(),
+        (x.add(2 * bb) as *const i32).read_unaligned(),
+        (x.add(3 * bb) as *const i32).read_unaligned(),
+    );
+    _mm256_permutevar8x32_ps(_mm256_cvtph_ps(dd), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7))
+}
+
+/// Four blocks' `(isum, msum)` lanes against four activation blocks, and
+/// their float steps added to `sum` in block order (the scalar reference's
+/// `d_a·d·isum − d_a·dmin·msum`, so bit for bit).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn step4<const Q5: bool>(w: &[Block; 4], d: __m256, t: &[Acts], yd: &[f32], sum: &mut f32) {
+    let (mut is, mut ms) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
+    for b in 0..4 {
+        (is[b], ms[b]) = block_sums::<Q5>(&w[b], &t[b]);
+    }
+    let u = sum8(is, ms);
+    let y4 = _mm_loadu_ps(yd.as_ptr());
+    let t = _mm256_mul_ps(_mm256_mul_ps(_mm256_set_m128(y4, y4), d), _mm256_cvtepi32_ps(u));
+    let mut v = [0f32; 4];
+    _mm_storeu_ps(v.as_mut_ptr(), _mm_sub_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t)));
+    for vb in v {
+        *sum += vb;
+    }
+}
+
+/// One block's float step (the tail below four blocks).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn step1<const Q5: bool>(x: *const u8, w: &Block, t: &Acts, yd: f32, sum: &mut f32) {
+    let (isum, msum) = block_sums::<Q5>(w, t);
+    *sum += yd * f16_at(x) * sum1(isum) as f32 - yd * f16_at(x.add(2)) * sum1(msum) as f32;
 }
 
 /// `[Σa0, Σa1, Σa2, Σa3 | Σm0, Σm1, Σm2, Σm3]` of eight 8-lane vectors.
@@ -346,15 +405,11 @@ unsafe fn sum8(a: [__m256i; 4], m: [__m256i; 4]) -> __m256i {
 }
 
 /// One row at `x0` against the activation row `acts` (scales `yd`): four
-/// blocks' sums reduce together and their float steps run in four lanes,
-/// then add to the sum in block order, the scalar reference's, so the
-/// result equals it bit for bit.
+/// blocks' sums reduce together and their float steps run in four lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn one_row<const Q5: bool>(x0: *const u8, acts: &[Acts], yd: &[f32]) -> f32 {
     let bb = geometry(Q5).0;
-    // d, dmin of four blocks as [d0, d1, d2, d3 | dmin0, …].
-    let split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     let mut sum = 0f32;
     let nb = acts.len();
     let mut i = 0;
@@ -363,27 +418,11 @@ unsafe fn one_row<const Q5: bool>(x0: *const u8, acts: &[Acts], yd: &[f32]) -> f
         for l in 0..(4 * bb).div_ceil(64) {
             prefetch(x.wrapping_add(PREFETCH_AHEAD + 64 * l));
         }
-        let xb = [x, x.add(bb), x.add(2 * bb), x.add(3 * bb)];
-        let (mut is, mut ms) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
-        for b in 0..4 {
-            (is[b], ms[b]) = block_sums::<Q5>(xb[b], &acts[i + b]);
+        let mut w = [decode_block::<Q5>(x); 4];
+        for (b, wb) in w.iter_mut().enumerate().skip(1) {
+            *wb = decode_block::<Q5>(x.add(b * bb));
         }
-        let u = sum8(is, ms);
-        let dd = _mm_setr_epi32(
-            (xb[0] as *const i32).read_unaligned(),
-            (xb[1] as *const i32).read_unaligned(),
-            (xb[2] as *const i32).read_unaligned(),
-            (xb[3] as *const i32).read_unaligned(),
-        );
-        let d = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(dd), split);
-        let y4 = _mm_loadu_ps(yd.as_ptr().add(i));
-        let dy = _mm256_mul_ps(_mm256_set_m128(y4, y4), d);
-        let t = _mm256_mul_ps(dy, _mm256_cvtepi32_ps(u));
-        let mut v = [0f32; 4];
-        _mm_storeu_ps(v.as_mut_ptr(), _mm_sub_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t)));
-        for vb in v {
-            sum += vb;
-        }
+        step4::<Q5>(&w, scales4(x, bb), &acts[i..i + 4], &yd[i..i + 4], &mut sum);
         i += 4;
     }
     for b in i..nb {
@@ -391,10 +430,66 @@ unsafe fn one_row<const Q5: bool>(x0: *const u8, acts: &[Acts], yd: &[f32]) -> f
         for l in 0..bb.div_ceil(64) {
             prefetch(x.wrapping_add(PREFETCH_AHEAD + 64 * l));
         }
-        let (isum, msum) = block_sums::<Q5>(x, &acts[b]);
-        sum += yd[b] * f16_at(x) * sum1(isum) as f32 - yd[b] * f16_at(x.add(2)) * sum1(msum) as f32;
+        step1::<Q5>(x, &decode_block::<Q5>(x), &acts[b], yd[b], &mut sum);
     }
     sum
+}
+
+/// Rows handled together by [`tile`] (each activation block stays in L1
+/// while it meets them all).
+const TILE_ROWS: usize = 4;
+/// Activation rows [`tile`] keeps sums for.
+const TILE_ACTS: usize = 16;
+
+/// Up to [`TILE_ROWS`] rows from `x0` (`row_bytes` apart) against `m ≤`
+/// [`TILE_ACTS`] activation rows (`acts`, `yd`: `nb` blocks each): four
+/// blocks of a row are decoded once for every activation row, the rows
+/// take turns a block group at a time so each group's activation blocks
+/// serve them all from L1, and every (row, activation) sum still adds its
+/// blocks' float steps in block order. `sums[r·m + j]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const Q5: bool>(
+    x0: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    acts: &[Acts],
+    yd: &[f32],
+    m: usize,
+    nb: usize,
+    sums: &mut [f32; TILE_ROWS * TILE_ACTS],
+) {
+    let bb = geometry(Q5).0;
+    sums.fill(0.0);
+    let mut i = 0;
+    while i + 4 <= nb {
+        for r in 0..rows {
+            let x = x0.add(r * row_bytes + i * bb);
+            for l in 0..(4 * bb).div_ceil(64) {
+                prefetch(x.wrapping_add(PREFETCH_AHEAD + 64 * l));
+            }
+            let mut w = [decode_block::<Q5>(x); 4];
+            for (b, wb) in w.iter_mut().enumerate().skip(1) {
+                *wb = decode_block::<Q5>(x.add(b * bb));
+            }
+            let d = scales4(x, bb);
+            for j in 0..m {
+                let at = j * nb + i;
+                step4::<Q5>(&w, d, &acts[at..at + 4], &yd[at..at + 4], &mut sums[r * m + j]);
+            }
+        }
+        i += 4;
+    }
+    for b in i..nb {
+        for r in 0..rows {
+            let x = x0.add(r * row_bytes + b * bb);
+            let w = decode_block::<Q5>(x);
+            for j in 0..m {
+                step1::<Q5>(x, &w, &acts[j * nb + b], yd[j * nb + b], &mut sums[r * m + j]);
+            }
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -416,12 +511,26 @@ unsafe fn rows<const Q5: bool>(
     let (mut acts, mut yd) = ACTS.with(|c| std::mem::take(&mut *c.borrow_mut()));
     let nb = n / 256;
     fill(&mut acts, &mut yd, a, a_stride, m, nb);
-    // Row by row, every activation row against it while it is in L1: the
-    // weights stream from memory once whatever the batch.
-    for r in 0..rows {
-        let x = w.add(r * row_bytes);
-        for j in 0..m {
-            *y.add(j * y_stride + r) = one_row::<Q5>(x, &acts[j * nb..(j + 1) * nb], &yd[j * nb..(j + 1) * nb]);
+    if m == 1 {
+        for r in 0..rows {
+            *y.add(r) = one_row::<Q5>(w.add(r * row_bytes), &acts, &yd);
+        }
+    } else {
+        // Batches: tiles of rows × activation rows (each block decoded once
+        // per tile, its weights read from memory once per call).
+        let mut sums = [0f32; TILE_ROWS * TILE_ACTS];
+        for j0 in (0..m).step_by(TILE_ACTS) {
+            let mj = (m - j0).min(TILE_ACTS);
+            let (ta, ty) = (&acts[j0 * nb..(j0 + mj) * nb], &yd[j0 * nb..(j0 + mj) * nb]);
+            for r0 in (0..rows).step_by(TILE_ROWS) {
+                let rt = (rows - r0).min(TILE_ROWS);
+                tile::<Q5>(w.add(r0 * row_bytes), row_bytes, rt, ta, ty, mj, nb, &mut sums);
+                for r in 0..rt {
+                    for j in 0..mj {
+                        *y.add((j0 + j) * y_stride + r0 + r) = sums[r * mj + j];
+                    }
+                }
+            }
         }
     }
     ACTS.with(|c| *c.borrow_mut() = (acts, yd));
@@ -561,7 +670,8 @@ mod tests {
                 for (s, d) in w.chunks_exact(bb).zip(pw.chunks_exact_mut(bb)) {
                     encode(s, d);
                 }
-                let m = 3;
+                // Three activation rows: one tile; seventeen: two.
+                let m = if nb == 3 { 17 } else { 3 };
                 let x: Vec<f32> = (0..m * n).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
                 let mut a = vec![<q8_k::BlockQ8K as bytemuck::Zeroable>::zeroed(); m * nb];
                 q8_k::quantize(&x, &mut a);
