@@ -35,6 +35,7 @@
 //! four on this class of VM.
 
 use super::avx2_k::ld;
+use super::avx2_q3k_recode::{shift, st};
 use super::avx2_rows::prefetch;
 use super::avx512_lowk::{f16_at, sum1};
 use super::avx512_rows16_k::PREFETCH_AHEAD;
@@ -55,29 +56,11 @@ const fn geometry(q5: bool) -> (usize, usize) {
     }
 }
 
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn st(p: *mut u8, v: __m256i) {
-    _mm256_storeu_si256(p as *mut __m256i, v)
-}
-
-/// `v` shifted left by `s` bits (right by `−s`) in 16-bit lanes, `s` a
-/// constant after inlining. Callers mask so no bit crosses a byte.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn shift(v: __m256i, s: i32) -> __m256i {
-    if s >= 0 {
-        _mm256_sll_epi16(v, _mm_cvtsi32_si128(s))
-    } else {
-        _mm256_srl_epi16(v, _mm_cvtsi32_si128(-s))
-    }
-}
-
 /// The 8 × 8 transpose of four-byte groups: dword `d` of `r[k]` becomes
 /// dword `k` of the result's vector `d`. Its own inverse.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) unsafe fn transpose_dwords(r: &[__m256i; 8]) -> [__m256i; 8] {
+unsafe fn transpose_dwords(r: &[__m256i; 8]) -> [__m256i; 8] {
     let z = _mm256_setzero_si256();
     // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved (dwords 0, 1 / 4, 5
     // and 2, 3 / 6, 7).

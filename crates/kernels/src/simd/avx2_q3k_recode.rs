@@ -19,7 +19,7 @@ unsafe fn ld(p: *const u8) -> __m256i {
 
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn st(p: *mut u8, v: __m256i) {
+pub(super) unsafe fn st(p: *mut u8, v: __m256i) {
     _mm256_storeu_si256(p as *mut __m256i, v)
 }
 
@@ -27,7 +27,7 @@ unsafe fn st(p: *mut u8, v: __m256i) {
 /// constant after inlining. Callers mask so no bit crosses a byte.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn shift(v: __m256i, s: i32) -> __m256i {
+pub(super) unsafe fn shift(v: __m256i, s: i32) -> __m256i {
     if s >= 0 {
         _mm256_sll_epi16(v, _mm_cvtsi32_si128(s))
     } else {
