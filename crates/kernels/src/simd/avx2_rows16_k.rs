@@ -46,6 +46,7 @@
 //! every batch size.
 
 use super::avx2_k::ld;
+use super::avx2_rows16_q2k::tile_q2_k_halves;
 use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
 use std::arch::x86_64::*;
 
@@ -54,9 +55,9 @@ const ROWS: usize = 16;
 /// Activation rows per register tile.
 const ACTS: usize = 2;
 /// Q8_K row layout: `d` (f32) at 0, 256 codes at 4; 292 bytes a block.
-const Q8K_QS: usize = 4;
-const Q8K_BSUMS: usize = 260;
-const Q8K_BYTES: usize = 292;
+pub(super) const Q8K_QS: usize = 4;
+pub(super) const Q8K_BSUMS: usize = 260;
+pub(super) const Q8K_BYTES: usize = 292;
 
 /// Four bytes at `p` in every lane.
 #[inline(always)]
@@ -146,7 +147,7 @@ rows16_avx2!(
     /// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
     /// row r · act j`, each equal to `quant::q2_k::vec_dot`.
     rows16_q2_k,
-    tile_q2_k,
+    tile_q2_k_halves,
     "avx2,fma,f16c",
     false
 );
@@ -483,7 +484,7 @@ unsafe fn tile_iq4_xs<const J: usize, const V: bool>(
 /// `vpshufb` control: byte `t` of each dword as the zero-extended word pair
 /// `(b_t, b_t)`, or with `dword` as the zero-extended dword `b_t`.
 #[inline(always)]
-unsafe fn byte_ctl(t: i32, dword: bool) -> __m256i {
+pub(super) unsafe fn byte_ctl(t: i32, dword: bool) -> __m256i {
     let b0 = |k: i32| 4 * k + t;
     let d = |k: i32| {
         if dword {
@@ -497,7 +498,7 @@ unsafe fn byte_ctl(t: i32, dword: bool) -> __m256i {
 
 /// The f16 pairs `(lo, hi)` of each dword of `v` as two float vectors.
 #[inline(always)]
-unsafe fn f16_pairs(v: __m256i) -> (__m256, __m256) {
+pub(super) unsafe fn f16_pairs(v: __m256i) -> (__m256, __m256) {
     let lo = _mm256_packus_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_setzero_si256());
     let hi = _mm256_packus_epi32(_mm256_srli_epi32::<16>(v), _mm256_setzero_si256());
     (
@@ -519,7 +520,9 @@ unsafe fn plane(q: __m256i, jb: usize, three: __m256i) -> __m256i {
     _mm256_and_si256(s, three)
 }
 
-/// One group of sixteen Q2_K rows × `J` activation rows.
+/// One group of sixteen Q2_K rows × `J` activation rows, one half at a
+/// time: the AVX-VNNI kernel's tile (plain AVX2 runs
+/// [`super::avx2_rows16_q2k::tile_q2_k_halves`]).
 ///
 /// Lanes16 vectors of an 84-byte block: 0–3 the scale bytes (`sc | m << 4`
 /// of groups `4v..4v+4`), 4 + 8h + u the codes `qs[32h + 4u..+4]` (value
