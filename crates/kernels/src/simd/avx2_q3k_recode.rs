@@ -264,30 +264,42 @@ mod tests {
             for (s, d) in w.chunks_exact(110).zip(pw.chunks_exact_mut(110)) {
                 q3k_planes::encode(s, d);
             }
-            let m = 3;
-            let x: Vec<f32> = (0..m * n).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
-            let mut a = vec![<q8_k::BlockQ8K as bytemuck::Zeroable>::zeroed(); m * nb];
-            q8_k::quantize(&x, &mut a);
-            let ap = bytemuck::cast_slice::<_, u8>(&a).as_ptr();
-            let want = |r: usize, j: usize| unsafe { scalar(n, w[r * rb..].as_ptr(), ap.add(j * 292 * nb)) };
-            let mut got = [0f32; 4];
-            unsafe { super::super::avx2_q3k_rows::planes_dot4_q3_k(n, pw.as_ptr(), rb, ap, got.as_mut_ptr()) };
-            for (r, g) in got.iter().enumerate() {
-                assert_eq!(g.to_bits(), want(r, 0).to_bits(), "dot4 row {r}, {nb} blocks: {g} vs {}", want(r, 0));
-            }
-            let mut y = vec![0f32; m * rows];
-            unsafe {
-                super::super::avx2_q3k_rows::rows_q3_k(n, pw.as_ptr(), rb, rows, ap, 292 * nb, m, y.as_mut_ptr(), rows)
-            };
-            for j in 0..m {
-                for r in 0..rows {
-                    let g = y[j * rows + r];
-                    assert_eq!(
-                        g.to_bits(),
-                        want(r, j).to_bits(),
-                        "rows: row {r}, act {j}, {nb} blocks: {g} vs {}",
-                        want(r, j)
-                    );
+            // One activation row, a tile, and more than a tile (17).
+            for m in [1usize, 3, 17] {
+                let x: Vec<f32> = (0..m * n).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
+                let mut a = vec![<q8_k::BlockQ8K as bytemuck::Zeroable>::zeroed(); m * nb];
+                q8_k::quantize(&x, &mut a);
+                let ap = bytemuck::cast_slice::<_, u8>(&a).as_ptr();
+                let want = |r: usize, j: usize| unsafe { scalar(n, w[r * rb..].as_ptr(), ap.add(j * 292 * nb)) };
+                let mut got = [0f32; 4];
+                unsafe { super::super::avx2_q3k_rows::planes_dot4_q3_k(n, pw.as_ptr(), rb, ap, got.as_mut_ptr()) };
+                for (r, g) in got.iter().enumerate() {
+                    assert_eq!(g.to_bits(), want(r, 0).to_bits(), "dot4 row {r}, {nb} blocks: {g} vs {}", want(r, 0));
+                }
+                let mut y = vec![0f32; m * rows];
+                unsafe {
+                    super::super::avx2_q3k_rows::rows_q3_k(
+                        n,
+                        pw.as_ptr(),
+                        rb,
+                        rows,
+                        ap,
+                        292 * nb,
+                        m,
+                        y.as_mut_ptr(),
+                        rows,
+                    )
+                };
+                for j in 0..m {
+                    for r in 0..rows {
+                        let g = y[j * rows + r];
+                        assert_eq!(
+                            g.to_bits(),
+                            want(r, j).to_bits(),
+                            "rows: row {r}, act {j} of {m}, {nb} blocks: {g} vs {}",
+                            want(r, j)
+                        );
+                    }
                 }
             }
         }
