@@ -36,10 +36,10 @@ use crate::{DType, ThreadPool};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
     avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_grid_loads, avx2_iq4nl, avx2_k, avx2_k45_rows, avx2_kq4, avx2_lowk,
-    avx2_packed, avx2_q3k_rows, avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp, avx512_fp4,
-    avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi,
-    avx512_iq3s_vbmi, avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl,
-    avx512_rows16_q3k,
+    avx2_packed, avx2_q3k_rows, avx2_q6k_rows, avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp,
+    avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi,
+    avx512_iq3_vbmi, avx512_iq3s_vbmi, avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k,
+    avx512_rows16_nl, avx512_rows16_q3k,
 };
 
 mod feature;
@@ -416,9 +416,19 @@ pub static TABLE: &[Row] = &[
         // two-byte tail, which the layout places after the words).
         packing: Packing::Lanes16 { head_last: 0 },
         scalar: scalar::dot_q6_k,
-        scalar_packed_dot4: None,
+        // The AVX2 layout's (the file's, copied) scalar kernel.
+        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q6_k),
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q6_k),
-        avx2: x86! { dot: &[(Base, avx2_k::dot_q6_k)], gemm: GEMM_K_AVX2, ..NONE },
+        // The file layout, copied at load: a row-range kernel that decodes
+        // each block once for a batch (`simd::avx2_q6k_rows`).
+        avx2: x86! {
+            dot: &[(Base, avx2_k::dot_q6_k)],
+            packed_dot4: &[(Base, avx2_q6k_rows::dot4_q6_k)],
+            packed_rows16: &[(Base, avx2_q6k_rows::rows_q6_k)],
+            gemm: GEMM_K_AVX2,
+            packing: Some(Packing::Recoded(crate::packed::Recoding::Q6kRows)),
+            ..NONE
+        },
         avx512: x86! {
             dot: &[(Base, avx512_k::dot_q6_k)],
             dot4: &[(Base, avx512_k::dot4_q6_k)],

@@ -35,8 +35,6 @@ const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::Q5_1, Isa::Avx2, Shape::Prefill, "one-row kernel only"),
     (DType::Q5_1, Isa::Avx512, Shape::Decode4, "one-row kernel only"),
     (DType::Q5_1, Isa::Avx512, Shape::Tile, "one-row kernel only"),
-    (DType::Q6_K, Isa::Avx2, Shape::Decode4, "a four-row version measured 0.7x the one-row kernel"),
-    (DType::Q6_K, Isa::Avx2, Shape::Tile, "one-row kernel only"),
     (DType::MXFP4, Isa::Avx2, Shape::Decode4, "AVX2 decode runs the one-row kernel"),
     (DType::NVFP4, Isa::Avx2, Shape::Decode4, "AVX2 decode runs the one-row kernel"),
     (DType::NVFP4, Isa::Avx512, Shape::Prefill, "lane GEMM not yet for NVFP4 (tiles)"),

@@ -115,7 +115,79 @@ pub unsafe fn dot_q5_k(n: usize, w: *const u8, a: *const u8) -> f32 {
     dot_k4k5::<true>(n, w, a)
 }
 
+/// One Q6_K block decoded for [`q6k_sums`]: the eight 32-value chunks'
+/// unsigned 6-bit codes, each chunk's two sub-block scales as word pairs
+/// (low half, high half), and the sixteen scales as words.
+#[derive(Clone, Copy)]
+pub(super) struct Q6kBlock {
+    q: [__m256i; 8],
+    sc: [__m256i; 8],
+    sc16: __m256i,
+}
+
+/// Bits `k..k + 2` of each `qh` byte as bits 4–5: a code's top two bits.
+#[inline(always)]
+unsafe fn q6k_high(qh: __m256i, k: i32, three: __m256i) -> __m256i {
+    _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k)), three), 4)
+}
+
+/// The Q6_K block at `x` decoded (file layout: `ql` at 0, `qh` at 128, the
+/// i8 scales at 192, `d` at 208).
+#[inline(always)]
+pub(super) unsafe fn q6k_decode(x: *const u8) -> Q6kBlock {
+    let low = _mm256_set1_epi8(0x0F);
+    let three = _mm256_set1_epi8(3);
+    let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192) as *const __m128i));
+    let mut blk = Q6kBlock { q: [_mm256_setzero_si256(); 8], sc: [_mm256_setzero_si256(); 8], sc16 };
+    for h in 0..2 {
+        // Words 8h..8h+8 in both halves; per 32 values one `vpshufb` lays
+        // word 2k over the low half and 2k + 1 over the high one.
+        let w = if h == 0 {
+            _mm256_permute4x64_epi64::<0b01_00_01_00>(sc16)
+        } else {
+            _mm256_permute4x64_epi64::<0b11_10_11_10>(sc16)
+        };
+        let ql0 = ld(x.add(64 * h));
+        let ql1 = ld(x.add(64 * h + 32));
+        let qh = ld(x.add(128 + 32 * h));
+        let q = [
+            _mm256_or_si256(_mm256_and_si256(ql0, low), q6k_high(qh, 0, three)),
+            _mm256_or_si256(_mm256_and_si256(ql1, low), q6k_high(qh, 2, three)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), q6k_high(qh, 4, three)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), q6k_high(qh, 6, three)),
+        ];
+        for (k, &qk) in q.iter().enumerate() {
+            let pair = _mm256_or_si256(word_ctrl(2 * k as i8), _mm256_set_m128i(_mm_set1_epi8(2), _mm_setzero_si128()));
+            blk.q[4 * h + k] = qk;
+            blk.sc[4 * h + k] = _mm256_shuffle_epi8(w, pair);
+        }
+    }
+    blk
+}
+
+/// A decoded block against the Q8_K block at `y`: the exact
+/// `Σ_g sc_g·Σ q·q8 − 32·Σ_g sc_g·bsum_g` spread over 8 lanes.
+#[inline(always)]
+pub(super) unsafe fn q6k_sums(blk: &Q6kBlock, y: *const u8) -> __m256i {
+    // Offset term: 32 · Σ_g sc_g · bsum_g.
+    let off = _mm256_madd_epi16(blk.sc16, ld(y.add(Q8K_BSUMS)));
+    let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+    for c in 0..8 {
+        let p = _mm256_maddubs_epi16(blk.q[c], ld(y.add(Q8K_QS + 32 * c)));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, blk.sc[c]));
+    }
+    sumi
+}
+
+/// `d·d_a` of the Q6_K block at `x` and the Q8_K block at `y`, in every lane.
+#[inline(always)]
+pub(super) unsafe fn q6k_scale(x: *const u8, y: *const u8) -> __m256 {
+    _mm256_set1_ps((y as *const f32).read_unaligned() * f16(rd16(x.add(208))))
+}
+
 /// Q6_K × Q8_K: `Σ_g sc_g·Σ q·q8 − 32·Σ_g sc_g·bsum_g` with unsigned 6-bit `q`.
+/// Each block's sum meets `d·d_a` in an FMA into eight float lanes
+/// (`super::avx2_q6k_rows` repeats these steps for batches, bit for bit).
 ///
 /// # Safety
 /// AVX2+FMA+F16C CPU; pointers as for [`crate::quant::DotFn`].
@@ -123,45 +195,13 @@ pub unsafe fn dot_q5_k(n: usize, w: *const u8, a: *const u8) -> f32 {
 pub unsafe fn dot_q6_k(n: usize, w: *const u8, a: *const u8) -> f32 {
     let nb = n / 256;
     let mut acc = _mm256_setzero_ps();
-    let low = _mm256_set1_epi8(0x0F);
-    let three = _mm256_set1_epi8(3);
     for i in 0..nb {
         let (x, y) = (w.add(i * 210), a.add(i * Q8K_BYTES));
         for l in 0..4 {
             prefetch_l2(x.wrapping_add(PREFETCH_AHEAD + 64 * l));
         }
-        let d = _mm256_set1_ps((y as *const f32).read_unaligned() * f16(rd16(x.add(208))));
-        let scales = _mm_loadu_si128(x.add(192) as *const __m128i);
-        let sc16 = _mm256_cvtepi8_epi16(scales);
-        // Offset term: 32 · Σ_g sc_g · bsum_g.
-        let off = _mm256_madd_epi16(sc16, ld(y.add(Q8K_BSUMS)));
-        let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
-        for h in 0..2 {
-            // Words 8h..8h+8 in both halves; per 32 values one `vpshufb`
-            // lays word 2k over the low half and 2k + 1 over the high one.
-            let w = if h == 0 {
-                _mm256_permute4x64_epi64::<0b01_00_01_00>(sc16)
-            } else {
-                _mm256_permute4x64_epi64::<0b11_10_11_10>(sc16)
-            };
-            let ql0 = ld(x.add(64 * h));
-            let ql1 = ld(x.add(64 * h + 32));
-            let qh = ld(x.add(128 + 32 * h));
-            let hb = |k: i32| _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k)), three), 4);
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(ql0, low), hb(0)),
-                _mm256_or_si256(_mm256_and_si256(ql1, low), hb(2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), hb(4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), hb(6)),
-            ];
-            for (k, &qk) in q.iter().enumerate() {
-                let p = _mm256_maddubs_epi16(qk, ld(y.add(Q8K_QS + 128 * h + 32 * k)));
-                let pair =
-                    _mm256_or_si256(word_ctrl(2 * k as i8), _mm256_set_m128i(_mm_set1_epi8(2), _mm_setzero_si128()));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(w, pair)));
-            }
-        }
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        let sumi = q6k_sums(&q6k_decode(x), y);
+        acc = _mm256_fmadd_ps(q6k_scale(x, y), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
 }

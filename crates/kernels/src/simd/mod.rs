@@ -42,6 +42,7 @@ pub mod avx2_ops;
 pub mod avx2_packed;
 pub mod avx2_q3k_recode;
 pub mod avx2_q3k_rows;
+pub mod avx2_q6k_rows;
 pub mod avx2_rows;
 pub mod avx2_rows16_k;
 pub mod avx2_rows16_nl;
