@@ -164,10 +164,11 @@ rows16_avx2!(
 /// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
 /// row r · act j`, each equal to `quant::iq4_xs::vec_dot`.
 ///
-/// Up to `ACTS` activation rows decode each super-block as they go; more
-/// first decode the group's super-blocks once (`XsBlock`, 4.6 KiB each,
-/// in L2) and run tiles of `TILE_ACTS` rows over both halves at once. The
-/// arithmetic is the same either way.
+/// Up to `STREAM_MAX` activation rows stream the group in tiles of `ACTS`
+/// rows, decoding each super-block as they go; more first decode the
+/// group's super-blocks once (`XsBlock`, 8.6 KiB each, in L2) and run tiles
+/// of `TILE_ACTS` rows over both halves at once. The arithmetic is the same
+/// either way.
 ///
 /// # Safety
 /// AVX2/FMA/F16C CPU; `w` holds `rows / 16` lanes16 groups of `row_bytes`
@@ -230,10 +231,16 @@ unsafe fn iq4_xs_body<const V: bool>(
     for g in 0..rows / ROWS {
         let gw = w.add(g * ROWS * row_bytes);
         let yg = y.add(g * ROWS);
-        if m <= ACTS {
-            match m {
-                1 => tile_iq4_xs::<1, V>(nb, gw, a, a_stride, yg, y_stride),
-                _ => tile_iq4_xs::<ACTS, V>(nb, gw, a, a_stride, yg, y_stride),
+        if m <= STREAM_MAX {
+            let mut j = 0;
+            while j < m {
+                let take = (m - j).min(ACTS);
+                let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride));
+                match take {
+                    1 => tile_iq4_xs::<1, V>(nb, gw, aj, a_stride, yj, y_stride),
+                    _ => tile_iq4_xs::<ACTS, V>(nb, gw, aj, a_stride, yj, y_stride),
+                }
+                j += take;
             }
             continue;
         }
@@ -263,6 +270,15 @@ unsafe fn iq4_xs_body<const V: bool>(
 
 /// Activation rows per tile over decoded super-blocks (both halves).
 const TILE_ACTS: usize = 4;
+
+/// Most activation rows that stream the group in tiles of `ACTS` instead of
+/// decoding its super-blocks once: a decoded super-block is 8.6 KiB (four
+/// times the packed bytes), so at small batches reading it back cost more
+/// than decoding again. `HIDDEN=2048 FFN=5632 KV=256 LAYERS=22 VOCAB=0
+/// WDTYPE=IQ4_XS PACKED=1 bench_matmul 2 M` on the Zen 3 VM, three runs:
+/// decoded once m = 4 ran 29–34 tok/s and m = 8 54–58, where m = 2 streamed
+/// 54–64; m = 16 decoded once 63.
+const STREAM_MAX: usize = 8;
 
 thread_local! {
     /// The current group's IQ4_XS super-blocks, decoded once (batches above `ACTS`).
