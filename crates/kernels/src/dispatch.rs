@@ -195,6 +195,13 @@ const GEMM_K: Choice<Gemm> =
 const GEMM_K_AVX2: Choice<Gemm> =
     &[(Base, Gemm { name: "avx2_gemm_k", run: avx2_gemm_k::matmul, min_m: avx2_gemm_k::MIN_M })];
 
+/// The same GEMM for the grid I-quants, from [`avx2_gemm_k::MIN_M_GRID`]
+/// rows: their one-row kernels decode every block again for each row of a
+/// batch.
+#[cfg(target_arch = "x86_64")]
+const GEMM_K_AVX2_GRID: Choice<Gemm> =
+    &[(Base, Gemm { name: "avx2_gemm_k", run: avx2_gemm_k::matmul, min_m: avx2_gemm_k::MIN_M_GRID })];
+
 /// The AVX2 lane GEMM of the 32-value types with signed codes and Q8_0
 /// activations (IQ4_NL, Q5_0).
 #[cfg(target_arch = "x86_64")]
@@ -601,7 +608,7 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_iq2_xxs),
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_xxs)], gemm: GEMM_K_AVX2_GRID, ..NONE },
         avx512: x86! {
             dot: &[(Vbmi, avx512_iq::dot_iq2_xxs), (Base, avx2_lowk::dot_iq2_xxs)],
             dot4: &[(VbmiBitalg, avx512_iq2_vbmi::dot4_iq2_xxs)],
@@ -623,7 +630,7 @@ pub static TABLE: &[Row] = &[
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! {
             dot: &[(SlowGather, avx2_grid_loads::dot_iq2_xs), (Base, avx2_lowk::dot_iq2_xs)],
-            gemm: GEMM_K_AVX2,
+            gemm: GEMM_K_AVX2_GRID,
             ..NONE
         },
         avx512: x86! {
@@ -644,7 +651,7 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
-        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! { dot: &[(Base, avx2_lowk::dot_iq2_s)], gemm: GEMM_K_AVX2_GRID, ..NONE },
         // Gathers, the 10-bit indices built in vectors: 1.34x the AVX2 kernel.
         avx512: x86! {
             dot: &[(Base, avx512_iq::dot_iq2_s)],
@@ -665,7 +672,7 @@ pub static TABLE: &[Row] = &[
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! {
             dot: &[(SlowGather, avx2_grid_loads::dot_iq3_xxs), (Base, avx2_lowk::dot_iq3_xxs)],
-            gemm: GEMM_K_AVX2,
+            gemm: GEMM_K_AVX2_GRID,
             ..NONE
         },
         // The grid in registers (VBMI, GFNI; four rows in the grid's order with
@@ -692,7 +699,7 @@ pub static TABLE: &[Row] = &[
         // Prefill: the K-quant lane GEMMs over `codes()` (decoded once a call).
         avx2: x86! {
             dot: &[(SlowGather, avx2_grid_loads::dot_iq3_s), (Base, avx2_lowk::dot_iq3_s)],
-            gemm: GEMM_K_AVX2,
+            gemm: GEMM_K_AVX2_GRID,
             ..NONE
         },
         // Decode: the grid in registers with VBMI and BITALG, else gathers.
@@ -714,7 +721,7 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (8·grid ± 1).
-        avx2: x86! { dot: &[(SlowGather, avx2_grid_loads::dot_iq1_s), (Base, avx2_lowk::dot_iq1_s)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! { dot: &[(SlowGather, avx2_grid_loads::dot_iq1_s), (Base, avx2_lowk::dot_iq1_s)], gemm: GEMM_K_AVX2_GRID, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_iq::dot_iq1_s)], gemm: GEMM_K, ..NONE },
     },
     Row {
@@ -725,7 +732,7 @@ pub static TABLE: &[Row] = &[
         scalar_packed_dot4: None,
         scalar_packed_rows16: None,
         // Prefill: the K-quant lane GEMMs over `codes()` (8·grid ± 1).
-        avx2: x86! { dot: &[(SlowGather, avx2_grid_loads::dot_iq1_m), (Base, avx2_lowk::dot_iq1_m)], gemm: GEMM_K_AVX2, ..NONE },
+        avx2: x86! { dot: &[(SlowGather, avx2_grid_loads::dot_iq1_m), (Base, avx2_lowk::dot_iq1_m)], gemm: GEMM_K_AVX2_GRID, ..NONE },
         avx512: x86! { dot: &[(Base, avx512_iq::dot_iq1_m)], gemm: GEMM_K, ..NONE },
     },
     Row {

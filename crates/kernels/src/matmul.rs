@@ -293,11 +293,15 @@ pub fn matmul_many_isa(
     run_parts(pool, ws.iter().zip(ys.iter_mut()).map(|(w, y)| Part::new(isa, *w, a, a_stride, y)), m);
 }
 
-/// The prefill GEMM all of `ws` share at `isa` for a batch of `m`, if any.
+/// The prefill GEMM all of `ws` share at `isa` for a batch of `m`, if any:
+/// each one's table entry names it and takes this batch (the grid I-quants
+/// take the AVX2 GEMM from fewer rows than the K-quants).
 fn shared_gemm(isa: Isa, ws: &[MatRef<'_>], m: usize) -> Option<crate::dispatch::Gemm> {
     let g = crate::dispatch::kernels(ws[0].dtype, isa, ws[0].packed).gemm?;
-    let same = |w: &MatRef<'_>| crate::dispatch::kernels(w.dtype, isa, w.packed).gemm.is_some_and(|h| h.name == g.name);
-    (m >= g.min_m && ws.iter().all(same)).then_some(g)
+    let takes = |w: &MatRef<'_>| {
+        crate::dispatch::kernels(w.dtype, isa, w.packed).gemm.is_some_and(|h| h.name == g.name && m >= h.min_m)
+    };
+    ws.iter().all(takes).then_some(g)
 }
 
 /// Each weight applied to its own input, `ys[k] = xs[k] · ws[k]ᵀ` (`xs[k]`:

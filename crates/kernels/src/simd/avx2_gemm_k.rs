@@ -48,6 +48,14 @@ const SINGLE: u8 = 2;
 /// Smallest batch that takes this path (decode batches stay on the one-row
 /// kernels, bit-identical to single-row decode).
 pub const MIN_M: usize = 32;
+
+/// The smallest batch the grid I-quants (IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS,
+/// IQ2_S, IQ1_S, IQ1_M) take the GEMM from. Their one-row kernels are bound
+/// by the grid lookups, which a batch repeats for every row: at the 1.1B
+/// shapes (`bench_matmul 2 M`, the Zen 3 VM) m = 8 ran 9.7–13.9 tok/s in
+/// the row kernels and 35–45 in this GEMM, m = 4 10–13 against 16–20; at
+/// m = 2 the row kernels stay ahead (10.8–11.7 against 8.1–10.6).
+pub const MIN_M_GRID: usize = 4;
 /// Weight rows decoded per unit of work.
 const UNIT_ROWS: usize = 16;
 /// Activation rows per group (the vector lanes).
