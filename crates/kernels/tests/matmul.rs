@@ -417,9 +417,8 @@ fn kquant_prefill_gemm_matches_reference_exactly() {
                 let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * 20]);
                 matmul_many_isa(isa, pool, &[wm, wm2], &x, m, &mut [&mut a, &mut b], &mut scratch);
                 assert_eq!(a, got, "{what}: first of two weights in one call");
-                let takes_gemm = |d: DType| {
-                    shardlm_kernels::dispatch::kernels(d, isa, false).gemm.is_some_and(|g| m >= g.min_m)
-                };
+                let takes_gemm =
+                    |d: DType| shardlm_kernels::dispatch::kernels(d, isa, false).gemm.is_some_and(|g| m >= g.min_m);
                 if !takes_gemm(dtype) {
                     // Below the threshold: the one-row kernels (another f32 order).
                     check_close(&got, &want, &abs_scale(&wm, &x, m), 2e-5, &what);

@@ -523,6 +523,16 @@ pub(super) unsafe fn f16_pairs(v: __m256i) -> (__m256, __m256) {
     )
 }
 
+/// The Q2_K tiles' `vpshufb` controls laying bytes (0, 1) and (2, 3) of
+/// each dword out as zero-extended word pairs: two groups' mins.
+#[inline(always)]
+pub(super) unsafe fn q2k_min_ctl() -> (__m256i, __m256i) {
+    let within = _mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C);
+    let m01 = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_set1_epi32(0x8001_8000u32 as i32), within));
+    let m23 = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_set1_epi32(0x8003_8002u32 as i32), within));
+    (m01, m23)
+}
+
 /// Bits `2jb..2jb + 2` of every byte of `q` (the 16-bit shift's spill from
 /// the neighbouring byte is masked off).
 #[inline(always)]
@@ -563,10 +573,7 @@ unsafe fn tile_q2_k<const J: usize, const V: bool>(
     const BLOCK: usize = ROWS * 84;
     let (low4, three) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
     let pairs = [byte_ctl(0, V), byte_ctl(1, V), byte_ctl(2, V), byte_ctl(3, V)];
-    // Word pairs of bytes (0, 1) and (2, 3) of each dword: two groups' mins.
-    let within = _mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C);
-    let m01 = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_set1_epi32(0x8001_8000u32 as i32), within));
-    let m23 = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_set1_epi32(0x8003_8002u32 as i32), within));
+    let (m01, m23) = q2k_min_ctl();
     let mut sums = [[_mm256_setzero_ps(); 2]; J];
     for b in 0..nb {
         let x = w.add(b * BLOCK);

@@ -30,7 +30,7 @@
 //! `quant::q2_k::vec_dot` bit for bit.
 
 use super::avx2_k::ld;
-use super::avx2_rows16_k::{bcast4, byte_ctl, f16_pairs, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
+use super::avx2_rows16_k::{bcast4, byte_ctl, f16_pairs, q2k_min_ctl, Q8K_BSUMS, Q8K_BYTES, Q8K_QS};
 use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
 use std::arch::x86_64::*;
 
@@ -70,10 +70,7 @@ pub(super) unsafe fn tile_q2_k_halves<const J: usize, const V: bool>(
     debug_assert!(!V);
     let (low4, three, twelve) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3), _mm256_set1_epi8(12));
     let pairs = [byte_ctl(0, false), byte_ctl(1, false), byte_ctl(2, false), byte_ctl(3, false)];
-    // Word pairs of bytes (0, 1) and (2, 3) of each dword: two groups' mins.
-    let within = _mm_setr_epi32(0, 0x0404_0404, 0x0808_0808, 0x0C0C_0C0C);
-    let m01 = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_set1_epi32(0x8001_8000u32 as i32), within));
-    let m23 = _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_set1_epi32(0x8003_8002u32 as i32), within));
+    let (m01, m23) = q2k_min_ctl();
     let zero = _mm256_setzero_si256();
     let mut sums = [[_mm256_setzero_ps(); 2]; J];
     for b in 0..nb {
