@@ -35,15 +35,18 @@ use crate::{DType, ThreadPool};
 
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{
-    avx2, avx2_fp, avx2_gemm_32, avx2_gemm_k, avx2_grid_loads, avx2_iq4nl, avx2_k, avx2_k45_rows, avx2_kq4, avx2_lowk,
-    avx2_packed, avx2_q3k_rows, avx2_q6k_rows, avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_tile, avx512, avx512_fp,
-    avx512_fp4, avx512_fp4_vbmi, avx512_fp8_bf16, avx512_gemm, avx512_gemm_k, avx512_iq, avx512_iq2_vbmi,
-    avx512_iq3_vbmi, avx512_iq3s_vbmi, avx512_k, avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k,
-    avx512_rows16_nl, avx512_rows16_q3k,
+    avx2, avx2_fp, avx2_grid_loads, avx2_iq4nl, avx2_k, avx2_k45_rows, avx2_kq4, avx2_lowk, avx2_packed, avx2_q3k_rows,
+    avx2_q6k_rows, avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_rows16_q5, avx2_tile, avx512, avx512_fp, avx512_fp4,
+    avx512_fp4_vbmi, avx512_fp8_bf16, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi, avx512_k,
+    avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
 };
 
 mod feature;
+#[cfg(target_arch = "x86_64")]
+mod gemms;
 pub use feature::{pick, Choice, Feature};
+#[cfg(target_arch = "x86_64")]
+use gemms::{GEMM_32_AVX2, GEMM_K, GEMM_K_AVX2, GEMM_K_AVX2_GRID, GEMM_Q8_0};
 
 /// The prefill GEMM: `ys[k] = x · ws[k]ᵀ` for all `m` rows at once, `a` the
 /// `m` quantized activation rows (`a_stride` bytes apart), `lanes` a reusable
@@ -70,6 +73,10 @@ pub struct Gemm {
     pub name: &'static str,
     pub run: GemmFn,
     pub min_m: usize,
+    /// Equals the scalar reference bit for bit, as the sixteen-row kernels
+    /// do: it may then take a packed weight's large batches beside them, and
+    /// a row's result still never depends on its batch.
+    pub exact: bool,
 }
 
 /// One type's kernels at one ISA level (empty slots: no kernel of that shape).
@@ -130,7 +137,9 @@ pub enum Packing {
     /// `head_last`: bytes at the start of each block (its scale) stored
     /// after the rest, so that codes behind a 2-byte scale (IQ4_NL) start on
     /// a word; 0 for the K-quants, whose fields are word-aligned already.
-    Lanes16 { head_last: usize },
+    /// `sliced_qh`: the word that then comes first is a Q5 `qh`, stored
+    /// bit-sliced ([`crate::packed::lanes16::slice_qh`]).
+    Lanes16 { head_last: usize, sliced_qh: bool },
     /// Each block recoded in place (same size, rows where they were) for a
     /// kernel that reads its fields in another order ([`crate::packed::Recoding`]).
     Recoded(crate::packed::Recoding),
@@ -179,34 +188,6 @@ macro_rules! x86 {
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
 use Feature::{AvxVnni, Base, Bf16, Gfni, SlowGather, Vbmi, VbmiBitalg, VbmiGfni};
-
-/// The lane GEMM for types of 32-value blocks (Q8_0 or Q8_1 activations).
-#[cfg(target_arch = "x86_64")]
-const GEMM_Q8_0: Choice<Gemm> =
-    &[(Base, Gemm { name: "avx512_gemm", run: avx512_gemm::matmul, min_m: avx512_gemm::MIN_M })];
-
-/// The lane GEMM for the K-quants and IQ4_XS (Q8_K activations).
-#[cfg(target_arch = "x86_64")]
-const GEMM_K: Choice<Gemm> =
-    &[(Base, Gemm { name: "avx512_gemm_k", run: avx512_gemm_k::matmul, min_m: avx512_gemm_k::MIN_M })];
-
-/// Its AVX2 sibling (8 lanes).
-#[cfg(target_arch = "x86_64")]
-const GEMM_K_AVX2: Choice<Gemm> =
-    &[(Base, Gemm { name: "avx2_gemm_k", run: avx2_gemm_k::matmul, min_m: avx2_gemm_k::MIN_M })];
-
-/// The same GEMM for the grid I-quants, from [`avx2_gemm_k::MIN_M_GRID`]
-/// rows: their one-row kernels decode every block again for each row of a
-/// batch.
-#[cfg(target_arch = "x86_64")]
-const GEMM_K_AVX2_GRID: Choice<Gemm> =
-    &[(Base, Gemm { name: "avx2_gemm_k", run: avx2_gemm_k::matmul, min_m: avx2_gemm_k::MIN_M_GRID })];
-
-/// The AVX2 lane GEMM of the 32-value types with signed codes and Q8_0
-/// activations (IQ4_NL, Q5_0).
-#[cfg(target_arch = "x86_64")]
-const GEMM_32_AVX2: Choice<Gemm> =
-    &[(Base, Gemm { name: "avx2_gemm_32", run: avx2_gemm_32::matmul, min_m: avx2_gemm_32::MIN_M })];
 
 /// Every weight type, one row each.
 pub static TABLE: &[Row] = &[
@@ -312,23 +293,38 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::Q5_0,
         act: VecDotType::Q8_0,
-        packing: Packing::None,
+        // Sixteen rows transposed, the scales last and qh bit-sliced.
+        packing: Packing::Lanes16 { head_last: 2, sliced_qh: true },
         scalar: scalar::dot_q5_0,
         scalar_packed_dot4: None,
-        scalar_packed_rows16: None,
-        avx2: x86! { dot: &[(Base, avx2::dot_q5_0)], gemm: GEMM_32_AVX2, ..NONE },
-        // No 512-bit dot: the AVX2 one.
-        avx512: x86! { dot: &[(Base, avx2::dot_q5_0)], gemm: GEMM_Q8_0, ..NONE },
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q5_0),
+        // Packed: the sixteen-row kernel for every batch size (faster than
+        // the GEMM, which keeps the file layout's batches).
+        avx2: x86! {
+            dot: &[(Base, avx2::dot_q5_0)],
+            packed_rows16: &[(AvxVnni, avx2_rows16_q5::rows16_q5_0_vnni), (Base, avx2_rows16_q5::rows16_q5_0)],
+            rows16_all_m: true,
+            gemm: GEMM_32_AVX2,
+            ..NONE
+        },
+        // No 512-bit dot: the AVX2 one. The file layout: the lane GEMM sums
+        // in its own order, so it cannot share batches with the sixteen rows.
+        avx512: x86! { dot: &[(Base, avx2::dot_q5_0)], gemm: GEMM_Q8_0, packing: Some(Packing::None), ..NONE },
     },
     Row {
         dtype: DType::Q5_1,
         act: VecDotType::Q8_1,
-        packing: Packing::None,
+        packing: Packing::Lanes16 { head_last: 4, sliced_qh: true },
         scalar: scalar::dot_q5_1,
         scalar_packed_dot4: None,
-        scalar_packed_rows16: None,
-        avx2: x86! { dot: &[(Base, avx2::dot_q5_1)], ..NONE },
-        avx512: x86! { dot: &[(Base, avx2::dot_q5_1)], gemm: GEMM_Q8_0, ..NONE },
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q5_1),
+        // Packed: the sixteen-row kernel for every batch size (no AVX2 GEMM).
+        avx2: x86! {
+            dot: &[(Base, avx2::dot_q5_1)],
+            packed_rows16: &[(AvxVnni, avx2_rows16_q5::rows16_q5_1_vnni), (Base, avx2_rows16_q5::rows16_q5_1)],
+            ..NONE
+        },
+        avx512: x86! { dot: &[(Base, avx2::dot_q5_1)], gemm: GEMM_Q8_0, packing: Some(Packing::None), ..NONE },
     },
     Row {
         dtype: DType::Q8_0,
@@ -368,7 +364,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q4_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed: lane = row, one stream for every batch size.
-        packing: Packing::Lanes16 { head_last: 0 },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
         scalar: scalar::dot_q4_k,
         // The AVX2 layout's (sub-block lanes) scalar kernel.
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_k),
@@ -395,7 +391,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q5_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K.
-        packing: Packing::Lanes16 { head_last: 0 },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
         scalar: scalar::dot_q5_k,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q5_k),
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q5_k),
@@ -421,7 +417,7 @@ pub static TABLE: &[Row] = &[
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K (the 210-byte blocks end in a
         // two-byte tail, which the layout places after the words).
-        packing: Packing::Lanes16 { head_last: 0 },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
         scalar: scalar::dot_q6_k,
         // The AVX2 layout's (the file's, copied) scalar kernel.
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q6_k),
@@ -547,7 +543,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q2_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K.
-        packing: Packing::Lanes16 { head_last: 0 },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
         scalar: scalar::dot_q2_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q2_k),
@@ -572,7 +568,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q3_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K (a two-byte tail, as Q6_K).
-        packing: Packing::Lanes16 { head_last: 0 },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
         scalar: scalar::dot_q3_k,
         // The AVX2 layout's (code planes) scalar kernel.
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q3_k),
@@ -740,7 +736,7 @@ pub static TABLE: &[Row] = &[
         act: VecDotType::Q8_0,
         // Sixteen rows transposed, each block's codes first and its d last
         // (so the codes start on a word).
-        packing: Packing::Lanes16 { head_last: 2 },
+        packing: Packing::Lanes16 { head_last: 2, sliced_qh: false },
         scalar: scalar::dot_iq4_nl,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_iq4_nl),
@@ -750,6 +746,7 @@ pub static TABLE: &[Row] = &[
             dot: &[(Base, avx2_lowk::dot_iq4_nl)],
             tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
             packed_rows16: &[(AvxVnni, avx2_rows16_nl::rows16_iq4_nl_vnni), (Base, avx2_rows16_nl::rows16_iq4_nl)],
+            rows16_all_m: true,
             gemm: GEMM_32_AVX2,
             ..NONE
         },
@@ -767,7 +764,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::IQ4_XS,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K.
-        packing: Packing::Lanes16 { head_last: 0 },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
         scalar: scalar::dot_iq4_xs,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_iq4_xs),

@@ -234,11 +234,11 @@ pub fn is_lanes16(dtype: DType) -> bool {
     matches!(layout(dtype), Packing::Lanes16 { .. })
 }
 
-/// The lanes16 layout's `head_last` of `dtype` (see [`Packing::Lanes16`]).
-fn head_last(dtype: DType) -> usize {
+/// How `dtype`'s blocks are stored in the lanes16 layout (see [`Packing::Lanes16`]).
+fn lanes16_form(dtype: DType) -> lanes16::Form {
     match layout(dtype) {
-        Packing::Lanes16 { head_last } => head_last,
-        _ => 0,
+        Packing::Lanes16 { head_last, sliced_qh } => lanes16::Form { head: head_last, sliced_qh },
+        _ => lanes16::Form::FILE,
     }
 }
 
@@ -319,7 +319,7 @@ pub fn pack_into(dtype: DType, rows: usize, cols: usize, src: &[u8], out: &mut [
     if is_lanes16(dtype) {
         for g in 0..rows / LANES16_ROWS {
             let span = g * LANES16_ROWS * rb..(g + 1) * LANES16_ROWS * rb;
-            lanes16::pack_group(bb, head_last(dtype), nb, &src[span.clone()], &mut out[span]);
+            lanes16::pack_group(bb, lanes16_form(dtype), nb, &src[span.clone()], &mut out[span]);
         }
         return;
     }
@@ -353,7 +353,7 @@ pub fn pack_into(dtype: DType, rows: usize, cols: usize, src: &[u8], out: &mut [
 pub fn unpack_row(dtype: DType, cols: usize, group: &[u8], r: usize, dst: &mut [u8]) {
     let bb = dtype.block_bytes();
     if is_lanes16(dtype) {
-        lanes16::unpack_row(bb, head_last(dtype), cols / dtype.block_elems(), group, r, dst);
+        lanes16::unpack_row(bb, lanes16_form(dtype), cols / dtype.block_elems(), group, r, dst);
         return;
     }
     if let Some(rc) = recoding(dtype) {
@@ -379,7 +379,7 @@ pub fn unpack_row(dtype: DType, cols: usize, group: &[u8], r: usize, dst: &mut [
 /// file layout (`dst`: sixteen rows).
 pub fn unpack_group(dtype: DType, cols: usize, group: &[u8], dst: &mut [u8]) {
     assert!(is_lanes16(dtype), "{dtype} has no sixteen-row groups");
-    lanes16::unpack_group(dtype.block_bytes(), head_last(dtype), cols / dtype.block_elems(), group, dst);
+    lanes16::unpack_group(dtype.block_bytes(), lanes16_form(dtype), cols / dtype.block_elems(), group, dst);
 }
 
 thread_local! {

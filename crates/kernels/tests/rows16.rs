@@ -106,7 +106,8 @@ fn packed_q4_1_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
 }
 
 /// The sixteen-row kernels of the transposed layout at every ISA level the CPU
-/// has (AVX-512 and AVX2: `simd::avx512_rows16_nl`, `simd::avx2_rows16_nl`):
+/// has (AVX-512 and AVX2: `simd::avx512_rows16_nl`, `simd::avx2_rows16_nl`,
+/// `simd::avx2_rows16_q5`):
 /// through `matmul`, at every batch size (the streaming tiles and the
 /// decoded-once scratch), one and two threads, and as a sixteen-aligned row
 /// shard, they equal the scalar reference bit for bit.
@@ -115,7 +116,11 @@ fn lanes16_kernels_equal_the_reference_at_every_isa() {
     use shardlm_kernels::matmul::matmul_reference;
     let mut rng = rng(1616);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    for dtype in [DType::IQ4_NL, DType::IQ4_XS, DType::Q2_K] {
+    for dtype in [DType::IQ4_NL, DType::IQ4_XS, DType::Q2_K, DType::Q5_0, DType::Q5_1] {
+        // Q5_0 and Q5_1 stay in the file layout at AVX-512 (`SHARDLM_ISA=avx2` packs them).
+        if !packed::is_lanes16(dtype) {
+            continue;
+        }
         let shapes: &[(usize, usize)] = if dtype.block_elems() == 256 {
             &[(16, 256), (48, 512), (32, 1280)]
         } else {
@@ -132,6 +137,9 @@ fn lanes16_kernels_equal_the_reference_at_every_isa() {
                 let mut want = vec![0f32; m * rows];
                 matmul_reference(wm, &x, m, &mut want);
                 for isa in isa::available().into_iter().filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512)) {
+                    if packed::level_layout(dtype, isa) != packed::layout(dtype) {
+                        continue;
+                    }
                     assert!(packed::worth_packing(dtype, isa), "{dtype} packs at {isa}");
                     for pool in &pools {
                         let what = format!("{dtype} {isa} {rows}x{cols} m={m} threads={}", pool.n_threads());

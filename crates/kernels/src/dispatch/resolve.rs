@@ -38,15 +38,15 @@ pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
     let gemm = pick(row.at(isa).gemm);
     if packed && matches!(layout, Packing::Lanes16 { .. }) {
         // Only sixteen-row kernels read this layout (the scalar one unpacks
-        // rows); they equal the scalar reference bit for bit, as the K-quant
-        // GEMMs do, so those keep the large batches unless the level's
-        // sixteen-row kernel is the faster one there (`rows16_all_m`). The
-        // Q8_0 lane GEMM sums in another order: under IQ4_NL the sixteen-row
-        // kernel takes every batch size, so a row's result never depends on
-        // its batch.
+        // rows); they equal the scalar reference bit for bit, as the exact
+        // GEMMs (the K-quants', the AVX2 32-value one) do, so those keep the
+        // large batches unless the level's sixteen-row kernel is the faster
+        // one there (`rows16_all_m`). The AVX-512 Q8_0 lane GEMM sums in
+        // another order: beside it the sixteen-row kernel takes every batch
+        // size, so a row's result never depends on its batch.
         let fast16 = pick(k.packed_rows16);
         let rows16 = fast16.or(row.scalar_packed_rows16);
-        let gemm = gemm.filter(|_| row.act == VecDotType::Q8_K && !(fast16.is_some() && k.rows16_all_m));
+        let gemm = gemm.filter(|g| g.exact && !(fast16.is_some() && k.rows16_all_m));
         return Kernels { dot, dot4: None, tile: None, rows16, gemm };
     }
     if packed {
@@ -54,9 +54,9 @@ pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
         let rows16 = if rows16_enabled() { pick(k.packed_rows16) } else { None };
         // The sixteen-row kernels of the Q8_0/Q8_1 types take every batch
         // size (their own summation order): no GEMM beside them. A Q8_K
-        // type's row kernel equals the scalar reference, as its GEMM does,
-        // so the GEMM keeps the large batches unless `rows16_all_m`.
-        let gemm = gemm.filter(|_| rows16.is_none() || (row.act == VecDotType::Q8_K && !k.rows16_all_m));
+        // type's row kernel equals the scalar reference, as its (exact) GEMM
+        // does, so the GEMM keeps the large batches unless `rows16_all_m`.
+        let gemm = gemm.filter(|g| rows16.is_none() || (g.exact && !k.rows16_all_m));
         Kernels { dot, dot4, tile: pick(k.packed_tile), rows16, gemm }
     } else {
         // A file-layout row kernel runs the batches below the GEMM's.

@@ -33,6 +33,12 @@
 //! 0–3 hold codes `4v..4v+4` of the sixteen rows and the 32-byte tail the
 //! sixteen `d`, one f16 vector. Kept in file order the codes would straddle
 //! the words, and every vector would need masking.
+//!
+//! Q5_0 and Q5_1 (`[d, (m,) qh, qs]`) store their scales last too, so vector
+//! 0 holds the rows' `qh` words, vectors 1–4 the codes as IQ4_NL's and the
+//! tail the scales; their `qh` is bit-sliced ([`slice_qh`], `sliced_qh` in
+//! the dispatch table) so that a kernel finds the fifth bits of a code
+//! vector with one shift ([`crate::simd::avx2_rows16_q5`]).
 
 use crate::quant::{self, Rows16Fn};
 use crate::DType;
@@ -54,22 +60,70 @@ fn offset(bb: usize, r: usize, k: usize) -> usize {
 /// The largest block the layout takes (Q6_K: 210 bytes).
 const MAX_BLOCK: usize = 256;
 
+/// How a type's blocks are stored ([`crate::dispatch::Packing::Lanes16`]):
+/// their first `head` bytes (the scales) after the rest, and with
+/// `sliced_qh` the word that then comes first (Q5_0's and Q5_1's `qh`) in
+/// [`slice_qh`]'s bit order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Form {
+    pub head: usize,
+    pub sliced_qh: bool,
+}
+
+impl Form {
+    /// Blocks stored as they are in the file.
+    pub const FILE: Form = Form { head: 0, sliced_qh: false };
+}
+
+/// A Q5 `qh` word (bit `j`: the fifth bit of value `j`) bit-sliced: byte
+/// `k` holds at bit `i` the fifth bit of value `4i + k`, so byte `k` of a
+/// code vector `v` finds its low nibble's bit at bit `v` and its high
+/// nibble's (value `16 + 4v + k`) at bit `4 + v`.
+pub fn slice_qh(qh: u32) -> u32 {
+    (0..32).fold(0, |s, j| s | ((qh >> j) & 1) << (8 * (j % 4) + j / 4))
+}
+
+/// The inverse of [`slice_qh`].
+pub fn unslice_qh(s: u32) -> u32 {
+    (0..32).fold(0, |qh, j| qh | ((s >> (8 * (j % 4) + j / 4)) & 1) << j)
+}
+
+/// `block` (file layout, `bb` bytes) as stored under `form`, into `out`.
+fn turn(form: Form, block: &[u8], out: &mut [u8]) {
+    let (bb, head) = (block.len(), form.head);
+    out[..bb - head].copy_from_slice(&block[head..]);
+    out[bb - head..bb].copy_from_slice(&block[..head]);
+    if form.sliced_qh {
+        let qh = u32::from_le_bytes([out[0], out[1], out[2], out[3]]);
+        out[..4].copy_from_slice(&slice_qh(qh).to_le_bytes());
+    }
+}
+
+/// The inverse of [`turn`]: a stored block back in the file layout.
+fn unturn(form: Form, stored: &mut [u8], out: &mut [u8]) {
+    let (bb, head) = (stored.len(), form.head);
+    if form.sliced_qh {
+        let s = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]);
+        stored[..4].copy_from_slice(&unslice_qh(s).to_le_bytes());
+    }
+    out[head..bb].copy_from_slice(&stored[..bb - head]);
+    out[..head].copy_from_slice(&stored[bb - head..bb]);
+}
+
 /// Packs one group: `src` is sixteen rows of `nb` blocks of `bb` bytes in
-/// the file layout, `dst` the same length. Each block is stored as its bytes
-/// `head..bb` then `0..head` (`head`: [`crate::dispatch::Packing::Lanes16`]'s
-/// `head_last`).
-pub(super) fn pack_group(bb: usize, head: usize, nb: usize, src: &[u8], dst: &mut [u8]) {
-    assert!(bb <= MAX_BLOCK && head < bb);
+/// the file layout, `dst` the same length. Each block is stored as
+/// [`Form`] says.
+pub(super) fn pack_group(bb: usize, form: Form, nb: usize, src: &[u8], dst: &mut [u8]) {
+    assert!(bb <= MAX_BLOCK && form.head < bb && (!form.sliced_qh || bb >= form.head + 4));
     let rb = nb * bb;
     let mut turned = [0u8; MAX_BLOCK];
     for r in 0..ROWS {
         for b in 0..nb {
             let blk = &src[r * rb + b * bb..][..bb];
-            let stored = if head == 0 {
+            let stored = if form == Form::FILE {
                 blk
             } else {
-                turned[..bb - head].copy_from_slice(&blk[head..]);
-                turned[bb - head..bb].copy_from_slice(&blk[..head]);
+                turn(form, blk, &mut turned[..bb]);
                 &turned[..bb]
             };
             let out = &mut dst[b * ROWS * bb..][..ROWS * bb];
@@ -84,19 +138,18 @@ pub(super) fn pack_group(bb: usize, head: usize, nb: usize, src: &[u8], dst: &mu
 /// Row `r` of one group back in the file layout (`dst`: `nb · bb` bytes).
 /// The prefill GEMM reads packed rows through this, once per row and call,
 /// so it copies words, not bytes.
-pub(super) fn unpack_row(bb: usize, head: usize, nb: usize, group: &[u8], r: usize, dst: &mut [u8]) {
+pub(super) fn unpack_row(bb: usize, form: Form, nb: usize, group: &[u8], r: usize, dst: &mut [u8]) {
     let mut turned = [0u8; MAX_BLOCK];
     for b in 0..nb {
         let blk = &group[b * ROWS * bb..][..ROWS * bb];
         let out = &mut dst[b * bb..(b + 1) * bb];
-        let stored = if head == 0 { &mut *out } else { &mut turned[..bb] };
+        let stored = if form == Form::FILE { &mut *out } else { &mut turned[..bb] };
         for (v, word) in stored.chunks_mut(4).enumerate() {
             let o = offset(bb, r, 4 * v);
             word.copy_from_slice(&blk[o..o + word.len()]);
         }
-        if head > 0 {
-            out[head..].copy_from_slice(&turned[..bb - head]);
-            out[..head].copy_from_slice(&turned[bb - head..bb]);
+        if form != Form::FILE {
+            unturn(form, &mut turned[..bb], out);
         }
     }
 }
@@ -104,26 +157,26 @@ pub(super) fn unpack_row(bb: usize, head: usize, nb: usize, group: &[u8], r: usi
 /// All sixteen rows of one group back in the file layout (`dst`: `16 · nb ·
 /// bb` bytes, row after row): the prefill GEMM's read of a packed unit, by
 /// register transposes on AVX-512 ([`crate::simd::avx512_unpack16`]).
-pub(super) fn unpack_group(bb: usize, head: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
+pub(super) fn unpack_group(bb: usize, form: Form, nb: usize, group: &[u8], dst: &mut [u8]) {
     // The CPU's features, not `isa::active()`: the level's self-check runs
     // the GEMM that calls this (a lanes16 weight exists only where AVX-512
     // kernels read it, and both reads give the same bytes, tested).
     #[cfg(target_arch = "x86_64")]
-    if head == 0 && std::arch::is_x86_feature_detected!("avx512f") {
+    if form == Form::FILE && std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512 F checked just above.
         unsafe { crate::simd::avx512_unpack16::unpack_group(bb, nb, group, dst) };
         return;
     }
-    unpack_group_scalar(bb, head, nb, group, dst);
+    unpack_group_scalar(bb, form, nb, group, dst);
 }
 
 /// [`unpack_group`] one word move at a time: the reference of the SIMD ones.
-pub(crate) fn unpack_group_scalar(bb: usize, head: usize, nb: usize, group: &[u8], dst: &mut [u8]) {
+pub(crate) fn unpack_group_scalar(bb: usize, form: Form, nb: usize, group: &[u8], dst: &mut [u8]) {
     let (rb, words) = (nb * bb, bb / 4);
     assert!(group.len() >= ROWS * rb && dst.len() >= ROWS * rb);
-    if head > 0 {
+    if form != Form::FILE {
         for (r, row) in dst.chunks_exact_mut(rb).take(ROWS).enumerate() {
-            unpack_row(bb, head, nb, group, r, row);
+            unpack_row(bb, form, nb, group, r, row);
         }
         return;
     }
@@ -217,9 +270,11 @@ scalar_rows16_of!(scalar_rows16_iq4_xs, DType::IQ4_XS);
 scalar_rows16_of!(scalar_rows16_q6_k, DType::Q6_K);
 scalar_rows16_of!(scalar_rows16_q3_k, DType::Q3_K);
 scalar_rows16_of!(scalar_rows16_iq4_nl, DType::IQ4_NL);
+scalar_rows16_of!(scalar_rows16_q5_0, DType::Q5_0);
+scalar_rows16_of!(scalar_rows16_q5_1, DType::Q5_1);
 
 /// Checks the signatures against [`Rows16Fn`].
-const _: [Rows16Fn; 7] = [
+const _: [Rows16Fn; 9] = [
     scalar_rows16_q4_k,
     scalar_rows16_q5_k,
     scalar_rows16_q2_k,
@@ -227,6 +282,8 @@ const _: [Rows16Fn; 7] = [
     scalar_rows16_q6_k,
     scalar_rows16_q3_k,
     scalar_rows16_iq4_nl,
+    scalar_rows16_q5_0,
+    scalar_rows16_q5_1,
 ];
 
 #[cfg(test)]
@@ -262,9 +319,9 @@ mod tests {
         for (bb, nb) in [(84, 3), (110, 2), (136, 2), (144, 4), (176, 1), (210, 3), (18, 5)] {
             let src: Vec<u8> = (0..ROWS * nb * bb).map(|i| (i * 13 + i / 97) as u8).collect();
             let mut packed = vec![0u8; src.len()];
-            pack_group(bb, 0, nb, &src, &mut packed);
+            pack_group(bb, Form::FILE, nb, &src, &mut packed);
             let (mut want, mut got) = (vec![0u8; src.len()], vec![0xAAu8; src.len()]);
-            unpack_group_scalar(bb, 0, nb, &packed, &mut want);
+            unpack_group_scalar(bb, Form::FILE, nb, &packed, &mut want);
             // SAFETY: AVX-512 F checked above.
             unsafe { crate::simd::avx512_unpack16::unpack_group(bb, nb, &packed, &mut got) };
             assert_eq!(want, src, "bb {bb}: scalar");
@@ -274,25 +331,54 @@ mod tests {
 
     #[test]
     fn blocks_with_their_head_last_come_back_whole() {
-        for (bb, head, nb) in [(18, 2, 3), (144, 0, 2), (18, 0, 1), (34, 2, 2)] {
+        let cases = [
+            (18, 2, false, 3),
+            (144, 0, false, 2),
+            (18, 0, false, 1),
+            (34, 2, false, 2),
+            (22, 2, true, 3),
+            (24, 4, true, 2),
+        ];
+        for (bb, head, sliced_qh, nb) in cases {
+            let form = Form { head, sliced_qh };
             let src: Vec<u8> = (0..ROWS * nb * bb).map(|i| (i * 7 + i / 251) as u8).collect();
             let mut packed = vec![0u8; src.len()];
-            pack_group(bb, head, nb, &src, &mut packed);
+            pack_group(bb, form, nb, &src, &mut packed);
             let mut rows = vec![0u8; src.len()];
-            unpack_group(bb, head, nb, &packed, &mut rows);
-            assert_eq!(rows, src, "bb {bb} head {head}: group");
+            unpack_group(bb, form, nb, &packed, &mut rows);
+            assert_eq!(rows, src, "bb {bb} {form:?}: group");
             for r in 0..ROWS {
                 let mut row = vec![0u8; nb * bb];
-                unpack_row(bb, head, nb, &packed, r, &mut row);
-                assert_eq!(row, src[r * nb * bb..(r + 1) * nb * bb], "bb {bb} head {head}: row {r}");
+                unpack_row(bb, form, nb, &packed, r, &mut row);
+                assert_eq!(row, src[r * nb * bb..(r + 1) * nb * bb], "bb {bb} {form:?}: row {r}");
             }
+            let (b, r) = (1, 5);
+            let blk = &src[r * nb * bb + b * bb..][..bb];
+            let g = &packed[b * ROWS * bb..];
             if bb == 18 && head == 2 {
                 // Codes 4v..4v+4 of row r are vector v's lane r; the d's the tail.
-                let (b, r) = (1, 5);
-                let blk = &src[r * nb * bb + b * bb..][..bb];
-                let g = &packed[b * ROWS * bb..];
                 assert_eq!(g[64 + 4 * r..64 + 4 * r + 4], blk[6..10]);
                 assert_eq!(g[256 + 2 * r..256 + 2 * r + 2], blk[0..2]);
+            }
+            if sliced_qh {
+                // Vector 0 lane r: the row's qh, sliced; then the codes; the scales last.
+                let qh = u32::from_le_bytes(blk[head..head + 4].try_into().unwrap());
+                assert_eq!(g[4 * r..4 * r + 4], slice_qh(qh).to_le_bytes());
+                assert_eq!(g[64 + 4 * r..64 + 4 * r + 4], blk[head + 4..head + 8]);
+                assert_eq!(g[320 + head * r..320 + head * (r + 1)], blk[..head]);
+            }
+        }
+    }
+
+    #[test]
+    fn sliced_qh_puts_each_vectors_bits_in_its_bytes() {
+        for qh in [1u32, 0x8000_0000, 0xDEAD_BEEF, 0x1234_5678, u32::MAX] {
+            let s = slice_qh(qh);
+            assert_eq!(unslice_qh(s), qh);
+            for j in 0..32 {
+                // Value j = 4i + k: byte k, bit i.
+                let (i, k) = (j / 4, j % 4);
+                assert_eq!((s >> (8 * k + i)) & 1, (qh >> j) & 1, "qh {qh:#x} value {j}");
             }
         }
     }

@@ -264,7 +264,7 @@ unsafe fn rows16<const V: bool>(
 
 /// Σ of the 32 signed codes at `q` (one Q8_0 block).
 #[inline(always)]
-unsafe fn code_sum(q: *const u8) -> i32 {
+pub(super) unsafe fn code_sum(q: *const u8) -> i32 {
     let v = _mm256_loadu_si256(q as *const __m256i);
     let s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
     let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));

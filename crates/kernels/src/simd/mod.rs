@@ -47,6 +47,7 @@ pub mod avx2_rows;
 pub mod avx2_rows16_k;
 pub mod avx2_rows16_nl;
 pub mod avx2_rows16_q2k;
+pub mod avx2_rows16_q5;
 pub mod avx2_tile;
 pub mod avx512;
 pub mod avx512_attn;

@@ -1,0 +1,370 @@
+//! AVX2 sixteen-row kernels of Q5_0 and Q5_1 in the transposed layout of
+//! [`crate::packed::lanes16`] with their fifth bits bit-sliced: lane `ℓ` of
+//! the low vector is weight row `ℓ`, of the high one row `8 + ℓ`, as in
+//! [`super::avx2_rows16_nl`] (IQ4_NL), one kernel for every batch size.
+//!
+//! Why: Q5_0 is what llama-quantize falls back to where a width is not a
+//! multiple of 256 (SmolLM2's 576, Qwen2.5-0.5B's 896), so most of such a
+//! "Q4_K_M" file is Q5_0. Its one-row AVX2 kernel builds the fifth bits of
+//! every block from `qh` with a 32-bit mask expansion, reduces a vector
+//! horizontally and runs a float step per block and row: SmolLM2 "Q4_K_M"
+//! decoded at 51% of the bandwidth ceiling, and a batch ran that kernel once
+//! per activation row, so `serve`'s batches did not scale (20.6 / 21.2 /
+//! 21.0 tok/s at m = 1 / 4 / 8 on the 1.1B shapes). Q5_1 had nothing but
+//! the one-row kernel at AVX2, prefill included.
+//!
+//! Layout of one block of sixteen rows (`head_last` moves the scales after
+//! the codes, so every field is a whole word):
+//! * vector 0 (64 bytes): each row's `qh`, bit-sliced
+//!   ([`crate::packed::lanes16::slice_qh`]): byte `k` holds, at bit `i`, the
+//!   fifth bit of value `4i + k`;
+//! * vectors 1–4: codes `4v..4v+4` of the sixteen rows (low nibbles values
+//!   `4v + k`, high nibbles `16 + 4v + k`), as IQ4_NL;
+//! * the tail: Q5_0 the sixteen f16 `d`; Q5_1 sixteen `(d, m)` words.
+//!
+//! With the bits sliced so, the fifth bit of every byte of code vector `v`
+//! is one 16-bit shift of the row's `qh` word and a mask: `(qh << (4 − v))
+//! & 0x10` for the low nibbles, `(qh >> v) & 0x10` for the high ones (a
+//! shift's spill into the neighbouring byte is masked off). In file order
+//! each byte would need its own bit: a compare per vector.
+//!
+//! Products: the 5-bit codes are unsigned (0..31), so `vpmaddubsw` takes
+//! them against the signed activations directly (pairs ≤ 2·31·127 < 2¹⁵)
+//! and `vpmaddwd` with ones widens each row's four products into its lane;
+//! with AVX-VNNI one `vpdpbusd`. Q5_0's `−16` comes out once per block and
+//! activation row as `16·Σy` (exact).
+//!
+//! Batches above `ACTS` rows decode a group's blocks once into a thread-local
+//! scratch (1 KiB a block) that tiles of `TILE_ACTS` activation rows read.
+//! That serves prefill too: at m = 64 and 256 it ran 1.15× and 1.12× the
+//! exact AVX2 GEMM ([`super::avx2_gemm_32`]) on the file layout, which on a
+//! packed weight would first read the rows back (0.6× there).
+//!
+//! Numerics: the integer sums are exact and the float steps are the scalar
+//! references' (`quant::q5_0::vec_dot`: `sum + isum·(d·d_a)`;
+//! `quant::q5_1::vec_dot`: `sum + (isum·(d·d_a) + m·s_a)`; no FMA, blocks in
+//! order), so every row equals the reference bit for bit at every batch
+//! size.
+
+use super::avx2_rows16_k::bcast4;
+use super::avx2_rows16_nl::code_sum;
+use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
+use std::arch::x86_64::*;
+
+/// Rows per group (the lanes of two vectors).
+const ROWS: usize = 16;
+/// Activation rows per streaming tile (both halves' sums in registers).
+const ACTS: usize = 2;
+/// Activation rows per tile over decoded blocks (larger batches).
+const TILE_ACTS: usize = 4;
+/// Where the codes start in a group's block (after the sliced `qh`).
+const CODES_AT: usize = 64;
+/// Where the scales start (after the four code vectors).
+const SCALES_AT: usize = 5 * 64;
+
+/// One group's block bytes: Q5_0 22 a row, Q5_1 24.
+const fn block_bytes(q51: bool) -> usize {
+    ROWS * if q51 { 24 } else { 22 }
+}
+
+/// An activation block (Q8_0: `d`, 32 codes; Q8_1: `d`, `s`, 32 codes) and
+/// where its codes start.
+const fn act_geometry(q51: bool) -> (usize, usize) {
+    if q51 {
+        (36, 4)
+    } else {
+        (34, 2)
+    }
+}
+
+thread_local! {
+    /// The current group's blocks, decoded once (batches above `ACTS`).
+    static SCRATCH: std::cell::RefCell<Vec<Block>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per activation block of the call (`m × nb`): `d` as f32, then Q5_0's
+    /// `16·Σy` or Q5_1's `s` as f32 bits.
+    static ACT: std::cell::RefCell<(Vec<f32>, Vec<i32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// One block of sixteen rows, decoded: per half `h`, `q[h][v]` the 5-bit
+/// codes of values `4v..4v+4` (v < 4) and `16+4(v−4)..` (v ≥ 4), `d[h]`
+/// the scales and (Q5_1) `m[h]` the offsets of rows `8h..8h + 8`.
+#[derive(Clone, Copy)]
+struct Block {
+    q: [[__m256i; 8]; 2],
+    d: [__m256; 2],
+    m: [__m256; 2],
+}
+
+/// Block `b` of the group at `w`, decoded (its stream prefetched ahead).
+#[inline(always)]
+unsafe fn decode<const Q51: bool>(w: *const u8, b: usize) -> Block {
+    let bb = block_bytes(Q51);
+    let x = w.add(b * bb);
+    let ahead = x.wrapping_add(PREFETCH_AHEAD);
+    for l in 0..bb.div_ceil(64) {
+        prefetch_l2(ahead.wrapping_add(64 * l));
+    }
+    // Plain loops, no closures: this is inlined into the `#[target_feature]`
+    // entry points, and a closure would not get their features.
+    let (low4, bit4) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+    let mut blk =
+        Block { q: [[_mm256_setzero_si256(); 8]; 2], d: [_mm256_setzero_ps(); 2], m: [_mm256_setzero_ps(); 2] };
+    for h in 0..2 {
+        let qh = _mm256_loadu_si256(x.add(32 * h) as *const __m256i);
+        // Bit `v` (low nibbles) and bit `4 + v` (high) of each byte to bit 4.
+        let low_bits = [
+            _mm256_slli_epi16::<4>(qh),
+            _mm256_slli_epi16::<3>(qh),
+            _mm256_slli_epi16::<2>(qh),
+            _mm256_slli_epi16::<1>(qh),
+        ];
+        let high_bits = [qh, _mm256_srli_epi16::<1>(qh), _mm256_srli_epi16::<2>(qh), _mm256_srli_epi16::<3>(qh)];
+        for v in 0..4 {
+            let q = _mm256_loadu_si256(x.add(CODES_AT + 64 * v + 32 * h) as *const __m256i);
+            blk.q[h][v] = _mm256_or_si256(_mm256_and_si256(q, low4), _mm256_and_si256(low_bits[v], bit4));
+            blk.q[h][v + 4] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q), low4),
+                _mm256_and_si256(high_bits[v], bit4),
+            );
+        }
+        if Q51 {
+            // Eight `(d, m)` words: the d's to the low half, the m's high.
+            let s = _mm256_loadu_si256(x.add(SCALES_AT + 32 * h) as *const __m256i);
+            let dm = _mm256_packus_epi32(_mm256_and_si256(s, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32::<16>(s));
+            let dm = _mm256_permute4x64_epi64::<0b11_01_10_00>(dm);
+            blk.d[h] = _mm256_cvtph_ps(_mm256_castsi256_si128(dm));
+            blk.m[h] = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(dm));
+        } else {
+            blk.d[h] = _mm256_cvtph_ps(_mm_loadu_si128(x.add(SCALES_AT + 16 * h) as *const __m128i));
+        }
+    }
+    blk
+}
+
+macro_rules! entry {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $q51:literal, $vnni:literal) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(
+            n: usize,
+            w: *const u8,
+            row_bytes: usize,
+            rows: usize,
+            a: *const u8,
+            a_stride: usize,
+            m: usize,
+            y: *mut f32,
+            y_stride: usize,
+        ) {
+            rows16::<$q51, $vnni>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
+        }
+    };
+}
+
+entry!(
+    /// `rows` (a multiple of 16) Q5_0 rows in the sliced lanes16 layout × `m`
+    /// Q8_0 activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride +
+    /// r] = row r · act j`, each equal to `quant::q5_0::vec_dot`.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C CPU; `w` holds `rows / 16` groups of `row_bytes` per row
+    /// (`n` a multiple of 32); `a` holds `m` Q8_0 rows of `n` values
+    /// `a_stride` bytes apart; `y` valid for the writes.
+    rows16_q5_0, "avx2,fma,f16c", false, false
+);
+entry!(
+    /// [`rows16_q5_0`] with AVX-VNNI (`vpdpbusd`), equal bit for bit.
+    ///
+    /// # Safety
+    /// As [`rows16_q5_0`], and the CPU has AVX-VNNI.
+    rows16_q5_0_vnni, "avx2,fma,f16c,avxvnni", false, true
+);
+entry!(
+    /// `rows` Q5_1 rows in the sliced lanes16 layout × `m` Q8_1 activation
+    /// rows, each equal to `quant::q5_1::vec_dot` (as [`rows16_q5_0`]).
+    ///
+    /// # Safety
+    /// As [`rows16_q5_0`], with Q8_1 activations.
+    rows16_q5_1, "avx2,fma,f16c", true, false
+);
+entry!(
+    /// [`rows16_q5_1`] with AVX-VNNI, equal bit for bit.
+    ///
+    /// # Safety
+    /// As [`rows16_q5_1`], and the CPU has AVX-VNNI.
+    rows16_q5_1_vnni, "avx2,fma,f16c,avxvnni", true, true
+);
+
+/// The body of the four kernels.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows16<const Q51: bool, const V: bool>(
+    n: usize,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    y: *mut f32,
+    y_stride: usize,
+) {
+    debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(32));
+    let nb = n / 32;
+    let (ab, codes_at) = act_geometry(Q51);
+    // The thread's buffers are taken out of their cells for the call: no
+    // closure around the kernel code (it would not get the target features).
+    let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let (mut act_d, mut act_x) = ACT.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    act_d.clear();
+    act_x.clear();
+    for j in 0..m {
+        for b in 0..nb {
+            let yb = a.add(j * a_stride + b * ab);
+            act_d.push(f16_at(yb));
+            act_x.push(if Q51 { f16_at(yb.add(2)).to_bits() as i32 } else { 16 * code_sum(yb.add(codes_at)) });
+        }
+    }
+    for g in 0..rows / ROWS {
+        let gw = w.add(g * ROWS * row_bytes);
+        let yg = y.add(g * ROWS);
+        if m <= ACTS {
+            match m {
+                1 => tile::<1, Q51, V>(nb, gw, a, a_stride, &act_d, &act_x, yg, y_stride),
+                _ => tile::<ACTS, Q51, V>(nb, gw, a, a_stride, &act_d, &act_x, yg, y_stride),
+            }
+            continue;
+        }
+        scratch.clear();
+        for b in 0..nb {
+            scratch.push(decode::<Q51>(gw, b));
+        }
+        let mut j = 0;
+        while j < m {
+            let take = (m - j).min(TILE_ACTS);
+            let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride));
+            let (dj, xj) = (&act_d[j * nb..], &act_x[j * nb..]);
+            match take {
+                1 => tile_decoded::<1, Q51, V>(&scratch, aj, a_stride, dj, xj, yj, y_stride),
+                2 => tile_decoded::<2, Q51, V>(&scratch, aj, a_stride, dj, xj, yj, y_stride),
+                3 => tile_decoded::<3, Q51, V>(&scratch, aj, a_stride, dj, xj, yj, y_stride),
+                _ => tile_decoded::<TILE_ACTS, Q51, V>(&scratch, aj, a_stride, dj, xj, yj, y_stride),
+            }
+            j += take;
+        }
+    }
+    SCRATCH.with(|c| *c.borrow_mut() = scratch);
+    ACT.with(|c| *c.borrow_mut() = (act_d, act_x));
+}
+
+/// The f16 at `p` as f32.
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)))
+}
+
+/// `acc + Σ w·y` over four values of each lane: `q` unsigned 5-bit codes,
+/// `yq` four activation bytes in every lane.
+#[inline(always)]
+unsafe fn product<const V: bool>(acc: __m256i, q: __m256i, yq: __m256i) -> __m256i {
+    if V {
+        _mm256_dpbusd_avx_epi32(acc, q, yq)
+    } else {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, yq), _mm256_set1_epi16(1)))
+    }
+}
+
+/// One group of sixteen rows at `gw` × `J` activation rows, decoding each
+/// block as it goes.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const J: usize, const Q51: bool, const V: bool>(
+    nb: usize,
+    gw: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    act_d: &[f32],
+    act_x: &[i32],
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let mut sums = [[_mm256_setzero_ps(); 2]; J];
+    for b in 0..nb {
+        block_step::<J, Q51, V>(&decode::<Q51>(gw, b), b, nb, a, a_stride, act_d, act_x, &mut sums);
+    }
+    store_sums(&sums, y, y_stride);
+}
+
+/// [`tile`] over a group's blocks decoded once (larger batches).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_decoded<const J: usize, const Q51: bool, const V: bool>(
+    blocks: &[Block],
+    a: *const u8,
+    a_stride: usize,
+    act_d: &[f32],
+    act_x: &[i32],
+    y: *mut f32,
+    y_stride: usize,
+) {
+    let mut sums = [[_mm256_setzero_ps(); 2]; J];
+    for (b, blk) in blocks.iter().enumerate() {
+        block_step::<J, Q51, V>(blk, b, blocks.len(), a, a_stride, act_d, act_x, &mut sums);
+    }
+    store_sums(&sums, y, y_stride);
+}
+
+/// Block `b` (of `nb`) of a group, decoded, × `J` activation rows into
+/// `sums[j][h]` (rows `8h..8h + 8`): each activation broadcast feeds both
+/// halves' products, then one float step per half and activation row.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_step<const J: usize, const Q51: bool, const V: bool>(
+    blk: &Block,
+    b: usize,
+    nb: usize,
+    a: *const u8,
+    a_stride: usize,
+    act_d: &[f32],
+    act_x: &[i32],
+    sums: &mut [[__m256; 2]; J],
+) {
+    let (ab, codes_at) = act_geometry(Q51);
+    let mut acc = [[_mm256_setzero_si256(); 2]; J];
+    for v in 0..8 {
+        // Values 4v.. (v < 4) or 16 + 4(v − 4).. (v ≥ 4) of the block.
+        let at = if v < 4 { 4 * v } else { 16 + 4 * (v - 4) };
+        for (j, acc_j) in acc.iter_mut().enumerate() {
+            let yq = bcast4(a.add(j * a_stride + b * ab + codes_at + at));
+            for (h, acc_jh) in acc_j.iter_mut().enumerate() {
+                *acc_jh = product::<V>(*acc_jh, blk.q[h][v], yq);
+            }
+        }
+    }
+    for (j, sum) in sums.iter_mut().enumerate() {
+        let at = j * nb + b;
+        let da = _mm256_set1_ps(*act_d.get_unchecked(at));
+        let x = *act_x.get_unchecked(at);
+        for h in 0..2 {
+            let dd = _mm256_mul_ps(blk.d[h], da);
+            let step = if Q51 {
+                let ms = _mm256_mul_ps(blk.m[h], _mm256_set1_ps(f32::from_bits(x as u32)));
+                _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[j][h]), dd), ms)
+            } else {
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[j][h], _mm256_set1_epi32(x))), dd)
+            };
+            sum[h] = _mm256_add_ps(sum[h], step);
+        }
+    }
+}
+
+/// Each activation row's sixteen sums to `y` (row `j` at `j·y_stride`).
+#[inline(always)]
+unsafe fn store_sums<const J: usize>(sums: &[[__m256; 2]; J], y: *mut f32, y_stride: usize) {
+    for (j, s) in sums.iter().enumerate() {
+        _mm256_storeu_ps(y.add(j * y_stride), s[0]);
+        _mm256_storeu_ps(y.add(j * y_stride + 8), s[1]);
+    }
+}
