@@ -237,7 +237,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             rows: &[],
-            gemm: &[],
+            gemm: GEMM_32_AVX2,
             packing: None,
         },
         avx512: x86! {
@@ -342,7 +342,7 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[],
             rows16_all_m: false,
             rows: &[],
-            gemm: &[],
+            gemm: GEMM_32_AVX2,
             packing: None,
         },
         avx512: x86! {

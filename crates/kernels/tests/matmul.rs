@@ -493,36 +493,55 @@ fn prefill_gemm_matches_reference() {
     }
 }
 
-/// Q5_0's AVX2 prefill GEMM (shared with IQ4_NL) equals the scalar reference
-/// bit for bit: batches of 32 and more, row counts that leave partial row
-/// groups, one and two threads, and a mixed call with an IQ4_NL weight.
+/// The AVX2 32-value prefill GEMM (`avx2_gemm_32`) equals the scalar
+/// reference bit for bit for Q5_0, Q4_0 and Q8_0 (with −128 codes): batches
+/// of 32 and more, row counts that leave partial row groups, one and two
+/// threads, a mixed call with an IQ4_NL weight, and Q4_0/Q8_0 in their
+/// packed four-row layout, which the GEMM reads back.
 #[test]
-fn avx2_q5_0_gemm_matches_reference_exactly() {
+fn avx2_gemm_32_matches_reference_exactly() {
     use shardlm_kernels::matmul::matmul_many_isa;
     if !isa::available().contains(&Isa::Avx2) {
         return;
     }
     let mut rng = rng(17);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    for &(rows, cols) in &[(37usize, 96usize), (8, 576), (21, 32)] {
-        let w = random_weight(&mut rng, DType::Q5_0, rows, cols);
-        let wm = MatRef::new(DType::Q5_0, rows, cols, &w).unwrap();
-        let w2 = random_weight(&mut rng, DType::IQ4_NL, 9, cols);
-        let wm2 = MatRef::new(DType::IQ4_NL, 9, cols, &w2).unwrap();
-        for m in [32usize, 47, 100] {
-            let x = random_acts(&mut rng, m * cols);
-            let (mut want, mut want2) = (vec![0f32; m * rows], vec![0f32; m * 9]);
-            matmul_reference(wm, &x, m, &mut want);
-            matmul_reference(wm2, &x, m, &mut want2);
-            for pool in &pools {
-                let what = format!("Q5_0 avx2 {rows}x{cols} m={m} threads={}", pool.n_threads());
-                let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * 9]);
-                let mut scratch = MatmulScratch::default();
-                matmul_many_isa(Isa::Avx2, pool, &[wm, wm2], &x, m, &mut [&mut a, &mut b], &mut scratch);
-                let differ = a.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-                assert_eq!(differ, 0, "{what}: {differ} outputs differ from the scalar reference");
-                let differ = b.iter().zip(&want2).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-                assert_eq!(differ, 0, "{what}: the IQ4_NL weight of the same call");
+    for dtype in [DType::Q5_0, DType::Q4_0, DType::Q8_0] {
+        for &(rows, cols) in &[(37usize, 96usize), (8, 576), (21, 32)] {
+            let mut w = random_weight(&mut rng, dtype, rows, cols);
+            if dtype == DType::Q8_0 {
+                // The first code of every row's first block: −128.
+                for r in 0..rows {
+                    w[r * cols / 32 * 34 + 2] = 0x80;
+                }
+            }
+            let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
+            let pw = shardlm_kernels::packed::packable(dtype, rows, cols)
+                .then(|| shardlm_kernels::packed::pack(dtype, rows, cols, &w));
+            let w2 = random_weight(&mut rng, DType::IQ4_NL, 9, cols);
+            let wm2 = MatRef::new(DType::IQ4_NL, 9, cols, &w2).unwrap();
+            for m in [32usize, 47, 100] {
+                let x = random_acts(&mut rng, m * cols);
+                let (mut want, mut want2) = (vec![0f32; m * rows], vec![0f32; m * 9]);
+                matmul_reference(wm, &x, m, &mut want);
+                matmul_reference(wm2, &x, m, &mut want2);
+                for pool in &pools {
+                    let what = format!("{dtype} avx2 {rows}x{cols} m={m} threads={}", pool.n_threads());
+                    let (mut a, mut b) = (vec![f32::NAN; m * rows], vec![f32::NAN; m * 9]);
+                    let mut scratch = MatmulScratch::default();
+                    matmul_many_isa(Isa::Avx2, pool, &[wm, wm2], &x, m, &mut [&mut a, &mut b], &mut scratch);
+                    let differ = a.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                    assert_eq!(differ, 0, "{what}: {differ} outputs differ from the scalar reference");
+                    let differ = b.iter().zip(&want2).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                    assert_eq!(differ, 0, "{what}: the IQ4_NL weight of the same call");
+                    if let (Some(pw), false) = (&pw, dtype == DType::Q5_0) {
+                        let pm = MatRef::new_packed(dtype, rows, cols, pw).unwrap();
+                        let mut p = vec![f32::NAN; m * rows];
+                        matmul_isa(Isa::Avx2, pool, pm, &x, m, &mut p, &mut scratch);
+                        let differ = p.iter().zip(&want).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                        assert_eq!(differ, 0, "{what}: {differ} outputs of the packed weight differ");
+                    }
+                }
             }
         }
     }

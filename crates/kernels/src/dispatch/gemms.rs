@@ -23,6 +23,6 @@ pub(super) const GEMM_K_AVX2_GRID: Choice<Gemm> =
     &[(Base, Gemm { name: "avx2_gemm_k", run: avx2_gemm_k::matmul, min_m: avx2_gemm_k::MIN_M_GRID, exact: true })];
 
 /// The AVX2 lane GEMM of the 32-value types with signed codes and Q8_0
-/// activations (IQ4_NL, Q5_0): exact.
+/// activations (IQ4_NL, Q5_0, Q4_0, Q8_0): exact.
 pub(super) const GEMM_32_AVX2: Choice<Gemm> =
     &[(Base, Gemm { name: "avx2_gemm_32", run: avx2_gemm_32::matmul, min_m: avx2_gemm_32::MIN_M, exact: true })];

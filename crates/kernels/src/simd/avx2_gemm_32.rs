@@ -1,5 +1,5 @@
 //! AVX2 prefill GEMM for the 32-value types whose blocks are one scale and
-//! 32 signed codes against Q8_0 activations (IQ4_NL, Q5_0), with eight
+//! 32 signed codes against Q8_0 activations (IQ4_NL, Q5_0, Q4_0, Q8_0), with eight
 //! activation rows in the vector lanes: the AVX2 counterpart of what
 //! [`super::avx512_gemm`] does for the 32-value types at AVX-512.
 //!
@@ -97,6 +97,16 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, q: &mut [i8], d: &mu
                     let high = _mm256_and_si256(super::gemm_lowk::sign_mask32(qh), _mm256_set1_epi8(0x10));
                     _mm256_sub_epi8(_mm256_or_si256(nib, high), _mm256_set1_epi8(16))
                 }
+                DType::Q4_0 => {
+                    // [d, qs[16]]: value j < 16 the low nibble of qs[j], value
+                    // j + 16 its high nibble; minus 8.
+                    let v = _mm_loadu_si128(x.add(2) as *const __m128i);
+                    let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), low), _mm_and_si128(v, low));
+                    _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
+                }
+                // [d, qs[32]]: the codes as they are. A −128 works too: its
+                // `vpabsb` is 0x80, which `vpmaddubsw` reads as 128.
+                DType::Q8_0 => _mm256_loadu_si256(x.add(2) as *const __m256i),
                 _ => {
                     // IQ4_NL [d, qs[16]]: values 0..16 are the low nibbles'
                     // codebook entries, 16..32 the high ones'.
@@ -178,10 +188,10 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
 
 /// Whether this GEMM reads `dtype`.
 pub fn takes(dtype: DType) -> bool {
-    matches!(dtype, DType::IQ4_NL | DType::Q5_0)
+    matches!(dtype, DType::IQ4_NL | DType::Q5_0 | DType::Q4_0 | DType::Q8_0)
 }
 
-/// `ys[k] = x · ws[k]ᵀ` for IQ4_NL and Q5_0 weights (mixed freely),
+/// `ys[k] = x · ws[k]ᵀ` for IQ4_NL, Q5_0, Q4_0 and Q8_0 weights (mixed freely),
 /// `a` the `m` Q8_0 activation rows
 /// (`a_stride` bytes apart), `act` a reusable buffer.
 ///
