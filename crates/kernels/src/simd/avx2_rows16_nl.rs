@@ -364,7 +364,7 @@ unsafe fn block_step<const J: usize, const V: bool>(
 
 /// Each activation row's sixteen sums to `y` (row `j` at `j·y_stride`).
 #[inline(always)]
-unsafe fn store_sums<const J: usize>(sums: &[[__m256; 2]; J], y: *mut f32, y_stride: usize) {
+pub(super) unsafe fn store_sums<const J: usize>(sums: &[[__m256; 2]; J], y: *mut f32, y_stride: usize) {
     for (j, s) in sums.iter().enumerate() {
         _mm256_storeu_ps(y.add(j * y_stride), s[0]);
         _mm256_storeu_ps(y.add(j * y_stride + 8), s[1]);

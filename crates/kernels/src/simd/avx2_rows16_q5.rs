@@ -47,7 +47,7 @@
 //! size.
 
 use super::avx2_rows16_k::bcast4;
-use super::avx2_rows16_nl::code_sum;
+use super::avx2_rows16_nl::{code_sum, store_sums};
 use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
 use std::arch::x86_64::*;
 
@@ -265,17 +265,6 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)))
 }
 
-/// `acc + Σ w·y` over four values of each lane: `q` unsigned 5-bit codes,
-/// `yq` four activation bytes in every lane.
-#[inline(always)]
-unsafe fn product<const V: bool>(acc: __m256i, q: __m256i, yq: __m256i) -> __m256i {
-    if V {
-        _mm256_dpbusd_avx_epi32(acc, q, yq)
-    } else {
-        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, yq), _mm256_set1_epi16(1)))
-    }
-}
-
 /// One group of sixteen rows at `gw` × `J` activation rows, decoding each
 /// block as it goes.
 #[inline(always)]
@@ -332,14 +321,28 @@ unsafe fn block_step<const J: usize, const Q51: bool, const V: bool>(
     sums: &mut [[__m256; 2]; J],
 ) {
     let (ab, codes_at) = act_geometry(Q51);
-    let mut acc = [[_mm256_setzero_si256(); 2]; J];
+    // Without VNNI the `vpmaddubsw` pairs (at most 2·31·128) of four
+    // vectors add up in i16 (under 2¹⁵) before one `vpmaddwd`.
+    let (mut acc, mut acc16) = ([[_mm256_setzero_si256(); 2]; J], [[_mm256_setzero_si256(); 2]; J]);
     for v in 0..8 {
         // Values 4v.. (v < 4) or 16 + 4(v − 4).. (v ≥ 4) of the block.
         let at = if v < 4 { 4 * v } else { 16 + 4 * (v - 4) };
-        for (j, acc_j) in acc.iter_mut().enumerate() {
+        for j in 0..J {
             let yq = bcast4(a.add(j * a_stride + b * ab + codes_at + at));
-            for (h, acc_jh) in acc_j.iter_mut().enumerate() {
-                *acc_jh = product::<V>(*acc_jh, blk.q[h][v], yq);
+            for h in 0..2 {
+                if V {
+                    acc[j][h] = _mm256_dpbusd_avx_epi32(acc[j][h], blk.q[h][v], yq);
+                } else {
+                    acc16[j][h] = _mm256_add_epi16(acc16[j][h], _mm256_maddubs_epi16(blk.q[h][v], yq));
+                }
+            }
+        }
+        if !V && v % 4 == 3 {
+            for j in 0..J {
+                for h in 0..2 {
+                    acc[j][h] = _mm256_add_epi32(acc[j][h], _mm256_madd_epi16(acc16[j][h], _mm256_set1_epi16(1)));
+                    acc16[j][h] = _mm256_setzero_si256();
+                }
             }
         }
     }
@@ -357,14 +360,5 @@ unsafe fn block_step<const J: usize, const Q51: bool, const V: bool>(
             };
             sum[h] = _mm256_add_ps(sum[h], step);
         }
-    }
-}
-
-/// Each activation row's sixteen sums to `y` (row `j` at `j·y_stride`).
-#[inline(always)]
-unsafe fn store_sums<const J: usize>(sums: &[[__m256; 2]; J], y: *mut f32, y_stride: usize) {
-    for (j, s) in sums.iter().enumerate() {
-        _mm256_storeu_ps(y.add(j * y_stride), s[0]);
-        _mm256_storeu_ps(y.add(j * y_stride + 8), s[1]);
     }
 }
