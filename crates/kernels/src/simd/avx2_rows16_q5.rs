@@ -29,10 +29,11 @@
 //! each byte would need its own bit: a compare per vector.
 //!
 //! Products: the 5-bit codes are unsigned (0..31), so `vpmaddubsw` takes
-//! them against the signed activations directly (pairs ≤ 2·31·127 < 2¹⁵)
-//! and `vpmaddwd` with ones widens each row's four products into its lane;
-//! with AVX-VNNI one `vpdpbusd`. Q5_0's `−16` comes out once per block and
-//! activation row as `16·Σy` (exact).
+//! them against the signed activations directly (pairs ≤ 2·31·128), four
+//! code vectors' pairs add up in i16 (< 2¹⁵) and one `vpmaddwd` with ones
+//! widens them into each row's lane (1.33× at m = 8 against widening every
+//! vector); with AVX-VNNI one `vpdpbusd` a vector. Q5_0's `−16` comes out
+//! once per block and activation row as `16·Σy` (exact).
 //!
 //! Batches above `ACTS` rows decode a group's blocks once into a thread-local
 //! scratch (1 KiB a block) that tiles of `TILE_ACTS` activation rows read.
