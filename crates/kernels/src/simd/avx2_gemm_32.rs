@@ -15,14 +15,25 @@
 //! Layouts:
 //! * activations, per group of 8 rows and per 32-value block
 //!   ([`GROUP_BLOCK`] bytes): 8 position groups of 4 values × 8 lanes
-//!   (32 bytes each, lane = row), then the 8 rows' `d` as f32;
-//! * decoded weights, per row: `cols` signed codes (−127..113) and one f32
-//!   `d` per block.
+//!   (32 bytes each, lane = row), then the 8 rows' `d` as f32, then their
+//!   code sums `Σ a` as i32;
+//! * decoded weights, per row: `cols` codes (signed −127..127, or Q4_0's
+//!   and Q5_0's unsigned ones) and one f32 `d` per block.
 //!
-//! Products: the codes are signed, so `vpmaddubsw` takes `|w|` and the
-//! activations with `w`'s sign (`vpsignb`; Q8_0 activation codes are
-//! −127..127, so no negation wraps, and a pair is at most 2·127·127 < 2¹⁵),
-//! then `vpmaddwd` with ones into i32.
+//! Products, two ways:
+//! * Q4_0 and Q5_0 keep their codes unsigned (`n`, 0..15 or 0..31) and
+//!   take the offset out afterwards: `Σ (n − o)·a = Σ n·a − o·Σ a`, with
+//!   `Σ a` of each activation block laid out beside its codes. `vpmaddubsw`
+//!   reads `n` as it is, so a step is one `vpmaddubsw` and one i16 add; the
+//!   pairs of a block add up in i16 before one `vpmaddwd` (Q4_0: eight
+//!   steps, at most 8·2·15·127 = 30480 < 2¹⁵; Q5_0: two sums of four,
+//!   4·2·31·127 = 31496). Before, every step also took a `vpabsb`, a
+//!   `vpsignb` and a `vpmaddwd`: five vector µops for 32 products, now two.
+//! * IQ4_NL's and Q8_0's codes span most of i8, where an offset would
+//!   overflow the pairs: `vpmaddubsw` takes `|w|` and the activations with
+//!   `w`'s sign (`vpsignb`; Q8_0 activation codes are −127..127, so no
+//!   negation wraps, and a pair is at most 2·127·127 < 2¹⁵), then `vpmaddwd`
+//!   with ones into i32.
 //!
 //! Numerics: a block's integer sum is exact and its float step is the scalar
 //! reference's, `(d_a·d)·isum` added block by block (the two references
@@ -42,9 +53,11 @@ pub const MIN_M: usize = 32;
 const UNIT_ROWS: usize = 16;
 /// Activation rows per group (the vector lanes).
 const LANES: usize = 8;
-/// Bytes of one block of one activation group: 8 × 32 quant bytes, 8 f32 `d`.
-const GROUP_BLOCK: usize = 256 + 32;
+/// Bytes of one block of one activation group: 8 × 32 quant bytes, 8 f32
+/// `d`, 8 i32 code sums.
+const GROUP_BLOCK: usize = 256 + 32 + 32;
 const D_AT: usize = 256;
+const SUM_AT: usize = 288;
 /// Q8_0 activation block bytes.
 const A_BYTES: usize = 34;
 
@@ -68,6 +81,8 @@ fn act_group(a: &[u8], a_stride: usize, m: usize, nb: usize, g: usize, dst: &mut
             }
             let d = half::f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
             dst[D_AT + lane * 4..D_AT + lane * 4 + 4].copy_from_slice(&d.to_le_bytes());
+            let sum: i32 = blk[2..A_BYTES].iter().map(|&c| c as i8 as i32).sum();
+            dst[SUM_AT + lane * 4..SUM_AT + lane * 4 + 4].copy_from_slice(&sum.to_le_bytes());
         }
     }
 }
@@ -95,14 +110,14 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, q: &mut [i8], d: &mu
                     let v = _mm_loadu_si128(x.add(6) as *const __m128i);
                     let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), low), _mm_and_si128(v, low));
                     let high = _mm256_and_si256(super::gemm_lowk::sign_mask32(qh), _mm256_set1_epi8(0x10));
-                    _mm256_sub_epi8(_mm256_or_si256(nib, high), _mm256_set1_epi8(16))
+                    // Unsigned: the −16 is taken out with the block's Σ a.
+                    _mm256_or_si256(nib, high)
                 }
                 DType::Q4_0 => {
                     // [d, qs[16]]: value j < 16 the low nibble of qs[j], value
-                    // j + 16 its high nibble; minus 8.
+                    // j + 16 its high nibble (unsigned: the −8 as for Q5_0).
                     let v = _mm_loadu_si128(x.add(2) as *const __m128i);
-                    let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), low), _mm_and_si128(v, low));
-                    _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
+                    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), low), _mm_and_si128(v, low))
                 }
                 // [d, qs[32]]: the codes as they are. A −128 works too: its
                 // `vpabsb` is 0x80, which `vpmaddubsw` reads as 128.
@@ -121,30 +136,78 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, q: &mut [i8], d: &mu
     }
 }
 
+/// How a type's decoded codes meet the activations: `(OFF, STEPS)` for
+/// [`block_isums`] — Q4_0 and Q5_0 unsigned with their offsets, the rest
+/// signed (`OFF` 0).
+fn codes_of(dtype: DType) -> (i32, usize) {
+    match dtype {
+        DType::Q4_0 => (8, 8),
+        DType::Q5_0 => (16, 4),
+        _ => (0, 8),
+    }
+}
+
+/// The integer sums of block `b` (at `blk`) of `R` decoded rows: lane `l` of
+/// `acc[r]` is row `r`'s codes against activation row `l`'s. `OFF` 0: the
+/// codes are signed; else unsigned, less `OFF`, their i16 pairs added over
+/// `STEPS` steps before each `vpmaddwd`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block_isums<const R: usize, const OFF: i32, const STEPS: usize>(
+    cols: usize,
+    q: *const i8,
+    b: usize,
+    blk: *const u8,
+) -> [__m256i; R] {
+    let ones = _mm256_set1_epi16(1);
+    let w_at =
+        |r: usize, p: usize| _mm256_set1_epi32((q.add(r * cols + 32 * b + 4 * p) as *const i32).read_unaligned());
+    let mut acc = [_mm256_setzero_si256(); R];
+    if OFF == 0 {
+        for p in 0..8 {
+            let a = _mm256_loadu_si256(blk.add(p * 32) as *const __m256i);
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let w = w_at(r, p);
+                let p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+                *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(p16, ones));
+            }
+        }
+        return acc;
+    }
+    for p0 in (0..8).step_by(STEPS) {
+        let mut s16 = [_mm256_setzero_si256(); R];
+        for p in p0..p0 + STEPS {
+            let a = _mm256_loadu_si256(blk.add(p * 32) as *const __m256i);
+            for (r, s) in s16.iter_mut().enumerate() {
+                *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w_at(r, p), a));
+            }
+        }
+        for (acc_r, s) in acc.iter_mut().zip(s16) {
+            *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(s, ones));
+        }
+    }
+    let off = _mm256_mullo_epi32(_mm256_loadu_si256(blk.add(SUM_AT) as *const __m256i), _mm256_set1_epi32(OFF));
+    for acc_r in acc.iter_mut() {
+        *acc_r = _mm256_sub_epi32(*acc_r, off);
+    }
+    acc
+}
+
 /// `R` decoded rows × one activation group: lane `l` of `out[r]` is row `r`
 /// against activation row `l`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn rows_x_group<const R: usize>(
+unsafe fn rows_x_group<const R: usize, const OFF: i32, const STEPS: usize>(
     nb: usize,
     cols: usize,
     q: *const i8,
     d: *const f32,
     act: *const u8,
 ) -> [__m256; R] {
-    let ones = _mm256_set1_epi16(1);
     let mut accf = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         let blk = act.add(b * GROUP_BLOCK);
-        let mut acc = [_mm256_setzero_si256(); R];
-        for p in 0..8 {
-            let a = _mm256_loadu_si256(blk.add(p * 32) as *const __m256i);
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let w = _mm256_set1_epi32((q.add(r * cols + 32 * b + 4 * p) as *const i32).read_unaligned());
-                let p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
-                *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(p16, ones));
-            }
-        }
+        let acc = block_isums::<R, OFF, STEPS>(cols, q, b, blk);
         let da = _mm256_loadu_ps(blk.add(D_AT) as *const f32);
         for r in 0..R {
             // The scalar reference's `d_a · d · isum`, in its order (no FMA).
@@ -164,26 +227,47 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         q.resize(UNIT_ROWS * w.cols, 0);
         d.resize(UNIT_ROWS * nb, 0.0);
         decode_rows(w, r0, r1, q, d, buf);
-        let n = r1 - r0;
-        for g in 0..m.div_ceil(LANES) {
-            let lanes = (m - g * LANES).min(LANES);
-            let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
-            let yg = y.add(g * LANES * w.rows);
-            let mut k = 0;
-            while k + 4 <= n {
-                let out = rows_x_group::<4>(nb, w.cols, q.as_ptr().add(k * w.cols), d.as_ptr().add(k * nb), ag);
-                for (j, v) in out.into_iter().enumerate() {
-                    store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
-                }
-                k += 4;
-            }
-            while k < n {
-                let out = rows_x_group::<1>(nb, w.cols, q.as_ptr().add(k * w.cols), d.as_ptr().add(k * nb), ag);
-                store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
-                k += 1;
-            }
+        match codes_of(w.dtype) {
+            (8, 8) => groups::<8, 8>(w, r0, r1, act, m, y, q, d),
+            (16, 4) => groups::<16, 4>(w, r0, r1, act, m, y, q, d),
+            _ => groups::<0, 8>(w, r0, r1, act, m, y, q, d),
         }
     });
+}
+
+/// Decoded rows `r0..r1` (`q`, `d`) against every activation group, into
+/// `y` ([`block_isums`]' `OFF` and `STEPS`).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn groups<const OFF: i32, const STEPS: usize>(
+    w: &MatRef<'_>,
+    r0: usize,
+    r1: usize,
+    act: &[u8],
+    m: usize,
+    y: *mut f32,
+    q: &[i8],
+    d: &[f32],
+) {
+    let (n, nb) = (r1 - r0, w.cols / 32);
+    for g in 0..m.div_ceil(LANES) {
+        let lanes = (m - g * LANES).min(LANES);
+        let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
+        let yg = y.add(g * LANES * w.rows);
+        let mut k = 0;
+        while k + 4 <= n {
+            let out = rows_x_group::<4, OFF, STEPS>(nb, w.cols, q.as_ptr().add(k * w.cols), d.as_ptr().add(k * nb), ag);
+            for (j, v) in out.into_iter().enumerate() {
+                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
+            }
+            k += 4;
+        }
+        while k < n {
+            let out = rows_x_group::<1, OFF, STEPS>(nb, w.cols, q.as_ptr().add(k * w.cols), d.as_ptr().add(k * nb), ag);
+            store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
+            k += 1;
+        }
+    }
 }
 
 /// Whether this GEMM reads `dtype`.
