@@ -5,9 +5,9 @@
 //!
 //! Differences: groups of 8 activation rows (position group `p` is 32 bytes),
 //! and without `vpdpbusd` each 4-position product sum is `vpmaddubsw` (u8 × i8
-//! pairs to i16; two position groups are added in i16 before `vpmaddwd` widens
-//! them: at most 2·2·63·127 = 32004 for Q6_K's 6-bit codes, 2·2·45·127 for
-//! Q2_K's scale-folded ones, so nothing saturates) and the `bsums` pairs meet the weights' `c` pairs in one
+//! pairs to i16; position groups are added in i16 before `vpmaddwd` widens
+//! them: at most 2·2·63·127 = 32004 for two of Q6_K's 6-bit codes, 2·2·45·127 for
+//! Q2_K's scale-folded ones, 8·2·15·127 for eight of Q4_K's, so nothing saturates) and the `bsums` pairs meet the weights' `c` pairs in one
 //! `vpmaddwd` each. IQ4_XS's codes (−127..113) take the sign trick instead
 //! (see [`super::gemm_lowk`]). The grid I-quants' signed codes are offset to
 //! unsigned ones: by 16 for IQ3_S (magnitudes ≤ 15) and IQ1_S/IQ1_M
@@ -18,6 +18,14 @@
 //! 1.1B prefill at 0.81–0.93× llama.cpp's AVX2 build (IQ3_S at 0.83× before
 //! its offset); offset, pp256 rose 1.34–1.9× (IQ1_S 80 → 150 tok/s, IQ2_XS
 //! 82 → 110, IQ2_XXS 84 → 119, IQ3_XXS 90 → 127).
+//!
+//! The i16 sums widen in a `vpmaddwd` against the sub-block's scale in
+//! every word, not against ones and then a `vpmulld` a sub-block, and as
+//! many position groups add up in i16 first as the codes allow (`STEPS`:
+//! Q4_K eight, a whole sub-block; Q5_K, IQ3_S and the IQ1 types four, and
+//! Q3_K's four, its whole sub-block of 16; Q6_K and Q2_K two). Measured (`bench_matmul 2 256`, the Zen 3 VM, two or
+//! three alternating pairs): Q4_K 1.04×, Q5_K 1.07×, Q6_K 1.04×, IQ3_S
+//! 1.18×, IQ4_XS 1.05×, Q2_K unchanged.
 //!
 //! Numerics: as the AVX-512 one, every integer sum is exact and the float
 //! steps are the scalar reference's, so results equal `matmul_reference` bit
@@ -241,56 +249,55 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, d: &mut Decoded) {
 /// most 2·127·127 = 32258), no `msum`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const MODE: u8>(
+unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const MODE: u8, const STEPS: usize>(
     nb: usize,
     cols: usize,
     q: *const u8,
     s: *const Scales,
     act: *const u8,
 ) -> [__m256; R] {
-    let ones = _mm256_set1_epi16(1);
     let mut accf = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         let blk = act.add(b * GROUP_BLOCK);
         let mut isum = [_mm256_setzero_si256(); R];
         for j in 0..256 / SUB {
-            let mut acc = [_mm256_setzero_si256(); R];
+            // Sub-block j's scale in every word: `vpmaddwd` widens the i16
+            // sums and scales them in one µop (no `vpmulld` a sub-block).
+            let sc = |r: usize| _mm256_set1_epi16((*s.add(r * nb + b)).sc[j] as i16);
             if MODE == SINGLE {
                 for p in 0..SUB / 4 {
                     let pos = j * SUB + 4 * p;
                     let a = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
-                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                    for (r, is) in isum.iter_mut().enumerate() {
                         let w = _mm256_set1_epi32((q.add(r * cols + b * 256 + pos) as *const i32).read_unaligned());
-                        *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones));
+                        *is = _mm256_add_epi32(*is, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), sc(r)));
                     }
                 }
             } else if MODE == SIGNED {
                 for p in 0..SUB / 4 {
                     let pos = j * SUB + 4 * p;
                     let a = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
-                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                    for (r, is) in isum.iter_mut().enumerate() {
                         let w = _mm256_set1_epi32((q.add(r * cols + b * 256 + pos) as *const i32).read_unaligned());
                         let p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
-                        *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(p16, ones));
+                        *is = _mm256_add_epi32(*is, _mm256_madd_epi16(p16, sc(r)));
                     }
                 }
             } else {
-                for p in (0..SUB / 4).step_by(2) {
-                    let pos = j * SUB + 4 * p;
-                    let a0 = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
-                    let a1 = _mm256_loadu_si256(blk.add(pos * 8 + 32) as *const __m256i);
-                    for (r, acc_r) in acc.iter_mut().enumerate() {
-                        let wp = q.add(r * cols + b * 256 + pos);
-                        let w0 = _mm256_set1_epi32((wp as *const i32).read_unaligned());
-                        let w1 = _mm256_set1_epi32((wp.add(4) as *const i32).read_unaligned());
-                        let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, a0), _mm256_maddubs_epi16(w1, a1));
-                        *acc_r = _mm256_add_epi32(*acc_r, _mm256_madd_epi16(p16, ones));
+                for p0 in (0..SUB / 4).step_by(STEPS) {
+                    let mut s16 = [_mm256_setzero_si256(); R];
+                    for p in p0..p0 + STEPS {
+                        let pos = j * SUB + 4 * p;
+                        let a = _mm256_loadu_si256(blk.add(pos * 8) as *const __m256i);
+                        for (r, s16_r) in s16.iter_mut().enumerate() {
+                            let w = _mm256_set1_epi32((q.add(r * cols + b * 256 + pos) as *const i32).read_unaligned());
+                            *s16_r = _mm256_add_epi16(*s16_r, _mm256_maddubs_epi16(w, a));
+                        }
+                    }
+                    for (r, is) in isum.iter_mut().enumerate() {
+                        *is = _mm256_add_epi32(*is, _mm256_madd_epi16(s16[r], sc(r)));
                     }
                 }
-            }
-            for r in 0..R {
-                let sc = _mm256_set1_epi32((*s.add(r * nb + b)).sc[j]);
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(acc[r], sc));
             }
         }
         let mut msum = [_mm256_setzero_si256(); R];
@@ -321,7 +328,7 @@ unsafe fn rows_x_group<const R: usize, const SUB: usize, const MINS: bool, const
 
 /// The decoded rows `r0..r1` × every activation group, into `y`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unit_groups<const SUB: usize, const MINS: bool, const MODE: u8>(
+unsafe fn unit_groups<const SUB: usize, const MINS: bool, const MODE: u8, const STEPS: usize>(
     w: &MatRef<'_>,
     r0: usize,
     r1: usize,
@@ -339,14 +346,14 @@ unsafe fn unit_groups<const SUB: usize, const MINS: bool, const MODE: u8>(
         let yg = y.add(g * LANES * w.rows);
         let mut k = 0;
         while k + 4 <= n {
-            let out = rows_x_group::<4, SUB, MINS, MODE>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            let out = rows_x_group::<4, SUB, MINS, MODE, STEPS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
             for (j, v) in out.into_iter().enumerate() {
                 store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
             }
             k += 4;
         }
         while k < n {
-            let out = rows_x_group::<1, SUB, MINS, MODE>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
+            let out = rows_x_group::<1, SUB, MINS, MODE, STEPS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
             store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
             k += 1;
         }
@@ -362,14 +369,18 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         d.s.resize(UNIT_ROWS * (w.cols / 256), Scales::default());
         decode_rows(w, r0, r1, &mut d);
         match w.dtype {
-            DType::Q4_K | DType::Q5_K => unit_groups::<32, true, PAIRS>(w, r0, r1, &d, act, m, y),
-            DType::Q2_K => unit_groups::<256, true, PAIRS>(w, r0, r1, &d, act, m, y),
-            DType::IQ4_XS => unit_groups::<32, false, SIGNED>(w, r0, r1, &d, act, m, y),
-            DType::IQ3_S | DType::IQ1_S => unit_groups::<32, false, PAIRS>(w, r0, r1, &d, act, m, y),
-            DType::IQ1_M => unit_groups::<16, false, PAIRS>(w, r0, r1, &d, act, m, y),
-            t if gemm_lowk::scale_per_32(t) => unit_groups::<32, false, SINGLE>(w, r0, r1, &d, act, m, y),
-            t if gemm_lowk::is_grid_iq(t) => unit_groups::<16, false, SINGLE>(w, r0, r1, &d, act, m, y),
-            _ => unit_groups::<16, false, PAIRS>(w, r0, r1, &d, act, m, y),
+            // STEPS: position groups whose `vpmaddubsw` pairs add up in i16
+            // (at most 2·STEPS·max code·127 < 2¹⁵).
+            DType::Q4_K => unit_groups::<32, true, PAIRS, 8>(w, r0, r1, &d, act, m, y),
+            DType::Q5_K => unit_groups::<32, true, PAIRS, 4>(w, r0, r1, &d, act, m, y),
+            DType::Q2_K => unit_groups::<256, true, PAIRS, 2>(w, r0, r1, &d, act, m, y),
+            DType::Q3_K => unit_groups::<16, false, PAIRS, 4>(w, r0, r1, &d, act, m, y),
+            DType::IQ4_XS => unit_groups::<32, false, SIGNED, 1>(w, r0, r1, &d, act, m, y),
+            DType::IQ3_S | DType::IQ1_S => unit_groups::<32, false, PAIRS, 4>(w, r0, r1, &d, act, m, y),
+            DType::IQ1_M => unit_groups::<16, false, PAIRS, 4>(w, r0, r1, &d, act, m, y),
+            t if gemm_lowk::scale_per_32(t) => unit_groups::<32, false, SINGLE, 1>(w, r0, r1, &d, act, m, y),
+            t if gemm_lowk::is_grid_iq(t) => unit_groups::<16, false, SINGLE, 1>(w, r0, r1, &d, act, m, y),
+            _ => unit_groups::<16, false, PAIRS, 2>(w, r0, r1, &d, act, m, y),
         }
     });
 }
