@@ -40,7 +40,7 @@
 //! write it `d_a·d·isum` and `isum·(d·d_a)`: the same bits), so every result
 //! equals the scalar `vec_dot` bit for bit.
 
-use super::lane_gemm::{self, store_lanes8 as store_lanes, Split};
+use super::lane_gemm::{self, Split};
 use crate::matmul::MatRef;
 use crate::quant::iq4_nl::KVALUES;
 use crate::{DType, ThreadPool};
@@ -249,25 +249,20 @@ unsafe fn groups<const OFF: i32, const STEPS: usize>(
     q: &[i8],
     d: &[f32],
 ) {
-    let (n, nb) = (r1 - r0, w.cols / 32);
-    for g in 0..m.div_ceil(LANES) {
-        let lanes = (m - g * LANES).min(LANES);
-        let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
-        let yg = y.add(g * LANES * w.rows);
-        let mut k = 0;
-        while k + 4 <= n {
-            let out = rows_x_group::<4, OFF, STEPS>(nb, w.cols, q.as_ptr().add(k * w.cols), d.as_ptr().add(k * nb), ag);
-            for (j, v) in out.into_iter().enumerate() {
-                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
-            }
-            k += 4;
-        }
-        while k < n {
-            let out = rows_x_group::<1, OFF, STEPS>(nb, w.cols, q.as_ptr().add(k * w.cols), d.as_ptr().add(k * nb), ag);
-            store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
-            k += 1;
-        }
-    }
+    let (nb, cols) = (w.cols / 32, w.cols);
+    let (q, d) = (q.as_ptr(), d.as_ptr());
+    lane_gemm::tiles8(
+        m,
+        r1 - r0,
+        w.rows,
+        r0,
+        act,
+        nb * GROUP_BLOCK,
+        y,
+        // SAFETY: this CPU (the caller's target features); rows k.. of the decoded unit.
+        |k, ag| unsafe { rows_x_group::<4, OFF, STEPS>(nb, cols, q.add(k * cols), d.add(k * nb), ag) },
+        |k, ag| unsafe { rows_x_group::<1, OFF, STEPS>(nb, cols, q.add(k * cols), d.add(k * nb), ag) },
+    );
 }
 
 /// Whether this GEMM reads `dtype`.

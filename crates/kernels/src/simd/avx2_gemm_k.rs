@@ -32,7 +32,7 @@
 //! for bit at `m ≥` [`MIN_M`].
 
 use super::gemm_lowk::{self, f16, pair, Scales};
-use super::lane_gemm::{self, store_lanes8 as store_lanes, Split};
+use super::lane_gemm::{self, Split};
 use crate::matmul::MatRef;
 use crate::quant::q4_k::scales_mins;
 use crate::{DType, ThreadPool};
@@ -339,25 +339,18 @@ unsafe fn unit_groups<const SUB: usize, const MINS: bool, const MODE: u8, const 
 ) {
     let (nb, cols) = (w.cols / 256, w.cols);
     let (q, s) = (d.q.as_ptr(), d.s.as_ptr());
-    let n = r1 - r0;
-    for g in 0..m.div_ceil(LANES) {
-        let lanes = (m - g * LANES).min(LANES);
-        let ag = act.as_ptr().add(g * nb * GROUP_BLOCK);
-        let yg = y.add(g * LANES * w.rows);
-        let mut k = 0;
-        while k + 4 <= n {
-            let out = rows_x_group::<4, SUB, MINS, MODE, STEPS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
-            for (j, v) in out.into_iter().enumerate() {
-                store_lanes(v, lanes, yg.add(r0 + k + j), w.rows);
-            }
-            k += 4;
-        }
-        while k < n {
-            let out = rows_x_group::<1, SUB, MINS, MODE, STEPS>(nb, cols, q.add(k * cols), s.add(k * nb), ag);
-            store_lanes(out[0], lanes, yg.add(r0 + k), w.rows);
-            k += 1;
-        }
-    }
+    lane_gemm::tiles8(
+        m,
+        r1 - r0,
+        w.rows,
+        r0,
+        act,
+        nb * GROUP_BLOCK,
+        y,
+        // SAFETY: this CPU (the caller's target features); rows k.. of the decoded unit.
+        |k, ag| unsafe { rows_x_group::<4, SUB, MINS, MODE, STEPS>(nb, cols, q.add(k * cols), s.add(k * nb), ag) },
+        |k, ag| unsafe { rows_x_group::<1, SUB, MINS, MODE, STEPS>(nb, cols, q.add(k * cols), s.add(k * nb), ag) },
+    );
 }
 
 /// Rows `r0..r1` of weight `w` for all `m` activation rows, into `y`.

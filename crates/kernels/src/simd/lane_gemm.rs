@@ -78,3 +78,43 @@ pub(super) unsafe fn store_lanes8(v: __m256, lanes: usize, y: *mut f32, ys: usiz
         *y.add(i * ys) = x;
     }
 }
+
+/// The AVX2 GEMMs' walk over one unit: for every group of 8 activation rows
+/// (`group_bytes` of `act` each), the unit's `n` weight rows four at a time
+/// (`four(k, ag)`: rows `k..k + 4` against the group at `ag`), the rest one
+/// at a time (`one(k, ag)`), each tile's lanes stored to `y` (rows `r0 +
+/// k..` of a `rows`-row output, `m` activation rows).
+///
+/// # Safety
+/// AVX2 CPU; `act` holds `⌈m / 8⌉` groups; `y` as [`store_lanes8`] needs
+/// for every row and activation row written.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn tiles8(
+    m: usize,
+    n: usize,
+    rows: usize,
+    r0: usize,
+    act: &[u8],
+    group_bytes: usize,
+    y: *mut f32,
+    four: impl Fn(usize, *const u8) -> [__m256; 4],
+    one: impl Fn(usize, *const u8) -> [__m256; 1],
+) {
+    for g in 0..m.div_ceil(8) {
+        let lanes = (m - g * 8).min(8);
+        let ag = act.as_ptr().add(g * group_bytes);
+        let yg = y.add(g * 8 * rows);
+        let mut k = 0;
+        while k + 4 <= n {
+            for (j, v) in four(k, ag).into_iter().enumerate() {
+                store_lanes8(v, lanes, yg.add(r0 + k + j), rows);
+            }
+            k += 4;
+        }
+        while k < n {
+            store_lanes8(one(k, ag)[0], lanes, yg.add(r0 + k), rows);
+            k += 1;
+        }
+    }
+}
