@@ -136,17 +136,6 @@ unsafe fn decode_rows(w: &MatRef<'_>, r0: usize, r1: usize, q: &mut [i8], d: &mu
     }
 }
 
-/// How a type's decoded codes meet the activations: `(OFF, STEPS)` for
-/// [`block_isums`] — Q4_0 and Q5_0 unsigned with their offsets, the rest
-/// signed (`OFF` 0).
-fn codes_of(dtype: DType) -> (i32, usize) {
-    match dtype {
-        DType::Q4_0 => (8, 8),
-        DType::Q5_0 => (16, 4),
-        _ => (0, 8),
-    }
-}
-
 /// The integer sums of block `b` (at `blk`) of `R` decoded rows: lane `l` of
 /// `acc[r]` is row `r`'s codes against activation row `l`'s. `OFF` 0: the
 /// codes are signed; else unsigned, less `OFF`, their i16 pairs added over
@@ -227,9 +216,11 @@ unsafe fn unit(w: &MatRef<'_>, r0: usize, r1: usize, act: &[u8], m: usize, y: *m
         q.resize(UNIT_ROWS * w.cols, 0);
         d.resize(UNIT_ROWS * nb, 0.0);
         decode_rows(w, r0, r1, q, d, buf);
-        match codes_of(w.dtype) {
-            (8, 8) => groups::<8, 8>(w, r0, r1, act, m, y, q, d),
-            (16, 4) => groups::<16, 4>(w, r0, r1, act, m, y, q, d),
+        // `OFF`, `STEPS` of [`block_isums`]: Q4_0 and Q5_0 unsigned with
+        // their offsets, the rest signed.
+        match w.dtype {
+            DType::Q4_0 => groups::<8, 8>(w, r0, r1, act, m, y, q, d),
+            DType::Q5_0 => groups::<16, 4>(w, r0, r1, act, m, y, q, d),
             _ => groups::<0, 8>(w, r0, r1, act, m, y, q, d),
         }
     });
