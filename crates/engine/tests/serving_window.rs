@@ -138,9 +138,19 @@ fn conversation_matches_cold_runs(name: &str) {
     assert!(st.window_blocks.cached > 0, "released window blocks stay cached");
 }
 
+/// A fixture copy in the temp dir, removed when dropped (a failing test
+/// too leaves nothing behind).
+struct TempFixture(PathBuf);
+
+impl Drop for TempFixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The mistral fixture with a window of 8 on every layer (Mistral 7B v0.1's
 /// layout): the full group holds no bytes at all.
-fn all_windowed_mistral() -> PathBuf {
+fn all_windowed_mistral() -> TempFixture {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/mistral");
     let dir = std::env::temp_dir().join(format!("shardlm-window-mistral-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -149,12 +159,13 @@ fn all_windowed_mistral() -> PathBuf {
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     cfg["sliding_window"] = 8.into();
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
-    dir
+    TempFixture(dir)
 }
 
 #[test]
 fn every_layer_windowed_conversation_with_window_blocks_equals_cold_runs() {
-    conversation_matches_cold_runs(all_windowed_mistral().to_str().unwrap());
+    let fixture = all_windowed_mistral();
+    conversation_matches_cold_runs(fixture.0.to_str().unwrap());
 }
 
 #[test]
