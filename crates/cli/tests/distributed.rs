@@ -143,10 +143,14 @@ fn smollm2_pipeline_is_bit_identical_and_tensor_tracks_single() {
     }
     // 8-bit activation quantization turns reassociated sums into different roundings,
     // so tensor parallelism on a Q4_1 model drifts like llama.cpp's batch vs incremental.
+    // Measured at the last of the five prompt positions, ranks 2 / 4: 0.75 / 0.78
+    // with AVX2's old four-row Q4_1 kernels, 0.89 / 1.69 with the sixteen-row lanes
+    // (2026-12-07; the first three positions agree better, 0.00–0.31); the greedy
+    // tokens are the same at every position in both.
     for c in [vec!["--ranks", "2", "--strategy", "tensor"], vec!["--ranks", "4", "--strategy", "tensor"]] {
         let (got_ids, got) = run(p, &prompt, &c);
         let d = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(d < 1.5, "{c:?}: logits differ by {d}");
+        assert!(d < 2.0, "{c:?}: logits differ by {d}");
         assert_eq!(got_ids[..2], want_ids[..2], "{c:?}: \" Paris.\"");
     }
 }

@@ -139,7 +139,8 @@ fn free_running_greedy_matches_for_32_tokens() {
 /// logits where the packed kernels keep the same per-block accumulation order.
 /// Checks prefill (tiles, all positions) and one decode step (four-row kernels).
 /// Where packed Q4_1 runs the sixteen-row kernel instead (AVX-512: its own
-/// order, the same at every batch size), the two layouts agree as two ISA
+/// order; AVX2: the scalar reference's; the same at every batch size, where
+/// the file layout's AVX2 tile sums in its lanes), the two layouts agree as two ISA
 /// levels do: the same greedy choices, logits within the int8 activation
 /// rounding's amplification of a last-bit change (docs/ARCHITECTURE.md).
 #[test]
@@ -158,10 +159,30 @@ fn packed_layout_matches_file_layout_bit_for_bit() {
         let vocab = a.len() / tokens.len();
         let rms = (a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt();
         let argmax = |v: &[f32]| v.iter().enumerate().fold(0, |m, (i, &x)| if x > v[m] { i } else { m });
-        let same = a.chunks(vocab).zip(b.chunks(vocab)).filter(|(x, y)| argmax(x) == argmax(y)).count();
-        eprintln!("sixteen-row kernel: rms |Δ logits| {rms:.3} against the file layout, top-1 same {same}/37");
-        // Measured 2026-12-03: rms 0.21, 34 of 37 (random ids: flat distributions, near ties).
-        assert!(rms < 0.5 && same >= 32, "packed vs file layout: rms {rms}, top-1 same {same}/37");
+        // The file layout's margin of its top token over the runner-up.
+        let margin = |v: &[f32]| {
+            let top = argmax(v);
+            v[top] - v.iter().enumerate().filter(|&(i, _)| i != top).fold(f32::MIN, |m, (_, &x)| m.max(x))
+        };
+        let (mut same, mut clear, mut clear_same) = (0, 0, 0);
+        for (x, y) in a.chunks(vocab).zip(b.chunks(vocab)) {
+            let agree = argmax(x) == argmax(y);
+            same += agree as usize;
+            if margin(y) > 1.0 {
+                clear += 1;
+                clear_same += agree as usize;
+            }
+        }
+        eprintln!(
+            "sixteen-row kernel: rms |Δ logits| {rms:.3} against the file layout, top-1 same {same}/37, \
+             {clear_same}/{clear} where the file layout's top token leads by more than 1.0"
+        );
+        // Measured: AVX-512 (2026-12-03) rms 0.21, 34 of 37; AVX2 Q4_1 in
+        // sixteen-row lanes (2026-12-07) rms 0.25, 31 of 37. Random ids give
+        // flat distributions: the flips are near ties, so every position with
+        // a clear leader must agree.
+        assert!(rms < 0.5 && same >= 30, "packed vs file layout: rms {rms}, top-1 same {same}/37");
+        assert_eq!(clear_same, clear, "a clear top token changed between the layouts");
         return;
     }
     let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();

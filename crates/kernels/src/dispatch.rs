@@ -138,8 +138,10 @@ pub enum Packing {
     /// after the rest, so that codes behind a 2-byte scale (IQ4_NL) start on
     /// a word; 0 for the K-quants, whose fields are word-aligned already.
     /// `sliced_qh`: the word that then comes first is a Q5 `qh`, stored
-    /// bit-sliced ([`crate::packed::lanes16::slice_qh`]).
-    Lanes16 { head_last: usize, sliced_qh: bool },
+    /// bit-sliced ([`crate::packed::lanes16::slice_qh`]). `split_head`: the
+    /// last word's halves (Q4_1's `d` and `m`) stored as sixteen `d`, then
+    /// sixteen `m` ([`crate::packed::lanes16::Form`]).
+    Lanes16 { head_last: usize, sliced_qh: bool, split_head: bool },
     /// Each block recoded in place (same size, rows where they were) for a
     /// kernel that reads its fields in another order ([`crate::packed::Recoding`]).
     Recoded(crate::packed::Recoding),
@@ -260,18 +262,22 @@ pub static TABLE: &[Row] = &[
         packing: Packing::HeadQuants { head: 4 },
         scalar: scalar::dot_q4_1,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_1),
-        scalar_packed_rows16: None,
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q4_1),
+        // Packed: sixteen rows in the lanes, the codes first (as Q5_1 without
+        // its `qh`), one kernel for every batch size that equals the scalar
+        // reference (the default model's prefill stays batch-invariant). The
+        // file layout (rows not a multiple of 16) keeps its tile.
         avx2: x86! {
             dot: &[(Base, avx2::dot_q4_1)],
             dot4: &[(Base, avx2_rows::dot4_q4_1)],
             tile: &[(Base, avx2_tile::tile_q4_1)],
-            packed_dot4: &[(Base, avx2_packed::dot4_q4_1)],
-            packed_tile: &[(Base, avx2_packed::tile_q4_1)],
-            packed_rows16: &[],
-            rows16_all_m: false,
+            packed_dot4: &[],
+            packed_tile: &[],
+            packed_rows16: &[(AvxVnni, avx2_rows16_q5::rows16_q4_1_vnni), (Base, avx2_rows16_q5::rows16_q4_1)],
+            rows16_all_m: true,
             rows: &[],
             gemm: &[],
-            packing: None,
+            packing: Some(Packing::Lanes16 { head_last: 4, sliced_qh: false, split_head: true }),
         },
         avx512: x86! {
             dot: &[(Base, avx512::dot_q4_1)],
@@ -294,7 +300,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q5_0,
         act: VecDotType::Q8_0,
         // Sixteen rows transposed, the scales last and qh bit-sliced.
-        packing: Packing::Lanes16 { head_last: 2, sliced_qh: true },
+        packing: Packing::Lanes16 { head_last: 2, sliced_qh: true, split_head: false },
         scalar: scalar::dot_q5_0,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q5_0),
@@ -314,7 +320,7 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::Q5_1,
         act: VecDotType::Q8_1,
-        packing: Packing::Lanes16 { head_last: 4, sliced_qh: true },
+        packing: Packing::Lanes16 { head_last: 4, sliced_qh: true, split_head: false },
         scalar: scalar::dot_q5_1,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q5_1),
@@ -364,7 +370,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q4_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed: lane = row, one stream for every batch size.
-        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false, split_head: false },
         scalar: scalar::dot_q4_k,
         // The AVX2 layout's (sub-block lanes) scalar kernel.
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_k),
@@ -391,7 +397,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q5_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K.
-        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false, split_head: false },
         scalar: scalar::dot_q5_k,
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q5_k),
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q5_k),
@@ -417,7 +423,7 @@ pub static TABLE: &[Row] = &[
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K (the 210-byte blocks end in a
         // two-byte tail, which the layout places after the words).
-        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false, split_head: false },
         scalar: scalar::dot_q6_k,
         // The AVX2 layout's (the file's, copied) scalar kernel.
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q6_k),
@@ -543,7 +549,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q2_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K.
-        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false, split_head: false },
         scalar: scalar::dot_q2_k,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q2_k),
@@ -568,7 +574,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::Q3_K,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K (a two-byte tail, as Q6_K).
-        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false, split_head: false },
         scalar: scalar::dot_q3_k,
         // The AVX2 layout's (code planes) scalar kernel.
         scalar_packed_dot4: Some(crate::packed::scalar_dot4_q3_k),
@@ -736,7 +742,7 @@ pub static TABLE: &[Row] = &[
         act: VecDotType::Q8_0,
         // Sixteen rows transposed, each block's codes first and its d last
         // (so the codes start on a word).
-        packing: Packing::Lanes16 { head_last: 2, sliced_qh: false },
+        packing: Packing::Lanes16 { head_last: 2, sliced_qh: false, split_head: false },
         scalar: scalar::dot_iq4_nl,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_iq4_nl),
@@ -764,7 +770,7 @@ pub static TABLE: &[Row] = &[
         dtype: DType::IQ4_XS,
         act: VecDotType::Q8_K,
         // Sixteen rows transposed, as Q4_K.
-        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false },
+        packing: Packing::Lanes16 { head_last: 0, sliced_qh: false, split_head: false },
         scalar: scalar::dot_iq4_xs,
         scalar_packed_dot4: None,
         scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_iq4_xs),

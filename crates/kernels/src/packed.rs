@@ -237,7 +237,9 @@ pub fn is_lanes16(dtype: DType) -> bool {
 /// How `dtype`'s blocks are stored in the lanes16 layout (see [`Packing::Lanes16`]).
 fn lanes16_form(dtype: DType) -> lanes16::Form {
     match layout(dtype) {
-        Packing::Lanes16 { head_last, sliced_qh } => lanes16::Form { head: head_last, sliced_qh },
+        Packing::Lanes16 { head_last, sliced_qh, split_head } => {
+            lanes16::Form { head: head_last, sliced_qh, split_head }
+        }
         _ => lanes16::Form::FILE,
     }
 }

@@ -107,7 +107,7 @@ fn packed_q4_1_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
 
 /// The sixteen-row kernels of the transposed layout at every ISA level the CPU
 /// has (AVX-512 and AVX2: `simd::avx512_rows16_nl`, `simd::avx2_rows16_nl`,
-/// `simd::avx2_rows16_q5`):
+/// `simd::avx2_rows16_q5`, which takes Q4_1 too):
 /// through `matmul`, at every batch size (the streaming tiles and the
 /// decoded-once scratch), one and two threads, and as a sixteen-aligned row
 /// shard, they equal the scalar reference bit for bit.
@@ -116,8 +116,9 @@ fn lanes16_kernels_equal_the_reference_at_every_isa() {
     use shardlm_kernels::matmul::matmul_reference;
     let mut rng = rng(1616);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
-    for dtype in [DType::IQ4_NL, DType::IQ4_XS, DType::Q2_K, DType::Q5_0, DType::Q5_1] {
-        // Q5_0 and Q5_1 stay in the file layout at AVX-512 (`SHARDLM_ISA=avx2` packs them).
+    for dtype in [DType::IQ4_NL, DType::IQ4_XS, DType::Q2_K, DType::Q5_0, DType::Q5_1, DType::Q4_1] {
+        // Q5_0 and Q5_1 stay in the file layout at AVX-512, Q4_1 in its
+        // head/quants one (`SHARDLM_ISA=avx2` packs them in lanes).
         if !packed::is_lanes16(dtype) {
             continue;
         }

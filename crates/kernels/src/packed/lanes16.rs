@@ -38,7 +38,10 @@
 //! 0 holds the rows' `qh` words, vectors 1–4 the codes as IQ4_NL's and the
 //! tail the scales; their `qh` is bit-sliced ([`slice_qh`], `sliced_qh` in
 //! the dispatch table) so that a kernel finds the fifth bits of a code
-//! vector with one shift ([`crate::simd::avx2_rows16_q5`]).
+//! vector with one shift ([`crate::simd::avx2_rows16_q5`]). Q4_1 (`[d, m,
+//! qs]`, `head_last` = 4 at AVX2) is the same without the `qh` vector, its
+//! tail split (`split_head`): the sixteen `d`, then the sixteen `m`, so its
+//! kernel converts each with one `vcvtph2ps` from memory.
 
 use crate::quant::{self, Rows16Fn};
 use crate::DType;
@@ -63,16 +66,32 @@ const MAX_BLOCK: usize = 256;
 /// How a type's blocks are stored ([`crate::dispatch::Packing::Lanes16`]):
 /// their first `head` bytes (the scales) after the rest, and with
 /// `sliced_qh` the word that then comes first (Q5_0's and Q5_1's `qh`) in
-/// [`slice_qh`]'s bit order.
+/// [`slice_qh`]'s bit order. With `split_head` the last word (a 4-byte head:
+/// Q4_1's f16 `d` and `m`) is stored as the sixteen rows' first halves, then
+/// their second halves: sixteen `d`, then sixteen `m`, each one f16 vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Form {
     pub head: usize,
     pub sliced_qh: bool,
+    pub split_head: bool,
 }
 
 impl Form {
     /// Blocks stored as they are in the file.
-    pub const FILE: Form = Form { head: 0, sliced_qh: false };
+    pub const FILE: Form = Form { head: 0, sliced_qh: false, split_head: false };
+}
+
+/// The 64-byte vector `v` of a group's block, rows `r`'s word: where its two
+/// halves go (`(first, second)` byte offsets), split as [`Form`] says.
+#[inline]
+fn word_halves(bb: usize, form: Form, r: usize, v: usize) -> (usize, usize) {
+    let o = offset(bb, r, 4 * v);
+    if form.split_head && 4 * v == bb - 4 {
+        let base = 4 * v * ROWS;
+        (base + 2 * r, base + 2 * ROWS + 2 * r)
+    } else {
+        (o, o + 2)
+    }
 }
 
 /// A Q5 `qh` word (bit `j`: the fifth bit of value `j`) bit-sliced: byte
@@ -115,6 +134,7 @@ fn unturn(form: Form, stored: &mut [u8], out: &mut [u8]) {
 /// [`Form`] says.
 pub(super) fn pack_group(bb: usize, form: Form, nb: usize, src: &[u8], dst: &mut [u8]) {
     assert!(bb <= MAX_BLOCK && form.head < bb && (!form.sliced_qh || bb >= form.head + 4));
+    assert!(!form.split_head || (form.head == 4 && bb.is_multiple_of(4)));
     let rb = nb * bb;
     let mut turned = [0u8; MAX_BLOCK];
     for r in 0..ROWS {
@@ -128,8 +148,14 @@ pub(super) fn pack_group(bb: usize, form: Form, nb: usize, src: &[u8], dst: &mut
             };
             let out = &mut dst[b * ROWS * bb..][..ROWS * bb];
             for (v, word) in stored.chunks(4).enumerate() {
-                let o = offset(bb, r, 4 * v);
-                out[o..o + word.len()].copy_from_slice(word);
+                if word.len() == 4 {
+                    let (h0, h1) = word_halves(bb, form, r, v);
+                    out[h0..h0 + 2].copy_from_slice(&word[..2]);
+                    out[h1..h1 + 2].copy_from_slice(&word[2..]);
+                } else {
+                    let o = offset(bb, r, 4 * v);
+                    out[o..o + word.len()].copy_from_slice(word);
+                }
             }
         }
     }
@@ -145,8 +171,14 @@ pub(super) fn unpack_row(bb: usize, form: Form, nb: usize, group: &[u8], r: usiz
         let out = &mut dst[b * bb..(b + 1) * bb];
         let stored = if form == Form::FILE { &mut *out } else { &mut turned[..bb] };
         for (v, word) in stored.chunks_mut(4).enumerate() {
-            let o = offset(bb, r, 4 * v);
-            word.copy_from_slice(&blk[o..o + word.len()]);
+            if word.len() == 4 {
+                let (h0, h1) = word_halves(bb, form, r, v);
+                word[..2].copy_from_slice(&blk[h0..h0 + 2]);
+                word[2..].copy_from_slice(&blk[h1..h1 + 2]);
+            } else {
+                let o = offset(bb, r, 4 * v);
+                word.copy_from_slice(&blk[o..o + word.len()]);
+            }
         }
         if form != Form::FILE {
             unturn(form, &mut turned[..bb], out);
@@ -272,9 +304,10 @@ scalar_rows16_of!(scalar_rows16_q3_k, DType::Q3_K);
 scalar_rows16_of!(scalar_rows16_iq4_nl, DType::IQ4_NL);
 scalar_rows16_of!(scalar_rows16_q5_0, DType::Q5_0);
 scalar_rows16_of!(scalar_rows16_q5_1, DType::Q5_1);
+scalar_rows16_of!(scalar_rows16_q4_1, DType::Q4_1);
 
 /// Checks the signatures against [`Rows16Fn`].
-const _: [Rows16Fn; 9] = [
+const _: [Rows16Fn; 10] = [
     scalar_rows16_q4_k,
     scalar_rows16_q5_k,
     scalar_rows16_q2_k,
@@ -284,6 +317,7 @@ const _: [Rows16Fn; 9] = [
     scalar_rows16_iq4_nl,
     scalar_rows16_q5_0,
     scalar_rows16_q5_1,
+    scalar_rows16_q4_1,
 ];
 
 #[cfg(test)]
@@ -338,9 +372,11 @@ mod tests {
             (34, 2, false, 2),
             (22, 2, true, 3),
             (24, 4, true, 2),
+            (20, 4, false, 3),
         ];
         for (bb, head, sliced_qh, nb) in cases {
-            let form = Form { head, sliced_qh };
+            // Q4_1's (20 bytes, a 4-byte head, no qh) with its head split.
+            let form = Form { head, sliced_qh, split_head: bb == 20 };
             let src: Vec<u8> = (0..ROWS * nb * bb).map(|i| (i * 7 + i / 251) as u8).collect();
             let mut packed = vec![0u8; src.len()];
             pack_group(bb, form, nb, &src, &mut packed);
@@ -355,6 +391,13 @@ mod tests {
             let (b, r) = (1, 5);
             let blk = &src[r * nb * bb + b * bb..][..bb];
             let g = &packed[b * ROWS * bb..];
+            if bb == 20 {
+                // Q4_1: codes 4v..4v+4 of row r are vector v's lane r; the
+                // tail the sixteen d's, then the sixteen m's.
+                assert_eq!(g[64 + 4 * r..64 + 4 * r + 4], blk[8..12]);
+                assert_eq!(g[256 + 2 * r..256 + 2 * r + 2], blk[0..2]);
+                assert_eq!(g[288 + 2 * r..288 + 2 * r + 2], blk[2..4]);
+            }
             if bb == 18 && head == 2 {
                 // Codes 4v..4v+4 of row r are vector v's lane r; the d's the tail.
                 assert_eq!(g[64 + 4 * r..64 + 4 * r + 4], blk[6..10]);

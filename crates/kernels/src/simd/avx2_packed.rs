@@ -2,11 +2,11 @@
 //! blocks, the scales of all four rows come in with one vector load and each
 //! row's quants for both blocks with another, so the loop is the integer dot
 //! and one FMA per row with almost no gathering around it. Same numerics as the
-//! row-major kernels (Q8_0 activations for Q4_0/Q8_0, Q8_1 for Q4_1).
+//! row-major kernels (Q8_0 activations). Q4_1 packs in sixteen-row lanes at
+//! AVX2 ([`super::avx2_rows16_q5`]).
 
 use super::avx2::dot_u8i8;
 use super::avx2_rows::{hsum4, join, pair_lanes, prefetch};
-use super::avx2_tile::m_terms;
 use std::arch::x86_64::*;
 
 /// How far ahead of the current block pair the stream is prefetched, in bytes.
@@ -20,11 +20,6 @@ unsafe fn ld(p: *const u8) -> __m256i {
 #[inline(always)]
 unsafe fn rd16(p: *const u8) -> u32 {
     (p as *const u16).read_unaligned() as u32
-}
-
-#[inline(always)]
-unsafe fn rd32(p: *const u8) -> u32 {
-    (p as *const u32).read_unaligned()
 }
 
 /// Eight f16 at `p` as f32.
@@ -92,39 +87,6 @@ pub unsafe fn dot4_q4_0(n: usize, w: *const u8, _stride: usize, a: *const u8, ou
         g = g.add(144);
     }
     _mm_storeu_ps(out, hsum4(acc));
-}
-
-/// Packed Q4_1 group × one Q8_1 activation row (see [`Dot4Fn`]).
-/// A pair is 160 bytes: `[d, m]` × 8 (32 bytes), then 32 quant bytes per row.
-///
-/// # Safety
-/// AVX2+FMA+F16C CPU; `w` a packed group of 4 rows of `n` elements.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dot4_q4_1(n: usize, w: *const u8, _stride: usize, a: *const u8, out: *mut f32) {
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut accm = [_mm256_setzero_ps(); 2];
-    let mut g = w;
-    for p in 0..n / 64 {
-        let (y0, y1) = (a.add(p * 72), a.add(p * 72 + 36));
-        let (ylo, yhi) = act_pair(y0, y1, 4);
-        // [d_y, s_y] of both blocks, twice.
-        let ys = _mm256_cvtph_ps(_mm_set1_epi64x((rd32(y0) as u64 | (rd32(y1) as u64) << 32) as i64));
-        let pa = _mm256_mul_ps(f16x8(g), ys);
-        let pb = _mm256_mul_ps(f16x8(g.add(16)), ys);
-        accm[0] = _mm256_add_ps(accm[0], pa);
-        accm[1] = _mm256_add_ps(accm[1], pb);
-        prefetch(g.wrapping_add(PREFETCH_AHEAD));
-        prefetch(g.wrapping_add(PREFETCH_AHEAD + 64));
-        prefetch(g.wrapping_add(PREFETCH_AHEAD + 128));
-        for r in 0..4 {
-            let (lo, hi) = split(ld(g.add(32 + 32 * r)));
-            let d = pair_lanes(if r < 2 { pa } else { pb }, 4 * (r as i32 & 1), 2);
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(nib_dot(lo, hi, ylo, yhi)), acc[r]);
-        }
-        g = g.add(160);
-    }
-    let m = _mm_movelh_ps(m_terms(accm[0]), m_terms(accm[1]));
-    _mm_storeu_ps(out, _mm_add_ps(hsum4(acc), m));
 }
 
 /// Packed Q8_0 group × one Q8_0 activation row (see [`Dot4Fn`]).
@@ -200,51 +162,5 @@ pub unsafe fn tile_q4_0(
     }
     for j in 0..2 {
         _mm_storeu_ps(y.add(j * y_stride), hsum4([acc[0][j], acc[1][j], acc[2][j], acc[3][j]]));
-    }
-}
-
-/// Packed Q4_1 group × two Q8_1 activation rows (see [`TileFn`]).
-///
-/// # Safety
-/// AVX2+FMA+F16C CPU; `w` a packed group of 4 rows of `n` elements.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q4_1(
-    n: usize,
-    w: *const u8,
-    _stride: usize,
-    a: *const u8,
-    a_stride: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    let av = [a, a.add(a_stride)];
-    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-    let mut accm = [[_mm256_setzero_ps(); 2]; 2];
-    let mut g = w;
-    for p in 0..n / 64 {
-        let (xa, xb) = (f16x8(g), f16x8(g.add(16)));
-        let mut yq = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 2];
-        let mut ps = [[_mm256_setzero_ps(); 2]; 2];
-        for j in 0..2 {
-            let (y0, y1) = (av[j].add(p * 72), av[j].add(p * 72 + 36));
-            yq[j] = act_pair(y0, y1, 4);
-            let ys = _mm256_cvtph_ps(_mm_set1_epi64x((rd32(y0) as u64 | (rd32(y1) as u64) << 32) as i64));
-            ps[j] = [_mm256_mul_ps(xa, ys), _mm256_mul_ps(xb, ys)];
-            accm[j][0] = _mm256_add_ps(accm[j][0], ps[j][0]);
-            accm[j][1] = _mm256_add_ps(accm[j][1], ps[j][1]);
-        }
-        for r in 0..4 {
-            let (lo, hi) = split(ld(g.add(32 + 32 * r)));
-            for j in 0..2 {
-                let d = pair_lanes(ps[j][r >> 1], 4 * (r as i32 & 1), 2);
-                acc[r][j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(nib_dot(lo, hi, yq[j].0, yq[j].1)), acc[r][j]);
-            }
-        }
-        g = g.add(160);
-    }
-    for j in 0..2 {
-        let m = _mm_movelh_ps(m_terms(accm[j][0]), m_terms(accm[j][1]));
-        let s = hsum4([acc[0][j], acc[1][j], acc[2][j], acc[3][j]]);
-        _mm_storeu_ps(y.add(j * y_stride), _mm_add_ps(s, m));
     }
 }

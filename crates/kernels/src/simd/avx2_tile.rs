@@ -34,7 +34,7 @@ unsafe fn dm4(p: *const u8, q: *const u8, o0: usize, o1: usize) -> __m256 {
 /// Lanes 1, 3 (first row) and 5, 7 (second row) summed: `[m_p, m_q]` in lanes 0, 1.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(crate) unsafe fn m_terms(v: __m256) -> __m128 {
+unsafe fn m_terms(v: __m256) -> __m128 {
     let t = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(v, _mm256_setr_epi32(1, 5, 3, 7, 0, 0, 0, 0)));
     _mm_add_ps(t, _mm_movehl_ps(t, t))
 }

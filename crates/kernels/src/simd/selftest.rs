@@ -245,6 +245,12 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
         if crate::packed::unit_blocks(dtype).is_some() && !crate::packed::worth_packing(dtype, isa) {
             continue;
         }
+        // A level whose packed kernels read another layout than this
+        // process packs (Q4_1 at AVX2 under `SHARDLM_ISA=scalar`) runs the
+        // scalar ones, the reference's arithmetic, not its file-layout dot's.
+        if crate::packed::level_layout(dtype, isa) != crate::packed::layout(dtype) {
+            continue;
+        }
         let (Some(file4), Some(packed4)) = (quant::dot4_fn(dtype, isa), crate::packed::dot4_fn(dtype, isa)) else {
             continue;
         };
@@ -278,11 +284,15 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
     Ok(())
 }
 
-/// The sixteen-row kernels (12 rows × 3 activation rows of a packed weight)
-/// against the sequential scalar dots, bit for bit.
+/// The sixteen-row kernels of the head/quants layout (12 rows × 3 activation
+/// rows of a packed weight) against the sequential scalar dots, bit for bit.
 fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
     use crate::quant::{q4_0, q4_1, q8_0, q8_1};
     for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0] {
+        // In the transposed layout (Q4_1 at AVX2): [`lanes16`] checks it.
+        if crate::packed::is_lanes16(dtype) {
+            continue;
+        }
         let Some(kernel) = crate::dispatch::kernels(dtype, isa, true).rows16 else { continue };
         let (rows, n, m) = (12, 192, 3);
         let nb = n / 32;
