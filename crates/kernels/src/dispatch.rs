@@ -38,7 +38,7 @@ use crate::simd::{
     avx2, avx2_fp, avx2_grid_loads, avx2_iq4nl, avx2_k, avx2_k45_rows, avx2_kq4, avx2_lowk, avx2_packed, avx2_q3k_rows,
     avx2_q6k_rows, avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_rows16_q5, avx2_tile, avx512, avx512_fp, avx512_fp4,
     avx512_fp4_vbmi, avx512_fp8_bf16, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi, avx512_k,
-    avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k,
+    avx512_lowk, avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k, avx512_rows16_q5,
 };
 
 mod feature;
@@ -259,41 +259,30 @@ pub static TABLE: &[Row] = &[
     Row {
         dtype: DType::Q4_1,
         act: VecDotType::Q8_1,
-        packing: Packing::HeadQuants { head: 4 },
-        scalar: scalar::dot_q4_1,
-        scalar_packed_dot4: Some(crate::packed::scalar_dot4_q4_1),
-        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q4_1),
         // Packed: sixteen rows in the lanes, the codes first (as Q5_1 without
-        // its `qh`), one kernel for every batch size that equals the scalar
-        // reference (the default model's prefill stays batch-invariant). The
-        // file layout (rows not a multiple of 16) keeps its tile.
+        // its `qh`), the `d`s then the `m`s; one kernel for every batch size
+        // that equals the scalar reference (the default model's prefill stays
+        // batch-invariant). The file layout (rows not a multiple of 16) keeps
+        // the row kernels and tiles.
+        packing: Packing::Lanes16 { head_last: 4, sliced_qh: false, split_head: true },
+        scalar: scalar::dot_q4_1,
+        scalar_packed_dot4: None,
+        scalar_packed_rows16: Some(crate::packed::lanes16::scalar_rows16_q4_1),
         avx2: x86! {
             dot: &[(Base, avx2::dot_q4_1)],
             dot4: &[(Base, avx2_rows::dot4_q4_1)],
             tile: &[(Base, avx2_tile::tile_q4_1)],
-            packed_dot4: &[],
-            packed_tile: &[],
             packed_rows16: &[(AvxVnni, avx2_rows16_q5::rows16_q4_1_vnni), (Base, avx2_rows16_q5::rows16_q4_1)],
             rows16_all_m: true,
-            rows: &[],
-            gemm: &[],
-            packing: Some(Packing::Lanes16 { head_last: 4, sliced_qh: false, split_head: true }),
+            ..NONE
         },
         avx512: x86! {
             dot: &[(Base, avx512::dot_q4_1)],
             dot4: &[(Base, avx512::dot4_q4_1)],
             tile: &[(Base, avx512::tile_q4_1)],
-            packed_dot4: &[(Base, avx512_packed::dot4_q4_1)],
-            packed_tile: &[(Base, avx512_packed::tile_q4_1)],
-            // Every batch size of a packed weight, prefill included: one
-            // arithmetic for all `m`, so a prompt resumed from the prefix cache
-            // in a short chunk matches the cold run bit for bit (the default
-            // model's exactness, which the serving tests hold). No lane GEMM.
-            packed_rows16: &[(Base, avx512_rows16::rows16_q4_1)],
-            rows16_all_m: false,
-            rows: &[],
-            gemm: &[],
-            packing: None,
+            packed_rows16: &[(Base, avx512_rows16_q5::rows16_q4_1)],
+            rows16_all_m: true,
+            ..NONE
         },
     },
     Row {
@@ -313,9 +302,16 @@ pub static TABLE: &[Row] = &[
             gemm: GEMM_32_AVX2,
             ..NONE
         },
-        // No 512-bit dot: the AVX2 one. The file layout: the lane GEMM sums
-        // in its own order, so it cannot share batches with the sixteen rows.
-        avx512: x86! { dot: &[(Base, avx2::dot_q5_0)], gemm: GEMM_Q8_0, packing: Some(Packing::None), ..NONE },
+        // Packed as at AVX2: the 512-bit sixteen-row kernel for every batch
+        // size. A file-layout weight (rows not a multiple of 16) keeps the
+        // AVX2 dot and the lane GEMM.
+        avx512: x86! {
+            dot: &[(Base, avx2::dot_q5_0)],
+            packed_rows16: &[(Base, avx512_rows16_q5::rows16_q5_0)],
+            rows16_all_m: true,
+            gemm: GEMM_Q8_0,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::Q5_1,
@@ -330,7 +326,13 @@ pub static TABLE: &[Row] = &[
             packed_rows16: &[(AvxVnni, avx2_rows16_q5::rows16_q5_1_vnni), (Base, avx2_rows16_q5::rows16_q5_1)],
             ..NONE
         },
-        avx512: x86! { dot: &[(Base, avx2::dot_q5_1)], gemm: GEMM_Q8_0, packing: Some(Packing::None), ..NONE },
+        avx512: x86! {
+            dot: &[(Base, avx2::dot_q5_1)],
+            packed_rows16: &[(Base, avx512_rows16_q5::rows16_q5_1)],
+            rows16_all_m: true,
+            gemm: GEMM_Q8_0,
+            ..NONE
+        },
     },
     Row {
         dtype: DType::Q8_0,

@@ -414,7 +414,6 @@ macro_rules! scalar_dot4 {
 }
 
 scalar_dot4!(scalar_dot4_q4_0, DType::Q4_0);
-scalar_dot4!(scalar_dot4_q4_1, DType::Q4_1);
 scalar_dot4!(scalar_dot4_q8_0, DType::Q8_0);
 scalar_dot4!(scalar_dot4_mxfp4, DType::MXFP4);
 scalar_dot4!(scalar_dot4_nvfp4, DType::NVFP4);

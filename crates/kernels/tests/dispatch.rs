@@ -25,10 +25,6 @@ enum Shape {
 /// `(type, level, shape, why)` for every kernel we know is missing.
 const KNOWN_GAPS: &[(DType, Isa, Shape, &str)] = &[
     (DType::Q8_0, Isa::Avx2, Shape::Tile, "no AVX2 Q8_0 tile"),
-    (DType::Q5_0, Isa::Avx512, Shape::Decode4, "one-row kernel only (AVX2's sixteen rows not measured there)"),
-    (DType::Q5_0, Isa::Avx512, Shape::Tile, "one-row kernel only"),
-    (DType::Q5_1, Isa::Avx512, Shape::Decode4, "one-row kernel only"),
-    (DType::Q5_1, Isa::Avx512, Shape::Tile, "one-row kernel only"),
     (DType::MXFP4, Isa::Avx2, Shape::Decode4, "AVX2 decode runs the one-row kernel"),
     (DType::NVFP4, Isa::Avx2, Shape::Decode4, "AVX2 decode runs the one-row kernel"),
     (DType::NVFP4, Isa::Avx512, Shape::Prefill, "lane GEMM not yet for NVFP4 (tiles)"),

@@ -1,7 +1,7 @@
-//! The sixteen-row kernels. AVX-512 packed Q4_1, Q8_0 and Q4_0
+//! The sixteen-row kernels. AVX-512 packed Q8_0 and Q4_0
 //! (`simd::avx512_rows16`): through `matmul` at every batch size they equal
-//! the sequential scalar dots (`quant::q4_1::vec_dot_sequential` and the
-//! same in `q8_0`, `q4_0`) bit for bit, so a row's result never
+//! the sequential scalar dots (`quant::q8_0::vec_dot_sequential` and the
+//! same in `q4_0`) bit for bit, so a row's result never
 //! depends on how many activation rows share its call, which rows share its
 //! vector, or the thread count. The transposed layout's kernels (AVX-512 and
 //! AVX2, plain and AVX-VNNI) equal the scalar reference bit for bit, through
@@ -14,9 +14,7 @@ use shardlm_kernels::isa::{self, Isa};
 use shardlm_kernels::matmul::{matmul_isa, matmul_many_isa, MatmulScratch};
 use shardlm_kernels::packed;
 use shardlm_kernels::quant::q4_0;
-use shardlm_kernels::quant::q4_1::{vec_dot_sequential, BlockQ4_1};
 use shardlm_kernels::quant::q8_0::{self, BlockQ8_0};
-use shardlm_kernels::quant::q8_1::{self, BlockQ8_1};
 use shardlm_kernels::{dispatch, DType, MatRef, ThreadPool};
 
 /// `want[i · rows + r]`: row `r` of `w` against activation row `i` of `x`, as
@@ -27,12 +25,7 @@ fn sequential_reference(dtype: DType, w: &[u8], rows: usize, cols: usize, x: &[f
     for i in 0..m {
         let xi = &x[i * cols..(i + 1) * cols];
         for r in 0..rows {
-            out[i * rows + r] = if dtype == DType::Q4_1 {
-                let blocks: &[BlockQ4_1] = bytemuck::cast_slice(w);
-                let mut a = vec![<BlockQ8_1 as bytemuck::Zeroable>::zeroed(); nb];
-                q8_1::quantize(xi, &mut a);
-                vec_dot_sequential(&blocks[r * nb..(r + 1) * nb], &a)
-            } else if dtype == DType::Q4_0 {
+            out[i * rows + r] = if dtype == DType::Q4_0 {
                 let blocks: &[q4_0::BlockQ4_0] = bytemuck::cast_slice(w);
                 let mut a = vec![<BlockQ8_0 as bytemuck::Zeroable>::zeroed(); nb];
                 q8_0::quantize_activations(xi, &mut a);
@@ -49,7 +42,7 @@ fn sequential_reference(dtype: DType, w: &[u8], rows: usize, cols: usize, x: &[f
 }
 
 #[test]
-fn packed_q4_1_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
+fn packed_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
     if !isa::available().contains(&Isa::Avx512) {
         eprintln!("no AVX-512 here: the sixteen-row kernel is not reachable");
         return;
@@ -59,9 +52,9 @@ fn packed_q4_1_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
         return;
     }
     // Weights take the process's layout (`packed::layout`, from SHARDLM_ISA): a
-    // type whose AVX-512 layout differs from it (Q4_1 under SHARDLM_ISA=avx2)
-    // cannot reach the AVX-512 kernel here.
-    let dtypes: Vec<DType> = [DType::Q4_1, DType::Q8_0, DType::Q4_0]
+    // type whose AVX-512 layout differs from it (SHARDLM_ISA=avx2) cannot
+    // reach the AVX-512 kernel here.
+    let dtypes: Vec<DType> = [DType::Q8_0, DType::Q4_0]
         .into_iter()
         .filter(|&d| {
             let same = packed::layout(d) == packed::level_layout(d, Isa::Avx512);
@@ -122,7 +115,7 @@ fn packed_q4_1_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
 
 /// The sixteen-row kernels of the transposed layout at every ISA level the CPU
 /// has (AVX-512 and AVX2: `simd::avx512_rows16_nl`, `simd::avx2_rows16_nl`,
-/// `simd::avx2_rows16_q5`, which takes Q4_1 too):
+/// `simd::avx2_rows16_q5` and `simd::avx512_rows16_q5`, which take Q4_1 too):
 /// through `matmul`, at every batch size (the streaming tiles and the
 /// decoded-once scratch), one and two threads, and as a sixteen-aligned row
 /// shard, they equal the scalar reference bit for bit.
@@ -132,8 +125,6 @@ fn lanes16_kernels_equal_the_reference_at_every_isa() {
     let mut rng = rng(1616);
     let pools: Vec<ThreadPool> = [1, 2].into_iter().map(ThreadPool::new).collect();
     for dtype in [DType::IQ4_NL, DType::IQ4_XS, DType::Q2_K, DType::Q5_0, DType::Q5_1, DType::Q4_1] {
-        // Q5_0 and Q5_1 stay in the file layout at AVX-512, Q4_1 in its
-        // head/quants one (`SHARDLM_ISA=avx2` packs them in lanes).
         if !packed::is_lanes16(dtype) {
             continue;
         }

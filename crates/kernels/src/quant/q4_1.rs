@@ -41,20 +41,3 @@ pub fn vec_dot(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
     }
     sum
 }
-
-/// The same dot summed the way the sixteen-row AVX-512 kernel
-/// ([`crate::simd::avx512_rows16`]) sums it, block by block in order:
-/// `acc = fma(d_w·d_a, Σ q4·q8, acc)`, `accm = fma(m_w, s_a, accm)`, result
-/// `acc + accm`. That kernel equals this bit for bit at every batch size.
-pub fn vec_dot_sequential(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
-    let (mut acc, mut accm) = (0f32, 0f32);
-    for (x, y) in w.iter().zip(a) {
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            sumi += (x.qs[j] & 15) as i32 * y.qs[j] as i32 + (x.qs[j] >> 4) as i32 * y.qs[j + 16] as i32;
-        }
-        acc = (x.d.to_f32() * y.d.to_f32()).mul_add(sumi as f32, acc);
-        accm = x.m.to_f32().mul_add(y.s.to_f32(), accm);
-    }
-    acc + accm
-}

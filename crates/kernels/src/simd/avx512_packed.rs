@@ -9,7 +9,7 @@
 //! layout at this ISA level, as the AVX2 packed kernels do at theirs.
 
 use super::avx2_rows::{prefetch, PREFETCH_ROWS};
-use super::avx512::{q4_1_rows, q4_1_tile, q8act_rows, q8act_tile, store_tile, BlockPairs};
+use super::avx512::{q8act_rows, q8act_tile, store_tile, BlockPairs};
 use crate::packed::PACK_ROWS;
 use std::arch::x86_64::*;
 
@@ -30,16 +30,6 @@ pub unsafe fn tile_q4_0(n: usize, w: *const u8, _s: usize, a: *const u8, a_strid
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn tile_q8_0(n: usize, w: *const u8, _s: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
     let r = q8act_tile::<4, 2, true, _>(n, PackedGroup { w, bb: 34, head: 2 }, [a, a.add(a_stride)]);
-    store_tile(r, y, ys);
-}
-
-/// Packed Q4_1 group × two Q8_1 activation rows (see [`TileFn`]).
-///
-/// # Safety
-/// As for [`tile_q4_0`], with Q8_1 activations.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn tile_q4_1(n: usize, w: *const u8, _s: usize, a: *const u8, a_stride: usize, y: *mut f32, ys: usize) {
-    let r = q4_1_tile::<4, 2, _>(n, PackedGroup { w, bb: 20, head: 4 }, [a, a.add(a_stride)]);
     store_tile(r, y, ys);
 }
 
@@ -155,15 +145,5 @@ pub unsafe fn dot4_q4_0(n: usize, w: *const u8, _stride: usize, a: *const u8, ou
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn dot4_q8_0(n: usize, w: *const u8, _stride: usize, a: *const u8, out: *mut f32) {
     let r = q8act_rows::<4, true, _>(n, PackedGroup { w, bb: 34, head: 2 }, a);
-    std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
-}
-
-/// Packed Q4_1 group × one Q8_1 activation row (see [`Dot4Fn`]).
-///
-/// # Safety
-/// As for [`dot4_q4_0`], with Q8_1 activations.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn dot4_q4_1(n: usize, w: *const u8, _stride: usize, a: *const u8, out: *mut f32) {
-    let r = q4_1_rows::<4, _>(n, PackedGroup { w, bb: 20, head: 4 }, a);
     std::ptr::copy_nonoverlapping(r.as_ptr(), out, 4);
 }

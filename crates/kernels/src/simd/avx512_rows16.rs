@@ -1,6 +1,7 @@
 //! Sixteen weight rows in the sixteen vector lanes: one kernel for every
-//! batch size `m` of a packed Q4_1, Q4_0 or Q8_0 weight at AVX-512 (IQ4_NL:
-//! [`super::avx512_rows16_nl`], transposed at load).
+//! batch size `m` of a packed Q4_0 or Q8_0 weight at AVX-512 (IQ4_NL:
+//! [`super::avx512_rows16_nl`], Q4_1, Q5_0 and Q5_1:
+//! [`super::avx512_rows16_q5`], transposed at load).
 //!
 //! Why: the four-row kernels keep one row's 64 values across the lanes of a
 //! vector, so every block pair of every (row, activation row) ends in a lane
@@ -16,18 +17,16 @@
 //! lone decode step gives it.
 //!
 //! The arithmetic of one (row, activation row), block by block in order,
-//! equals [`crate::quant::q4_1::vec_dot_sequential`] (`acc = fma(d_w·d_a,
-//! Σ q·y, acc)`, `accm = fma(m_w, s_a, accm)`, result `acc + accm`) and
-//! [`crate::quant::q8_0::vec_dot_sequential`] (`acc = fma(d_w·d_a, Σ w·y,
-//! acc)`). Q8_0's signed weights meet `vpdpbusd`'s unsigned operand as
+//! equals [`crate::quant::q8_0::vec_dot_sequential`] (`acc = fma(d_w·d_a,
+//! Σ w·y, acc)`; Q4_0's the same). Q8_0's signed weights meet `vpdpbusd`'s unsigned operand as
 //! `w + 128` (one `xor`), and `128·Σy` comes back out of the integer sum.
 //!
 //! Layout read: the packed four-row groups of [`crate::packed`] (per block
-//! pair, eight headers — `[d, m]` for Q4_1, `d` for Q8_0 — then eight quant
+//! pair, eight headers — the `d`s — then eight quant
 //! runs, in the order `r0b0 r0b1 r1b0 r1b1 r2b0 r2b1 r3b0 r3b1`). Sixteen
 //! rows are four consecutive groups; each block's quant bytes are transposed
 //! in registers (lane shuffles per group, then 4 × 4 dword unpacks) so that
-//! vector `t` holds the codes of values `4t..4t+4` of every row (Q4_1: the
+//! vector `t` holds the codes of values `4t..4t+4` of every row (Q4_0: the
 //! low nibbles for `t < 4`, the high ones after): lane `4k + s` is row `k` of
 //! group `s`.
 
@@ -49,7 +48,6 @@ const PREFETCH_AHEAD: usize = 4096;
 const ACTS: usize = 4;
 
 /// The formats (the `F` parameter below).
-const Q4_1: u8 = 0;
 const Q8_0: u8 = 1;
 const Q4_0: u8 = 2;
 
@@ -58,7 +56,7 @@ unsafe fn rd32(p: *const u8) -> i32 {
     (p as *const i32).read_unaligned()
 }
 
-/// `rows` (a multiple of 4, taken sixteen at a time) packed Q4_1 rows × `m` Q8_1 activation rows
+/// `rows` (a multiple of 4, taken sixteen at a time) packed Q8_0 rows × `m` Q8_0 activation rows
 /// (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] = row r · act j`.
 ///
 /// Up to [`ACTS`] activation rows decode each block's sixteen rows in
@@ -68,29 +66,8 @@ unsafe fn rd32(p: *const u8) -> i32 {
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI CPU; `w` holds `rows / 4` consecutive packed groups of
-/// `row_bytes` per row (`n` a multiple of 64); `a` holds `m` Q8_1 rows of `n`
+/// `row_bytes` per row (`n` a multiple of 64); `a` holds `m` Q8_0 rows of `n`
 /// values `a_stride` bytes apart; `y` valid for the writes.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn rows16_q4_1(
-    n: usize,
-    w: *const u8,
-    row_bytes: usize,
-    rows: usize,
-    a: *const u8,
-    a_stride: usize,
-    m: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    rows16::<Q4_1>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
-}
-
-/// `rows` packed Q8_0 rows × `m` Q8_0 activation rows, as
-/// [`rows16_q4_1`].
-///
-/// # Safety
-/// As for [`rows16_q4_1`], with Q8_0 weights and activations.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn rows16_q8_0(
@@ -108,10 +85,10 @@ pub unsafe fn rows16_q8_0(
 }
 
 /// `rows` packed Q4_0 rows × `m` Q8_0 activation rows, as
-/// [`rows16_q4_1`].
+/// [`rows16_q8_0`].
 ///
 /// # Safety
-/// As for [`rows16_q4_1`], with Q4_0 weights and Q8_0 activations.
+/// As for [`rows16_q8_0`], with Q4_0 weights.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn rows16_q4_0(
@@ -128,7 +105,7 @@ pub unsafe fn rows16_q4_0(
     rows16::<Q4_0>(n, w, row_bytes, rows, a, a_stride, m, y, y_stride)
 }
 
-/// Every format (`F`: [`Q4_1`], [`Q8_0`], [`Q4_0`]).
+/// Every format (`F`: [`Q8_0`], [`Q4_0`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
@@ -145,12 +122,9 @@ unsafe fn rows16<const F: u8>(
 ) {
     debug_assert!(rows.is_multiple_of(4) && n.is_multiple_of(64));
     let nb = n / 32;
-    // Q4_0 and Q8_0: each activation block's offset term, `c·Σy` (c = 8, 128).
-    let c = match F {
-        Q4_1 => 0,
-        Q4_0 => 8,
-        _ => 128,
-    };
+    // Each activation block's offset term, `c·Σy` (Q4_0's codes are `w + 8`,
+    // Q8_0's go in as `w + 128`).
+    let c = if F == Q4_0 { 8 } else { 128 };
     with_block_offsets(a, a_stride, m, nb, c, |offsets| {
         let mut r = 0;
         while r < rows {
@@ -241,12 +215,11 @@ thread_local! {
 /// One block of sixteen rows, decoded: lane `4k + s` is row `k` of group `s`.
 #[derive(Clone, Copy)]
 struct Block {
-    /// `w[t]`: the codes of values `4t..4t+4` as unsigned bytes (Q4_1 nibbles;
-    /// Q8_0 codes + 128), to meet the activation bytes `4t..4t+4`.
+    /// `w[t]`: the codes of values `4t..4t+4` as unsigned bytes (Q4_0
+    /// nibbles; Q8_0 codes + 128), to meet the activation bytes `4t..4t+4`.
     w: [__m512i; 8],
-    /// The rows' scales `d` and (Q4_1) offsets `m`.
+    /// The rows' scales `d`.
     dw: __m512,
-    mw: __m512,
 }
 
 impl Block {
@@ -267,7 +240,6 @@ impl Groups {
     fn new<const F: u8>(w: *const u8, row_bytes: usize, rows: usize) -> Groups {
         let pair_bytes = match F {
             Q8_0 => 8 * 34,
-            Q4_1 => 8 * 20,
             _ => 8 * 18,
         };
         let groups = rows / 4;
@@ -293,7 +265,6 @@ impl Groups {
         }
         match F {
             Q8_0 => q8_0_block(x, b),
-            Q4_1 => q4_1_block(x, b),
             _ => q4_0_block(x, b),
         }
     }
@@ -339,32 +310,13 @@ unsafe fn nibbles(x: [*const u8; 4], quants: usize, b: usize) -> [__m512i; 8] {
     [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
 }
 
-/// Q4_1 block `b` of the pair at `x` (160 bytes a group: eight `[d, m]`, eight
-/// 16-byte nibble runs).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn q4_1_block(x: [*const u8; 4], b: usize) -> Block {
-    // Header dword of lane 4k + s for block b: group s (8 dwords each), row k.
-    let idx = if b == 0 {
-        _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30)
-    } else {
-        _mm512_setr_epi32(1, 9, 17, 25, 3, 11, 19, 27, 5, 13, 21, 29, 7, 15, 23, 31)
-    };
-    let dm = _mm512_permutex2var_epi32(join(x[0], x[1]), idx, join(x[2], x[3]));
-    Block {
-        w: nibbles(x, 32, b),
-        dw: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)),
-        mw: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm))),
-    }
-}
-
 /// Q4_0 block `b` of the pair at `x` (144 bytes a group: eight 2-byte `d`,
 /// eight 16-byte nibble runs); the codes stay unsigned, `8·Σy` comes out of
 /// the sum.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn q4_0_block(x: [*const u8; 4], b: usize) -> Block {
-    Block { w: nibbles(x, 16, b), dw: word_scales(x, b), mw: _mm512_setzero_ps() }
+    Block { w: nibbles(x, 16, b), dw: word_scales(x, b) }
 }
 
 /// The sixteen rows' f16 scales of block `b` from the groups' eight-word
@@ -421,11 +373,7 @@ unsafe fn q8_0_block(x: [*const u8; 4], b: usize) -> Block {
     let hi = transpose(h0.1, h1.1, h2.1, h3.1);
     let flip = _mm512_set1_epi8(-128);
     let f = |v: __m512i| _mm512_xor_si512(v, flip);
-    Block {
-        w: [f(lo[0]), f(lo[1]), f(lo[2]), f(lo[3]), f(hi[0]), f(hi[1]), f(hi[2]), f(hi[3])],
-        dw: word_scales(x, b),
-        mw: _mm512_setzero_ps(),
-    }
+    Block { w: [f(lo[0]), f(lo[1]), f(lo[2]), f(lo[3]), f(hi[0]), f(hi[1]), f(hi[2]), f(hi[3])], dw: word_scales(x, b) }
 }
 
 /// `m` (at most [`ACTS`]) activation rows against the sixteen row lanes,
@@ -475,12 +423,9 @@ unsafe fn tile<const F: u8, const J: usize>(
     y_stride: usize,
     rows: usize,
 ) {
-    // Activation blocks: Q8_1 is d, s (f16) then 32 codes; Q8_0 is d then 32.
-    // Q4_0 and Q8_0 meet Q8_0 activations.
-    let q8_act = F != Q4_1;
-    let (act_bytes, qs) = if q8_act { (34, 2) } else { (36, 4) };
+    // Q8_0 activation blocks: d (f16), then 32 codes.
+    let (act_bytes, qs) = (34, 2);
     let mut acc = [_mm512_setzero_ps(); J];
-    let mut accm = [_mm512_setzero_ps(); J];
     for i in 0..nb {
         let blk = blocks(i);
         for jj in 0..J {
@@ -492,34 +437,18 @@ unsafe fn tile<const F: u8, const J: usize>(
                 sl = _mm512_dpbusd_epi32(sl, blk.w[t], _mm512_set1_epi32(rd32(yq.add(4 * t))));
                 sh = _mm512_dpbusd_epi32(sh, blk.w[4 + t], _mm512_set1_epi32(rd32(yq.add(16 + 4 * t))));
             }
-            let mut isum = _mm512_add_epi32(sl, sh);
-            if q8_act {
-                // Q8_0's codes went in as w + 128;
-                // Q4_0's are q = w + 8.
-                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(*offsets.get_unchecked(jj * nb + i)));
-            }
-            let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(if q8_act { rd16(yb) as i32 } else { rd32(yb) }));
+            // Q8_0's codes went in as w + 128, Q4_0's are q = w + 8.
+            let isum =
+                _mm512_sub_epi32(_mm512_add_epi32(sl, sh), _mm512_set1_epi32(*offsets.get_unchecked(jj * nb + i)));
+            let ds = _mm_cvtph_ps(_mm_cvtsi32_si128(rd16(yb) as i32));
             let scale = _mm512_mul_ps(blk.dw, _mm512_broadcastss_ps(ds));
             acc[jj] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[jj]);
-            if F == Q4_1 {
-                accm[jj] = _mm512_fmadd_ps(blk.mw, _mm512_broadcastss_ps(_mm_movehdup_ps(ds)), accm[jj]);
-            }
         }
     }
     // Lane 4k + s holds row 4s + k: back to row order, the first `rows` stored.
     let to_rows = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     let mask: __mmask16 = if rows >= 16 { 0xFFFF } else { (1u16 << rows) - 1 };
     for jj in 0..J {
-        let sum = if F == Q4_1 { _mm512_add_ps(acc[jj], accm[jj]) } else { acc[jj] };
-        _mm512_mask_storeu_ps(y.add(jj * y_stride), mask, _mm512_permutexvar_ps(to_rows, sum));
+        _mm512_mask_storeu_ps(y.add(jj * y_stride), mask, _mm512_permutexvar_ps(to_rows, acc[jj]));
     }
-}
-
-/// Two groups' 32-byte headers as one vector.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn join(a: *const u8, b: *const u8) -> __m512i {
-    let lo = _mm256_loadu_si256(a as *const __m256i);
-    let hi = _mm256_loadu_si256(b as *const __m256i);
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }

@@ -246,7 +246,7 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
             continue;
         }
         // A level whose packed kernels read another layout than this
-        // process packs (Q4_1 at AVX2 under `SHARDLM_ISA=scalar`) runs the
+        // process packs (Q3_K's AVX2 code planes under `SHARDLM_ISA=scalar`) runs the
         // scalar ones, the reference's arithmetic, not its file-layout dot's.
         if crate::packed::level_layout(dtype, isa) != crate::packed::layout(dtype) {
             continue;
@@ -287,9 +287,9 @@ fn packed(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
 /// The sixteen-row kernels of the head/quants layout (12 rows × 3 activation
 /// rows of a packed weight) against the sequential scalar dots, bit for bit.
 fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
-    use crate::quant::{q4_0, q4_1, q8_0, q8_1};
-    for dtype in [DType::Q4_1, DType::Q8_0, DType::Q4_0] {
-        // In the transposed layout (Q4_1 at AVX2): [`lanes16`] checks it.
+    use crate::quant::{q4_0, q8_0};
+    for dtype in [DType::Q8_0, DType::Q4_0] {
+        // In the transposed layout: [`lanes16`] checks it.
         if crate::packed::is_lanes16(dtype) {
             continue;
         }
@@ -299,14 +299,6 @@ fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
         let w = weights(rng, dtype, rows, n);
         let pw = crate::packed::pack(dtype, rows, n, &w);
         let xs: Vec<Vec<f32>> = (0..m).map(|_| acts(rng, n)).collect();
-        let q1: Vec<q8_1::BlockQ8_1> = xs
-            .iter()
-            .flat_map(|x| {
-                let mut a = vec![q8_1::BlockQ8_1::zeroed(); nb];
-                q8_1::quantize(x, &mut a);
-                a
-            })
-            .collect();
         let q0: Vec<q8_0::BlockQ8_0> = xs
             .iter()
             .flat_map(|x| {
@@ -315,11 +307,7 @@ fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
                 a
             })
             .collect();
-        let (ap, stride): (*const u8, usize) = if dtype == DType::Q4_1 {
-            (q1.as_ptr() as *const u8, nb * 36)
-        } else {
-            (q0.as_ptr() as *const u8, nb * 34)
-        };
+        let (ap, stride) = (q0.as_ptr() as *const u8, nb * 34);
         let mut out = vec![f32::NAN; m * rows];
         // SAFETY: three packed groups of `rows` rows, `m` activation rows of
         // `stride` bytes, `m × rows` outputs; `isa` is supported.
@@ -327,9 +315,7 @@ fn rows16(rng: &mut XorShift, isa: Isa) -> Result<(), String> {
         for j in 0..m {
             for r in 0..rows {
                 let (rs, js) = (r * nb..(r + 1) * nb, j * nb..(j + 1) * nb);
-                let want = if dtype == DType::Q4_1 {
-                    q4_1::vec_dot_sequential(&bytemuck::cast_slice::<u8, q4_1::BlockQ4_1>(&w)[rs], &q1[js])
-                } else if dtype == DType::Q4_0 {
+                let want = if dtype == DType::Q4_0 {
                     q4_0::vec_dot_sequential(&bytemuck::cast_slice::<u8, q4_0::BlockQ4_0>(&w)[rs], &q0[js])
                 } else {
                     q8_0::vec_dot_sequential(&bytemuck::cast_slice::<u8, q8_0::BlockQ8_0>(&w)[rs], &q0[js])
