@@ -37,12 +37,15 @@
 //! batch size.
 
 use super::avx2_rows16_nl::code_sum;
+use super::avx2_rows16_q5::f16s_to_f32;
 use std::arch::x86_64::*;
 
 /// Rows per group (the lanes).
 const ROWS: usize = 16;
-/// Activation rows per register tile.
+/// Activation rows per register tile (decoding each block as it goes).
 const ACTS: usize = 4;
+/// Activation rows per tile over decoded blocks (larger batches).
+const TILE_ACTS: usize = 6;
 /// How far ahead the group's stream is prefetched into L2 (as the other
 /// sixteen-row kernels, whose streams are the same shape).
 const PREFETCH_AHEAD: usize = 8192;
@@ -240,13 +243,17 @@ unsafe fn rows16<const K: u8>(
     // closure around the kernel code (it would not get the target features).
     let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
     let (mut act_d, mut act_x) = ACT.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    act_d.clear();
-    act_x.clear();
+    act_d.resize(m * nb, 0.0);
+    act_x.resize(m * nb, 0);
     for j in 0..m {
-        for b in 0..nb {
-            let yb = a.add(j * a_stride + b * ab);
-            act_d.push(f16_at(yb));
-            act_x.push(if has_min(K) { f16_at(yb.add(2)).to_bits() as i32 } else { 16 * code_sum(yb.add(codes_at)) });
+        let (row, at) = (a.add(j * a_stride), j * nb..(j + 1) * nb);
+        f16s_to_f32(row, ab, &mut act_d[at.clone()]);
+        if has_min(K) {
+            f16s_to_f32(row.add(2), ab, bytemuck::cast_slice_mut(&mut act_x[at]));
+        } else {
+            for (b, x) in act_x[at].iter_mut().enumerate() {
+                *x = 16 * code_sum(row.add(b * ab + codes_at));
+            }
         }
     }
     for g in 0..rows / ROWS {
@@ -267,7 +274,7 @@ unsafe fn rows16<const K: u8>(
         }
         let mut j = 0;
         while j < m {
-            let take = (m - j).min(ACTS);
+            let take = (m - j).min(TILE_ACTS);
             let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride));
             let (dj, xj) = (&act_d[j * nb..], &act_x[j * nb..]);
             let s = Some(&scratch[..]);
@@ -275,19 +282,15 @@ unsafe fn rows16<const K: u8>(
                 1 => tile::<1, K>(nb, gw, s, aj, a_stride, dj, xj, yj, y_stride),
                 2 => tile::<2, K>(nb, gw, s, aj, a_stride, dj, xj, yj, y_stride),
                 3 => tile::<3, K>(nb, gw, s, aj, a_stride, dj, xj, yj, y_stride),
-                _ => tile::<ACTS, K>(nb, gw, s, aj, a_stride, dj, xj, yj, y_stride),
+                4 => tile::<4, K>(nb, gw, s, aj, a_stride, dj, xj, yj, y_stride),
+                5 => tile::<5, K>(nb, gw, s, aj, a_stride, dj, xj, yj, y_stride),
+                _ => tile::<TILE_ACTS, K>(nb, gw, s, aj, a_stride, dj, xj, yj, y_stride),
             }
             j += take;
         }
     }
     SCRATCH.with(|c| *c.borrow_mut() = scratch);
     ACT.with(|c| *c.borrow_mut() = (act_d, act_x));
-}
-
-/// The f16 at `p` as f32.
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)))
 }
 
 /// One group of sixteen rows at `gw` × `J` activation rows: each block
