@@ -31,10 +31,20 @@ use std::arch::x86_64::*;
 /// **25.8**, 16 KiB 23.0, `prefetcht2` 8 KiB 25.8; the four-row kernel 19.7.
 pub(super) const PREFETCH_AHEAD: usize = 8192;
 
+/// `prefetcht1` of the line at `p`, in program order: an `asm!` block (which
+/// may touch memory, as far as the compiler knows) rather than
+/// `_mm_prefetch`, which LLVM hoisted to the top of a super-block, 36
+/// prefetches in one burst ahead of the block's 32 code loads. Spread
+/// among the loads, one-thread decode out of cache on an AMD EPYC Zen 5 VM
+/// (`bench_matmul 1 1`, the 1.1B shapes, alternating): Q4_K 25.6–28.5 →
+/// 30.8–31.7 GB/s, Q2_K 25.4–26.4 → 30.2–32.5, Q5_K +3–5%, Q6_K and IQ4_XS
+/// level; the AVX2 Q4_K kernel +5–7%. The IQ4_NL and Q4_1/Q5 kernels,
+/// whose blocks are one or two lines a row, lost 3–10% with it and keep
+/// `_mm_prefetch`.
 #[inline(always)]
 pub(super) fn prefetch_l2(p: *const u8) {
-    // SAFETY: a prefetch is only a hint and never faults; SSE is baseline on x86-64.
-    unsafe { _mm_prefetch::<_MM_HINT_T1>(p as *const i8) }
+    // SAFETY: a prefetch is only a hint and never faults (SSE is baseline on x86-64).
+    unsafe { std::arch::asm!("prefetcht1 byte ptr [{p}]", p = in(reg) p, options(nostack, preserves_flags)) }
 }
 
 /// Activation rows per register tile.
