@@ -387,11 +387,20 @@ pub static TABLE: &[Row] = &[
             packing: Some(Packing::Recoded(crate::packed::Recoding::Q4kLanes)),
             ..NONE
         },
+        // AVX-512 packs as AVX2 and decodes with its kernels: on AMD Zen 5
+        // their one stream a row ran Q4_K_M decode 1.3x the sixteen-row
+        // kernel (`simd::avx512_rows16_k::rows16_q4_k`, kept for the
+        // scalar-level layout's tests), whose sixteen streams a group
+        // overlapped compute and memory poorly. The file layout takes the
+        // AVX2 dot too (the self-check holds packed and file results equal).
+        // Batches from the GEMM's size run the AVX-512 GEMM, which reads the
+        // rows unpacked.
         avx512: x86! {
-            dot: &[(Base, avx512_k::dot_q4_k)],
-            dot4: &[(Base, avx512_k::dot4_q4_k)],
-            packed_rows16: &[(Base, avx512_rows16_k::rows16_q4_k)],
+            dot: &[(Base, avx2_k::dot_q4_k)],
+            packed_dot4: &[(Base, avx2_k45_rows::dot4_q4_k)],
+            packed_rows16: &[(Base, avx2_k45_rows::rows_q4_k)],
             gemm: GEMM_K,
+            packing: Some(Packing::Recoded(crate::packed::Recoding::Q4kLanes)),
             ..NONE
         },
     },
@@ -440,11 +449,14 @@ pub static TABLE: &[Row] = &[
             packing: Some(Packing::Recoded(crate::packed::Recoding::Q6kRows)),
             ..NONE
         },
+        // As Q4_K: the AVX2 layout and row kernel (1.1-1.2x the sixteen-row
+        // kernel's decode on Zen 5), the AVX-512 GEMM for large batches.
         avx512: x86! {
-            dot: &[(Base, avx512_k::dot_q6_k)],
-            dot4: &[(Base, avx512_k::dot4_q6_k)],
-            packed_rows16: &[(Base, avx512_rows16_k::rows16_q6_k)],
+            dot: &[(Base, avx2_k::dot_q6_k)],
+            packed_dot4: &[(Base, avx2_q6k_rows::dot4_q6_k)],
+            packed_rows16: &[(Base, avx2_q6k_rows::rows_q6_k)],
             gemm: GEMM_K,
+            packing: Some(Packing::Recoded(crate::packed::Recoding::Q6kRows)),
             ..NONE
         },
     },

@@ -61,7 +61,7 @@
 
 use super::avx2_rows16_k::bcast4;
 use super::avx2_rows16_nl::{code_sum, store_sums};
-use super::avx512_rows16_k::PREFETCH_AHEAD;
+use super::avx512_rows16_k::{prefetch_l2, PREFETCH_AHEAD};
 use std::arch::x86_64::*;
 
 /// Rows per group (the lanes of two vectors).
@@ -151,10 +151,7 @@ struct Block {
 fn prefetch_block<const K: u8>(x: *const u8) {
     let ahead = x.wrapping_add(PREFETCH_AHEAD);
     for l in 0..block_bytes(K).div_ceil(64) {
-        // SAFETY: a prefetch is only a hint and never faults. `_mm_prefetch`
-        // (free for the compiler to schedule), not the K-quants' in-order
-        // `prefetch_l2`: that measured 3% slower here at one thread.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * l) as *const i8) };
+        prefetch_l2(ahead.wrapping_add(64 * l));
     }
 }
 

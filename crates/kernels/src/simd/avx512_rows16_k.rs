@@ -31,18 +31,22 @@ use std::arch::x86_64::*;
 /// **25.8**, 16 KiB 23.0, `prefetcht2` 8 KiB 25.8; the four-row kernel 19.7.
 pub(super) const PREFETCH_AHEAD: usize = 8192;
 
-/// `prefetcht1` of the line at `p`, in program order: an `asm!` block (which
-/// may touch memory, as far as the compiler knows) rather than
-/// `_mm_prefetch`, which LLVM hoisted to the top of a super-block, 36
-/// prefetches in one burst ahead of the block's 32 code loads. Spread
-/// among the loads, one-thread decode out of cache on an AMD EPYC Zen 5 VM
-/// (`bench_matmul 1 1`, the 1.1B shapes, alternating): Q4_K 25.6–28.5 →
-/// 30.8–31.7 GB/s, Q2_K 25.4–26.4 → 30.2–32.5, Q5_K +3–5%, Q6_K and IQ4_XS
-/// level; the AVX2 Q4_K kernel +5–7%. The IQ4_NL and Q4_1/Q5 kernels,
-/// whose blocks are one or two lines a row, lost 3–10% with it and keep
-/// `_mm_prefetch`.
 #[inline(always)]
 pub(super) fn prefetch_l2(p: *const u8) {
+    // SAFETY: a prefetch is only a hint and never faults; SSE is baseline on x86-64.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p as *const i8) }
+}
+
+/// [`prefetch_l2`] in program order: an `asm!` block (which may touch
+/// memory, as far as the compiler knows), where `_mm_prefetch` was hoisted
+/// by LLVM to the top of a super-block, 36 prefetches in one burst ahead of
+/// the block's 32 code loads. Spread among the loads it made one-thread
+/// decode on an AMD EPYC Zen 5 VM (`bench -p 16 -g 64 --threads 1`, the 1.1B
+/// files) faster for Q2_K (+18%), Q3_K_M (+10%), Q4_K_M (+8%) and Q6_K
+/// (+5%), and slower for Q5_K_M (−37%) and IQ4_XS (−12%), which keep
+/// `prefetch_l2`, as the AVX2 kernels do.
+#[inline(always)]
+pub(super) fn prefetch_in_order(p: *const u8) {
     // SAFETY: a prefetch is only a hint and never faults (SSE is baseline on x86-64).
     unsafe { std::arch::asm!("prefetcht1 byte ptr [{p}]", p = in(reg) p, options(nostack, preserves_flags)) }
 }
@@ -208,7 +212,7 @@ unsafe fn tile_q2_k<const J: usize, const S: usize>(
         let x = w.add(b * BLOCK);
         let ahead = x.wrapping_add(PREFETCH_AHEAD);
         for l in 0..BLOCK / 64 {
-            prefetch_l2(ahead.wrapping_add(64 * l));
+            prefetch_in_order(ahead.wrapping_add(64 * l));
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
         let (d, dmin) = d_dmin(ld(x.add(20 * 64)));
@@ -337,7 +341,11 @@ unsafe fn k45_chunk<const J: usize, const S: usize, const Q5: bool, const C: usi
     let mut lo_acc = [[_mm512_setzero_si512(); J]; S];
     let mut hi_acc = [[_mm512_setzero_si512(); J]; S];
     for v in 0..8 {
-        prefetch_l2(k.ahead.wrapping_add(k.codes + 512 * C + 64 * v));
+        if Q5 {
+            prefetch_l2(k.ahead.wrapping_add(k.codes + 512 * C + 64 * v));
+        } else {
+            prefetch_in_order(k.ahead.wrapping_add(k.codes + 512 * C + 64 * v));
+        }
         if Q5 && C == 0 {
             prefetch_l2(k.ahead.wrapping_add(256 + 64 * v));
         }
@@ -402,7 +410,11 @@ unsafe fn tile_k45<const J: usize, const S: usize, const Q5: bool>(
         let x = w.add(b * block);
         let ahead = x.wrapping_add(PREFETCH_AHEAD);
         for l in 0..4 {
-            prefetch_l2(ahead.wrapping_add(64 * l));
+            if Q5 {
+                prefetch_l2(ahead.wrapping_add(64 * l));
+            } else {
+                prefetch_in_order(ahead.wrapping_add(64 * l));
+            }
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
         // Vector 0: (d, dmin) per lane; vectors 1..3: the scale words a, b, c.
@@ -600,7 +612,7 @@ unsafe fn tile_q6_k<const J: usize, const S: usize>(
         let x = w.add(b * BLOCK);
         let ahead = x.wrapping_add(PREFETCH_AHEAD);
         for l in 48..BLOCK.div_ceil(64) {
-            prefetch_l2(ahead.wrapping_add(64 * l));
+            prefetch_in_order(ahead.wrapping_add(64 * l));
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(x.add(52 * 64) as *const __m256i));
@@ -613,7 +625,7 @@ unsafe fn tile_q6_k<const J: usize, const S: usize>(
                 for tt in 0..4 {
                     let t = 4 * quarter + tt;
                     for l in [16 * h + t, 16 * h + 8 + t, 32 + 8 * h + t] {
-                        prefetch_l2(ahead.wrapping_add(64 * l));
+                        prefetch_in_order(ahead.wrapping_add(64 * l));
                     }
                     let va = ld(x.add(64 * (16 * h + t)));
                     let vb = ld(x.add(64 * (16 * h + 8 + t)));
@@ -724,10 +736,10 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
         let x = w.add(b * BLOCK);
         let ahead = x.wrapping_add(PREFETCH_AHEAD);
         for l in 0..8 {
-            prefetch_l2(ahead.wrapping_add(64 * l));
+            prefetch_in_order(ahead.wrapping_add(64 * l));
         }
         for l in 24..BLOCK.div_ceil(64) {
-            prefetch_l2(ahead.wrapping_add(64 * l));
+            prefetch_in_order(ahead.wrapping_add(64 * l));
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
         let (d, sv) = q3_k_scales(x);
@@ -735,7 +747,7 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
         for h in 0..2 {
             if h == 0 {
                 for l in 8..24 {
-                    prefetch_l2(ahead.wrapping_add(64 * l));
+                    prefetch_in_order(ahead.wrapping_add(64 * l));
                 }
             }
             for jb in 0..4 {

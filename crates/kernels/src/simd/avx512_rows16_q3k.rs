@@ -20,7 +20,7 @@
 //! compare the two directly and both against the reference).
 
 use super::avx512_rows16_k::{
-    bcast4, group_scale_sums, ld, prefetch_l2, q3_k_scales, rows16_kernel, scaled_add, signed_pairs, ACTS,
+    bcast4, group_scale_sums, ld, prefetch_in_order, q3_k_scales, rows16_kernel, scaled_add, signed_pairs, ACTS,
     PREFETCH_AHEAD, Q8K_BYTES, Q8K_QS, ROWS,
 };
 use std::arch::x86_64::*;
@@ -91,7 +91,7 @@ unsafe fn tile_q3_k<const J: usize, const S: usize>(
         let x = w.add(b * BLOCK);
         let ahead = x.wrapping_add(PREFETCH_AHEAD);
         for l in 0..BLOCK.div_ceil(64) {
-            prefetch_l2(ahead.wrapping_add(64 * l));
+            prefetch_in_order(ahead.wrapping_add(64 * l));
         }
         let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride + b * Q8K_BYTES));
         let (d, sv) = q3_k_scales(x);
