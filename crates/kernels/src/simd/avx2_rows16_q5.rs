@@ -70,23 +70,24 @@ const ROWS: usize = 16;
 const ACTS: usize = 2;
 /// Activation rows per tile over decoded blocks (larger batches).
 const TILE_ACTS: usize = 4;
-/// The types of these kernels (their const parameter `K`).
-const Q5_0: u8 = 0;
-const Q5_1: u8 = 1;
-const Q4_1: u8 = 2;
+/// The types of these kernels (their const parameter `K`; the AVX-512
+/// kernels of [`super::avx512_rows16_q5`] take the same).
+pub(super) const Q5_0: u8 = 0;
+pub(super) const Q5_1: u8 = 1;
+pub(super) const Q4_1: u8 = 2;
 
 /// Whether type `k` has fifth bits (a sliced `qh` vector first).
-const fn has_qh(k: u8) -> bool {
+pub(super) const fn has_qh(k: u8) -> bool {
     k != Q4_1
 }
 
 /// Whether type `k` has a min `m` per block (its Q8_1 activations carry `s`).
-const fn has_min(k: u8) -> bool {
+pub(super) const fn has_min(k: u8) -> bool {
     k != Q5_0
 }
 
 /// Where the codes start in a group's block (after the sliced `qh`).
-const fn codes_start(k: u8) -> usize {
+pub(super) const fn codes_start(k: u8) -> usize {
     if has_qh(k) {
         64
     } else {
@@ -95,7 +96,7 @@ const fn codes_start(k: u8) -> usize {
 }
 
 /// Where the scales start (after the four code vectors).
-const fn scales_start(k: u8) -> usize {
+pub(super) const fn scales_start(k: u8) -> usize {
     codes_start(k) + 4 * 64
 }
 
@@ -109,7 +110,7 @@ const fn i16_steps(k: u8) -> usize {
 }
 
 /// One group's block bytes: Q5_0 22 a row, Q5_1 24, Q4_1 20.
-const fn block_bytes(k: u8) -> usize {
+pub(super) const fn block_bytes(k: u8) -> usize {
     ROWS * match k {
         Q5_0 => 22,
         Q5_1 => 24,
@@ -119,7 +120,7 @@ const fn block_bytes(k: u8) -> usize {
 
 /// An activation block (Q8_0: `d`, 32 codes; Q8_1: `d`, `s`, 32 codes) and
 /// where its codes start.
-const fn act_geometry(k: u8) -> (usize, usize) {
+pub(super) const fn act_geometry(k: u8) -> (usize, usize) {
     if has_min(k) {
         (36, 4)
     } else {
@@ -298,24 +299,11 @@ unsafe fn rows16<const K: u8, const V: bool>(
 ) {
     debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(32));
     let nb = n / 32;
-    let (ab, codes_at) = act_geometry(K);
     // The thread's buffers are taken out of their cells for the call: no
     // closure around the kernel code (it would not get the target features).
     let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
     let (mut act_d, mut act_x) = ACT.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    act_d.resize(m * nb, 0.0);
-    act_x.resize(m * nb, 0);
-    for j in 0..m {
-        let (row, at) = (a.add(j * a_stride), j * nb..(j + 1) * nb);
-        f16s_to_f32(row, ab, &mut act_d[at.clone()]);
-        if has_min(K) {
-            f16s_to_f32(row.add(2), ab, bytemuck::cast_slice_mut(&mut act_x[at]));
-        } else {
-            for (b, x) in act_x[at].iter_mut().enumerate() {
-                *x = 16 * code_sum(row.add(b * ab + codes_at));
-            }
-        }
-    }
+    act_scales::<K>(a, a_stride, m, nb, &mut act_d, &mut act_x);
     for g in 0..rows / ROWS {
         let gw = w.add(g * ROWS * row_bytes);
         let yg = y.add(g * ROWS);
@@ -346,6 +334,34 @@ unsafe fn rows16<const K: u8, const V: bool>(
     }
     SCRATCH.with(|c| *c.borrow_mut() = scratch);
     ACT.with(|c| *c.borrow_mut() = (act_d, act_x));
+}
+
+/// Per activation block of a call (`m` rows of `nb` blocks, `a_stride` bytes
+/// apart; index `j·nb + b`): `act_d` its `d` as f32, `act_x` Q5_0's `16·Σy`
+/// or the Q8_1 `s` as f32 bits. Shared with [`super::avx512_rows16_q5`].
+#[inline(always)]
+pub(super) unsafe fn act_scales<const K: u8>(
+    a: *const u8,
+    a_stride: usize,
+    m: usize,
+    nb: usize,
+    act_d: &mut Vec<f32>,
+    act_x: &mut Vec<i32>,
+) {
+    let (ab, codes_at) = act_geometry(K);
+    act_d.resize(m * nb, 0.0);
+    act_x.resize(m * nb, 0);
+    for j in 0..m {
+        let (row, at) = (a.add(j * a_stride), j * nb..(j + 1) * nb);
+        f16s_to_f32(row, ab, &mut act_d[at.clone()]);
+        if has_min(K) {
+            f16s_to_f32(row.add(2), ab, bytemuck::cast_slice_mut(&mut act_x[at]));
+        } else {
+            for (b, x) in act_x[at].iter_mut().enumerate() {
+                *x = 16 * code_sum(row.add(b * ab + codes_at));
+            }
+        }
+    }
 }
 
 /// `out[i]` = the f16 at `p + i·stride` as f32: the activation blocks'

@@ -44,7 +44,9 @@ pub(super) fn prefetch_l2(p: *const u8) {
 /// decode on an AMD EPYC Zen 5 VM (`bench -p 16 -g 64 --threads 1`, the 1.1B
 /// files) faster for Q2_K (+18%), Q3_K_M (+10%), Q4_K_M (+8%) and Q6_K
 /// (+5%), and slower for Q5_K_M (−37%) and IQ4_XS (−12%), which keep
-/// `prefetch_l2`, as the AVX2 kernels do.
+/// `prefetch_l2`, as the AVX2 kernels do. (Q4_K, Q5_K and Q6_K have since
+/// moved to the AVX2 row kernels at AVX-512; their sixteen-row kernels here
+/// serve the tests and the scalar level's layout.)
 #[inline(always)]
 pub(super) fn prefetch_in_order(p: *const u8) {
     // SAFETY: a prefetch is only a hint and never faults (SSE is baseline on x86-64).

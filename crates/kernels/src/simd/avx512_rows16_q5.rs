@@ -36,8 +36,9 @@
 //! order), so each row equals the reference, and the AVX2 kernels, at every
 //! batch size.
 
-use super::avx2_rows16_nl::code_sum;
-use super::avx2_rows16_q5::f16s_to_f32;
+use super::avx2_rows16_q5::{
+    act_geometry, act_scales, block_bytes, codes_start, has_min, has_qh, scales_start, Q4_1, Q5_0, Q5_1,
+};
 use std::arch::x86_64::*;
 
 /// Rows per group (the lanes).
@@ -49,53 +50,6 @@ const TILE_ACTS: usize = 6;
 /// How far ahead the group's stream is prefetched into L2 (as the other
 /// sixteen-row kernels, whose streams are the same shape).
 const PREFETCH_AHEAD: usize = 8192;
-/// The types of these kernels (their const parameter `K`).
-const Q5_0: u8 = 0;
-const Q5_1: u8 = 1;
-const Q4_1: u8 = 2;
-
-/// Whether type `k` has fifth bits (a sliced `qh` vector first).
-const fn has_qh(k: u8) -> bool {
-    k != Q4_1
-}
-
-/// Whether type `k` has a min `m` per block (its Q8_1 activations carry `s`).
-const fn has_min(k: u8) -> bool {
-    k != Q5_0
-}
-
-/// Where the codes start in a group's block (after the sliced `qh`).
-const fn codes_start(k: u8) -> usize {
-    if has_qh(k) {
-        64
-    } else {
-        0
-    }
-}
-
-/// Where the scales start (after the four code vectors).
-const fn scales_start(k: u8) -> usize {
-    codes_start(k) + 4 * 64
-}
-
-/// One group's block bytes: Q5_0 22 a row, Q5_1 24, Q4_1 20.
-const fn block_bytes(k: u8) -> usize {
-    ROWS * match k {
-        Q5_0 => 22,
-        Q5_1 => 24,
-        _ => 20,
-    }
-}
-
-/// An activation block (Q8_0: `d`, 32 codes; Q8_1: `d`, `s`, 32 codes) and
-/// where its codes start.
-const fn act_geometry(k: u8) -> (usize, usize) {
-    if has_min(k) {
-        (36, 4)
-    } else {
-        (34, 2)
-    }
-}
 
 thread_local! {
     /// The current group's blocks, decoded once (batches above [`ACTS`]).
@@ -238,24 +192,11 @@ unsafe fn rows16<const K: u8>(
 ) {
     debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(32));
     let nb = n / 32;
-    let (ab, codes_at) = act_geometry(K);
     // The thread's buffers are taken out of their cells for the call: no
     // closure around the kernel code (it would not get the target features).
     let mut scratch = SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
     let (mut act_d, mut act_x) = ACT.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    act_d.resize(m * nb, 0.0);
-    act_x.resize(m * nb, 0);
-    for j in 0..m {
-        let (row, at) = (a.add(j * a_stride), j * nb..(j + 1) * nb);
-        f16s_to_f32(row, ab, &mut act_d[at.clone()]);
-        if has_min(K) {
-            f16s_to_f32(row.add(2), ab, bytemuck::cast_slice_mut(&mut act_x[at]));
-        } else {
-            for (b, x) in act_x[at].iter_mut().enumerate() {
-                *x = 16 * code_sum(row.add(b * ab + codes_at));
-            }
-        }
-    }
+    act_scales::<K>(a, a_stride, m, nb, &mut act_d, &mut act_x);
     for g in 0..rows / ROWS {
         let gw = w.add(g * ROWS * row_bytes);
         let yg = y.add(g * ROWS);
