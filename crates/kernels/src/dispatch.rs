@@ -37,6 +37,7 @@ use crate::simd::{
     avx2_q6k_rows, avx2_rows, avx2_rows16_k, avx2_rows16_nl, avx2_rows16_q5, avx2_tile, avx512, avx512_fp, avx512_fp4,
     avx512_fp4_vbmi, avx512_fp8_bf16, avx512_iq, avx512_iq2_vbmi, avx512_iq3_vbmi, avx512_iq3s_vbmi, avx512_lowk,
     avx512_packed, avx512_rows16, avx512_rows16_k, avx512_rows16_nl, avx512_rows16_q3k, avx512_rows16_q5,
+    avx512_rows16_xs,
 };
 
 mod feature;
@@ -679,7 +680,8 @@ pub static TABLE: &[Row] = &[
         avx512: x86! {
             dot: &[(Base, avx512_lowk::dot_iq4_xs)],
             dot4: &[(Base, avx512_lowk::dot4_iq4_xs)],
-            packed_rows16: &[(Base, avx512_rows16_k::rows16_iq4_xs)],
+            packed_rows16: &[(Base, avx512_rows16_xs::rows16_iq4_xs)],
+            rows16_all_m: true,
             gemm: GEMM_K,
             ..NONE
         },

@@ -117,7 +117,7 @@ fn packed_q8_0_q4_0_equal_the_sequential_dot_at_every_batch_size() {
 /// has (AVX-512 and AVX2: `simd::avx512_rows16_nl`, `simd::avx2_rows16_nl`,
 /// `simd::avx2_rows16_q5` and `simd::avx512_rows16_q5`, which take Q4_1 too):
 /// through `matmul`, at every batch size (the streaming tiles and the
-/// decoded-once scratch), one and two threads, and as a sixteen-aligned row
+/// decoded-once scratch: 63 rows take every tile size), one and two threads, and as a sixteen-aligned row
 /// shard, they equal the scalar reference bit for bit.
 #[test]
 fn lanes16_kernels_equal_the_reference_at_every_isa() {
@@ -139,7 +139,7 @@ fn lanes16_kernels_equal_the_reference_at_every_isa() {
             let wm = MatRef::new(dtype, rows, cols, &w).unwrap();
             let pw = packed::pack(dtype, rows, cols, &w);
             let pm = MatRef::new_packed(dtype, rows, cols, &pw).unwrap();
-            for m in [1usize, 2, 3, 5, 40] {
+            for m in [1usize, 2, 3, 5, 40, 63] {
                 let x = random_acts(&mut rng, m * cols);
                 let mut want = vec![0f32; m * rows];
                 matmul_reference(wm, &x, m, &mut want);

@@ -72,6 +72,7 @@ pub mod avx512_rows16_k;
 pub mod avx512_rows16_nl;
 pub mod avx512_rows16_q3k;
 pub mod avx512_rows16_q5;
+pub mod avx512_rows16_xs;
 pub mod avx512_unpack16;
 mod gemm_lowk;
 mod iq1_tables;
