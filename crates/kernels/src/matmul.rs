@@ -522,9 +522,10 @@ unsafe fn rows_kernel(
         // rows at a time so they stay in cache while the range's rows stream
         // past.
         let r4 = r0 + (r1 - r0) / 4 * 4;
+        let tile = if k.rows16_whole_batch { m } else { ACT_TILE };
         let mut i0 = 0;
         while i0 < m {
-            let i1 = (i0 + ACT_TILE).min(m);
+            let i1 = (i0 + tile).min(m);
             let (ap, yp) = (a.as_ptr().add(i0 * a_stride), y.add(i0 * w.rows + r0));
             if r4 > r0 {
                 rows16(n, wp.add(r0 * rb), rb, r4 - r0, ap, a_stride, i1 - i0, yp, w.rows);

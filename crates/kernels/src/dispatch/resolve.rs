@@ -22,6 +22,9 @@ pub struct Kernels {
     pub tile: Option<TileFn>,
     /// Packed weights with a sixteen-row kernel: it runs every batch size.
     pub rows16: Option<Rows16Fn>,
+    /// `rows16` takes the whole batch in one call (see
+    /// [`super::IsaKernels::rows16_whole_batch`]).
+    pub rows16_whole_batch: bool,
     pub gemm: Option<Gemm>,
 }
 
@@ -47,21 +50,23 @@ pub fn kernels(dtype: DType, isa: Isa, packed: bool) -> Kernels {
         let fast16 = pick(k.packed_rows16);
         let rows16 = fast16.or(row.scalar_packed_rows16);
         let gemm = gemm.filter(|g| g.exact && !(fast16.is_some() && k.rows16_all_m));
-        return Kernels { dot, dot4: None, tile: None, rows16, gemm };
+        let rows16_whole_batch = fast16.is_some() && k.rows16_whole_batch;
+        return Kernels { dot, dot4: None, tile: None, rows16, rows16_whole_batch, gemm };
     }
     if packed {
         let dot4 = pick(k.packed_dot4).or(row.scalar_packed_dot4);
         let rows16 = if rows16_enabled() { pick(k.packed_rows16) } else { None };
+        let rows16_whole_batch = rows16.is_some() && k.rows16_whole_batch;
         // The sixteen-row kernels of the Q8_0/Q8_1 types take every batch
         // size (their own summation order): no GEMM beside them. A Q8_K
         // type's row kernel equals the scalar reference, as its (exact) GEMM
         // does, so the GEMM keeps the large batches unless `rows16_all_m`.
         let gemm = gemm.filter(|g| rows16.is_none() || (g.exact && !k.rows16_all_m));
-        Kernels { dot, dot4, tile: pick(k.packed_tile), rows16, gemm }
+        Kernels { dot, dot4, tile: pick(k.packed_tile), rows16, rows16_whole_batch, gemm }
     } else {
         // A file-layout row kernel runs the batches below the GEMM's.
         let rows = if rows16_enabled() { pick(k.rows) } else { None };
-        Kernels { dot, dot4: pick(k.dot4), tile: pick(k.tile), rows16: rows, gemm }
+        Kernels { dot, dot4: pick(k.dot4), tile: pick(k.tile), rows16: rows, rows16_whole_batch: false, gemm }
     }
 }
 

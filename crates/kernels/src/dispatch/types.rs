@@ -56,6 +56,11 @@ pub struct IsaKernels {
     /// measured faster than the GEMM reading the packed rows back); the GEMM
     /// then serves only the file layout.
     pub rows16_all_m: bool,
+    /// The sixteen-row kernel decodes its weights once a call (above some
+    /// batch) and wants the whole batch in that call, not tiles of
+    /// [`crate::matmul::ACT_TILE`] activation rows, each of which would decode
+    /// the weights again.
+    pub rows16_whole_batch: bool,
     /// File layout: a kernel over a whole row range ([`Rows16Fn`]'s shape,
     /// four-row groups) for every batch below the GEMM's; it prepares the
     /// activations once a call where the four-row kernel did it once per
@@ -77,6 +82,7 @@ pub const NONE: IsaKernels = IsaKernels {
     packed_tile: &[],
     packed_rows16: &[],
     rows16_all_m: false,
+    rows16_whole_batch: false,
     rows: &[],
     gemm: &[],
     packing: None,

@@ -8,13 +8,12 @@
 //! * above it, each super-block of the group is looked up once
 //!   ([`decode_block`]: 64 vectors of `K[q] + 128`, the eight sub-block
 //!   scales and their word pairs, 5 KiB that stay in L1) and every tile of
-//!   [`TILE`] activation rows runs over it with nothing but loads, `vpdpbusd`
-//!   and one `vpmulld` per sub-block. Streaming, the per-sub-block decode and
+//!   activation rows runs over it ([`super::avx512_rows16_dec`]) with nothing
+//!   but loads, `vpdpbusd` and one `vpmulld` per sub-block. Streaming, the
+//!   per-sub-block decode and
 //!   scale work (about 30 vector ops shared by four rows) kept the ports
 //!   busy beside the 32 products; decoded once, the products are most of
-//!   the work. `HIDDEN=2048 FFN=5632 KV=256 LAYERS=22 VOCAB=0 WDTYPE=IQ4_XS
-//!   PACKED=1 bench_matmul 2 256` on an AMD EPYC Zen 5 VM: see
-//!   docs/PERFORMANCE.md.
+//!   the work (figures in that module's docs).
 //!
 //! Each nibble looks up `K[q] + 128` (one `vpshufb`, unsigned for
 //! `vpdpbusd`); the `128·Σa` that adds comes back out through Q8_K's
@@ -25,6 +24,7 @@
 //! super-blocks in order, from `0.0`), so every row equals the reference bit
 //! for bit at every batch size and on both paths.
 
+use super::avx512_rows16_dec::{all_acts, DecodedBlock};
 use super::avx512_rows16_k::{
     bcast4, ld, prefetch_l2, scaled_add, ACTS, PREFETCH_AHEAD, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, ROWS,
 };
@@ -38,11 +38,6 @@ const BLOCK: usize = ROWS * 136;
 /// streamed / decoded once, tok/s: m = 16 540 / 455, m = 32 552 / 517,
 /// m = 64 562 / 585, m = 128 572 / 624, m = 256 594 / 640.
 const STREAM_MAX: usize = 48;
-
-/// Activation rows per tile over a decoded super-block: each holds two
-/// accumulators (the sub-block's products and the block's integer sum).
-/// Twelve ran 1.5% faster at m = 256, within the noise.
-const TILE: usize = 8;
 
 /// `rows` (a multiple of 16) IQ4_XS rows in the lanes16 layout × `m` Q8_K
 /// activation rows (see [`crate::quant::Rows16Fn`]): `y[j·y_stride + r] =
@@ -67,7 +62,7 @@ pub unsafe fn rows16_iq4_xs(
 ) {
     debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
     let nb = n / 256;
-    let mut blk: XsBlock = std::mem::zeroed();
+    let mut blk = DecodedBlock::zeroed();
     for g in 0..rows / ROWS {
         let gw = w.add(g * ROWS * row_bytes);
         let yg = y.add(g * ROWS);
@@ -88,39 +83,9 @@ pub unsafe fn rows16_iq4_xs(
         }
         for b in 0..nb {
             decode_block(gw.add(b * BLOCK), &mut blk);
-            let ab = a.add(b * Q8K_BYTES);
-            // Tiles of TILE rows, then one each of 4, 2 and 1 as the rest needs.
-            let mut j = 0;
-            while m - j >= TILE {
-                decoded_tile::<TILE>(&blk, b == 0, ab.add(j * a_stride), a_stride, yg.add(j * y_stride), y_stride);
-                j += TILE;
-            }
-            for t in [4, 2, 1] {
-                if m - j >= t {
-                    let (aj, yj) = (ab.add(j * a_stride), yg.add(j * y_stride));
-                    match t {
-                        4 => decoded_tile::<4>(&blk, b == 0, aj, a_stride, yj, y_stride),
-                        2 => decoded_tile::<2>(&blk, b == 0, aj, a_stride, yj, y_stride),
-                        _ => decoded_tile::<1>(&blk, b == 0, aj, a_stride, yj, y_stride),
-                    }
-                    j += t;
-                }
-            }
+            all_acts::<8>(&blk, b == 0, a.add(b * Q8K_BYTES), a_stride, m, yg, y_stride);
         }
     }
-}
-
-/// One super-block of sixteen rows, decoded: `q[2·(4ib + u) + k]` the
-/// looked-up `K[q] + 128` of code vector `4ib + u` (`k` 0: low nibbles,
-/// values `32ib + 4u..`; 1: high, `32ib + 16 + 4u..`), `ls[ib]` the
-/// sub-block scales `ls'` (i32 lanes), `pair[ib]` them as `(ls', ls')` words,
-/// `d` the rows' scales.
-#[repr(C, align(64))]
-struct XsBlock {
-    q: [__m512i; 64],
-    ls: [__m512i; 8],
-    pair: [__m512i; 8],
-    d: __m512,
 }
 
 /// The `vpshufb` table `K[q] + 128` in every 128-bit lane.
@@ -145,9 +110,12 @@ unsafe fn sub_scale(sl: __m512i, sh: __m512i, ib: usize) -> (__m512i, __m512i) {
     (ls, pair)
 }
 
-/// Decodes the super-block of sixteen rows at `x` into `blk`.
+/// Decodes the super-block of sixteen rows at `x` into `blk`: code vector
+/// `4ib + u` (values `32ib + 4u..` in its low nibbles, `32ib + 16 + 4u..` in
+/// its high ones) gives `q[8ib + u]` and `q[8ib + 4 + u]`; `c[ib]` is
+/// `(128·ls', 128·ls')` (the codes' offset against `bsums` pair `ib`).
 #[inline(always)]
-unsafe fn decode_block(x: *const u8, blk: &mut XsBlock) {
+unsafe fn decode_block(x: *const u8, blk: &mut DecodedBlock) {
     let low4 = _mm512_set1_epi8(0x0F);
     let table = k128_table();
     let ahead = x.wrapping_add(PREFETCH_AHEAD);
@@ -155,56 +123,15 @@ unsafe fn decode_block(x: *const u8, blk: &mut XsBlock) {
     blk.d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v0));
     let (sh, sl) = (_mm512_srli_epi32::<16>(v0), ld(x.add(64)));
     for ib in 0..8 {
-        (blk.ls[ib], blk.pair[ib]) = sub_scale(sl, sh, ib);
+        let (ls, pair) = sub_scale(sl, sh, ib);
+        (blk.sc[ib], blk.c[ib]) = (ls, _mm512_slli_epi16::<7>(pair));
         for u in 0..4 {
             let off = 128 + 256 * ib + 64 * u;
             prefetch_l2(ahead.wrapping_add(off));
             let q = ld(x.add(off));
-            let k = 2 * (4 * ib + u);
-            blk.q[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(q, low4));
-            blk.q[k + 1] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16::<4>(q), low4));
+            blk.q[8 * ib + u] = _mm512_shuffle_epi8(table, _mm512_and_si512(q, low4));
+            blk.q[8 * ib + 4 + u] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16::<4>(q), low4));
         }
-    }
-}
-
-/// All sixteen rows of a group × `J` activation rows over one decoded
-/// super-block (`a`: the first row's Q8_K block of it): adds each row's
-/// `(d·d_a)·isum` to `y` (or starts it from `0.0` when `first`).
-#[inline(always)]
-unsafe fn decoded_tile<const J: usize>(
-    blk: &XsBlock,
-    first: bool,
-    a: *const u8,
-    a_stride: usize,
-    y: *mut f32,
-    y_stride: usize,
-) {
-    let act: [*const u8; J] = std::array::from_fn(|j| a.add(j * a_stride));
-    let mut sumi = [_mm512_setzero_si512(); J];
-    for ib in 0..8 {
-        let mut part = [_mm512_setzero_si512(); J];
-        for u in 0..4 {
-            let k = 2 * (4 * ib + u);
-            let (lo, hi) = (blk.q[k], blk.q[k + 1]);
-            for j in 0..J {
-                let y0 = act[j].add(Q8K_QS + 32 * ib + 4 * u);
-                part[j] = _mm512_dpbusd_epi32(part[j], lo, bcast4(y0));
-                part[j] = _mm512_dpbusd_epi32(part[j], hi, bcast4(y0.add(16)));
-            }
-        }
-        for j in 0..J {
-            sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(part[j], blk.ls[ib]));
-        }
-    }
-    for j in 0..J {
-        let mut corr = _mm512_setzero_si512();
-        for ib in 0..8 {
-            corr = _mm512_dpwssd_epi32(corr, blk.pair[ib], bcast4(act[j].add(Q8K_BSUMS + 4 * ib)));
-        }
-        let isum = _mm512_sub_epi32(sumi[j], _mm512_slli_epi32::<7>(corr));
-        let yj = y.add(j * y_stride);
-        let sum = if first { _mm512_setzero_ps() } else { _mm512_loadu_ps(yj) };
-        _mm512_storeu_ps(yj, scaled_add(sum, blk.d, act[j], isum));
     }
 }
 

@@ -68,6 +68,7 @@ pub mod avx512_lanes;
 pub mod avx512_lowk;
 pub mod avx512_packed;
 pub mod avx512_rows16;
+pub mod avx512_rows16_dec;
 pub mod avx512_rows16_k;
 pub mod avx512_rows16_nl;
 pub mod avx512_rows16_q3k;
