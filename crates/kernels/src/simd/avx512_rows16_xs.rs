@@ -26,7 +26,7 @@
 
 use super::avx512_rows16_dec::{all_acts, DecodedBlock};
 use super::avx512_rows16_k::{
-    bcast4, ld, prefetch_l2, scaled_add, ACTS, PREFETCH_AHEAD, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, ROWS,
+    bcast4, ld, prefetch_l2, rows16_kernel, scaled_add, ACTS, PREFETCH_AHEAD, Q8K_BSUMS, Q8K_BYTES, Q8K_QS, ROWS,
 };
 use std::arch::x86_64::*;
 
@@ -60,33 +60,26 @@ pub unsafe fn rows16_iq4_xs(
     y: *mut f32,
     y_stride: usize,
 ) {
+    if m <= STREAM_MAX {
+        return stream_iq4_xs(n, w, row_bytes, rows, a, a_stride, m, y, y_stride);
+    }
     debug_assert!(rows.is_multiple_of(ROWS) && n.is_multiple_of(256));
-    let nb = n / 256;
     let mut blk = DecodedBlock::zeroed();
     for g in 0..rows / ROWS {
         let gw = w.add(g * ROWS * row_bytes);
-        let yg = y.add(g * ROWS);
-        if m <= STREAM_MAX {
-            let mut j = 0;
-            while j < m {
-                let take = (m - j).min(ACTS);
-                let (aj, yj) = (a.add(j * a_stride), yg.add(j * y_stride));
-                match take {
-                    1 => tile_iq4_xs::<1, 4>(nb, gw, aj, a_stride, yj, y_stride),
-                    2 => tile_iq4_xs::<2, 2>(nb, gw, aj, a_stride, yj, y_stride),
-                    3 => tile_iq4_xs::<3, 1>(nb, gw, aj, a_stride, yj, y_stride),
-                    _ => tile_iq4_xs::<4, 1>(nb, gw, aj, a_stride, yj, y_stride),
-                }
-                j += take;
-            }
-            continue;
-        }
-        for b in 0..nb {
+        for b in 0..n / 256 {
             decode_block(gw.add(b * BLOCK), &mut blk);
-            all_acts::<8>(&blk, b == 0, a.add(b * Q8K_BYTES), a_stride, m, yg, y_stride);
+            all_acts::<8>(&blk, b == 0, a.add(b * Q8K_BYTES), a_stride, m, y.add(g * ROWS), y_stride);
         }
     }
 }
+
+rows16_kernel!(
+    /// [`rows16_iq4_xs`] streaming the super-blocks (its batches of up to
+    /// [`STREAM_MAX`] rows), in tiles of up to [`ACTS`] activation rows.
+    stream_iq4_xs,
+    tile_iq4_xs
+);
 
 /// The `vpshufb` table `K[q] + 128` in every 128-bit lane.
 #[inline(always)]
