@@ -150,6 +150,7 @@ pub static TABLE: &[Row] = &[
             dot4: &[(Base, avx2_rows::dot4_q4_1)],
             tile: &[(Base, avx2_tile::tile_q4_1)],
             packed_rows16: &[(AvxVnni, avx2_rows16_q5::rows16_q4_1_vnni), (Base, avx2_rows16_q5::rows16_q4_1)],
+            rows16_whole_batch: true,
             rows16_all_m: true,
             ..NONE
         },
@@ -158,6 +159,7 @@ pub static TABLE: &[Row] = &[
             dot4: &[(Base, avx512::dot4_q4_1)],
             tile: &[(Base, avx512::tile_q4_1)],
             packed_rows16: &[(Base, avx512_rows16_q5::rows16_q4_1)],
+            rows16_whole_batch: true,
             rows16_all_m: true,
             ..NONE
         },
@@ -175,6 +177,7 @@ pub static TABLE: &[Row] = &[
         avx2: x86! {
             dot: &[(Base, avx2::dot_q5_0)],
             packed_rows16: &[(AvxVnni, avx2_rows16_q5::rows16_q5_0_vnni), (Base, avx2_rows16_q5::rows16_q5_0)],
+            rows16_whole_batch: true,
             rows16_all_m: true,
             gemm: GEMM_32_AVX2,
             ..NONE
@@ -185,6 +188,7 @@ pub static TABLE: &[Row] = &[
         avx512: x86! {
             dot: &[(Base, avx2::dot_q5_0)],
             packed_rows16: &[(Base, avx512_rows16_q5::rows16_q5_0)],
+            rows16_whole_batch: true,
             rows16_all_m: true,
             gemm: GEMM_Q8_0,
             ..NONE
@@ -201,11 +205,13 @@ pub static TABLE: &[Row] = &[
         avx2: x86! {
             dot: &[(Base, avx2::dot_q5_1)],
             packed_rows16: &[(AvxVnni, avx2_rows16_q5::rows16_q5_1_vnni), (Base, avx2_rows16_q5::rows16_q5_1)],
+            rows16_whole_batch: true,
             ..NONE
         },
         avx512: x86! {
             dot: &[(Base, avx2::dot_q5_1)],
             packed_rows16: &[(Base, avx512_rows16_q5::rows16_q5_1)],
+            rows16_whole_batch: true,
             rows16_all_m: true,
             gemm: GEMM_Q8_0,
             ..NONE
@@ -653,6 +659,7 @@ pub static TABLE: &[Row] = &[
             dot: &[(Base, avx2_lowk::dot_iq4_nl)],
             tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
             packed_rows16: &[(AvxVnni, avx2_rows16_nl::rows16_iq4_nl_vnni), (Base, avx2_rows16_nl::rows16_iq4_nl)],
+            rows16_whole_batch: true,
             rows16_all_m: true,
             gemm: GEMM_32_AVX2,
             ..NONE
@@ -663,6 +670,7 @@ pub static TABLE: &[Row] = &[
             dot: &[(Base, avx2_lowk::dot_iq4_nl)],
             tile: &[(Base, avx2_iq4nl::tile_iq4_nl)],
             packed_rows16: &[(Base, avx512_rows16_nl::rows16_iq4_nl)],
+            rows16_whole_batch: true,
             gemm: GEMM_Q8_0,
             ..NONE
         },
@@ -680,6 +688,7 @@ pub static TABLE: &[Row] = &[
         avx2: x86! {
             dot: &[(Base, avx2_lowk::dot_iq4_xs)],
             packed_rows16: &[(AvxVnni, avx2_rows16_k::rows16_iq4_xs_vnni), (Base, avx2_rows16_k::rows16_iq4_xs)],
+            rows16_whole_batch: true,
             // Over its decoded-once super-blocks it ran a 1.1B layer's m = 256
             // product 1.3x faster than the GEMM.
             rows16_all_m: true,
