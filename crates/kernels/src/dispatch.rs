@@ -111,12 +111,8 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx2_tile::tile_q4_0)],
             packed_dot4: &[(Base, avx2_packed::dot4_q4_0)],
             packed_tile: &[(Base, avx2_packed::tile_q4_0)],
-            packed_rows16: &[],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
             gemm: GEMM_32_AVX2,
-            packing: None,
+            ..NONE
         },
         avx512: x86! {
             dot: &[(Base, avx512::dot_q4_0)],
@@ -126,11 +122,8 @@ pub static TABLE: &[Row] = &[
             packed_tile: &[(Base, avx512_packed::tile_q4_0)],
             // Packed: every batch size, as Q4_1 and Q8_0.
             packed_rows16: &[(Base, avx512_rows16::rows16_q4_0)],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
             gemm: GEMM_Q8_0,
-            packing: None,
+            ..NONE
         },
     },
     Row {
@@ -227,15 +220,9 @@ pub static TABLE: &[Row] = &[
         avx2: x86! {
             dot: &[(Base, avx2::dot_q8_0)],
             dot4: &[(Base, avx2_rows::dot4_q8_0)],
-            tile: &[],
             packed_dot4: &[(Base, avx2_packed::dot4_q8_0)],
-            packed_tile: &[],
-            packed_rows16: &[],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
             gemm: GEMM_32_AVX2,
-            packing: None,
+            ..NONE
         },
         avx512: x86! {
             dot: &[(Base, avx512::dot_q8_0)],
@@ -246,11 +233,8 @@ pub static TABLE: &[Row] = &[
             // Packed: every batch size, as Q4_1 (the lane GEMM keeps the
             // file layout's large batches).
             packed_rows16: &[(Base, avx512_rows16::rows16_q8_0)],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
             gemm: GEMM_Q8_0,
-            packing: None,
+            ..NONE
         },
     },
     Row {
@@ -356,16 +340,8 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         avx2: x86! {
             dot: &[(Base, avx2_fp::dot_mxfp4)],
-            dot4: &[],
             tile: &[(Base, avx2_fp::tile_mxfp4)],
-            packed_dot4: &[],
-            packed_tile: &[],
-            packed_rows16: &[],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
-            gemm: &[],
-            packing: None,
+            ..NONE
         },
         avx512: x86! {
             dot: &[(Base, avx512_fp::dot_mxfp4)],
@@ -374,12 +350,8 @@ pub static TABLE: &[Row] = &[
             // Without VBMI MXFP4 stays in the file layout.
             packed_dot4: &[(Vbmi, avx512_fp4_vbmi::dot4_mxfp4_packed)],
             packed_tile: &[(Vbmi, avx512_fp4_vbmi::tile_mxfp4_packed)],
-            packed_rows16: &[],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
             gemm: GEMM_Q8_0,
-            packing: None,
+            ..NONE
         },
     },
     Row {
@@ -391,16 +363,8 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         avx2: x86! {
             dot: &[(Base, avx2_fp::dot_nvfp4)],
-            dot4: &[],
             tile: &[(Base, avx2_fp::tile_nvfp4)],
-            packed_dot4: &[],
-            packed_tile: &[],
-            packed_rows16: &[],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
-            gemm: &[],
-            packing: None,
+            ..NONE
         },
         avx512: x86! {
             dot: &[(Base, avx512_fp::dot_nvfp4)],
@@ -408,12 +372,7 @@ pub static TABLE: &[Row] = &[
             tile: &[(Base, avx512_fp4::tile_nvfp4)],
             packed_dot4: &[(Base, avx512_fp4::dot4_nvfp4_packed)],
             packed_tile: &[(Base, avx512_fp4::tile_nvfp4_packed)],
-            packed_rows16: &[],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
-            gemm: &[],
-            packing: None,
+            ..NONE
         },
     },
     Row {
@@ -426,30 +385,15 @@ pub static TABLE: &[Row] = &[
         scalar_packed_rows16: None,
         avx2: x86! {
             dot: &[(Base, avx2_fp::dot_fp8)],
-            dot4: &[],
             tile: &[(Base, avx2_fp::tile_fp8)],
-            packed_dot4: &[],
-            packed_tile: &[],
-            packed_rows16: &[],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
-            gemm: &[],
-            packing: None,
+            ..NONE
         },
         avx512: x86! {
             dot: &[(Bf16, avx512_fp8_bf16::dot_fp8), (Base, avx512_fp::dot_fp8)],
             dot4: &[(Bf16, avx512_fp8_bf16::dot4_fp8), (Base, avx512_fp::dot4_fp8)],
             // Without BF16 the AVX2 tile.
             tile: &[(Bf16, avx512_fp8_bf16::tile_fp8), (Base, avx2_fp::tile_fp8)],
-            packed_dot4: &[],
-            packed_tile: &[],
-            packed_rows16: &[],
-            rows16_all_m: false,
-            rows16_whole_batch: false,
-            rows: &[],
-            gemm: &[],
-            packing: None,
+            ..NONE
         },
     },
     Row {
